@@ -1,0 +1,50 @@
+# queen-mp: `make run` starts the broker on 127.0.0.1:6632, `make test` runs the whole suite.
+# Both work on a fresh machine: they create .venv, install the package, and (tests) install
+# PostgreSQL from Debian's packages when no server binaries are present.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: run test unit integration bench lint clean pg-deps readme-config
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+$(STAMP): $(BIN)/python setup.cfg pyproject.toml
+	bash ops/ensure-postgres.sh
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+pg-deps:
+	@bash ops/ensure-postgres.sh
+
+run: $(STAMP) pg-deps
+	$(BIN)/queen-mp serve
+
+test: $(STAMP) pg-deps
+	$(BIN)/ruff check queen_mp tests bench
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+unit: $(STAMP)
+	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
+
+integration: $(STAMP) pg-deps
+	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)
+
+bench: $(STAMP) pg-deps
+	$(BIN)/pip install --quiet -e '.[test,bench]'
+	$(BIN)/python -m bench.push
+
+lint: $(STAMP)
+	$(BIN)/ruff check queen_mp tests bench
+
+readme-config: $(STAMP)
+	$(BIN)/python -m queen_mp.cli settings-table
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache .hypothesis
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,0 +1,98 @@
+"""The falcon ASGI application of a front worker.
+
+``create_app`` assembles everything from a ``Config`` and a ``Runtime`` and injects the
+per-process ``FrontWorker`` (rings, pool, metrics) into the resources; nothing here reads the
+environment at import. Gunicorn loads ``queen_mp.app:app_from_env()`` in each worker, so each
+worker builds its own app after fork.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import falcon
+import falcon.asgi
+import falcon.media
+import orjson
+
+from queen_mp.config import Config
+from queen_mp.http import errors
+from queen_mp.http.health import HealthResource
+from queen_mp.http.metrics import MetricsJsonResource, PrometheusResource
+from queen_mp.http.push import PushResource
+from queen_mp.runtime import Runtime
+from queen_mp.worker import FrontWorker
+
+__all__ = ["app_from_env", "create_app"]
+
+
+class Lifespan:
+    """Opens the worker's resources after fork and closes them in reverse at shutdown."""
+
+    def __init__(self, worker: FrontWorker) -> None:
+        self.worker = worker
+
+    async def process_startup(self, scope: dict[str, Any], event: dict[str, Any]) -> None:
+        await self.worker.start()
+
+    async def process_shutdown(self, scope: dict[str, Any], event: dict[str, Any]) -> None:
+        await self.worker.stop()
+
+
+class EdgeMiddleware:
+    """CORS on every answer, OPTIONS as 204, and request accounting by route template."""
+
+    def __init__(self, worker: FrontWorker) -> None:
+        self.worker = worker
+
+    async def process_request(self, req: falcon.asgi.Request,
+                              resp: falcon.asgi.Response) -> None:
+        req.context.started = time.perf_counter()
+        if req.method == "OPTIONS":
+            resp.status = falcon.HTTP_204
+            resp.set_header("Access-Control-Allow-Methods", "GET, POST, PUT, DELETE, OPTIONS")
+            resp.set_header("Access-Control-Allow-Headers",
+                            req.get_header("Access-Control-Request-Headers") or "*")
+            resp.complete = True
+
+    async def process_response(self, req: falcon.asgi.Request, resp: falcon.asgi.Response,
+                               resource: object, req_succeeded: bool) -> None:
+        resp.set_header("Access-Control-Allow-Origin", "*")
+        metrics = self.worker.metrics
+        if metrics is None or req.method == "OPTIONS":
+            return
+        route = req.uri_template or "unmatched"
+        metrics.http_requests.labels(route, str(resp.status_code)).inc()
+        metrics.http_latency.labels(route).observe(time.perf_counter() - req.context.started)
+
+
+def _json_handlers() -> falcon.media.Handlers:
+    json = falcon.media.JSONHandler(dumps=lambda o: orjson.dumps(o).decode(), loads=orjson.loads)
+    return falcon.media.Handlers({falcon.MEDIA_JSON: json, "application/json": json})
+
+
+def create_app(config: Config, runtime: Runtime, worker: FrontWorker | None = None
+               ) -> falcon.asgi.App:
+    worker = worker or FrontWorker(config, runtime)
+    app = falcon.asgi.App(middleware=[Lifespan(worker), EdgeMiddleware(worker)])
+    app.req_options.media_handlers = _json_handlers()
+    app.resp_options.media_handlers = _json_handlers()
+    app.req_options.strip_url_path_trailing_slash = True
+    app.add_error_handler(Exception, errors.handle_error)
+
+    app.add_route("/health", HealthResource(worker))
+    app.add_route("/metrics", MetricsJsonResource(worker))
+    app.add_route("/metrics/prometheus", PrometheusResource(worker))
+    app.add_route("/api/v1/push", PushResource(worker))
+    app.add_sink(_not_found, prefix="/")
+    return app
+
+
+async def _not_found(req: falcon.asgi.Request, resp: falcon.asgi.Response, **_: Any) -> None:
+    raise errors.NotFound(f"no route for {req.method} {req.path}")
+
+
+def app_from_env() -> falcon.asgi.App:
+    """Gunicorn's factory: the supervisor exported the resolved settings and runtime."""
+    return create_app(Config.load(), Runtime.from_env())

@@ -1,0 +1,65 @@
+"""``queen-mp`` command line: ``serve`` (the supervisor) and ``settings-table``.
+
+Options of ``serve`` are generated from ``queen_mp.config.SETTINGS``: one flag per setting, so
+the precedence default < environment < command line holds for every knob.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+import click
+
+from queen_mp.config import SETTINGS, Config, ConfigError, settings_table_markdown
+
+__all__ = ["main", "serve_main"]
+
+
+def _setting_options(func: Any) -> Any:
+    for s in reversed(SETTINGS):
+        func = click.option(s.cli_flag, s.attr, default=None, metavar=s.kind.__name__.upper(),
+                            help=f"{s.help} [env {s.env}]")(func)
+    return func
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s [%(process)d] %(name)s: %(message)s")
+
+
+@click.group()
+def main() -> None:
+    """queen-mp: a partitioned message broker on PostgreSQL."""
+
+
+@main.command()
+@_setting_options
+def serve(**options: Any) -> None:
+    """Run the broker: embedded PostgreSQL when no DSN, migrations, shards, front workers."""
+    try:
+        config = Config.load(overrides=options)
+    except ConfigError as ex:
+        raise click.UsageError(str(ex)) from ex
+    configure_logging(config.log_level)
+    from queen_mp.supervisor import Supervisor
+
+    sys.exit(Supervisor(config).run())
+
+
+@main.command("settings-table")
+def settings_table() -> None:
+    """Print the Markdown table of every QUEEN_* setting (README's configuration section)."""
+    click.echo(settings_table_markdown(), nl=False)
+
+
+def serve_main() -> None:
+    """Console script ``queen-mp``: ``queen-mp`` alone means ``queen-mp serve``."""
+    if len(sys.argv) == 1:
+        sys.argv.append("serve")
+    main()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,269 @@
+"""Every ``QUEEN_*`` setting, declared once: name, type, default, range and meaning.
+
+The supervisor resolves the settings (defaults < environment < command line), then exports the
+resolved values back into the environment of its children, so a shard process and a gunicorn
+front worker read exactly what the supervisor decided. The CLI options and the README table are
+generated from ``SETTINGS``; nothing else reads ``os.environ`` for configuration.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["SETTINGS", "Config", "ConfigError", "Setting", "settings_table_markdown"]
+
+
+class ConfigError(ValueError):
+    """A setting has an invalid value; the message names the variable."""
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _parse_bool(raw: str) -> bool:
+    low = raw.strip().lower()
+    if low in _TRUE:
+        return True
+    if low in _FALSE:
+        return False
+    raise ValueError(f"expected one of {sorted(_TRUE | _FALSE)}")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One knob: the env variable, its Python type and what it means."""
+
+    env: str
+    attr: str
+    kind: type
+    default: Any
+    help: str
+    minimum: float | None = None
+    maximum: float | None = None
+    choices: tuple[str, ...] | None = None
+    secret: bool = False
+
+    @property
+    def cli_flag(self) -> str:
+        return "--" + self.attr.replace("_", "-")
+
+    def parse(self, raw: Any) -> Any:
+        """Parse and validate; raise ConfigError naming the variable."""
+        try:
+            if isinstance(raw, str):
+                if self.kind is bool:
+                    value: Any = _parse_bool(raw)
+                elif self.kind is int:
+                    value = int(raw.strip(), 10)
+                elif self.kind is float:
+                    value = float(raw.strip())
+                else:
+                    value = raw
+            else:
+                value = self.kind(raw)
+        except (TypeError, ValueError) as ex:
+            kind = self.kind.__name__
+            raise ConfigError(f"{self.env}={raw!r}: not a valid {kind} ({ex})") from ex
+        if self.minimum is not None and value < self.minimum:
+            raise ConfigError(f"{self.env}={value!r}: must be >= {self.minimum:g}")
+        if self.maximum is not None and value > self.maximum:
+            raise ConfigError(f"{self.env}={value!r}: must be <= {self.maximum:g}")
+        if self.choices is not None and value not in self.choices:
+            raise ConfigError(f"{self.env}={value!r}: must be one of {', '.join(self.choices)}")
+        return value
+
+    def render(self, value: Any) -> str:
+        if self.kind is bool:
+            return "1" if value else "0"
+        return str(value)
+
+
+def _s(env: str, kind: type, default: Any, help: str, **kw: Any) -> Setting:
+    return Setting(env=env, attr=env.removeprefix("QUEEN_").lower(), kind=kind, default=default,
+                   help=help, **kw)
+
+
+SETTINGS: tuple[Setting, ...] = (
+    # --- listener and processes
+    _s("QUEEN_HOST", str, "127.0.0.1", "Address the HTTP listener binds; loopback by default."),
+    _s("QUEEN_PORT", int, 6632, "HTTP port.", minimum=0, maximum=65535),
+    _s("QUEEN_WORKERS", int, 2, "Gunicorn front worker processes (HTTP edge).",
+       minimum=1, maximum=64),
+    _s("QUEEN_V2_FUSION_SHARDS", int, 2,
+       "Shard processes owning partitions (push fusion, ack fusion, ack registry).",
+       minimum=1, maximum=64),
+    _s("QUEEN_INSTANCE_ID", str, "",
+       "Name of this broker instance in metrics and logs; empty = hostname:port."),
+    _s("QUEEN_LOG_LEVEL", str, "info", "Log level.",
+       choices=("debug", "info", "warning", "error")),
+    _s("QUEEN_SHUTDOWN_TIMEOUT_S", int, 30,
+       "Graceful stop budget: in-flight requests finish and shards flush within it.",
+       minimum=1, maximum=3600),
+    # --- storage
+    _s("QUEEN_DATA_DIR", str, "./var",
+       "State directory: embedded PostgreSQL cluster (pg/), spool, metrics scratch."),
+    _s("QUEEN_PG_DSN", str, "",
+       "libpq DSN of the PostgreSQL to use (multi-host allowed); empty = start an embedded "
+       "cluster in $QUEEN_DATA_DIR/pg.", secret=True),
+    _s("QUEEN_EMBEDDED_PG_PORT", int, 0,
+       "Loopback port of the embedded cluster; 0 = pick a free one once and keep it.",
+       minimum=0, maximum=65535),
+    _s("QUEEN_PG_POOL_SIZE", int, 8, "PostgreSQL connections per front worker (pops, admin).",
+       minimum=1, maximum=200),
+    _s("QUEEN_PG_STATEMENT_TIMEOUT_MS", int, 30000,
+       "Client-side deadline of a statement; past it the broker cancels it server-side and "
+       "quarantines the connection.", minimum=100, maximum=3_600_000),
+    _s("QUEEN_SPOOL_DIR", str, "", "Disk spool directory; empty = $QUEEN_DATA_DIR/spool."),
+    _s("QUEEN_DISK_HIGH_PCT", int, 85,
+       "Push and transaction answer 507 above this filesystem use of the spool.",
+       minimum=1, maximum=100),
+    # --- push path
+    _s("QUEEN_V2_BUNDLE_MAX", int, 64,
+       "Most partitions committed together by one shard transaction.", minimum=1,
+       maximum=10000),
+    _s("QUEEN_V2_FUSION_HOLD_MS", int, 15,
+       "Liveness backstop tick of a shard, not a batching window.", minimum=1, maximum=10000),
+    _s("QUEEN_V2_FUSION_MAX_INFLIGHT", int, 4,
+       "Upper bound of the adaptive cap on bundles in flight per shard.", minimum=1,
+       maximum=64),
+    _s("QUEEN_V2_FUSION_FRAMES", int, 0,
+       "Parsed and printed for compatibility; segment size is emergent, not a trigger.",
+       minimum=0),
+    _s("QUEEN_RING_KB", int, 4096,
+       "Size of each shared-memory ring (one per front worker x shard and direction).",
+       minimum=64, maximum=1_048_576),
+    _s("QUEEN_DEDUP_WINDOW", int, 3600,
+       "Default dedupWindow (s) of new queues; 0 = dedup off (acks still resolve).",
+       minimum=0),
+    _s("QUEEN_PUSH_TIMEOUT_MS", int, 30000,
+       "A push without every verdict by then answers 503 timeout.", minimum=100,
+       maximum=3_600_000),
+    _s("QUEEN_ENCRYPTION_KEY", str, "",
+       "AES-256-GCM key (64 hex chars) for queues with encryptionEnabled.", secret=True),
+    # --- ack path
+    _s("QUEEN_ACK_FUSION", bool, True, "Fold concurrent acks into one commit per shard."),
+    _s("QUEEN_ACK_REGISTRY", bool, True,
+       "Positional fast path for whole-batch completed acks by the lease holder."),
+    _s("QUEEN_ACK_REGISTRY_MB", int, 64, "Memory bound of the ack registry per shard.",
+       minimum=1, maximum=65536),
+    # --- pop path
+    _s("QUEEN_HOTLIST", bool, True, "Coalesce local pop wake-ups into a 5 ms tick per queue."),
+    _s("QUEEN_MAX_PARKED_POPS", int, 10000,
+       "Parked long polls per front worker before pops answer 429.", minimum=1),
+    # --- limits and admission
+    _s("QUEEN_MAX_BODY_MB", int, 64, "Largest request body after Content-Encoding.",
+       minimum=1, maximum=4096),
+    _s("QUEEN_MAX_DECOMPRESSED_MB", int, 256,
+       "Largest decompressed zstd frame inside a binary body.", minimum=1, maximum=16384),
+    _s("QUEEN_ADMIT_MAX_MB", int, 128,
+       "Admission budget of in-flight write request bytes per front worker.", minimum=128),
+    _s("QUEEN_ADMIT_HOLD_MS", int, 15000,
+       "How long a write request may wait for admission before 429.", minimum=0),
+    # --- authentication
+    _s("QUEEN_JWT_ENABLED", bool, False, "Require a JWT bearer token on the API."),
+    _s("QUEEN_JWT_SECRET", str, "", "HS256 shared secret.", secret=True),
+    _s("QUEEN_JWT_ALGORITHMS", str, "HS256", "Accepted algorithms, comma separated."),
+    _s("QUEEN_JWT_PUBLIC_KEY_FILE", str, "", "PEM public key for RS256/EdDSA."),
+    _s("QUEEN_JWT_JWKS_FILE", str, "", "JWKS file of public keys."),
+    _s("QUEEN_JWT_ISSUER", str, "", "Required issuer (iss), if set."),
+    _s("QUEEN_JWT_AUDIENCE", str, "", "Required audience (aud), if set."),
+    _s("QUEEN_JWT_TENANT_CLAIM", str, "tenant", "Claim naming the tenant."),
+)
+
+_BY_ATTR = {s.attr: s for s in SETTINGS}
+
+
+def _config_fields() -> list[tuple[str, type, Any]]:
+    return [(s.attr, s.kind, field(default=s.default)) for s in SETTINGS]
+
+
+_ConfigBase = dataclasses.make_dataclass("_ConfigBase", _config_fields(), frozen=True)
+
+
+class Config(_ConfigBase):  # type: ignore[misc, valid-type]
+    """Resolved settings. Build with ``Config.load``; attributes are the lower-case names."""
+
+    @classmethod
+    def load(cls, env: Mapping[str, str] | None = None,
+             overrides: Mapping[str, Any] | None = None) -> Config:
+        """Defaults < environment < overrides (command line); every value validated."""
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        for s in SETTINGS:
+            values[s.attr] = s.parse(env[s.env]) if s.env in env else s.default
+        for attr, raw in (overrides or {}).items():
+            if raw is None:
+                continue
+            if attr not in _BY_ATTR:
+                raise ConfigError(f"unknown setting {attr!r}")
+            values[attr] = _BY_ATTR[attr].parse(raw)
+        if values["encryption_key"]:
+            key = values["encryption_key"]
+            try:
+                ok = len(bytes.fromhex(key)) == 32
+            except ValueError:
+                ok = False
+            if not ok:
+                raise ConfigError("QUEEN_ENCRYPTION_KEY: must be 64 hex characters (32 bytes)")
+        if values["jwt_enabled"] and not (values["jwt_secret"] or values["jwt_public_key_file"]
+                                          or values["jwt_jwks_file"]):
+            raise ConfigError("QUEEN_JWT_ENABLED=1 needs QUEEN_JWT_SECRET, "
+                              "QUEEN_JWT_PUBLIC_KEY_FILE or QUEEN_JWT_JWKS_FILE")
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> Config:
+        return dataclasses.replace(self, **changes)
+
+    def to_env(self) -> dict[str, str]:
+        """The resolved values as env variables, for child processes."""
+        return {s.env: s.render(getattr(self, s.attr)) for s in SETTINGS}
+
+    # --- derived paths
+    @property
+    def data_path(self) -> Path:
+        return Path(self.data_dir).resolve()
+
+    @property
+    def spool_path(self) -> Path:
+        return Path(self.spool_dir).resolve() if self.spool_dir else self.data_path / "spool"
+
+    @property
+    def embedded_pg_path(self) -> Path:
+        return self.data_path / "pg"
+
+    @property
+    def instance_name(self) -> str:
+        return self.instance_id or f"{os.uname().nodename}:{self.port}"
+
+    def describe(self) -> list[tuple[str, str]]:
+        """Boot configuration block, secrets masked."""
+        out = []
+        for s in SETTINGS:
+            value = getattr(self, s.attr)
+            shown = ("***" if value else "") if s.secret else s.render(value)
+            out.append((s.env, shown))
+        return out
+
+
+def settings_table_markdown() -> str:
+    """The README's configuration table, generated so it cannot drift from the code."""
+    rows = ["| Variable | Default | Range | Meaning |", "|---|---|---|---|"]
+    for s in SETTINGS:
+        rng = []
+        if s.choices:
+            rng.append(" / ".join(s.choices))
+        if s.minimum is not None:
+            rng.append(f">= {s.minimum:g}")
+        if s.maximum is not None:
+            rng.append(f"<= {s.maximum:g}")
+        if s.kind is bool:
+            rng.append("0 / 1")
+        default = s.render(s.default) if s.default != "" else "(empty)"
+        rows.append(f"| `{s.env}` | `{default}` | {', '.join(rng) or '-'} | {s.help} |")
+    return "\n".join(rows) + "\n"

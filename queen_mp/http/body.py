@@ -1,0 +1,68 @@
+"""Reading request bodies within the limits of api.md 1.6/1.7, before any parsing.
+
+The declared Content-Length is checked before a byte is read; a body without one is read up to
+the limit and no further. ``gzip`` and ``zstd`` request encodings are decoded with the decoded
+size bounded by the same limit (a decompression bomb costs us at most the limit), any other
+encoding is ``415``.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import falcon.asgi
+import zstandard
+
+from queen_mp.http.errors import BodyTooLarge, InvalidRequest, UnsupportedEncoding
+
+__all__ = ["read_body"]
+
+_READ_CHUNK = 1 << 16
+
+
+async def read_body(req: falcon.asgi.Request, limit: int) -> bytes:
+    declared = req.content_length
+    if declared is not None and declared > limit:
+        raise BodyTooLarge(f"body of {declared} bytes is over the {limit} byte limit",
+                           limit=limit)
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in req.stream:
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(f"body is over the {limit} byte limit", limit=limit)
+        parts.append(chunk)
+    body = b"".join(parts)
+    encoding = (req.get_header("Content-Encoding") or "identity").strip().lower()
+    if encoding in ("", "identity"):
+        return body
+    if encoding == "gzip":
+        return _gunzip(body, limit)
+    if encoding == "zstd":
+        return _unzstd(body, limit)
+    raise UnsupportedEncoding(f"Content-Encoding {encoding!r} is not supported "
+                              "(identity, gzip, zstd)")
+
+
+def _gunzip(body: bytes, limit: int) -> bytes:
+    d = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+    try:
+        out = d.decompress(body, limit + 1)
+    except zlib.error as ex:
+        raise InvalidRequest(f"gzip body does not decode: {ex}") from ex
+    if len(out) > limit or d.unconsumed_tail:
+        raise BodyTooLarge(f"decoded body is over the {limit} byte limit", limit=limit)
+    if not d.eof:
+        raise InvalidRequest("gzip body is truncated")
+    return out
+
+
+def _unzstd(body: bytes, limit: int) -> bytes:
+    try:
+        reader = zstandard.ZstdDecompressor().stream_reader(body, read_across_frames=True)
+        out = reader.read(limit + 1)
+    except zstandard.ZstdError as ex:
+        raise InvalidRequest(f"zstd body does not decode: {ex}") from ex
+    if len(out) > limit:
+        raise BodyTooLarge(f"decoded body is over the {limit} byte limit", limit=limit)
+    return out

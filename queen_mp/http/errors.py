@@ -1,0 +1,140 @@
+"""API errors: one base class, one subclass per row of api.md section 1.4, one renderer.
+
+Responders raise; ``handle_error`` renders every failure as ``{"error", "code", ...}`` JSON.
+Anything that is not an ``ApiError`` (nor a falcon routing error) is a bug: it is logged and
+answered ``500 internal``, and the worker goes on serving.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, ClassVar
+
+import falcon
+import orjson
+
+from queen_mp.wire.errors import WireError
+
+__all__ = [
+    "ApiError",
+    "BadFrame",
+    "BodyTooLarge",
+    "Conflict",
+    "Forbidden",
+    "Internal",
+    "InvalidName",
+    "InvalidPayload",
+    "InvalidRequest",
+    "InvalidStatus",
+    "Maintenance",
+    "MethodNotAllowed",
+    "NameTooLong",
+    "NotFound",
+    "OutcomeUnknown",
+    "Overloaded",
+    "StorageFull",
+    "Timeout",
+    "Unauthorized",
+    "Unavailable",
+    "Unsupported",
+    "UnsupportedEncoding",
+    "UnsupportedFlags",
+    "handle_error",
+]
+
+log = logging.getLogger("queen_mp.http")
+
+
+class ApiError(Exception):
+    """A client-visible failure with its HTTP status and stable API code."""
+
+    status: ClassVar[int] = 500
+    code: ClassVar[str] = "internal"
+
+    def __init__(self, message: str, *, headers: dict[str, str] | None = None,
+                 **extra: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.headers = headers or {}
+        self.extra = {k: v for k, v in extra.items() if v is not None}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"error": self.message, "code": self.code, **self.extra}
+
+
+def _error(name: str, status: int, code: str, doc: str) -> type[ApiError]:
+    return type(name, (ApiError,), {"status": status, "code": code, "__doc__": doc})
+
+
+InvalidRequest = _error("InvalidRequest", 400, "invalid_request", "Malformed or contradictory.")
+InvalidName = _error("InvalidName", 400, "invalid_name", "Empty or forbidden characters.")
+InvalidStatus = _error("InvalidStatus", 400, "invalid_status", "Ack status not allowed here.")
+InvalidPayload = _error("InvalidPayload", 400, "invalid_payload", "Binary payload not JSON.")
+BadFrame = _error("BadFrame", 400, "bad_frame", "Malformed binary body.")
+UnsupportedFlags = _error("UnsupportedFlags", 400, "unsupported_flags", "Unknown flag bits.")
+Unsupported = _error("Unsupported", 400, "unsupported", "Unimplemented feature parameter.")
+Unauthorized = _error("Unauthorized", 401, "unauthorized", "Token missing or invalid.")
+Forbidden = _error("Forbidden", 403, "forbidden", "Role too low.")
+NotFound = _error("NotFound", 404, "not_found", "Unknown route or absent resource.")
+MethodNotAllowed = _error("MethodNotAllowed", 405, "method_not_allowed", "Wrong method.")
+Conflict = _error("Conflict", 409, "conflict", "Contradicts current state.")
+NameTooLong = _error("NameTooLong", 413, "name_too_long", "A name over its limit.")
+BodyTooLarge = _error("BodyTooLarge", 413, "body_too_large", "A body over its limit.")
+UnsupportedEncoding = _error("UnsupportedEncoding", 415, "unsupported_encoding",
+                             "Content-Encoding other than identity, gzip, zstd.")
+Overloaded = _error("Overloaded", 429, "overloaded", "Admission budget full too long.")
+Internal = _error("Internal", 500, "internal", "A bug; effect unknown.")
+Unavailable = _error("Unavailable", 503, "unavailable",
+                     "PostgreSQL unreachable or a shard down; nothing attempted.")
+Timeout = _error("Timeout", 503, "timeout", "Deadline passed, outcome not known.")
+OutcomeUnknown = _error("OutcomeUnknown", 503, "outcome_unknown", "Commit sent, result lost.")
+Maintenance = _error("Maintenance", 503, "maintenance", "Write refused in push maintenance.")
+StorageFull = _error("StorageFull", 507, "storage_full", "Disk above the high-water mark.")
+
+_WIRE_STATUS = {"body_too_large": BodyTooLarge, "name_too_long": NameTooLong,
+                "invalid_payload": InvalidPayload, "unsupported_flags": UnsupportedFlags,
+                "invalid_name": InvalidName, "invalid_request": InvalidRequest}
+
+
+def from_wire(ex: WireError) -> ApiError:
+    """Wire decoding errors carry their API code; keep their position details."""
+    cls = _WIRE_STATUS.get(ex.code, BadFrame)
+    return cls(ex.message, index=ex.index, offset=ex.offset, limit=ex.limit, field=ex.field)
+
+
+def _from_falcon(ex: falcon.HTTPError) -> ApiError:
+    if ex.status_code == 404:
+        return NotFound(ex.description or "not found")
+    if ex.status_code == 405:
+        allow = (ex.headers or {}).get("Allow", "")
+        return MethodNotAllowed("method not allowed", headers={"Allow": allow} if allow else None)
+    if ex.status_code == 413:
+        return BodyTooLarge(ex.description or "body too large")
+    if ex.status_code == 415:
+        return UnsupportedEncoding(ex.description or "unsupported encoding")
+    if 400 <= ex.status_code < 500:
+        return InvalidRequest(ex.description or ex.title or "invalid request")
+    return Internal(ex.description or ex.title or "internal error")
+
+
+def render(resp: falcon.asgi.Response, err: ApiError) -> None:
+    resp.status = err.status
+    resp.content_type = falcon.MEDIA_JSON
+    resp.data = orjson.dumps(err.to_dict())
+    for name, value in err.headers.items():
+        resp.set_header(name, value)
+
+
+async def handle_error(req: falcon.asgi.Request, resp: falcon.asgi.Response,
+                       ex: BaseException, params: dict[str, Any]) -> None:
+    """The one error handler: API errors as they are, the rest mapped or logged as 500."""
+    if isinstance(ex, ApiError):
+        err = ex
+    elif isinstance(ex, WireError):
+        err = from_wire(ex)
+    elif isinstance(ex, falcon.HTTPError):
+        err = _from_falcon(ex)
+    else:
+        log.exception("unhandled error on %s %s", req.method, req.path)
+        err = Internal(f"internal error: {type(ex).__name__}")
+    render(resp, err)

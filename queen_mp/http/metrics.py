@@ -1,0 +1,68 @@
+"""``GET /metrics/prometheus`` (every process's samples) and ``GET /metrics`` (JSON summary)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import falcon
+import falcon.asgi
+from prometheus_client.parser import text_string_to_metric_families
+
+from queen_mp.metrics import render_latest
+from queen_mp.worker import FrontWorker
+
+__all__ = ["MetricsJsonResource", "PrometheusResource"]
+
+
+class PrometheusResource:
+    def __init__(self, worker: FrontWorker) -> None:
+        self.worker = worker
+
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        # PERF(queen): collecting reads one file per process; keep it off the event loop.
+        body = await asyncio.to_thread(render_latest, self.worker.runtime.metrics_dir)
+        resp.content_type = "text/plain; version=0.0.4; charset=utf-8"
+        resp.data = body
+
+
+def _totals(text: str) -> dict[str, float]:
+    """Sum every sample of a family over its labels: enough for the JSON summary."""
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[sample.name] = out.get(sample.name, 0.0) + sample.value
+    return out
+
+
+class MetricsJsonResource:
+    """The shape the 2.6 client's ``Admin.metrics()`` reads (api.md 2.12)."""
+
+    def __init__(self, worker: FrontWorker) -> None:
+        self.worker = worker
+
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        w = self.worker
+        text = (await asyncio.to_thread(render_latest, w.runtime.metrics_dir)).decode()
+        t = _totals(text)
+        uptime = max(1.0, time.time() - w.runtime.started_at)
+        commits = t.get("queen_fusion_commits_total", 0.0)
+        segments = t.get("queen_fusion_segments_total", 0.0)
+        pushed = t.get("queen_batch_items_fired_total", 0.0)
+        requests = t.get("queen_http_requests_total", 0.0)
+        stats = w.pool.get_stats() if w.pool is not None else {}
+        resp.media = {
+            "uptime": int(uptime),
+            "requests": {"total": int(requests), "rate": requests / uptime},
+            "messages": {"pushed": int(pushed), "popped": 0, "acked": 0,
+                         "pushRate": pushed / uptime},
+            "database": {"poolSize": stats.get("pool_size", 0),
+                         "idleConnections": stats.get("pool_available", 0),
+                         "waitingRequests": stats.get("requests_waiting", 0)},
+            "fusion": {"commits": int(commits), "segments": int(segments),
+                       "segmentsPerCommit": segments / commits if commits else 0.0},
+            "ackFusion": {"commits": 0, "rows": 0},
+            "ackRegistry": {"entries": 0, "hits": 0, "misses": 0},
+            "spool": {"pending": int(t.get("queen_spool_pending", 0.0)), "failed": 0},
+            "parkedPops": int(t.get("queen_parked_pops", 0.0)),
+        }

@@ -1,0 +1,204 @@
+"""The front worker's half of a push: mint, layer-1 dedup, group, route, collect verdicts.
+
+Input is a list of ``PushItem`` in request order (from JSON or ``QPB1``). Leaders (first
+occurrence of queue/partition/transactionId in the body) become frames; followers produce no
+frame and copy their leader's *final* verdict. Frames are grouped by (queue, partition), each
+group is sent to the shard owning ``hash(tenant, queue, partition)``, and the request resolves
+when every group has its verdict. A group whose shard failed or vanished is written to the disk
+spool and reported ``buffered`` (``failed`` if the spool write fails too).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import xxhash
+
+from queen_mp.ipc.shardlink import ShardGone, ShardLink
+from queen_mp.spool import SpoolItem, SpoolWriteError, SpoolWriter
+from queen_mp.wire.frames import pack_frame
+from queen_mp.wire.hashing import txn_hash
+from queen_mp.wire.ids import uuid_text
+from queen_mp.wire.records import Piece, PushGroup, PushVerdict
+
+__all__ = ["ClientChunk", "GroupOutcome", "Ingest", "ItemResult", "PushItem"]
+
+log = logging.getLogger("queen_mp.ingest")
+
+QUEUED, DUPLICATE, BUFFERED, FAILED = "queued", "duplicate", "buffered", "failed"
+
+
+@dataclass(slots=True)
+class PushItem:
+    """One item of a push body, in wire order."""
+
+    queue: str
+    partition: str
+    transaction_id: str
+    message_id: bytes
+    frame: bytes | memoryview          # the stored frame of api.md 3.1
+    trace_id: bytes | None = None
+    chunk: int = -1                    # index into the request's client chunks, -1 if none
+
+
+@dataclass(frozen=True, slots=True)
+class ClientChunk:
+    """A client's zstd frames group (QPB1 frames mode), stored byte for byte when intact."""
+
+    data: bytes | memoryview
+    first_item: int
+    count: int
+
+
+@dataclass(slots=True)
+class ItemResult:
+    status: str
+    message_id: bytes
+    partition_id: int = 0
+    offset: int | None = None
+    created_us: int = 0
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class GroupOutcome:
+    items: list[int] = field(default_factory=list)  # leader item indexes in frame order
+
+
+class Ingest:
+    """Push pipeline of one front worker (stateless between requests)."""
+
+    def __init__(self, link: ShardLink, shards: int, spool: SpoolWriter,
+                 push_timeout_ms: int) -> None:
+        self.link = link
+        self.shards = shards
+        self.spool = spool
+        self.timeout_s = push_timeout_ms / 1000
+
+    def shard_of(self, tenant: bytes, queue: str, partition: str) -> int:
+        key = b"%b%b\x1f%b" % (tenant, queue.encode(), partition.encode())
+        return xxhash.xxh3_64_intdigest(key) % self.shards
+
+    async def push(self, items: Sequence[PushItem], tenant: bytes,
+                   chunks: Sequence[ClientChunk] = ()) -> list[ItemResult]:
+        """Every item's verdict; raises ``TimeoutError`` past the push deadline."""
+        n = len(items)
+        results: list[ItemResult | None] = [None] * n
+        leader_of: list[int] = list(range(n))
+        seen: dict[tuple[str, str, str], int] = {}
+        groups: dict[tuple[str, str], list[int]] = {}
+        for i, it in enumerate(items):
+            key = (it.queue, it.partition, it.transaction_id)
+            first = seen.setdefault(key, i)
+            if first != i:
+                leader_of[i] = first
+                continue
+            groups.setdefault((it.queue, it.partition), []).append(i)
+        if not groups:
+            return []
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout_s
+        request_id = self.link.next_request_id()
+        deadline_ms = int((time.time() + self.timeout_s) * 1000)
+        calls = []
+        members = list(groups.items())
+        for gi, ((queue, partition), idx) in enumerate(members):
+            record = PushGroup(
+                generation=self.link.generation, slot=self.link.slot, request_id=request_id,
+                group_index=gi, tenant=tenant, queue=queue, partition=partition,
+                hashes=b"".join(txn_hash(items[i].transaction_id) for i in idx),
+                count=len(idx), pieces=_pieces(items, idx, chunks), deadline_ms=deadline_ms)
+            calls.append(self.link.call(self.shard_of(tenant, queue, partition), request_id, gi,
+                                        record.pack(), deadline))
+        outcomes = await asyncio.gather(*calls, return_exceptions=True)
+        to_spool: list[int] = []
+        for (_, idx), outcome in zip(members, outcomes, strict=True):
+            if isinstance(outcome, TimeoutError):
+                raise outcome
+            if isinstance(outcome, PushVerdict) and outcome.status == 0:
+                for i, v in zip(idx, outcome.items, strict=True):
+                    queued = v.status == 0
+                    results[i] = ItemResult(
+                        QUEUED if queued else DUPLICATE,
+                        items[i].message_id if queued else v.original_id,
+                        outcome.partition_id, v.offset if v.offset >= 0 else None,
+                        outcome.created_at_us)
+                continue
+            if isinstance(outcome, BaseException) and not isinstance(outcome, ShardGone):
+                log.error("push group failed: %r", outcome)
+            elif isinstance(outcome, PushVerdict):
+                log.warning("push bundle failed on the shard: %s", outcome.error)
+            to_spool.extend(idx)
+        if to_spool:
+            await self._spool(items, to_spool, tenant, results)
+        for i in range(n):
+            lead = leader_of[i]
+            if lead != i:
+                r = results[lead]
+                assert r is not None
+                results[i] = _follow(r, items[lead].message_id)
+        return results  # type: ignore[return-value]
+
+    async def _spool(self, items: Sequence[PushItem], idx: list[int], tenant: bytes,
+               results: list[ItemResult | None]) -> None:
+        records = [SpoolItem(tenant=tenant, queue=items[i].queue,
+                             partition=items[i].partition, message_id=items[i].message_id,
+                             transaction_id=items[i].transaction_id,
+                             trace_id=items[i].trace_id, payload=bytes(items[i].frame),
+                             producer_sub=None).encode() for i in idx]
+        try:
+            # NOTE(queen): append fsyncs; off the event loop so other requests go on.
+            await asyncio.to_thread(self.spool.append, records)
+            status, error = BUFFERED, None
+        except SpoolWriteError as ex:
+            log.error("spool write failed: %s", ex)
+            status, error = FAILED, "spool_write_failed"
+        for i in idx:
+            results[i] = ItemResult(status, items[i].message_id, error=error)
+
+
+def _follow(leader: ItemResult, leader_id: bytes) -> ItemResult:
+    """A body-internal repeat reports its leader's final id and position."""
+    if leader.status in (QUEUED, DUPLICATE):
+        return ItemResult(DUPLICATE, leader.message_id, leader.partition_id, leader.offset,
+                          leader.created_us)
+    return ItemResult(leader.status, leader_id, error=leader.error)
+
+
+def _pieces(items: Sequence[PushItem], idx: list[int],
+            chunks: Sequence[ClientChunk]) -> tuple[Piece, ...]:
+    """Raw frames, except whole client chunks whose every frame is in this group."""
+    pieces: list[Piece] = []
+    raw: list[bytes | memoryview] = []
+    pos = 0
+    while pos < len(idx):
+        it = items[idx[pos]]
+        if it.chunk >= 0:
+            ch = chunks[it.chunk]
+            span = idx[pos:pos + ch.count]
+            if span == list(range(ch.first_item, ch.first_item + ch.count)):
+                if raw:
+                    pieces.append(Piece(0, len(raw), b"".join(raw)))
+                    raw = []
+                # PERF(queen): the client's zstd frame travels and is stored untouched.
+                pieces.append(Piece(1, ch.count, bytes(ch.data)))
+                pos += ch.count
+                continue
+        raw.append(it.frame)
+        pos += 1
+    if raw:
+        pieces.append(Piece(0, len(raw), b"".join(raw)))
+    return tuple(pieces)
+
+
+def json_item(queue: str, partition: str, transaction_id: str | None, payload: bytes,
+              trace_id: bytes | None, message_id: bytes) -> PushItem:
+    """Frame a JSON (or plain QPB1) item; its transactionId defaults to its id text."""
+    txn = transaction_id or uuid_text(message_id)
+    frame = pack_frame(message_id, txn.encode(), payload, trace_id=trace_id)
+    return PushItem(queue, partition, txn, message_id, frame, trace_id)
+

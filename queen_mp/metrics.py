@@ -1,0 +1,78 @@
+"""Prometheus metrics in multiprocess mode.
+
+Every front worker and every shard writes its samples into ``PROMETHEUS_MULTIPROC_DIR``, which
+the supervisor sets before anything imports prometheus_client (the client picks its value mode
+at import). Metric objects are therefore built after fork, by ``Metrics()``, never at import
+time, and are not registered in the default registry: the scrape endpoint collects the files.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+__all__ = ["Metrics", "mark_process_dead", "render_latest"]
+
+_FUSION_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384)
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
+
+
+class Metrics:
+    """The broker's metric families; one instance per process."""
+
+    def __init__(self, instance: str = "") -> None:
+        from prometheus_client import Counter, Gauge, Histogram
+
+        self.instance = instance
+        kw: dict[str, Any] = {"registry": None}
+        self.http_requests = Counter(
+            "queen_http_requests", "HTTP requests answered, by route template and status.",
+            ["route", "status"], **kw)
+        self.http_latency = Histogram(
+            "queen_http_request_duration_seconds", "HTTP request latency by route template.",
+            ["route"], buckets=_LATENCY_BUCKETS, **kw)
+        self.batch_items_fired = Counter(
+            "queen_batch_items_fired", "Frames committed by push fusion bundles.", **kw)
+        self.fusion_items_per_batch = Histogram(
+            "queen_fusion_items_per_batch", "Frames per committed push bundle.",
+            buckets=_FUSION_BUCKETS, **kw)
+        self.fusion_commits = Counter(
+            "queen_fusion_commits", "Push bundles committed.", **kw)
+        self.fusion_segments = Counter(
+            "queen_fusion_segments", "Segments written by push bundles.", **kw)
+        self.fusion_errors = Counter(
+            "queen_fusion_bundle_errors", "Push bundles that failed, by error class.",
+            ["reason"], **kw)
+        self.messages_pushed = Counter(
+            "queen_messages_pushed", "Push items by verdict.", ["status"], **kw)
+        self.spool_pending = Gauge(
+            "queen_spool_pending", "Records waiting in the disk spool.",
+            multiprocess_mode="max", **kw)
+        self.maintenance_mode = Gauge(
+            "queen_maintenance_mode", "1 while push (kind=push) or pop maintenance is on.",
+            ["kind"], multiprocess_mode="max", **kw)
+        self.parked_pops = Gauge(
+            "queen_parked_pops", "Long polls parked in front workers.",
+            multiprocess_mode="livesum", **kw)
+        self.dlq_depth = Gauge(
+            "queen_dlq_depth", "Dead-letter rows per queue.", ["queue"],
+            multiprocess_mode="max", **kw)
+        self.shard_restarts = Counter(
+            "queen_shard_restarts", "Shard processes restarted by the supervisor.", **kw)
+
+
+def render_latest(multiproc_dir: str | None = None) -> bytes:
+    """Collect every process's samples: the body of ``/metrics/prometheus``."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=multiproc_dir or os.environ["PROMETHEUS_MULTIPROC_DIR"])
+    return generate_latest(registry)
+
+
+def mark_process_dead(pid: int) -> None:
+    """Drop a dead child's live gauges (called by whoever reaps it)."""
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(pid)

@@ -1,0 +1,153 @@
+"""Entry point of a shard process: ``python -m queen_mp.shards.process INDEX``.
+
+A shard owns the partitions that hash to it. It reads records from every worker slot's request
+ring when its doorbell rings, hands pushes to fusion, and writes verdicts to the reply ring of
+the slot that asked, ringing that slot's doorbell. It beats on the heartbeat board so the
+supervisor and ``/health`` know it is alive. SIGTERM only sets a flag; the main loop then
+flushes whatever is pending and exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections import deque
+
+from queen_mp.cli import configure_logging
+from queen_mp.config import Config
+from queen_mp.db.bundles import BundleWriter
+from queen_mp.ipc.doorbell import AsyncDoorbellWaiter, Doorbell
+from queen_mp.ipc.heartbeat import HeartbeatBoard
+from queen_mp.ipc.ring import Ring
+from queen_mp.metrics import Metrics
+from queen_mp.runtime import Runtime
+from queen_mp.shards.fusion import PushFusion
+from queen_mp.wire.errors import RecordDecodeError
+from queen_mp.wire.records import KIND_PUSH_GROUP, PushGroup, PushVerdict, peek_kind
+
+__all__ = ["Shard", "main"]
+
+log = logging.getLogger("queen_mp.shard")
+
+BEAT_EVERY_S = 0.25
+_READ_BATCH = 256
+
+
+class Shard:
+    def __init__(self, config: Config, runtime: Runtime, index: int) -> None:
+        self.config = config
+        self.runtime = runtime
+        self.index = index
+        self.stop_requested = asyncio.Event()
+        self.board = HeartbeatBoard.attach(runtime.heartbeat, runtime.shards)
+        self.board.booted(index, os.getpid())
+        self.epoch = self.board.read(index)[2]
+        self.requests = [Ring.attach(runtime.request_ring(s, index)) for s in range(runtime.slots)]
+        self.replies = [Ring.attach(runtime.reply_ring(s, index), epoch=self.epoch)
+                        for s in range(runtime.slots)]
+        self.slot_bells = [Doorbell.attach(runtime.slot_doorbell(s))
+                           for s in range(runtime.slots)]
+        self.bell = Doorbell.attach(runtime.shard_doorbell(index))
+        self.outbox: list[deque[bytes]] = [deque() for _ in range(runtime.slots)]
+        self.metrics = Metrics(config.instance_name)
+        self.writer = BundleWriter(config.pg_dsn, config.v2_fusion_max_inflight,
+                                   config.pg_statement_timeout_ms,
+                                   f"queen-mp shard {index}")
+        self.fusion = PushFusion(self.writer, self.reply, self.metrics,
+                                 bundle_max=config.v2_bundle_max,
+                                 max_inflight=config.v2_fusion_max_inflight,
+                                 hold_ms=config.v2_fusion_hold_ms)
+
+    # ------------------------------------------------------------------ inbound
+    def drain_requests(self) -> None:
+        more = False
+        for slot, ring in enumerate(self.requests):
+            for raw in ring.read_many(_READ_BATCH):
+                self.dispatch(slot, raw)
+            more = more or ring.used > 0
+        if more:
+            asyncio.get_running_loop().call_soon(self.drain_requests)
+
+    def dispatch(self, slot: int, raw: bytes) -> None:
+        try:
+            kind = peek_kind(raw)
+            if kind != KIND_PUSH_GROUP:
+                raise RecordDecodeError(f"unexpected record kind {kind}", raw)
+            self.fusion.add(slot, PushGroup.unpack(raw))
+        except RecordDecodeError:
+            # NOTE(queen): a bug between our own processes, never client input; the request
+            # times out at the front worker rather than taking the shard down.
+            log.exception("undecodable request record from slot %d dropped", slot)
+
+    # ------------------------------------------------------------------ outbound
+    def reply(self, slot: int, verdict: PushVerdict) -> None:
+        self.outbox[slot].append(verdict.pack())
+        self.flush_outbox(slot)
+
+    def flush_outbox(self, slot: int) -> None:
+        box, ring = self.outbox[slot], self.replies[slot]
+        sent = False
+        while box:
+            if not ring.try_write(box[0]):
+                if len(box[0]) <= ring.max_record:
+                    break  # full: retried on the next tick
+                ring.write(box[0], timeout=1.0)  # larger than the ring: stream it
+            box.popleft()
+            sent = True
+        if sent:
+            self.slot_bells[slot].ring()
+
+    # ------------------------------------------------------------------ loops
+    async def heartbeat(self) -> None:
+        while True:
+            self.board.beat(self.index)
+            for slot, box in enumerate(self.outbox):
+                if box:
+                    self.flush_outbox(slot)
+            await asyncio.sleep(BEAT_EVERY_S)
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop_requested.set)
+        waiter = AsyncDoorbellWaiter(self.bell, loop, self.drain_requests)
+        waiter.start()
+        tasks = [loop.create_task(self.heartbeat()), loop.create_task(self.fusion.hold_tick())]
+        self.drain_requests()
+        log.info("shard %d up (pid %d, epoch %d)", self.index, os.getpid(), self.epoch)
+        await self.stop_requested.wait()
+        log.info("shard %d stopping: flushing pending pushes", self.index)
+        waiter.stop(1.0)
+        self.drain_requests()
+        try:
+            async with asyncio.timeout(self.config.shutdown_timeout_s):
+                await self.fusion.drain()
+        except TimeoutError:
+            log.error("shard %d: pending pushes not flushed in time", self.index)
+        for slot in range(self.runtime.slots):
+            self.flush_outbox(slot)
+        for task in tasks:
+            task.cancel()
+        await self.writer.close()
+        self.board.clear(self.index)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv if argv is None else argv
+    index = int(argv[1])
+    config = Config.load()
+    configure_logging(config.log_level)
+    runtime = Runtime.from_env()
+    asyncio.run(_run(config, runtime, index))
+    return 0
+
+
+async def _run(config: Config, runtime: Runtime, index: int) -> None:
+    await Shard(config, runtime, index).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,31 @@
+"""Disk spool: durable fallback for pushes PostgreSQL cannot take, and drain support."""
+
+from queen_mp.spool.spool import (
+    DEFAULT_MAX_FILE_BYTES,
+    MAX_RECORD_BYTES,
+    SpoolBusyError,
+    SpoolDecodeError,
+    SpoolError,
+    SpoolItem,
+    SpoolPosition,
+    SpoolReader,
+    SpoolStats,
+    SpoolWriteError,
+    SpoolWriter,
+    spool_stats,
+)
+
+__all__ = [
+    "DEFAULT_MAX_FILE_BYTES",
+    "MAX_RECORD_BYTES",
+    "SpoolBusyError",
+    "SpoolDecodeError",
+    "SpoolError",
+    "SpoolItem",
+    "SpoolPosition",
+    "SpoolReader",
+    "SpoolStats",
+    "SpoolWriteError",
+    "SpoolWriter",
+    "spool_stats",
+]

@@ -1,0 +1,255 @@
+"""``queen-mp serve``: the supervisor process.
+
+Boot order: settings -> embedded PostgreSQL when no DSN -> migrations -> shared memory -> shard
+processes -> gunicorn (front workers). Stop order is the reverse, so that nothing accepted is
+lost: gunicorn stops accepting and finishes in-flight requests, then shards flush and exit, then
+shared memory is unlinked and the embedded cluster stopped.
+
+As in gunicorn's arbiter, signal handlers only enqueue the signal number; the main loop calls
+``handle_<name>``, which does the logging and the process work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+
+from queen_mp.config import Config
+from queen_mp.db.embedded import EmbeddedPostgres
+from queen_mp.db.migrations import apply_migrations
+from queen_mp.ipc import layout
+from queen_mp.ipc.heartbeat import HeartbeatBoard
+from queen_mp.runtime import Runtime
+
+__all__ = ["EXIT_BOOT_ERROR", "EXIT_FRONT_DIED", "EXIT_OK", "HaltServer", "Supervisor",
+           "sql_dir"]
+
+log = logging.getLogger("queen_mp.supervisor")
+
+EXIT_OK = 0
+EXIT_BOOT_ERROR = 3       # a child failed before it ever served: restarting would loop
+EXIT_FRONT_DIED = 4       # the gunicorn master exited on its own
+
+SHARD_BOOT_GRACE_S = 15.0   # a shard that has not beaten by then is murdered
+SHARD_STALE_S = 10.0        # a booted shard silent this long is murdered
+SHARD_FAST_FAILS = 5        # consecutive deaths within SHARD_MIN_LIFE_S halt the server
+SHARD_MIN_LIFE_S = 2.0
+
+
+class HaltServer(BaseException):
+    """Stop the supervisor with a reason and an exit code; not swallowable by ``except
+    Exception``."""
+
+    def __init__(self, reason: str, exit_status: int = EXIT_BOOT_ERROR) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.exit_status = exit_status
+
+
+def sql_dir() -> Path:
+    """``sql/`` beside the package (source checkout or editable install)."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here.parent / "sql", here / "sql"):
+        if candidate.is_dir():
+            return candidate
+    raise HaltServer(f"sql/ directory not found next to {here}")
+
+
+@dataclass
+class ShardProc:
+    index: int
+    proc: subprocess.Popen[bytes] | None = None
+    started: float = 0.0
+    fast_fails: int = 0
+
+
+@dataclass
+class Supervisor:
+    config: Config
+    signals: queue.SimpleQueue[int] = field(default_factory=queue.SimpleQueue)
+    runtime: Runtime | None = None
+    embedded: EmbeddedPostgres | None = None
+    shards: list[ShardProc] = field(default_factory=list)
+    front: subprocess.Popen[bytes] | None = None
+    board: HeartbeatBoard | None = None
+    stopping: bool = False
+
+    # ------------------------------------------------------------------ signals
+    def signal(self, sig: int, frame: FrameType | None) -> None:
+        """NO LOGGING here: only enqueue, the main loop does the work."""
+        self.signals.put(sig)
+
+    def install_signals(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGCHLD):
+            signal.signal(sig, self.signal)
+
+    # ------------------------------------------------------------------ lifecycle
+    def run(self) -> int:
+        self.install_signals()
+        try:
+            self.boot()
+            log.info("queen-mp serving on http://%s:%d (%d workers, %d shards)",
+                     self.config.host, self.config.port, self.config.workers,
+                     self.config.v2_fusion_shards)
+            while not self.stopping:
+                try:
+                    sig = self.signals.get(timeout=0.5)
+                except queue.Empty:
+                    self.murder_shards()
+                    continue
+                name = signal.Signals(sig).name.lower()
+                getattr(self, f"handle_{name}")()
+            return EXIT_OK
+        except HaltServer as halt:
+            log.error("halting: %s", halt.reason)
+            return halt.exit_status
+        finally:
+            self.halt()
+
+    def boot(self) -> None:
+        cfg = self.config
+        cfg.data_path.mkdir(parents=True, exist_ok=True)
+        for line in cfg.describe():
+            log.info("config %s=%s", *line)
+        metrics_dir = cfg.data_path / f"metrics-{os.getpid()}"
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+        metrics_dir.mkdir(parents=True)
+        # NOTE(queen): before anything in this process or its children imports prometheus_client.
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
+        if not cfg.pg_dsn:
+            self.embedded = EmbeddedPostgres(cfg.embedded_pg_path, port=cfg.embedded_pg_port,
+                                             log=log)
+            dsn = self.embedded.start()
+            log.info("embedded PostgreSQL running in %s", cfg.embedded_pg_path)
+            cfg = self.config = cfg.replace(pg_dsn=dsn)
+        applied = apply_migrations(cfg.pg_dsn, sql_dir())
+        log.info("migrations: %s", ", ".join(applied) if applied else "up to date")
+        self.runtime = Runtime.new(slots=cfg.workers * 2, shards=cfg.v2_fusion_shards,
+                                   ring_bytes=cfg.ring_kb * 1024, metrics_dir=str(metrics_dir))
+        layout.create_all(self.runtime)
+        self.board = HeartbeatBoard.attach(self.runtime.heartbeat, self.runtime.shards)
+        self.shards = [ShardProc(i) for i in range(self.runtime.shards)]
+        for shard in self.shards:
+            self.spawn_shard(shard)
+        self.spawn_front()
+
+    def child_env(self) -> dict[str, str]:
+        assert self.runtime is not None
+        env = dict(os.environ)
+        env.update(self.config.to_env())
+        env.update(self.runtime.to_env())
+        return env
+
+    def spawn_shard(self, shard: ShardProc) -> None:
+        shard.proc = subprocess.Popen([sys.executable, "-m", "queen_mp.shards.process",
+                                       str(shard.index)], env=self.child_env())
+        shard.started = time.monotonic()
+        log.info("shard %d started (pid %d)", shard.index, shard.proc.pid)
+
+    def spawn_front(self) -> None:
+        cfg = self.config
+        argv = [sys.executable, "-m", "gunicorn", "queen_mp.app:app_from_env()",
+                "--worker-class", "uvicorn_worker.UvicornWorker",
+                "--workers", str(cfg.workers), "--bind", f"{cfg.host}:{cfg.port}",
+                "--graceful-timeout", str(cfg.shutdown_timeout_s), "--timeout", "120",
+                "--keep-alive", "75", "--log-level", cfg.log_level,
+                "--name", "queen-mp-front"]
+        self.front = subprocess.Popen(argv, env=self.child_env())
+        log.info("gunicorn started (pid %d)", self.front.pid)
+
+    # ------------------------------------------------------------------ handlers
+    def handle_sigterm(self) -> None:
+        log.info("SIGTERM: graceful stop")
+        self.stopping = True
+
+    handle_sigint = handle_sigterm
+    handle_sigquit = handle_sigterm
+
+    def handle_sigchld(self) -> None:
+        self.reap()
+
+    # ------------------------------------------------------------------ verbs
+    def reap(self) -> None:
+        """Restart dead shards; a dead gunicorn master stops the server."""
+        from queen_mp.metrics import mark_process_dead
+
+        for shard in self.shards:
+            if shard.proc is None or shard.proc.poll() is None:
+                continue
+            code = shard.proc.returncode
+            mark_process_dead(shard.proc.pid)
+            if self.board is not None:
+                self.board.clear(shard.index)
+            if self.stopping:
+                continue
+            lived = time.monotonic() - shard.started
+            shard.fast_fails = shard.fast_fails + 1 if lived < SHARD_MIN_LIFE_S else 0
+            if shard.fast_fails >= SHARD_FAST_FAILS:
+                raise HaltServer(f"shard {shard.index} keeps dying at boot (exit {code})")
+            log.warning("shard %d (pid %d) exited with %s after %.1fs; restarting",
+                        shard.index, shard.proc.pid, code, lived)
+            self.spawn_shard(shard)
+        if self.front is not None and self.front.poll() is not None and not self.stopping:
+            raise HaltServer(f"gunicorn exited with {self.front.returncode}", EXIT_FRONT_DIED)
+
+    def murder_shards(self) -> None:
+        """SIGKILL shards that stopped beating; ``reap`` then restarts them."""
+        if self.board is None or self.stopping:
+            return
+        now = time.monotonic()
+        for shard in self.shards:
+            if shard.proc is None or shard.proc.poll() is not None:
+                continue
+            age = self.board.age_ms(shard.index)
+            silent = (age is None and now - shard.started > SHARD_BOOT_GRACE_S) or (
+                age is not None and age > SHARD_STALE_S * 1000)
+            if silent:
+                log.error("shard %d (pid %d) stopped beating; killing it", shard.index,
+                          shard.proc.pid)
+                with contextlib.suppress(ProcessLookupError):
+                    shard.proc.kill()
+
+    def halt(self) -> None:
+        """Reverse boot order; every step runs even if an earlier one failed."""
+        self.stopping = True
+        budget = self.config.shutdown_timeout_s
+        if self.front is not None:
+            _stop(self.front, budget + 5, "gunicorn")
+        for shard in self.shards:
+            if shard.proc is not None:
+                _stop(shard.proc, budget, f"shard {shard.index}")
+        if self.board is not None:
+            self.board.close()
+        if self.runtime is not None:
+            layout.unlink_all(self.runtime)
+            shutil.rmtree(self.runtime.metrics_dir, ignore_errors=True)
+        if self.embedded is not None:
+            try:
+                self.embedded.stop()
+            except Exception:
+                log.exception("stopping the embedded PostgreSQL failed")
+        log.info("stopped")
+
+
+def _stop(proc: subprocess.Popen[bytes], timeout: float, what: str) -> None:
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        log.error("%s did not stop within %.0fs; killing it", what, timeout)
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        proc.wait()

@@ -1,0 +1,506 @@
+"""Message frames and chunks (api.md §3.1, §3.2): the bytes stored in segments and served as is.
+
+A frame is what a message *is* on disk and on the wire, so every reader checks every field
+before trusting a length; a stored chunk is returned to consumers untouched, so the writers here
+must produce exactly the client's layout. zstd frames always carry their content size, which
+lets a reader reject an oversized frame from its header before allocating anything.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import zstandard
+
+from queen_mp.wire.errors import BadFrame, BodyTooLarge, NameTooLong, UnsupportedFlags
+
+__all__ = [
+    "CODEC_RAW",
+    "CODEC_ZSTD",
+    "FLAG_ENCRYPTED",
+    "FLAG_PRODUCER",
+    "FLAG_TRACE",
+    "MAX_TXN_BYTES",
+    "MIN_BODY_LEN",
+    "Chunk",
+    "Frame",
+    "check_transaction_id",
+    "decode_chunk",
+    "decompress_bounded",
+    "iter_chunks",
+    "iter_frames",
+    "pack_chunk",
+    "pack_chunk_raw",
+    "pack_chunk_zstd",
+    "pack_frame",
+    "read_frames",
+    "zstd_compress",
+]
+
+FLAG_TRACE = 1
+FLAG_PRODUCER = 2
+FLAG_ENCRYPTED = 4
+_KNOWN_FLAGS = FLAG_TRACE | FLAG_PRODUCER | FLAG_ENCRYPTED
+
+CODEC_RAW = 0
+CODEC_ZSTD = 1
+
+MAX_TXN_BYTES = 1024
+# flags + message id + u16 txn length + the shortest transactionId (1 byte)
+MIN_BODY_LEN = 1 + 16 + 2 + 1
+
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+_U16 = struct.Struct("<H")
+_U32 = struct.Struct("<I")
+_HEAD = struct.Struct("<IB16sH")  # body_len, flags, message id, txn length
+_HEAD_TRACE = struct.Struct("<IB16s16sH")  # ... with a trace id
+_CHUNK_HEAD = struct.Struct("<IBI")  # count, codec, len
+
+_u16_at = _U16.unpack_from
+_u32_at = _U32.unpack_from
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One parsed message frame; ``payload`` and ``raw`` are views into the parsed buffer.
+
+    ``raw`` is the whole frame (length prefix included) and ``offset`` its position in the
+    buffer, so a caller can forward the client's bytes unchanged or point at a bad one.
+    """
+
+    message_id: bytes
+    trace_id: bytes | None
+    transaction_id: str
+    producer_sub: str | None
+    flags: int
+    payload: memoryview
+    raw: memoryview
+    offset: int
+
+    @property
+    def transaction_id_bytes(self) -> memoryview:
+        """The transactionId in its wire form, for hashing without an encode."""
+        at = 4 + 1 + 16 + (16 if self.flags & FLAG_TRACE else 0)
+        return self.raw[at + 2 : at + 2 + _u16_at(self.raw, at)[0]]
+
+
+class Chunk(NamedTuple):
+    """One chunk of a segment blob: ``data`` is the chunk body, ``raw`` the whole chunk."""
+
+    count: int
+    codec: int
+    data: memoryview
+    raw: memoryview
+
+
+def _plural(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def _view(buf: bytes | bytearray | memoryview) -> memoryview:
+    view = buf if isinstance(buf, memoryview) else memoryview(buf)
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
+def check_transaction_id(
+    txn: bytes | bytearray | memoryview, *, index: int | None = None, offset: int | None = None
+) -> None:
+    """transactionId is 1..1024 UTF-8 bytes (api.md §1.3, §1.7); ``index`` names the item."""
+    where = "" if index is None else f"item {index}: "
+    if not txn:
+        raise BadFrame(
+            f"{where}empty transactionId", index=index, offset=offset, field="transactionId"
+        )
+    if len(txn) > MAX_TXN_BYTES:
+        raise NameTooLong(
+            f"{where}transactionId of {len(txn)} bytes, over {MAX_TXN_BYTES}",
+            index=index,
+            offset=offset,
+            limit=MAX_TXN_BYTES,
+            field="transactionId",
+        )
+
+
+def pack_frame(
+    message_id: bytes,
+    transaction_id_bytes: bytes,
+    payload_bytes: bytes | bytearray | memoryview,
+    trace_id: bytes | None = None,
+    producer_sub: str | None = None,
+    encrypted: bool = False,
+) -> bytes:
+    """One §3.1 frame. A transactionId over 1024 bytes is the client's NameTooLong."""
+    if len(message_id) != 16:
+        raise ValueError(f"message id of {len(message_id)} bytes, not 16")
+    check_transaction_id(transaction_id_bytes)
+    tlen = len(transaction_id_bytes)
+    flags = FLAG_ENCRYPTED if encrypted else 0
+    body_len = 1 + 16 + 2 + tlen + len(payload_bytes)
+    sub = b""
+    if producer_sub is not None:
+        sub = producer_sub.encode("utf-8")
+        if len(sub) > 0xFFFF:
+            raise ValueError(f"producerSub of {len(sub)} bytes, over 65535")
+        flags |= FLAG_PRODUCER
+        body_len += 2 + len(sub)
+    if trace_id is None:
+        head = _HEAD.pack(body_len, flags, message_id, tlen)
+    else:
+        if len(trace_id) != 16:
+            raise ValueError(f"trace id of {len(trace_id)} bytes, not 16")
+        head = _HEAD_TRACE.pack(body_len + 16, flags | FLAG_TRACE, message_id, trace_id, tlen)
+    if producer_sub is None:
+        # PERF(wire): the common frame is one join: a single copy of the payload.
+        return b"".join((head, transaction_id_bytes, payload_bytes))
+    return b"".join((head, transaction_id_bytes, _U16.pack(len(sub)), sub, payload_bytes))
+
+
+def _read_frame(view: memoryview, at: int, end: int, index: int) -> Frame:
+    """The frame at ``at``; every length is checked against the frame and the buffer."""
+    # PERF(wire): one unpack covers the fixed head of the common frame (flags 0); anything
+    # unusual or wrong takes the field-by-field path, which also words the error.
+    if end - at >= 4 + MIN_BODY_LEN:
+        body_len, flags, message_id, tlen = _HEAD.unpack_from(view, at)
+        stop = at + 4 + body_len
+        p = at + 23 + tlen
+        if (
+            not flags
+            and body_len >= MIN_BODY_LEN
+            and stop <= end
+            and 0 < tlen <= MAX_TXN_BYTES
+            and p <= stop
+        ):
+            try:
+                transaction_id = str(view[at + 23 : p], "utf-8")
+            except UnicodeDecodeError:
+                pass
+            else:
+                return Frame(
+                    message_id, None, transaction_id, None, 0, view[p:stop], view[at:stop], at
+                )
+    return _read_frame_checked(view, at, end, index)
+
+
+def _read_frame_checked(view: memoryview, at: int, end: int, index: int) -> Frame:
+    """Field by field, so an error names the first field that is wrong."""
+    if end - at < 4:
+        raise BadFrame(
+            f"frame {index} truncated: {end - at} bytes left, a frame needs at least "
+            f"{4 + MIN_BODY_LEN}",
+            index=index,
+            offset=at,
+            field="body_len",
+            raw=view,
+        )
+    body_len = _u32_at(view, at)[0]
+    if body_len < MIN_BODY_LEN:
+        raise BadFrame(
+            f"frame {index}: body_len {body_len} below the minimum {MIN_BODY_LEN}",
+            index=index,
+            offset=at,
+            field="body_len",
+            raw=view,
+        )
+    stop = at + 4 + body_len
+    if stop > end:
+        raise BadFrame(
+            f"frame {index}: body_len {body_len} runs past the end ({end - at - 4} bytes left)",
+            index=index,
+            offset=at,
+            field="body_len",
+            raw=view,
+        )
+    flags = view[at + 4]
+    if flags & ~_KNOWN_FLAGS:
+        raise UnsupportedFlags(
+            f"frame {index}: flags 0x{flags:02x} has unknown bits",
+            index=index,
+            offset=at + 4,
+            field="flags",
+            raw=view,
+        )
+    p = at + 5
+    message_id = bytes(view[p : p + 16])
+    p += 16
+    trace_id = None
+    if flags & FLAG_TRACE:
+        trace_id = bytes(view[p : p + 16])
+        p += 16
+    if p + 2 > stop:
+        raise BadFrame(
+            f"frame {index}: body_len {body_len} too short for its fields",
+            index=index,
+            offset=at,
+            field="body_len",
+            raw=view,
+        )
+    tlen = _u16_at(view, p)[0]
+    p += 2
+    if p + tlen > stop:
+        raise BadFrame(
+            f"frame {index}: transactionId length {tlen} runs past the frame",
+            index=index,
+            offset=p - 2,
+            field="transactionId",
+            raw=view,
+        )
+    txn = view[p : p + tlen]
+    if not tlen:
+        raise BadFrame(
+            f"frame {index}: empty transactionId",
+            index=index,
+            offset=p - 2,
+            field="transactionId",
+            raw=view,
+        )
+    if tlen > MAX_TXN_BYTES:
+        raise NameTooLong(
+            f"frame {index}: transactionId of {tlen} bytes, over {MAX_TXN_BYTES}",
+            index=index,
+            offset=p - 2,
+            limit=MAX_TXN_BYTES,
+            field="transactionId",
+            raw=view,
+        )
+    try:
+        transaction_id = str(txn, "utf-8")
+    except UnicodeDecodeError:
+        raise BadFrame(
+            f"frame {index}: transactionId is not UTF-8",
+            index=index,
+            offset=p,
+            field="transactionId",
+            raw=view,
+        ) from None
+    p += tlen
+    producer_sub = None
+    if flags & FLAG_PRODUCER:
+        if p + 2 > stop:
+            raise BadFrame(
+                f"frame {index}: body_len {body_len} too short for producerSub",
+                index=index,
+                offset=at,
+                field="body_len",
+                raw=view,
+            )
+        slen = _u16_at(view, p)[0]
+        p += 2
+        if p + slen > stop:
+            raise BadFrame(
+                f"frame {index}: producerSub length {slen} runs past the frame",
+                index=index,
+                offset=p - 2,
+                field="producerSub",
+                raw=view,
+            )
+        try:
+            producer_sub = str(view[p : p + slen], "utf-8")
+        except UnicodeDecodeError:
+            raise BadFrame(
+                f"frame {index}: producerSub is not UTF-8",
+                index=index,
+                offset=p,
+                field="producerSub",
+                raw=view,
+            ) from None
+        p += slen
+    return Frame(
+        message_id,
+        trace_id,
+        transaction_id,
+        producer_sub,
+        flags,
+        view[p:stop],
+        view[at:stop],
+        at,
+    )
+
+
+def iter_frames(buf: bytes | bytearray | memoryview, *, first_index: int = 0) -> Iterator[Frame]:
+    """The frames of ``buf`` back to back up to its end; a partial last frame is BadFrame.
+
+    ``first_index`` numbers the frames in errors (item position in a request).
+    """
+    view = _view(buf)
+    end = len(view)
+    at = 0
+    index = first_index
+    while at < end:
+        frame = _read_frame(view, at, end, index)
+        yield frame
+        at += len(frame.raw)
+        index += 1
+
+
+def read_frames(
+    buf: bytes | bytearray | memoryview, count: int, *, first_index: int = 0
+) -> list[Frame]:
+    """Exactly ``count`` frames filling ``buf``: fewer, more or trailing bytes are BadFrame."""
+    view = _view(buf)
+    end = len(view)
+    at = 0
+    frames: list[Frame] = []
+    append = frames.append
+    for index in range(first_index, first_index + count):
+        if at >= end:
+            raise BadFrame(
+                f"{count} frames announced, {index - first_index} present",
+                index=index,
+                offset=at,
+                raw=view,
+            )
+        frame = _read_frame(view, at, end, index)
+        append(frame)
+        at += len(frame.raw)
+    if at != end:
+        raise BadFrame(
+            f"{_plural(end - at, 'trailing byte')} after the {count} announced frames",
+            offset=at,
+            raw=view,
+        )
+    return frames
+
+
+# --- zstd -----------------------------------------------------------------------------------
+
+_local = threading.local()
+
+
+def _compressor(level: int) -> zstandard.ZstdCompressor:
+    # NOTE(wire): a zstandard context serves one thread at a time, so one per thread and level.
+    cache: dict[int, zstandard.ZstdCompressor] | None = getattr(_local, "cctx", None)
+    if cache is None:
+        cache = _local.cctx = {}
+    cctx = cache.get(level)
+    if cctx is None:
+        cctx = cache[level] = zstandard.ZstdCompressor(level=level, write_content_size=True)
+    return cctx
+
+
+def _decompressor() -> zstandard.ZstdDecompressor:
+    dctx: zstandard.ZstdDecompressor | None = getattr(_local, "dctx", None)
+    if dctx is None:
+        dctx = _local.dctx = zstandard.ZstdDecompressor()
+    return dctx
+
+
+def zstd_compress(data: bytes | bytearray | memoryview, level: int = 1) -> bytes:
+    """One zstd frame with its content size in the header, as every reader here demands."""
+    return _compressor(level).compress(data)
+
+
+def decompress_bounded(
+    data: bytes | bytearray | memoryview, max_size: int, *, expected_size: int | None = None
+) -> bytes:
+    """Exactly one zstd frame, decompressed only after its header proves it fits ``max_size``.
+
+    No content size is BadFrame (nothing would bound the output); a content size over
+    ``max_size`` is BodyTooLarge; a content size other than ``expected_size`` (when given) or
+    bytes after the frame are BadFrame.
+    """
+    if len(data) < 4 or data[:4] != _ZSTD_MAGIC:
+        raise BadFrame("not a zstd frame (bad magic)", offset=0, field="zstd", raw=data)
+    try:
+        size = zstandard.frame_content_size(data)
+    except zstandard.ZstdError as ex:
+        raise BadFrame(f"bad zstd frame header: {ex}", offset=0, field="zstd", raw=data) from None
+    if size < 0:
+        raise BadFrame(
+            "zstd frame without a content size in its header", offset=0, field="zstd", raw=data
+        )
+    if size > max_size:
+        raise BodyTooLarge(
+            f"zstd frame decompresses to {size} bytes, over {max_size}",
+            limit=max_size,
+            field="zstd",
+        )
+    if expected_size is not None and size != expected_size:
+        raise BadFrame(
+            f"zstd frame header says {size} bytes, raw_len says {expected_size}",
+            offset=0,
+            field="raw_len",
+            raw=data,
+        )
+    try:
+        # PERF(wire): single-shot into a buffer of exactly the announced size; libzstd refuses
+        # to write past it, so a lying header cannot make this allocate more.
+        out = _decompressor().decompress(data, max_output_size=max_size, allow_extra_data=False)
+    except zstandard.ZstdError as ex:
+        raise BadFrame(f"bad zstd frame: {ex}", offset=0, field="zstd", raw=data) from None
+    if len(out) != size:
+        raise BadFrame(
+            f"zstd frame decompressed to {len(out)} bytes, its header says {size}",
+            offset=0,
+            field="zstd",
+            raw=data,
+        )
+    return out
+
+
+# --- chunks ---------------------------------------------------------------------------------
+
+
+def pack_chunk(codec: int, count: int, data: bytes | bytearray | memoryview) -> bytes:
+    """A chunk around an already encoded body (a client zstd frame kept byte for byte)."""
+    if codec not in (CODEC_RAW, CODEC_ZSTD):
+        raise ValueError(f"unknown chunk codec {codec}")
+    return b"".join((_CHUNK_HEAD.pack(count, codec, len(data)), data))
+
+
+def pack_chunk_raw(frames_bytes: bytes | bytearray | memoryview, count: int) -> bytes:
+    """``count`` frames as a raw chunk (codec 0)."""
+    return b"".join((_CHUNK_HEAD.pack(count, CODEC_RAW, len(frames_bytes)), frames_bytes))
+
+
+def pack_chunk_zstd(
+    frames_bytes: bytes | bytearray | memoryview, count: int, level: int = 1
+) -> bytes:
+    """``count`` frames as one zstd frame with its content size (codec 1)."""
+    compressed = zstd_compress(frames_bytes, level)
+    return b"".join((_CHUNK_HEAD.pack(count, CODEC_ZSTD, len(compressed)), compressed))
+
+
+def iter_chunks(blob: bytes | bytearray | memoryview) -> Iterator[Chunk]:
+    """The chunks of a segment payload blob, back to back to its end."""
+    view = _view(blob)
+    end = len(view)
+    at = 0
+    while at < end:
+        if end - at < _CHUNK_HEAD.size:
+            raise BadFrame(
+                f"chunk header truncated: {end - at} bytes left", offset=at, field="chunk", raw=view
+            )
+        count, codec, length = _CHUNK_HEAD.unpack_from(view, at)
+        if codec not in (CODEC_RAW, CODEC_ZSTD):
+            raise BadFrame(f"unknown chunk codec {codec}", offset=at + 4, field="codec", raw=view)
+        start = at + _CHUNK_HEAD.size
+        stop = start + length
+        if stop > end:
+            raise BadFrame(
+                f"chunk length {length} runs past the end ({end - start} bytes left)",
+                offset=at + 5,
+                field="chunk",
+                raw=view,
+            )
+        yield Chunk(count, codec, view[start:stop], view[at:stop])
+        at = stop
+
+
+def decode_chunk(
+    codec: int, data: bytes | bytearray | memoryview, *, max_size: int
+) -> bytes | memoryview:
+    """A chunk body as its concatenated frames (raw bodies are returned as they are)."""
+    if codec == CODEC_RAW:
+        if len(data) > max_size:
+            raise BodyTooLarge(
+                f"raw chunk of {len(data)} bytes, over {max_size}", limit=max_size, field="chunk"
+            )
+        return data
+    if codec == CODEC_ZSTD:
+        return decompress_bounded(data, max_size)
+    raise BadFrame(f"unknown chunk codec {codec}", field="codec")

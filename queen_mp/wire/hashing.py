@@ -1,0 +1,36 @@
+"""Dedup and ack identity: xxh3_128 of the transactionId (api.md §1.3, life-of-a-push §3).
+
+The broker, the SQL procedures and upstream all compare these 16 bytes, so the byte order is
+part of the contract: big-endian, the canonical form xxhash's ``*_digest`` returns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import xxhash
+
+__all__ = ["hash_blob", "hash_hex", "txn_hash", "txn_hash_bytes"]
+
+_digest = xxhash.xxh3_128_digest
+
+
+def txn_hash(transaction_id: str) -> bytes:
+    """The 16-byte identity of a transactionId."""
+    return _digest(transaction_id.encode("utf-8"))
+
+
+def txn_hash_bytes(transaction_id: bytes | bytearray | memoryview) -> bytes:
+    """As txn_hash, for a transactionId still in its UTF-8 wire form (no decode/encode)."""
+    return _digest(transaction_id)
+
+
+def hash_blob(transaction_ids: Iterable[bytes | bytearray | memoryview]) -> bytes:
+    """The hash blob of a segment: one 16-byte hash per frame, in frame order."""
+    # PERF(wire): map over the C digest keeps the per-frame cost out of the interpreter loop.
+    return b"".join(map(_digest, transaction_ids))
+
+
+def hash_hex(digest: bytes | bytearray | memoryview) -> str:
+    """A hash as 32 lowercase hex digits, for logs and admin answers."""
+    return bytes(digest).hex()

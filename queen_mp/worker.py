@@ -1,0 +1,90 @@
+"""Per-process state of a gunicorn front worker, opened after fork.
+
+One ``FrontWorker`` per worker process holds what the resources share: the claimed worker
+slot, the PostgreSQL pool, the link to the shards, metrics and the shard heartbeat board. It is
+started by the ASGI lifespan and stopped in reverse order.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import Counter
+
+from psycopg_pool import AsyncConnectionPool
+
+from queen_mp.config import Config
+from queen_mp.ingest import Ingest, ItemResult
+from queen_mp.ipc.heartbeat import HeartbeatBoard
+from queen_mp.ipc.shardlink import ShardLink
+from queen_mp.ipc.slots import SlotTable
+from queen_mp.metrics import Metrics, mark_process_dead
+from queen_mp.runtime import Runtime
+from queen_mp.spool import SpoolWriter
+
+__all__ = ["SHARD_STALE_MS", "FrontWorker"]
+
+log = logging.getLogger("queen_mp.worker")
+
+# A shard that has not beaten for this long is reported dead by /health.
+SHARD_STALE_MS = 3000
+
+
+class FrontWorker:
+    """Resources of one front worker; ``start``/``stop`` run in the lifespan."""
+
+    def __init__(self, config: Config, runtime: Runtime) -> None:
+        self.config = config
+        self.runtime = runtime
+        self.slot = -1
+        self.generation = 0
+        self.metrics: Metrics | None = None
+        self.pool: AsyncConnectionPool = AsyncConnectionPool(
+            config.pg_dsn, min_size=1, max_size=config.pg_pool_size, open=False,
+            kwargs={"autocommit": True}, name=f"front-{os.getpid()}")
+        self.link: ShardLink | None = None
+        self.spool: SpoolWriter | None = None
+        self._ingest: Ingest | None = None
+        self._slots: SlotTable | None = None
+        self._board: HeartbeatBoard | None = None
+
+    async def start(self) -> None:
+        self.metrics = Metrics(self.config.instance_name)
+        self._slots = SlotTable.attach(self.runtime.slot_table)
+        self.slot, self.generation = self._slots.claim(os.getpid())
+        self._board = HeartbeatBoard.attach(self.runtime.heartbeat, self.runtime.shards)
+        self.link = ShardLink(self.runtime, self.slot, self.generation)
+        await self.link.start()
+        self.spool = SpoolWriter(self.config.spool_path, f"w{self.slot}-{os.getpid()}")
+        self._ingest = Ingest(self.link, self.runtime.shards, self.spool,
+                              self.config.push_timeout_ms)
+        await self.pool.open(wait=False)
+        log.info("front worker %d ready in slot %d (generation %d)", os.getpid(), self.slot,
+                 self.generation)
+
+    async def stop(self) -> None:
+        if self.link is not None:
+            await self.link.stop()
+        await self.pool.close()
+        if self.spool is not None:
+            self.spool.close()
+        if self._board is not None:
+            self._board.close()
+        if self._slots is not None:
+            self._slots.release(self.slot, os.getpid())
+            self._slots.close()
+        mark_process_dead(os.getpid())
+
+    @property
+    def ingest(self) -> Ingest:
+        assert self._ingest is not None, "front worker not started"
+        return self._ingest
+
+    def count_pushed(self, results: list[ItemResult]) -> None:
+        if self.metrics is not None:
+            counts = Counter(r.status for r in results)
+            for status, n in counts.items():
+                self.metrics.messages_pushed.labels(status).inc(n)
+
+    def shards_alive(self) -> int:
+        return self._board.alive(SHARD_STALE_MS) if self._board is not None else 0

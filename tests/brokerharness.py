@@ -1,0 +1,158 @@
+"""A real ``queen-mp serve`` process on a free port, talking real HTTP to a real PostgreSQL.
+
+``broker`` (session) serves most tests; ``make_broker`` starts private ones for tests that kill
+processes or need other settings. Every broker is stopped with SIGTERM at teardown, and the
+harness checks it left no process and no shared-memory segment behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def shm_segments(prefix: str = "qmp") -> set[str]:
+    return {p.name for p in Path("/dev/shm").iterdir() if p.name.startswith(prefix)
+            or p.name.startswith("sem.qmp")}
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True,
+                             check=False).stdout
+    except FileNotFoundError:
+        return []
+    return [int(x) for x in out.split()]
+
+
+def process_tree(pid: int) -> list[int]:
+    todo, seen = [pid], []
+    while todo:
+        p = todo.pop()
+        seen.append(p)
+        todo.extend(_children(p))
+    return seen
+
+
+@dataclass
+class Broker:
+    url: str
+    proc: subprocess.Popen[bytes]
+    data_dir: Path
+    log_path: Path
+    env: dict[str, str]
+    client: httpx.Client = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.client = httpx.Client(base_url=self.url, timeout=60)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def shard_pids(self) -> list[int]:
+        """Pids of the shard processes (children of the supervisor running the shard module)."""
+        pids = []
+        for pid in _children(self.proc.pid):
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except FileNotFoundError:
+                continue
+            if b"queen_mp.shards.process" in cmd:
+                pids.append(pid)
+        return pids
+
+    def wait_healthy(self, timeout: float = 60.0) -> dict:
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"broker exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                r = self.client.get("/health", timeout=3)
+                last = r
+                if r.status_code == 200:
+                    return r.json()
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"broker not healthy in {timeout}s: {last and last.text}\n"
+                             f"{self.log()[-4000:]}")
+
+    def stop(self, timeout: float = 60.0) -> int:
+        self.client.close()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                for pid in reversed(process_tree(self.proc.pid)):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                self.proc.wait()
+                raise AssertionError("broker did not stop on SIGTERM") from None
+        return self.proc.returncode
+
+
+def start_broker(tmp: Path, dsn: str | None, **settings: str) -> Broker:
+    port = free_port()
+    data = tmp / f"broker-{port}"
+    data.mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QUEEN_")}
+    env.update({"QUEEN_PORT": str(port), "QUEEN_DATA_DIR": str(data), "QUEEN_WORKERS": "2",
+                "QUEEN_V2_FUSION_SHARDS": "2", "QUEEN_LOG_LEVEL": "info",
+                "QUEEN_SHUTDOWN_TIMEOUT_S": "20"})
+    if dsn is not None:
+        env["QUEEN_PG_DSN"] = dsn
+    env.update(settings)
+    log_path = data / "broker.log"
+    with open(log_path, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "queen_mp.cli", "serve"], cwd=REPO,
+                                env=env, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)
+    broker = Broker(f"http://127.0.0.1:{port}", proc, data, log_path, env)
+    try:
+        broker.wait_healthy()
+    except BaseException:
+        broker.stop()
+        raise
+    return broker
+
+
+@pytest.fixture(scope="session")
+def broker(db_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+    b = start_broker(tmp_path_factory.mktemp("broker"), db_dsn)
+    yield b
+    assert b.stop() == 0, b.log()[-4000:]
+
+
+@pytest.fixture
+def make_broker(tmp_path: Path) -> Iterator:
+    started: list[Broker] = []
+
+    def make(dsn: str | None, **settings: str) -> Broker:
+        b = start_broker(tmp_path, dsn, **settings)
+        started.append(b)
+        return b
+
+    yield make
+    for b in started:
+        b.stop()

@@ -1,0 +1,148 @@
+"""pytest plugin: PostgreSQL for the integration tests, never a skip for want of one.
+
+Registered from the root conftest (`pytest_plugins = ["tests.pgharness"]`) or with
+`-p tests.pgharness`. The server comes from, in order:
+
+1. `QUEEN_TEST_DSN`, if set;
+2. the local server at 127.0.0.1:5432 as `postgres`, if it answers within 2 s
+   (skipped when `QUEEN_TEST_EMBEDDED=1`);
+3. a private embedded cluster in a temporary directory, stopped at the end of the session.
+
+Every test database is a fresh `queen_test_<random>` on that server, so parallel sessions and
+engineers sharing a server never see each other's data. Migrations are applied to each one for
+real (not cloned from a template, which would lose `ALTER DATABASE ... SET` settings).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from queen_mp.db.embedded import EmbeddedPostgres
+from queen_mp.db.migrations import apply_migrations
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SQL_DIR = REPO_ROOT / "sql"
+LOCAL_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
+
+
+def make_temp_dir(prefix: str = "queen-pg-") -> Path:
+    """A short, world-searchable temp dir: a cluster's server user must reach into it when
+    the tests run as root (pytest's own tmp_path sits under a 0700 directory)."""
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    path.chmod(0o755)
+    return path
+
+
+def _answers(dsn: str, timeout: float = 2.0) -> bool:
+    try:
+        with psycopg.connect(dsn, connect_timeout=max(1, int(timeout))):
+            return True
+    except psycopg.Error:
+        return False
+
+
+def _with_dbname(dsn: str, dbname: str) -> str:
+    return make_conninfo(dsn, dbname=dbname)
+
+
+def make_database(server_dsn: str, *, template: str | None = None) -> str:
+    """Create an empty (or `template`-cloned) `queen_test_<random>` database; return its DSN."""
+    name = f"queen_test_{secrets.token_hex(6)}"
+    query = sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+        sql.Identifier(name), sql.Identifier(template or "template0")
+    )
+    with psycopg.connect(server_dsn, autocommit=True) as conn:
+        conn.execute(query)
+    return _with_dbname(server_dsn, name)
+
+
+def drop_database(server_dsn: str, dsn: str) -> None:
+    """Drop the database `dsn` points at, disconnecting whoever still uses it."""
+    name = conninfo_to_dict(dsn)["dbname"]
+    assert isinstance(name, str) and name.startswith("queen_test_"), name
+    with psycopg.connect(server_dsn, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
+
+
+@pytest.fixture(scope="session")
+def pg_server_dsn() -> Iterator[str]:
+    """A superuser DSN of the server the session's databases live on."""
+    env = os.environ.get("QUEEN_TEST_DSN")
+    if env:
+        yield env
+        return
+    if os.environ.get("QUEEN_TEST_EMBEDDED") != "1" and _answers(LOCAL_DSN):
+        yield LOCAL_DSN
+        return
+    base = make_temp_dir()
+    server = EmbeddedPostgres(base / "pg", fsync=False)
+    try:
+        yield server.start()
+    finally:
+        server.stop(mode="immediate")
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def make_migrated_database(server_dsn: str) -> str:
+    """A fresh database with `sql/` applied; return its DSN."""
+    dsn = make_database(server_dsn)
+    try:
+        apply_migrations(dsn, SQL_DIR)
+    except BaseException:
+        drop_database(server_dsn, dsn)
+        raise
+    return dsn
+
+
+@pytest.fixture(scope="session")
+def db_dsn(pg_server_dsn: str) -> Iterator[str]:
+    """A migrated database shared by the session's tests."""
+    dsn = make_migrated_database(pg_server_dsn)
+    try:
+        yield dsn
+    finally:
+        drop_database(pg_server_dsn, dsn)
+
+
+@pytest.fixture
+def fresh_db_dsn(pg_server_dsn: str) -> Iterator[str]:
+    """A migrated database with no data, for this test alone."""
+    dsn = make_migrated_database(pg_server_dsn)
+    try:
+        yield dsn
+    finally:
+        drop_database(pg_server_dsn, dsn)
+
+
+@pytest.fixture
+def db(db_dsn: str) -> Iterator[psycopg.Connection]:
+    """An autocommit connection to the session database."""
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        yield conn
+
+
+@pytest.fixture
+def private_pg() -> Iterator[EmbeddedPostgres]:
+    """A started cluster of this test's own, free to be killed and restarted."""
+    base = make_temp_dir()
+    server = EmbeddedPostgres(base / "pg", fsync=False)
+    try:
+        server.start()
+        yield server
+    finally:
+        try:
+            server.stop(mode="immediate")
+        finally:
+            shutil.rmtree(base, ignore_errors=True)

@@ -1,0 +1,151 @@
+"""Doorbell tests: cross-process wake-ups and the asyncio bridge (fork context)."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import time
+import uuid
+from collections.abc import Iterator
+
+import posix_ipc
+import pytest
+
+from queen_mp.ipc import AsyncDoorbellWaiter, Doorbell
+
+pytestmark = pytest.mark.timeout(10)
+
+MP = multiprocessing.get_context("fork")
+
+
+@pytest.fixture
+def bell_name() -> Iterator[str]:
+    name = f"/qmp-test-bell-{uuid.uuid4().hex[:12]}"
+    yield name
+    Doorbell.unlink_name(name)
+
+
+def _child_waits(name: str, conn) -> None:
+    with Doorbell.attach(name) as bell:
+        conn.send("waiting")
+        conn.send(bell.wait(5.0))
+
+
+def _child_rings_after(name: str, delay: float) -> None:
+    time.sleep(delay)
+    with Doorbell.attach(name) as bell:
+        bell.ring()
+
+
+def test_wait_times_out_without_a_ring(bell_name: str) -> None:
+    with Doorbell.create(bell_name) as bell:
+        start = time.monotonic()
+        assert not bell.wait(0.05)
+        assert time.monotonic() - start >= 0.04
+        assert not bell.wait(0)
+
+
+def test_rings_coalesce(bell_name: str) -> None:
+    with Doorbell.create(bell_name) as bell:
+        for _ in range(100):
+            bell.ring()
+        assert bell.value == 1
+        assert bell.wait(0)
+        assert not bell.wait(0)
+
+
+def test_create_attach_unlink_contract(bell_name: str) -> None:
+    with pytest.raises(posix_ipc.ExistentialError):
+        Doorbell.attach(bell_name)
+    bell = Doorbell.create(bell_name)
+    with pytest.raises(posix_ipc.ExistentialError):
+        Doorbell.create(bell_name)
+    bell.ring()
+    bell.close()
+    with Doorbell.create(bell_name, replace=True) as fresh:
+        assert not fresh.wait(0)
+    assert Doorbell.unlink_name(bell_name)
+    assert not Doorbell.unlink_name(bell_name)
+
+
+def test_ring_wakes_a_waiter_in_another_process(bell_name: str) -> None:
+    with Doorbell.create(bell_name) as bell:
+        parent_conn, child_conn = MP.Pipe()
+        proc = MP.Process(target=_child_waits, args=(bell_name, child_conn))
+        proc.start()
+        assert parent_conn.recv() == "waiting"
+        time.sleep(0.05)
+        start = time.monotonic()
+        bell.ring()
+        assert parent_conn.poll(5)
+        assert parent_conn.recv() is True
+        assert time.monotonic() - start < 1.0
+        proc.join(5)
+        assert proc.exitcode == 0
+
+
+def test_async_waiter_calls_back_in_the_loop(bell_name: str) -> None:
+    async def scenario(bell: Doorbell) -> None:
+        loop = asyncio.get_running_loop()
+        woken = asyncio.Event()
+        threads = []
+
+        def on_ring() -> None:
+            threads.append(asyncio.get_running_loop() is loop)
+            woken.set()
+
+        # Fork the ringer before the waiter thread exists.
+        proc = MP.Process(target=_child_rings_after, args=(bell_name, 0.1))
+        proc.start()
+        waiter = AsyncDoorbellWaiter(bell, loop, on_ring, poll_interval=0.05)
+        waiter.start()
+        try:
+            await asyncio.wait_for(woken.wait(), 5)
+        finally:
+            waiter.stop(timeout=2)
+            proc.join(5)
+        assert threads == [True]
+        assert proc.exitcode == 0
+
+    with Doorbell.create(bell_name) as bell:
+        asyncio.run(scenario(bell))
+
+
+def test_async_waiter_coalesces_rings_while_loop_is_busy(bell_name: str) -> None:
+    async def scenario(bell: Doorbell) -> int:
+        calls = 0
+
+        def on_ring() -> None:
+            nonlocal calls
+            calls += 1
+
+        waiter = AsyncDoorbellWaiter(bell, asyncio.get_running_loop(), on_ring, poll_interval=0.05)
+        waiter.start()
+        try:
+            for _ in range(20):  # the loop is blocked: nothing can run the callback yet
+                bell.ring()
+                time.sleep(0.005)
+            await asyncio.sleep(0.2)
+            first = calls
+            bell.ring()
+            await asyncio.sleep(0.2)
+        finally:
+            waiter.stop(timeout=2)
+        return first * 100 + calls
+
+    with Doorbell.create(bell_name) as bell:
+        assert asyncio.run(scenario(bell)) == 1 * 100 + 2
+
+
+def test_async_waiter_stops(bell_name: str) -> None:
+    async def scenario(bell: Doorbell) -> None:
+        waiter = AsyncDoorbellWaiter(bell, asyncio.get_running_loop(), lambda: None)
+        waiter.start()
+        start = time.monotonic()
+        waiter.stop(timeout=2)
+        assert time.monotonic() - start < 0.5
+        assert waiter._thread is not None and not waiter._thread.is_alive()
+        waiter.stop()  # idempotent
+
+    with Doorbell.create(bell_name) as bell:
+        asyncio.run(scenario(bell))
