@@ -79,7 +79,10 @@ def create_app(config: Config, runtime: Runtime, worker: FrontWorker | None = No
     app.req_options.media_handlers = _json_handlers()
     app.resp_options.media_handlers = _json_handlers()
     app.req_options.strip_url_path_trailing_slash = True
+    # NOTE(queen): falcon's own HTTPError handler is more specific than Exception; take it
+    # over too so that routing errors (405, 404) render in our JSON shape.
     app.add_error_handler(Exception, errors.handle_error)
+    app.add_error_handler(falcon.HTTPError, errors.handle_error)
 
     app.add_route("/health", HealthResource(worker))
     app.add_route("/metrics", MetricsJsonResource(worker))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -20,6 +21,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from tests.pgharness import make_temp_dir
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -146,13 +149,22 @@ def broker(db_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Br
 
 @pytest.fixture
 def make_broker(tmp_path: Path) -> Iterator:
+    """Private brokers; with no DSN the broker starts its embedded cluster, whose server user
+    must be able to reach the data dir (pytest's tmp_path is 0700 under root)."""
     started: list[Broker] = []
+    scratch: list[Path] = []
 
     def make(dsn: str | None, **settings: str) -> Broker:
-        b = start_broker(tmp_path, dsn, **settings)
+        base = tmp_path
+        if dsn is None:
+            base = make_temp_dir("queen-broker-")
+            scratch.append(base)
+        b = start_broker(base, dsn, **settings)
         started.append(b)
         return b
 
     yield make
     for b in started:
         b.stop()
+    for path in scratch:
+        shutil.rmtree(path, ignore_errors=True)

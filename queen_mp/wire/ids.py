@@ -5,6 +5,9 @@ wall clock steps back, so the 74 bits of rand_a and rand_b form one counter (RFC
 method 1 with a random seed): a new millisecond reseeds it at random with its top bit clear, a
 repeated (or earlier) millisecond adds one to it. Across processes uniqueness rests on the 73
 random seed bits; every forked child reseeds before its first id.
+
+NOTE(wire): ids minted in one millisecond differ by one, so they are guessable from each other:
+never use them as secrets (lease ids, tokens); those want os.urandom / uuid4.
 """
 
 from __future__ import annotations

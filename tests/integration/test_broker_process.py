@@ -1,0 +1,190 @@
+"""The broker as a real process: health, routing errors, metrics, restarts and clean stops."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import psycopg
+
+from tests.brokerharness import process_tree, shm_segments
+
+
+def test_health_reports_database_shards_and_version(broker):
+    r = broker.client.get("/health")
+    assert r.status_code == 200
+    body = r.json()
+    assert body["status"] == "healthy"
+    assert body["database"] == "connected"
+    assert body["shards"] == {"alive": 2, "total": 2}
+    assert body["version"] == "0.1.0"
+    assert body["workerId"] == body["worker_id"]
+    assert body["maintenanceMode"] is False
+    assert body["databaseWritable"] is True
+    assert r.headers["access-control-allow-origin"] == "*"
+
+
+def test_unknown_route_is_404_json(broker):
+    r = broker.client.get("/api/v1/nothing-here")
+    assert r.status_code == 404
+    assert r.json()["code"] == "not_found"
+    assert r.headers["content-type"].startswith("application/json")
+
+
+def test_wrong_method_is_405_with_allow(broker):
+    r = broker.client.get("/api/v1/push")
+    assert r.status_code == 405
+    assert r.json()["code"] == "method_not_allowed"
+    assert "POST" in r.headers["allow"]
+
+
+def test_options_is_204_with_cors(broker):
+    r = broker.client.request("OPTIONS", "/api/v1/push")
+    assert r.status_code == 204
+    assert r.headers["access-control-allow-origin"] == "*"
+
+
+def test_prometheus_metrics_come_from_every_process(broker):
+    push = broker.client.post("/api/v1/push", json={"items": [
+        {"queue": "metrics-q", "partition": f"p{i}", "payload": i} for i in range(8)]})
+    assert push.status_code == 201
+    text = broker.client.get("/metrics/prometheus").text
+    # written by shard processes
+    assert "queen_batch_items_fired_total" in text
+    assert "queen_fusion_items_per_batch_bucket" in text
+    # written by front workers
+    assert 'queen_http_requests_total{route="/api/v1/push",status="201"}' in text
+    fired = sum(float(line.split()[-1]) for line in text.splitlines()
+                if line.startswith("queen_batch_items_fired_total"))
+    assert fired >= 8
+
+
+def test_metrics_json_has_the_client_shape(broker):
+    body = broker.client.get("/metrics").json()
+    for key in ("uptime", "requests", "messages", "database", "fusion", "ackFusion",
+                "ackRegistry", "spool", "parkedPops"):
+        assert key in body
+    assert body["fusion"]["commits"] >= 0
+
+
+def test_stopped_shard_makes_health_503_then_recovers(make_broker, db_dsn):
+    b = make_broker(db_dsn)
+    shard = b.shard_pids()[0]
+    os.kill(shard, signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline:
+            r = b.client.get("/health")
+            if r.status_code == 503:
+                break
+            time.sleep(0.2)
+        assert r.status_code == 503
+        assert r.json()["code"] == "unavailable"
+        assert "shard" in r.json()["error"]
+    finally:
+        os.kill(shard, signal.SIGCONT)
+    assert b.wait_healthy(10)["shards"]["alive"] == 2
+
+
+def test_killed_shard_is_restarted(make_broker, db_dsn):
+    b = make_broker(db_dsn)
+    before = set(b.shard_pids())
+    victim = sorted(before)[0]
+    os.kill(victim, signal.SIGKILL)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        now = set(b.shard_pids())
+        if len(now) == 2 and victim not in now:
+            break
+        time.sleep(0.2)
+    assert victim not in b.shard_pids() and len(b.shard_pids()) == 2
+    b.wait_healthy(15)
+    r = b.client.post("/api/v1/push", json={"items": [{"queue": "after-restart", "payload": 1}]})
+    assert r.status_code == 201
+    assert r.json()[0]["status"] == "queued"
+
+
+def test_killed_front_worker_is_replaced(make_broker, db_dsn):
+    b = make_broker(db_dsn)
+    gunicorn = [p for p in process_tree(b.proc.pid)
+                if b"gunicorn" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    workers = [p for p in gunicorn if _ppid(p) in gunicorn]
+    assert workers, gunicorn
+    os.kill(workers[0], signal.SIGKILL)
+    time.sleep(1.0)
+    for _ in range(20):
+        r = b.client.post("/api/v1/push", json={"items": [{"queue": "w", "payload": 1}]})
+        assert r.status_code == 201, r.text
+    assert b.wait_healthy(10)["status"] == "healthy"
+
+
+def _ppid(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def test_sigterm_leaves_no_process_and_no_shared_memory(make_broker, db_dsn):
+    before = shm_segments()
+    b = make_broker(db_dsn)
+    tree = process_tree(b.proc.pid)
+    assert len(tree) >= 5  # supervisor, 2 shards, gunicorn master, 2 workers
+    assert shm_segments() - before
+    assert b.stop() == 0
+    for pid in tree:
+        assert not os.path.exists(f"/proc/{pid}") or _zombie(pid), pid
+    assert shm_segments() - before == set()
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_embedded_postgres_when_no_dsn(make_broker, tmp_path):
+    b = make_broker(None)
+    assert b.client.get("/health").json()["database"] == "connected"
+    r = b.client.post("/api/v1/push", json={"items": [{"queue": "emb", "payload": {"x": 1}}]})
+    assert r.status_code == 201 and r.json()[0]["status"] == "queued"
+    pg_dir = b.data_dir / "pg"
+    assert (pg_dir / "PG_VERSION").exists()
+    pid = int((pg_dir / "postmaster.pid").read_text().split()[0])
+    assert b.stop() == 0
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and os.path.exists(f"/proc/{pid}") and not _zombie(pid):
+        time.sleep(0.1)
+    assert not os.path.exists(f"/proc/{pid}") or _zombie(pid)
+    assert not (pg_dir / "postmaster.pid").exists()
+
+
+def test_two_instances_migrate_one_fresh_database_together(make_broker, fresh_db_dsn):
+    # Both supervisors race on the advisory lock; both come up healthy on one schema.
+    import concurrent.futures as cf
+
+    with cf.ThreadPoolExecutor(2) as ex:
+        brokers = list(ex.map(lambda _: make_broker(fresh_db_dsn), range(2)))
+    for b in brokers:
+        assert b.client.get("/health").status_code == 200
+    with psycopg.connect(fresh_db_dsn) as conn:
+        rows = conn.execute("SELECT count(*), count(DISTINCT version) "
+                            "FROM queen.schema_migrations").fetchone()
+    assert rows[0] == rows[1] >= 3
+
+
+def test_health_is_503_when_database_is_gone(make_broker, private_pg):
+    dsn = private_pg.dsn
+    from queen_mp.db.migrations import apply_migrations
+    from queen_mp.supervisor import sql_dir
+
+    apply_migrations(dsn, sql_dir())
+    b = make_broker(dsn)
+    private_pg.stop(mode="immediate")
+    r = httpx.get(b.url + "/health", timeout=10)
+    assert r.status_code == 503
+    assert r.json()["database"] == "disconnected"
+    assert "connection" in r.json()["error"]
