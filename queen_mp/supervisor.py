@@ -151,8 +151,10 @@ class Supervisor:
         return env
 
     def spawn_shard(self, shard: ShardProc) -> None:
+        # NOTE(queen): own process group, so a terminal's Ctrl-C reaches only the supervisor,
+        # which then stops the children gracefully and in order.
         shard.proc = subprocess.Popen([sys.executable, "-m", "queen_mp.shards.process",
-                                       str(shard.index)], env=self.child_env())
+                                       str(shard.index)], env=self.child_env(), process_group=0)
         shard.started = time.monotonic()
         log.info("shard %d started (pid %d)", shard.index, shard.proc.pid)
 
@@ -164,7 +166,7 @@ class Supervisor:
                 "--graceful-timeout", str(cfg.shutdown_timeout_s), "--timeout", "120",
                 "--keep-alive", "75", "--log-level", cfg.log_level,
                 "--name", "queen-mp-front"]
-        self.front = subprocess.Popen(argv, env=self.child_env())
+        self.front = subprocess.Popen(argv, env=self.child_env(), process_group=0)
         log.info("gunicorn started (pid %d)", self.front.pid)
 
     # ------------------------------------------------------------------ handlers

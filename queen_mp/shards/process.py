@@ -102,7 +102,13 @@ class Shard:
 
     # ------------------------------------------------------------------ loops
     async def heartbeat(self) -> None:
+        parent = os.getppid()
         while True:
+            if os.getppid() != parent:
+                # NOTE(queen): the supervisor died without stopping us; flush and leave rather
+                # than hold partitions nobody supervises.
+                log.error("shard %d: supervisor %d is gone; stopping", self.index, parent)
+                self.stop_requested.set()
             self.board.beat(self.index)
             for slot, box in enumerate(self.outbox):
                 if box:
