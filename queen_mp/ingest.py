@@ -14,18 +14,20 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import xxhash
 
+from queen_mp.crypto import PayloadCipher
 from queen_mp.ipc.shardlink import ShardGone, ShardLink
+from queen_mp.queueflags import QueueFlags
 from queen_mp.spool import SpoolItem, SpoolWriteError, SpoolWriter
-from queen_mp.wire.frames import pack_frame
+from queen_mp.wire.frames import iter_frames, pack_frame
 from queen_mp.wire.hashing import txn_hash
 from queen_mp.wire.ids import uuid_text
 from queen_mp.wire.records import Piece, PushGroup, PushVerdict
 
-__all__ = ["ClientChunk", "GroupOutcome", "Ingest", "ItemResult", "PushItem"]
+__all__ = ["ClientChunk", "EncryptionUnavailable", "Ingest", "ItemResult", "PushItem"]
 
 log = logging.getLogger("queen_mp.ingest")
 
@@ -64,17 +66,18 @@ class ItemResult:
     error: str | None = None
 
 
-@dataclass(slots=True)
-class GroupOutcome:
-    items: list[int] = field(default_factory=list)  # leader item indexes in frame order
+class EncryptionUnavailable(Exception):
+    """An encrypted queue was pushed to while this broker has no key."""
 
 
 class Ingest:
     """Push pipeline of one front worker (stateless between requests)."""
 
     def __init__(self, link: ShardLink, shards: int, spool: SpoolWriter,
-                 push_timeout_ms: int) -> None:
+                 push_timeout_ms: int, flags: QueueFlags, cipher: PayloadCipher | None) -> None:
         self.link = link
+        self.flags = flags
+        self.cipher = cipher
         self.shards = shards
         self.spool = spool
         self.timeout_s = push_timeout_ms / 1000
@@ -100,6 +103,7 @@ class Ingest:
             groups.setdefault((it.queue, it.partition), []).append(i)
         if not groups:
             return []
+        await self._encrypt(items, tenant, {q for q, _ in groups})
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout_s
         request_id = self.link.next_request_id()
@@ -142,6 +146,25 @@ class Ingest:
                 assert r is not None
                 results[i] = _follow(r, items[lead].message_id)
         return results  # type: ignore[return-value]
+
+    async def _encrypt(self, items: Sequence[PushItem], tenant: bytes, queues: set[str]) -> None:
+        """Re-frame the payloads of encrypted queues (flag 4); their client chunks are then
+        rebuilt by the shard's normal raw-frame path."""
+        secret = {q for q in queues if await self.flags.encrypted(tenant, q)}
+        if not secret:
+            return
+        if self.cipher is None:
+            raise EncryptionUnavailable(
+                f"queue {sorted(secret)[0]!r} is encrypted but QUEEN_ENCRYPTION_KEY is not set")
+        for it in items:
+            if it.queue not in secret:
+                continue
+            f = next(iter_frames(it.frame))
+            it.frame = pack_frame(f.message_id, f.transaction_id.encode(),
+                                  self.cipher.encrypt(bytes(f.payload)),
+                                  trace_id=f.trace_id, producer_sub=f.producer_sub,
+                                  encrypted=True)
+            it.chunk = -1
 
     async def _spool(self, items: Sequence[PushItem], idx: list[int], tenant: bytes,
                results: list[ItemResult | None]) -> None:

@@ -14,11 +14,13 @@ from collections import Counter
 from psycopg_pool import AsyncConnectionPool
 
 from queen_mp.config import Config
+from queen_mp.crypto import PayloadCipher
 from queen_mp.ingest import Ingest, ItemResult
 from queen_mp.ipc.heartbeat import HeartbeatBoard
 from queen_mp.ipc.shardlink import ShardLink
 from queen_mp.ipc.slots import SlotTable
 from queen_mp.metrics import Metrics, mark_process_dead
+from queen_mp.queueflags import QueueFlags
 from queen_mp.runtime import Runtime
 from queen_mp.spool import SpoolWriter
 
@@ -40,7 +42,7 @@ class FrontWorker:
         self.generation = 0
         self.metrics: Metrics | None = None
         self.pool: AsyncConnectionPool = AsyncConnectionPool(
-            config.pg_dsn, min_size=1, max_size=config.pg_pool_size, open=False,
+            config.pg_dsn, min_size=1, max_size=config.pg_pool_size, open=False, timeout=5.0,
             kwargs={"autocommit": True}, name=f"front-{os.getpid()}")
         self.link: ShardLink | None = None
         self.spool: SpoolWriter | None = None
@@ -56,8 +58,10 @@ class FrontWorker:
         self.link = ShardLink(self.runtime, self.slot, self.generation)
         await self.link.start()
         self.spool = SpoolWriter(self.config.spool_path, f"w{self.slot}-{os.getpid()}")
+        cipher = (PayloadCipher(self.config.encryption_key) if self.config.encryption_key
+                  else None)
         self._ingest = Ingest(self.link, self.runtime.shards, self.spool,
-                              self.config.push_timeout_ms)
+                              self.config.push_timeout_ms, QueueFlags(self.pool), cipher)
         await self.pool.open(wait=False)
         log.info("front worker %d ready in slot %d (generation %d)", os.getpid(), self.slot,
                  self.generation)

@@ -141,21 +141,58 @@ BEGIN
             --     window; `|| '\x'` behind `OFFSET 0` detoasts each stored blob ONCE per row
             --     (otherwise every 16-byte substr of an out-of-line blob is its own TOAST fetch);
             --   * `s`: one (offset, hash) per stored frame above v_lo, behind `OFFSET 0` so no
-            --     blob is carried into a sort;
+            --     blob is ever carried into a sort;
             --   * `IN (...) IS TRUE` keeps the sublink from being pulled up into a join: it
             --     stays a hashed SubPlan over the incoming hashes (built once, probed once per
-            --     stored hash: O(stored + incoming), no sort, no spill);
-            --   * only the (rare) hits are joined back to their incoming frame index.
-            SELECT jsonb_agg(jsonb_build_object('i', m.i, 'off', m.off) ORDER BY m.i)
-            INTO v_dups
-            FROM (
-                SELECT inc.i, min(st.off) AS off
+            --     stored hash: O(stored + incoming), no sort, no spill), and only the (rare)
+            --     hits are joined back to their incoming frame index.
+            -- A hashed SubPlan is only planned while the incoming set fits hash_mem (~150k
+            -- hashes at work_mem 4MB), and a custom plan knows p_msg_count exactly; a giant
+            -- segment therefore takes the plain join form (hash or merge join, never a
+            -- nested loop over the product).
+            IF p_msg_count <= 8192 THEN
+                SELECT jsonb_agg(jsonb_build_object('i', m.i, 'off', m.off) ORDER BY m.i)
+                INTO v_dups
                 FROM (
-                    SELECT s.off, s.h
+                    SELECT inc.i, min(st.off) AS off
+                    FROM (
+                        SELECT s.off, s.h
+                        FROM (
+                            SELECT r.base_offset + j AS off, substr(r.hashes, j * 16 + 1, 16) AS h
+                            FROM (
+                                SELECT t.base_offset, t.msg_count,
+                                       t.hashes || '\x'::bytea AS hashes
+                                FROM queen.log_txns t
+                                WHERE t.partition_id = p_pid
+                                  AND t.base_offset >= v_first_row
+                                  AND t.base_offset <= v_last
+                                  AND t.created_at >= v_ts - make_interval(secs => p_window)
+                                OFFSET 0
+                            ) r
+                            CROSS JOIN LATERAL generate_series(
+                                LEAST(GREATEST(0, v_lo + 1 - r.base_offset), r.msg_count)::int4,
+                                r.msg_count - 1) AS j
+                            OFFSET 0
+                        ) s
+                        WHERE (s.h IN (SELECT substr(p_hashes, k * 16 + 1, 16)
+                                       FROM generate_series(0, p_msg_count - 1) AS k)) IS TRUE
+                    ) st
+                    JOIN (
+                        SELECT k AS i, substr(p_hashes, k * 16 + 1, 16) AS h
+                        FROM generate_series(0, p_msg_count - 1) AS k
+                    ) inc ON inc.h = st.h
+                    GROUP BY inc.i
+                ) m;
+            ELSE
+                SELECT jsonb_agg(jsonb_build_object('i', m.i, 'off', m.off) ORDER BY m.i)
+                INTO v_dups
+                FROM (
+                    SELECT inc.i, min(st.off) AS off
                     FROM (
                         SELECT r.base_offset + j AS off, substr(r.hashes, j * 16 + 1, 16) AS h
                         FROM (
-                            SELECT t.base_offset, t.msg_count, t.hashes || '\x'::bytea AS hashes
+                            SELECT t.base_offset, t.msg_count,
+                                   t.hashes || '\x'::bytea AS hashes
                             FROM queen.log_txns t
                             WHERE t.partition_id = p_pid
                               AND t.base_offset >= v_first_row
@@ -167,16 +204,14 @@ BEGIN
                             LEAST(GREATEST(0, v_lo + 1 - r.base_offset), r.msg_count)::int4,
                             r.msg_count - 1) AS j
                         OFFSET 0
-                    ) s
-                    WHERE (s.h IN (SELECT substr(p_hashes, k * 16 + 1, 16)
-                                   FROM generate_series(0, p_msg_count - 1) AS k)) IS TRUE
-                ) st
-                JOIN (
-                    SELECT k AS i, substr(p_hashes, k * 16 + 1, 16) AS h
-                    FROM generate_series(0, p_msg_count - 1) AS k
-                ) inc ON inc.h = st.h
-                GROUP BY inc.i
-            ) m;
+                    ) st
+                    JOIN (
+                        SELECT k AS i, substr(p_hashes, k * 16 + 1, 16) AS h
+                        FROM generate_series(0, p_msg_count - 1) AS k
+                    ) inc ON inc.h = st.h
+                    GROUP BY inc.i
+                ) m;
+            END IF;
 
             IF v_dups IS NOT NULL THEN
                 -- Written nothing: no allocator bump, no inserts, no savepoint needed.

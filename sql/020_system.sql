@@ -16,3 +16,15 @@ LANGUAGE sql STABLE AS $$
         'server', COALESCE(inet_server_addr()::text, 'local') || ':'
                   || COALESCE(inet_server_port()::text, current_setting('port')));
 $$;
+
+-- queue_flags_v1: per-queue switches the front worker needs before it builds frames
+-- (encryption). Read-only; an unknown queue answers the defaults of a new queue.
+CREATE OR REPLACE FUNCTION queen.queue_flags_v1(p_tenant uuid, p_name text)
+RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object(
+        'exists', q.id IS NOT NULL,
+        'encryption', COALESCE(q.encryption_enabled, false))
+    FROM (SELECT 1) AS one
+    LEFT JOIN queen.queues q ON q.tenant = p_tenant AND q.name = p_name;
+$$;

@@ -14,8 +14,9 @@ import falcon.asgi
 import orjson
 
 from queen_mp.http.body import read_body
-from queen_mp.http.errors import BadFrame, InvalidRequest, NameTooLong, Timeout
-from queen_mp.ingest import ClientChunk, ItemResult, PushItem, json_item
+from queen_mp.http.errors import BadFrame, InvalidRequest, NameTooLong, Timeout, Unavailable
+from queen_mp.ingest import ClientChunk, EncryptionUnavailable, ItemResult, PushItem, json_item
+from queen_mp.queueflags import FlagsUnavailable
 from queen_mp.wire.binary_push import (
     QPB1_MAGIC,
     FramesGroup,
@@ -145,6 +146,8 @@ class PushResource:
             items = parse_json_push(body)
         try:
             results = await self.worker.ingest.push(items, DEFAULT_TENANT, chunks)
+        except (EncryptionUnavailable, FlagsUnavailable) as ex:
+            raise Unavailable(str(ex)) from None
         except TimeoutError:
             raise Timeout("push deadline passed before every verdict; outcome unknown, "
                           "retry is safe (deduplicated on transactionId)") from None
