@@ -18,6 +18,7 @@ import orjson
 
 from queen_mp.config import Config
 from queen_mp.http import errors
+from queen_mp.http.errors import JSON_UTF8
 from queen_mp.http.health import HealthResource
 from queen_mp.http.metrics import MetricsJsonResource, PrometheusResource
 from queen_mp.http.push import PushResource
@@ -69,13 +70,14 @@ class EdgeMiddleware:
 
 def _json_handlers() -> falcon.media.Handlers:
     json = falcon.media.JSONHandler(dumps=lambda o: orjson.dumps(o).decode(), loads=orjson.loads)
-    return falcon.media.Handlers({falcon.MEDIA_JSON: json, "application/json": json})
+    return falcon.media.Handlers({falcon.MEDIA_JSON: json, JSON_UTF8: json})
 
 
 def create_app(config: Config, runtime: Runtime, worker: FrontWorker | None = None
                ) -> falcon.asgi.App:
     worker = worker or FrontWorker(config, runtime)
-    app = falcon.asgi.App(middleware=[Lifespan(worker), EdgeMiddleware(worker)])
+    app = falcon.asgi.App(media_type=JSON_UTF8,
+                          middleware=[Lifespan(worker), EdgeMiddleware(worker)])
     app.req_options.media_handlers = _json_handlers()
     app.resp_options.media_handlers = _json_handlers()
     app.req_options.strip_url_path_trailing_slash = True

@@ -45,16 +45,25 @@ async def read_body(req: falcon.asgi.Request, limit: int) -> bytes:
 
 
 def _gunzip(body: bytes, limit: int) -> bytes:
-    d = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
-    try:
-        out = d.decompress(body, limit + 1)
-    except zlib.error as ex:
-        raise InvalidRequest(f"gzip body does not decode: {ex}") from ex
-    if len(out) > limit or d.unconsumed_tail:
-        raise BodyTooLarge(f"decoded body is over the {limit} byte limit", limit=limit)
-    if not d.eof:
-        raise InvalidRequest("gzip body is truncated")
-    return out
+    """Every member of a (possibly multi-member, RFC 1952) gzip body, bounded in total."""
+    out: list[bytes] = []
+    size = 0
+    rest = body
+    while True:
+        d = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+        try:
+            part = d.decompress(rest, limit + 1 - size)
+        except zlib.error as ex:
+            raise InvalidRequest(f"gzip body does not decode: {ex}") from ex
+        size += len(part)
+        if size > limit or d.unconsumed_tail:
+            raise BodyTooLarge(f"decoded body is over the {limit} byte limit", limit=limit)
+        if not d.eof:
+            raise InvalidRequest("gzip body is truncated")
+        out.append(part)
+        rest = d.unused_data
+        if not rest:
+            return b"".join(out)
 
 
 def _unzstd(body: bytes, limit: int) -> bytes:

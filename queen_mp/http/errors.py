@@ -16,6 +16,7 @@ import orjson
 from queen_mp.wire.errors import WireError
 
 __all__ = [
+    "JSON_UTF8",
     "ApiError",
     "BadFrame",
     "BodyTooLarge",
@@ -43,6 +44,8 @@ __all__ = [
 ]
 
 log = logging.getLogger("queen_mp.http")
+
+JSON_UTF8 = "application/json; charset=utf-8"  # api.md 1.6
 
 
 class ApiError(Exception):
@@ -119,7 +122,7 @@ def _from_falcon(ex: falcon.HTTPError) -> ApiError:
 
 def render(resp: falcon.asgi.Response, err: ApiError) -> None:
     resp.status = err.status
-    resp.content_type = falcon.MEDIA_JSON
+    resp.content_type = JSON_UTF8
     resp.data = orjson.dumps(err.to_dict())
     for name, value in err.headers.items():
         resp.set_header(name, value)

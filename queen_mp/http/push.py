@@ -7,6 +7,8 @@ never stores an item of its body.
 from __future__ import annotations
 
 import datetime as dt
+import json
+import re
 from typing import Any
 
 import falcon
@@ -42,11 +44,34 @@ def _iso(us: int) -> str | None:
     return t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}Z"
 
 
+_LONG_INT = re.compile(rb"\d{19}")
+
+
+def _loads(body: bytes) -> Any:
+    """orjson, except for bodies with integers that may not fit 64 bits: orjson would turn
+    them into floats, and a payload must be stored as the client meant it."""
+    if _LONG_INT.search(body) is None:
+        return orjson.loads(body)
+    return json.loads(body, parse_constant=_reject_constant)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _dumps(value: Any) -> bytes:
+    try:
+        return orjson.dumps(value)
+    except TypeError:  # an integer beyond 64 bits, from the stdlib path
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False,
+                          allow_nan=False).encode()
+
+
 def parse_json_push(body: bytes) -> list[PushItem]:
     """api.md 2.1 items, validated completely before anything is routed."""
     try:
-        doc = orjson.loads(body) if body else None
-    except orjson.JSONDecodeError as ex:
+        doc = _loads(body) if body else None
+    except (orjson.JSONDecodeError, ValueError) as ex:
         raise InvalidRequest(f"body is not valid JSON: {ex}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("items"), list):
         raise InvalidRequest("body must be an object with an 'items' array", field="items")
@@ -85,7 +110,7 @@ def parse_json_push(body: bytes) -> list[PushItem]:
                                      field="traceId")
             trace_id = uuid_from_text(trace, field="traceId")
         value = it["payload"] if "payload" in it else it.get("data")
-        payload = b"" if value is None else orjson.dumps(value)
+        payload = b"" if value is None else _dumps(value)
         out.append(json_item(queue, partition, txn, payload, trace_id, uuid7()))
     return out
 

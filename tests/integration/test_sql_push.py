@@ -1,0 +1,708 @@
+"""The schema (sql/001_schema.sql) and the push procedures (sql/010_push.sql), called directly.
+
+life-of-a-push.md sections 4 and 5: log_push_multi_v1 (alignment guard, provisioning skip,
+ordered pre-lock, bundle timestamp, per-segment allocator, completeness guard), log_push_one_v1
+(stride check, dedup probe, allocation, two inserts) and log_segment_at_v1.
+
+The `db` / `db_dsn` database is shared by the session, so every test works on its own queue
+names and counts rows by its own queue / partition ids.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import psycopg
+import pytest
+import xxhash
+
+PUSH_MULTI = (
+    "SELECT queen.log_push_multi_v1(%s::text[], %s::text[], %s::int4[], %s::bytea[],"
+    " %s::int8[], %s::bytea[], %s::uuid[])"
+)
+PUSH_ONE = (
+    "SELECT queen.log_push_one_v1(%s::int8, %s::int4, %s::int4, %s::bytea, %s::int8,"
+    " %s::bytea, %s::timestamptz)"
+)
+SEGMENT_AT = "SELECT * FROM queen.log_segment_at_v1(%s::int8, %s::int8)"
+DEFAULT_TENANT = uuid.UUID(int=0)
+
+
+def uq(prefix: str = "sp") -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:12]}"
+
+
+def h(txn: str) -> bytes:
+    return xxhash.xxh3_128_digest(txn.encode())
+
+
+def hblob(txns: list[str]) -> bytes:
+    return b"".join(h(t) for t in txns)
+
+
+@dataclass
+class Seg:
+    queue: str
+    partition: str
+    txns: list[str]
+    verified: int = 0
+    blob: bytes = field(default=b"")
+
+    def payload(self) -> bytes:
+        return self.blob or ("|".join(self.txns)).encode()
+
+
+def push(conn: psycopg.Connection, segs: list[Seg], tenants: list | None = None) -> list[dict]:
+    row = conn.execute(PUSH_MULTI, (
+        [s.queue for s in segs], [s.partition for s in segs], [len(s.txns) for s in segs],
+        [hblob(s.txns) for s in segs], [s.verified for s in segs],
+        [s.payload() for s in segs], tenants)).fetchone()
+    assert row is not None
+    return row[0]
+
+
+def pid_of(conn, queue: str, partition: str, tenant: uuid.UUID = DEFAULT_TENANT) -> int:
+    row = conn.execute(
+        "SELECT lp.id FROM queen.log_partitions lp JOIN queen.queues q ON q.id = lp.queue_id "
+        "WHERE q.tenant = %s AND q.name = %s AND lp.name = %s",
+        (tenant, queue, partition)).fetchone()
+    assert row is not None, (queue, partition)
+    return row[0]
+
+
+def last_offset(conn, pid: int) -> int:
+    return conn.execute("SELECT last_offset FROM queen.log_partitions WHERE id = %s",
+                        (pid,)).fetchone()[0]
+
+
+def counts(conn, pid: int) -> tuple[int, int, int]:
+    """(segments, log_txns rows, last_offset) of one partition."""
+    return conn.execute(
+        "SELECT (SELECT count(*) FROM queen.log_segments WHERE partition_id = %(p)s),"
+        " (SELECT count(*) FROM queen.log_txns WHERE partition_id = %(p)s),"
+        " (SELECT last_offset FROM queen.log_partitions WHERE id = %(p)s)",
+        {"p": pid}).fetchone()
+
+
+def segments(conn, pid: int) -> list[tuple]:
+    return conn.execute(
+        "SELECT base_offset, msg_count, created_at FROM queen.log_segments "
+        "WHERE partition_id = %s ORDER BY base_offset", (pid,)).fetchall()
+
+
+def epoch_us(ts) -> int:
+    return round(ts.timestamp() * 1_000_000)
+
+
+def assert_gapless(conn, pid: int) -> int:
+    """Segments and sidecar rows tile 1..last_offset exactly; created_at never goes back."""
+    segs = segments(conn, pid)
+    expect = 1
+    prev_ts = None
+    for base, n, ts in segs:
+        assert base == expect, (pid, segs)
+        expect = base + n
+        assert prev_ts is None or ts >= prev_ts, (pid, segs)
+        prev_ts = ts
+    assert expect - 1 == last_offset(conn, pid)
+    txns = conn.execute("SELECT base_offset, msg_count, octet_length(hashes) FROM queen.log_txns "
+                        "WHERE partition_id = %s ORDER BY base_offset", (pid,)).fetchall()
+    assert [(b, n) for b, n, _ in txns] == [(b, n) for b, n, _ in segs]
+    assert all(ln == 16 * n for _, n, ln in txns)
+    return expect - 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Allocation
+# ---------------------------------------------------------------------------------------------
+
+def test_first_push_allocates_1_to_n_and_stores_both_rows(db):
+    q = uq()
+    res = push(db, [Seg(q, "p", ["a", "b", "c"], blob=b"\x01chunk")])
+    assert len(res) == 1
+    r = res[0]
+    pid = pid_of(db, q, "p")
+    assert set(r) == {"i", "pid", "s", "base", "ts"}
+    assert (r["i"], r["pid"], r["s"], r["base"]) == (0, pid, "queued", 1)
+    base, n, created, payload = db.execute(
+        "SELECT base_offset, msg_count, created_at, payload FROM queen.log_segments "
+        "WHERE partition_id = %s", (pid,)).fetchone()
+    assert (base, n, bytes(payload)) == (1, 3, b"\x01chunk")
+    assert r["ts"] == epoch_us(created)
+    hashes, tcreated = db.execute(
+        "SELECT hashes, created_at FROM queen.log_txns WHERE partition_id = %s AND base_offset = 1",
+        (pid,)).fetchone()
+    assert bytes(hashes) == hblob(["a", "b", "c"]) and tcreated == created
+    assert counts(db, pid) == (1, 1, 3)
+    lw = db.execute("SELECT last_write_at FROM queen.log_partitions WHERE id = %s",
+                    (pid,)).fetchone()[0]
+    assert lw is not None
+
+
+def test_second_push_continues_after_the_first(db):
+    q = uq()
+    push(db, [Seg(q, "p", ["a", "b"])])
+    res = push(db, [Seg(q, "p", ["c", "d", "e"])])
+    assert (res[0]["s"], res[0]["base"]) == ("queued", 3)
+    assert last_offset(db, res[0]["pid"]) == 5
+    assert assert_gapless(db, res[0]["pid"]) == 5
+
+
+def test_offsets_are_gapless_across_many_bundles(db):
+    q = uq()
+    parts = ["p0", "p1", "p2"]
+    rng = random.Random(7)
+    expected = dict.fromkeys(parts, 0)
+    for b in range(60):
+        chosen = rng.sample(parts, rng.randint(1, 3))
+        segs = [Seg(q, p, [f"{b}-{p}-{k}" for k in range(rng.randint(1, 9))]) for p in chosen]
+        res = push(db, segs)
+        for s, r in zip(segs, res, strict=True):
+            assert r["s"] == "queued"
+            assert r["base"] == expected[s.partition] + 1
+            expected[s.partition] += len(s.txns)
+    for p in parts:
+        assert assert_gapless(db, pid_of(db, q, p)) == expected[p]
+
+
+def test_empty_bundle_returns_an_empty_array(db):
+    assert push(db, []) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Bundles: input order of results, id order of locks, one timestamp
+# ---------------------------------------------------------------------------------------------
+
+def test_multi_partition_bundle_answers_in_input_order(db):
+    q = uq()
+    push(db, [Seg(q, "a", ["x"])])
+    push(db, [Seg(q, "b", ["x"])])
+    push(db, [Seg(q, "c", ["x"])])
+    pa, pb, pc = (pid_of(db, q, p) for p in "abc")
+    assert pa < pb < pc
+    res = push(db, [Seg(q, "c", ["1", "2"]), Seg(q, "a", ["3"]), Seg(q, "b", ["4", "5", "6"])])
+    assert [r["i"] for r in res] == [0, 1, 2]
+    assert [r["pid"] for r in res] == [pc, pa, pb]
+    assert [r["base"] for r in res] == [2, 2, 2]
+    assert counts(db, pc)[2] == 3 and counts(db, pa)[2] == 2 and counts(db, pb)[2] == 4
+    # one bundle timestamp for every segment of the bundle
+    assert len({r["ts"] for r in res}) == 1
+
+
+def test_bundle_locks_partitions_in_ascending_id_order(db, db_dsn):
+    q = uq()
+    push(db, [Seg(q, "a", ["x"])])
+    push(db, [Seg(q, "b", ["x"])])
+    push(db, [Seg(q, "c", ["x"])])
+    pa, pb, pc = (pid_of(db, q, p) for p in "abc")
+    assert pa < pb < pc
+    errors: list[BaseException] = []
+    with psycopg.connect(db_dsn) as blocker, psycopg.connect(db_dsn, autocommit=True) as probe:
+        # hold the middle partition: a bundle over c, a, b (input order) must hold a and wait
+        # on b, and must not have touched c yet
+        blocker.execute("SELECT 1 FROM queen.log_partitions WHERE id = %s FOR UPDATE", (pb,))
+
+        def run() -> None:
+            try:
+                with psycopg.connect(db_dsn, autocommit=True) as c:
+                    push(c, [Seg(q, "c", ["c1"]), Seg(q, "a", ["a1"]), Seg(q, "b", ["b1"])])
+            except BaseException as ex:  # pragma: no cover - reported below
+                errors.append(ex)
+
+        t = threading.Thread(target=run)
+        t.start()
+        try:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                waiting = probe.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock' AND query LIKE '%%log_push_multi_v1%%'"
+                ).fetchone()[0]
+                if waiting:
+                    break
+                time.sleep(0.02)
+            else:
+                pytest.fail("the bundle never waited on the blocked partition")
+            with pytest.raises(psycopg.errors.LockNotAvailable):
+                probe.execute("SELECT 1 FROM queen.log_partitions WHERE id = %s "
+                              "FOR UPDATE NOWAIT", (pa,))
+            # c (highest id) is not locked yet
+            probe.execute("BEGIN")
+            probe.execute("SELECT 1 FROM queen.log_partitions WHERE id = %s FOR UPDATE NOWAIT",
+                          (pc,))
+            probe.execute("ROLLBACK")
+        finally:
+            blocker.rollback()
+            t.join(timeout=30)
+    assert not errors, errors
+    assert [counts(db, p)[2] for p in (pa, pb, pc)] == [2, 2, 2]
+
+
+# ---------------------------------------------------------------------------------------------
+# Provisioning
+# ---------------------------------------------------------------------------------------------
+
+def test_provisioning_creates_queues_with_derived_names_and_default_options(db):
+    base = uq("prov")
+    names = [f"{base}.billing.eu", f"{base}.sub", base]
+    res = push(db, [Seg(n, "Default", ["t"]) for n in names])
+    assert [r["s"] for r in res] == ["queued"] * 3
+    rows = {r[0]: r[1:] for r in db.execute(
+        "SELECT name, namespace, task FROM queen.queues WHERE name = ANY(%s)", (names,))}
+    assert rows[f"{base}.billing.eu"] == (base, "billing")
+    assert rows[f"{base}.sub"] == (base, "sub")
+    assert rows[base] == (base, None)
+    opts = db.execute(
+        "SELECT tenant, lease_time, retry_limit, dead_letter_queue, dlq_after_max_retries,"
+        " dedup_window, retention_seconds, completed_retention_seconds, encryption_enabled,"
+        " delayed_processing, window_buffer, priority, max_size, retry_delay, ttl,"
+        " max_wait_time_seconds, retention_enabled FROM queen.queues WHERE name = %s",
+        (base,)).fetchone()
+    assert opts == (DEFAULT_TENANT, 300, 3, True, True, 3600, 0, 0, False, 0, 0, 0, 0, 1000,
+                    3600, 0, False)
+    part = db.execute(
+        "SELECT lp.name, lp.last_offset, lp.txns_start, lp.log_start_offset FROM "
+        "queen.log_partitions lp JOIN queen.queues q ON q.id = lp.queue_id WHERE q.name = %s",
+        (base,)).fetchall()
+    assert part == [("Default", 1, 1, 1)]
+
+
+def test_provisioning_is_per_tenant(db):
+    q = uq()
+    t1, t2 = uuid.uuid4(), uuid.uuid4()
+    r1 = push(db, [Seg(q, "p", ["same"])], tenants=[t1])
+    r2 = push(db, [Seg(q, "p", ["same"])], tenants=[t2])
+    # NULL tenant (and a NULL array) mean the default tenant
+    r3 = push(db, [Seg(q, "p", ["same"])], tenants=[None])
+    r4 = push(db, [Seg(q, "p", ["same"])])
+    assert [r[0]["s"] for r in (r1, r2, r3, r4)] == ["queued", "queued", "queued", "duplicate"]
+    assert len({r1[0]["pid"], r2[0]["pid"], r3[0]["pid"]}) == 3
+    assert r4[0]["pid"] == r3[0]["pid"] == pid_of(db, q, "p")
+    assert db.execute("SELECT count(*) FROM queen.queues WHERE name = %s", (q,)).fetchone()[0] == 3
+
+
+def test_existing_queue_options_are_used_not_replaced(db):
+    q = uq()
+    db.execute("INSERT INTO queen.queues (name, dedup_window, namespace) VALUES (%s, 0, 'x')",
+               (q,))
+    push(db, [Seg(q, "p", ["a"])])
+    push(db, [Seg(q, "p2", ["a"])])
+    res = push(db, [Seg(q, "p", ["a"])])  # window 0: no dedup
+    assert res[0]["s"] == "queued"
+    assert db.execute("SELECT namespace, dedup_window FROM queen.queues WHERE name = %s",
+                      (q,)).fetchone() == ("x", 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Deduplication
+# ---------------------------------------------------------------------------------------------
+
+def test_duplicate_within_window_reports_dups_and_writes_nothing(db):
+    q = uq()
+    push(db, [Seg(q, "p", ["t1", "t2", "t3"])])
+    pid = pid_of(db, q, "p")
+    before = counts(db, pid)
+    res = push(db, [Seg(q, "p", ["t4", "t2", "t5", "t3"])])
+    r = res[0]
+    assert (r["i"], r["pid"], r["s"], r["base"]) == (0, pid, "duplicate", None)
+    assert r["dups"] == [{"i": 1, "off": 2}, {"i": 3, "off": 3}]
+    assert isinstance(r["ts"], int)
+    assert counts(db, pid) == before == (1, 1, 3)
+    # the broker resubmits the remainder: that is queued right after the original
+    res = push(db, [Seg(q, "p", ["t4", "t5"])])
+    assert (res[0]["s"], res[0]["base"]) == ("queued", 4)
+
+
+def test_duplicate_segment_does_not_disturb_the_rest_of_the_bundle(db):
+    q = uq()
+    push(db, [Seg(q, "a", ["x"]), Seg(q, "b", ["y"])])
+    pa, pb = pid_of(db, q, "a"), pid_of(db, q, "b")
+    res = push(db, [Seg(q, "b", ["y2"]), Seg(q, "a", ["x"]), Seg(q, "c", ["z"])])
+    assert [r["s"] for r in res] == ["queued", "duplicate", "queued"]
+    assert res[1]["dups"] == [{"i": 0, "off": 1}]
+    assert counts(db, pa) == (1, 1, 1)
+    assert counts(db, pb) == (2, 2, 2)
+
+
+def test_duplicate_reports_the_lowest_offset_in_the_window(db):
+    q = uq()
+    push(db, [Seg(q, "p", ["w"])])
+    pid = pid_of(db, q, "p")
+    db.execute("UPDATE queen.queues SET dedup_window = 0 WHERE name = %s", (q,))
+    push(db, [Seg(q, "p", ["w"])])
+    push(db, [Seg(q, "p", ["v", "w"])])
+    db.execute("UPDATE queen.queues SET dedup_window = 3600 WHERE name = %s", (q,))
+    res = push(db, [Seg(q, "p", ["w", "v"])])
+    assert res[0]["dups"] == [{"i": 0, "off": 1}, {"i": 1, "off": 3}]
+    # once the oldest copy is out of the window, the next one is the original
+    db.execute("UPDATE queen.log_txns SET created_at = created_at - interval '2 hours' "
+               "WHERE partition_id = %s AND base_offset = 1", (pid,))
+    res = push(db, [Seg(q, "p", ["w"])])
+    assert res[0]["dups"] == [{"i": 0, "off": 2}]
+
+
+def test_same_hash_on_another_partition_is_queued(db):
+    q = uq()
+    push(db, [Seg(q, "p1", ["same"])])
+    res = push(db, [Seg(q, "p2", ["same"]), Seg(uq(), "p1", ["same"])])
+    assert [(r["s"], r["base"]) for r in res] == [("queued", 1), ("queued", 1)]
+
+
+def test_window_zero_never_dedups_but_still_writes_the_sidecar(db):
+    q = uq()
+    db.execute("INSERT INTO queen.queues (name, dedup_window) VALUES (%s, 0)", (q,))
+    for k in range(3):
+        res = push(db, [Seg(q, "p", ["rep", "rep2"])])
+        assert (res[0]["s"], res[0]["base"]) == ("queued", 1 + 2 * k)
+    pid = pid_of(db, q, "p")
+    assert counts(db, pid) == (3, 3, 6)
+    stored = b"".join(bytes(x) for (x,) in db.execute(
+        "SELECT hashes FROM queen.log_txns WHERE partition_id = %s ORDER BY base_offset", (pid,)))
+    assert stored == hblob(["rep", "rep2"] * 3)
+
+
+def test_duplicate_after_the_window_is_queued(db):
+    q = uq()
+    db.execute("INSERT INTO queen.queues (name, dedup_window) VALUES (%s, 5)", (q,))
+    push(db, [Seg(q, "p", ["old", "keep"])])
+    pid = pid_of(db, q, "p")
+    assert push(db, [Seg(q, "p", ["old"])])[0]["s"] == "duplicate"
+    db.execute("UPDATE queen.log_txns SET created_at = created_at - interval '10 seconds' "
+               "WHERE partition_id = %s", (pid,))
+    res = push(db, [Seg(q, "p", ["old"])])
+    assert (res[0]["s"], res[0]["base"]) == ("queued", 3)
+    # and the new copy is itself deduplicated against
+    res = push(db, [Seg(q, "p", ["keep", "old"])])
+    assert res[0]["dups"] == [{"i": 1, "off": 3}]
+
+
+def test_probe_range_starts_above_verified_and_txns_start(db):
+    q = uq()
+    push(db, [Seg(q, "p", ["a", "b", "c"])])  # 1..3, one sidecar row
+    push(db, [Seg(q, "p", ["d"])])  # 4
+    pid = pid_of(db, q, "p")
+    # the broker vouches for offsets <= 2: a (1) is not probed, c (3) is, though its row
+    # starts below the verified offset
+    res = push(db, [Seg(q, "p", ["a", "c"], verified=2)])
+    assert res[0]["dups"] == [{"i": 1, "off": 3}]
+    res = push(db, [Seg(q, "p", ["a"], verified=2)])
+    assert (res[0]["s"], res[0]["base"]) == ("queued", 5)
+    res = push(db, [Seg(q, "p", ["d", "a"], verified=7)])  # beyond last_offset: no probe
+    assert (res[0]["s"], res[0]["base"]) == ("queued", 6)
+    # txns_start raises the floor the same way
+    db.execute("UPDATE queen.log_partitions SET txns_start = 5 WHERE id = %s", (pid,))
+    res = push(db, [Seg(q, "p", ["b", "d", "a"])])
+    assert res[0]["dups"] == [{"i": 1, "off": 6}, {"i": 2, "off": 5}]
+
+
+def test_probe_over_out_of_line_sidecar_rows(db):
+    """Segments big enough for their hash blob to be TOASTed out of line (EXTERNAL)."""
+    q = uq()
+    toast = db.execute("SELECT reltoastrelid::regclass::text FROM pg_class "
+                       "WHERE oid = 'queen.log_txns'::regclass").fetchone()[0]
+    chunks_before = db.execute(f"SELECT count(*) FROM {toast}").fetchone()[0]
+    big = [f"big-{k}" for k in range(400)]  # 6400 bytes of hashes
+    push(db, [Seg(q, "p", big)])
+    push(db, [Seg(q, "p", [f"more-{k}" for k in range(400)])])
+    pid = pid_of(db, q, "p")
+    # stored out of line (TOAST chunks appeared) and uncompressed (STORAGE EXTERNAL)
+    assert db.execute(f"SELECT count(*) FROM {toast}").fetchone()[0] > chunks_before
+    assert db.execute("SELECT pg_column_compression(hashes) FROM queen.log_txns "
+                      "WHERE partition_id = %s AND base_offset = 1", (pid,)).fetchone()[0] is None
+    fresh = [f"new-{k}" for k in range(300)]
+    incoming = [*fresh[:100], "big-399", *fresh[100:200], "more-0", "big-0", *fresh[200:]]
+    res = push(db, [Seg(q, "p", incoming)])
+    assert res[0]["dups"] == [{"i": 100, "off": 400}, {"i": 201, "off": 401},
+                              {"i": 202, "off": 1}]
+    assert counts(db, pid) == (2, 2, 800)
+
+
+def test_probe_of_a_giant_segment(db):
+    """More than 8192 frames takes the join form of the probe; same answers."""
+    q = uq()
+    first = [f"g-{k}" for k in range(9000)]
+    push(db, [Seg(q, "p", first)])
+    incoming = [f"h-{k}" for k in range(9000)]
+    incoming[17] = "g-8999"
+    incoming[8999] = "g-0"
+    res = push(db, [Seg(q, "p", incoming)])
+    assert res[0]["dups"] == [{"i": 17, "off": 9000}, {"i": 8999, "off": 1}]
+    incoming[17], incoming[8999] = "h-17", "h-8999"
+    res = push(db, [Seg(q, "p", incoming)])
+    assert (res[0]["s"], res[0]["base"]) == ("queued", 9001)
+
+
+# ---------------------------------------------------------------------------------------------
+# Guards
+# ---------------------------------------------------------------------------------------------
+
+def _raw(db, queues, parts, counts_, hashes, verified, blobs, tenants=None):
+    return db.execute(PUSH_MULTI, (queues, parts, counts_, hashes, verified, blobs, tenants))
+
+
+def test_alignment_guard(db):
+    q = uq()
+    one = hblob(["a"])
+    cases = [
+        ([q, q], ["p"], [1], [one], [0], [b"x"]),
+        ([q], ["p"], [1, 1], [one], [0], [b"x"]),
+        ([q], ["p"], [1], [one, one], [0], [b"x"]),
+        ([q], ["p"], [1], [one], [0, 0], [b"x"]),
+        ([q], ["p"], [1], [one], [0], [b"x", b"y"]),
+        ([q], ["p"], [1], [one], [], [b"x"]),
+        ([q], ["p"], [1], [one], None, [b"x"]),
+    ]
+    for case in cases:
+        with pytest.raises(psycopg.errors.InvalidParameterValue) as ex:
+            _raw(db, *case)
+        assert ex.value.sqlstate == "22023"
+        assert "misaligned" in str(ex.value)
+    with pytest.raises(psycopg.errors.InvalidParameterValue):
+        _raw(db, [q], ["p"], [1], [one], [0], [b"x"], [DEFAULT_TENANT, DEFAULT_TENANT])
+    with pytest.raises(psycopg.errors.InvalidParameterValue):
+        _raw(db, [q], [None], [1], [one], [0], [b"x"])
+    assert db.execute("SELECT count(*) FROM queen.queues WHERE name = %s", (q,)).fetchone()[0] == 0
+
+
+def test_stride_guard(db):
+    q = uq()
+    push(db, [Seg(q, "p", ["a"])])
+    pid = pid_of(db, q, "p")
+    for hashes, n in ((hblob(["a", "b"])[:-1], 2), (hblob(["a"]), 2), (hblob(["a", "b"]), 1)):
+        with pytest.raises(psycopg.errors.InvalidParameterValue) as ex:
+            _raw(db, [q, uq()], ["p", "p"], [1, n], [hblob(["z"]), hashes], [0, 0],
+                 [b"x", b"y"])
+        assert "stride" in str(ex.value)
+        with pytest.raises(psycopg.errors.InvalidParameterValue):
+            db.execute(PUSH_ONE, (pid, 3600, n, hashes, 0, b"x", None))
+        with pytest.raises(psycopg.errors.InvalidParameterValue):
+            db.execute(PUSH_ONE, (pid, 0, n, hashes, 0, b"x", None))
+    with pytest.raises(psycopg.errors.InvalidParameterValue):
+        db.execute(PUSH_ONE, (pid, 0, 0, b"", 0, b"x", None))
+    # the whole bundle rolled back, the good segment included
+    assert counts(db, pid) == (1, 1, 1)
+
+
+def test_same_partition_twice_in_one_bundle_raises(db):
+    q = uq()
+    push(db, [Seg(q, "p", ["a"])])
+    pid = pid_of(db, q, "p")
+    with pytest.raises(psycopg.errors.CardinalityViolation) as ex:
+        push(db, [Seg(q, "p", ["b"]), Seg(q, "other", ["c"]), Seg(q, "p", ["d"])])
+    assert ex.value.sqlstate == "21000"
+    assert counts(db, pid) == (1, 1, 1)
+    # distinct tenants make distinct partitions, so that is fine
+    res = push(db, [Seg(q, "p", ["b"]), Seg(q, "p", ["b"])], tenants=[None, uuid.uuid4()])
+    assert [r["s"] for r in res] == ["queued", "queued"]
+
+
+def test_push_one_unknown_partition_raises(db):
+    with pytest.raises(psycopg.errors.NoDataFound):
+        db.execute(PUSH_ONE, (-1, 3600, 1, hblob(["a"]), 0, b"x", None))
+    with pytest.raises(psycopg.errors.NoDataFound):
+        db.execute(PUSH_ONE, (-1, 0, 1, hblob(["a"]), 0, b"x", None))
+
+
+def test_push_one_called_directly(db):
+    """The transaction wire calls the allocator itself, without a bundle timestamp."""
+    q = uq()
+    push(db, [Seg(q, "p", ["a"])])
+    pid = pid_of(db, q, "p")
+    r = db.execute(PUSH_ONE, (pid, 0, 2, hblob(["b", "c"]), 0, b"x", None)).fetchone()[0]
+    assert (r["pid"], r["s"], r["base"]) == (pid, "queued", 2) and "i" not in r
+    r = db.execute(PUSH_ONE, (pid, 3600, 1, hblob(["c"]), 0, b"x", None)).fetchone()[0]
+    assert (r["s"], r["base"], r["dups"]) == ("duplicate", None, [{"i": 0, "off": 3}])
+    assert assert_gapless(db, pid) == 3
+
+
+# ---------------------------------------------------------------------------------------------
+# created_at, HOT
+# ---------------------------------------------------------------------------------------------
+
+def test_created_at_is_monotone_even_if_the_clock_lags(db):
+    q = uq()
+    push(db, [Seg(q, "p", ["a"])])
+    pid = pid_of(db, q, "p")
+    future = db.execute(
+        "UPDATE queen.log_partitions SET last_created_at = now() + interval '1 hour' "
+        "WHERE id = %s RETURNING last_created_at", (pid,)).fetchone()[0]
+    r = push(db, [Seg(q, "p", ["b"]), Seg(q, "other", ["c"])])
+    assert r[0]["ts"] == epoch_us(future)
+    assert r[1]["ts"] < r[0]["ts"]  # the other partition keeps the bundle timestamp
+    assert segments(db, pid)[-1][2] == future
+    assert_gapless(db, pid)
+
+
+def test_allocator_updates_are_hot(fresh_db_dsn):
+    with psycopg.connect(fresh_db_dsn, autocommit=True) as conn:
+        q = uq()
+        push(conn, [Seg(q, "p", ["warm"])])
+        for k in range(300):
+            push(conn, [Seg(q, "p", [f"t{k}"], verified=k + 1)])
+        conn.execute("SELECT pg_stat_force_next_flush()")
+    with psycopg.connect(fresh_db_dsn, autocommit=True) as conn:
+        upd, hot = conn.execute(
+            "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables "
+            "WHERE relid = 'queen.log_partitions'::regclass").fetchone()
+    assert upd >= 300
+    assert hot >= 0.9 * upd, (upd, hot)
+
+
+def test_storage_settings(db):
+    rows = dict(db.execute(
+        "SELECT c.relname || '.' || a.attname, a.attstorage FROM pg_attribute a "
+        "JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = 'queen' AND a.attname IN ('payload', 'hashes') "
+        "AND c.relname IN ('log_segments', 'log_txns')").fetchall())
+    assert rows == {"log_segments.payload": "e", "log_txns.hashes": "e"}
+    opts = db.execute("SELECT reloptions FROM pg_class WHERE oid = 'queen.log_partitions'::regclass"
+                      ).fetchone()[0]
+    assert "fillfactor=50" in opts
+    settings = dict(db.execute("SELECT key, value FROM queen.system_settings").fetchall())
+    assert settings["maintenance_mode"] is False
+    assert settings["pop_maintenance_mode"] is False
+
+
+# ---------------------------------------------------------------------------------------------
+# log_segment_at_v1
+# ---------------------------------------------------------------------------------------------
+
+def test_segment_at_finds_the_covering_segment(db):
+    q = uq()
+    push(db, [Seg(q, "p", ["a", "b", "c"], blob=b"first")])
+    push(db, [Seg(q, "p", ["d", "e"], blob=b"second")])
+    pid = pid_of(db, q, "p")
+
+    def at(off: int):
+        return [(b, n, bytes(p)) for b, n, _, p in db.execute(SEGMENT_AT, (pid, off))]
+
+    for off in (1, 2, 3):
+        assert at(off) == [(1, 3, b"first")]
+    for off in (4, 5):
+        assert at(off) == [(4, 2, b"second")]
+    assert at(0) == [] and at(6) == [] and at(-5) == []
+    assert db.execute(SEGMENT_AT, (-1, 1)).fetchall() == []
+    created = db.execute(SEGMENT_AT, (pid, 2)).fetchone()[2]
+    assert created == segments(db, pid)[0][2]
+    db.execute("DELETE FROM queen.log_segments WHERE partition_id = %s AND base_offset = 1",
+               (pid,))
+    assert at(2) == [] and at(4) == [(4, 2, b"second")]
+
+
+# ---------------------------------------------------------------------------------------------
+# Cascade
+# ---------------------------------------------------------------------------------------------
+
+def _footprint(db, qid: int, pids: list[int]) -> dict[str, int]:
+    return dict(zip(
+        ["log_partitions", "log_segments", "log_txns", "log_consumers", "consumer_groups_meta",
+         "log_dlq", "timers"],
+        db.execute(
+            "SELECT (SELECT count(*) FROM queen.log_partitions WHERE queue_id = %(q)s),"
+            " (SELECT count(*) FROM queen.log_segments WHERE partition_id = ANY(%(p)s)),"
+            " (SELECT count(*) FROM queen.log_txns WHERE partition_id = ANY(%(p)s)),"
+            " (SELECT count(*) FROM queen.log_consumers WHERE partition_id = ANY(%(p)s)),"
+            " (SELECT count(*) FROM queen.consumer_groups_meta WHERE queue_id = %(q)s),"
+            " (SELECT count(*) FROM queen.log_dlq WHERE queue_id = %(q)s"
+            "    OR partition_id = ANY(%(p)s)),"
+            " (SELECT count(*) FROM queen.timers WHERE queue_id = %(q)s)",
+            {"q": qid, "p": pids}).fetchone(), strict=True))
+
+
+def test_deleting_a_queue_cascades_everything(db):
+    q, other = uq(), uq()
+    push(db, [Seg(q, "p1", ["a", "b"]), Seg(q, "p2", ["c"]), Seg(other, "p1", ["a"])])
+    push(db, [Seg(q, "p1", ["d"])])
+    qid = db.execute("SELECT id FROM queen.queues WHERE name = %s", (q,)).fetchone()[0]
+    oqid = db.execute("SELECT id FROM queen.queues WHERE name = %s", (other,)).fetchone()[0]
+    pids = [pid_of(db, q, "p1"), pid_of(db, q, "p2")]
+    opids = [pid_of(db, other, "p1")]
+    for pid in pids:
+        db.execute("INSERT INTO queen.log_consumers (partition_id, consumer_group,"
+                   " committed_offset, lease_id, worker_id, lease_expires_at)"
+                   " VALUES (%s, 'g', 1, gen_random_uuid(), 'w', now() + interval '1 minute')",
+                   (pid,))
+    db.execute("INSERT INTO queen.consumer_groups_meta (queue_id, consumer_group,"
+               " subscription_mode) VALUES (%s, 'g', 'new')", (qid,))
+    db.execute("INSERT INTO queen.log_dlq (queue_id, partition_id, partition_name,"
+               " consumer_group, \"offset\", message_id, transaction_id, payload, error,"
+               " retry_count) VALUES (%s, %s, 'p1', 'g', 1, gen_random_uuid(), 'a', '\\x7b7d',"
+               " 'boom', 3)", (qid, pids[0]))
+    db.execute("INSERT INTO queen.timers (queue_id, timer_key, fire_at, payload,"
+               " transaction_id, message_id) VALUES (%s, 'k', now(), '\\x7b7d', 'tx',"
+               " gen_random_uuid())", (qid,))
+    assert _footprint(db, qid, pids) == {
+        "log_partitions": 2, "log_segments": 3, "log_txns": 3, "log_consumers": 2,
+        "consumer_groups_meta": 1, "log_dlq": 1, "timers": 1}
+    other_before = _footprint(db, oqid, opids)
+
+    # a DLQ row outlives the segments it came from (no FK into segments)
+    db.execute("DELETE FROM queen.log_segments WHERE partition_id = %s AND base_offset = 1",
+               (pids[0],))
+    assert _footprint(db, qid, pids)["log_dlq"] == 1
+
+    db.execute("DELETE FROM queen.queues WHERE id = %s", (qid,))
+    assert set(_footprint(db, qid, pids).values()) == {0}
+    assert _footprint(db, oqid, opids) == other_before
+    assert db.execute("SELECT count(*) FROM queen.queues WHERE id = %s", (qid,)).fetchone()[0] == 0
+
+
+def test_deleting_a_partition_cascades_its_log(db):
+    q = uq()
+    push(db, [Seg(q, "p1", ["a"]), Seg(q, "p2", ["b"])])
+    p1, p2 = pid_of(db, q, "p1"), pid_of(db, q, "p2")
+    db.execute("DELETE FROM queen.log_partitions WHERE id = %s", (p1,))
+    assert counts(db, p1)[:2] == (0, 0)
+    assert counts(db, p2) == (1, 1, 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Concurrency
+# ---------------------------------------------------------------------------------------------
+
+def test_concurrent_bundles_never_deadlock_and_stay_gapless(db, db_dsn):
+    queues = [uq("cc"), uq("cc")]
+    # some partitions exist before the race, others are provisioned by it, concurrently
+    pool = [(q, f"p{k}") for q in queues for k in range(6)]
+    push(db, [Seg(q, p, ["warm"]) for q, p in pool[::2]])
+    threads_n, seconds = 8, 3.0
+    errors: list[BaseException] = []
+    pushed: list[int] = [0] * threads_n
+    bundles: list[int] = [0] * threads_n
+    start = threading.Barrier(threads_n)
+
+    def worker(n: int) -> None:
+        rng = random.Random(n)
+        try:
+            with psycopg.connect(db_dsn, autocommit=True) as conn:
+                start.wait()
+                deadline = time.monotonic() + seconds
+                k = 0
+                while time.monotonic() < deadline:
+                    chosen = rng.sample(pool, rng.randint(1, len(pool)))  # random order
+                    segs = [Seg(q, p, [f"{n}-{k}-{j}" for j in range(rng.randint(1, 4))])
+                            for q, p in chosen]
+                    k += 1
+                    res = push(conn, segs)
+                    assert [r["s"] for r in res] == ["queued"] * len(segs)
+                    assert [r["i"] for r in res] == list(range(len(segs)))
+                    pushed[n] += sum(len(s.txns) for s in segs)
+                    bundles[n] += 1
+        except BaseException as ex:
+            errors.append(ex)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(threads_n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors, errors[:3]
+    assert all(b > 0 for b in bundles), bundles
+    total = 0
+    for q, p in pool:
+        total += assert_gapless(db, pid_of(db, q, p))
+    assert total == sum(pushed) + len(pool[::2])
