@@ -96,7 +96,7 @@ class _Worker:
         self.item_tpl = (b'{"queue":"' + queue.encode() + b'","partition":"p-%04d",'
                          b'"transactionId":"%s-%d","payload":%s}')
         self.pad = b"x" * PAYLOAD_BYTES
-        self.queued = 0
+        self.queued_all = 0  # queued items of every 201, late ones included (integrity check)
         self.items_sent = 0
         self.ok = 0
         self.late = 0
@@ -160,6 +160,7 @@ class _Worker:
         queued = body.count(b'"status":"queued"')
         if queued == n and body.count(b'"status":"') == n:
             self.statuses["queued"] += n
+            self.queued_all += n
             return True
         try:  # rare path: name every verdict
             import orjson
@@ -173,6 +174,7 @@ class _Worker:
             self.sample(f"201 with {len(got)} verdicts for {n} items: {body[:300]!r}")
             return False
         self.statuses.update(got)
+        self.queued_all += got.count("queued")
         self.sample(f"201 with statuses {dict(Counter(got))}")
         return True
 
@@ -202,7 +204,9 @@ class _Worker:
                 if t1 > end:
                     self.late += 1
                     ok = status == 201
-                    if not ok:
+                    if ok:
+                        self.queued_all += answer.count(b'"status":"queued"')
+                    else:
                         self.errors[f"late_http_{status}"] += 1
                 else:
                     ok = self.account(status, answer)
@@ -242,6 +246,7 @@ class _Worker:
             "pid": os.getpid(), "connections": connections, "started_at": started_wall,
             "start_skew_s": started_wall - start_at, "window_s": duration,
             "ok_requests": self.ok, "items_ok": self.items_sent, "late_requests": self.late,
+            "queued_all": self.queued_all,
             "statuses": dict(self.statuses), "errors": dict(self.errors),
             "error_samples": self.samples,
             "cpu_s": (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime),
@@ -351,6 +356,7 @@ def merge(spec: LoadSpec, reports: list[dict]) -> dict:
         "error_requests": sum(errors.values()),
         "late_requests": sum(r["late_requests"] for r in reports),
         "items_queued": queued,
+        "items_queued_incl_late": sum(r["queued_all"] for r in reports),
         "statuses": dict(statuses),
         "errors": dict(errors),
         "error_samples": samples[:10],
