@@ -59,7 +59,14 @@
 --     Frames not in `dups` are new; the broker rebuilds the segment without the duplicate
 --     frames and resubmits the remainder in a later bundle.
 --   * frames are NOT compared with each other: layer-2 dedup in the broker removed intra-segment
---     repeats before the call. `ts` of a duplicate is the bundle timestamp (nothing was stored).
+--     repeats before the call (if one slipped through and matches, each of its indexes is
+--     listed). `ts` of a duplicate is the bundle timestamp (nothing was stored).
+--   * p_verified is the broker's promise that offsets <= p_verified hold none of the segment's
+--     hashes (its filter said "certainly new" up to there); a row straddling that offset is
+--     still probed for its offsets above it.
+--   * Cost: the allocator row lock is held during the probe. With p_verified near last_offset
+--     the probe reads a handful of rows; with p_verified = 0 it reads every sidecar row of the
+--     window (one PK range scan, each blob detoasted once, O(stored + incoming)).
 --
 -- created_at: every segment of a bundle is stamped with the bundle timestamp (clock_timestamp()
 --   taken once after all partition locks are held), raised to GREATEST(ts, last_created_at of
@@ -146,10 +153,11 @@ BEGIN
             --     stays a hashed SubPlan over the incoming hashes (built once, probed once per
             --     stored hash: O(stored + incoming), no sort, no spill), and only the (rare)
             --     hits are joined back to their incoming frame index.
-            -- A hashed SubPlan is only planned while the incoming set fits hash_mem (~150k
-            -- hashes at work_mem 4MB), and a custom plan knows p_msg_count exactly; a giant
-            -- segment therefore takes the plain join form (hash or merge join, never a
-            -- nested loop over the product).
+            -- A hashed SubPlan is only planned while the incoming set is estimated to fit
+            -- hash_mem (~56 bytes a hash: ~150k hashes at the default work_mem of 4MB, 8192 at
+            -- work_mem >= 256kB), and a custom plan knows p_msg_count exactly; an unhashed
+            -- SubPlan would be a product. A giant segment therefore takes the plain join form
+            -- (hash or merge join of (offset, hash) rows, no blob carried, never a product).
             IF p_msg_count <= 8192 THEN
                 SELECT jsonb_agg(jsonb_build_object('i', m.i, 'off', m.off) ORDER BY m.i)
                 INTO v_dups
