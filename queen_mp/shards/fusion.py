@@ -196,8 +196,6 @@ class PushFusion:
         self.bundles_inflight = 0
         self.base_rtt = float("inf")
         self._tasks: set[asyncio.Task[None]] = set()
-        self._idle = asyncio.Event()
-        self._idle.set()
         self._commits = 0
         self._segments = 0
         self._summary_at = time.monotonic()
@@ -219,7 +217,6 @@ class PushFusion:
                 keys.append(key)
                 self.inflight_keys.add(key)
             self.bundles_inflight += 1
-            self._idle.clear()
             task = asyncio.get_running_loop().create_task(self._flush(keys))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -263,8 +260,6 @@ class PushFusion:
                 self.inflight_keys.discard(key)
                 if self.pending.get(key):
                     self.ready[key] = None
-            if not self.bundles_inflight and not self.pending:
-                self._idle.set()
             self.kick()
 
     async def _commit(self, segments: list[Segment]) -> None:
