@@ -45,6 +45,10 @@ class Metrics:
             ["reason"], **kw)
         self.messages_pushed = Counter(
             "queen_messages_pushed", "Push items by verdict.", ["status"], **kw)
+        self.messages_popped = Counter(
+            "queen_messages_popped", "Messages delivered by pops.", **kw)
+        self.messages_acked = Counter(
+            "queen_messages_acked", "Messages whose cursor advanced by an ack.", **kw)
         self.spool_pending = Gauge(
             "queen_spool_pending", "Records waiting in the disk spool.",
             multiprocess_mode="max", **kw)

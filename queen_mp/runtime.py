@@ -66,3 +66,7 @@ class Runtime:
     @property
     def heartbeat(self) -> str:
         return f"{self.prefix}-hb"
+
+    @property
+    def wake_board(self) -> str:
+        return f"{self.prefix}-wake"

@@ -19,10 +19,14 @@ from queen_mp.ingest import Ingest, ItemResult
 from queen_mp.ipc.heartbeat import HeartbeatBoard
 from queen_mp.ipc.shardlink import ShardLink
 from queen_mp.ipc.slots import SlotTable
+from queen_mp.ipc.wakeboard import WakeBoard
 from queen_mp.metrics import Metrics, mark_process_dead
+from queen_mp.parking import ParkingLot
+from queen_mp.popper import Popper
 from queen_mp.queueflags import QueueFlags
 from queen_mp.runtime import Runtime
 from queen_mp.spool import SpoolWriter
+from queen_mp.wakeup import WakeListener, Waker
 
 __all__ = ["SHARD_STALE_MS", "FrontWorker"]
 
@@ -49,6 +53,12 @@ class FrontWorker:
         self._ingest: Ingest | None = None
         self._slots: SlotTable | None = None
         self._board: HeartbeatBoard | None = None
+        self.cipher = (PayloadCipher(config.encryption_key) if config.encryption_key
+                       else None)
+        self._wake_board: WakeBoard | None = None
+        self._popper: Popper | None = None
+        self.waker: Waker | None = None
+        self._listener: WakeListener | None = None
 
     async def start(self) -> None:
         self.metrics = Metrics(self.config.instance_name)
@@ -58,15 +68,28 @@ class FrontWorker:
         self.link = ShardLink(self.runtime, self.slot, self.generation)
         await self.link.start()
         self.spool = SpoolWriter(self.config.spool_path, f"w{self.slot}-{os.getpid()}")
-        cipher = (PayloadCipher(self.config.encryption_key) if self.config.encryption_key
-                  else None)
         self._ingest = Ingest(self.link, self.runtime.shards, self.spool,
-                              self.config.push_timeout_ms, QueueFlags(self.pool), cipher)
+                              self.config.push_timeout_ms, QueueFlags(self.pool), self.cipher)
+        self._wake_board = WakeBoard.attach(self.runtime.wake_board)
+        lot = ParkingLot(self._wake_board, self.config.pop_wake_tick_ms / 1000)
+        self._popper = Popper(self.pool, lot, self.config.max_parked_pops)
+        self.waker = Waker(self._wake_board, self.runtime.prefix, self.config.pg_dsn,
+                           notify=self.config.wake_notify)
+        if self.config.wake_notify:
+            self._listener = WakeListener(self._wake_board, self.runtime.prefix,
+                                          self.config.pg_dsn)
+            self._listener.start()
         await self.pool.open(wait=False)
         log.info("front worker %d ready in slot %d (generation %d)", os.getpid(), self.slot,
                  self.generation)
 
     async def stop(self) -> None:
+        if self._popper is not None:
+            await self._popper.lot.close()
+        if self._listener is not None:
+            await self._listener.stop()
+        if self.waker is not None:
+            await self.waker.close()
         if self.link is not None:
             await self.link.stop()
         await self.pool.close()
@@ -74,6 +97,8 @@ class FrontWorker:
             self.spool.close()
         if self._board is not None:
             self._board.close()
+        if self._wake_board is not None:
+            self._wake_board.close()
         if self._slots is not None:
             self._slots.release(self.slot, os.getpid())
             self._slots.close()
@@ -83,6 +108,15 @@ class FrontWorker:
     def ingest(self) -> Ingest:
         assert self._ingest is not None, "front worker not started"
         return self._ingest
+
+    @property
+    def popper(self) -> Popper:
+        assert self._popper is not None, "front worker not started"
+        return self._popper
+
+    def count_popped(self, n: int) -> None:
+        if self.metrics is not None:
+            self.metrics.messages_popped.inc(n)
 
     def count_pushed(self, results: list[ItemResult]) -> None:
         if self.metrics is not None:

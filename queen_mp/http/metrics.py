@@ -54,7 +54,9 @@ class MetricsJsonResource:
         resp.media = {
             "uptime": int(uptime),
             "requests": {"total": int(requests), "rate": requests / uptime},
-            "messages": {"pushed": int(pushed), "popped": 0, "acked": 0,
+            "messages": {"pushed": int(pushed),
+                         "popped": int(t.get("queen_messages_popped_total", 0.0)),
+                         "acked": int(t.get("queen_messages_acked_total", 0.0)),
                          "pushRate": pushed / uptime},
             "database": {"poolSize": stats.get("pool_size", 0),
                          "idleConnections": stats.get("pool_available", 0),

@@ -6,7 +6,6 @@ never stores an item of its body.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import re
 from typing import Any
@@ -28,6 +27,7 @@ from queen_mp.wire.binary_push import (
 )
 from queen_mp.wire.frames import MAX_TXN_BYTES
 from queen_mp.wire.ids import ZERO_UUID, uuid7, uuid_from_text, uuid_text
+from queen_mp.wire.times import iso_from_us
 from queen_mp.worker import FrontWorker
 
 __all__ = ["PushResource", "parse_json_push"]
@@ -35,13 +35,6 @@ __all__ = ["PushResource", "parse_json_push"]
 MAX_ITEMS = 100_000
 DEFAULT_PARTITION = "Default"
 DEFAULT_TENANT = ZERO_UUID
-
-
-def _iso(us: int) -> str | None:
-    if not us:
-        return None
-    t = dt.datetime.fromtimestamp(us / 1_000_000, tz=dt.UTC)
-    return t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}Z"
 
 
 _LONG_INT = re.compile(rb"\d{19}")
@@ -141,7 +134,7 @@ def render_item(i: int, item: PushItem, r: ItemResult) -> dict[str, Any]:
     return {"index": i, "status": r.status, "messageId": mid,
             "transactionId": item.transaction_id, "queue": item.queue,
             "partition": item.partition, "partitionId": pid, "offset": r.offset,
-            "createdAt": _iso(r.created_us), "traceId": trace, "error": r.error,
+            "createdAt": iso_from_us(r.created_us), "traceId": trace, "error": r.error,
             "message_id": mid, "transaction_id": item.transaction_id, "partition_id": pid,
             "trace_id": trace, "queueName": item.queue}
 

@@ -1,8 +1,9 @@
 """Every shared-memory object of one broker instance, created and removed in one place.
 
 Per (worker slot, shard): a request ring (slot -> shard) and a reply ring (shard -> slot).
-Per shard and per slot: a doorbell rung by producers. Plus the slot table and the shard
-heartbeat board. Only the supervisor creates and unlinks; children attach by name.
+Per shard and per slot: a doorbell rung by producers. Plus the slot table, the shard
+heartbeat board and the wake board of parked pops. Only the supervisor creates and unlinks;
+children attach by name.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from queen_mp.ipc.doorbell import Doorbell
 from queen_mp.ipc.heartbeat import HeartbeatBoard
 from queen_mp.ipc.ring import Ring
 from queen_mp.ipc.slots import SlotTable
+from queen_mp.ipc.wakeboard import WakeBoard
 from queen_mp.runtime import Runtime
 
 __all__ = ["create_all", "unlink_all"]
@@ -29,6 +31,8 @@ def create_all(rt: Runtime) -> None:
         SlotTable.create(rt.slot_table, rt.slots, replace=True).close()
         HeartbeatBoard.unlink(rt.heartbeat)
         HeartbeatBoard.create(rt.heartbeat, rt.shards).close()
+        WakeBoard.unlink(rt.wake_board)
+        WakeBoard.create(rt.wake_board).close()
     except BaseException:
         unlink_all(rt)
         raise
@@ -45,3 +49,4 @@ def unlink_all(rt: Runtime) -> None:
         Doorbell.unlink_name(rt.shard_doorbell(shard))
     SlotTable.unlink_name(rt.slot_table)
     HeartbeatBoard.unlink(rt.heartbeat)
+    WakeBoard.unlink(rt.wake_board)

@@ -40,6 +40,7 @@ _SUMMARY_EVERY_S = 10.0
 
 Key = tuple[bytes, str, str]  # tenant, queue, partition
 Reply = Callable[[int, PushVerdict], None]
+Stored = Callable[[set[tuple[bytes, str]]], None]  # (tenant, queue) pairs just committed
 
 
 class Entry:
@@ -182,9 +183,11 @@ class PushFusion:
     """All push state of one shard; single-task-local, so no locks."""
 
     def __init__(self, writer: BundleWriter, reply: Reply, metrics: Metrics, *,
-                 bundle_max: int, max_inflight: int, hold_ms: int) -> None:
+                 bundle_max: int, max_inflight: int, hold_ms: int,
+                 stored: Stored | None = None) -> None:
         self.writer = writer
         self.reply = reply
+        self.stored = stored
         self.metrics = metrics
         self.bundle_max = bundle_max
         self.max_inflight = max(1, min(max_inflight, writer.size))
@@ -277,12 +280,14 @@ class PushFusion:
         self.metrics.fusion_commits.inc()
         self.metrics.fusion_segments.inc(len(segments))
         dup_lookups: list[tuple[Segment, int, int, int]] = []  # seg, k, pid, original offset
+        stored: set[tuple[bytes, str]] = set()  # (tenant, queue) that got new messages
         for seg, res in zip(segments, _in_order(results, len(segments)), strict=True):
             pid = int(res["pid"])
             ts = int(res["ts"])
             for e in seg.entries:
                 e.partition_id, e.created_us = pid, ts
             if res["s"] == "queued":
+                stored.add((seg.key[0], seg.key[1]))
                 base = int(res["base"])
                 for k, (e, j) in enumerate(seg.refs):
                     e.resolve(j, QUEUED, base + k)
@@ -295,6 +300,8 @@ class PushFusion:
                     dup_lookups.append((seg, int(d["i"]), pid, int(d["off"])))
         self.metrics.batch_items_fired.inc(frames)
         self.metrics.fusion_items_per_batch.observe(frames)
+        if self.stored is not None and stored:
+            self.stored(stored)
         if dup_lookups:
             await self._resolve_duplicates(dup_lookups)
         for seg in segments:

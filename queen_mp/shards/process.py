@@ -22,9 +22,11 @@ from queen_mp.db.bundles import BundleWriter
 from queen_mp.ipc.doorbell import AsyncDoorbellWaiter, Doorbell
 from queen_mp.ipc.heartbeat import HeartbeatBoard
 from queen_mp.ipc.ring import Ring
+from queen_mp.ipc.wakeboard import WakeBoard, bucket_of
 from queen_mp.metrics import Metrics
 from queen_mp.runtime import Runtime
 from queen_mp.shards.fusion import PushFusion
+from queen_mp.wakeup import Waker
 from queen_mp.wire.errors import RecordDecodeError
 from queen_mp.wire.records import KIND_PUSH_GROUP, PushGroup, PushVerdict, peek_kind
 
@@ -59,7 +61,11 @@ class Shard:
         self.fusion = PushFusion(self.writer, self.reply, self.metrics,
                                  bundle_max=config.v2_bundle_max,
                                  max_inflight=config.v2_fusion_max_inflight,
-                                 hold_ms=config.v2_fusion_hold_ms)
+                                 hold_ms=config.v2_fusion_hold_ms,
+                                 stored=self.wake_pops)
+        self.wake_board = WakeBoard.attach(runtime.wake_board)
+        self.waker = Waker(self.wake_board, runtime.prefix, config.pg_dsn,
+                           notify=config.wake_notify)
 
     # ------------------------------------------------------------------ inbound
     def drain_requests(self) -> None:
@@ -83,6 +89,10 @@ class Shard:
             log.exception("undecodable request record from slot %d dropped", slot)
 
     # ------------------------------------------------------------------ outbound
+    def wake_pops(self, queues: set[tuple[bytes, str]]) -> None:
+        """Pops parked on these queues may now claim: tell every front worker (and instance)."""
+        self.waker.wake(bucket_of(tenant, queue) for tenant, queue in queues)
+
     def reply(self, slot: int, verdict: PushVerdict) -> None:
         self.outbox[slot].append(verdict.pack())
         self.flush_outbox(slot)
@@ -138,6 +148,8 @@ class Shard:
         for task in tasks:
             task.cancel()
         await self.writer.close()
+        await self.waker.close()
+        self.wake_board.close()
         self.board.clear(self.index)
 
 

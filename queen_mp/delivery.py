@@ -1,0 +1,156 @@
+"""What a pop hands to its caller: claims and messages built from the stored segments.
+
+The claim rows of ``log_pop_v1`` carry each claim's covering segments as stored (chunks of
+frames). JSON answers unpack the frames of the claimed offsets and splice each payload into
+``data`` verbatim (``orjson.Fragment``: a stored payload is already JSON text); ``QPF1`` answers
+(api.md 3.7) forward every chunk byte for byte as one record.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import orjson
+import xxhash
+
+from queen_mp.crypto import PayloadCipher
+from queen_mp.db.pop_procs import ClaimRow
+from queen_mp.wire.frames import FLAG_ENCRYPTED, decode_chunk, iter_chunks, iter_frames
+from queen_mp.wire.ids import uuid_text
+from queen_mp.wire.times import iso_ms
+
+__all__ = ["Claim", "Delivered", "claims_from_rows", "encode_qpf1", "unpack_messages"]
+
+QPF1_MAGIC = b"QPF1"
+_U16 = struct.Struct("<H")
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+_CLAIM_SPAN = struct.Struct("<QQII")
+_RECORD_HEAD = struct.Struct("<Qq")
+
+
+class Undeliverable(Exception):
+    """A stored segment cannot be decoded or decrypted: the message cannot be rendered."""
+
+
+@dataclass
+class Claim:
+    queue: str
+    partition_id: int
+    partition: str
+    start: int
+    end: int
+    attempt: int
+    lease_expires_at: datetime | None
+    encrypted: bool
+    segments: list[tuple[int, datetime, bytes]] = field(default_factory=list)
+
+    @property
+    def count(self) -> int:
+        return self.end - self.start + 1
+
+
+@dataclass(frozen=True, slots=True)
+class Delivered:
+    """One unpacked message; ``hash`` is its xxh3_128 identity (the ack registry's key)."""
+
+    claim: Claim
+    offset: int
+    message_id: bytes
+    transaction_id: str
+    trace_id: bytes | None
+    producer_sub: str | None
+    payload: bytes
+    created_at: datetime
+    hash: bytes
+
+
+def claims_from_rows(rows: list[ClaimRow]) -> list[Claim]:
+    claims: list[Claim] = []
+    for r in rows:
+        if not claims or claims[-1].partition_id != r.partition_id:
+            claims.append(Claim(r.queue, r.partition_id, r.partition, r.start, r.end, r.attempt,
+                                r.lease_expires_at, r.encrypted))
+        if r.payload is not None and r.base_offset is not None and r.created_at is not None:
+            claims[-1].segments.append((r.base_offset, r.created_at, r.payload))
+    return claims
+
+
+def unpack_messages(claim: Claim, cipher: PayloadCipher | None, max_chunk: int
+                    ) -> Iterator[Delivered]:
+    """The frames of the claimed offsets, in offset order (records may overhang the claim)."""
+    for base, created, blob in claim.segments:
+        offset = base
+        for chunk in iter_chunks(blob):
+            if offset + chunk.count <= claim.start or offset > claim.end:
+                offset += chunk.count
+                continue
+            frames = decode_chunk(chunk.codec, chunk.data, max_size=max_chunk)
+            for frame in iter_frames(frames):
+                if claim.start <= offset <= claim.end:
+                    payload = bytes(frame.payload)
+                    if frame.flags & FLAG_ENCRYPTED:
+                        if cipher is None:
+                            raise Undeliverable(
+                                f"message at offset {offset} of partition {claim.partition_id}"
+                                " is encrypted and no QUEEN_ENCRYPTION_KEY is set")
+                        try:
+                            payload = cipher.decrypt(payload)
+                        except Exception as ex:
+                            raise Undeliverable(
+                                f"message at offset {offset} of partition "
+                                f"{claim.partition_id} does not decrypt: {ex}") from ex
+                    yield Delivered(claim, offset, frame.message_id, frame.transaction_id,
+                                    frame.trace_id, frame.producer_sub, payload, created,
+                                    xxhash.xxh3_128_digest(bytes(frame.transaction_id_bytes)))
+                offset += 1
+
+
+def message_json(m: Delivered, lease_id: str | None, group: str) -> dict[str, Any]:
+    claim = m.claim
+    return {
+        "id": uuid_text(m.message_id),
+        "transactionId": m.transaction_id,
+        "traceId": uuid_text(m.trace_id) if m.trace_id else None,
+        "data": orjson.Fragment(m.payload) if m.payload else None,
+        "producerSub": m.producer_sub,
+        "createdAt": iso_ms(m.created_at),
+        "queue": claim.queue,
+        "partitionId": str(claim.partition_id),
+        "partition": claim.partition,
+        "offset": m.offset,
+        "leaseId": lease_id,
+        "consumerGroup": group,
+        "deliveryAttempt": claim.attempt,
+    }
+
+
+def _str16(text: str) -> bytes:
+    raw = text.encode("utf-8")
+    return _U16.pack(len(raw)) + raw
+
+
+def encode_qpf1(claims: list[Claim], *, queue: str, lease_id: str | None, group: str,
+                meta: dict[str, Any]) -> bytes:
+    """api.md 3.7, version 1: each stored chunk is one record, forwarded untouched."""
+    meta_raw = orjson.dumps(meta)
+    out = [QPF1_MAGIC, b"\x01", _U32.pack(len(meta_raw)), meta_raw, _str16(queue),
+           _str16(lease_id or ""), _str16(group), _U32.pack(len(claims))]
+    for claim in claims:
+        records: list[bytes] = []
+        for base, created, blob in claim.segments:
+            created_us = int(created.timestamp() * 1_000_000)
+            offset = base
+            for chunk in iter_chunks(blob):
+                if offset + chunk.count > claim.start and offset <= claim.end:
+                    records.append(_RECORD_HEAD.pack(offset, created_us) + bytes(chunk.raw))
+                offset += chunk.count
+        out.append(_U64.pack(claim.partition_id))
+        out.append(_str16(claim.partition))
+        out.append(_CLAIM_SPAN.pack(claim.start, claim.end, claim.attempt, len(records)))
+        out.extend(records)
+    return b"".join(out)

@@ -1,0 +1,184 @@
+"""``GET /api/v1/pop/queue/{queue}[/partition/{partition}]`` and ``GET /api/v1/pop``.
+
+Parameters are checked strictly (api.md 1.1, 2.2) before anything is claimed; the answer is
+JSON, or ``QPF1`` with ``frames=true`` (api.md 3.7) unless a claimed queue is encrypted (the
+client rejects encrypted frames, so those answer JSON with decrypted ``data``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import falcon
+import falcon.asgi
+import orjson
+
+from queen_mp.db.errors import DatabaseError, StatementTimeout
+from queen_mp.delivery import (
+    Claim,
+    Undeliverable,
+    encode_qpf1,
+    message_json,
+    unpack_messages,
+)
+from queen_mp.http.errors import (
+    JSON_UTF8,
+    InvalidRequest,
+    Overloaded,
+    Timeout,
+    Unavailable,
+    Unsupported,
+)
+from queen_mp.http.query import Query
+from queen_mp.popper import Popped, PopRequest, TooManyParked
+from queen_mp.wire.binary_push import check_name, check_partition_name, check_queue_name
+from queen_mp.wire.ids import ZERO_UUID
+from queen_mp.wire.times import iso_ms
+from queen_mp.worker import FrontWorker
+
+__all__ = ["QUEUE_MODE", "PopResource", "parse_group"]
+
+QUEUE_MODE = "__QUEUE_MODE__"
+POP_CONTENT_TYPE = "application/x-queen-pop"
+MAX_BATCH = 10_000
+MAX_TIMEOUT_MS = 300_000
+MAX_PARTITIONS = 10_000
+AUTOPILOT_BATCH = 200
+AUTOPILOT_WAIT_MS = 100
+_SUB_MODES = ("all", "new", "new-only")
+# Beyond the caller's own deadline, how long a stuck database may hold the answer.
+_DB_GRACE_S = 5.0
+
+
+def parse_group(raw: str | None) -> str:
+    """``consumerGroup``: absent, empty or ``null`` is queue mode (api.md 1.3)."""
+    if raw is None or raw == "" or raw == "null":
+        return QUEUE_MODE
+    check_name(raw, "consumerGroup")
+    return raw
+
+
+def _subscription(q: Query) -> tuple[str, Any]:
+    mode = q.text("subscriptionMode") or "all"
+    if mode not in _SUB_MODES:
+        raise InvalidRequest(f"subscriptionMode {mode!r} is not one of all, new, new-only",
+                             field="subscriptionMode")
+    start = q.text("subscriptionFrom")
+    if start is None or start == "":
+        return mode, None
+    if start == "now":
+        return "new", None
+    if start == "beginning":
+        return "all", None
+    return "timestamp", q.time("subscriptionFrom")
+
+
+class PopResource:
+    def __init__(self, worker: FrontWorker) -> None:
+        self.worker = worker
+
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        await self._pop(req, resp, None, None)
+
+    async def on_get_queue(self, req: falcon.asgi.Request, resp: falcon.asgi.Response,
+                           queue: str) -> None:
+        check_queue_name(queue)
+        await self._pop(req, resp, queue, None)
+
+    async def on_get_partition(self, req: falcon.asgi.Request, resp: falcon.asgi.Response,
+                               queue: str, partition: str) -> None:
+        check_queue_name(queue)
+        check_partition_name(partition)
+        await self._pop(req, resp, queue, partition)
+
+    async def _pop(self, req: falcon.asgi.Request, resp: falcon.asgi.Response,
+                   queue: str | None, partition: str | None) -> None:
+        q = Query(req)
+        namespace = task = None
+        if queue is None:
+            namespace, task = q.text("namespace") or None, q.text("task") or None
+            if namespace is None and task is None:
+                raise InvalidRequest("a pop without a queue needs namespace or task",
+                                     field="namespace")
+            for name, value in (("namespace", namespace), ("task", task)):
+                if value is not None:
+                    check_name(value, name)
+        if q.flag("conflation", False):
+            raise Unsupported("conflation=true is not implemented", field="conflation")
+        autopilot = q.flag("autopilot", False)
+        batch = q.integer("batch", AUTOPILOT_BATCH if autopilot else 1, minimum=1,
+                          maximum=MAX_BATCH)
+        partitions = 1 if partition is not None else q.integer(
+            "partitions", 1, minimum=1, maximum=MAX_PARTITIONS)
+        mode, start = _subscription(q)
+        request = PopRequest(
+            tenant=ZERO_UUID, queue=queue, partition=partition, namespace=namespace, task=task,
+            group=parse_group(q.text("consumerGroup")), batch=batch, partitions=partitions,
+            wait=q.flag("wait", False),
+            timeout_ms=q.integer("timeout", 30_000, minimum=0, maximum=MAX_TIMEOUT_MS),
+            auto_ack=q.flag("autoAck", False), sub_mode=mode, sub_from=start)
+        frames = q.flag("frames", False)
+
+        popped = await self._run(request)
+        if popped is None:
+            resp.status = falcon.HTTP_204
+            return
+        extra: dict[str, Any] = {}
+        if autopilot:
+            extra["autopilot"] = {"partitions": partitions, "batch": batch,
+                                  "waitMs": AUTOPILOT_WAIT_MS}
+        worker = self.worker
+        if frames and not any(c.encrypted for c in popped.claims):
+            meta = {"success": True, "leaseExpiresAt": _expiry(popped.claims), **extra}
+            resp.data = encode_qpf1(popped.claims, queue=popped.claims[0].queue,
+                                    lease_id=popped.lease_id, group=request.group, meta=meta)
+            resp.content_type = POP_CONTENT_TYPE
+        else:
+            resp.data = orjson.dumps(self._json(popped, request.group, extra))
+            resp.content_type = JSON_UTF8
+        worker.count_popped(sum(c.count for c in popped.claims))
+
+    async def _run(self, request: PopRequest) -> Popped | None:
+        popper = self.worker.popper
+        try:
+            async with asyncio.timeout(request.timeout_ms / 1000 + _DB_GRACE_S):
+                return await popper.pop(request)
+        except TooManyParked as ex:
+            raise Overloaded(str(ex), headers={"Retry-After": "1"}) from None
+        except (TimeoutError, StatementTimeout) as ex:
+            raise Timeout(f"pop timeout: the database did not answer in time ({ex})") from None
+        except DatabaseError as ex:
+            raise Unavailable(f"database connection unavailable: {ex}") from None
+
+    def _json(self, popped: Popped, group: str, extra: dict[str, Any]) -> dict[str, Any]:
+        cipher = self.worker.cipher
+        limit = self.worker.config.max_decompressed_mb << 20
+        messages: list[dict[str, Any]] = []
+        try:
+            for claim in popped.claims:
+                for m in unpack_messages(claim, cipher, limit):
+                    messages.append(message_json(m, popped.lease_id, group))
+        except Undeliverable as ex:
+            raise Unavailable(f"cannot deliver: {ex}") from None
+        first = popped.claims[0]
+        return {
+            "success": True,
+            "queue": first.queue,
+            "partition": first.partition,
+            "partitionId": str(first.partition_id),
+            "leaseId": popped.lease_id,
+            "leaseExpiresAt": _expiry(popped.claims),
+            "consumerGroup": group,
+            "partitionsClaimed": len(popped.claims),
+            "claims": [{"partitionId": str(c.partition_id), "partition": c.partition,
+                        "start": c.start, "end": c.end, "deliveryAttempt": c.attempt}
+                       for c in popped.claims],
+            **extra,
+            "messages": messages,
+        }
+
+
+def _expiry(claims: list[Claim]) -> str | None:
+    expiries = [c.lease_expires_at for c in claims if c.lease_expires_at is not None]
+    return iso_ms(min(expiries)) if expiries else None

@@ -1,0 +1,69 @@
+"""Query strings as api.md 1.1 reads them: ``+`` is a space, a repeated key keeps its FIRST
+value, booleans are ``true``/``1``/``false``/``0``, integers base 10; anything else is 400
+(never a silent default)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from urllib.parse import parse_qsl
+
+import falcon.asgi
+
+from queen_mp.http.errors import InvalidRequest
+from queen_mp.wire.times import parse_iso
+
+__all__ = ["Query"]
+
+_TRUE = {"true", "1"}
+_FALSE = {"false", "0"}
+
+
+class Query:
+    def __init__(self, req: falcon.asgi.Request) -> None:
+        self._values: dict[str, str] = {}
+        for name, value in parse_qsl(req.query_string, keep_blank_values=True):
+            self._values.setdefault(name, value)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._values
+
+    def text(self, name: str, default: str | None = None) -> str | None:
+        return self._values.get(name, default)
+
+    def flag(self, name: str, default: bool) -> bool:
+        raw = self._values.get(name)
+        if raw is None:
+            return default
+        low = raw.lower()
+        if low in _TRUE:
+            return True
+        if low in _FALSE:
+            return False
+        raise InvalidRequest(f"query parameter {name}={raw!r} is not a boolean "
+                             "(true, 1, false or 0)", field=name)
+
+    def integer(self, name: str, default: int, *, minimum: int | None = None,
+                maximum: int | None = None) -> int:
+        """Below ``minimum`` is 400; above ``maximum`` is clamped (api.md 1.7)."""
+        raw = self._values.get(name)
+        if raw is None:
+            return default
+        if not raw.lstrip("-").isdigit() or not raw.isascii():
+            raise InvalidRequest(f"query parameter {name}={raw!r} is not an integer",
+                                 field=name)
+        value = int(raw)
+        if minimum is not None and value < minimum:
+            raise InvalidRequest(f"query parameter {name}={value} is below {minimum}",
+                                 field=name)
+        if maximum is not None and value > maximum:
+            value = maximum
+        return value
+
+    def time(self, name: str) -> datetime | None:
+        raw = self._values.get(name)
+        if raw is None:
+            return None
+        try:
+            return parse_iso(raw)
+        except ValueError as ex:
+            raise InvalidRequest(f"query parameter {name}: {ex}", field=name) from None

@@ -1,0 +1,30 @@
+"""Time on the wire (api.md 1.3): answers in UTC with milliseconds and ``Z``; requests take
+any ISO-8601 with ``Z`` or an offset."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+__all__ = ["iso_from_us", "iso_ms", "parse_iso"]
+
+
+def iso_ms(t: dt.datetime | None) -> str | None:
+    if t is None:
+        return None
+    t = t.astimezone(dt.UTC)
+    return t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}Z"
+
+
+def iso_from_us(us: int) -> str | None:
+    """Unix microseconds (the push procedure's ``ts``); 0 = unknown."""
+    if not us:
+        return None
+    return iso_ms(dt.datetime.fromtimestamp(us / 1_000_000, tz=dt.UTC))
+
+
+def parse_iso(text: str) -> dt.datetime:
+    """ISO-8601 with a zone; a naive time is refused (ValueError): it would be ambiguous."""
+    value = dt.datetime.fromisoformat(text.strip().replace("z", "Z"))
+    if value.tzinfo is None:
+        raise ValueError(f"{text!r} has no time zone (add Z or an offset)")
+    return value
