@@ -17,10 +17,13 @@ import falcon.media
 import orjson
 
 from queen_mp.config import Config
-from queen_mp.http import errors
+from queen_mp.http import errors, groups
+from queen_mp.http.ack import AckBatchResource, AckResource
 from queen_mp.http.errors import JSON_UTF8
 from queen_mp.http.health import HealthResource
+from queen_mp.http.leases import LeaseExtendResource
 from queen_mp.http.metrics import MetricsJsonResource, PrometheusResource
+from queen_mp.http.pop import PopResource
 from queen_mp.http.push import PushResource
 from queen_mp.runtime import Runtime
 from queen_mp.worker import FrontWorker
@@ -90,6 +93,24 @@ def create_app(config: Config, runtime: Runtime, worker: FrontWorker | None = No
     app.add_route("/metrics", MetricsJsonResource(worker))
     app.add_route("/metrics/prometheus", PrometheusResource(worker))
     app.add_route("/api/v1/push", PushResource(worker))
+    app.add_route("/api/v1/consumer-groups", groups.GroupsResource(worker))
+    # the literal 'lagging' segment wins over {group} in falcon's router
+    app.add_route("/api/v1/consumer-groups/lagging", groups.LaggingResource(worker))
+    app.add_route("/api/v1/consumer-groups/{group}", groups.GroupResource(worker))
+    app.add_route("/api/v1/consumer-groups/{group}/subscription",
+                  groups.SubscriptionResource(worker))
+    app.add_route("/api/v1/consumer-groups/{group}/queues/{queue}",
+                  groups.GroupQueueResource(worker))
+    app.add_route("/api/v1/consumer-groups/{group}/queues/{queue}/seek",
+                  groups.SeekResource(worker))
+    pop = PopResource(worker)
+    app.add_route("/api/v1/pop", pop)
+    app.add_route("/api/v1/pop/queue/{queue}", pop, suffix="queue")
+    app.add_route("/api/v1/pop/queue/{queue}/partition/{partition:path}", pop,
+                  suffix="partition")
+    app.add_route("/api/v1/lease/{lease_id}/extend", LeaseExtendResource(worker))
+    app.add_route("/api/v1/ack", AckResource(worker))
+    app.add_route("/api/v1/ack/batch", AckBatchResource(worker))
     app.add_sink(_not_found, prefix="/")
     return app
 

@@ -67,6 +67,7 @@ class Delivered:
     payload: bytes
     created_at: datetime
     hash: bytes
+    encrypted: bool  # payload is still the stored ciphertext (unpacked with decrypt=False)
 
 
 def claims_from_rows(rows: list[ClaimRow]) -> list[Claim]:
@@ -80,9 +81,11 @@ def claims_from_rows(rows: list[ClaimRow]) -> list[Claim]:
     return claims
 
 
-def unpack_messages(claim: Claim, cipher: PayloadCipher | None, max_chunk: int
-                    ) -> Iterator[Delivered]:
-    """The frames of the claimed offsets, in offset order (records may overhang the claim)."""
+def unpack_messages(claim: Claim, cipher: PayloadCipher | None, max_chunk: int, *,
+                    decrypt: bool = True) -> Iterator[Delivered]:
+    """The frames of the claimed offsets, in offset order (records may overhang the claim).
+
+    ``decrypt=False`` keeps encrypted payloads as stored (a DLQ snapshot)."""
     for base, created, blob in claim.segments:
         offset = base
         for chunk in iter_chunks(blob):
@@ -93,7 +96,8 @@ def unpack_messages(claim: Claim, cipher: PayloadCipher | None, max_chunk: int
             for frame in iter_frames(frames):
                 if claim.start <= offset <= claim.end:
                     payload = bytes(frame.payload)
-                    if frame.flags & FLAG_ENCRYPTED:
+                    encrypted = bool(frame.flags & FLAG_ENCRYPTED)
+                    if encrypted and decrypt:
                         if cipher is None:
                             raise Undeliverable(
                                 f"message at offset {offset} of partition {claim.partition_id}"
@@ -104,9 +108,11 @@ def unpack_messages(claim: Claim, cipher: PayloadCipher | None, max_chunk: int
                             raise Undeliverable(
                                 f"message at offset {offset} of partition "
                                 f"{claim.partition_id} does not decrypt: {ex}") from ex
+                        encrypted = False
                     yield Delivered(claim, offset, frame.message_id, frame.transaction_id,
                                     frame.trace_id, frame.producer_sub, payload, created,
-                                    xxhash.xxh3_128_digest(bytes(frame.transaction_id_bytes)))
+                                    xxhash.xxh3_128_digest(bytes(frame.transaction_id_bytes)),
+                                    encrypted)
                 offset += 1
 
 

@@ -14,6 +14,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime
 
+from prometheus_client import Gauge
 from psycopg_pool import AsyncConnectionPool
 
 from queen_mp.db import pop_procs
@@ -57,13 +58,15 @@ class Popped:
 
 
 class Popper:
-    def __init__(self, pool: AsyncConnectionPool, lot: ParkingLot, max_parked: int) -> None:
+    def __init__(self, pool: AsyncConnectionPool, lot: ParkingLot, max_parked: int,
+                 parked_gauge: Gauge | None = None) -> None:
         self.pool = pool
         self.lot = lot
         self.max_parked = max_parked
+        self.parked_gauge = parked_gauge
 
     async def pop(self, r: PopRequest) -> Popped | None:
-        deadline = time.monotonic() + r.timeout_ms / 1000
+        deadline = time.monotonic() + (r.timeout_ms or 30_000) / 1000  # 0 = wait=false
         wait = r.wait and r.timeout_ms > 0
         bucket = bucket_of(r.tenant, r.queue) if r.queue is not None else None
         key = ParkKey(bucket, r.group,
@@ -90,7 +93,13 @@ class Popper:
             until = deadline - min(_MAX_MARGIN_S, (deadline - time.monotonic()) / 4)
             if result.wake_in_ms is not None:
                 until = min(until, time.monotonic() + result.wake_in_ms / 1000 + _HINT_SLACK_S)
-            await self.lot.park(key, token, until, front=woken)
+            if self.parked_gauge is not None:
+                self.parked_gauge.inc()
+            try:
+                await self.lot.park(key, token, until, front=woken)
+            finally:
+                if self.parked_gauge is not None:
+                    self.parked_gauge.dec()
             woken = True
         if wait:
             await asyncio.sleep(max(0.0, deadline - time.monotonic()))

@@ -10,16 +10,18 @@ from __future__ import annotations
 import logging
 import os
 from collections import Counter
+from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
+from queen_mp.acks import Acker
 from queen_mp.config import Config
 from queen_mp.crypto import PayloadCipher
 from queen_mp.ingest import Ingest, ItemResult
 from queen_mp.ipc.heartbeat import HeartbeatBoard
 from queen_mp.ipc.shardlink import ShardLink
 from queen_mp.ipc.slots import SlotTable
-from queen_mp.ipc.wakeboard import WakeBoard
+from queen_mp.ipc.wakeboard import WakeBoard, bucket_of
 from queen_mp.metrics import Metrics, mark_process_dead
 from queen_mp.parking import ParkingLot
 from queen_mp.popper import Popper
@@ -27,6 +29,7 @@ from queen_mp.queueflags import QueueFlags
 from queen_mp.runtime import Runtime
 from queen_mp.spool import SpoolWriter
 from queen_mp.wakeup import WakeListener, Waker
+from queen_mp.wire.ids import ZERO_UUID
 
 __all__ = ["SHARD_STALE_MS", "FrontWorker"]
 
@@ -57,6 +60,7 @@ class FrontWorker:
                        else None)
         self._wake_board: WakeBoard | None = None
         self._popper: Popper | None = None
+        self.acker = Acker(self.pool, config.max_decompressed_mb << 20)
         self.waker: Waker | None = None
         self._listener: WakeListener | None = None
 
@@ -72,7 +76,8 @@ class FrontWorker:
                               self.config.push_timeout_ms, QueueFlags(self.pool), self.cipher)
         self._wake_board = WakeBoard.attach(self.runtime.wake_board)
         lot = ParkingLot(self._wake_board, self.config.pop_wake_tick_ms / 1000)
-        self._popper = Popper(self.pool, lot, self.config.max_parked_pops)
+        self._popper = Popper(self.pool, lot, self.config.max_parked_pops,
+                              self.metrics.parked_pops)
         self.waker = Waker(self._wake_board, self.runtime.prefix, self.config.pg_dsn,
                            notify=self.config.wake_notify)
         if self.config.wake_notify:
@@ -113,6 +118,14 @@ class FrontWorker:
     def popper(self) -> Popper:
         assert self._popper is not None, "front worker not started"
         return self._popper
+
+    def after_acks(self, results: list[dict[str, Any]]) -> None:
+        """Count what acks consumed; wake pops parked on queues where a lease was released."""
+        if self.metrics is not None:
+            self.metrics.messages_acked.inc(sum(int(r.get("acked") or 0) for r in results))
+        if self.waker is not None:
+            self.waker.wake(bucket_of(ZERO_UUID, r["queue"]) for r in results
+                            if r.get("leaseReleased") and r.get("queue"))
 
     def count_popped(self, n: int) -> None:
         if self.metrics is not None:

@@ -14,6 +14,7 @@
 --
 -- Tables touched:
 --   queen.queues                read (tenant, name / namespace / task, options)
+--   queen.system_settings       read (pop_maintenance_mode)
 --   queen.log_partitions        read only (never locked: pops must not queue behind pushes)
 --   queen.consumer_groups_meta  INSERT ... ON CONFLICT DO NOTHING (the group's first start)
 --   queen.log_consumers         INSERT missing cursor rows; SELECT ... FOR UPDATE SKIP LOCKED;
@@ -178,6 +179,15 @@ BEGIN
     IF p_queue IS NULL AND p_namespace IS NULL AND p_task IS NULL THEN
         RAISE EXCEPTION 'log_pop_v1: a queue, a namespace or a task is required'
             USING ERRCODE = '22023';
+    END IF;
+
+    -- Pop maintenance (api.md 5): pops claim nothing, and learn of no wake-up time.
+    IF EXISTS (SELECT 1 FROM queen.system_settings ss
+               WHERE ss.key = 'pop_maintenance_mode' AND ss.value = 'true'::jsonb) THEN
+        RETURN QUERY SELECT NULL::text, NULL::int8, NULL::text, NULL::int8, NULL::int8,
+            NULL::int4, NULL::timestamptz, NULL::boolean, NULL::int8, NULL::timestamptz,
+            NULL::bytea, NULL::int8;
+        RETURN;
     END IF;
 
     -- The group's first start on every matching queue, recorded once.

@@ -1,0 +1,152 @@
+"""The ack path of a front worker: items -> per (partition, group, lease) calls of the one
+authoritative procedure -> DLQ filing -> per-item verdicts (ack-internals.md, api.md 2.4).
+
+Groups run in (partition id, group) order on one pooled connection, each its own transaction,
+so the consumer row locks follow the global lock order. A group whose commit failed or was
+lost reports ``timeout`` / ``outcome_unknown`` on its items; the caller answers 503 with the
+results, and a retry is safe (the repeat rule answers an ack that took effect as ``noop``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import xxhash
+from psycopg_pool import AsyncConnectionPool
+
+from queen_mp.db import ack_procs
+from queen_mp.db.errors import DatabaseError, OutcomeUnknown, StatementTimeout
+from queen_mp.db.pooled import connection
+from queen_mp.delivery import Claim, Delivered, unpack_messages
+from queen_mp.wire.ids import ZERO_UUID
+
+__all__ = ["AckItem", "AckOutcome", "Acker"]
+
+STATUSES = ("completed", "failed", "retry", "dlq")
+
+
+@dataclass(frozen=True, slots=True)
+class AckItem:
+    index: int
+    transaction_id: str
+    partition_id: int
+    status: str  # one of STATUSES ('success' already mapped to 'completed')
+    group: str
+    lease_id: uuid.UUID | None
+    error: str | None
+
+
+@dataclass(slots=True)
+class AckOutcome:
+    item: AckItem
+    success: bool = False
+    error: str | None = None
+    lease_released: bool = False
+    dlq: bool = False
+    noop: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"index": self.item.index, "transactionId": self.item.transaction_id,
+                "partitionId": str(self.item.partition_id), "success": self.success,
+                "error": self.error, "leaseReleased": self.lease_released, "dlq": self.dlq,
+                "noop": self.noop}
+
+
+@dataclass
+class _Group:
+    partition_id: int
+    group: str
+    lease_id: uuid.UUID | None
+    outcomes: list[AckOutcome] = field(default_factory=list)
+
+
+class Acker:
+    def __init__(self, pool: AsyncConnectionPool, max_chunk: int) -> None:
+        self.pool = pool
+        self.max_chunk = max_chunk
+
+    async def ack(self, tenant: bytes, items: Iterable[AckItem]
+                  ) -> tuple[list[AckOutcome], list[dict[str, Any]]]:
+        """Every item's outcome in input order, and the SQL results (for wake-ups, metrics)."""
+        groups: dict[tuple[int, str, uuid.UUID | None], _Group] = {}
+        ordered: list[AckOutcome] = []
+        for item in items:
+            key = (item.partition_id, item.group, item.lease_id)
+            g = groups.get(key)
+            if g is None:
+                g = groups[key] = _Group(item.partition_id, item.group, item.lease_id)
+            outcome = AckOutcome(item)
+            g.outcomes.append(outcome)
+            ordered.append(outcome)
+        results: list[dict[str, Any]] = []
+        if not groups:
+            return ordered, results
+        async with connection(self.pool) as conn:
+            for key in sorted(groups, key=lambda k: (k[0], k[1], str(k[2]))):
+                g = groups[key]
+                try:
+                    res = await self._one(conn, tenant, g)
+                except DatabaseError as ex:
+                    code = ("timeout" if isinstance(ex, StatementTimeout) else
+                            "outcome_unknown" if isinstance(ex, OutcomeUnknown) else
+                            "unavailable")
+                    for o in g.outcomes:
+                        o.error = code
+                    continue
+                results.append(res)
+        return ordered, results
+
+    async def _one(self, conn: Any, tenant: bytes, g: _Group) -> dict[str, Any]:
+        hashes = [xxhash.xxh3_128_digest(o.item.transaction_id.encode("utf-8"))
+                  for o in g.outcomes]
+        statuses = [o.item.status for o in g.outcomes]
+        res = await ack_procs.ack_by_hash(conn, tenant, g.partition_id, g.group, g.lease_id,
+                                          hashes, statuses)
+        outs = g.outcomes
+        if not res["ok"]:
+            for o in outs:
+                o.error = res["error"] or "lease_invalid"
+            return res
+        for o in outs:
+            o.success = True
+        for i in res.get("noop") or ():
+            outs[i].noop = True
+        for name, code in (("stale", "already_committed"), ("unresolved", "unresolvable"),
+                           ("clamped", "clamped"), ("invalid", "lease_invalid")):
+            for i in res.get(name) or ():
+                outs[i].success, outs[i].error = False, code
+        released = bool(res["leaseReleased"])
+        if res.get("dlq"):
+            signal = outs[res["signalIndex"]]
+            filed = await self._file_dlq(conn, tenant, g, int(res["poison"]), signal.item)
+            signal.dlq = bool(filed.get("ok"))
+            released = released or bool(filed.get("leaseReleased"))
+            res["leaseReleased"] = released
+        if released:
+            for o in outs:
+                o.lease_released = True
+        return res
+
+    async def _file_dlq(self, conn: Any, tenant: bytes, g: _Group, offset: int,
+                        signal: AckItem) -> dict[str, Any]:
+        """The poison's frame from its segment, as stored, into a DLQ row (ack-internals)."""
+        message: Delivered | None = None
+        created: datetime | None = None
+        segment = await ack_procs.segment_at(conn, g.partition_id, offset)
+        if segment is not None:
+            base, created, blob = segment
+            claim = Claim("", g.partition_id, "", offset, offset, 0, None, False,
+                          [(base, created, blob)])
+            message = next(unpack_messages(claim, None, self.max_chunk, decrypt=False), None)
+        if message is None:  # NOTE(queen): retained away; the row still records the failure
+            return await ack_procs.file_dlq(
+                conn, tenant, g.partition_id, g.group, g.lease_id, offset, ZERO_UUID,
+                signal.transaction_id, None, None, False, None, signal.error, created)
+        return await ack_procs.file_dlq(
+            conn, tenant, g.partition_id, g.group, g.lease_id, offset, message.message_id,
+            message.transaction_id, message.trace_id, message.producer_sub, message.encrypted,
+            message.payload, signal.error, created)

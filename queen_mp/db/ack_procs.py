@@ -1,0 +1,51 @@
+"""Calls into ``sql/040_ack.sql``: the authoritative ack, DLQ filing, the segment of an offset."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+__all__ = ["ack_by_hash", "file_dlq", "segment_at"]
+
+Conn = psycopg.AsyncConnection[Any]
+
+
+async def ack_by_hash(conn: Conn, tenant: bytes, partition_id: int, group: str,
+                      lease_id: uuid.UUID | None, hashes: list[bytes],
+                      statuses: list[str]) -> dict[str, Any]:
+    cur = await conn.execute(
+        "SELECT queen.log_ack_by_hash_v1(%s, %s, %s, %s, %s::bytea[], %s::text[])",
+        (uuid.UUID(bytes=tenant), partition_id, group, lease_id, hashes, statuses),
+        prepare=True)
+    row = await cur.fetchone()
+    assert row is not None
+    return row[0]
+
+
+async def segment_at(conn: Conn, partition_id: int, offset: int
+                     ) -> tuple[int, datetime, bytes] | None:
+    """(base_offset, created_at, payload) of the segment holding ``offset``, if retained."""
+    cur = await conn.execute(
+        "SELECT base_offset, created_at, payload FROM queen.log_segment_at_v1(%s, %s)",
+        (partition_id, offset))
+    row = await cur.fetchone()
+    return None if row is None else (row[0], row[1], row[2])
+
+
+async def file_dlq(conn: Conn, tenant: bytes, partition_id: int, group: str,
+                   lease_id: uuid.UUID | None, offset: int, message_id: bytes,
+                   transaction_id: str, trace_id: bytes | None, producer_sub: str | None,
+                   encrypted: bool, payload: bytes | None, error: str | None,
+                   created_at: datetime | None) -> dict[str, Any]:
+    cur = await conn.execute(
+        "SELECT queen.log_dlq_head_v1(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+        (uuid.UUID(bytes=tenant), partition_id, group, lease_id, offset,
+         uuid.UUID(bytes=message_id), transaction_id,
+         uuid.UUID(bytes=trace_id) if trace_id else None, producer_sub, encrypted, payload,
+         error, created_at))
+    row = await cur.fetchone()
+    assert row is not None
+    return row[0]

@@ -1,0 +1,151 @@
+"""``POST /api/v1/ack`` and ``POST /api/v1/ack/batch`` (api.md 2.3, 2.4).
+
+Both answer a top-level array, one element per item in input order. The whole body is checked
+before anything is applied (a 400 applies nothing). When some group's commit failed or was
+lost the answer is 503 (``timeout`` / ``outcome_unknown``) with the array as ``results``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import falcon
+import falcon.asgi
+import orjson
+
+from queen_mp.acks import STATUSES, AckItem
+from queen_mp.db.errors import DatabaseError
+from queen_mp.http.body import read_body
+from queen_mp.http.errors import (
+    JSON_UTF8,
+    InvalidRequest,
+    InvalidStatus,
+    NameTooLong,
+    OutcomeUnknown,
+    Timeout,
+    Unavailable,
+)
+from queen_mp.http.pop import parse_group
+from queen_mp.wire.ids import ZERO_UUID
+from queen_mp.worker import FrontWorker
+
+__all__ = ["AckBatchResource", "AckResource", "parse_ack_item"]
+
+MAX_ACKS = 100_000
+MAX_TXN_BYTES = 1024
+_MAX_BODY = 64 << 20
+
+
+def _load(body: bytes) -> Any:
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as ex:
+        raise InvalidRequest(f"malformed JSON body: {ex}") from None
+
+
+def parse_partition_id(raw: Any, index: int) -> int:
+    if isinstance(raw, bool):
+        raise InvalidRequest("partitionId must be a decimal string or an integer",
+                             field="partitionId", index=index)
+    if isinstance(raw, int):
+        value = raw
+    elif isinstance(raw, str) and raw.isascii() and raw.isdigit():
+        value = int(raw)
+    else:
+        raise InvalidRequest("partitionId must be a decimal string or an integer",
+                             field="partitionId", index=index)
+    if not 0 < value < 1 << 63:
+        raise InvalidRequest("partitionId out of range", field="partitionId", index=index)
+    return value
+
+
+def parse_ack_item(doc: Any, index: int, default_group: str | None) -> AckItem:
+    """One acknowledgment object; its own consumerGroup wins over the body's."""
+    if not isinstance(doc, dict):
+        raise InvalidRequest("an acknowledgment must be an object", index=index)
+    txn = doc.get("transactionId")
+    if not isinstance(txn, str) or not txn:
+        raise InvalidRequest("transactionId is required (a non-empty string)",
+                             field="transactionId", index=index)
+    if len(txn) > MAX_TXN_BYTES // 4 and len(txn.encode("utf-8")) > MAX_TXN_BYTES:
+        raise NameTooLong(f"transactionId over {MAX_TXN_BYTES} bytes", field="transactionId",
+                          limit=MAX_TXN_BYTES, index=index)
+    if "partitionId" not in doc or doc["partitionId"] is None:
+        raise InvalidRequest("partitionId is required", field="partitionId", index=index)
+    partition_id = parse_partition_id(doc["partitionId"], index)
+    status = doc.get("status", "completed")
+    if status == "success":
+        status = "completed"
+    if status not in STATUSES:
+        raise InvalidStatus(f"status {status!r} is not completed, success, failed, retry or dlq",
+                            field="status", index=index)
+    group = doc.get("consumerGroup", default_group)
+    if group is not None and not isinstance(group, str):
+        raise InvalidRequest("consumerGroup must be a string or null", field="consumerGroup",
+                             index=index)
+    lease = doc.get("leaseId")
+    lease_id: uuid.UUID | None = None
+    if lease is not None and not isinstance(lease, str):
+        raise InvalidRequest("leaseId must be a string or null", field="leaseId", index=index)
+    if lease:
+        try:
+            lease_id = uuid.UUID(lease)
+        except ValueError:
+            # NOTE(queen): a lease id that is no UUID is simply not a live lease
+            lease_id = uuid.UUID(int=0)
+    error = doc.get("error")
+    if error is not None and not isinstance(error, str):
+        error = orjson.dumps(error).decode()
+    return AckItem(index, txn, partition_id, status, parse_group(group), lease_id, error)
+
+
+class _AckBase:
+    def __init__(self, worker: FrontWorker) -> None:
+        self.worker = worker
+
+    async def _apply(self, resp: falcon.asgi.Response, items: list[AckItem]) -> None:
+        try:
+            outcomes, results = await self.worker.acker.ack(ZERO_UUID, items)
+        except DatabaseError as ex:
+            raise Unavailable(f"database connection unavailable: {ex}") from None
+        self.worker.after_acks(results)
+        body = [o.to_json() for o in outcomes]
+        failed = {o.error for o in outcomes if o.error in ("timeout", "outcome_unknown",
+                                                            "unavailable")}
+        if failed:
+            if "outcome_unknown" in failed:
+                raise OutcomeUnknown("ack commit lost: outcome unknown; retry the call",
+                                     results=body)
+            if "timeout" in failed:
+                raise Timeout("ack timeout: retry the call", results=body)
+            raise Unavailable("database connection lost during the ack; retry the call",
+                              results=body)
+        resp.data = orjson.dumps(body)
+        resp.content_type = JSON_UTF8
+        resp.status = falcon.HTTP_200
+
+
+class AckResource(_AckBase):
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        doc = _load(await read_body(req, _MAX_BODY))
+        await self._apply(resp, [parse_ack_item(doc, 0, None)])
+
+
+class AckBatchResource(_AckBase):
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        doc = _load(await read_body(req, _MAX_BODY))
+        if not isinstance(doc, dict):
+            raise InvalidRequest("the body must be an object with acknowledgments")
+        acks = doc.get("acknowledgments")
+        if not isinstance(acks, list):
+            raise InvalidRequest("acknowledgments must be an array", field="acknowledgments")
+        if len(acks) > MAX_ACKS:
+            raise InvalidRequest(f"{len(acks)} acknowledgments, over {MAX_ACKS}",
+                                 field="acknowledgments")
+        group = doc.get("consumerGroup")
+        if group is not None and not isinstance(group, str):
+            raise InvalidRequest("consumerGroup must be a string or null",
+                                 field="consumerGroup")
+        items = [parse_ack_item(a, i, group) for i, a in enumerate(acks)]
+        await self._apply(resp, items)
