@@ -9,24 +9,29 @@ results, and a retry is safe (the repeat rule answers an ack that took effect as
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-import xxhash
 from psycopg_pool import AsyncConnectionPool
 
 from queen_mp.db import ack_procs
 from queen_mp.db.errors import DatabaseError, OutcomeUnknown, StatementTimeout
 from queen_mp.db.pooled import connection
 from queen_mp.delivery import Claim, Delivered, unpack_messages
+from queen_mp.ipc.routing import ack_shard
+from queen_mp.ipc.shardlink import ShardGone, ShardLink
+from queen_mp.wire.hashing import txn_hash
 from queen_mp.wire.ids import ZERO_UUID
+from queen_mp.wire.records import ACK_COMMITTED, AckRequest, AckVerdict
 
 __all__ = ["AckItem", "AckOutcome", "Acker"]
 
 STATUSES = ("completed", "failed", "retry", "dlq")
+_FAST_PATH_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,9 +70,16 @@ class _Group:
 
 
 class Acker:
+    """``link`` set = the registry fast path is on: whole-batch ``completed`` acks with a lease
+    go to the partition's ack shard first; a miss, a rejection or a failure there falls back
+    to the SQL path (design.md invariant 6). No pooled connection is held while waiting on it.
+    """
+
     def __init__(self, pool: AsyncConnectionPool, max_chunk: int) -> None:
         self.pool = pool
         self.max_chunk = max_chunk
+        self.link: ShardLink | None = None
+        self.shards = 0
 
     async def ack(self, tenant: bytes, items: Iterable[AckItem]
                   ) -> tuple[list[AckOutcome], list[dict[str, Any]]]:
@@ -83,10 +95,19 @@ class Acker:
             g.outcomes.append(outcome)
             ordered.append(outcome)
         results: list[dict[str, Any]] = []
-        if not groups:
+        keys = sorted(groups, key=lambda k: (k[0], k[1], str(k[2])))
+        if self.link is not None:
+            fast = [k for k in keys if k[2] is not None
+                    and all(o.item.status == "completed" for o in groups[k].outcomes)]
+            answers = await asyncio.gather(*(self._fast(tenant, groups[k], i)
+                                             for i, k in enumerate(fast)))
+            done = {k for k, res in zip(fast, answers, strict=True) if res is not None}
+            results.extend(res for res in answers if res is not None)
+            keys = [k for k in keys if k not in done]
+        if not keys:
             return ordered, results
         async with connection(self.pool) as conn:
-            for key in sorted(groups, key=lambda k: (k[0], k[1], str(k[2]))):
+            for key in keys:
                 g = groups[key]
                 try:
                     res = await self._one(conn, tenant, g)
@@ -100,9 +121,29 @@ class Acker:
                 results.append(res)
         return ordered, results
 
+    async def _fast(self, tenant: bytes, g: _Group, index: int) -> dict[str, Any] | None:
+        """The registry + fusion path; None = take the SQL path for this group."""
+        link = self.link
+        assert link is not None and g.lease_id is not None
+        request_id = link.next_request_id()
+        req = AckRequest(link.generation, link.slot, request_id, index, tenant, g.lease_id.bytes,
+                         g.partition_id, g.group,
+                         frozenset(txn_hash(o.item.transaction_id) for o in g.outcomes))
+        deadline = asyncio.get_running_loop().time() + _FAST_PATH_TIMEOUT_S
+        try:
+            verdict = await link.call(ack_shard(g.partition_id, self.shards), request_id, index,
+                                      req.pack(), deadline)
+        except (ShardGone, TimeoutError):
+            return None
+        if not isinstance(verdict, AckVerdict) or verdict.status != ACK_COMMITTED:
+            return None
+        for o in g.outcomes:
+            o.success = o.lease_released = True
+        # the shard already woke the pops parked on the queue (no "queue" key here)
+        return {"ok": True, "acked": verdict.new - verdict.old, "leaseReleased": True}
+
     async def _one(self, conn: Any, tenant: bytes, g: _Group) -> dict[str, Any]:
-        hashes = [xxhash.xxh3_128_digest(o.item.transaction_id.encode("utf-8"))
-                  for o in g.outcomes]
+        hashes = [txn_hash(o.item.transaction_id) for o in g.outcomes]
         statuses = [o.item.status for o in g.outcomes]
         res = await ack_procs.ack_by_hash(conn, tenant, g.partition_id, g.group, g.lease_id,
                                           hashes, statuses)

@@ -19,6 +19,7 @@ import orjson
 from queen_mp.config import Config
 from queen_mp.http import errors, groups
 from queen_mp.http.ack import AckBatchResource, AckResource
+from queen_mp.http.dlq import DlqResource, MessageResource, RetryResource
 from queen_mp.http.errors import JSON_UTF8
 from queen_mp.http.health import HealthResource
 from queen_mp.http.leases import LeaseExtendResource
@@ -111,6 +112,12 @@ def create_app(config: Config, runtime: Runtime, worker: FrontWorker | None = No
     app.add_route("/api/v1/lease/{lease_id}/extend", LeaseExtendResource(worker))
     app.add_route("/api/v1/ack", AckResource(worker))
     app.add_route("/api/v1/ack/batch", AckBatchResource(worker))
+    app.add_route("/api/v1/dlq", DlqResource(worker))
+    # NOTE(dlq): plain {transaction_id}: a path converter cannot be followed by /retry, and
+    # the two templates must agree at that level (so a transactionId with '/' is unroutable).
+    app.add_route("/api/v1/messages/{partition_id}/{transaction_id}", MessageResource(worker))
+    app.add_route("/api/v1/messages/{partition_id}/{transaction_id}/retry",
+                  RetryResource(worker))
     app.add_sink(_not_found, prefix="/")
     return app
 

@@ -15,15 +15,23 @@ from datetime import datetime
 from typing import Any
 
 import orjson
-import xxhash
 
 from queen_mp.crypto import PayloadCipher
 from queen_mp.db.pop_procs import ClaimRow
 from queen_mp.wire.frames import FLAG_ENCRYPTED, decode_chunk, iter_chunks, iter_frames
+from queen_mp.wire.hashing import txn_hash_bytes
 from queen_mp.wire.ids import uuid_text
 from queen_mp.wire.times import iso_ms
 
-__all__ = ["Claim", "Delivered", "claims_from_rows", "encode_qpf1", "unpack_messages"]
+__all__ = [
+    "Claim",
+    "Delivered",
+    "Undeliverable",
+    "claims_from_rows",
+    "encode_qpf1",
+    "message_json",
+    "unpack_messages",
+]
 
 QPF1_MAGIC = b"QPF1"
 _U16 = struct.Struct("<H")
@@ -111,7 +119,7 @@ def unpack_messages(claim: Claim, cipher: PayloadCipher | None, max_chunk: int, 
                         encrypted = False
                     yield Delivered(claim, offset, frame.message_id, frame.transaction_id,
                                     frame.trace_id, frame.producer_sub, payload, created,
-                                    xxhash.xxh3_128_digest(bytes(frame.transaction_id_bytes)),
+                                    txn_hash_bytes(frame.transaction_id_bytes),
                                     encrypted)
                 offset += 1
 

@@ -16,9 +16,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import xxhash
-
 from queen_mp.crypto import PayloadCipher
+from queen_mp.ipc.routing import push_shard
 from queen_mp.ipc.shardlink import ShardGone, ShardLink
 from queen_mp.queueflags import QueueFlags
 from queen_mp.spool import SpoolItem, SpoolWriteError, SpoolWriter
@@ -83,8 +82,7 @@ class Ingest:
         self.timeout_s = push_timeout_ms / 1000
 
     def shard_of(self, tenant: bytes, queue: str, partition: str) -> int:
-        key = b"%b%b\x1f%b" % (tenant, queue.encode(), partition.encode())
-        return xxhash.xxh3_64_intdigest(key) % self.shards
+        return push_shard(tenant, queue, partition, self.shards)
 
     async def push(self, items: Sequence[PushItem], tenant: bytes,
                    chunks: Sequence[ClientChunk] = ()) -> list[ItemResult]:

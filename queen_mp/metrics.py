@@ -49,6 +49,13 @@ class Metrics:
             "queen_messages_popped", "Messages delivered by pops.", **kw)
         self.messages_acked = Counter(
             "queen_messages_acked", "Messages whose cursor advanced by an ack.", **kw)
+        self.ack_fusion_commits = Counter(
+            "queen_ack_fusion_commits", "Ack fusion flushes committed.", **kw)
+        self.ack_fusion_rows = Counter(
+            "queen_ack_fusion_rows", "Cursor advances committed by ack fusion.", **kw)
+        self.ack_registry = Counter(
+            "queen_ack_registry_lookups", "Ack registry lookups by result (hit, miss).",
+            ["result"], **kw)
         self.spool_pending = Gauge(
             "queen_spool_pending", "Records waiting in the disk spool.",
             multiprocess_mode="max", **kw)

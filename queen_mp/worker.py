@@ -7,8 +7,10 @@ started by the ASGI lifespan and stopped in reverse order.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+import uuid
 from collections import Counter
 from typing import Any
 
@@ -17,8 +19,10 @@ from psycopg_pool import AsyncConnectionPool
 from queen_mp.acks import Acker
 from queen_mp.config import Config
 from queen_mp.crypto import PayloadCipher
+from queen_mp.delivery import Claim
 from queen_mp.ingest import Ingest, ItemResult
 from queen_mp.ipc.heartbeat import HeartbeatBoard
+from queen_mp.ipc.routing import ack_shard
 from queen_mp.ipc.shardlink import ShardLink
 from queen_mp.ipc.slots import SlotTable
 from queen_mp.ipc.wakeboard import WakeBoard, bucket_of
@@ -30,6 +34,7 @@ from queen_mp.runtime import Runtime
 from queen_mp.spool import SpoolWriter
 from queen_mp.wakeup import WakeListener, Waker
 from queen_mp.wire.ids import ZERO_UUID
+from queen_mp.wire.records import LeaseGrant
 
 __all__ = ["SHARD_STALE_MS", "FrontWorker"]
 
@@ -37,6 +42,7 @@ log = logging.getLogger("queen_mp.worker")
 
 # A shard that has not beaten for this long is reported dead by /health.
 SHARD_STALE_MS = 3000
+_GRANT_TIMEOUT_S = 1.0
 
 
 class FrontWorker:
@@ -71,6 +77,8 @@ class FrontWorker:
         self._board = HeartbeatBoard.attach(self.runtime.heartbeat, self.runtime.shards)
         self.link = ShardLink(self.runtime, self.slot, self.generation)
         await self.link.start()
+        if self.config.ack_registry:
+            self.acker.link, self.acker.shards = self.link, self.runtime.shards
         self.spool = SpoolWriter(self.config.spool_path, f"w{self.slot}-{os.getpid()}")
         self._ingest = Ingest(self.link, self.runtime.shards, self.spool,
                               self.config.push_timeout_ms, QueueFlags(self.pool), self.cipher)
@@ -126,6 +134,29 @@ class FrontWorker:
         if self.waker is not None:
             self.waker.wake(bucket_of(ZERO_UUID, r["queue"]) for r in results
                             if r.get("leaseReleased") and r.get("queue"))
+
+    async def grant_leases(self, tenant: bytes, lease_id: str, group: str,
+                           claims: list[Claim], hashes: dict[int, set[bytes]]) -> None:
+        """Tell each claim's ack shard what was delivered under the lease (the ack registry).
+
+        Best effort: a grant that does not arrive only sends that batch's ack down the SQL path.
+        """
+        if not self.config.ack_registry or self.link is None:
+            return
+        lease = uuid.UUID(lease_id).bytes
+        deadline = asyncio.get_running_loop().time() + _GRANT_TIMEOUT_S
+        for claim in claims:
+            delivered = hashes.get(claim.partition_id)
+            if not delivered or claim.lease_expires_at is None:
+                continue
+            grant = LeaseGrant(tenant, lease, claim.partition_id, claim.end,
+                               int(claim.lease_expires_at.timestamp() * 1000), group,
+                               claim.queue, frozenset(delivered))
+            try:
+                await self.link.post(ack_shard(claim.partition_id, self.runtime.shards),
+                                     grant.pack(), deadline)
+            except TimeoutError:
+                log.warning("lease grant for partition %d not delivered", claim.partition_id)
 
     def count_popped(self, n: int) -> None:
         if self.metrics is not None:

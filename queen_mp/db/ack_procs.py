@@ -8,7 +8,7 @@ from typing import Any
 
 import psycopg
 
-__all__ = ["ack_by_hash", "file_dlq", "segment_at"]
+__all__ = ["ack_at", "ack_by_hash", "ack_multi", "file_dlq", "segment_at"]
 
 Conn = psycopg.AsyncConnection[Any]
 
@@ -49,3 +49,29 @@ async def file_dlq(conn: Conn, tenant: bytes, partition_id: int, group: str,
     row = await cur.fetchone()
     assert row is not None
     return row[0]
+
+
+async def ack_at(conn: Conn, tenant: bytes, partition_id: int, group: str, lease_id: bytes,
+                 batch_end: int, count: int) -> dict[str, Any]:
+    """One positional whole-batch advance (the registry fast path without fusion)."""
+    cur = await conn.execute(
+        "SELECT queen.log_ack_at_v1(%s, %s, %s, %s, %s, %s)",
+        (uuid.UUID(bytes=tenant), partition_id, group, uuid.UUID(bytes=lease_id), batch_end,
+         count), prepare=True)
+    row = await cur.fetchone()
+    assert row is not None
+    return row[0]
+
+
+async def ack_multi(conn: Conn, tenant: bytes, partition_ids: list[int], groups: list[str],
+                    lease_ids: list[bytes], batch_ends: list[int], counts: list[int]
+                    ) -> list[dict[str, Any]]:
+    """Many positional advances in one transaction (ack fusion); results in input order."""
+    cur = await conn.execute(
+        "SELECT queen.log_ack_multi_v1(%s, %s::int8[], %s::text[], %s::uuid[], %s::int8[],"
+        " %s::int4[])",
+        (uuid.UUID(bytes=tenant), partition_ids, groups,
+         [uuid.UUID(bytes=b) for b in lease_ids], batch_ends, counts), prepare=True)
+    row = await cur.fetchone()
+    assert row is not None
+    return sorted(row[0], key=lambda r: r["i"])

@@ -27,11 +27,14 @@ class PrometheusResource:
 
 
 def _totals(text: str) -> dict[str, float]:
-    """Sum every sample of a family over its labels: enough for the JSON summary."""
+    """Sum every sample of a family over its labels, and keep each ``name{result}`` too."""
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             out[sample.name] = out.get(sample.name, 0.0) + sample.value
+            if "result" in sample.labels:
+                key = f"{sample.name}{{{sample.labels['result']}}}"
+                out[key] = out.get(key, 0.0) + sample.value
     return out
 
 
@@ -63,8 +66,11 @@ class MetricsJsonResource:
                          "waitingRequests": stats.get("requests_waiting", 0)},
             "fusion": {"commits": int(commits), "segments": int(segments),
                        "segmentsPerCommit": segments / commits if commits else 0.0},
-            "ackFusion": {"commits": 0, "rows": 0},
-            "ackRegistry": {"entries": 0, "hits": 0, "misses": 0},
+            "ackFusion": {"commits": int(t.get("queen_ack_fusion_commits_total", 0.0)),
+                          "rows": int(t.get("queen_ack_fusion_rows_total", 0.0))},
+            "ackRegistry": {"hits": int(t.get("queen_ack_registry_lookups_total{hit}", 0.0)),
+                            "misses": int(t.get("queen_ack_registry_lookups_total{miss}",
+                                                0.0))},
             "spool": {"pending": int(t.get("queen_spool_pending", 0.0)), "failed": 0},
             "parkedPops": int(t.get("queen_parked_pops", 0.0)),
         }

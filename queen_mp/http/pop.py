@@ -129,14 +129,34 @@ class PopResource:
             extra["autopilot"] = {"partitions": partitions, "batch": batch,
                                   "waitMs": AUTOPILOT_WAIT_MS}
         worker = self.worker
-        if frames and not any(c.encrypted for c in popped.claims):
-            meta = {"success": True, "leaseExpiresAt": _expiry(popped.claims), **extra}
-            resp.data = encode_qpf1(popped.claims, queue=popped.claims[0].queue,
-                                    lease_id=popped.lease_id, group=request.group, meta=meta)
-            resp.content_type = POP_CONTENT_TYPE
-        else:
-            resp.data = orjson.dumps(self._json(popped, request.group, extra))
-            resp.content_type = JSON_UTF8
+        limit = worker.config.max_decompressed_mb << 20
+        hashes: dict[int, set[bytes]] = {}
+        try:
+            if frames and not any(c.encrypted for c in popped.claims):
+                meta = {"success": True, "leaseExpiresAt": _expiry(popped.claims), **extra}
+                body = encode_qpf1(popped.claims, queue=popped.claims[0].queue,
+                                   lease_id=popped.lease_id, group=request.group, meta=meta)
+                content_type = POP_CONTENT_TYPE
+                if popped.lease_id is not None:
+                    for claim in popped.claims:
+                        hashes[claim.partition_id] = {
+                            m.hash for m in unpack_messages(claim, None, limit, decrypt=False)}
+            else:
+                messages: list[dict[str, Any]] = []
+                for claim in popped.claims:
+                    delivered = hashes[claim.partition_id] = set()
+                    for m in unpack_messages(claim, worker.cipher, limit):
+                        delivered.add(m.hash)
+                        messages.append(message_json(m, popped.lease_id, request.group))
+                body = orjson.dumps(_answer(popped, request.group, extra, messages))
+                content_type = JSON_UTF8
+        except Undeliverable as ex:
+            raise Unavailable(f"cannot deliver: {ex}") from None
+        if popped.lease_id is not None:
+            await worker.grant_leases(request.tenant, popped.lease_id, request.group,
+                                      popped.claims, hashes)
+        resp.data = body
+        resp.content_type = content_type
         worker.count_popped(sum(c.count for c in popped.claims))
 
     async def _run(self, request: PopRequest) -> Popped | None:
@@ -151,32 +171,25 @@ class PopResource:
         except DatabaseError as ex:
             raise Unavailable(f"database connection unavailable: {ex}") from None
 
-    def _json(self, popped: Popped, group: str, extra: dict[str, Any]) -> dict[str, Any]:
-        cipher = self.worker.cipher
-        limit = self.worker.config.max_decompressed_mb << 20
-        messages: list[dict[str, Any]] = []
-        try:
-            for claim in popped.claims:
-                for m in unpack_messages(claim, cipher, limit):
-                    messages.append(message_json(m, popped.lease_id, group))
-        except Undeliverable as ex:
-            raise Unavailable(f"cannot deliver: {ex}") from None
-        first = popped.claims[0]
-        return {
-            "success": True,
-            "queue": first.queue,
-            "partition": first.partition,
-            "partitionId": str(first.partition_id),
-            "leaseId": popped.lease_id,
-            "leaseExpiresAt": _expiry(popped.claims),
-            "consumerGroup": group,
-            "partitionsClaimed": len(popped.claims),
-            "claims": [{"partitionId": str(c.partition_id), "partition": c.partition,
-                        "start": c.start, "end": c.end, "deliveryAttempt": c.attempt}
-                       for c in popped.claims],
-            **extra,
-            "messages": messages,
-        }
+
+def _answer(popped: Popped, group: str, extra: dict[str, Any],
+            messages: list[dict[str, Any]]) -> dict[str, Any]:
+    first = popped.claims[0]
+    return {
+        "success": True,
+        "queue": first.queue,
+        "partition": first.partition,
+        "partitionId": str(first.partition_id),
+        "leaseId": popped.lease_id,
+        "leaseExpiresAt": _expiry(popped.claims),
+        "consumerGroup": group,
+        "partitionsClaimed": len(popped.claims),
+        "claims": [{"partitionId": str(c.partition_id), "partition": c.partition,
+                    "start": c.start, "end": c.end, "deliveryAttempt": c.attempt}
+                   for c in popped.claims],
+        **extra,
+        "messages": messages,
+    }
 
 
 def _expiry(claims: list[Claim]) -> str | None:

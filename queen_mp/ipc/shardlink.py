@@ -20,7 +20,9 @@ from queen_mp.ipc.heartbeat import HeartbeatBoard
 from queen_mp.ipc.ring import Ring
 from queen_mp.runtime import Runtime
 from queen_mp.wire.errors import RecordDecodeError
-from queen_mp.wire.records import PushVerdict
+from queen_mp.wire.records import KIND_ACK_VERDICT, AckVerdict, PushVerdict, peek_kind
+
+Verdict = PushVerdict | AckVerdict
 
 __all__ = ["ShardGone", "ShardLink"]
 
@@ -37,7 +39,7 @@ class ShardGone(Exception):
 
 @dataclass
 class _Waiter:
-    future: asyncio.Future[PushVerdict]
+    future: asyncio.Future[Verdict]
     shard: int
     boots: int
 
@@ -94,7 +96,7 @@ class ShardLink:
         return next(self._ids)
 
     async def call(self, shard: int, request_id: int, group_index: int, record: bytes,
-                   deadline: float) -> PushVerdict:
+                   deadline: float) -> Verdict:
         """Send one record and wait for its verdict until ``deadline`` (loop time)."""
         assert self._board is not None
         loop = asyncio.get_running_loop()
@@ -113,6 +115,10 @@ class ShardLink:
                 return await waiter.future
         finally:
             self._waiters.pop(key, None)
+
+    async def post(self, shard: int, record: bytes, deadline: float) -> None:
+        """Send a record that has no verdict (a lease grant for the ack registry)."""
+        await self._send(shard, record, deadline)
 
     async def _send(self, shard: int, record: bytes, deadline: float) -> None:
         ring = self._requests[shard]
@@ -144,7 +150,8 @@ class ShardLink:
 
     def _deliver(self, raw: bytes) -> None:
         try:
-            verdict = PushVerdict.unpack(raw)
+            verdict: Verdict = (AckVerdict.unpack(raw) if peek_kind(raw) == KIND_ACK_VERDICT
+                                else PushVerdict.unpack(raw))
         except RecordDecodeError:
             log.exception("undecodable reply record dropped")
             return

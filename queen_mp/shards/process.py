@@ -25,10 +25,23 @@ from queen_mp.ipc.ring import Ring
 from queen_mp.ipc.wakeboard import WakeBoard, bucket_of
 from queen_mp.metrics import Metrics
 from queen_mp.runtime import Runtime
+from queen_mp.shards.ackfusion import AckFusion, AckRow
 from queen_mp.shards.fusion import PushFusion
+from queen_mp.shards.registry import AckRegistry
 from queen_mp.wakeup import Waker
 from queen_mp.wire.errors import RecordDecodeError
-from queen_mp.wire.records import KIND_PUSH_GROUP, PushGroup, PushVerdict, peek_kind
+from queen_mp.wire.records import (
+    ACK_MISS,
+    KIND_ACK_REQUEST,
+    KIND_LEASE_GRANT,
+    KIND_PUSH_GROUP,
+    AckRequest,
+    AckVerdict,
+    LeaseGrant,
+    PushGroup,
+    PushVerdict,
+    peek_kind,
+)
 
 __all__ = ["Shard", "main"]
 
@@ -66,6 +79,10 @@ class Shard:
         self.wake_board = WakeBoard.attach(runtime.wake_board)
         self.waker = Waker(self.wake_board, runtime.prefix, config.pg_dsn,
                            notify=config.wake_notify)
+        self.registry = (AckRegistry(config.ack_registry_mb << 20) if config.ack_registry
+                         else None)
+        self.acks = AckFusion(config.pg_dsn, fused=config.ack_fusion, released=self.wake_pops,
+                              name=f"queen-mp shard {index} acks", metrics=self.metrics)
 
     # ------------------------------------------------------------------ inbound
     def drain_requests(self) -> None:
@@ -80,20 +97,42 @@ class Shard:
     def dispatch(self, slot: int, raw: bytes) -> None:
         try:
             kind = peek_kind(raw)
-            if kind != KIND_PUSH_GROUP:
+            if kind == KIND_PUSH_GROUP:
+                self.fusion.add(slot, PushGroup.unpack(raw))
+            elif kind == KIND_LEASE_GRANT:
+                if self.registry is not None:
+                    self.registry.grant(LeaseGrant.unpack(raw))
+            elif kind == KIND_ACK_REQUEST:
+                self.ack(slot, AckRequest.unpack(raw))
+            else:
                 raise RecordDecodeError(f"unexpected record kind {kind}", raw)
-            self.fusion.add(slot, PushGroup.unpack(raw))
         except RecordDecodeError:
             # NOTE(queen): a bug between our own processes, never client input; the request
             # times out at the front worker rather than taking the shard down.
             log.exception("undecodable request record from slot %d dropped", slot)
+
+    def ack(self, slot: int, req: AckRequest) -> None:
+        """Registry hit -> fused positional advance; anything else -> the SQL path (a miss)."""
+        entry = self.registry.take(req) if self.registry is not None else None
+        self.metrics.ack_registry.labels("hit" if entry is not None else "miss").inc()
+        if entry is None:
+            self.reply(slot, AckVerdict(req.generation, req.slot, req.request_id,
+                                        req.group_index, ACK_MISS))
+            return
+
+        def answer(status: int, old: int, new: int) -> None:
+            self.reply(slot, AckVerdict(req.generation, req.slot, req.request_id,
+                                        req.group_index, status, old, new))
+
+        self.acks.add(AckRow(req.tenant, req.partition_id, req.group, req.lease,
+                             entry.batch_end, entry.count, entry.queue), answer)
 
     # ------------------------------------------------------------------ outbound
     def wake_pops(self, queues: set[tuple[bytes, str]]) -> None:
         """Pops parked on these queues may now claim: tell every front worker (and instance)."""
         self.waker.wake(bucket_of(tenant, queue) for tenant, queue in queues)
 
-    def reply(self, slot: int, verdict: PushVerdict) -> None:
+    def reply(self, slot: int, verdict: PushVerdict | AckVerdict) -> None:
         self.outbox[slot].append(verdict.pack())
         self.flush_outbox(slot)
 
@@ -141,12 +180,14 @@ class Shard:
         try:
             async with asyncio.timeout(self.config.shutdown_timeout_s):
                 await self.fusion.drain()
+                await self.acks.drain()
         except TimeoutError:
             log.error("shard %d: pending pushes not flushed in time", self.index)
         for slot in range(self.runtime.slots):
             self.flush_outbox(slot)
         for task in tasks:
             task.cancel()
+        await self.acks.close()
         await self.writer.close()
         await self.waker.close()
         self.wake_board.close()

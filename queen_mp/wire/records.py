@@ -17,6 +17,14 @@ Layouts::
     PushVerdict u8 kind=2 | u32 generation | u16 slot | u64 request_id | u32 group_index
                 | u8 status | i64 partition_id | i64 created_at_us | u32 n | u32 dup_count
                 | u32 error_len | error | n x u8 status | n x i64 offset | 16B x dup_count ids
+    LeaseGrant  u8 kind=3 | 16B tenant | 16B lease | i64 partition_id | i64 batch_end
+                | u64 expires_ms | u16 group_len | u16 queue_len | u32 n | group | queue
+                | 16B x n hashes                       (one-way: pop -> ack shard)
+    AckRequest  u8 kind=4 | u32 generation | u16 slot | u64 request_id | u32 group_index
+                | 16B tenant | 16B lease | i64 partition_id | u16 group_len | u32 n | group
+                | 16B x n hashes                       (a whole-batch `completed` ack)
+    AckVerdict  u8 kind=5 | u32 generation | u16 slot | u64 request_id | u32 group_index
+                | u8 status | i64 old | i64 new
 """
 
 from __future__ import annotations
@@ -31,8 +39,15 @@ from typing import NamedTuple, Self
 from queen_mp.wire.errors import RecordDecodeError
 
 __all__ = [
+    "ACK_COMMITTED",
+    "ACK_FAILED",
+    "ACK_MISS",
+    "ACK_REJECTED",
     "ITEM_DUPLICATE",
     "ITEM_QUEUED",
+    "KIND_ACK_REQUEST",
+    "KIND_ACK_VERDICT",
+    "KIND_LEASE_GRANT",
     "KIND_PUSH_GROUP",
     "KIND_PUSH_VERDICT",
     "PIECE_RAW",
@@ -40,7 +55,10 @@ __all__ = [
     "RECORD_TYPES",
     "VERDICT_ERROR",
     "VERDICT_OK",
+    "AckRequest",
+    "AckVerdict",
     "ItemVerdict",
+    "LeaseGrant",
     "Piece",
     "PushGroup",
     "PushVerdict",
@@ -50,6 +68,14 @@ __all__ = [
 
 KIND_PUSH_GROUP = 1
 KIND_PUSH_VERDICT = 2
+KIND_LEASE_GRANT = 3
+KIND_ACK_REQUEST = 4
+KIND_ACK_VERDICT = 5
+
+ACK_COMMITTED = 0  # the registry matched and the cursor advance committed
+ACK_MISS = 1  # no matching registry entry: take the SQL path
+ACK_REJECTED = 2  # PostgreSQL refused the positional advance (stale lease): SQL path
+ACK_FAILED = 3  # the flush failed (outcome unknown): SQL path, whose repeat rule settles it
 
 PIECE_RAW = 0  # concatenated frames; the shard compresses them into its segment
 PIECE_ZSTD = 1  # one client zstd frame, stored as is (api.md §3.2)
@@ -65,6 +91,9 @@ _BIG_ENDIAN_HOST = sys.byteorder == "big"
 _PUSH_GROUP_HEAD = struct.Struct("<BIHQIQ16sIHHI")
 _PIECE_HEAD = struct.Struct("<BII")
 _PUSH_VERDICT_HEAD = struct.Struct("<BIHQIBqqIII")
+_LEASE_GRANT_HEAD = struct.Struct("<B16s16sqqQHHI")
+_ACK_REQUEST_HEAD = struct.Struct("<BIHQI16s16sqHI")
+_ACK_VERDICT = struct.Struct("<BIHQIBqq")
 
 
 def peek_kind(buf: bytes | bytearray | memoryview) -> int:
@@ -346,13 +375,126 @@ class PushVerdict:
         )
 
 
-RECORD_TYPES: dict[int, type[PushGroup] | type[PushVerdict]] = {
+def _hash_set(view: memoryview, at: int, n: int, buf: bytes | bytearray | memoryview
+              ) -> frozenset[bytes]:
+    if at + 16 * n != len(view):
+        raise RecordDecodeError(f"record of {len(view)} bytes does not hold its {n} hashes", buf)
+    raw = bytes(view[at:])
+    return frozenset(raw[k:k + 16] for k in range(0, len(raw), 16))
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseGrant:
+    """A leasing pop tells the partition's ack shard what it delivered (the ack registry)."""
+
+    tenant: bytes
+    lease: bytes
+    partition_id: int
+    batch_end: int
+    expires_ms: int
+    group: str
+    queue: str
+    hashes: frozenset[bytes]
+
+    def pack(self) -> bytes:
+        group = self.group.encode("utf-8")
+        queue = self.queue.encode("utf-8")
+        head = _LEASE_GRANT_HEAD.pack(KIND_LEASE_GRANT, self.tenant, self.lease,
+                                      self.partition_id, self.batch_end, self.expires_ms,
+                                      len(group), len(queue), len(self.hashes))
+        return b"".join((head, group, queue, *self.hashes))
+
+    @classmethod
+    def unpack(cls, buf: bytes | bytearray | memoryview) -> Self:
+        view = memoryview(buf)
+        if len(view) < _LEASE_GRANT_HEAD.size:
+            raise RecordDecodeError("LeaseGrant shorter than its header", buf)
+        (kind, tenant, lease, pid, end, expires, glen, qlen,
+         n) = _LEASE_GRANT_HEAD.unpack_from(view, 0)
+        if kind != KIND_LEASE_GRANT:
+            raise RecordDecodeError(f"kind {kind}, not a LeaseGrant", buf)
+        at = _LEASE_GRANT_HEAD.size
+        group = _decode(bytes(view[at:at + glen]), "group", buf)
+        queue = _decode(bytes(view[at + glen:at + glen + qlen]), "queue", buf)
+        return cls(tenant, lease, pid, end, expires, group, queue,
+                   _hash_set(view, at + glen + qlen, n, buf))
+
+
+@dataclass(frozen=True, slots=True)
+class AckRequest:
+    """A whole-batch ``completed`` ack of one (partition, group, lease), for the fast path."""
+
+    generation: int
+    slot: int
+    request_id: int
+    group_index: int
+    tenant: bytes
+    lease: bytes
+    partition_id: int
+    group: str
+    hashes: frozenset[bytes]
+
+    def pack(self) -> bytes:
+        group = self.group.encode("utf-8")
+        head = _ACK_REQUEST_HEAD.pack(KIND_ACK_REQUEST, self.generation, self.slot,
+                                      self.request_id, self.group_index, self.tenant,
+                                      self.lease, self.partition_id, len(group),
+                                      len(self.hashes))
+        return b"".join((head, group, *self.hashes))
+
+    @classmethod
+    def unpack(cls, buf: bytes | bytearray | memoryview) -> Self:
+        view = memoryview(buf)
+        if len(view) < _ACK_REQUEST_HEAD.size:
+            raise RecordDecodeError("AckRequest shorter than its header", buf)
+        (kind, generation, slot, request_id, group_index, tenant, lease, pid, glen,
+         n) = _ACK_REQUEST_HEAD.unpack_from(view, 0)
+        if kind != KIND_ACK_REQUEST:
+            raise RecordDecodeError(f"kind {kind}, not an AckRequest", buf)
+        at = _ACK_REQUEST_HEAD.size
+        group = _decode(bytes(view[at:at + glen]), "group", buf)
+        return cls(generation, slot, request_id, group_index, tenant, lease, pid, group,
+                   _hash_set(view, at + glen, n, buf))
+
+
+@dataclass(frozen=True, slots=True)
+class AckVerdict:
+    """The ack shard's answer to an AckRequest (ACK_*); old/new cursors when committed."""
+
+    generation: int
+    slot: int
+    request_id: int
+    group_index: int
+    status: int
+    old: int = 0
+    new: int = 0
+
+    def pack(self) -> bytes:
+        return _ACK_VERDICT.pack(KIND_ACK_VERDICT, self.generation, self.slot, self.request_id,
+                                 self.group_index, self.status, self.old, self.new)
+
+    @classmethod
+    def unpack(cls, buf: bytes | bytearray | memoryview) -> Self:
+        if len(buf) != _ACK_VERDICT.size:
+            raise RecordDecodeError(f"AckVerdict of {len(buf)} bytes", buf)
+        kind, *fields = _ACK_VERDICT.unpack_from(buf, 0)
+        if kind != KIND_ACK_VERDICT:
+            raise RecordDecodeError(f"kind {kind}, not an AckVerdict", buf)
+        return cls(*fields)
+
+
+Record = PushGroup | PushVerdict | LeaseGrant | AckRequest | AckVerdict
+
+RECORD_TYPES: dict[int, type[Record]] = {
     KIND_PUSH_GROUP: PushGroup,
     KIND_PUSH_VERDICT: PushVerdict,
+    KIND_LEASE_GRANT: LeaseGrant,
+    KIND_ACK_REQUEST: AckRequest,
+    KIND_ACK_VERDICT: AckVerdict,
 }
 
 
-def unpack_record(buf: bytes | bytearray | memoryview) -> PushGroup | PushVerdict:
+def unpack_record(buf: bytes | bytearray | memoryview) -> Record:
     """Any record, by its kind byte."""
     kind = peek_kind(buf)
     record_type = RECORD_TYPES.get(kind)
