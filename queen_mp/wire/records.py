@@ -62,6 +62,7 @@ __all__ = [
     "Piece",
     "PushGroup",
     "PushVerdict",
+    "Record",
     "peek_kind",
     "unpack_record",
 ]
