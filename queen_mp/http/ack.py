@@ -17,6 +17,7 @@ import orjson
 from queen_mp.acks import STATUSES, AckItem
 from queen_mp.db.errors import DatabaseError
 from queen_mp.http.body import read_body
+from queen_mp.http.dbcall import api_error
 from queen_mp.http.errors import (
     JSON_UTF8,
     InvalidRequest,
@@ -108,7 +109,7 @@ class _AckBase:
         try:
             outcomes, results = await self.worker.acker.ack(ZERO_UUID, items)
         except DatabaseError as ex:
-            raise Unavailable(f"database connection unavailable: {ex}") from None
+            raise api_error(ex) from None
         self.worker.after_acks(results)
         body = [o.to_json() for o in outcomes]
         failed = {o.error for o in outcomes if o.error in ("timeout", "outcome_unknown",

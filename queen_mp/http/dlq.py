@@ -24,10 +24,8 @@ an ``on_get`` of ``MessageResource`` (or this ``on_delete`` must move to its res
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import falcon
 import falcon.asgi
@@ -35,16 +33,13 @@ import orjson
 
 from queen_mp.crypto import PayloadCipher
 from queen_mp.db import dlq_procs
-from queen_mp.db import errors as dberrors
 from queen_mp.db.dlq_procs import DlqRow, RetryResult
-from queen_mp.db.pooled import connection
+from queen_mp.http.dbcall import call_db
 from queen_mp.http.errors import (
     JSON_UTF8,
     InvalidRequest,
     NameTooLong,
     NotFound,
-    OutcomeUnknown,
-    Timeout,
     Unavailable,
 )
 from queen_mp.http.query import Query
@@ -63,9 +58,7 @@ log = logging.getLogger("queen_mp.http.dlq")
 DEFAULT_TENANT = ZERO_UUID
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
-_CONFLICT_TRIES = 3  # a lost lock race (deadlock, serialization) changed nothing: retry
 
-T = TypeVar("T")
 
 
 # --------------------------------------------------------------------------------- helpers
@@ -98,27 +91,6 @@ def _transaction_id(raw: str) -> str:
         raise NameTooLong(f"transactionId of {size} bytes, over {MAX_TXN_BYTES}",
                           field="transactionId", limit=MAX_TXN_BYTES)
     return raw
-
-
-async def _call(worker: FrontWorker, fn: Callable[[Any], Awaitable[T]]) -> T:
-    """Run ``fn(conn)`` on a pooled connection; database failures become API errors."""
-    for attempt in range(_CONFLICT_TRIES):
-        try:
-            async with connection(worker.pool) as conn:
-                return await fn(conn)
-        except dberrors.Conflict:
-            if attempt + 1 == _CONFLICT_TRIES:
-                raise Unavailable("database conflict persisted (lock contention); nothing "
-                                  "was changed, retry") from None
-            await asyncio.sleep(0.02 * (attempt + 1))
-        except dberrors.OutcomeUnknown as ex:
-            raise OutcomeUnknown(f"database connection lost after the change was sent; it may "
-                                 f"or may not have applied: {ex}") from None
-        except dberrors.StatementTimeout as ex:
-            raise Timeout(f"database statement timeout: {ex}") from None
-        except dberrors.Unavailable as ex:
-            raise Unavailable(f"database connection failed: {ex}") from None
-    raise AssertionError("unreachable")
 
 
 def _data(row: DlqRow, cipher: PayloadCipher | None) -> orjson.Fragment | None:
@@ -197,7 +169,7 @@ class DlqResource:
         limit = q.integer("limit", DEFAULT_LIMIT, minimum=1, maximum=MAX_LIMIT)
         offset = q.integer("offset", 0, minimum=0, maximum=(1 << 63) - 1)
         tenant = _tenant(req)
-        page = await _call(self.worker, lambda conn: dlq_procs.list_page(
+        page = await call_db(self.worker.pool, lambda conn: dlq_procs.list_page(
             conn, tenant, queue=queue, group=group, partition=partition, since=since,
             until=until, limit=limit, offset=offset))
         cipher = self.worker.cipher
@@ -243,7 +215,7 @@ class RetryResource:
                                         pack_chunk_zstd(frame, 1), txn_hash(new_txn))
             return message_id, res
 
-        done = await _call(self.worker, replay)
+        done = await call_db(self.worker.pool, replay)
         if done is None or not done[1].ok:
             why = ("its partition no longer exists"
                    if done is not None and done[1].error == "partition_not_found"
@@ -278,7 +250,7 @@ class MessageResource:
         txn = _transaction_id(transaction_id)
         group = _name(Query(req), "consumerGroup")
         tenant = _tenant(req)
-        n = await _call(self.worker, lambda conn: dlq_procs.delete(conn, tenant, pid, txn,
+        n = await call_db(self.worker.pool, lambda conn: dlq_procs.delete(conn, tenant, pid, txn,
                                                                    group))
         if n == 0:
             raise NotFound(f"partition {pid}, transactionId {txn!r}: no dead-letter row "

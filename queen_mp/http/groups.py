@@ -19,25 +19,19 @@ of a ``sql/034_groups.sql`` procedure through ``queen_mp.db.group_procs``:
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import falcon
 import falcon.asgi
 import orjson
 
-from queen_mp.db import errors as dberrors
 from queen_mp.db import group_procs
-from queen_mp.db.pooled import connection
 from queen_mp.http.body import read_body
+from queen_mp.http.dbcall import call_db
 from queen_mp.http.errors import (
     InvalidRequest,
     NotFound,
-    OutcomeUnknown,
-    Timeout,
-    Unavailable,
 )
 from queen_mp.http.query import Query
 from queen_mp.wire.binary_push import check_name
@@ -56,9 +50,7 @@ __all__ = [
 
 DEFAULT_TENANT = ZERO_UUID
 DEFAULT_MIN_LAG_S = 3600  # upstream's default for /lagging
-_CONFLICT_TRIES = 3  # a lost lock race (deadlock, serialization) changed nothing: retry
 
-T = TypeVar("T")
 
 
 # --------------------------------------------------------------------------------- helpers
@@ -102,27 +94,6 @@ async def _json_object(req: falcon.asgi.Request, worker: FrontWorker) -> dict[st
     if not isinstance(doc, dict):
         raise InvalidRequest("body must be a JSON object")
     return doc
-
-
-async def _call(worker: FrontWorker, fn: Callable[[Any], Awaitable[T]]) -> T:
-    """Run ``fn(conn)`` on a pooled connection; database failures become API errors."""
-    for attempt in range(_CONFLICT_TRIES):
-        try:
-            async with connection(worker.pool) as conn:
-                return await fn(conn)
-        except dberrors.Conflict:
-            if attempt + 1 == _CONFLICT_TRIES:
-                raise Unavailable("database conflict persisted (lock contention); nothing "
-                                  "was changed, retry") from None
-            await asyncio.sleep(0.02 * (attempt + 1))
-        except dberrors.OutcomeUnknown as ex:
-            raise OutcomeUnknown(f"database connection lost after the change was sent; it may "
-                                 f"or may not have applied: {ex}") from None
-        except dberrors.StatementTimeout as ex:
-            raise Timeout(f"database statement timeout: {ex}") from None
-        except dberrors.Unavailable as ex:
-            raise Unavailable(f"database connection failed: {ex}") from None
-    raise AssertionError("unreachable")
 
 
 # --------------------------------------------------------------------------------- renderers
@@ -171,7 +142,7 @@ async def _delete(worker: FrontWorker, req: falcon.asgi.Request, resp: falcon.as
         queue = _queue(queue)
     delete_metadata = Query(req).flag("deleteMetadata", True)
     tenant = _tenant(req)
-    res = await _call(worker, lambda conn: group_procs.delete_group(
+    res = await call_db(worker.pool, lambda conn: group_procs.delete_group(
         conn, tenant, group, queue, delete_metadata))
     body: dict[str, Any] = {"success": True, "consumerGroup": group,
                             "deletedPartitions": res.deleted_partitions,
@@ -191,7 +162,7 @@ class GroupsResource:
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         tenant = _tenant(req)
-        rows = await _call(self.worker, lambda conn: group_procs.list_groups(conn, tenant))
+        rows = await call_db(self.worker.pool, lambda conn: group_procs.list_groups(conn, tenant))
         resp.media = [_render_summary(r) for r in rows]
 
 
@@ -204,7 +175,8 @@ class LaggingResource:
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         min_lag = Query(req).integer("minLagSeconds", DEFAULT_MIN_LAG_S, minimum=0)
         tenant = _tenant(req)
-        rows = await _call(self.worker, lambda conn: group_procs.lagging(conn, tenant, min_lag))
+        rows = await call_db(self.worker.pool,
+                             lambda conn: group_procs.lagging(conn, tenant, min_lag))
         resp.media = [_render_lagging(r) for r in rows]
 
     async def on_delete(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
@@ -223,7 +195,8 @@ class GroupResource:
                      group: str) -> None:
         group = _group(group)
         tenant = _tenant(req)
-        rows = await _call(self.worker, lambda conn: group_procs.cursors(conn, tenant, group))
+        rows = await call_db(self.worker.pool,
+                             lambda conn: group_procs.cursors(conn, tenant, group))
         if not rows:
             raise NotFound(f"consumer group {group!r} has no cursor", field="consumerGroup")
         out: dict[str, dict[str, list[dict[str, Any]]]] = {}
@@ -274,7 +247,7 @@ class SubscriptionResource:
                 raise InvalidRequest("'queue' must be a string", field="queue")
             queue = _queue(queue)
         tenant = _tenant(req)
-        res = await _call(self.worker, lambda conn: group_procs.set_subscription(
+        res = await call_db(self.worker.pool, lambda conn: group_procs.set_subscription(
             conn, tenant, group, queue, start))
         if queue is not None and res.queues_found == 0:
             raise NotFound(f"queue {queue!r} does not exist", field="queue")
@@ -316,7 +289,7 @@ class SeekResource:
         target = {"toBeginning": "beginning", "toEnd": "end", "timestamp": "timestamp"}[
             chosen[0]]
         tenant = _tenant(req)
-        n = await _call(self.worker, lambda conn: group_procs.seek(
+        n = await call_db(self.worker.pool, lambda conn: group_procs.seek(
             conn, tenant, group, queue, target, start))
         if n is None:
             raise NotFound(f"queue {queue!r} does not exist", field="queue")

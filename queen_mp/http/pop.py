@@ -14,7 +14,7 @@ import falcon
 import falcon.asgi
 import orjson
 
-from queen_mp.db.errors import DatabaseError, StatementTimeout
+from queen_mp.db.errors import DatabaseError
 from queen_mp.delivery import (
     Claim,
     Undeliverable,
@@ -22,6 +22,7 @@ from queen_mp.delivery import (
     message_json,
     unpack_messages,
 )
+from queen_mp.http.dbcall import api_error
 from queen_mp.http.errors import (
     JSON_UTF8,
     InvalidRequest,
@@ -166,10 +167,10 @@ class PopResource:
                 return await popper.pop(request)
         except TooManyParked as ex:
             raise Overloaded(str(ex), headers={"Retry-After": "1"}) from None
-        except (TimeoutError, StatementTimeout) as ex:
-            raise Timeout(f"pop timeout: the database did not answer in time ({ex})") from None
+        except TimeoutError:
+            raise Timeout("pop timeout: the database did not answer in time") from None
         except DatabaseError as ex:
-            raise Unavailable(f"database connection unavailable: {ex}") from None
+            raise api_error(ex) from None
 
 
 def _answer(popped: Popped, group: str, extra: dict[str, Any],
