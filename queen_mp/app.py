@@ -22,10 +22,13 @@ from queen_mp.http.ack import AckBatchResource, AckResource
 from queen_mp.http.dlq import DlqResource, MessageResource, RetryResource
 from queen_mp.http.errors import JSON_UTF8
 from queen_mp.http.health import HealthResource
+from queen_mp.http.kv import KvResource
 from queen_mp.http.leases import LeaseExtendResource
 from queen_mp.http.metrics import MetricsJsonResource, PrometheusResource
 from queen_mp.http.pop import PopResource
 from queen_mp.http.push import PushResource
+from queen_mp.http.timers import TimerQueueResource, TimerResource, TimersResource
+from queen_mp.http.transaction import TransactionResource
 from queen_mp.runtime import Runtime
 from queen_mp.worker import FrontWorker
 
@@ -112,6 +115,12 @@ def create_app(config: Config, runtime: Runtime, worker: FrontWorker | None = No
     app.add_route("/api/v1/lease/{lease_id}/extend", LeaseExtendResource(worker))
     app.add_route("/api/v1/ack", AckResource(worker))
     app.add_route("/api/v1/ack/batch", AckBatchResource(worker))
+    app.add_route("/api/v1/transaction", TransactionResource(worker))
+    app.add_route("/api/v1/kv", KvResource(worker))
+    app.add_route("/api/v1/timers", TimersResource(worker))
+    app.add_route("/api/v1/timers/{queue}", TimerQueueResource(worker))
+    # NOTE(timers): the key is the rest of the path, so it keeps its '/'
+    app.add_route("/api/v1/timers/{queue}/{timer_key:path}", TimerResource(worker))
     app.add_route("/api/v1/dlq", DlqResource(worker))
     # NOTE(dlq): plain {transaction_id}: a path converter cannot be followed by /retry, and
     # the two templates must agree at that level (so a transactionId with '/' is unroutable).

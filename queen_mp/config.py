@@ -160,6 +160,10 @@ SETTINGS: tuple[Setting, ...] = (
        "Send wake-ups to other broker instances over PostgreSQL LISTEN/NOTIFY (batched)."),
     _s("QUEEN_MAX_PARKED_POPS", int, 10000,
        "Parked long polls per front worker before pops answer 429.", minimum=1),
+    # --- timers
+    _s("QUEEN_TIMER_FIRED_RETENTION_S", int, 3600,
+       "Fired (and cancelled) timers are remembered this long, so late reschedule and cancel "
+       "calls answer too_late; then they are forgotten.", minimum=0),
     # --- limits and admission
     _s("QUEEN_MAX_BODY_MB", int, 64, "Largest request body after Content-Encoding.",
        minimum=1, maximum=4096),

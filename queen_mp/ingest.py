@@ -26,7 +26,14 @@ from queen_mp.wire.hashing import txn_hash
 from queen_mp.wire.ids import uuid_text
 from queen_mp.wire.records import Piece, PushGroup, PushVerdict
 
-__all__ = ["ClientChunk", "EncryptionUnavailable", "Ingest", "ItemResult", "PushItem"]
+__all__ = [
+    "ClientChunk",
+    "EncryptionUnavailable",
+    "Ingest",
+    "ItemResult",
+    "PushItem",
+    "pieces_of",
+]
 
 log = logging.getLogger("queen_mp.ingest")
 
@@ -101,7 +108,7 @@ class Ingest:
             groups.setdefault((it.queue, it.partition), []).append(i)
         if not groups:
             return []
-        await self._encrypt(items, tenant, {q for q, _ in groups})
+        await self.encrypt(items, tenant, {q for q, _ in groups})
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout_s
         request_id = self.link.next_request_id()
@@ -113,7 +120,7 @@ class Ingest:
                 generation=self.link.generation, slot=self.link.slot, request_id=request_id,
                 group_index=gi, tenant=tenant, queue=queue, partition=partition,
                 hashes=b"".join(txn_hash(items[i].transaction_id) for i in idx),
-                count=len(idx), pieces=_pieces(items, idx, chunks), deadline_ms=deadline_ms)
+                count=len(idx), pieces=pieces_of(items, idx, chunks), deadline_ms=deadline_ms)
             calls.append(self.link.call(self.shard_of(tenant, queue, partition), request_id, gi,
                                         record.pack(), deadline))
         outcomes = await asyncio.gather(*calls, return_exceptions=True)
@@ -145,7 +152,7 @@ class Ingest:
                 results[i] = _follow(r, items[lead].message_id)
         return results  # type: ignore[return-value]
 
-    async def _encrypt(self, items: Sequence[PushItem], tenant: bytes, queues: set[str]) -> None:
+    async def encrypt(self, items: Sequence[PushItem], tenant: bytes, queues: set[str]) -> None:
         """Re-frame the payloads of encrypted queues (flag 4); their client chunks are then
         rebuilt by the shard's normal raw-frame path."""
         secret = {q for q in queues if await self.flags.encrypted(tenant, q)}
@@ -190,7 +197,7 @@ def _follow(leader: ItemResult, leader_id: bytes) -> ItemResult:
     return ItemResult(leader.status, leader_id, error=leader.error)
 
 
-def _pieces(items: Sequence[PushItem], idx: list[int],
+def pieces_of(items: Sequence[PushItem], idx: list[int],
             chunks: Sequence[ClientChunk]) -> tuple[Piece, ...]:
     """Raw frames, except whole client chunks whose every frame is in this group."""
     pieces: list[Piece] = []

@@ -28,6 +28,7 @@ __all__ = ["PopRequest", "Popped", "Popper", "TooManyParked"]
 
 _MAX_MARGIN_S = 0.25
 _HINT_SLACK_S = 0.01
+_MIN_CLAIM_S = 0.005
 
 
 class TooManyParked(Exception):
@@ -66,16 +67,18 @@ class Popper:
         self.parked_gauge = parked_gauge
 
     async def pop(self, r: PopRequest) -> Popped | None:
-        deadline = time.monotonic() + (r.timeout_ms or 30_000) / 1000  # 0 = wait=false
+        budget = (r.timeout_ms or 30_000) / 1000  # timeout=0 acts as wait=false
+        deadline = time.monotonic() + budget
+        # No claim starts after this: what is leased must reach the caller in time.
+        claim_until = deadline - min(_MAX_MARGIN_S, budget / 4)
         wait = r.wait and r.timeout_ms > 0
         bucket = bucket_of(r.tenant, r.queue) if r.queue is not None else None
         key = ParkKey(bucket, r.group,
                       r.partition if r.queue is not None else (r.namespace, r.task))
         woken = False
         while True:
-            left = deadline - time.monotonic()
-            claim_s = left - min(_MAX_MARGIN_S, left / 4)
-            if claim_s <= 0:
+            claim_s = claim_until - time.monotonic()
+            if claim_s < _MIN_CLAIM_S:
                 break
             token = self.lot.token(bucket)
             lease = None if r.auto_ack else uuid.UUID(bytes=uuid7())
@@ -90,7 +93,7 @@ class Popper:
                 return None
             if self.lot.parked >= self.max_parked:
                 raise TooManyParked(f"{self.lot.parked} pops already parked in this worker")
-            until = deadline - min(_MAX_MARGIN_S, (deadline - time.monotonic()) / 4)
+            until = claim_until
             if result.wake_in_ms is not None:
                 until = min(until, time.monotonic() + result.wake_in_ms / 1000 + _HINT_SLACK_S)
             if self.parked_gauge is not None:

@@ -32,6 +32,7 @@ from queen_mp.popper import Popper
 from queen_mp.queueflags import QueueFlags
 from queen_mp.runtime import Runtime
 from queen_mp.spool import SpoolWriter
+from queen_mp.transactions import Transactions
 from queen_mp.wakeup import WakeListener, Waker
 from queen_mp.wire.ids import ZERO_UUID
 from queen_mp.wire.records import LeaseGrant
@@ -66,6 +67,7 @@ class FrontWorker:
                        else None)
         self._wake_board: WakeBoard | None = None
         self._popper: Popper | None = None
+        self._transactions: Transactions | None = None
         self.acker = Acker(self.pool, config.max_decompressed_mb << 20)
         self.waker: Waker | None = None
         self._listener: WakeListener | None = None
@@ -82,6 +84,8 @@ class FrontWorker:
         self.spool = SpoolWriter(self.config.spool_path, f"w{self.slot}-{os.getpid()}")
         self._ingest = Ingest(self.link, self.runtime.shards, self.spool,
                               self.config.push_timeout_ms, QueueFlags(self.pool), self.cipher)
+        self._transactions = Transactions(self.pool, self._ingest,
+                                          self.config.max_decompressed_mb << 20)
         self._wake_board = WakeBoard.attach(self.runtime.wake_board)
         lot = ParkingLot(self._wake_board, self.config.pop_wake_tick_ms / 1000)
         self._popper = Popper(self.pool, lot, self.config.max_parked_pops,
@@ -123,6 +127,11 @@ class FrontWorker:
         return self._ingest
 
     @property
+    def transactions(self) -> Transactions:
+        assert self._transactions is not None, "front worker not started"
+        return self._transactions
+
+    @property
     def popper(self) -> Popper:
         assert self._popper is not None, "front worker not started"
         return self._popper
@@ -157,6 +166,13 @@ class FrontWorker:
                                      grant.pack(), deadline)
             except TimeoutError:
                 log.warning("lease grant for partition %d not delivered", claim.partition_id)
+
+    def after_transaction(self, queues: set[str], pushed: int) -> None:
+        """A committed transaction: count its pushes, wake pops parked on what it touched."""
+        if self.metrics is not None and pushed:
+            self.metrics.messages_pushed.labels("queued").inc(pushed)
+        if self.waker is not None and queues:
+            self.waker.wake(bucket_of(ZERO_UUID, q) for q in queues)
 
     def count_popped(self, n: int) -> None:
         if self.metrics is not None:

@@ -260,7 +260,12 @@ BEGIN
         FROM queen.log_consumers c
         WHERE c.partition_id = v_cand.pid AND c.consumer_group = p_group
         FOR UPDATE SKIP LOCKED;
-        CONTINUE WHEN NOT FOUND;  -- another pop or an ack holds it right now
+        IF NOT FOUND THEN
+            -- Another pop or an ack holds it right now: it may become claimable (or its
+            -- delayed message mature) without a push, so look again soon.
+            v_wake := LEAST(v_wake, clock_timestamp() + interval '50 milliseconds');
+            CONTINUE;
+        END IF;
         CONTINUE WHEN v_cur.lease_id IS NOT NULL AND v_cur.lease_expires_at > v_now;
 
         v_start := GREATEST(v_cur.committed_offset + 1, v_cand.log_start_offset);
@@ -326,7 +331,7 @@ BEGIN
         RETURN QUERY SELECT NULL::text, NULL::int8, NULL::text, NULL::int8, NULL::int8,
             NULL::int4, NULL::timestamptz, NULL::boolean, NULL::int8, NULL::timestamptz,
             NULL::bytea,
-            GREATEST(0, ceil(extract(epoch FROM v_wake - clock_timestamp()) * 1000))::int8;
+            CASE WHEN v_wake IS NOT NULL THEN GREATEST(0, ceil(extract(epoch FROM v_wake - clock_timestamp()) * 1000))::int8 END;
         RETURN;
     END IF;
 

@@ -8,6 +8,7 @@ psycopg errors never leave `queen_mp/db`: the boundary turns them into this tree
      ├── OutcomeUnknown            lost after COMMIT was sent: may or may not be committed
      ├── StatementTimeout          57014: statement_timeout or a cancel; nothing committed
      ├── Conflict                  40001, 40P01, 55P03: lost a race; nothing committed, retry
+     ├── MaintenanceOn             QM001: push maintenance refuses writes; nothing committed
      ├── StatementError            the server (or psycopg) refused the statement: a definite
      │                             failure that a retry will not fix
      ├── MigrationError            bad migration set, or a migration file failed
@@ -28,6 +29,7 @@ __all__ = [
     "Conflict",
     "DatabaseError",
     "EmbeddedPostgresError",
+    "MaintenanceOn",
     "MigrationChecksumError",
     "MigrationError",
     "OutcomeUnknown",
@@ -62,6 +64,10 @@ class Conflict(DatabaseError):
     """Serialization failure, deadlock or lock timeout; nothing committed, a retry may pass."""
 
 
+class MaintenanceOn(DatabaseError):
+    """QM001 from queen.require_writable_v1: push maintenance is on; nothing was written."""
+
+
 class StatementError(DatabaseError):
     """The statement was refused for a reason a retry will not fix (bug, constraint, data)."""
 
@@ -86,6 +92,7 @@ _CANNOT_CONNECT_NOW = "57P03"
 _IDLE_IN_TX_TIMEOUT = "25P03"
 _QUERY_CANCELED = "57014"
 _CONFLICTS = frozenset({"40001", "40P01", "55P03"})
+_MAINTENANCE = "QM001"  # queen.require_writable_v1
 
 
 def translate(exc: BaseException, *, commit_sent: bool = False) -> DatabaseError:
@@ -113,6 +120,8 @@ def translate(exc: BaseException, *, commit_sent: bool = False) -> DatabaseError
             return StatementTimeout(message, sqlstate=sqlstate)
         if sqlstate in _CONFLICTS:
             return Conflict(message, sqlstate=sqlstate)
+        if sqlstate == _MAINTENANCE:
+            return MaintenanceOn(message, sqlstate=sqlstate)
         if sqlstate == _CANNOT_CONNECT_NOW:
             return Unavailable(message, sqlstate=sqlstate)
         if sqlstate in _LOST_BACKEND or sqlstate.startswith(_CONNECTION_CLASS):

@@ -7,34 +7,30 @@ lost the answer is 503 (``timeout`` / ``outcome_unknown``) with the array as ``r
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 import falcon
 import falcon.asgi
 import orjson
 
-from queen_mp.acks import STATUSES, AckItem
+from queen_mp.acks import AckItem
 from queen_mp.db.errors import DatabaseError
 from queen_mp.http.body import read_body
 from queen_mp.http.dbcall import api_error
 from queen_mp.http.errors import (
     JSON_UTF8,
     InvalidRequest,
-    InvalidStatus,
-    NameTooLong,
     OutcomeUnknown,
     Timeout,
     Unavailable,
 )
-from queen_mp.http.pop import parse_group
+from queen_mp.http.items import parse_ack_item
 from queen_mp.wire.ids import ZERO_UUID
 from queen_mp.worker import FrontWorker
 
-__all__ = ["AckBatchResource", "AckResource", "parse_ack_item"]
+__all__ = ["AckBatchResource", "AckResource"]
 
 MAX_ACKS = 100_000
-MAX_TXN_BYTES = 1024
 _MAX_BODY = 64 << 20
 
 
@@ -43,62 +39,6 @@ def _load(body: bytes) -> Any:
         return orjson.loads(body)
     except orjson.JSONDecodeError as ex:
         raise InvalidRequest(f"malformed JSON body: {ex}") from None
-
-
-def parse_partition_id(raw: Any, index: int) -> int:
-    if isinstance(raw, bool):
-        raise InvalidRequest("partitionId must be a decimal string or an integer",
-                             field="partitionId", index=index)
-    if isinstance(raw, int):
-        value = raw
-    elif isinstance(raw, str) and raw.isascii() and raw.isdigit():
-        value = int(raw)
-    else:
-        raise InvalidRequest("partitionId must be a decimal string or an integer",
-                             field="partitionId", index=index)
-    if not 0 < value < 1 << 63:
-        raise InvalidRequest("partitionId out of range", field="partitionId", index=index)
-    return value
-
-
-def parse_ack_item(doc: Any, index: int, default_group: str | None) -> AckItem:
-    """One acknowledgment object; its own consumerGroup wins over the body's."""
-    if not isinstance(doc, dict):
-        raise InvalidRequest("an acknowledgment must be an object", index=index)
-    txn = doc.get("transactionId")
-    if not isinstance(txn, str) or not txn:
-        raise InvalidRequest("transactionId is required (a non-empty string)",
-                             field="transactionId", index=index)
-    if len(txn) > MAX_TXN_BYTES // 4 and len(txn.encode("utf-8")) > MAX_TXN_BYTES:
-        raise NameTooLong(f"transactionId over {MAX_TXN_BYTES} bytes", field="transactionId",
-                          limit=MAX_TXN_BYTES, index=index)
-    if "partitionId" not in doc or doc["partitionId"] is None:
-        raise InvalidRequest("partitionId is required", field="partitionId", index=index)
-    partition_id = parse_partition_id(doc["partitionId"], index)
-    status = doc.get("status", "completed")
-    if status == "success":
-        status = "completed"
-    if status not in STATUSES:
-        raise InvalidStatus(f"status {status!r} is not completed, success, failed, retry or dlq",
-                            field="status", index=index)
-    group = doc.get("consumerGroup", default_group)
-    if group is not None and not isinstance(group, str):
-        raise InvalidRequest("consumerGroup must be a string or null", field="consumerGroup",
-                             index=index)
-    lease = doc.get("leaseId")
-    lease_id: uuid.UUID | None = None
-    if lease is not None and not isinstance(lease, str):
-        raise InvalidRequest("leaseId must be a string or null", field="leaseId", index=index)
-    if lease:
-        try:
-            lease_id = uuid.UUID(lease)
-        except ValueError:
-            # NOTE(queen): a lease id that is no UUID is simply not a live lease
-            lease_id = uuid.UUID(int=0)
-    error = doc.get("error")
-    if error is not None and not isinstance(error, str):
-        error = orjson.dumps(error).decode()
-    return AckItem(index, txn, partition_id, status, parse_group(group), lease_id, error)
 
 
 class _AckBase:

@@ -14,7 +14,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from queen_mp.db import errors as dberrors
 from queen_mp.db.pooled import connection
-from queen_mp.http.errors import ApiError, OutcomeUnknown, Timeout, Unavailable
+from queen_mp.http.errors import ApiError, Maintenance, OutcomeUnknown, Timeout, Unavailable
 
 __all__ = ["api_error", "call_db"]
 
@@ -28,6 +28,8 @@ def api_error(ex: dberrors.DatabaseError) -> ApiError:
                               f"or may not have applied: {ex}")
     if isinstance(ex, dberrors.StatementTimeout):
         return Timeout(f"database statement timeout: {ex}")
+    if isinstance(ex, dberrors.MaintenanceOn):
+        return Maintenance("push maintenance is on: writes are refused (retry later)")
     if isinstance(ex, dberrors.Conflict):
         return Unavailable("database conflict persisted (lock contention); nothing was "
                            "changed, retry")

@@ -31,6 +31,7 @@ from queen_mp.http.errors import (
     Unavailable,
     Unsupported,
 )
+from queen_mp.http.items import parse_group
 from queen_mp.http.query import Query
 from queen_mp.popper import Popped, PopRequest, TooManyParked
 from queen_mp.wire.binary_push import check_name, check_partition_name, check_queue_name
@@ -38,9 +39,8 @@ from queen_mp.wire.ids import ZERO_UUID
 from queen_mp.wire.times import iso_ms
 from queen_mp.worker import FrontWorker
 
-__all__ = ["QUEUE_MODE", "PopResource", "parse_group"]
+__all__ = ["PopResource"]
 
-QUEUE_MODE = "__QUEUE_MODE__"
 POP_CONTENT_TYPE = "application/x-queen-pop"
 MAX_BATCH = 10_000
 MAX_TIMEOUT_MS = 300_000
@@ -50,14 +50,6 @@ AUTOPILOT_WAIT_MS = 100
 _SUB_MODES = ("all", "new", "new-only")
 # Beyond the caller's own deadline, how long a stuck database may hold the answer.
 _DB_GRACE_S = 5.0
-
-
-def parse_group(raw: str | None) -> str:
-    """``consumerGroup``: absent, empty or ``null`` is queue mode (api.md 1.3)."""
-    if raw is None or raw == "" or raw == "null":
-        return QUEUE_MODE
-    check_name(raw, "consumerGroup")
-    return raw
 
 
 def _subscription(q: Query) -> tuple[str, Any]:

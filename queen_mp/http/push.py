@@ -6,8 +6,6 @@ never stores an item of its body.
 
 from __future__ import annotations
 
-import json
-import re
 from typing import Any
 
 import falcon
@@ -15,55 +13,28 @@ import falcon.asgi
 import orjson
 
 from queen_mp.http.body import read_body
-from queen_mp.http.errors import BadFrame, InvalidRequest, NameTooLong, Timeout, Unavailable
+from queen_mp.http.errors import BadFrame, InvalidRequest, Timeout, Unavailable
+from queen_mp.http.items import DEFAULT_PARTITION, MAX_ITEMS, loads_json, parse_json_item
 from queen_mp.ingest import ClientChunk, EncryptionUnavailable, ItemResult, PushItem, json_item
 from queen_mp.queueflags import FlagsUnavailable
 from queen_mp.wire.binary_push import (
     QPB1_MAGIC,
     FramesGroup,
-    check_partition_name,
-    check_queue_name,
     parse_binary_push,
 )
-from queen_mp.wire.frames import MAX_TXN_BYTES
-from queen_mp.wire.ids import ZERO_UUID, uuid7, uuid_from_text, uuid_text
+from queen_mp.wire.ids import ZERO_UUID, uuid7, uuid_text
 from queen_mp.wire.times import iso_from_us
 from queen_mp.worker import FrontWorker
 
 __all__ = ["PushResource", "parse_json_push"]
 
-MAX_ITEMS = 100_000
-DEFAULT_PARTITION = "Default"
 DEFAULT_TENANT = ZERO_UUID
-
-
-_LONG_INT = re.compile(rb"\d{19}")
-
-
-def _loads(body: bytes) -> Any:
-    """orjson, except for bodies with integers that may not fit 64 bits: orjson would turn
-    them into floats, and a payload must be stored as the client meant it."""
-    if _LONG_INT.search(body) is None:
-        return orjson.loads(body)
-    return json.loads(body, parse_constant=_reject_constant)
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _dumps(value: Any) -> bytes:
-    try:
-        return orjson.dumps(value)
-    except TypeError:  # an integer beyond 64 bits, from the stdlib path
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False,
-                          allow_nan=False).encode()
 
 
 def parse_json_push(body: bytes) -> list[PushItem]:
     """api.md 2.1 items, validated completely before anything is routed."""
     try:
-        doc = _loads(body) if body else None
+        doc = loads_json(body) if body else None
     except (orjson.JSONDecodeError, ValueError) as ex:
         raise InvalidRequest(f"body is not valid JSON: {ex}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("items"), list):
@@ -72,40 +43,7 @@ def parse_json_push(body: bytes) -> list[PushItem]:
     if len(raw_items) > MAX_ITEMS:
         raise InvalidRequest(f"{len(raw_items)} items, over the {MAX_ITEMS} limit",
                              limit=MAX_ITEMS)
-    out: list[PushItem] = []
-    for i, it in enumerate(raw_items):
-        if not isinstance(it, dict):
-            raise InvalidRequest(f"item {i} is not an object", index=i)
-        queue = it.get("queue")
-        if not isinstance(queue, str):
-            raise InvalidRequest(f"item {i}: 'queue' must be a string", index=i, field="queue")
-        check_queue_name(queue, index=i)
-        partition = it.get("partition")
-        if partition is None or partition == "":
-            partition = DEFAULT_PARTITION
-        elif not isinstance(partition, str):
-            raise InvalidRequest(f"item {i}: 'partition' must be a string", index=i,
-                                 field="partition")
-        else:
-            check_partition_name(partition, index=i)
-        txn = it.get("transactionId")
-        if txn is not None and not isinstance(txn, str):
-            raise InvalidRequest(f"item {i}: 'transactionId' must be a string", index=i,
-                                 field="transactionId")
-        if txn and len(txn.encode()) > MAX_TXN_BYTES:
-            raise NameTooLong(f"item {i}: transactionId over {MAX_TXN_BYTES} bytes", index=i,
-                              field="transactionId", limit=MAX_TXN_BYTES)
-        trace = it.get("traceId")
-        trace_id = None
-        if trace is not None:
-            if not isinstance(trace, str):
-                raise InvalidRequest(f"item {i}: 'traceId' must be a UUID string", index=i,
-                                     field="traceId")
-            trace_id = uuid_from_text(trace, field="traceId")
-        value = it["payload"] if "payload" in it else it.get("data")
-        payload = b"" if value is None else _dumps(value)
-        out.append(json_item(queue, partition, txn, payload, trace_id, uuid7()))
-    return out
+    return [parse_json_item(it, i) for i, it in enumerate(raw_items)]
 
 
 def parse_binary(body: bytes, max_decompressed: int) -> tuple[list[PushItem],

@@ -18,7 +18,7 @@ import logging
 import time
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +27,7 @@ from queen_mp.db.errors import DatabaseError
 from queen_mp.metrics import Metrics
 from queen_mp.wire import frames as wf
 from queen_mp.wire.ids import ZERO_UUID
-from queen_mp.wire.records import ItemVerdict, PushGroup, PushVerdict
+from queen_mp.wire.records import ItemVerdict, PushGroup, PushVerdict, blob_from_pieces
 
 __all__ = ["PushFusion"]
 
@@ -134,7 +134,7 @@ def build_segment(key: Key, entries: list[Entry]) -> Segment:
             # PERF(queen): the common case keeps client chunks and raw frames as they came.
             refs = [(e, j) for e in entries for j in range(e.group.count)]
             return Segment(key, entries, b"".join(e.group.hashes for e in entries),
-                           _blob_from_pieces(p for e in entries for p in e.group.pieces), refs)
+                           blob_from_pieces(p for e in entries for p in e.group.pieces), refs)
     # Slow path: intra-flush duplicates or a resubmitted remainder; rebuild from frames.
     leader: dict[bytes, int] = {}
     refs = []
@@ -158,25 +158,6 @@ def build_segment(key: Key, entries: list[Entry]) -> Segment:
             raw.append(frames[j])
     blob = wf.pack_chunk_zstd(b"".join(raw), len(raw)) if raw else b""
     return Segment(key, entries, b"".join(hashes), blob, refs, followers)
-
-
-def _blob_from_pieces(pieces: Iterable[Any]) -> bytes:
-    """Consecutive raw pieces become one zstd chunk; client chunks are kept byte for byte."""
-    out: list[bytes] = []
-    run: list[bytes] = []
-    run_count = 0
-    for p in pieces:
-        if p.kind == 0:
-            run.append(p.data)
-            run_count += p.count
-            continue
-        if run:
-            out.append(wf.pack_chunk_zstd(b"".join(run), run_count))
-            run, run_count = [], 0
-        out.append(wf.pack_chunk(wf.CODEC_ZSTD, p.count, p.data))
-    if run:
-        out.append(wf.pack_chunk_zstd(b"".join(run), run_count))
-    return b"".join(out)
 
 
 class PushFusion:

@@ -28,6 +28,7 @@ from queen_mp.runtime import Runtime
 from queen_mp.shards.ackfusion import AckFusion, AckRow
 from queen_mp.shards.fusion import PushFusion
 from queen_mp.shards.registry import AckRegistry
+from queen_mp.shards.timerfire import TimerFirer
 from queen_mp.wakeup import Waker
 from queen_mp.wire.errors import RecordDecodeError
 from queen_mp.wire.records import (
@@ -83,6 +84,12 @@ class Shard:
                          else None)
         self.acks = AckFusion(config.pg_dsn, fused=config.ack_fusion, released=self.wake_pops,
                               name=f"queen-mp shard {index} acks", metrics=self.metrics)
+        self.timers = TimerFirer(config.pg_dsn, self.wake_pops,
+                                 name=f"queen-mp shard {index} timers",
+                                 retention_s=config.timer_fired_retention_s,
+                                 encryption_key=config.encryption_key,
+                                 max_decompressed=config.max_decompressed_mb << 20,
+                                 statement_timeout_ms=config.pg_statement_timeout_ms)
 
     # ------------------------------------------------------------------ inbound
     def drain_requests(self) -> None:
@@ -170,7 +177,8 @@ class Shard:
             loop.add_signal_handler(sig, self.stop_requested.set)
         waiter = AsyncDoorbellWaiter(self.bell, loop, self.drain_requests)
         waiter.start()
-        tasks = [loop.create_task(self.heartbeat()), loop.create_task(self.fusion.hold_tick())]
+        tasks = [loop.create_task(self.heartbeat()), loop.create_task(self.fusion.hold_tick()),
+                 loop.create_task(self.timers.run())]
         self.drain_requests()
         log.info("shard %d up (pid %d, epoch %d)", self.index, os.getpid(), self.epoch)
         await self.stop_requested.wait()

@@ -94,6 +94,7 @@ from queen_mp.wire.records import (
     PushGroup,
     PushVerdict,
     Record,
+    blob_from_pieces,
     peek_kind,
     unpack_record,
 )
@@ -156,6 +157,7 @@ __all__ = [
     "RecordDecodeError",
     "UnsupportedFlags",
     "WireError",
+    "blob_from_pieces",
     "check_name",
     "check_partition_name",
     "check_payload",

@@ -32,11 +32,13 @@ from __future__ import annotations
 import struct
 import sys
 from array import array
+from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import repeat
 from typing import NamedTuple, Self
 
 from queen_mp.wire.errors import RecordDecodeError
+from queen_mp.wire.frames import CODEC_ZSTD, pack_chunk, pack_chunk_zstd
 
 __all__ = [
     "ACK_COMMITTED",
@@ -63,6 +65,7 @@ __all__ = [
     "PushGroup",
     "PushVerdict",
     "Record",
+    "blob_from_pieces",
     "peek_kind",
     "unpack_record",
 ]
@@ -502,3 +505,22 @@ def unpack_record(buf: bytes | bytearray | memoryview) -> Record:
     if record_type is None:
         raise RecordDecodeError(f"unknown record kind {kind}", buf)
     return record_type.unpack(buf)
+
+
+def blob_from_pieces(pieces: Iterable[Piece]) -> bytes:
+    """Consecutive raw pieces become one zstd chunk; client chunks are kept byte for byte."""
+    out: list[bytes] = []
+    run: list[bytes] = []
+    run_count = 0
+    for p in pieces:
+        if p.kind == 0:
+            run.append(p.data)
+            run_count += p.count
+            continue
+        if run:
+            out.append(pack_chunk_zstd(b"".join(run), run_count))
+            run, run_count = [], 0
+        out.append(pack_chunk(CODEC_ZSTD, p.count, p.data))
+    if run:
+        out.append(pack_chunk_zstd(b"".join(run), run_count))
+    return b"".join(out)

@@ -1,0 +1,158 @@
+"""Item-level request fields shared by several routes (api.md 1.3, 2.1, 2.3): push items,
+ack items, consumer groups, and the JSON codec that keeps big integers exact.
+
+Kept apart from the resources so that the transaction endpoint can reuse them without
+importing another route's resource."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from typing import Any
+
+import orjson
+
+from queen_mp.acks import STATUSES, AckItem
+from queen_mp.http.errors import InvalidRequest, InvalidStatus, NameTooLong
+from queen_mp.ingest import PushItem, json_item
+from queen_mp.wire.binary_push import check_name, check_partition_name, check_queue_name
+from queen_mp.wire.frames import MAX_TXN_BYTES
+from queen_mp.wire.ids import uuid7, uuid_from_text
+
+__all__ = [
+    "DEFAULT_PARTITION",
+    "MAX_ITEMS",
+    "QUEUE_MODE",
+    "dumps_json",
+    "loads_json",
+    "parse_ack_item",
+    "parse_group",
+    "parse_json_item",
+    "parse_partition_id",
+]
+
+MAX_ITEMS = 100_000
+DEFAULT_PARTITION = "Default"
+QUEUE_MODE = "__QUEUE_MODE__"
+
+_LONG_INT = re.compile(rb"\d{19}")
+
+
+def loads_json(body: bytes) -> Any:
+    """orjson, except for bodies with integers that may not fit 64 bits: orjson would turn
+    them into floats, and a payload must be stored as the client meant it."""
+    if _LONG_INT.search(body) is None:
+        return orjson.loads(body)
+    return json.loads(body, parse_constant=_reject_constant)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def dumps_json(value: Any) -> bytes:
+    try:
+        return orjson.dumps(value)
+    except TypeError:  # an integer beyond 64 bits, from the stdlib path
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False,
+                          allow_nan=False).encode()
+
+
+def parse_json_item(it: Any, i: int) -> PushItem:
+    """One api.md 2.1 item (also a transaction's push item); ``i`` names it in errors."""
+    if not isinstance(it, dict):
+        raise InvalidRequest(f"item {i} is not an object", index=i)
+    queue = it.get("queue")
+    if not isinstance(queue, str):
+        raise InvalidRequest(f"item {i}: 'queue' must be a string", index=i, field="queue")
+    check_queue_name(queue, index=i)
+    partition = it.get("partition")
+    if partition is None or partition == "":
+        partition = DEFAULT_PARTITION
+    elif not isinstance(partition, str):
+        raise InvalidRequest(f"item {i}: 'partition' must be a string", index=i,
+                             field="partition")
+    else:
+        check_partition_name(partition, index=i)
+    txn = it.get("transactionId")
+    if txn is not None and not isinstance(txn, str):
+        raise InvalidRequest(f"item {i}: 'transactionId' must be a string", index=i,
+                             field="transactionId")
+    if txn and len(txn.encode()) > MAX_TXN_BYTES:
+        raise NameTooLong(f"item {i}: transactionId over {MAX_TXN_BYTES} bytes", index=i,
+                          field="transactionId", limit=MAX_TXN_BYTES)
+    trace = it.get("traceId")
+    trace_id = None
+    if trace is not None:
+        if not isinstance(trace, str):
+            raise InvalidRequest(f"item {i}: 'traceId' must be a UUID string", index=i,
+                                 field="traceId")
+        trace_id = uuid_from_text(trace, field="traceId")
+    value = it["payload"] if "payload" in it else it.get("data")
+    payload = b"" if value is None else dumps_json(value)
+    return json_item(queue, partition, txn, payload, trace_id, uuid7())
+
+
+def parse_group(raw: str | None) -> str:
+    """``consumerGroup``: absent, empty or ``null`` is queue mode (api.md 1.3)."""
+    if raw is None or raw == "" or raw == "null":
+        return QUEUE_MODE
+    check_name(raw, "consumerGroup")
+    return raw
+
+
+def parse_partition_id(raw: Any, index: int) -> int:
+    if isinstance(raw, bool):
+        raise InvalidRequest("partitionId must be a decimal string or an integer",
+                             field="partitionId", index=index)
+    if isinstance(raw, int):
+        value = raw
+    elif isinstance(raw, str) and raw.isascii() and raw.isdigit():
+        value = int(raw)
+    else:
+        raise InvalidRequest("partitionId must be a decimal string or an integer",
+                             field="partitionId", index=index)
+    if not 0 < value < 1 << 63:
+        raise InvalidRequest("partitionId out of range", field="partitionId", index=index)
+    return value
+
+
+def parse_ack_item(doc: Any, index: int, default_group: str | None) -> AckItem:
+    """One acknowledgment object; its own consumerGroup wins over the body's."""
+    if not isinstance(doc, dict):
+        raise InvalidRequest("an acknowledgment must be an object", index=index)
+    txn = doc.get("transactionId")
+    if not isinstance(txn, str) or not txn:
+        raise InvalidRequest("transactionId is required (a non-empty string)",
+                             field="transactionId", index=index)
+    if len(txn) > MAX_TXN_BYTES // 4 and len(txn.encode("utf-8")) > MAX_TXN_BYTES:
+        raise NameTooLong(f"transactionId over {MAX_TXN_BYTES} bytes", field="transactionId",
+                          limit=MAX_TXN_BYTES, index=index)
+    if "partitionId" not in doc or doc["partitionId"] is None:
+        raise InvalidRequest("partitionId is required", field="partitionId", index=index)
+    partition_id = parse_partition_id(doc["partitionId"], index)
+    status = doc.get("status", "completed")
+    if status == "success":
+        status = "completed"
+    if status not in STATUSES:
+        raise InvalidStatus(f"status {status!r} is not completed, success, failed, retry or dlq",
+                            field="status", index=index)
+    group = doc.get("consumerGroup", default_group)
+    if group is not None and not isinstance(group, str):
+        raise InvalidRequest("consumerGroup must be a string or null", field="consumerGroup",
+                             index=index)
+    lease = doc.get("leaseId")
+    lease_id: uuid.UUID | None = None
+    if lease is not None and not isinstance(lease, str):
+        raise InvalidRequest("leaseId must be a string or null", field="leaseId", index=index)
+    if lease:
+        try:
+            lease_id = uuid.UUID(lease)
+        except ValueError:
+            # NOTE(queen): a lease id that is no UUID is simply not a live lease
+            lease_id = uuid.UUID(int=0)
+    error = doc.get("error")
+    if error is not None and not isinstance(error, str):
+        error = orjson.dumps(error).decode()
+    return AckItem(index, txn, partition_id, status, parse_group(group), lease_id, error)

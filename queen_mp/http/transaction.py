@@ -1,0 +1,51 @@
+"""``POST /api/v1/transaction`` (api.md 2.5): JSON or ``QTB1``, dispatched on the first four
+bytes. Always 200 once it ran (``success: false`` for a rollback, nothing applied); never 204,
+never spooled."""
+
+from __future__ import annotations
+
+import falcon
+import falcon.asgi
+import orjson
+
+from queen_mp.db.errors import DatabaseError
+from queen_mp.http.body import read_body
+from queen_mp.http.dbcall import api_error
+from queen_mp.http.errors import JSON_UTF8, BadFrame, Unavailable
+from queen_mp.ingest import EncryptionUnavailable
+from queen_mp.queueflags import FlagsUnavailable
+from queen_mp.transactions import QTB1_MAGIC, parse_json, parse_qtb1
+from queen_mp.wire.ids import ZERO_UUID
+from queen_mp.worker import FrontWorker
+
+__all__ = ["TransactionResource"]
+
+_OTHER_MAGIC = (b"QPB1",)
+
+
+class TransactionResource:
+    def __init__(self, worker: FrontWorker) -> None:
+        self.worker = worker
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        w = self.worker
+        body = await read_body(req, w.config.max_body_mb << 20)
+        magic = body[:4]
+        if magic == QTB1_MAGIC:
+            plan = parse_qtb1(body, w.config.max_decompressed_mb << 20)
+        elif magic in _OTHER_MAGIC:
+            raise BadFrame("QPB1 is the push body; a transaction takes JSON or QTB1",
+                           field="magic")
+        else:
+            plan = parse_json(body)
+        try:
+            answer, woken = await w.transactions.run(ZERO_UUID, plan)
+        except (EncryptionUnavailable, FlagsUnavailable) as ex:
+            raise Unavailable(str(ex)) from None
+        except DatabaseError as ex:
+            raise api_error(ex) from None
+        if answer["success"]:
+            w.after_transaction(woken, sum(1 for k in plan.kinds if k == "push"))
+        resp.data = orjson.dumps(answer)
+        resp.content_type = JSON_UTF8
+        resp.status = falcon.HTTP_200
