@@ -315,3 +315,54 @@ def test_client_transaction_builder_json_and_binary(broker, db):
     got = pop(broker, b, "check", batch=10, autoAck="true")
     assert sorted((m["data"]["g"], m["data"]["src"]) for m in got["messages"]) == [
         ("bin", "c-1"), ("bin", "c-2"), ("json", "c-1"), ("json", "c-2")]
+
+
+def test_kv_rides_the_transaction_and_a_required_precondition_undoes_everything(broker, db):
+    b, ns = uq("kb"), uq("ns")
+    ok = broker.client.post(TXN, json={
+        "operations": [{"type": "push", "queue": b, "payload": {"v": 1}}],
+        "kv": [{"op": "put", "ns": ns, "key": "k", "value": {"owner": "w-1"}, "forever": True},
+               {"op": "get", "ns": ns, "key": "k"}]}).json()
+    assert ok["success"] is True, ok
+    push_r, put_r, get_r = ok["results"]
+    assert (push_r["index"], put_r["index"], get_r["index"]) == (0, 1, 2)
+    assert put_r["type"] == "kv" and put_r["applied"] is True and put_r["version"] == 1
+    assert get_r["found"] is True and get_r["value"] == {"owner": "w-1"}  # reads see writes
+    bad = broker.client.post(TXN, json={
+        "operations": [{"type": "push", "queue": b, "payload": {"v": 2}}],
+        "kv": [{"op": "put", "ns": ns, "key": "k", "value": {"owner": "w-2"}, "forever": True,
+                "expect": 7, "required": True}]}).json()
+    assert bad["success"] is False and bad["reason"] == "kv_precondition"
+    assert bad["failedIndex"] == 1 and bad["kvReason"] == "version" and bad["version"] == 1
+    assert bad["value"] == {"owner": "w-1"} and bad["results"] == []
+    assert stored(db, b) == 1  # the second push was rolled back
+
+
+def test_kv_precondition_race_between_transactions_has_one_winner(broker, db):
+    ns = uq("race")
+    for rnd in range(10):
+        key = f"k{rnd}"
+        first = broker.client.post("/api/v1/kv", json={"operations": [
+            {"op": "put", "ns": ns, "key": key, "value": 0, "forever": True}]})
+        assert first.status_code == 200
+        outcomes: list[bool] = []
+        barrier = threading.Barrier(2)
+
+        def contender(w: int, key: str = key, barrier: threading.Barrier = barrier,
+                      outcomes: list[bool] = outcomes) -> None:
+            barrier.wait()
+            r = broker.client.post(TXN, json={
+                "operations": [{"type": "push", "queue": uq("rq"), "payload": w}],
+                "kv": [{"op": "put", "ns": ns, "key": key, "value": w, "forever": True,
+                        "expect": 1, "required": True}]})
+            outcomes.append(r.json()["success"])
+
+        threads = [threading.Thread(target=contender, args=(w,)) for w in (1, 2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert sorted(outcomes) == [False, True]
+        version = db.execute("SELECT version FROM queen.kv WHERE ns = %s AND key = %s",
+                             (ns, key)).fetchone()[0]
+        assert version == 2
