@@ -120,6 +120,9 @@ SETTINGS: tuple[Setting, ...] = (
        "Client-side deadline of a statement; past it the broker cancels it server-side and "
        "quarantines the connection.", minimum=100, maximum=3_600_000),
     _s("QUEEN_SPOOL_DIR", str, "", "Disk spool directory; empty = $QUEEN_DATA_DIR/spool."),
+    _s("QUEEN_HOUSEKEEPING_S", int, 5,
+       "Seconds between housekeeping rounds of each shard: segment retention, the "
+       "transactionId sidecar purge, expired leases and KV keys.", minimum=1, maximum=3600),
     _s("QUEEN_DISK_HIGH_PCT", int, 85,
        "Push and transaction answer 507 above this filesystem use of the spool.",
        minimum=1, maximum=100),

@@ -27,6 +27,7 @@ from queen_mp.metrics import Metrics
 from queen_mp.runtime import Runtime
 from queen_mp.shards.ackfusion import AckFusion, AckRow
 from queen_mp.shards.fusion import PushFusion
+from queen_mp.shards.housekeeping import Housekeeping
 from queen_mp.shards.registry import AckRegistry
 from queen_mp.shards.timerfire import TimerFirer
 from queen_mp.wakeup import Waker
@@ -84,6 +85,9 @@ class Shard:
                          else None)
         self.acks = AckFusion(config.pg_dsn, fused=config.ack_fusion, released=self.wake_pops,
                               name=f"queen-mp shard {index} acks", metrics=self.metrics)
+        self.housekeeping = Housekeeping(config.pg_dsn, shards=runtime.shards, index=index,
+                                         every_s=config.housekeeping_s,
+                                         name=f"queen-mp shard {index} housekeeping")
         self.timers = TimerFirer(config.pg_dsn, self.wake_pops,
                                  name=f"queen-mp shard {index} timers",
                                  retention_s=config.timer_fired_retention_s,
@@ -178,7 +182,8 @@ class Shard:
         waiter = AsyncDoorbellWaiter(self.bell, loop, self.drain_requests)
         waiter.start()
         tasks = [loop.create_task(self.heartbeat()), loop.create_task(self.fusion.hold_tick()),
-                 loop.create_task(self.timers.run())]
+                 loop.create_task(self.timers.run()),
+                 loop.create_task(self.housekeeping.run())]
         self.drain_requests()
         log.info("shard %d up (pid %d, epoch %d)", self.index, os.getpid(), self.epoch)
         await self.stop_requested.wait()
@@ -195,6 +200,7 @@ class Shard:
             self.flush_outbox(slot)
         for task in tasks:
             task.cancel()
+        await self.housekeeping.close()
         await self.acks.close()
         await self.writer.close()
         await self.waker.close()
