@@ -38,6 +38,8 @@ integration: $(STAMP) pg-deps
 bench: $(STAMP) pg-deps
 	$(BIN)/pip install --quiet -e '.[test,bench]'
 	$(BIN)/python -m bench.push
+	$(BIN)/python -m bench.consume
+	$(BIN)/python -m bench.ack
 
 lint: $(STAMP)
 	$(BIN)/ruff check queen_mp tests bench

@@ -17,8 +17,10 @@ import falcon.media
 import orjson
 
 from queen_mp.config import Config
-from queen_mp.http import errors, groups
+from queen_mp.http import errors, groups, resources
 from queen_mp.http.ack import AckBatchResource, AckResource
+from queen_mp.http.admission import Admission
+from queen_mp.http.configure import ConfigureResource
 from queen_mp.http.dlq import DlqResource, MessageResource, RetryResource
 from queen_mp.http.errors import JSON_UTF8
 from queen_mp.http.health import HealthResource
@@ -27,6 +29,12 @@ from queen_mp.http.leases import LeaseExtendResource
 from queen_mp.http.metrics import MetricsJsonResource, PrometheusResource
 from queen_mp.http.pop import PopResource
 from queen_mp.http.push import PushResource
+from queen_mp.http.system import (
+    MaintenanceResource,
+    PopMaintenanceResource,
+    SpoolDrainResource,
+    SpoolResource,
+)
 from queen_mp.http.timers import TimerQueueResource, TimerResource, TimersResource
 from queen_mp.http.transaction import TransactionResource
 from queen_mp.runtime import Runtime
@@ -84,7 +92,8 @@ def create_app(config: Config, runtime: Runtime, worker: FrontWorker | None = No
                ) -> falcon.asgi.App:
     worker = worker or FrontWorker(config, runtime)
     app = falcon.asgi.App(media_type=JSON_UTF8,
-                          middleware=[Lifespan(worker), EdgeMiddleware(worker)])
+                          middleware=[Lifespan(worker), EdgeMiddleware(worker),
+                                      Admission.for_worker(worker)])
     app.req_options.media_handlers = _json_handlers()
     app.resp_options.media_handlers = _json_handlers()
     app.req_options.strip_url_path_trailing_slash = True
@@ -127,6 +136,25 @@ def create_app(config: Config, runtime: Runtime, worker: FrontWorker | None = No
     app.add_route("/api/v1/messages/{partition_id}/{transaction_id}", MessageResource(worker))
     app.add_route("/api/v1/messages/{partition_id}/{transaction_id}/retry",
                   RetryResource(worker))
+    app.add_route("/api/v1/configure", ConfigureResource(worker))
+    app.add_route("/api/v1/resources/overview", resources.OverviewResource(worker))
+    app.add_route("/api/v1/resources/queues", resources.QueuesResource(worker))
+    app.add_route("/api/v1/resources/queues/{queue}", resources.QueueResource(worker))
+    app.add_route("/api/v1/resources/queues/{queue}/depth", resources.DepthResource(worker))
+    app.add_route("/api/v1/resources/namespaces", resources.NamespacesResource(worker))
+    app.add_route("/api/v1/resources/tasks", resources.TasksResource(worker))
+    app.add_route("/api/v1/resources/partitions", resources.PartitionsResource(worker))
+    app.add_route("/api/v1/status", resources.StatusResource(worker))
+    app.add_route("/api/v1/status/queues", resources.StatusQueuesResource(worker))
+    app.add_route("/api/v1/status/queues/{queue}", resources.StatusQueueResource(worker))
+    app.add_route("/api/v1/status/analytics", resources.AnalyticsResource(worker))
+    app.add_route("/api/v1/stats/refresh", resources.StatsRefreshResource(worker))
+    app.add_route("/api/v1/system/maintenance", MaintenanceResource(worker))
+    app.add_route("/api/v1/system/maintenance/pop", PopMaintenanceResource(worker))
+    spool = SpoolResource(worker)
+    app.add_route("/api/v1/system/spool", spool)
+    app.add_route("/api/v1/status/buffers", spool)
+    app.add_route("/api/v1/system/spool/drain", SpoolDrainResource(worker))
     app.add_sink(_not_found, prefix="/")
     return app
 

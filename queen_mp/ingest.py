@@ -5,7 +5,9 @@ occurrence of queue/partition/transactionId in the body) become frames; follower
 frame and copy their leader's *final* verdict. Frames are grouped by (queue, partition), each
 group is sent to the shard owning ``hash(tenant, queue, partition)``, and the request resolves
 when every group has its verdict. A group whose shard failed or vanished is written to the disk
-spool and reported ``buffered`` (``failed`` if the spool write fails too).
+spool and reported ``buffered`` (``failed`` if the spool write fails too). While push
+maintenance is on (``in_maintenance``, the flags board), every leader goes to the spool before
+anything is routed: no shard and no PostgreSQL connection is touched.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from queen_mp.crypto import PayloadCipher
@@ -87,6 +89,8 @@ class Ingest:
         self.shards = shards
         self.spool = spool
         self.timeout_s = push_timeout_ms / 1000
+        #: push maintenance switch (the front worker wires the flags board in)
+        self.in_maintenance: Callable[[], bool] = lambda: False
 
     def shard_of(self, tenant: bytes, queue: str, partition: str) -> int:
         return push_shard(tenant, queue, partition, self.shards)
@@ -108,6 +112,12 @@ class Ingest:
             groups.setdefault((it.queue, it.partition), []).append(i)
         if not groups:
             return []
+        if self.in_maintenance():
+            # NOTE(queen): before encryption too (its flag lookup reads PostgreSQL); the drain
+            # encrypts what it replays into an encrypted queue.
+            await self._spool(items, [i for idx in groups.values() for i in idx], tenant,
+                              results)
+            return _fill_followers(items, results, leader_of)
         await self.encrypt(items, tenant, {q for q, _ in groups})
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout_s
@@ -144,13 +154,7 @@ class Ingest:
             to_spool.extend(idx)
         if to_spool:
             await self._spool(items, to_spool, tenant, results)
-        for i in range(n):
-            lead = leader_of[i]
-            if lead != i:
-                r = results[lead]
-                assert r is not None
-                results[i] = _follow(r, items[lead].message_id)
-        return results  # type: ignore[return-value]
+        return _fill_followers(items, results, leader_of)
 
     async def encrypt(self, items: Sequence[PushItem], tenant: bytes, queues: set[str]) -> None:
         """Re-frame the payloads of encrypted queues (flag 4); their client chunks are then
@@ -187,6 +191,16 @@ class Ingest:
             status, error = FAILED, "spool_write_failed"
         for i in idx:
             results[i] = ItemResult(status, items[i].message_id, error=error)
+
+
+def _fill_followers(items: Sequence[PushItem], results: list[ItemResult | None],
+                    leader_of: list[int]) -> list[ItemResult]:
+    for i, lead in enumerate(leader_of):
+        if lead != i:
+            r = results[lead]
+            assert r is not None
+            results[i] = _follow(r, items[lead].message_id)
+    return results  # type: ignore[return-value]
 
 
 def _follow(leader: ItemResult, leader_id: bytes) -> ItemResult:

@@ -70,6 +70,12 @@ class Metrics:
             multiprocess_mode="max", **kw)
         self.shard_restarts = Counter(
             "queen_shard_restarts", "Shard processes restarted by the supervisor.", **kw)
+        self.admission_bytes = Gauge(
+            "queen_admission_bytes", "Write request bytes admitted and in flight.",
+            multiprocess_mode="livesum", **kw)
+        self.admission_rejected = Counter(
+            "queen_admission_rejected", "Write requests refused at admission, by code "
+            "(overloaded, storage_full).", ["code"], **kw)
 
 
 def render_latest(multiproc_dir: str | None = None) -> bytes:

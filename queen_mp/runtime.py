@@ -70,3 +70,7 @@ class Runtime:
     @property
     def wake_board(self) -> str:
         return f"{self.prefix}-wake"
+
+    @property
+    def flags_board(self) -> str:
+        return f"{self.prefix}-flags"

@@ -14,8 +14,10 @@ then timers.
 from __future__ import annotations
 
 import base64
+import contextlib
 import struct
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +28,7 @@ from queen_mp.acks import AckItem
 from queen_mp.db import ack_procs, txn_procs
 from queen_mp.db.pooled import connection
 from queen_mp.delivery import Claim, unpack_messages
-from queen_mp.http.errors import BadFrame, InvalidRequest, UnsupportedFlags
+from queen_mp.http.errors import ApiError, BadFrame, InvalidRequest, UnsupportedFlags
 from queen_mp.http.items import (
     DEFAULT_PARTITION,
     MAX_ITEMS,
@@ -36,8 +38,9 @@ from queen_mp.http.items import (
 )
 from queen_mp.ingest import ClientChunk, Ingest, PushItem, pieces_of
 from queen_mp.kv import parse_kv_ops
-from queen_mp.timers import mint, parse_timer_ops
+from queen_mp.timers import mint, parse_timer_ops, queues_to_provision
 from queen_mp.wire.binary_push import read_frame_groups
+from queen_mp.wire.errors import WireError
 from queen_mp.wire.hashing import txn_hash
 from queen_mp.wire.ids import uuid7, uuid_text
 from queen_mp.wire.records import blob_from_pieces
@@ -81,10 +84,28 @@ def _riders(plan: TxnPlan, doc: dict[str, Any]) -> None:
         if name in doc and doc[name] is not None and not isinstance(doc[name], list):
             raise InvalidRequest(f"{name} must be an array (a top-level rider, never an "
                                  "operation)", field=name)
+    # NOTE(queen): a rider's errors count within its own array; the answer's `index` counts in
+    # the flat result list (operations, then kv, then timers), as failedIndex does.
     if doc.get("kv"):
-        plan.kv = parse_kv_ops(doc["kv"], in_transaction=True)
+        with _flat_index(plan.n_ops):
+            plan.kv = parse_kv_ops(doc["kv"], in_transaction=True)
     if doc.get("timers"):
-        plan.timers = mint(parse_timer_ops(doc["timers"]))
+        with _flat_index(plan.n_ops + len(plan.kv)):
+            plan.timers = mint(parse_timer_ops(doc["timers"]))
+
+
+@contextlib.contextmanager
+def _flat_index(offset: int) -> Iterator[None]:
+    try:
+        yield
+    except ApiError as ex:
+        if isinstance(ex.extra.get("index"), int):
+            ex.extra["index"] += offset
+        raise
+    except WireError as ex:
+        if ex.index is not None:
+            ex.index += offset
+        raise
 
 
 def _operations(plan: TxnPlan, ops: Any, *, pushes_allowed: bool) -> None:
@@ -210,7 +231,7 @@ class Transactions:
                    for _, idx in members])
         acks = [item for _, item in plan.acks]
         snapshots: list[dict[str, Any]] = []
-        timer_queues = sorted({op["queue"] for op in plan.timers if "queue" in op})
+        timer_queues = queues_to_provision(plan.timers)
         async with connection(self.pool, commit_sent=True) as conn:
             for _ in range(_SNAPSHOT_ROUNDS):
                 res = await txn_procs.transaction_wire(

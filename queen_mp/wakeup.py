@@ -5,6 +5,13 @@ worker after an ack released a lease). It bumps the instance's shared wake board
 when other instances may be listening, sends the buckets in one batched ``NOTIFY`` per tick.
 ``WakeListener`` runs in each front worker: it ``LISTEN``s and bumps the local board for wakes
 of other instances, so parked pops see one source of truth, the board.
+
+The same listener connection (one per front worker) also keeps the flags board
+(``queen_mp/ipc/flags.py``) in step with ``queen.system_settings``: it ``LISTEN``s on
+``queen_settings`` (sql/090_maintenance.sql notifies every change at commit), re-reads the
+switches whenever it (re)connects, and, about once a second, whichever listener of the instance
+finds the board's last re-read older than that re-reads it (the safety net for a lost
+notification). So every worker of every instance sees a change within a second.
 """
 
 from __future__ import annotations
@@ -13,12 +20,16 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Iterable
+from typing import Any
 
+import orjson
 import psycopg
 
+from queen_mp.ipc.flags import FlagsBoard
 from queen_mp.ipc.wakeboard import WAKE_BUCKETS, WakeBoard
 
-__all__ = ["CHANNEL", "WakeListener", "Waker"]
+__all__ = ["CHANNEL", "SETTINGS_CHANNEL", "WakeListener", "Waker", "fetch_flags",
+           "publish_flags", "set_maintenance"]
 
 log = logging.getLogger("queen_mp.wakeup")
 
@@ -26,6 +37,35 @@ CHANNEL = "queen_wake"
 _NOTIFY_EVERY_S = 0.005
 _MAX_PAYLOAD = 7000  # NOTIFY payloads must stay under 8000 bytes
 _RECONNECT_S = 1.0
+SETTINGS_CHANNEL = "queen_settings"
+_TICK_S = 0.2          # how often a listener looks whether the periodic re-read is due
+_REFRESH_MS = 900      # re-read age that makes it due: one re-read per ~second per instance
+_BEHIND_FORCE = 3      # re-reads in a row below the board's version: the database was replaced
+_CONNECT_TIMEOUT_S = 5
+
+
+async def fetch_flags(conn: psycopg.AsyncConnection[Any]) -> dict[str, Any]:
+    """``queen.maintenance_flags_v1()``: ``{"maintenance", "popMaintenance", "version"}``."""
+    cur = await conn.execute("SELECT queen.maintenance_flags_v1()")
+    row = await cur.fetchone()
+    assert row is not None
+    return row[0]
+
+
+async def set_maintenance(conn: psycopg.AsyncConnection[Any], kind: str,
+                          enabled: bool) -> dict[str, Any]:
+    """``queen.set_maintenance_v1``: set push (``kind="push"``) or pop maintenance; answers
+    the flags after the change (the change NOTIFYs every instance at commit)."""
+    cur = await conn.execute("SELECT queen.set_maintenance_v1(%s, %s)", (kind, enabled))
+    row = await cur.fetchone()
+    assert row is not None
+    return row[0]
+
+
+def publish_flags(board: FlagsBoard, doc: dict[str, Any], *, force: bool = False) -> bool:
+    """Store a ``maintenance_flags_v1`` answer (or notification payload) on the board."""
+    return board.publish(bool(doc.get("maintenance")), bool(doc.get("popMaintenance")),
+                         int(doc.get("version") or 0), force=force)
 
 
 class Waker:
@@ -84,12 +124,19 @@ class Waker:
 
 
 class WakeListener:
-    """LISTENs for other instances' wakes and replays them onto the local board."""
+    """LISTENs for other instances' wakes and replays them onto the local board; keeps the
+    flags board fresh (``queen_settings`` notifications, re-read on connect and ~1 s)."""
 
-    def __init__(self, board: WakeBoard, instance: str, dsn: str) -> None:
+    def __init__(self, board: WakeBoard | None, instance: str, dsn: str, *,
+                 wake: bool = True, flags: FlagsBoard | None = None) -> None:
         self.board = board
         self.instance = instance
         self.dsn = dsn
+        self.wake = wake and board is not None
+        self.flags = flags
+        #: set once the flags were read from PostgreSQL by this listener
+        self.flags_ready = asyncio.Event()
+        self._behind = 0
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -99,20 +146,61 @@ class WakeListener:
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(
-                        self.dsn, autocommit=True,
+                        self.dsn, autocommit=True, connect_timeout=_CONNECT_TIMEOUT_S,
                         application_name="queen-mp wake listener") as conn:
-                    await conn.execute(f"LISTEN {CHANNEL}")
-                    async for note in conn.notifies():
-                        self._apply(note.payload)
+                    if self.wake:
+                        await conn.execute(f"LISTEN {CHANNEL}")
+                    if self.flags is None:
+                        async for note in conn.notifies():
+                            self._dispatch(note.channel, note.payload)
+                        continue
+                    await conn.execute(f"LISTEN {SETTINGS_CHANNEL}")
+                    # NOTE(queen): after LISTEN, so a change committed from now on is either in
+                    # this read or notified; what happened while disconnected is in the read.
+                    await self._reread(conn)
+                    while True:
+                        async for note in conn.notifies(timeout=_TICK_S):
+                            self._dispatch(note.channel, note.payload)
+                        if self.flags.claim_refresh(_REFRESH_MS):
+                            await self._reread(conn)
             except asyncio.CancelledError:
                 raise
             except Exception as ex:
                 log.warning("wake listener lost its connection (%s); reconnecting", ex)
             await asyncio.sleep(_RECONNECT_S)
 
+    async def _reread(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        assert self.flags is not None
+        doc = await fetch_flags(conn)
+        if publish_flags(self.flags, doc):
+            self._behind = 0
+        else:
+            self._behind += 1
+            if self._behind >= _BEHIND_FORCE:
+                log.warning("settings_version went back to %s; taking the database's flags",
+                            doc.get("version"))
+                publish_flags(self.flags, doc, force=True)
+                self._behind = 0
+        self.flags_ready.set()
+
+    def _dispatch(self, channel: str, payload: str) -> None:
+        if channel == SETTINGS_CHANNEL:
+            if self.flags is None:
+                return
+            try:
+                doc = orjson.loads(payload)
+            except orjson.JSONDecodeError:
+                log.warning("unreadable %s payload %r", SETTINGS_CHANNEL, payload[:200])
+                return
+            if isinstance(doc, dict):
+                publish_flags(self.flags, doc)
+            return
+        if channel == CHANNEL and self.wake:
+            self._apply(payload)
+
     def _apply(self, payload: str) -> None:
         origin, _, rest = payload.partition(":")
-        if origin == self.instance or not rest:
+        if origin == self.instance or not rest or self.board is None:
             return
         buckets = {int(b) for b in rest.split(",") if b.isdigit() and int(b) < WAKE_BUCKETS}
         self.board.bump(buckets)

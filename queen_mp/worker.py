@@ -8,6 +8,7 @@ started by the ASGI lifespan and stopped in reverse order.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import uuid
@@ -21,6 +22,7 @@ from queen_mp.config import Config
 from queen_mp.crypto import PayloadCipher
 from queen_mp.delivery import Claim
 from queen_mp.ingest import Ingest, ItemResult
+from queen_mp.ipc.flags import FlagsBoard
 from queen_mp.ipc.heartbeat import HeartbeatBoard
 from queen_mp.ipc.routing import ack_shard
 from queen_mp.ipc.shardlink import ShardLink
@@ -32,6 +34,7 @@ from queen_mp.popper import Popper
 from queen_mp.queueflags import QueueFlags
 from queen_mp.runtime import Runtime
 from queen_mp.spool import SpoolWriter
+from queen_mp.spool._drain import Drainer
 from queen_mp.transactions import Transactions
 from queen_mp.wakeup import WakeListener, Waker
 from queen_mp.wire.ids import ZERO_UUID
@@ -44,6 +47,7 @@ log = logging.getLogger("queen_mp.worker")
 # A shard that has not beaten for this long is reported dead by /health.
 SHARD_STALE_MS = 3000
 _GRANT_TIMEOUT_S = 1.0
+_FLAGS_FIRST_READ_S = 2.0
 
 
 class FrontWorker:
@@ -71,6 +75,8 @@ class FrontWorker:
         self.acker = Acker(self.pool, config.max_decompressed_mb << 20)
         self.waker: Waker | None = None
         self._listener: WakeListener | None = None
+        self._flags: FlagsBoard | None = None
+        self._drainer: Drainer | None = None
 
     async def start(self) -> None:
         self.metrics = Metrics(self.config.instance_name)
@@ -82,8 +88,10 @@ class FrontWorker:
         if self.config.ack_registry:
             self.acker.link, self.acker.shards = self.link, self.runtime.shards
         self.spool = SpoolWriter(self.config.spool_path, f"w{self.slot}-{os.getpid()}")
+        self._flags = FlagsBoard.attach(self.runtime.flags_board)
         self._ingest = Ingest(self.link, self.runtime.shards, self.spool,
                               self.config.push_timeout_ms, QueueFlags(self.pool), self.cipher)
+        self._ingest.in_maintenance = self._flags.push_maintenance
         self._transactions = Transactions(self.pool, self._ingest,
                                           self.config.max_decompressed_mb << 20)
         self._wake_board = WakeBoard.attach(self.runtime.wake_board)
@@ -92,15 +100,26 @@ class FrontWorker:
                               self.metrics.parked_pops)
         self.waker = Waker(self._wake_board, self.runtime.prefix, self.config.pg_dsn,
                            notify=self.config.wake_notify)
-        if self.config.wake_notify:
-            self._listener = WakeListener(self._wake_board, self.runtime.prefix,
-                                          self.config.pg_dsn)
-            self._listener.start()
+        # NOTE(queen): always started: besides wakes (QUEEN_WAKE_NOTIFY) the listener keeps
+        # the maintenance switches fresh on the flags board.
+        self._listener = WakeListener(self._wake_board, self.runtime.prefix,
+                                      self.config.pg_dsn, wake=self.config.wake_notify,
+                                      flags=self._flags)
+        self._listener.start()
+        if not self._flags.read().known:
+            # the instance's first worker: do not serve pushes before the switches are known
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._listener.flags_ready.wait(), _FLAGS_FIRST_READ_S)
         await self.pool.open(wait=False)
+        self._drainer = Drainer(self.config.spool_path, self._ingest, self._flags, self.spool,
+                                f"f{self.slot}-{os.getpid()}", metrics=self.metrics)
+        self._drainer.start()
         log.info("front worker %d ready in slot %d (generation %d)", os.getpid(), self.slot,
                  self.generation)
 
     async def stop(self) -> None:
+        if self._drainer is not None:
+            await self._drainer.stop()
         if self._popper is not None:
             await self._popper.lot.close()
         if self._listener is not None:
@@ -116,10 +135,26 @@ class FrontWorker:
             self._board.close()
         if self._wake_board is not None:
             self._wake_board.close()
+        if self._flags is not None:
+            self._flags.close()
         if self._slots is not None:
             self._slots.release(self.slot, os.getpid())
             self._slots.close()
         mark_process_dead(os.getpid())
+
+    @property
+    def flags(self) -> FlagsBoard:
+        assert self._flags is not None, "front worker not started"
+        return self._flags
+
+    @property
+    def drainer(self) -> Drainer:
+        assert self._drainer is not None, "front worker not started"
+        return self._drainer
+
+    def push_maintenance(self) -> bool:
+        """Push maintenance per the flags board (no PostgreSQL round trip)."""
+        return self._flags is not None and self._flags.push_maintenance()
 
     @property
     def ingest(self) -> Ingest:
@@ -145,7 +180,7 @@ class FrontWorker:
                             if r.get("leaseReleased") and r.get("queue"))
 
     async def grant_leases(self, tenant: bytes, lease_id: str, group: str,
-                           claims: list[Claim], hashes: dict[int, set[bytes]]) -> None:
+                           claims: list[Claim], hashes: dict[int, list[bytes]]) -> None:
         """Tell each claim's ack shard what was delivered under the lease (the ack registry).
 
         Best effort: a grant that does not arrive only sends that batch's ack down the SQL path.
@@ -157,6 +192,10 @@ class FrontWorker:
         for claim in claims:
             delivered = hashes.get(claim.partition_id)
             if not delivered or claim.lease_expires_at is None:
+                continue
+            if len(set(delivered)) != len(delivered):
+                # NOTE(queen): a transactionId delivered twice (dedup off): acking it resolves
+                # to its lowest offset only, which a set cannot express; the SQL path decides.
                 continue
             grant = LeaseGrant(tenant, lease, claim.partition_id, claim.end,
                                int(claim.lease_expires_at.timestamp() * 1000), group,

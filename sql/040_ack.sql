@@ -71,7 +71,9 @@
 --                     "already_committed" | "already_filed" | "beyond_batch",
 --                     "dlqId": int8|null, "new": int8|null, "leaseReleased": bool}
 --   log_ack_at_v1:   {"ok": bool, "error": null | "lease_invalid" | "partition_not_found" |
---                     "beyond_batch", "old": int8|null, "new": int8|null, "leaseReleased": bool}
+--                     "beyond_batch" | "partly_committed", "old": int8|null, "new": int8|null,
+--                     "leaseReleased": bool}   (partly_committed: the cursor is already inside
+--                     the leased batch; the broker falls back to log_ack_by_hash_v1)
 --   log_ack_multi_v1: a JSON array in INPUT order, element k = the log_ack_at_v1 object of
 --     row k plus "i": k (0-based input ordinal). Empty input returns [].
 --
@@ -579,11 +581,12 @@ DECLARE
     v_lease      uuid;
     v_expires    timestamptz;
     v_batch_end  int8;
+    v_batch_start int8;
     v_new        int8;
 BEGIN
     -- PERF: lock + tenant check in one statement; the failure path pays a second probe.
-    SELECT c.committed_offset, c.lease_id, c.lease_expires_at, c.batch_end
-    INTO v_old, v_lease, v_expires, v_batch_end
+    SELECT c.committed_offset, c.lease_id, c.lease_expires_at, c.batch_end, c.batch_start
+    INTO v_old, v_lease, v_expires, v_batch_end, v_batch_start
     FROM queen.log_consumers c
     JOIN queen.log_partitions lp ON lp.id = c.partition_id
     JOIN queen.queues q ON q.id = lp.queue_id
@@ -610,6 +613,12 @@ BEGIN
     END IF;
     IF p_batch_end IS NULL OR v_batch_end IS NULL OR p_batch_end > v_batch_end THEN
         RETURN jsonb_build_object('ok', false, 'error', 'beyond_batch',
+                                  'old', v_old, 'new', v_old, 'leaseReleased', false);
+    END IF;
+    -- NOTE(ack): part of the batch was already committed (a lease-less ack moved the cursor
+    -- inside it): those items must be answered noop, which only the hash path can tell.
+    IF v_batch_start IS NOT NULL AND v_old >= v_batch_start THEN
+        RETURN jsonb_build_object('ok', false, 'error', 'partly_committed',
                                   'old', v_old, 'new', v_old, 'leaseReleased', false);
     END IF;
 

@@ -356,8 +356,9 @@ RETURN EXISTS (SELECT 1 FROM queen.timers t WHERE t.state = 'pending' AND t.fire
 --   p_max_bytes  stop claiming once the stored payload bytes claimed reach this (at least one
 --                timer is always claimed)
 --   p_encrypted  false: leave timers of encrypted queues alone (a firer without the key)
--- Nothing while push maintenance is on. Rows come back in fire_at order, locked until the
--- caller's transaction ends; the caller pushes them and calls timer_mark_fired_v1.
+-- Nothing while push maintenance is on. Rows come back in (fire_at, queue_id, timer_key)
+-- order, locked until the caller's transaction ends; the caller pushes them and calls
+-- timer_mark_fired_v1.
 -- ---------------------------------------------------------------------------------------------
 CREATE FUNCTION queen.timer_claim_due_v1(
     p_limit     int4,
@@ -404,7 +405,7 @@ BEGIN
                 JOIN queen.queues q ON q.id = t.queue_id
                 WHERE t.state = 'pending' AND t.fire_at <= now()
                   AND (p_encrypted OR NOT q.encryption_enabled)
-                ORDER BY t.fire_at
+                ORDER BY t.fire_at, t.queue_id, t.timer_key
                 LIMIT p_limit) due) d;
     IF v_qids IS NULL THEN
         RETURN;
@@ -437,7 +438,7 @@ BEGIN
         JOIN unnest(v_qids, v_parts) AS d(dq, dp) ON t.queue_id = d.dq AND t.partition = d.dp
         WHERE t.state = 'pending' AND t.fire_at <= now()
           AND (p_encrypted OR NOT q.encryption_enabled)
-        ORDER BY t.fire_at
+        ORDER BY t.fire_at, t.queue_id, t.timer_key
         LIMIT p_limit
         FOR UPDATE OF t SKIP LOCKED
     LOOP

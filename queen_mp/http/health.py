@@ -1,4 +1,9 @@
-"""``GET /health``: PostgreSQL answers within 2 s and every shard beats, else 503."""
+"""``GET /health``: PostgreSQL answers within 2 s and every shard beats, else 503.
+
+The maintenance switches come from the instance's flags board (queen_mp/ipc/flags.py), what
+the push path obeys; the database probe's own reading is used only until the board was filled
+once.
+"""
 
 from __future__ import annotations
 
@@ -24,10 +29,11 @@ class HealthResource:
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         w = self.worker
         alive, total = w.shards_alive(), w.runtime.shards
+        flags = w.flags.read()
         body: dict[str, object] = {
             "status": "healthy", "database": "connected", "version": __version__,
             "uptimeSeconds": int(time.time() - w.runtime.started_at),
-            "maintenanceMode": False, "popMaintenanceMode": False,
+            "maintenanceMode": flags.push, "popMaintenanceMode": flags.pop,
             "shards": {"alive": alive, "total": total},
             "instance": w.config.instance_name,
             "workerId": w.slot, "worker_id": w.slot,
@@ -37,8 +43,9 @@ class HealthResource:
             async with asyncio.timeout(_PROBE_TIMEOUT_S):
                 async with w.pool.connection() as conn:
                     probe = await procs.health(conn)
-            body["maintenanceMode"] = probe["maintenance"]
-            body["popMaintenanceMode"] = probe["popMaintenance"]
+            if not flags.known:
+                body["maintenanceMode"] = probe["maintenance"]
+                body["popMaintenanceMode"] = probe["popMaintenance"]
             body["databaseHost"] = probe["server"]
             body["databaseWritable"] = not probe["inRecovery"]
         except Exception as ex:

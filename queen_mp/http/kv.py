@@ -31,8 +31,8 @@ import orjson
 from queen_mp.db import kv_procs
 from queen_mp.http.body import read_body
 from queen_mp.http.dbcall import call_db
-from queen_mp.http.errors import JSON_UTF8, ApiError, InvalidRequest
-from queen_mp.kv import parse_kv_ops
+from queen_mp.http.errors import JSON_UTF8, ApiError, InvalidRequest, Maintenance
+from queen_mp.kv import WRITE_OPS, parse_kv_ops
 from queen_mp.wire.ids import ZERO_UUID
 from queen_mp.worker import FrontWorker
 
@@ -91,6 +91,11 @@ class KvResource:
     async def _apply(self, req: falcon.asgi.Request) -> dict[str, Any]:
         raw = _operations(await read_body(req, self.worker.config.max_body_mb << 20))
         ops = parse_kv_ops(raw, in_transaction=False)
+        if self.worker.push_maintenance() and any(op["op"] in WRITE_OPS for op in ops):
+            # NOTE(kv): the flags board, before PostgreSQL; require_writable_v1 still guards
+            # a write that races the switch.
+            raise Maintenance("push maintenance is on: writes are refused (retry later)",
+                              reason="maintenance")
         tenant = _tenant(req)
         outcome = await call_db(self.worker.pool,
                                 lambda conn: kv_procs.apply(conn, tenant, ops))

@@ -123,7 +123,7 @@ class PopResource:
                                   "waitMs": AUTOPILOT_WAIT_MS}
         worker = self.worker
         limit = worker.config.max_decompressed_mb << 20
-        hashes: dict[int, set[bytes]] = {}
+        hashes: dict[int, list[bytes]] = {}
         try:
             if frames and not any(c.encrypted for c in popped.claims):
                 meta = {"success": True, "leaseExpiresAt": _expiry(popped.claims), **extra}
@@ -132,14 +132,14 @@ class PopResource:
                 content_type = POP_CONTENT_TYPE
                 if popped.lease_id is not None:
                     for claim in popped.claims:
-                        hashes[claim.partition_id] = {
-                            m.hash for m in unpack_messages(claim, None, limit, decrypt=False)}
+                        hashes[claim.partition_id] = [
+                            m.hash for m in unpack_messages(claim, None, limit, decrypt=False)]
             else:
                 messages: list[dict[str, Any]] = []
                 for claim in popped.claims:
-                    delivered = hashes[claim.partition_id] = set()
+                    delivered = hashes[claim.partition_id] = []
                     for m in unpack_messages(claim, worker.cipher, limit):
-                        delivered.add(m.hash)
+                        delivered.append(m.hash)
                         messages.append(message_json(m, popped.lease_id, request.group))
                 body = orjson.dumps(_answer(popped, request.group, extra, messages))
                 content_type = JSON_UTF8

@@ -97,6 +97,14 @@ def _db_errors(ex: dberrors.DatabaseError) -> ApiError | None:
     return None
 
 
+def _refuse_in_maintenance(worker: FrontWorker) -> None:
+    """Push maintenance per the flags board, before PostgreSQL (whose require_writable_v1
+    still refuses a write that races the switch)."""
+    if worker.push_maintenance():
+        raise Maintenance("push maintenance is on: timer writes are refused",
+                          reason="maintenance")
+
+
 async def _run_ops(worker: FrontWorker, tenant: bytes, ops: list[dict[str, Any]]
                    ) -> list[dict[str, Any]]:
     provision = timers.queues_to_provision(ops)
@@ -156,6 +164,7 @@ class TimersResource:
         if not ops:
             _reply(resp, {"results": []})
             return
+        _refuse_in_maintenance(self.worker)
         results = await _run_ops(self.worker, _tenant(req), timers.mint(ops))
         _reply(resp, {"results": [{"index": i, **r} for i, r in enumerate(results)]})
 
@@ -204,6 +213,7 @@ class TimerResource:
                         queue: str, timer_key: str) -> None:
         timers.check_queue(queue)
         timers.check_timer_key(timer_key)
+        _refuse_in_maintenance(self.worker)
         op = {"op": "cancel", "queue": queue, "timerKey": timer_key, "txn": None}
         (result,) = await _run_ops(self.worker, _tenant(req), [op])
         _reply(resp, result)

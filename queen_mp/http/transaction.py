@@ -11,7 +11,7 @@ import orjson
 from queen_mp.db.errors import DatabaseError
 from queen_mp.http.body import read_body
 from queen_mp.http.dbcall import api_error
-from queen_mp.http.errors import JSON_UTF8, BadFrame, Unavailable
+from queen_mp.http.errors import JSON_UTF8, BadFrame, Maintenance, Unavailable
 from queen_mp.ingest import EncryptionUnavailable
 from queen_mp.queueflags import FlagsUnavailable
 from queen_mp.transactions import QTB1_MAGIC, parse_json, parse_qtb1
@@ -38,6 +38,10 @@ class TransactionResource:
                            field="magic")
         else:
             plan = parse_json(body)
+        if w.push_maintenance():
+            # NOTE(queen): the flags board, before PostgreSQL; SQL still refuses (QM001) a
+            # transaction that races the switch.
+            raise Maintenance("push maintenance is on: writes are refused (retry later)")
         try:
             answer, woken = await w.transactions.run(ZERO_UUID, plan)
         except (EncryptionUnavailable, FlagsUnavailable) as ex:

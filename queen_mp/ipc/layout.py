@@ -2,13 +2,14 @@
 
 Per (worker slot, shard): a request ring (slot -> shard) and a reply ring (shard -> slot).
 Per shard and per slot: a doorbell rung by producers. Plus the slot table, the shard
-heartbeat board and the wake board of parked pops. Only the supervisor creates and unlinks;
-children attach by name.
+heartbeat board, the wake board of parked pops and the flags board (maintenance switches,
+drain state). Only the supervisor creates and unlinks; children attach by name.
 """
 
 from __future__ import annotations
 
 from queen_mp.ipc.doorbell import Doorbell
+from queen_mp.ipc.flags import FlagsBoard
 from queen_mp.ipc.heartbeat import HeartbeatBoard
 from queen_mp.ipc.ring import Ring
 from queen_mp.ipc.slots import SlotTable
@@ -33,6 +34,8 @@ def create_all(rt: Runtime) -> None:
         HeartbeatBoard.create(rt.heartbeat, rt.shards).close()
         WakeBoard.unlink(rt.wake_board)
         WakeBoard.create(rt.wake_board).close()
+        FlagsBoard.unlink(rt.flags_board)
+        FlagsBoard.create(rt.flags_board).close()
     except BaseException:
         unlink_all(rt)
         raise
@@ -50,3 +53,4 @@ def unlink_all(rt: Runtime) -> None:
     SlotTable.unlink_name(rt.slot_table)
     HeartbeatBoard.unlink(rt.heartbeat)
     WakeBoard.unlink(rt.wake_board)
+    FlagsBoard.unlink(rt.flags_board)

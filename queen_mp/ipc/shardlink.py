@@ -123,7 +123,7 @@ class ShardLink:
     async def _send(self, shard: int, record: bytes, deadline: float) -> None:
         ring = self._requests[shard]
         async with self._locks[shard]:
-            if not ring.try_write(record):
+            if len(record) > ring.max_record or not ring.try_write(record):
                 # Full ring or a record larger than it: publish fragment by fragment as the
                 # shard drains, without blocking the event loop.
                 pending = ring.begin_write(record)

@@ -151,10 +151,12 @@ class Shard:
         box, ring = self.outbox[slot], self.replies[slot]
         sent = False
         while box:
-            if not ring.try_write(box[0]):
-                if len(box[0]) <= ring.max_record:
-                    break  # full: retried on the next tick
-                ring.write(box[0], timeout=1.0)  # larger than the ring: stream it
+            if len(box[0]) > ring.max_record:
+                # NOTE(queen): blocks this loop until the worker drains the chunks (1 s at
+                # most); a verdict that large is a 100k-frame push, rare by construction.
+                ring.write(box[0], timeout=1.0)
+            elif not ring.try_write(box[0]):
+                break  # full: retried on the next tick
             box.popleft()
             sent = True
         if sent:

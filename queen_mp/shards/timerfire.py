@@ -50,7 +50,8 @@ SegmentKey = tuple[bytes, str, str]  # tenant, queue, partition
 BATCH = 200
 INTERVAL_S = 0.1
 PURGE_EVERY_S = 60.0
-MAX_CLAIM_BYTES = 16 << 20
+MAX_CLAIM_BYTES = 16 << 20  # stored payload bytes claimed per round
+MAX_ROUND_BYTES = 64 << 20  # frame bytes built per round (after decompression)
 _ERROR_BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0)
 _MAX_PUSH_ROUNDS = 8
 
@@ -62,7 +63,8 @@ class TimerFirer:
                  interval_s: float = INTERVAL_S, retention_s: int = 3600,
                  encryption_key: str = "", max_decompressed: int = 256 << 20,
                  statement_timeout_ms: int = 30_000, purge_every_s: float = PURGE_EVERY_S,
-                 max_claim_bytes: int = MAX_CLAIM_BYTES) -> None:
+                 max_claim_bytes: int = MAX_CLAIM_BYTES,
+                 max_round_bytes: int = MAX_ROUND_BYTES) -> None:
         self.dsn = dsn
         self.wake = wake
         self.name = name
@@ -74,6 +76,7 @@ class TimerFirer:
         self.statement_timeout_ms = statement_timeout_ms
         self.purge_every_s = purge_every_s
         self.max_claim_bytes = max_claim_bytes
+        self.max_round_bytes = max_round_bytes
         self.fired_total = 0
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._purged_at = float("-inf")
@@ -85,7 +88,7 @@ class TimerFirer:
             while True:
                 try:
                     await self._maybe_purge()
-                    claimed = await self.fire_once()
+                    more = await self.fire_once()
                     errors = 0
                 except asyncio.CancelledError:
                     raise
@@ -97,28 +100,28 @@ class TimerFirer:
                     await self._drop_connection()
                     await asyncio.sleep(delay)
                     continue
-                await asyncio.sleep(0 if claimed >= self.batch else self.interval_s)
+                await asyncio.sleep(0 if more else self.interval_s)
         finally:
             await self._drop_connection()
 
-    async def fire_once(self) -> int:
-        """One round; the number of timers claimed (== batch: more may be due)."""
+    async def fire_once(self) -> bool:
+        """One round; whether it was full (more timers may be due right now)."""
         conn = await self._connection()
         if not await timer_procs.any_due(conn):
-            return 0
-        woken: set[tuple[bytes, str]] = set()
+            return False
         async with conn.transaction():
             due = await timer_procs.claim_due(conn, self.batch, self.max_claim_bytes,
                                               self.cipher is not None)
             if not due:
-                return 0
-            woken = await self._push(conn, due)
-            await timer_procs.mark_fired(conn, [t.queue_id for t in due],
-                                         [t.timer_key for t in due])
-        self.fired_total += len(due)
+                return False
+            woken, done = await self._push(conn, due)
+            await timer_procs.mark_fired(conn, [t.queue_id for t in due[:done]],
+                                         [t.timer_key for t in due[:done]])
+        self.fired_total += done
         if woken:
             self.wake(woken)
-        return len(due)
+        return (done < len(due) or len(due) >= self.batch
+                or sum(len(t.payload) for t in due) >= self.max_claim_bytes)
 
     # ------------------------------------------------------------------ push
     def _frame(self, t: DueTimer) -> bytes | None:
@@ -139,11 +142,21 @@ class TimerFirer:
                              producer_sub=t.producer_sub, encrypted=encrypted)
 
     async def _push(self, conn: psycopg.AsyncConnection[Any], due: list[DueTimer]
-                    ) -> set[tuple[bytes, str]]:
-        """Push every claimed timer's message; the (tenant, queue) pairs that got one."""
+                    ) -> tuple[set[tuple[bytes, str]], int]:
+        """Push the messages of the first claimed timers, up to ``max_round_bytes`` of frames
+        (decompressed payloads can be far larger than the stored bytes the claim counted).
+
+        Returns the (tenant, queue) pairs that got a message and how many timers of ``due``
+        (a prefix) were handled; the rest stay pending for the next round.
+        """
         segments: dict[SegmentKey, list[tuple[bytes, bytes]]] = {}  # -> [(hash, frame)]
         seen: set[tuple[SegmentKey, bytes]] = set()
+        size = 0
+        done = 0
         for t in due:
+            if size >= self.max_round_bytes:
+                break
+            done += 1
             key = (t.tenant, t.queue, t.partition)
             h = txn_hash(t.transaction_id)
             if (key, h) in seen:
@@ -152,11 +165,12 @@ class TimerFirer:
             if frame is None:
                 continue
             seen.add((key, h))
+            size += len(frame)
             segments.setdefault(key, []).append((h, frame))
         woken: set[tuple[bytes, str]] = set()
         for _ in range(_MAX_PUSH_ROUNDS):
             if not segments:
-                return woken
+                return woken, done
             keys = list(segments)
             results = await timer_procs.push_multi(
                 conn, [k[1] for k in keys], [k[2] for k in keys],

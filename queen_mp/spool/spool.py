@@ -6,6 +6,13 @@ affected item is appended here and fsynced before the client hears ``buffered`` 
 preserved transactionId makes a replay idempotent, so a crash between a replay and its
 ``mark_done`` costs a duplicate attempt, never a duplicate message.
 
+KNOWN ISSUE: that holds only while the queue deduplicates. With ``dedupWindow`` 0 the push
+procedures do not probe, so a record whose original bundle did commit after all (a statement
+timeout or a connection lost after COMMIT: the client heard ``buffered``, the bundle committed
+anyway), or a replay that committed just before a crash cut off its ``mark_done``, is stored
+twice, both times under the same messageId. The drain (``queen_mp/spool/_drain.py``) cannot
+tell; the SQL push procedures are deliberately left unchanged.
+
 Directory layout (one spool directory per broker instance, on local disk)::
 
     spool-<writer-id>-<file-seq>.log          records of one writer process, appended only by it

@@ -188,23 +188,3 @@ def test_health_is_503_when_database_is_gone(make_broker, private_pg):
     assert r.status_code == 503
     assert r.json()["database"] == "disconnected"
     assert "connection" in r.json()["error"]
-
-
-def test_queenctl_health_against_a_running_broker(broker):
-    import subprocess
-    import sys
-
-    ok = subprocess.run([sys.executable, "-m", "queen_mp.queenctl", "--url", broker.url,
-                         "health"], capture_output=True, text=True, timeout=30, check=False)
-    assert ok.returncode == 0, ok.stderr
-    assert "status     healthy" in ok.stdout
-    js = subprocess.run([sys.executable, "-m", "queen_mp.queenctl", "--url", broker.url,
-                         "--json", "health"], capture_output=True, text=True, timeout=30,
-                        check=False)
-    assert js.returncode == 0
-    assert '"status": "healthy"' in js.stdout
-    down = subprocess.run([sys.executable, "-m", "queen_mp.queenctl", "--url",
-                           "http://127.0.0.1:9", "health"], capture_output=True, text=True,
-                          timeout=30, check=False)
-    assert down.returncode == 3
-    assert "unreachable" in down.stderr

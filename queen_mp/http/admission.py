@@ -1,0 +1,342 @@
+"""Admission of write requests (api.md 1.8): a per-worker byte budget, 429 and 507 at the edge.
+
+``POST /api/v1/push``, ``/transaction``, ``/kv`` and ``/timers`` take permits worth their
+``Content-Length`` from the front worker's budget (``QUEEN_ADMIT_MAX_MB``) in ``process_request``,
+before the responder reads a byte of the body, and give them back in ``process_response``.
+Falcon calls ``process_response`` of every middleware also when a responder (or a
+``process_request``) raised, so the permits come back on every error; a finalizer on the
+request context is the backstop for the one path that skips it, a task cancelled mid-request.
+Every other route (pops, acks, GETs, admin) takes no permits.
+
+Sizing. A request with ``Content-Length: n`` takes ``n`` bytes; one without (chunked) takes the
+body limit's worth (``QUEEN_MAX_BODY_MB``), as it may be that big; one declaring more than the
+body limit takes nothing, because ``read_body`` answers it ``413`` before reading. Any size is
+clamped to the whole budget, so a request bigger than the budget waits for the budget to drain
+(and holds all of it) instead of waiting forever. An empty body takes nothing and never waits.
+
+Fairness. The budget is FIFO: a request is granted only when every request queued before it has
+been, so a big request waits for room while the small ones behind it wait too, and cannot be
+starved by a stream of them. Waiters are futures in a deque, granted from ``release``; nothing
+polls.
+
+Waiting. A request not granted within ``QUEEN_ADMIT_HOLD_MS`` x uniform(0.9, 1.1) (jitter, so a
+burst that queued together does not give up together) leaves the queue and answers
+``429 overloaded``, ``Retry-After: n``, n in 1..5: one second, plus one per budget's worth of
+bytes still queued when it gives up (capped at 5). ``QUEEN_ADMIT_HOLD_MS=0`` answers
+429 at once when the request does not fit. Nothing happened on a 429: the body was never read.
+While a request waits, its bytes stay in the socket (uvicorn stops reading a connection past its
+64 KiB buffer).
+
+Disk. Push and transaction answer ``507 storage_full`` when the filesystem of the spool, or of
+the embedded PostgreSQL data directory when there is one, is more than ``QUEEN_DISK_HIGH_PCT``
+used. The check runs before admission (and again after a wait) and before the body is read; the
+usage is sampled (``os.statvfs``) at most once a second. KV and timer writes are not refused
+for the disk: api.md 1.8 names push and transaction only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import falcon.asgi
+
+from queen_mp.http.errors import ApiError, Overloaded, StorageFull
+from queen_mp.http.kv import kv_error
+
+if TYPE_CHECKING:
+    from queen_mp.metrics import Metrics
+    from queen_mp.worker import FrontWorker
+
+__all__ = [
+    "ADMITTED_PATHS",
+    "DISK_CHECKED_PATHS",
+    "Admission",
+    "ByteBudget",
+    "disk_used_pct",
+]
+
+log = logging.getLogger("queen_mp.http.admission")
+
+ADMITTED_PATHS = frozenset({"/api/v1/push", "/api/v1/transaction", "/api/v1/kv",
+                            "/api/v1/timers"})
+DISK_CHECKED_PATHS = frozenset({"/api/v1/push", "/api/v1/transaction"})
+_KV_SHAPED = frozenset({"/api/v1/kv", "/api/v1/timers"})  # api.md 2.11 error shape
+
+JITTER = 0.1  # the hold is QUEEN_ADMIT_HOLD_MS x uniform(1 - JITTER, 1 + JITTER)
+DISK_SAMPLE_S = 1.0
+RETRY_AFTER_MAX_S = 5
+
+
+# ------------------------------------------------------------------------------ the budget
+@dataclass(eq=False)
+class _Waiter:
+    size: int
+    future: asyncio.Future[bool]
+
+
+@dataclass(eq=False)
+class ByteBudget:
+    """A FIFO byte semaphore of one event loop (one front worker)."""
+
+    capacity: int
+    available: int = field(init=False)
+    waiting_bytes: int = field(init=False, default=0)
+    _waiters: deque[_Waiter] = field(init=False, default_factory=deque)
+
+    def __post_init__(self) -> None:
+        if self.capacity <= 0:
+            raise ValueError("capacity must be positive")
+        self.available = self.capacity
+
+    @property
+    def in_use(self) -> int:
+        return self.capacity - self.available
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    def clamp(self, size: int) -> int:
+        return max(0, min(size, self.capacity))
+
+    async def acquire(self, size: int, timeout_s: float) -> bool:
+        """Take ``size`` (already clamped) bytes; False if not granted within ``timeout_s``.
+
+        A task cancelled while waiting leaves the queue (or gives back what it was granted).
+        """
+        if size == 0 or (not self._waiters and size <= self.available):
+            self.available -= size
+            return True
+        if timeout_s <= 0:
+            return False
+        loop = asyncio.get_running_loop()
+        waiter = _Waiter(size, loop.create_future())
+        self._waiters.append(waiter)
+        self.waiting_bytes += size
+        # The timer resolves the future on the loop, like a grant does: exactly one of them
+        # wins, with no cancellation race between a grant and the deadline.
+        timer = loop.call_later(timeout_s, self._expire, waiter)
+        try:
+            return await waiter.future
+        except asyncio.CancelledError:
+            if waiter.future.done() and not waiter.future.cancelled() and waiter.future.result():
+                self.release(size)
+            else:
+                self._drop(waiter)
+            raise
+        finally:
+            timer.cancel()
+
+    def release(self, size: int) -> None:
+        self.available += size
+        if self.available > self.capacity:  # a bug; never let the budget grow
+            log.error("admission budget over-released by %d bytes",
+                      self.available - self.capacity)
+            self.available = self.capacity
+        self._grant()
+
+    def retry_after(self) -> int:
+        """Whole seconds 1..5: one, plus one per budget's worth of bytes still queued."""
+        return 1 + min(RETRY_AFTER_MAX_S - 1, self.waiting_bytes // self.capacity)
+
+    def _expire(self, waiter: _Waiter) -> None:
+        if not waiter.future.done():
+            self._drop(waiter)
+            waiter.future.set_result(False)
+
+    def _drop(self, waiter: _Waiter) -> None:
+        try:
+            self._waiters.remove(waiter)
+        except ValueError:
+            return
+        self.waiting_bytes -= waiter.size
+        self._grant()  # it may have been the head that held the others back
+
+    def _grant(self) -> None:
+        while self._waiters and self._waiters[0].size <= self.available:
+            waiter = self._waiters.popleft()
+            self.waiting_bytes -= waiter.size
+            if waiter.future.done():  # its task was cancelled
+                continue
+            self.available -= waiter.size
+            waiter.future.set_result(True)
+
+
+class _Grant:
+    """Permits held by one request; released once, by process_response or the backstop."""
+
+    __slots__ = ("_admission", "_finalizer", "size")
+
+    def __init__(self, admission: Admission, size: int) -> None:
+        self._admission = admission
+        self.size = size
+        self._finalizer: weakref.finalize | None = None
+
+    def guard(self, owner: object) -> None:
+        """Release when ``owner`` is collected without an explicit release."""
+        loop = asyncio.get_running_loop()
+        self._finalizer = weakref.finalize(owner, _release_later, loop, self)
+        self._finalizer.atexit = False
+
+    def release(self) -> None:
+        if self._finalizer is not None:
+            self._finalizer.detach()
+            self._finalizer = None
+        if self.size >= 0:
+            size, self.size = self.size, -1
+            self._admission._released(size)
+
+
+def _release_later(loop: asyncio.AbstractEventLoop, grant: _Grant) -> None:
+    # the finalizer may run from any thread's garbage collection
+    if grant.size >= 0:
+        log.warning("admission permits of %d bytes released by the backstop", grant.size)
+        with contextlib.suppress(RuntimeError):  # the loop is already closed
+            loop.call_soon_threadsafe(grant.release)
+
+
+# ------------------------------------------------------------------------------ the disk
+def _existing(path: Path) -> Path:
+    while not path.exists() and path.parent != path:
+        path = path.parent
+    return path
+
+
+def disk_used_pct(paths: Iterable[Path | str]) -> float:
+    """The highest use (percent, as ``df`` computes it) of the filesystems holding ``paths``;
+    a path that does not exist yet is measured at its nearest existing ancestor."""
+    worst = 0.0
+    for p in paths:
+        st = os.statvfs(_existing(Path(p)))
+        used = (st.f_blocks - st.f_bfree) * st.f_frsize
+        avail = st.f_bavail * st.f_frsize
+        if used + avail > 0:
+            worst = max(worst, 100.0 * used / (used + avail))
+    return worst
+
+
+# ------------------------------------------------------------------------------ middleware
+class Admission:
+    """Falcon ASGI middleware: byte-budget admission and the disk high-water mark.
+
+    ``disk_usage`` returns the percent used of the storage to protect; ``clock`` (monotonic
+    seconds) paces its sampling; ``rng`` draws the hold jitter; ``metrics`` returns the
+    worker's ``Metrics`` (or None before start). All injectable for tests.
+    """
+
+    def __init__(self, budget_bytes: int, hold_ms: int, *, max_body_bytes: int,
+                 disk_high_pct: float, disk_usage: Callable[[], float],
+                 metrics: Callable[[], Metrics | None] = lambda: None,
+                 clock: Callable[[], float] = time.monotonic,
+                 rng: random.Random | None = None) -> None:
+        self.budget = ByteBudget(budget_bytes)
+        self.hold_ms = hold_ms
+        self.max_body_bytes = max_body_bytes
+        self.disk_high_pct = disk_high_pct
+        self._disk_usage = disk_usage
+        self._metrics = metrics
+        self._clock = clock
+        self._rng = rng or random.Random()
+        self._disk_pct = 0.0
+        self._disk_at: float | None = None
+
+    @classmethod
+    def for_worker(cls, worker: FrontWorker) -> Admission:
+        cfg = worker.config
+        paths = [cfg.spool_path]
+        if not cfg.pg_dsn:
+            paths.append(cfg.embedded_pg_path)
+        return cls(cfg.admit_max_mb << 20, cfg.admit_hold_ms,
+                   max_body_bytes=cfg.max_body_mb << 20, disk_high_pct=cfg.disk_high_pct,
+                   disk_usage=lambda: disk_used_pct(paths), metrics=lambda: worker.metrics)
+
+    # --- sizing and timing
+    def cost(self, content_length: int | None) -> int:
+        if content_length is None:
+            return self.budget.clamp(self.max_body_bytes)
+        if content_length > self.max_body_bytes:
+            return 0  # read_body answers 413 before reading a byte
+        return self.budget.clamp(content_length)
+
+    def hold_s(self) -> float:
+        return self.hold_ms / 1000 * self._rng.uniform(1 - JITTER, 1 + JITTER)
+
+    def disk_pct(self) -> float:
+        """The sampled disk use, refreshed at most every DISK_SAMPLE_S."""
+        now = self._clock()
+        if self._disk_at is None or now - self._disk_at >= DISK_SAMPLE_S:
+            try:
+                self._disk_pct = float(self._disk_usage())
+            except OSError as ex:  # cannot measure: do not refuse writes for it
+                log.warning("disk usage not measurable: %s", ex)
+                self._disk_pct = 0.0
+            self._disk_at = now
+        return self._disk_pct
+
+    # --- falcon hooks
+    async def process_request(self, req: falcon.asgi.Request,
+                              resp: falcon.asgi.Response) -> None:
+        if req.method != "POST" or req.path not in ADMITTED_PATHS:
+            return
+        # a 429/507 raised here happens before routing; label it with its route anyway
+        req.uri_template = req.path
+        self._check_disk(req)
+        size = self.cost(req.content_length)
+        if not await self.budget.acquire(size, self.hold_s()):
+            self._reject(req, self._overloaded())
+        if size:
+            grant = _Grant(self, size)
+            req.context.admission = grant
+            grant.guard(req.context)
+            self._gauge()
+        self._check_disk(req)  # it may have filled while we waited (sampled: cheap)
+
+    async def process_response(self, req: falcon.asgi.Request, resp: falcon.asgi.Response,
+                               resource: object, req_succeeded: bool) -> None:
+        grant: _Grant | None = getattr(req.context, "admission", None)
+        if grant is not None:
+            req.context.admission = None
+            grant.release()
+
+    # --- helpers
+    def _released(self, size: int) -> None:
+        self.budget.release(size)
+        self._gauge()
+
+    def _check_disk(self, req: falcon.asgi.Request) -> None:
+        if req.path not in DISK_CHECKED_PATHS:
+            return
+        pct = self.disk_pct()
+        if pct > self.disk_high_pct:
+            self._reject(req, StorageFull(
+                f"storage is {pct:.1f}% used, above the {self.disk_high_pct:g}% high-water "
+                "mark (QUEEN_DISK_HIGH_PCT); nothing was written"))
+
+    def _overloaded(self) -> ApiError:
+        seconds = self.budget.retry_after()
+        return Overloaded(
+            f"admission budget of this worker stayed full for {self.hold_ms} ms; nothing "
+            f"happened, retry after {seconds} s", headers={"Retry-After": str(seconds)},
+            retryAfter=seconds)
+
+    def _reject(self, req: falcon.asgi.Request, err: ApiError) -> None:
+        metrics = self._metrics()
+        if metrics is not None:
+            metrics.admission_rejected.labels(err.code).inc()
+        raise kv_error(err) if req.path in _KV_SHAPED else err
+
+    def _gauge(self) -> None:
+        metrics = self._metrics()
+        if metrics is not None:
+            metrics.admission_bytes.set(self.budget.in_use)
