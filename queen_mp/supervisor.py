@@ -23,12 +23,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from queen_mp.config import Config
 from queen_mp.db.embedded import EmbeddedPostgres
 from queen_mp.db.migrations import apply_migrations
 from queen_mp.ipc import layout
 from queen_mp.ipc.heartbeat import HeartbeatBoard
+from queen_mp.metrics import Metrics
 from queen_mp.runtime import Runtime
 
 __all__ = ["EXIT_BOOT_ERROR", "EXIT_FRONT_DIED", "EXIT_OK", "HaltServer", "Supervisor",
@@ -83,6 +85,7 @@ class Supervisor:
     front: subprocess.Popen[bytes] | None = None
     board: HeartbeatBoard | None = None
     stopping: bool = False
+    _metrics: Metrics | None = None
 
     # ------------------------------------------------------------------ signals
     def signal(self, sig: int, frame: FrameType | None) -> None:
@@ -181,6 +184,12 @@ class Supervisor:
         self.reap()
 
     # ------------------------------------------------------------------ verbs
+    def _restarts(self) -> Any:
+        """The shard restart counter (made on first use: after PROMETHEUS_MULTIPROC_DIR)."""
+        if self._metrics is None:
+            self._metrics = Metrics(self.config.instance_name)
+        return self._metrics.shard_restarts
+
     def reap(self) -> None:
         """Restart dead shards; a dead gunicorn master stops the server."""
         from queen_mp.metrics import mark_process_dead
@@ -200,6 +209,7 @@ class Supervisor:
                 raise HaltServer(f"shard {shard.index} keeps dying at boot (exit {code})")
             log.warning("shard %d (pid %d) exited with %s after %.1fs; restarting",
                         shard.index, shard.proc.pid, code, lived)
+            self._restarts().inc()
             self.spawn_shard(shard)
         if self.front is not None and self.front.poll() is not None and not self.stopping:
             raise HaltServer(f"gunicorn exited with {self.front.returncode}", EXIT_FRONT_DIED)

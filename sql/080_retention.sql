@@ -7,6 +7,7 @@
 --   queen.retention_partition_v1(int8, int4) -> jsonb
 --       one bounded step on one partition: old segments, old sidecar rows, log starts
 --   queen.lease_reclaim_v1(int4) -> int4
+--   queen.dlq_depth_v1() -> (queue_name, depth): dead letters per queue, for the gauge
 --       clears expired leases (the pop already treats them as free; this keeps the lease
 --       index small and the consumer-group views honest)
 --
@@ -179,4 +180,18 @@ AS $$
         RETURNING 1
     )
     SELECT count(*)::int4 FROM cleared
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- dlq_depth_v1: dead-letter rows per queue (the queen_dlq_depth gauge, set by housekeeping).
+-- Reads only; one pass over the queue_id index of log_dlq.
+-- ---------------------------------------------------------------------------------------------
+CREATE FUNCTION queen.dlq_depth_v1()
+RETURNS TABLE (queue_name text, depth int8)
+LANGUAGE sql STABLE
+AS $$
+    SELECT q.name::text, count(*)
+    FROM queen.log_dlq d
+    JOIN queen.queues q ON q.id = d.queue_id
+    GROUP BY q.name
 $$;

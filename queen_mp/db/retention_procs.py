@@ -6,7 +6,7 @@ from typing import Any
 
 import psycopg
 
-__all__ = ["reclaim_leases", "retention_candidates", "retention_step"]
+__all__ = ["dlq_depth", "reclaim_leases", "retention_candidates", "retention_step"]
 
 Conn = psycopg.AsyncConnection[Any]
 
@@ -31,3 +31,8 @@ async def reclaim_leases(conn: Conn, limit: int) -> int:
     row = await cur.fetchone()
     assert row is not None
     return int(row[0])
+
+
+async def dlq_depth(conn: Conn) -> dict[str, int]:
+    cur = await conn.execute("SELECT * FROM queen.dlq_depth_v1()")
+    return {name: int(n) for name, n in await cur.fetchall()}

@@ -1,5 +1,6 @@
 """Housekeeping of one shard: time retention of segments, the transactionId sidecar's own
-clock, expired leases and expired KV keys (api.md 4; issue "Operations").
+clock, expired leases and expired KV keys (api.md 4; issue "Operations"), and the DLQ depth
+gauge.
 
 Every shard runs one, each taking the partitions ``id % shards == index``, so the work is split
 without coordination. Every step is its own short transaction on one partition (one partition
@@ -17,6 +18,7 @@ import psycopg
 
 from queen_mp.db import kv_procs, retention_procs
 from queen_mp.db.errors import DatabaseError
+from queen_mp.metrics import Metrics
 
 __all__ = ["Housekeeping"]
 
@@ -28,8 +30,10 @@ _PARTITIONS_PER_QUERY = 200
 
 class Housekeeping:
     def __init__(self, dsn: str, *, shards: int, index: int, every_s: float,
-                 name: str) -> None:
+                 name: str, metrics: Metrics | None = None) -> None:
         self.dsn = dsn
+        self.metrics = metrics
+        self._dlq_queues: set[str] = set()
         self.shards = shards
         self.index = index
         self.every_s = every_s
@@ -73,6 +77,13 @@ class Housekeeping:
                 done["kv"] += n
                 if n < _BATCH:
                     break
+            if self.metrics is not None:
+                depth = await retention_procs.dlq_depth(conn)
+                for queue in self._dlq_queues - depth.keys():
+                    self.metrics.dlq_depth.labels(queue).set(0)
+                for queue, n in depth.items():
+                    self.metrics.dlq_depth.labels(queue).set(n)
+                self._dlq_queues = set(depth)
         if any(done.values()):
             log.info("housekeeping removed segments=%d txns=%d leases=%d kv=%d",
                      done["segments"], done["txns"], done["leases"], done["kv"])

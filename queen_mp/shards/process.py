@@ -87,7 +87,8 @@ class Shard:
                               name=f"queen-mp shard {index} acks", metrics=self.metrics)
         self.housekeeping = Housekeeping(config.pg_dsn, shards=runtime.shards, index=index,
                                          every_s=config.housekeeping_s,
-                                         name=f"queen-mp shard {index} housekeeping")
+                                         name=f"queen-mp shard {index} housekeeping",
+                                         metrics=self.metrics)
         self.timers = TimerFirer(config.pg_dsn, self.wake_pops,
                                  name=f"queen-mp shard {index} timers",
                                  retention_s=config.timer_fired_retention_s,
