@@ -16,16 +16,19 @@ import falcon.asgi
 import falcon.media
 import orjson
 
+from queen_mp.auth import Verifier
 from queen_mp.config import Config
 from queen_mp.http import errors, groups, resources
 from queen_mp.http.ack import AckBatchResource, AckResource
 from queen_mp.http.admission import Admission
+from queen_mp.http.authz import Authz
 from queen_mp.http.configure import ConfigureResource
-from queen_mp.http.dlq import DlqResource, MessageResource, RetryResource
+from queen_mp.http.dlq import DlqResource, RetryResource
 from queen_mp.http.errors import JSON_UTF8
 from queen_mp.http.health import HealthResource
 from queen_mp.http.kv import KvResource
 from queen_mp.http.leases import LeaseExtendResource
+from queen_mp.http.messages import MessageResource, MessagesResource, QueueMessagesResource
 from queen_mp.http.metrics import MetricsJsonResource, PrometheusResource
 from queen_mp.http.pop import PopResource
 from queen_mp.http.push import PushResource
@@ -88,12 +91,38 @@ def _json_handlers() -> falcon.media.Handlers:
     return falcon.media.Handlers({falcon.MEDIA_JSON: json, JSON_UTF8: json})
 
 
+_HTTP_VERSIONS = frozenset({"1.0", "1.1", "2", "3"})  # falcon's _validate_asgi_scope
+
+
+class App(falcon.asgi.App):
+    """falcon's ASGI app, answering 400 to an HTTP version that falcon would raise on.
+
+    uvicorn's h11 passes any ``HTTP/d.d`` request line; falcon raises UnsupportedError for a
+    version other than 1.0, 1.1, 2, 3 before any handler runs, and uvicorn answers that with
+    a bare 500 (found by tests/fuzz)."""
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        version = scope.get("http_version", "1.1")
+        if scope["type"] != "http" or version in _HTTP_VERSIONS:
+            await super().__call__(scope, receive, send)
+            return
+        err = errors.InvalidRequest(f"HTTP/{version} is not supported (HTTP/1.0 or 1.1)")
+        await send({"type": "http.response.start", "status": err.status,
+                    "headers": [(b"content-type", JSON_UTF8.encode()),
+                                (b"access-control-allow-origin", b"*")]})
+        await send({"type": "http.response.body", "body": orjson.dumps(err.to_dict())})
+
+
 def create_app(config: Config, runtime: Runtime, worker: FrontWorker | None = None
                ) -> falcon.asgi.App:
     worker = worker or FrontWorker(config, runtime)
-    app = falcon.asgi.App(media_type=JSON_UTF8,
-                          middleware=[Lifespan(worker), EdgeMiddleware(worker),
-                                      Admission.for_worker(worker)])
+    # NOTE(auth): right after the edge (OPTIONS, CORS) and before admission, so a request
+    # refused 401/403 never takes admission permits nor reads its body.
+    authz = Authz(Verifier.from_config(config))
+    app = App(media_type=JSON_UTF8,
+              middleware=[Lifespan(worker), EdgeMiddleware(worker), authz,
+                          Admission.for_worker(worker)])
+    authz.bind(app)
     app.req_options.media_handlers = _json_handlers()
     app.resp_options.media_handlers = _json_handlers()
     app.req_options.strip_url_path_trailing_slash = True
@@ -133,6 +162,9 @@ def create_app(config: Config, runtime: Runtime, worker: FrontWorker | None = No
     app.add_route("/api/v1/dlq", DlqResource(worker))
     # NOTE(dlq): plain {transaction_id}: a path converter cannot be followed by /retry, and
     # the two templates must agree at that level (so a transactionId with '/' is unroutable).
+    app.add_route("/api/v1/messages", MessagesResource(worker))
+    # NOTE(messages): one resource per template: messages.MessageResource is the DLQ delete
+    # (dlq.MessageResource) plus the GET of api.md 2.9.
     app.add_route("/api/v1/messages/{partition_id}/{transaction_id}", MessageResource(worker))
     app.add_route("/api/v1/messages/{partition_id}/{transaction_id}/retry",
                   RetryResource(worker))
@@ -147,6 +179,7 @@ def create_app(config: Config, runtime: Runtime, worker: FrontWorker | None = No
     app.add_route("/api/v1/status", resources.StatusResource(worker))
     app.add_route("/api/v1/status/queues", resources.StatusQueuesResource(worker))
     app.add_route("/api/v1/status/queues/{queue}", resources.StatusQueueResource(worker))
+    app.add_route("/api/v1/status/queues/{queue}/messages", QueueMessagesResource(worker))
     app.add_route("/api/v1/status/analytics", resources.AnalyticsResource(worker))
     app.add_route("/api/v1/stats/refresh", resources.StatsRefreshResource(worker))
     app.add_route("/api/v1/system/maintenance", MaintenanceResource(worker))

@@ -40,6 +40,11 @@ def serve(**options: Any) -> None:
     """Run the broker: embedded PostgreSQL when no DSN, migrations, shards, front workers."""
     try:
         config = Config.load(overrides=options)
+        # the keys are read (and checked) here too, so a bad one stops the start at once
+        # instead of every front worker failing at boot
+        from queen_mp.auth import Verifier
+
+        Verifier.from_config(config)
     except ConfigError as ex:
         raise click.UsageError(str(ex)) from ex
     configure_logging(config.log_level)

@@ -177,14 +177,20 @@ SETTINGS: tuple[Setting, ...] = (
     _s("QUEEN_ADMIT_HOLD_MS", int, 15000,
        "How long a write request may wait for admission before 429.", minimum=0),
     # --- authentication
-    _s("QUEEN_JWT_ENABLED", bool, False, "Require a JWT bearer token on the API."),
-    _s("QUEEN_JWT_SECRET", str, "", "HS256 shared secret.", secret=True),
-    _s("QUEEN_JWT_ALGORITHMS", str, "HS256", "Accepted algorithms, comma separated."),
-    _s("QUEEN_JWT_PUBLIC_KEY_FILE", str, "", "PEM public key for RS256/EdDSA."),
-    _s("QUEEN_JWT_JWKS_FILE", str, "", "JWKS file of public keys."),
+    _s("QUEEN_JWT_ENABLED", bool, False,
+       "Require a JWT bearer token on the API (all but /health, /metrics*, OPTIONS)."),
+    _s("QUEEN_JWT_SECRET", str, "", "HMAC (HS256/384/512) shared secret.", secret=True),
+    _s("QUEEN_JWT_ALGORITHMS", str, "HS256",
+       "Accepted token algorithms, comma separated (HS*, RS*, PS*, ES*, EdDSA)."),
+    _s("QUEEN_JWT_PUBLIC_KEY_FILE", str, "",
+       "PEM public key for RS*/PS*/ES*/EdDSA tokens."),
+    _s("QUEEN_JWT_JWKS_FILE", str, "",
+       "JWKS file of public keys; a token's kid picks one."),
     _s("QUEEN_JWT_ISSUER", str, "", "Required issuer (iss), if set."),
-    _s("QUEEN_JWT_AUDIENCE", str, "", "Required audience (aud), if set."),
-    _s("QUEEN_JWT_TENANT_CLAIM", str, "tenant", "Claim naming the tenant."),
+    _s("QUEEN_JWT_AUDIENCE", str, "",
+       "Required audience (aud), if set; comma separated = any one of them."),
+    _s("QUEEN_JWT_TENANT_CLAIM", str, "tenant",
+       "Claim naming the tenant: UUID text as is, other text -> uuid5; absent = default."),
 )
 
 _BY_ATTR = {s.attr: s for s in SETTINGS}

@@ -23,7 +23,7 @@ from queen_mp.ipc.routing import push_shard
 from queen_mp.ipc.shardlink import ShardGone, ShardLink
 from queen_mp.queueflags import QueueFlags
 from queen_mp.spool import SpoolItem, SpoolWriteError, SpoolWriter
-from queen_mp.wire.frames import iter_frames, pack_frame
+from queen_mp.wire.frames import FLAG_ENCRYPTED, Frame, iter_frames, pack_frame
 from queen_mp.wire.hashing import txn_hash
 from queen_mp.wire.ids import uuid_text
 from queen_mp.wire.records import Piece, PushGroup, PushVerdict
@@ -34,7 +34,9 @@ __all__ = [
     "Ingest",
     "ItemResult",
     "PushItem",
+    "json_item",
     "pieces_of",
+    "stamped_item",
 ]
 
 log = logging.getLogger("queen_mp.ingest")
@@ -53,6 +55,7 @@ class PushItem:
     frame: bytes | memoryview          # the stored frame of api.md 3.1
     trace_id: bytes | None = None
     chunk: int = -1                    # index into the request's client chunks, -1 if none
+    producer_sub: str | None = None    # stamped from the token's sub (api.md 1.5), in the frame
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,7 +184,7 @@ class Ingest:
                              partition=items[i].partition, message_id=items[i].message_id,
                              transaction_id=items[i].transaction_id,
                              trace_id=items[i].trace_id, payload=bytes(items[i].frame),
-                             producer_sub=None).encode() for i in idx]
+                             producer_sub=items[i].producer_sub).encode() for i in idx]
         try:
             # NOTE(queen): append fsyncs; off the event loop so other requests go on.
             await asyncio.to_thread(self.spool.append, records)
@@ -238,9 +241,29 @@ def pieces_of(items: Sequence[PushItem], idx: list[int],
 
 
 def json_item(queue: str, partition: str, transaction_id: str | None, payload: bytes,
-              trace_id: bytes | None, message_id: bytes) -> PushItem:
-    """Frame a JSON (or plain QPB1) item; its transactionId defaults to its id text."""
+              trace_id: bytes | None, message_id: bytes, producer_sub: str | None = None
+              ) -> PushItem:
+    """Frame a JSON (or plain QPB1) item; its transactionId defaults to its id text.
+
+    ``producer_sub`` is the caller's token subject (flag 2), never a value from the body.
+    """
     txn = transaction_id or uuid_text(message_id)
-    frame = pack_frame(message_id, txn.encode(), payload, trace_id=trace_id)
-    return PushItem(queue, partition, txn, message_id, frame, trace_id)
+    frame = pack_frame(message_id, txn.encode(), payload, trace_id=trace_id,
+                       producer_sub=producer_sub)
+    return PushItem(queue, partition, txn, message_id, frame, trace_id,
+                    producer_sub=producer_sub)
+
+
+def stamped_item(queue: str, partition: str, f: Frame, producer_sub: str) -> PushItem:
+    """A client frame (QPB1/QTB1 frames mode) re-framed with the caller's producerSub.
+
+    The item belongs to no client chunk: the chunk's content changes, so the shard packs the
+    new frames into a chunk of its own (api.md 3.2). A client frame never carries flag 2
+    (the parsers refuse it), so the stamp cannot be forged, only added.
+    """
+    frame = pack_frame(f.message_id, bytes(f.transaction_id_bytes), f.payload,
+                       trace_id=f.trace_id, producer_sub=producer_sub,
+                       encrypted=bool(f.flags & FLAG_ENCRYPTED))
+    return PushItem(queue, partition, f.transaction_id, f.message_id, frame, f.trace_id,
+                    producer_sub=producer_sub)
 

@@ -57,7 +57,10 @@ A JSON ``null`` in an optional field reads as "not given", except in ``expect``.
 from __future__ import annotations
 
 import re
+import reprlib
 from typing import Any
+
+import orjson
 
 from queen_mp.http.errors import ApiError, InvalidName, InvalidRequest, NameTooLong
 
@@ -173,13 +176,45 @@ def _expect(op: dict[str, Any], index: int) -> int | None:
     return _int(op, "expect", index, "kv_bad_expect", low=0, high=_INT64_MAX)
 
 
+def _value(value: Any, index: int) -> Any:
+    """A value orjson can write (nesting up to 254 levels, integers within 64 bits: the
+    transaction body reads big integers exactly) and jsonb can store (no NUL in a string)."""
+    try:
+        text = orjson.dumps(value)
+    except orjson.JSONEncodeError:
+        raise _bad("kv_bad_request", f"op at index {index}: value nested over 254 levels or "
+                   "holding an integer beyond 64 bits", index, "value") from None
+    # PERF(kv): walk the value only when its JSON text may hold an escaped NUL.
+    if b"\\u0000" in text and _holds_nul(value):
+        raise _bad("kv_bad_request", f"op at index {index}: value holds a NUL character "
+                   "(\\u0000), which PostgreSQL jsonb refuses", index, "value")
+    return value
+
+
+def _holds_nul(value: Any) -> bool:
+    todo = [value]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, str):
+            if "\x00" in v:
+                return True
+        elif isinstance(v, dict):
+            todo.extend(v.keys())
+            todo.extend(v.values())
+        elif isinstance(v, list):
+            todo.extend(v)
+    return False
+
+
 def _parse_one(op: Any, index: int, in_transaction: bool) -> dict[str, Any]:
     if not isinstance(op, dict):
         raise _bad("kv_bad_request", f"op at index {index} is not an object", index)
     kind = op.get("op")
     if not isinstance(kind, str) or kind not in _KINDS:
-        raise _bad("kv_unknown_op", f"op at index {index}: unknown operation {kind!r} (one of "
-                   + ", ".join(sorted(_KINDS)) + ")", index, "op")
+        # NOTE(kv): reprlib bounds depth and size; repr() of a deep array is a RecursionError
+        raise _bad("kv_unknown_op", f"op at index {index}: unknown operation "
+                   f"{reprlib.repr(kind)} (one of " + ", ".join(sorted(_KINDS)) + ")", index,
+                   "op")
     ns = _field(op, "ns", index, limit=MAX_KV_NS_BYTES, kind="ns")
 
     if kind == "getMany":
@@ -201,9 +236,9 @@ def _parse_one(op: Any, index: int, in_transaction: bool) -> dict[str, Any]:
         prefix = _field(op, "prefix", index, limit=MAX_KV_KEY_BYTES, kind="key",
                         allow_empty=True)
         after = op.get("after")
-        if after is not None and not isinstance(after, str):
-            raise _bad("kv_bad_request", f"op at index {index}: after must be a string", index,
-                       "after")
+        if after is not None and (not isinstance(after, str) or "\x00" in after):
+            raise _bad("kv_bad_request", f"op at index {index}: after must be a string "
+                       "without NUL", index, "after")
         limit = op.get("limit", DEFAULT_PREFIX_LIMIT)
         if limit is None:
             limit = DEFAULT_PREFIX_LIMIT
@@ -222,7 +257,7 @@ def _parse_one(op: Any, index: int, in_transaction: bool) -> dict[str, Any]:
         if "value" not in op:
             raise _bad("kv_bad_request", f"op at index {index}: {kind} needs a value "
                        "(null is a legal value, an absent one is not)", index, "value")
-        out["value"] = op["value"]
+        out["value"] = _value(op["value"], index)
     if kind in _EXPIRING:
         out["ttlSeconds"] = _ttl(op, index)
     if kind in ("put", "delete", "check"):

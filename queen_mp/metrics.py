@@ -25,6 +25,13 @@ class Metrics:
 
         self.instance = instance
         kw: dict[str, Any] = {"registry": None}
+        # NOTE(queen): an info metric: join on it to tell instances apart beyond the scrape
+        # target (several instances behind one address, or a renamed host).
+        self.instance_info = Gauge(
+            "queen_instance_info", "This broker instance: its QUEEN_INSTANCE_ID and version.",
+            ["instance_id", "version"], multiprocess_mode="max", **kw)
+        from queen_mp import __version__
+        self.instance_info.labels(instance, __version__).set(1)
         self.http_requests = Counter(
             "queen_http_requests", "HTTP requests answered, by route template and status.",
             ["route", "status"], **kw)

@@ -73,8 +73,11 @@ class Popper:
         claim_until = deadline - min(_MAX_MARGIN_S, budget / 4)
         wait = r.wait and r.timeout_ms > 0
         bucket = bucket_of(r.tenant, r.queue) if r.queue is not None else None
+        # NOTE(auth): the tenant is part of the key, so a woken waiter of another tenant (same
+        # namespace, or a bucket collision) cannot take the baton and leave ours asleep.
         key = ParkKey(bucket, r.group,
-                      r.partition if r.queue is not None else (r.namespace, r.task))
+                      (r.tenant, r.partition) if r.queue is not None
+                      else (r.tenant, r.namespace, r.task))
         woken = False
         while True:
             claim_s = claim_until - time.monotonic()

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import reprlib
 from typing import Any, ClassVar
 
 import orjson
@@ -226,7 +227,7 @@ def _parse_op(i: int, raw: Any, max_decompressed: int) -> dict[str, Any]:
             raise _bad(i, f"'{name}' is set by the server", "server_owned_field", name)
     kind = raw.get("op")
     if kind not in OPS:
-        what = "missing" if kind is None else repr(kind)
+        what = "missing" if kind is None else reprlib.repr(kind)
         raise _bad(i, f"'op' {what}: must be schedule, reschedule or cancel", "unknown_op",
                    "op")
     queue = raw.get("queue")
@@ -269,9 +270,12 @@ def parse_timer_ops(raw: Any, *, max_decompressed: int = DEFAULT_MAX_DECOMPRESSE
     return [_parse_op(i, op, max_decompressed) for i, op in enumerate(raw)]
 
 
-def mint(ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def mint(ops: list[dict[str, Any]], producer_sub: str | None = None
+         ) -> list[dict[str, Any]]:
     """Copies of ``ops`` with ``messageId`` (UUIDv7 text) and a default ``txn`` filled in on
-    schedule / reschedule ops (cancel ops are copied unchanged)."""
+    schedule / reschedule ops (cancel ops are copied unchanged); with ``producer_sub`` (the
+    scheduling request's token subject) those also get ``producerSub``, which the timer's
+    message carries when it fires (a client cannot send it: ``SERVER_OWNED``)."""
     writes = sum(1 for op in ops if op["op"] != "cancel")
     ids = iter(uuid7_many(writes))
     out: list[dict[str, Any]] = []
@@ -282,6 +286,8 @@ def mint(ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
             op["messageId"] = mid
             if not op.get("txn"):
                 op["txn"] = mid
+            if producer_sub is not None:
+                op["producerSub"] = producer_sub
         out.append(op)
     return out
 

@@ -36,7 +36,7 @@ from queen_mp.http.items import (
     parse_ack_item,
     parse_json_item,
 )
-from queen_mp.ingest import ClientChunk, Ingest, PushItem, pieces_of
+from queen_mp.ingest import ClientChunk, Ingest, PushItem, pieces_of, stamped_item
 from queen_mp.kv import parse_kv_ops
 from queen_mp.timers import mint, parse_timer_ops, queues_to_provision
 from queen_mp.wire.binary_push import read_frame_groups
@@ -69,7 +69,7 @@ class TxnPlan:
         return len(self.kinds)
 
 
-def _riders(plan: TxnPlan, doc: dict[str, Any]) -> None:
+def _riders(plan: TxnPlan, doc: dict[str, Any], producer_sub: str | None) -> None:
     """requiredLeases, kv and timers: the top-level arrays beside ``operations``."""
     required = doc.get("requiredLeases") or []
     if not isinstance(required, list) or not all(isinstance(x, str) for x in required):
@@ -91,7 +91,7 @@ def _riders(plan: TxnPlan, doc: dict[str, Any]) -> None:
             plan.kv = parse_kv_ops(doc["kv"], in_transaction=True)
     if doc.get("timers"):
         with _flat_index(plan.n_ops + len(plan.kv)):
-            plan.timers = mint(parse_timer_ops(doc["timers"]))
+            plan.timers = mint(parse_timer_ops(doc["timers"]), producer_sub)
 
 
 @contextlib.contextmanager
@@ -108,7 +108,8 @@ def _flat_index(offset: int) -> Iterator[None]:
         raise
 
 
-def _operations(plan: TxnPlan, ops: Any, *, pushes_allowed: bool) -> None:
+def _operations(plan: TxnPlan, ops: Any, *, pushes_allowed: bool,
+                producer_sub: str | None) -> None:
     if ops is None:
         return
     if not isinstance(ops, list):
@@ -127,7 +128,7 @@ def _operations(plan: TxnPlan, ops: Any, *, pushes_allowed: bool) -> None:
                                      index=k, field="items")
             for it in items:
                 flat = plan.n_ops
-                plan.pushes.append(parse_json_item(it, flat))
+                plan.pushes.append(parse_json_item(it, flat, producer_sub))
                 plan.push_flat.append(flat)
                 plan.kinds.append("push")
         elif kind == "ack":
@@ -147,7 +148,9 @@ def _check_not_empty(plan: TxnPlan) -> None:
                              field="operations")
 
 
-def parse_json(body: bytes) -> TxnPlan:
+def parse_json(body: bytes, producer_sub: str | None = None) -> TxnPlan:
+    """A JSON transaction body; ``producer_sub`` (the token's sub) is stamped on its pushes
+    and scheduled timers."""
     try:
         doc = loads_json(body) if body else None
     except (orjson.JSONDecodeError, ValueError) as ex:
@@ -155,14 +158,17 @@ def parse_json(body: bytes) -> TxnPlan:
     if not isinstance(doc, dict):
         raise InvalidRequest("body must be an object with operations, kv or timers")
     plan = TxnPlan()
-    _operations(plan, doc.get("operations"), pushes_allowed=True)
-    _riders(plan, doc)
+    _operations(plan, doc.get("operations"), pushes_allowed=True, producer_sub=producer_sub)
+    _riders(plan, doc, producer_sub)
     _check_not_empty(plan)
     return plan
 
 
-def parse_qtb1(body: bytes, max_decompressed: int) -> TxnPlan:
-    """api.md 3.6: magic, flags 0, the JSON head (no pushes), then QPB1 frame groups."""
+def parse_qtb1(body: bytes, max_decompressed: int, producer_sub: str | None = None
+               ) -> TxnPlan:
+    """api.md 3.6: magic, flags 0, the JSON head (no pushes), then QPB1 frame groups.
+
+    With ``producer_sub`` every frame is stamped and its group's client chunk rebuilt."""
     if len(body) < 9:
         raise BadFrame("QTB1 body truncated", field="head_len")
     flags = body[4]
@@ -181,18 +187,24 @@ def parse_qtb1(body: bytes, max_decompressed: int) -> TxnPlan:
     if not isinstance(head, dict):
         raise InvalidRequest("QTB1 head must be a JSON object")
     plan = TxnPlan()
-    _operations(plan, head.get("operations"), pushes_allowed=False)
+    _operations(plan, head.get("operations"), pushes_allowed=False, producer_sub=producer_sub)
     groups, _ = read_frame_groups(body, head_end, max_items=MAX_ITEMS,
                                   max_decompressed=max_decompressed, first_index=plan.n_ops)
     for group in groups:
         partition = group.partition or DEFAULT_PARTITION
+        if producer_sub is not None:
+            for f in group.frames:
+                plan.push_flat.append(plan.n_ops)
+                plan.kinds.append("push")
+                plan.pushes.append(stamped_item(group.queue, partition, f, producer_sub))
+            continue
         plan.chunks.append(ClientChunk(group.chunk, len(plan.pushes), group.count))
         for f in group.frames:
             plan.push_flat.append(plan.n_ops)
             plan.kinds.append("push")
             plan.pushes.append(PushItem(group.queue, partition, f.transaction_id, f.message_id,
                                         f.raw, f.trace_id, chunk=len(plan.chunks) - 1))
-    _riders(plan, head)
+    _riders(plan, head, producer_sub)
     _check_not_empty(plan)
     return plan
 

@@ -4,7 +4,9 @@
 worker after an ack released a lease). It bumps the instance's shared wake board at once and,
 when other instances may be listening, sends the buckets in one batched ``NOTIFY`` per tick.
 ``WakeListener`` runs in each front worker: it ``LISTEN``s and bumps the local board for wakes
-of other instances, so parked pops see one source of truth, the board.
+of other instances, so parked pops see one source of truth, the board. It reconnects by itself
+(a restart or a failover of PostgreSQL: a multi-host DSN finds the new primary) and, since
+wakes sent meanwhile are lost, then bumps every bucket once.
 
 The same listener connection (one per front worker) also keeps the flags board
 (``queen_mp/ipc/flags.py``) in step with ``queen.system_settings``: it ``LISTEN``s on
@@ -24,7 +26,9 @@ from typing import Any
 
 import orjson
 import psycopg
+from psycopg import sql
 
+from queen_mp.db.pooled import quiet
 from queen_mp.ipc.flags import FlagsBoard
 from queen_mp.ipc.wakeboard import WAKE_BUCKETS, WakeBoard
 
@@ -101,9 +105,15 @@ class Waker:
                 size += len(text) + 1
             payload = f"{self.instance}:{','.join(batch)}"
             try:
-                if self._conn is None or self._conn.closed:
+                if self._conn is not None and not quiet(self._conn):
+                    # NOTE(queen): closed by the server while idle (restart, failover); a
+                    # NOTIFY sent on it would fail and lose this batch.
+                    await self._conn.close()
+                    self._conn = None
+                if self._conn is None:
                     self._conn = await psycopg.AsyncConnection.connect(
-                        self.dsn, autocommit=True, application_name="queen-mp waker")
+                        self.dsn, autocommit=True, connect_timeout=_CONNECT_TIMEOUT_S,
+                        application_name="queen-mp waker")
                 await self._conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, payload))
             except psycopg.Error as ex:
                 # NOTE(queen): best effort; another instance's parked pop still wakes at its
@@ -121,6 +131,11 @@ class Waker:
                 await self._task
         if self._conn is not None:
             await self._conn.close()
+
+
+def _listen(channel: str) -> sql.Composed:
+    """``LISTEN`` takes no parameter: the channel is quoted as an identifier, never pasted."""
+    return sql.SQL("LISTEN {}").format(sql.Identifier(channel))
 
 
 class WakeListener:
@@ -143,18 +158,25 @@ class WakeListener:
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def _run(self) -> None:
+        connected_before = False
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(
                         self.dsn, autocommit=True, connect_timeout=_CONNECT_TIMEOUT_S,
                         application_name="queen-mp wake listener") as conn:
                     if self.wake:
-                        await conn.execute(f"LISTEN {CHANNEL}")
+                        await conn.execute(_listen(CHANNEL))
+                        if connected_before and self.board is not None:
+                            # NOTE(queen): wakes sent while we were disconnected (a failover,
+                            # a restart of PostgreSQL) are lost: every parked pop of this
+                            # instance looks once more.
+                            self.board.bump(list(range(WAKE_BUCKETS)))
+                    connected_before = True
                     if self.flags is None:
                         async for note in conn.notifies():
                             self._dispatch(note.channel, note.payload)
                         continue
-                    await conn.execute(f"LISTEN {SETTINGS_CHANNEL}")
+                    await conn.execute(_listen(SETTINGS_CHANNEL))
                     # NOTE(queen): after LISTEN, so a change committed from now on is either in
                     # this read or notified; what happened while disconnected is in the read.
                     await self._reread(conn)

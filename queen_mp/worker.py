@@ -20,6 +20,7 @@ from psycopg_pool import AsyncConnectionPool
 from queen_mp.acks import Acker
 from queen_mp.config import Config
 from queen_mp.crypto import PayloadCipher
+from queen_mp.db.pooled import failover_pool
 from queen_mp.delivery import Claim
 from queen_mp.ingest import Ingest, ItemResult
 from queen_mp.ipc.flags import FlagsBoard
@@ -37,7 +38,6 @@ from queen_mp.spool import SpoolWriter
 from queen_mp.spool._drain import Drainer
 from queen_mp.transactions import Transactions
 from queen_mp.wakeup import WakeListener, Waker
-from queen_mp.wire.ids import ZERO_UUID
 from queen_mp.wire.records import LeaseGrant
 
 __all__ = ["SHARD_STALE_MS", "FrontWorker"]
@@ -59,9 +59,8 @@ class FrontWorker:
         self.slot = -1
         self.generation = 0
         self.metrics: Metrics | None = None
-        self.pool: AsyncConnectionPool = AsyncConnectionPool(
-            config.pg_dsn, min_size=1, max_size=config.pg_pool_size, open=False, timeout=5.0,
-            kwargs={"autocommit": True}, name=f"front-{os.getpid()}")
+        self.pool: AsyncConnectionPool = failover_pool(
+            config.pg_dsn, max_size=config.pg_pool_size, name=f"front-{os.getpid()}")
         self.link: ShardLink | None = None
         self.spool: SpoolWriter | None = None
         self._ingest: Ingest | None = None
@@ -171,12 +170,13 @@ class FrontWorker:
         assert self._popper is not None, "front worker not started"
         return self._popper
 
-    def after_acks(self, results: list[dict[str, Any]]) -> None:
-        """Count what acks consumed; wake pops parked on queues where a lease was released."""
+    def after_acks(self, tenant: bytes, results: list[dict[str, Any]]) -> None:
+        """Count what acks consumed; wake pops parked on the caller's (``tenant``) queues
+        where a lease was released."""
         if self.metrics is not None:
             self.metrics.messages_acked.inc(sum(int(r.get("acked") or 0) for r in results))
         if self.waker is not None:
-            self.waker.wake(bucket_of(ZERO_UUID, r["queue"]) for r in results
+            self.waker.wake(bucket_of(tenant, r["queue"]) for r in results
                             if r.get("leaseReleased") and r.get("queue"))
 
     async def grant_leases(self, tenant: bytes, lease_id: str, group: str,
@@ -206,12 +206,13 @@ class FrontWorker:
             except TimeoutError:
                 log.warning("lease grant for partition %d not delivered", claim.partition_id)
 
-    def after_transaction(self, queues: set[str], pushed: int) -> None:
-        """A committed transaction: count its pushes, wake pops parked on what it touched."""
+    def after_transaction(self, tenant: bytes, queues: set[str], pushed: int) -> None:
+        """A committed transaction of ``tenant``: count its pushes, wake pops parked on what
+        it touched."""
         if self.metrics is not None and pushed:
             self.metrics.messages_pushed.labels("queued").inc(pushed)
         if self.waker is not None and queues:
-            self.waker.wake(bucket_of(ZERO_UUID, q) for q in queues)
+            self.waker.wake(bucket_of(tenant, q) for q in queues)
 
     def count_popped(self, n: int) -> None:
         if self.metrics is not None:

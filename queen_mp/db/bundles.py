@@ -5,6 +5,10 @@ exceeds their number). A bundle is a single prepared call of ``log_push_multi_v1
 round trip and one commit. Duplicate-id lookups, which come several at a time, go through
 psycopg's pipeline mode: N ``log_segment_at_v1`` calls in one round trip.
 
+A connection the server closed while it sat idle (restart, failover) is replaced before use;
+a new one follows the DSN (a multi-host DSN with ``target_session_attrs=read-write`` finds the
+current primary). Connecting counts against the statement deadline.
+
 A statement past its deadline is cancelled server-side (out-of-band cancel request) and its
 connection quarantined: closed and replaced, never reused while the server may still be running
 the abandoned statement and holding its locks.
@@ -23,6 +27,7 @@ from typing import Any
 import psycopg
 
 from queen_mp.db.errors import DatabaseError, StatementTimeout, translate
+from queen_mp.db.pooled import quiet
 
 __all__ = ["BundleWriter", "PushBundle", "SegmentRow"]
 
@@ -78,9 +83,15 @@ class BundleWriter:
     async def _run(self, work: Any) -> Any:
         conn = await self._idle.get()
         try:
-            if conn is None or conn.closed:
-                conn = await self._connect()
             async with asyncio.timeout(self.timeout_s):
+                if conn is not None and not quiet(conn):
+                    # NOTE(db): the server closed it while idle (restart, failover): reconnect
+                    # now rather than fail a bundle on it.
+                    with contextlib.suppress(Exception):
+                        await conn.close()
+                    conn = None
+                if conn is None:
+                    conn = await self._connect()
                 result = await work(conn)
         except TimeoutError as ex:
             await _quarantine(conn)

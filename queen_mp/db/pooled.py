@@ -1,8 +1,22 @@
-"""Pooled connections for the front workers' request handlers."""
+"""Pooled connections for the front workers' request handlers, and the liveness test every
+long-lived connection of the broker uses before it is reused.
+
+After a PostgreSQL failover (docs/operations.md) every connection to the old primary is dead:
+the backend's exit closed the socket, so an idle connection whose socket is readable holds
+either a message nobody asked for (a FATAL ``terminating connection``, or the end of the
+stream) or, rarely, a harmless notice. ``quiet`` is that test, one ``select`` with a zero
+timeout, no round trip. The front workers' pool runs it on every checkout
+(``failover_pool``): a connection that fails it is discarded together with every idle one of
+the pool (they all talked to the same server), so a request is never handed a dead connection
+and answered ``outcome_unknown`` for work it never sent. New connections follow the DSN, so a
+multi-host DSN with ``target_session_attrs=read-write`` lands on whichever host is the primary
+now.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import select
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -11,7 +25,42 @@ from psycopg_pool import AsyncConnectionPool
 
 from queen_mp.db.errors import translate
 
-__all__ = ["connection"]
+__all__ = ["RECONNECT_TIMEOUT_S", "connection", "failover_pool", "quiet"]
+
+# NOTE(db): psycopg_pool retries a failed connect with an exponential backoff (1, 2, 4, 8 s...)
+# until reconnect_timeout, then gives up until a client asks again. Its default (300 s) lets
+# the backoff grow past a failover's length: a 30 s outage could keep a worker's pool empty for
+# 30 s more. Giving up after 2 s keeps the retries at most ~1 s apart while clients wait.
+RECONNECT_TIMEOUT_S = 2.0
+
+
+def quiet(conn: psycopg.AsyncConnection[Any]) -> bool:
+    """True if an idle connection looks usable: open, not broken, nothing unread on its socket."""
+    if conn.closed or conn.broken:
+        return False
+    try:
+        readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    except (OSError, ValueError, psycopg.Error):
+        return False
+    return not readable
+
+
+def failover_pool(dsn: str, *, max_size: int, name: str, timeout: float = 5.0,
+                  min_size: int = 1) -> AsyncConnectionPool:
+    """An autocommit pool that never hands out a connection to a server that went away."""
+
+    async def check(conn: psycopg.AsyncConnection[Any]) -> None:
+        if quiet(conn):
+            return
+        try:
+            await conn.execute("")  # consumes a stray notice; raises if the server is gone
+        except psycopg.Error:
+            await pool.drain()  # the other idle connections went to the same server
+            raise
+    pool = AsyncConnectionPool(dsn, min_size=min_size, max_size=max_size, open=False,
+                               timeout=timeout, kwargs={"autocommit": True}, name=name,
+                               check=check, reconnect_timeout=RECONNECT_TIMEOUT_S)
+    return pool
 
 
 @contextlib.asynccontextmanager
@@ -20,10 +69,13 @@ async def connection(pool: AsyncConnectionPool, *, commit_sent: bool = False
     """A pooled autocommit connection; psycopg errors leave as ``queen_mp.db.errors``.
 
     ``commit_sent``: the block's statements commit themselves (autocommit writes), so a
-    connection lost during one leaves the outcome open.
+    connection lost during one leaves the outcome open. No connection at all (pool timeout,
+    server down) sent nothing: that is ``Unavailable`` whatever ``commit_sent`` says.
     """
+    acquired = False
     try:
         async with pool.connection() as conn:
+            acquired = True
             yield conn
     except psycopg.Error as ex:
-        raise translate(ex, commit_sent=commit_sent) from ex
+        raise translate(ex, commit_sent=commit_sent and acquired) from ex

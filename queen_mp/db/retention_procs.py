@@ -1,4 +1,5 @@
-"""Calls into ``sql/080_retention.sql`` (housekeeping: retention, sidecar purge, leases)."""
+"""Calls into ``sql/080_retention.sql`` (housekeeping: retention, sidecar purge, leases) and
+``sql/095_tenancy.sql`` (the DLQ depth gauge)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,22 @@ from typing import Any
 
 import psycopg
 
-__all__ = ["dlq_depth", "reclaim_leases", "retention_candidates", "retention_step"]
+__all__ = ["OTHER_TENANTS_LABEL", "dlq_depth", "reclaim_leases", "retention_candidates",
+           "retention_step", "try_lock", "unlock"]
 
 Conn = psycopg.AsyncConnection[Any]
+
+
+async def try_lock(conn: Conn, key1: int, key2: int) -> bool:
+    """Session advisory lock of a housekeeping round (shards/housekeeping.py); never waits."""
+    cur = await conn.execute("SELECT pg_try_advisory_lock(%s::int4, %s::int4)", (key1, key2))
+    row = await cur.fetchone()
+    assert row is not None
+    return bool(row[0])
+
+
+async def unlock(conn: Conn, key1: int, key2: int) -> None:
+    await conn.execute("SELECT pg_advisory_unlock(%s::int4, %s::int4)", (key1, key2))
 
 
 async def retention_candidates(conn: Conn, after: int, limit: int, shards: int,
@@ -33,6 +47,17 @@ async def reclaim_leases(conn: Conn, limit: int) -> int:
     return int(row[0])
 
 
+#: The queen_dlq_depth label of every queue outside the default tenant (api.md 1.5: /metrics
+#: is public, so it never names another tenant's queue).
+OTHER_TENANTS_LABEL = "(other tenants)"
+
+
 async def dlq_depth(conn: Conn) -> dict[str, int]:
-    cur = await conn.execute("SELECT * FROM queen.dlq_depth_v1()")
-    return {name: int(n) for name, n in await cur.fetchall()}
+    """Dead letters per gauge label: the default tenant's queues by name, every other
+    tenant's rows summed under ``OTHER_TENANTS_LABEL``."""
+    cur = await conn.execute("SELECT * FROM queen.dlq_depth_v2()")
+    out: dict[str, int] = {}
+    for tenant, name, n in await cur.fetchall():
+        label = name if tenant.int == 0 else OTHER_TENANTS_LABEL
+        out[label] = out.get(label, 0) + int(n)
+    return out

@@ -15,6 +15,7 @@ import orjson
 
 from queen_mp.acks import AckItem
 from queen_mp.db.errors import DatabaseError
+from queen_mp.http.authz import tenant_of
 from queen_mp.http.body import read_body
 from queen_mp.http.dbcall import api_error
 from queen_mp.http.errors import (
@@ -25,7 +26,6 @@ from queen_mp.http.errors import (
     Unavailable,
 )
 from queen_mp.http.items import parse_ack_item
-from queen_mp.wire.ids import ZERO_UUID
 from queen_mp.worker import FrontWorker
 
 __all__ = ["AckBatchResource", "AckResource"]
@@ -45,12 +45,14 @@ class _AckBase:
     def __init__(self, worker: FrontWorker) -> None:
         self.worker = worker
 
-    async def _apply(self, resp: falcon.asgi.Response, items: list[AckItem]) -> None:
+    async def _apply(self, req: falcon.asgi.Request, resp: falcon.asgi.Response,
+                     items: list[AckItem]) -> None:
+        tenant = tenant_of(req)
         try:
-            outcomes, results = await self.worker.acker.ack(ZERO_UUID, items)
+            outcomes, results = await self.worker.acker.ack(tenant, items)
         except DatabaseError as ex:
             raise api_error(ex) from None
-        self.worker.after_acks(results)
+        self.worker.after_acks(tenant, results)
         body = [o.to_json() for o in outcomes]
         failed = {o.error for o in outcomes if o.error in ("timeout", "outcome_unknown",
                                                             "unavailable")}
@@ -70,7 +72,7 @@ class _AckBase:
 class AckResource(_AckBase):
     async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         doc = _load(await read_body(req, _MAX_BODY))
-        await self._apply(resp, [parse_ack_item(doc, 0, None)])
+        await self._apply(req, resp, [parse_ack_item(doc, 0, None)])
 
 
 class AckBatchResource(_AckBase):
@@ -89,4 +91,4 @@ class AckBatchResource(_AckBase):
             raise InvalidRequest("consumerGroup must be a string or null",
                                  field="consumerGroup")
         items = [parse_ack_item(a, i, group) for i, a in enumerate(acks)]
-        await self._apply(resp, items)
+        await self._apply(req, resp, items)

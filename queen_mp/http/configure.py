@@ -24,16 +24,15 @@ import falcon.asgi
 import orjson
 
 from queen_mp.db import admin_procs
+from queen_mp.http.authz import tenant_of
 from queen_mp.http.body import read_body
 from queen_mp.http.dbcall import call_db
 from queen_mp.http.errors import InvalidRequest
 from queen_mp.wire.binary_push import check_name
-from queen_mp.wire.ids import ZERO_UUID
 from queen_mp.worker import FrontWorker
 
 __all__ = ["OPTIONS", "ConfigureResource", "Option", "parse_options"]
 
-DEFAULT_TENANT = ZERO_UUID
 _INT4_MAX = (1 << 31) - 1
 _INT8_MAX = (1 << 63) - 1
 
@@ -68,11 +67,6 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     Option("retentionEnabled", "retention_enabled", bool),
 )}
 _BY_ALIAS = {o.alias: o for o in OPTIONS.values()}
-
-
-def _tenant(req: falcon.asgi.Request) -> bytes:
-    # NOTE(admin): the JWT layer (api.md 1.5) will put the caller's tenant here.
-    return getattr(req.context, "tenant", None) or DEFAULT_TENANT
 
 
 def _check(opt: Option, key: str, value: Any) -> Any:
@@ -151,7 +145,7 @@ class ConfigureResource:
             raise InvalidRequest("encryptionEnabled needs QUEEN_ENCRYPTION_KEY on the broker",
                                  field="encryptionEnabled")
 
-        tenant = _tenant(req)
+        tenant = tenant_of(req)
 
         async def run(conn: Any) -> dict[str, Any]:
             try:

@@ -34,6 +34,7 @@ import orjson
 from queen_mp.crypto import PayloadCipher
 from queen_mp.db import dlq_procs
 from queen_mp.db.dlq_procs import DlqRow, RetryResult
+from queen_mp.http.authz import tenant_of
 from queen_mp.http.dbcall import call_db
 from queen_mp.http.errors import (
     JSON_UTF8,
@@ -47,7 +48,7 @@ from queen_mp.ipc.wakeboard import bucket_of
 from queen_mp.wire.binary_push import check_name
 from queen_mp.wire.frames import MAX_TXN_BYTES, pack_chunk_zstd, pack_frame
 from queen_mp.wire.hashing import txn_hash
-from queen_mp.wire.ids import ZERO_UUID, uuid7, uuid_text
+from queen_mp.wire.ids import uuid7, uuid_text
 from queen_mp.wire.times import iso_ms
 from queen_mp.worker import FrontWorker
 
@@ -55,18 +56,11 @@ __all__ = ["DlqResource", "MessageResource", "RetryResource"]
 
 log = logging.getLogger("queen_mp.http.dlq")
 
-DEFAULT_TENANT = ZERO_UUID
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
 
 
-
 # --------------------------------------------------------------------------------- helpers
-def _tenant(req: falcon.asgi.Request) -> bytes:
-    # NOTE(dlq): the JWT layer (api.md 1.5) will put the caller's tenant here.
-    return getattr(req.context, "tenant", None) or DEFAULT_TENANT
-
-
 def _name(q: Query, key: str, *, slash_ok: bool = False) -> str | None:
     """An optional name filter; absent or empty = no filter."""
     value = q.text(key)
@@ -77,8 +71,10 @@ def _name(q: Query, key: str, *, slash_ok: bool = False) -> str | None:
 
 
 def _partition_id(raw: str) -> int:
-    if not (raw.isascii() and raw.isdigit()) or not 0 < int(raw) < 1 << 63:
-        raise InvalidRequest(f"partitionId {raw!r} is not a positive decimal int64",
+    # NOTE(queen): the length first: int() refuses over 4300 digits (a 500)
+    if not (raw.isascii() and raw.isdigit()) or len(raw.lstrip("0")) > 19 \
+            or not 0 < int(raw) < 1 << 63:
+        raise InvalidRequest(f"partitionId {raw[:40]!r} is not a positive decimal int64",
                              field="partitionId")
     return int(raw)
 
@@ -168,7 +164,7 @@ class DlqResource:
         since, until = q.time("from"), q.time("to")
         limit = q.integer("limit", DEFAULT_LIMIT, minimum=1, maximum=MAX_LIMIT)
         offset = q.integer("offset", 0, minimum=0, maximum=(1 << 63) - 1)
-        tenant = _tenant(req)
+        tenant = tenant_of(req)
         page = await call_db(self.worker.pool, lambda conn: dlq_procs.list_page(
             conn, tenant, queue=queue, group=group, partition=partition, since=since,
             until=until, limit=limit, offset=offset))
@@ -197,7 +193,7 @@ class RetryResource:
         pid = _partition_id(partition_id)
         txn = _transaction_id(transaction_id)
         group = _name(Query(req), "consumerGroup")
-        tenant = _tenant(req)
+        tenant = tenant_of(req)
         cipher = self.worker.cipher
 
         async def replay(conn: Any) -> tuple[bytes, RetryResult] | None:
@@ -249,7 +245,7 @@ class MessageResource:
         pid = _partition_id(partition_id)
         txn = _transaction_id(transaction_id)
         group = _name(Query(req), "consumerGroup")
-        tenant = _tenant(req)
+        tenant = tenant_of(req)
         n = await call_db(self.worker.pool, lambda conn: dlq_procs.delete(conn, tenant, pid, txn,
                                                                    group))
         if n == 0:

@@ -41,6 +41,7 @@ __all__ = [
     "UnsupportedEncoding",
     "UnsupportedFlags",
     "handle_error",
+    "kv_error",
 ]
 
 log = logging.getLogger("queen_mp.http")
@@ -97,6 +98,13 @@ StorageFull = _error("StorageFull", 507, "storage_full", "Disk above the high-wa
 _WIRE_STATUS = {"body_too_large": BodyTooLarge, "name_too_long": NameTooLong,
                 "invalid_payload": InvalidPayload, "unsupported_flags": UnsupportedFlags,
                 "invalid_name": InvalidName, "invalid_request": InvalidRequest}
+
+
+def kv_error(ex: ApiError) -> ApiError:
+    """The same error in the KV/timer shape: ``error`` is the code, the text is ``detail``."""
+    extra = {**ex.extra, "reason": ex.extra.get("reason") or ex.code,
+             "detail": ex.extra.get("detail") or ex.message}
+    return type(ex)(ex.code, headers=ex.headers, **extra)
 
 
 def from_wire(ex: WireError) -> ApiError:

@@ -27,6 +27,7 @@ import falcon.asgi
 import orjson
 
 from queen_mp.db import group_procs
+from queen_mp.http.authz import tenant_of
 from queen_mp.http.body import read_body
 from queen_mp.http.dbcall import call_db
 from queen_mp.http.errors import (
@@ -35,7 +36,6 @@ from queen_mp.http.errors import (
 )
 from queen_mp.http.query import Query
 from queen_mp.wire.binary_push import check_name
-from queen_mp.wire.ids import ZERO_UUID
 from queen_mp.wire.times import iso_ms, parse_iso
 from queen_mp.worker import FrontWorker
 
@@ -48,17 +48,10 @@ __all__ = [
     "SubscriptionResource",
 ]
 
-DEFAULT_TENANT = ZERO_UUID
 DEFAULT_MIN_LAG_S = 3600  # upstream's default for /lagging
 
 
-
 # --------------------------------------------------------------------------------- helpers
-def _tenant(req: falcon.asgi.Request) -> bytes:
-    # NOTE(groups): the JWT layer (api.md 1.5) will put the caller's tenant here.
-    return getattr(req.context, "tenant", None) or DEFAULT_TENANT
-
-
 def _parse_time(value: Any, field: str) -> dt.datetime:
     """api.md 1.3 in: any ISO-8601 time with ``Z`` or an offset."""
     if not isinstance(value, str) or not value.strip():
@@ -141,7 +134,7 @@ async def _delete(worker: FrontWorker, req: falcon.asgi.Request, resp: falcon.as
     if queue is not None:
         queue = _queue(queue)
     delete_metadata = Query(req).flag("deleteMetadata", True)
-    tenant = _tenant(req)
+    tenant = tenant_of(req)
     res = await call_db(worker.pool, lambda conn: group_procs.delete_group(
         conn, tenant, group, queue, delete_metadata))
     body: dict[str, Any] = {"success": True, "consumerGroup": group,
@@ -161,7 +154,7 @@ class GroupsResource:
         self.worker = worker
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
-        tenant = _tenant(req)
+        tenant = tenant_of(req)
         rows = await call_db(self.worker.pool, lambda conn: group_procs.list_groups(conn, tenant))
         resp.media = [_render_summary(r) for r in rows]
 
@@ -174,7 +167,7 @@ class LaggingResource:
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         min_lag = Query(req).integer("minLagSeconds", DEFAULT_MIN_LAG_S, minimum=0)
-        tenant = _tenant(req)
+        tenant = tenant_of(req)
         rows = await call_db(self.worker.pool,
                              lambda conn: group_procs.lagging(conn, tenant, min_lag))
         resp.media = [_render_lagging(r) for r in rows]
@@ -194,7 +187,7 @@ class GroupResource:
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response,
                      group: str) -> None:
         group = _group(group)
-        tenant = _tenant(req)
+        tenant = tenant_of(req)
         rows = await call_db(self.worker.pool,
                              lambda conn: group_procs.cursors(conn, tenant, group))
         if not rows:
@@ -246,7 +239,7 @@ class SubscriptionResource:
             if not isinstance(queue, str):
                 raise InvalidRequest("'queue' must be a string", field="queue")
             queue = _queue(queue)
-        tenant = _tenant(req)
+        tenant = tenant_of(req)
         res = await call_db(self.worker.pool, lambda conn: group_procs.set_subscription(
             conn, tenant, group, queue, start))
         if queue is not None and res.queues_found == 0:
@@ -288,7 +281,7 @@ class SeekResource:
                                  f"(got {what})")
         target = {"toBeginning": "beginning", "toEnd": "end", "timestamp": "timestamp"}[
             chosen[0]]
-        tenant = _tenant(req)
+        tenant = tenant_of(req)
         n = await call_db(self.worker.pool, lambda conn: group_procs.seek(
             conn, tenant, group, queue, target, start))
         if n is None:

@@ -7,7 +7,9 @@ importing another route's resource."""
 from __future__ import annotations
 
 import json
+import math
 import re
+import reprlib
 import uuid
 from typing import Any
 
@@ -41,26 +43,65 @@ _LONG_INT = re.compile(rb"\d{19}")
 
 def loads_json(body: bytes) -> Any:
     """orjson, except for bodies with integers that may not fit 64 bits: orjson would turn
-    them into floats, and a payload must be stored as the client meant it."""
+    them into floats, and a payload must be stored as the client meant it.
+
+    The stdlib path refuses (ValueError) what orjson refuses: lone surrogates, infinite
+    numbers, and nesting too deep to read."""
     if _LONG_INT.search(body) is None:
         return orjson.loads(body)
-    return json.loads(body, parse_constant=_reject_constant)
+    try:
+        doc = json.loads(body, parse_constant=_reject_constant, parse_float=_finite)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+    _reject_lone_surrogates(doc)
+    return doc
 
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"number {text[:40]} is infinite as a double")
+    return value
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _reject_lone_surrogates(doc: Any) -> None:
+    todo = [doc]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, str):
+            if _SURROGATE.search(v) is not None:
+                raise ValueError("a string holds a lone surrogate (not Unicode text)")
+        elif isinstance(v, dict):
+            todo.extend(v.keys())
+            todo.extend(v.values())
+        elif isinstance(v, list):
+            todo.extend(v)
+
+
 def dumps_json(value: Any) -> bytes:
     try:
         return orjson.dumps(value)
-    except TypeError:  # an integer beyond 64 bits, from the stdlib path
+    except TypeError:  # an integer beyond 64 bits from the stdlib path, or over 254 levels
+        pass
+    try:
         return json.dumps(value, separators=(",", ":"), ensure_ascii=False,
                           allow_nan=False).encode()
+    except (RecursionError, ValueError):
+        raise InvalidRequest("a JSON value nested too deeply to store") from None
 
 
-def parse_json_item(it: Any, i: int) -> PushItem:
-    """One api.md 2.1 item (also a transaction's push item); ``i`` names it in errors."""
+def parse_json_item(it: Any, i: int, producer_sub: str | None = None) -> PushItem:
+    """One api.md 2.1 item (also a transaction's push item); ``i`` names it in errors.
+
+    ``producer_sub`` is the caller's token subject; a ``producerSub`` key of the item is
+    ignored like any unknown key (api.md 1.5: clients cannot set it)."""
     if not isinstance(it, dict):
         raise InvalidRequest(f"item {i} is not an object", index=i)
     queue = it.get("queue")
@@ -91,7 +132,7 @@ def parse_json_item(it: Any, i: int) -> PushItem:
         trace_id = uuid_from_text(trace, field="traceId")
     value = it["payload"] if "payload" in it else it.get("data")
     payload = b"" if value is None else dumps_json(value)
-    return json_item(queue, partition, txn, payload, trace_id, uuid7())
+    return json_item(queue, partition, txn, payload, trace_id, uuid7(), producer_sub)
 
 
 def parse_group(raw: str | None) -> str:
@@ -109,7 +150,8 @@ def parse_partition_id(raw: Any, index: int) -> int:
     if isinstance(raw, int):
         value = raw
     elif isinstance(raw, str) and raw.isascii() and raw.isdigit():
-        value = int(raw)
+        # NOTE(queen): int() refuses over 4300 digits; over 19 is out of range anyway
+        value = int(raw) if len(raw.lstrip("0")) <= 19 else 1 << 63
     else:
         raise InvalidRequest("partitionId must be a decimal string or an integer",
                              field="partitionId", index=index)
@@ -136,8 +178,8 @@ def parse_ack_item(doc: Any, index: int, default_group: str | None) -> AckItem:
     if status == "success":
         status = "completed"
     if status not in STATUSES:
-        raise InvalidStatus(f"status {status!r} is not completed, success, failed, retry or dlq",
-                            field="status", index=index)
+        raise InvalidStatus(f"status {reprlib.repr(status)} is not completed, success, failed, "
+                            "retry or dlq", field="status", index=index)
     group = doc.get("consumerGroup", default_group)
     if group is not None and not isinstance(group, str):
         raise InvalidRequest("consumerGroup must be a string or null", field="consumerGroup",
@@ -154,5 +196,7 @@ def parse_ack_item(doc: Any, index: int, default_group: str | None) -> AckItem:
             lease_id = uuid.UUID(int=0)
     error = doc.get("error")
     if error is not None and not isinstance(error, str):
-        error = orjson.dumps(error).decode()
+        error = dumps_json(error).decode()
+    if error is not None and "\x00" in error:  # PostgreSQL text cannot hold it
+        raise InvalidRequest("error contains a NUL character", field="error", index=index)
     return AckItem(index, txn, partition_id, status, parse_group(group), lease_id, error)

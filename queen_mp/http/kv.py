@@ -29,26 +29,14 @@ import falcon.asgi
 import orjson
 
 from queen_mp.db import kv_procs
+from queen_mp.http.authz import tenant_of
 from queen_mp.http.body import read_body
 from queen_mp.http.dbcall import call_db
-from queen_mp.http.errors import JSON_UTF8, ApiError, InvalidRequest, Maintenance
+from queen_mp.http.errors import JSON_UTF8, ApiError, InvalidRequest, Maintenance, kv_error
 from queen_mp.kv import WRITE_OPS, parse_kv_ops
-from queen_mp.wire.ids import ZERO_UUID
 from queen_mp.worker import FrontWorker
 
 __all__ = ["KvResource", "kv_error"]
-
-
-def _tenant(req: falcon.asgi.Request) -> bytes:
-    # NOTE(kv): the JWT layer (api.md 1.5) will put the caller's tenant here.
-    return getattr(req.context, "tenant", None) or ZERO_UUID
-
-
-def kv_error(ex: ApiError) -> ApiError:
-    """The same error in the KV/timer shape: ``error`` is the code, the text is ``detail``."""
-    extra = {**ex.extra, "reason": ex.extra.get("reason") or ex.code,
-             "detail": ex.extra.get("detail") or ex.message}
-    return type(ex)(ex.code, headers=ex.headers, **extra)
 
 
 def _operations(body: bytes) -> list[Any]:
@@ -96,7 +84,7 @@ class KvResource:
             # a write that races the switch.
             raise Maintenance("push maintenance is on: writes are refused (retry later)",
                               reason="maintenance")
-        tenant = _tenant(req)
+        tenant = tenant_of(req)
         outcome = await call_db(self.worker.pool,
                                 lambda conn: kv_procs.apply(conn, tenant, ops))
         if not outcome.ok:

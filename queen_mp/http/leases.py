@@ -17,9 +17,9 @@ import orjson
 from queen_mp.db import pop_procs
 from queen_mp.db.errors import DatabaseError
 from queen_mp.db.pooled import connection
+from queen_mp.http.authz import tenant_of
 from queen_mp.http.body import read_body
 from queen_mp.http.errors import InvalidRequest
-from queen_mp.wire.ids import ZERO_UUID
 from queen_mp.wire.times import iso_ms
 from queen_mp.worker import FrontWorker
 
@@ -62,9 +62,13 @@ class LeaseExtendResource:
             body["error"] = "lease_not_found"
             resp.media = body
             return
+        tenant = tenant_of(req)
         try:
+            # NOTE(auth): the tenant gate and the renewal are one statement
+            # (log_renew_lease_v1): another tenant's lease renews nothing and answers exactly
+            # as an unknown one (design.md invariant 8).
             async with connection(self.worker.pool, commit_sent=True) as conn:
-                renewed, expires = await pop_procs.renew_lease(conn, ZERO_UUID, lease, seconds)
+                renewed, expires = await pop_procs.renew_lease(conn, tenant, lease, seconds)
         except DatabaseError:
             body["error"] = "unavailable"
             resp.media = body

@@ -22,6 +22,7 @@ from queen_mp.delivery import (
     message_json,
     unpack_messages,
 )
+from queen_mp.http.authz import tenant_of
 from queen_mp.http.dbcall import api_error
 from queen_mp.http.errors import (
     JSON_UTF8,
@@ -35,7 +36,6 @@ from queen_mp.http.items import parse_group
 from queen_mp.http.query import Query
 from queen_mp.popper import Popped, PopRequest, TooManyParked
 from queen_mp.wire.binary_push import check_name, check_partition_name, check_queue_name
-from queen_mp.wire.ids import ZERO_UUID
 from queen_mp.wire.times import iso_ms
 from queen_mp.worker import FrontWorker
 
@@ -106,7 +106,7 @@ class PopResource:
             "partitions", 1, minimum=1, maximum=MAX_PARTITIONS)
         mode, start = _subscription(q)
         request = PopRequest(
-            tenant=ZERO_UUID, queue=queue, partition=partition, namespace=namespace, task=task,
+            tenant=tenant_of(req), queue=queue, partition=partition, namespace=namespace, task=task,
             group=parse_group(q.text("consumerGroup")), batch=batch, partitions=partitions,
             wait=q.flag("wait", False),
             timeout_ms=q.integer("timeout", 30_000, minimum=0, maximum=MAX_TIMEOUT_MS),

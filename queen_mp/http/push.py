@@ -12,27 +12,34 @@ import falcon
 import falcon.asgi
 import orjson
 
+from queen_mp.http.authz import sub_of, tenant_of
 from queen_mp.http.body import read_body
 from queen_mp.http.errors import BadFrame, InvalidRequest, Timeout, Unavailable
 from queen_mp.http.items import DEFAULT_PARTITION, MAX_ITEMS, loads_json, parse_json_item
-from queen_mp.ingest import ClientChunk, EncryptionUnavailable, ItemResult, PushItem, json_item
+from queen_mp.ingest import (
+    ClientChunk,
+    EncryptionUnavailable,
+    ItemResult,
+    PushItem,
+    json_item,
+    stamped_item,
+)
 from queen_mp.queueflags import FlagsUnavailable
 from queen_mp.wire.binary_push import (
     QPB1_MAGIC,
     FramesGroup,
     parse_binary_push,
 )
-from queen_mp.wire.ids import ZERO_UUID, uuid7, uuid_text
+from queen_mp.wire.ids import uuid7, uuid_text
 from queen_mp.wire.times import iso_from_us
 from queen_mp.worker import FrontWorker
 
 __all__ = ["PushResource", "parse_json_push"]
 
-DEFAULT_TENANT = ZERO_UUID
 
-
-def parse_json_push(body: bytes) -> list[PushItem]:
-    """api.md 2.1 items, validated completely before anything is routed."""
+def parse_json_push(body: bytes, producer_sub: str | None = None) -> list[PushItem]:
+    """api.md 2.1 items, validated completely before anything is routed; ``producer_sub``
+    (the token's sub) is stamped on every item, whatever the body says."""
     try:
         doc = loads_json(body) if body else None
     except (orjson.JSONDecodeError, ValueError) as ex:
@@ -43,16 +50,22 @@ def parse_json_push(body: bytes) -> list[PushItem]:
     if len(raw_items) > MAX_ITEMS:
         raise InvalidRequest(f"{len(raw_items)} items, over the {MAX_ITEMS} limit",
                              limit=MAX_ITEMS)
-    return [parse_json_item(it, i) for i, it in enumerate(raw_items)]
+    return [parse_json_item(it, i, producer_sub) for i, it in enumerate(raw_items)]
 
 
-def parse_binary(body: bytes, max_decompressed: int) -> tuple[list[PushItem],
-                                                              list[ClientChunk], bool]:
+def parse_binary(body: bytes, max_decompressed: int, producer_sub: str | None = None
+                 ) -> tuple[list[PushItem], list[ClientChunk], bool]:
+    """QPB1 plain or frames; with ``producer_sub`` every frame is stamped, so client chunks
+    are rebuilt rather than kept byte for byte (api.md 3.2)."""
     parsed = parse_binary_push(body, max_items=MAX_ITEMS, max_decompressed=max_decompressed)
     items: list[PushItem] = []
     chunks: list[ClientChunk] = []
     for group in parsed.groups:
         partition = group.partition or DEFAULT_PARTITION
+        if isinstance(group, FramesGroup) and producer_sub is not None:
+            items.extend(stamped_item(group.queue, partition, f, producer_sub)
+                         for f in group.frames)
+            continue
         if isinstance(group, FramesGroup):
             chunks.append(ClientChunk(group.chunk, len(items), group.count))
             for f in group.frames:
@@ -61,7 +74,7 @@ def parse_binary(body: bytes, max_decompressed: int) -> tuple[list[PushItem],
             continue
         for p in group.items:
             items.append(json_item(group.queue, partition, p.transaction_id, bytes(p.payload),
-                                   None, uuid7()))
+                                   None, uuid7(), producer_sub))
     return items, chunks, parsed.counts_only
 
 
@@ -91,17 +104,18 @@ class PushResource:
     async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         cfg = self.worker.config
         body = await read_body(req, cfg.max_body_mb << 20)
+        sub = sub_of(req)
         chunks: list[ClientChunk] = []
         counts_only = False
         if body[:4] == QPB1_MAGIC:
-            items, chunks, counts_only = parse_binary(body, cfg.max_decompressed_mb << 20)
+            items, chunks, counts_only = parse_binary(body, cfg.max_decompressed_mb << 20, sub)
         elif body[:4] == b"QTB1":
             raise BadFrame("a QTB1 body belongs to /api/v1/transaction", offset=0,
                            field="magic")
         else:
-            items = parse_json_push(body)
+            items = parse_json_push(body, sub)
         try:
-            results = await self.worker.ingest.push(items, DEFAULT_TENANT, chunks)
+            results = await self.worker.ingest.push(items, tenant_of(req), chunks)
         except (EncryptionUnavailable, FlagsUnavailable) as ex:
             raise Unavailable(str(ex)) from None
         except TimeoutError:

@@ -4,6 +4,7 @@ value, booleans are ``true``/``1``/``false``/``0``, integers base 10; anything e
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from urllib.parse import parse_qsl
 
@@ -15,6 +16,8 @@ from queen_mp.wire.times import parse_iso
 __all__ = ["Query"]
 
 _TRUE = {"true", "1"}
+_INTEGER = re.compile(r"-?[0-9]+")
+_INT8_MIN, _INT8_MAX = -(1 << 63), (1 << 63) - 1
 _FALSE = {"false", "0"}
 
 
@@ -44,20 +47,24 @@ class Query:
 
     def integer(self, name: str, default: int, *, minimum: int | None = None,
                 maximum: int | None = None) -> int:
-        """Below ``minimum`` is 400; above ``maximum`` is clamped (api.md 1.7)."""
+        """Below ``minimum`` is 400; above ``maximum`` (default: int8's) is clamped
+        (api.md 1.7)."""
         raw = self._values.get(name)
         if raw is None:
             return default
-        if not raw.lstrip("-").isdigit() or not raw.isascii():
-            raise InvalidRequest(f"query parameter {name}={raw!r} is not an integer",
+        if _INTEGER.fullmatch(raw) is None:
+            raise InvalidRequest(f"query parameter {name}={raw[:40]!r} is not an integer",
                                  field=name)
-        value = int(raw)
-        if minimum is not None and value < minimum:
-            raise InvalidRequest(f"query parameter {name}={value} is below {minimum}",
-                                 field=name)
-        if maximum is not None and value > maximum:
-            value = maximum
-        return value
+        # NOTE(queen): int() refuses over 4300 digits (a 500) and no parameter reaches
+        # PostgreSQL beyond int8: a longer number reads as just beyond int8, then clamps
+        if len(raw.lstrip("-").lstrip("0")) > 19:
+            value = -(1 << 64) if raw[0] == "-" else 1 << 64
+        else:
+            value = int(raw)
+        if (minimum is not None and value < minimum) or value < _INT8_MIN:
+            raise InvalidRequest(f"query parameter {name}={raw[:40]} is below "
+                                 f"{_INT8_MIN if minimum is None else minimum}", field=name)
+        return min(value, _INT8_MAX if maximum is None else maximum)
 
     def time(self, name: str) -> datetime | None:
         raw = self._values.get(name)

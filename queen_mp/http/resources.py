@@ -45,12 +45,12 @@ import falcon.asgi
 import orjson
 
 from queen_mp.db import admin_procs
+from queen_mp.http.authz import tenant_of
 from queen_mp.http.body import read_body
 from queen_mp.http.dbcall import call_db
 from queen_mp.http.errors import InvalidRequest, NotFound
 from queen_mp.http.query import Query
 from queen_mp.wire.binary_push import check_name
-from queen_mp.wire.ids import ZERO_UUID
 from queen_mp.wire.times import iso_ms
 from queen_mp.worker import FrontWorker
 
@@ -69,7 +69,6 @@ __all__ = [
     "TasksResource",
 ]
 
-DEFAULT_TENANT = ZERO_UUID
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
 DEFAULT_RANGE = dt.timedelta(hours=1)
@@ -82,11 +81,6 @@ _ANALYTICS_MAX_POINTS = 10_000
 
 
 # --------------------------------------------------------------------------------- helpers
-def _tenant(req: falcon.asgi.Request) -> bytes:
-    # NOTE(admin): the JWT layer (api.md 1.5) will put the caller's tenant here.
-    return getattr(req.context, "tenant", None) or DEFAULT_TENANT
-
-
 def _queue(name: str) -> str:
     check_name(name, "queue")
     return name
@@ -213,7 +207,7 @@ class OverviewResource(_Resource):
     """``GET /api/v1/resources/overview``: counts over the whole tenant."""
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
-        tenant = _tenant(req)
+        tenant = tenant_of(req)
         r = await call_db(self.worker.pool, lambda conn: admin_procs.overview(conn, tenant))
         resp.media = {"queues": r["queues"], "partitions": r["partitions"],
                       "namespaces": r["namespaces"], "tasks": r["tasks"],
@@ -228,7 +222,7 @@ class QueuesResource(_Resource):
         q = Query(req)
         namespace, task = _filter(q, "namespace"), _filter(q, "task")
         limit, offset = _paging(q)
-        tenant = _tenant(req)
+        tenant = tenant_of(req)
         page = await call_db(self.worker.pool, lambda conn: admin_procs.queues_page(
             conn, tenant, namespace=namespace, task=task, limit=limit, offset=offset))
         resp.media = {"queues": [_queue_row(r) for r in page.rows], "total": page.total}
@@ -245,7 +239,7 @@ class QueueResource(_Resource):
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response,
                      queue: str) -> None:
         queue = _queue(queue)
-        tenant = _tenant(req)
+        tenant = tenant_of(req)
         d = await call_db(self.worker.pool,
                           lambda conn: admin_procs.queue_detail(conn, tenant, queue))
         if d is None:
@@ -255,7 +249,7 @@ class QueueResource(_Resource):
     async def on_delete(self, req: falcon.asgi.Request, resp: falcon.asgi.Response,
                         queue: str) -> None:
         queue = _queue(queue)
-        tenant = _tenant(req)
+        tenant = tenant_of(req)
         existed = await call_db(self.worker.pool,
                                 lambda conn: admin_procs.delete_queue(conn, tenant, queue))
         resp.media = {"deleted": True, "queue": queue, "existed": existed}
@@ -268,7 +262,7 @@ class DepthResource(_Resource):
                      queue: str) -> None:
         queue = _queue(queue)
         group = _filter(Query(req), "group", slash_ok=False)
-        tenant = _tenant(req)
+        tenant = tenant_of(req)
         rows = await call_db(self.worker.pool,
                              lambda conn: admin_procs.depth(conn, tenant, queue, group))
         if rows is None:
@@ -285,7 +279,7 @@ class NamespacesResource(_Resource):
     """``GET /api/v1/resources/namespaces``."""
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
-        tenant = _tenant(req)
+        tenant = tenant_of(req)
         rows = await call_db(self.worker.pool,
                              lambda conn: admin_procs.namespaces(conn, tenant))
         resp.media = {"namespaces": [
@@ -298,7 +292,7 @@ class TasksResource(_Resource):
     """``GET /api/v1/resources/tasks``: one row per (namespace, task)."""
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
-        tenant = _tenant(req)
+        tenant = tenant_of(req)
         rows = await call_db(self.worker.pool, lambda conn: admin_procs.tasks(conn, tenant))
         resp.media = {"tasks": [
             {"task": r["task"], "namespace": r["namespace"], "queues": r["queues"],
@@ -314,7 +308,7 @@ class PartitionsResource(_Resource):
         q = Query(req)
         queue = _filter(q, "queue", slash_ok=False)
         limit, offset = _paging(q)
-        tenant = _tenant(req)
+        tenant = tenant_of(req)
         page = await call_db(self.worker.pool, lambda conn: admin_procs.partitions_page(
             conn, tenant, queue, limit, offset))
         resp.media = {"partitions": [
@@ -340,7 +334,7 @@ class StatusResource(_Resource):
         span_min = (end - start).total_seconds() / 60
         bucket = next((b for b in _STATUS_BUCKETS_MIN if span_min / b <= _STATUS_MAX_POINTS),
                       _STATUS_BUCKETS_MIN[-1])
-        tenant = _tenant(req)
+        tenant = tenant_of(req)
 
         async def run(conn: Any) -> tuple[Any, ...]:
             series = await admin_procs.throughput(conn, tenant, queue, namespace, task, start,
@@ -373,7 +367,7 @@ class StatusQueuesResource(_Resource):
         namespace, task = _filter(q, "namespace"), _filter(q, "task")
         _time_range(q)
         limit, offset = _paging(q)
-        tenant = _tenant(req)
+        tenant = tenant_of(req)
         page = await call_db(self.worker.pool, lambda conn: admin_procs.queues_page(
             conn, tenant, namespace=namespace, task=task, limit=limit, offset=offset))
         resp.media = {"queues": [_queue_row(r) for r in page.rows], "total": page.total,
@@ -386,7 +380,7 @@ class StatusQueueResource(_Resource):
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response,
                      queue: str) -> None:
         queue = _queue(queue)
-        tenant = _tenant(req)
+        tenant = tenant_of(req)
         d = await call_db(self.worker.pool, lambda conn: admin_procs.queue_detail(
             conn, tenant, queue, with_cursors=True))
         if d is None:
@@ -411,7 +405,7 @@ class AnalyticsResource(_Resource):
         if (end - start).total_seconds() / step > _ANALYTICS_MAX_POINTS:
             raise InvalidRequest(f"more than {_ANALYTICS_MAX_POINTS} {interval} buckets "
                                  "between from and to", field="interval")
-        tenant = _tenant(req)
+        tenant = tenant_of(req)
         rows = await call_db(self.worker.pool, lambda conn: admin_procs.throughput(
             conn, tenant, queue, namespace, task, start, end, step))
         resp.media = {"dataPoints": _series(rows), "interval": interval,

@@ -40,17 +40,16 @@ import orjson
 from queen_mp import timers
 from queen_mp.db import errors as dberrors
 from queen_mp.db import timer_procs
+from queen_mp.http.authz import sub_of, tenant_of
 from queen_mp.http.body import read_body
 from queen_mp.http.dbcall import call_db
 from queen_mp.http.errors import JSON_UTF8, ApiError, Internal, Maintenance, NotFound, from_wire
 from queen_mp.http.query import Query
 from queen_mp.wire.errors import WireError
-from queen_mp.wire.ids import ZERO_UUID
 from queen_mp.worker import FrontWorker
 
 __all__ = ["TimerQueueResource", "TimerResource", "TimersResource"]
 
-DEFAULT_TENANT = ZERO_UUID
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
 
@@ -58,11 +57,6 @@ Responder = Callable[..., Awaitable[None]]
 
 
 # --------------------------------------------------------------------------------- helpers
-def _tenant(req: falcon.asgi.Request) -> bytes:
-    # NOTE(timers): the JWT layer (api.md 1.5) will put the caller's tenant here.
-    return getattr(req.context, "tenant", None) or DEFAULT_TENANT
-
-
 def _shaped(ex: ApiError | WireError) -> ApiError:
     """The KV/timer error shape: ``error`` = ``code``, the text in ``detail``."""
     api = ex if isinstance(ex, ApiError) else from_wire(ex)
@@ -165,7 +159,7 @@ class TimersResource:
             _reply(resp, {"results": []})
             return
         _refuse_in_maintenance(self.worker)
-        results = await _run_ops(self.worker, _tenant(req), timers.mint(ops))
+        results = await _run_ops(self.worker, tenant_of(req), timers.mint(ops, sub_of(req)))
         _reply(resp, {"results": [{"index": i, **r} for i, r in enumerate(results)]})
 
 
@@ -182,7 +176,7 @@ class TimerQueueResource:
         q = Query(req)
         limit = q.integer("limit", DEFAULT_LIMIT, minimum=1, maximum=MAX_LIMIT)
         offset = q.integer("offset", 0, minimum=0, maximum=(1 << 63) - 1)
-        tenant = _tenant(req)
+        tenant = tenant_of(req)
         page = await call_db(self.worker.pool, lambda conn: timer_procs.list_pending(
             conn, tenant, queue, limit, offset))
         _reply(resp, {"queue": queue, "timers": page["timers"], "total": page["total"],
@@ -200,7 +194,7 @@ class TimerResource:
                      queue: str, timer_key: str) -> None:
         timers.check_queue(queue)
         timers.check_timer_key(timer_key)
-        tenant = _tenant(req)
+        tenant = tenant_of(req)
         timer = await call_db(self.worker.pool, lambda conn: timer_procs.get(
             conn, tenant, queue, timer_key))
         if timer is None:
@@ -215,5 +209,5 @@ class TimerResource:
         timers.check_timer_key(timer_key)
         _refuse_in_maintenance(self.worker)
         op = {"op": "cancel", "queue": queue, "timerKey": timer_key, "txn": None}
-        (result,) = await _run_ops(self.worker, _tenant(req), [op])
+        (result,) = await _run_ops(self.worker, tenant_of(req), [op])
         _reply(resp, result)

@@ -9,13 +9,13 @@ import falcon.asgi
 import orjson
 
 from queen_mp.db.errors import DatabaseError
+from queen_mp.http.authz import sub_of, tenant_of
 from queen_mp.http.body import read_body
 from queen_mp.http.dbcall import api_error
 from queen_mp.http.errors import JSON_UTF8, BadFrame, Maintenance, Unavailable
 from queen_mp.ingest import EncryptionUnavailable
 from queen_mp.queueflags import FlagsUnavailable
 from queen_mp.transactions import QTB1_MAGIC, parse_json, parse_qtb1
-from queen_mp.wire.ids import ZERO_UUID
 from queen_mp.worker import FrontWorker
 
 __all__ = ["TransactionResource"]
@@ -31,25 +31,27 @@ class TransactionResource:
         w = self.worker
         body = await read_body(req, w.config.max_body_mb << 20)
         magic = body[:4]
+        sub = sub_of(req)
         if magic == QTB1_MAGIC:
-            plan = parse_qtb1(body, w.config.max_decompressed_mb << 20)
+            plan = parse_qtb1(body, w.config.max_decompressed_mb << 20, sub)
         elif magic in _OTHER_MAGIC:
             raise BadFrame("QPB1 is the push body; a transaction takes JSON or QTB1",
                            field="magic")
         else:
-            plan = parse_json(body)
+            plan = parse_json(body, sub)
         if w.push_maintenance():
             # NOTE(queen): the flags board, before PostgreSQL; SQL still refuses (QM001) a
             # transaction that races the switch.
             raise Maintenance("push maintenance is on: writes are refused (retry later)")
+        tenant = tenant_of(req)
         try:
-            answer, woken = await w.transactions.run(ZERO_UUID, plan)
+            answer, woken = await w.transactions.run(tenant, plan)
         except (EncryptionUnavailable, FlagsUnavailable) as ex:
             raise Unavailable(str(ex)) from None
         except DatabaseError as ex:
             raise api_error(ex) from None
         if answer["success"]:
-            w.after_transaction(woken, sum(1 for k in plan.kinds if k == "push"))
+            w.after_transaction(tenant, woken, sum(1 for k in plan.kinds if k == "push"))
         resp.data = orjson.dumps(answer)
         resp.content_type = JSON_UTF8
         resp.status = falcon.HTTP_200

@@ -22,6 +22,7 @@ from typing import Any
 import psycopg
 
 from queen_mp.db import ack_procs
+from queen_mp.db.pooled import quiet
 from queen_mp.metrics import Metrics
 from queen_mp.wire.records import ACK_COMMITTED, ACK_FAILED, ACK_REJECTED
 
@@ -111,7 +112,10 @@ class AckFusion:
             self._maybe_summary()
 
     async def _commit(self, batch: list[AckRow]) -> list[dict[str, Any]]:
-        if self._conn is None or self._conn.closed:
+        if self._conn is not None and not quiet(self._conn):
+            await self._conn.close()  # closed by the server while idle (restart, failover)
+            self._conn = None
+        if self._conn is None:
             self._conn = await psycopg.AsyncConnection.connect(
                 self.dsn, autocommit=True, application_name=self.name)
         conn = self._conn

@@ -6,11 +6,21 @@ Every shard runs one, each taking the partitions ``id % shards == index``, so th
 without coordination. Every step is its own short transaction on one partition (one partition
 row lock, never a consumer row lock), bounded to ``_BATCH`` rows, so a large backlog is worked
 off in many small steps and never holds up pushes.
+
+Several broker instances over one database (docs/operations.md) each run these rounds; a round
+first takes a session advisory lock on its housekeeping connection, ``pg_try_advisory_lock(
+ROUND_LOCK_KEY, shards << 16 | index)``, and releases it when the round ends, so one instance at
+a time works a share of the table: a round that finds the lock held by another instance skips
+its share (the other one is doing it) and only refreshes the DLQ gauge. Instances configured
+with another shard count split the table differently and take other keys; their rounds may
+overlap, which costs work, never correctness (every step locks its partition row). A lock whose
+connection dies is released by PostgreSQL with the session.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Any
 
@@ -18,6 +28,7 @@ import psycopg
 
 from queen_mp.db import kv_procs, retention_procs
 from queen_mp.db.errors import DatabaseError
+from queen_mp.db.pooled import quiet
 from queen_mp.metrics import Metrics
 
 __all__ = ["Housekeeping"]
@@ -26,6 +37,10 @@ log = logging.getLogger("queen_mp.housekeeping")
 
 _BATCH = 1000
 _PARTITIONS_PER_QUERY = 200
+#: first key of ``pg_try_advisory_lock(int4, int4)`` for housekeeping rounds: "QHKP"; the
+#: second is ``shards << 16 | index``. (The two-key form never meets the migrations' bigint
+#: key, queen_mp/db/migrations.py: PostgreSQL keeps the two key spaces apart.)
+ROUND_LOCK_KEY = 0x51484B50
 
 
 class Housekeeping:
@@ -50,10 +65,37 @@ class Housekeeping:
                             self.every_s)
                 await self._drop()
 
+    @property
+    def lock_key(self) -> tuple[int, int]:
+        """The advisory lock key of this shard's rounds (the module docstring)."""
+        return ROUND_LOCK_KEY, (self.shards << 16) | self.index
+
     async def round(self) -> dict[str, int]:
-        """One pass over this shard's partitions; returns what it removed."""
+        """One pass over this shard's partitions; returns what it removed, ``skipped`` 1 when
+        another instance held this share's lock (nothing was attempted then)."""
         conn = await self._connection()
-        done = {"segments": 0, "txns": 0, "leases": 0, "kv": 0}
+        done = {"segments": 0, "txns": 0, "leases": 0, "kv": 0, "skipped": 0}
+        if not await retention_procs.try_lock(conn, *self.lock_key):
+            done["skipped"] = 1
+            await self._dlq_gauge(conn)
+            return done
+        try:
+            await self._work(conn, done)
+        finally:
+            try:
+                await retention_procs.unlock(conn, *self.lock_key)
+            except Exception as ex:
+                # NOTE(queen): the session's end releases the lock; a session that kept it
+                # would lock the other instances out of this share for good.
+                log.warning("housekeeping lock release failed (%s); reconnecting", ex)
+                await self._drop()
+        await self._dlq_gauge(conn)
+        if any(done.values()):
+            log.info("housekeeping removed segments=%d txns=%d leases=%d kv=%d",
+                     done["segments"], done["txns"], done["leases"], done["kv"])
+        return done
+
+    async def _work(self, conn: psycopg.AsyncConnection[Any], done: dict[str, int]) -> None:
         after = 0
         while True:
             pids = await retention_procs.retention_candidates(
@@ -77,28 +119,31 @@ class Housekeeping:
                 done["kv"] += n
                 if n < _BATCH:
                     break
-            if self.metrics is not None:
-                depth = await retention_procs.dlq_depth(conn)
-                for queue in self._dlq_queues - depth.keys():
-                    self.metrics.dlq_depth.labels(queue).set(0)
-                for queue, n in depth.items():
-                    self.metrics.dlq_depth.labels(queue).set(n)
-                self._dlq_queues = set(depth)
-        if any(done.values()):
-            log.info("housekeeping removed segments=%d txns=%d leases=%d kv=%d",
-                     done["segments"], done["txns"], done["leases"], done["kv"])
-        return done
+
+    async def _dlq_gauge(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Every instance's shard 0 keeps its own gauge, whoever ran the round."""
+        if self.index != 0 or self.metrics is None:
+            return
+        depth = await retention_procs.dlq_depth(conn)
+        for queue in self._dlq_queues - depth.keys():
+            self.metrics.dlq_depth.labels(queue).set(0)
+        for queue, n in depth.items():
+            self.metrics.dlq_depth.labels(queue).set(n)
+        self._dlq_queues = set(depth)
 
     async def _connection(self) -> psycopg.AsyncConnection[Any]:
-        if self._conn is None or self._conn.closed:
+        if self._conn is not None and not quiet(self._conn):
+            await self._drop()  # closed by the server while idle (restart, failover)
+        if self._conn is None:
             self._conn = await psycopg.AsyncConnection.connect(
                 self.dsn, autocommit=True, application_name=self.name)
         return self._conn
 
     async def _drop(self) -> None:
-        if self._conn is not None:
-            await self._conn.close()
-            self._conn = None
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await conn.close()
 
     async def close(self) -> None:
         await self._drop()

@@ -23,8 +23,13 @@ def iso_from_us(us: int) -> str | None:
 
 
 def parse_iso(text: str) -> dt.datetime:
-    """ISO-8601 with a zone; a naive time is refused (ValueError): it would be ambiguous."""
+    """ISO-8601 with a zone; a naive time is refused (ValueError): it would be ambiguous, and
+    so is one outside years 1..9999 once in UTC."""
     value = dt.datetime.fromisoformat(text.strip().replace("z", "Z"))
     if value.tzinfo is None:
         raise ValueError(f"{text!r} has no time zone (add Z or an offset)")
+    try:
+        value.astimezone(dt.UTC)
+    except OverflowError:  # e.g. 0001-01-01T00:00+01:00: no answer could render it (a 500)
+        raise ValueError(f"{text!r} is out of range once in UTC") from None
     return value

@@ -53,3 +53,9 @@ def test_dlq_depth_gauge_and_shard_restarts(make_broker, db_dsn, db):
 
     assert _wait_for(restarts, time.monotonic() + 20) == 1.0
     b.wait_healthy()
+
+
+def test_instance_identity_in_metrics(make_broker, db_dsn):
+    b = make_broker(db_dsn, QUEEN_INSTANCE_ID="edge-7")
+    text = b.client.get("/metrics/prometheus").text
+    assert _sample(text, "queen_instance_info", instance_id="edge-7") == 1.0

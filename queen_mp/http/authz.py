@@ -1,0 +1,133 @@
+"""Authentication and authorization at the edge (api.md 1.5): a falcon ASGI middleware.
+
+It runs right after ``EdgeMiddleware`` and before ``Admission``, in ``process_request``, so a
+request that is refused here never takes admission permits nor reads its body. Every request
+leaves it with ``req.context.tenant`` (16 bytes), ``req.context.sub`` (str or None) and
+``req.context.role`` (``queen_mp.auth.Role``); the resources read the tenant with
+``tenant_of(req)`` and never anything else.
+
+- Authentication off: every request is the default tenant's, without a subject, with every
+  role; the ``Authorization`` header is not even looked at.
+- Public, whatever the setting: ``/health``, ``/metrics``, ``/metrics/prometheus``, and every
+  ``OPTIONS`` (answered ``204`` by ``EdgeMiddleware``).
+- Authentication on, anything else: a missing or unacceptable token is ``401 unauthorized``
+  (with ``WWW-Authenticate: Bearer``); a role below the route's is ``403 forbidden``. The
+  route's role is ``required_role(method, uri_template)``, on the template the app's own
+  router finds for the path, so a path spelled differently cannot reach a route under a
+  weaker rule. A path that matches no route needs ``read-only`` (it then answers 404).
+
+Roles per route (api.md 1.5, 5): ``admin`` for ``/api/v1/system/*``, queue delete
+(``DELETE /api/v1/resources/queues/{queue}``), consumer group delete (every ``DELETE`` under
+``/api/v1/consumer-groups/``) and ``POST /api/v1/stats/refresh``;
+``read-only`` for every other ``GET``/``HEAD`` except pops; ``read-write`` for the rest (pops,
+push, ack, transaction, lease extend, configure, KV, timers, DLQ retry and delete, seek,
+subscription).
+
+Errors are the api.md 1.4 body; on the KV and timer routes they take that family's shape
+(``error`` = code, ``reason``, ``detail``), as every other error there does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import falcon.asgi
+
+from queen_mp.auth import ANONYMOUS_ADMIN, DEFAULT_TENANT, AuthError, Principal, Role, Verifier
+from queen_mp.http.errors import ApiError, Forbidden, Unauthorized, kv_error
+
+__all__ = ["ADMIN_DELETE_TREES", "ADMIN_ROUTES", "PUBLIC_PATHS", "Authz", "required_role", "sub_of",
+           "tenant_of"]
+
+PUBLIC_PATHS = frozenset({"/health", "/metrics", "/metrics/prometheus"})
+#: (method, uri template) of the admin routes outside the ``/api/v1/system/`` tree.
+ADMIN_ROUTES = frozenset({("POST", "/api/v1/stats/refresh")})
+#: Every DELETE under these is admin: queue delete and consumer group delete. A tree, not a
+#: list of templates: ``DELETE /api/v1/consumer-groups/lagging`` deletes the group named
+#: "lagging" (the literal route shadows ``{group}``), and a template added later is covered.
+ADMIN_DELETE_TREES = ("/api/v1/resources/queues/", "/api/v1/consumer-groups/")
+_ADMIN_TREE = "/api/v1/system/"
+_POP_TREE = "/api/v1/pop"
+_KV_SHAPED = ("/api/v1/kv", "/api/v1/timers")
+_READ_METHODS = frozenset({"GET", "HEAD"})
+
+
+def required_role(method: str, template: str | None) -> Role:
+    """The least role that may call ``method`` on the route ``template`` (None: no route)."""
+    if template is None:
+        return Role.READ_ONLY
+    if template.startswith(_ADMIN_TREE) or template == _ADMIN_TREE.rstrip("/") \
+            or (method, template) in ADMIN_ROUTES \
+            or (method == "DELETE" and template.startswith(ADMIN_DELETE_TREES)):
+        return Role.ADMIN
+    if method in _READ_METHODS and not (template == _POP_TREE
+                                        or template.startswith(_POP_TREE + "/")):
+        return Role.READ_ONLY
+    return Role.READ_WRITE
+
+
+def tenant_of(req: falcon.asgi.Request) -> bytes:
+    """The caller's tenant (16 bytes), as the middleware decided it."""
+    return getattr(req.context, "tenant", DEFAULT_TENANT)
+
+
+def sub_of(req: falcon.asgi.Request) -> str | None:
+    """The caller's token subject (stamped as producerSub), None without one."""
+    return getattr(req.context, "sub", None)
+
+
+def _kv_shaped(path: str) -> bool:
+    return any(path == p or path.startswith(p + "/") for p in _KV_SHAPED)
+
+
+class Authz:
+    """``verifier`` None = authentication off. ``bind(app)`` gives it the app's router."""
+
+    def __init__(self, verifier: Verifier | None) -> None:
+        self.verifier = verifier
+        self._find: Any = None
+
+    def bind(self, app: falcon.asgi.App) -> None:
+        # NOTE(auth): the app's own compiled router, so the role follows the exact template
+        # falcon will dispatch to (trailing slashes and converters included).
+        self._find = app._router.find
+
+    def template(self, req: falcon.asgi.Request) -> str | None:
+        if self._find is None:
+            return None
+        found = self._find(req.path, req=req)
+        return found[3] if found is not None else None
+
+    async def process_request(self, req: falcon.asgi.Request,
+                              resp: falcon.asgi.Response) -> None:
+        if self.verifier is None:
+            self._set(req, ANONYMOUS_ADMIN)
+            return
+        if req.method == "OPTIONS" or req.path in PUBLIC_PATHS:
+            self._set(req, Principal(Role.NONE, DEFAULT_TENANT, None))
+            return
+        template = self.template(req)
+        if template is not None:
+            # a refusal is counted under its route (falcon sets this only after routing)
+            req.uri_template = template
+        try:
+            principal = self.verifier.verify_header(req.get_header("Authorization"))
+        except AuthError as ex:
+            raise _shaped(req, Unauthorized(
+                str(ex), headers={"WWW-Authenticate": 'Bearer error="invalid_token"'})) from None
+        need = required_role(req.method, template)
+        if principal.role < need:
+            raise _shaped(req, Forbidden(
+                f"{req.method} {template or req.path} needs the {need.label} role; the token "
+                f"has {principal.role.label}", role=principal.role.label, needed=need.label))
+        self._set(req, principal)
+
+    @staticmethod
+    def _set(req: falcon.asgi.Request, principal: Principal) -> None:
+        req.context.tenant = principal.tenant
+        req.context.sub = principal.sub
+        req.context.role = principal.role
+
+
+def _shaped(req: falcon.asgi.Request, err: ApiError) -> ApiError:
+    return kv_error(err) if _kv_shaped(req.path) else err
