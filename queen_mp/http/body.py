@@ -33,6 +33,11 @@ async def read_body(req: falcon.asgi.Request, limit: int) -> bytes:
             raise BodyTooLarge(f"body is over the {limit} byte limit", limit=limit)
         parts.append(chunk)
     body = b"".join(parts)
+    if declared is not None and size != declared:
+        # NOTE(queen): the client went away mid-body (the ASGI stream just ends): never act
+        # on a truncated body as if it were whole.
+        raise InvalidRequest(f"body of {size} bytes, but Content-Length said {declared}",
+                             field="Content-Length")
     encoding = (req.get_header("Content-Encoding") or "identity").strip().lower()
     if encoding in ("", "identity"):
         return body

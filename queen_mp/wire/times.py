@@ -22,14 +22,18 @@ def iso_from_us(us: int) -> str | None:
     return iso_ms(dt.datetime.fromtimestamp(us / 1_000_000, tz=dt.UTC))
 
 
+MIN_YEAR, MAX_YEAR = 1970, 9998
+
+
 def parse_iso(text: str) -> dt.datetime:
-    """ISO-8601 with a zone; a naive time is refused (ValueError): it would be ambiguous, and
-    so is one outside years 1..9999 once in UTC."""
+    """ISO-8601 with a zone; a naive time is refused (ValueError): it would be ambiguous.
+
+    Years outside 1970..9998 are refused too: nothing is stored before 1970, and at the edges
+    of Python's range a default window ("the hour before `to`") or a UTC conversion overflows.
+    """
     value = dt.datetime.fromisoformat(text.strip().replace("z", "Z"))
     if value.tzinfo is None:
         raise ValueError(f"{text!r} has no time zone (add Z or an offset)")
-    try:
-        value.astimezone(dt.UTC)
-    except OverflowError:  # e.g. 0001-01-01T00:00+01:00: no answer could render it (a 500)
-        raise ValueError(f"{text!r} is out of range once in UTC") from None
-    return value
+    if not MIN_YEAR <= value.year <= MAX_YEAR:
+        raise ValueError(f"{text!r} is outside years {MIN_YEAR}..{MAX_YEAR}")
+    return value.astimezone(dt.UTC)
