@@ -35,6 +35,16 @@ unit: $(STAMP)
 integration: $(STAMP) pg-deps
 	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)
 
+# The long fuzz run (README "Fuzzing"): tests/fuzz with FUZZ_EXAMPLES hypothesis examples per
+# test (make test runs them with a few dozen), then the seed-mutation driver for FUZZ_SECONDS.
+FUZZ_EXAMPLES ?= 20000
+FUZZ_SECONDS ?= 600
+.PHONY: fuzz
+fuzz: $(STAMP) pg-deps
+	QUEEN_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest tests/fuzz -o timeout=0 -s \
+		$(PYTEST_ARGS)
+	$(BIN)/python -m tests.fuzz.targets --seconds $(FUZZ_SECONDS)
+
 bench: $(STAMP) pg-deps
 	$(BIN)/pip install --quiet -e '.[test,bench]'
 	$(BIN)/python -m bench.push
