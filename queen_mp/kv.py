@@ -177,12 +177,13 @@ def _expect(op: dict[str, Any], index: int) -> int | None:
 
 
 def _value(value: Any, index: int) -> Any:
-    """A value orjson can write (nesting up to 254 levels, integers within 64 bits: the
+    """A value orjson can write (nesting up to 252 levels, integers within 64 bits: the
     transaction body reads big integers exactly) and jsonb can store (no NUL in a string)."""
     try:
-        text = orjson.dumps(value)
+        # NOTE(kv): inside the two levels the ops travel in (kv_procs, txn_procs: [{..}])
+        text = orjson.dumps([{"value": value}])
     except orjson.JSONEncodeError:
-        raise _bad("kv_bad_request", f"op at index {index}: value nested over 254 levels or "
+        raise _bad("kv_bad_request", f"op at index {index}: value nested over 252 levels or "
                    "holding an integer beyond 64 bits", index, "value") from None
     # PERF(kv): walk the value only when its JSON text may hold an escaped NUL.
     if b"\\u0000" in text and _holds_nul(value):
