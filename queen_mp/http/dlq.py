@@ -38,15 +38,13 @@ from queen_mp.http.authz import tenant_of
 from queen_mp.http.dbcall import call_db
 from queen_mp.http.errors import (
     JSON_UTF8,
-    InvalidRequest,
-    NameTooLong,
     NotFound,
     Unavailable,
 )
+from queen_mp.http.items import path_partition_id, path_transaction_id
 from queen_mp.http.query import Query
 from queen_mp.ipc.wakeboard import bucket_of
-from queen_mp.wire.binary_push import check_name
-from queen_mp.wire.frames import MAX_TXN_BYTES, pack_chunk_zstd, pack_frame
+from queen_mp.wire.frames import pack_chunk_zstd, pack_frame
 from queen_mp.wire.hashing import txn_hash
 from queen_mp.wire.ids import uuid7, uuid_text
 from queen_mp.wire.times import iso_ms
@@ -61,34 +59,6 @@ MAX_LIMIT = 1000
 
 
 # --------------------------------------------------------------------------------- helpers
-def _name(q: Query, key: str, *, slash_ok: bool = False) -> str | None:
-    """An optional name filter; absent or empty = no filter."""
-    value = q.text(key)
-    if not value:
-        return None
-    check_name(value, key, slash_ok=slash_ok)
-    return value
-
-
-def _partition_id(raw: str) -> int:
-    # NOTE(queen): the length first: int() refuses over 4300 digits (a 500)
-    if not (raw.isascii() and raw.isdigit()) or len(raw.lstrip("0")) > 19 \
-            or not 0 < int(raw) < 1 << 63:
-        raise InvalidRequest(f"partitionId {raw[:40]!r} is not a positive decimal int64",
-                             field="partitionId")
-    return int(raw)
-
-
-def _transaction_id(raw: str) -> str:
-    if not raw:
-        raise InvalidRequest("empty transactionId", field="transactionId")
-    size = len(raw.encode("utf-8", "surrogatepass"))
-    if size > MAX_TXN_BYTES:
-        raise NameTooLong(f"transactionId of {size} bytes, over {MAX_TXN_BYTES}",
-                          field="transactionId", limit=MAX_TXN_BYTES)
-    return raw
-
-
 def _data(row: DlqRow, cipher: PayloadCipher | None) -> orjson.Fragment | None:
     """The snapshot as JSON ``data``: decrypted, spliced verbatim (a stored payload is JSON
     text, validated at ingest); no snapshot or an empty payload is null."""
@@ -158,9 +128,9 @@ class DlqResource:
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         q = Query(req)
-        queue = _name(q, "queue")
-        group = _name(q, "consumerGroup")
-        partition = _name(q, "partition", slash_ok=True)
+        queue = q.name("queue")
+        group = q.name("consumerGroup")
+        partition = q.name("partition", slash_ok=True)
         since, until = q.time("from"), q.time("to")
         limit = q.integer("limit", DEFAULT_LIMIT, minimum=1, maximum=MAX_LIMIT)
         offset = q.integer("offset", 0, minimum=0, maximum=(1 << 63) - 1)
@@ -190,9 +160,9 @@ class RetryResource:
 
     async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response,
                       partition_id: str, transaction_id: str) -> None:
-        pid = _partition_id(partition_id)
-        txn = _transaction_id(transaction_id)
-        group = _name(Query(req), "consumerGroup")
+        pid = path_partition_id(partition_id)
+        txn = path_transaction_id(transaction_id)
+        group = Query(req).name("consumerGroup")
         tenant = tenant_of(req)
         cipher = self.worker.cipher
 
@@ -242,9 +212,9 @@ class MessageResource:
 
     async def on_delete(self, req: falcon.asgi.Request, resp: falcon.asgi.Response,
                         partition_id: str, transaction_id: str) -> None:
-        pid = _partition_id(partition_id)
-        txn = _transaction_id(transaction_id)
-        group = _name(Query(req), "consumerGroup")
+        pid = path_partition_id(partition_id)
+        txn = path_transaction_id(transaction_id)
+        group = Query(req).name("consumerGroup")
         tenant = tenant_of(req)
         n = await call_db(self.worker.pool, lambda conn: dlq_procs.delete(conn, tenant, pid, txn,
                                                                    group))

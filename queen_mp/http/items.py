@@ -32,6 +32,8 @@ __all__ = [
     "parse_group",
     "parse_json_item",
     "parse_partition_id",
+    "path_partition_id",
+    "path_transaction_id",
 ]
 
 MAX_ITEMS = 100_000
@@ -200,3 +202,24 @@ def parse_ack_item(doc: Any, index: int, default_group: str | None) -> AckItem:
     if error is not None and "\x00" in error:  # PostgreSQL text cannot hold it
         raise InvalidRequest("error contains a NUL character", field="error", index=index)
     return AckItem(index, txn, partition_id, status, parse_group(group), lease_id, error)
+
+
+def path_partition_id(raw: str) -> int:
+    """A partitionId path segment: a positive decimal int64."""
+    # NOTE(queen): the length first: int() refuses over 4300 digits (a 500)
+    if not (raw.isascii() and raw.isdigit()) or len(raw.lstrip("0")) > 19 \
+            or not 0 < int(raw) < 1 << 63:
+        raise InvalidRequest(f"partitionId {raw[:40]!r} is not a positive decimal int64",
+                             field="partitionId")
+    return int(raw)
+
+
+def path_transaction_id(raw: str) -> str:
+    """A transactionId path segment: 1..1024 UTF-8 bytes."""
+    if not raw:
+        raise InvalidRequest("empty transactionId", field="transactionId")
+    size = len(raw.encode("utf-8", "surrogatepass"))
+    if size > MAX_TXN_BYTES:
+        raise NameTooLong(f"transactionId of {size} bytes, over {MAX_TXN_BYTES}",
+                          field="transactionId", limit=MAX_TXN_BYTES)
+    return raw

@@ -61,15 +61,16 @@ from queen_mp.db import message_procs
 from queen_mp.db.message_procs import Found, GroupState, PageSegment, Segment
 from queen_mp.delivery import Claim, Delivered, unpack_messages
 from queen_mp.http import dlq
+from queen_mp.http.authz import tenant_of
 from queen_mp.http.dbcall import call_db
-from queen_mp.http.errors import JSON_UTF8, Internal, InvalidRequest, NameTooLong, NotFound
-from queen_mp.http.items import parse_group
+from queen_mp.http.errors import JSON_UTF8, Internal, InvalidRequest, NotFound
+from queen_mp.http.items import parse_group, path_partition_id, path_transaction_id
 from queen_mp.http.query import Query
 from queen_mp.wire.binary_push import check_name
 from queen_mp.wire.errors import WireError
-from queen_mp.wire.frames import MAX_TXN_BYTES, Frame, decode_chunk, iter_chunks, iter_frames
+from queen_mp.wire.frames import Frame, decode_chunk, iter_chunks, iter_frames
 from queen_mp.wire.hashing import txn_hash
-from queen_mp.wire.ids import ZERO_UUID, uuid_text
+from queen_mp.wire.ids import uuid_text
 from queen_mp.wire.times import iso_ms
 from queen_mp.worker import FrontWorker
 
@@ -91,39 +92,6 @@ FALLBACK_MAX_MESSAGES = 100_000
 
 
 # --------------------------------------------------------------------------------- helpers
-def _tenant(req: falcon.asgi.Request) -> bytes:
-    """The caller's tenant (16 bytes); the default tenant where none was decided."""
-    return getattr(req.context, "tenant", ZERO_UUID)
-
-
-def _name(q: Query, key: str, *, slash_ok: bool) -> str | None:
-    """An optional name filter; absent or empty = no filter."""
-    value = q.text(key)
-    if not value:
-        return None
-    check_name(value, key, slash_ok=slash_ok)
-    return value
-
-
-def _partition_id(raw: str) -> int:
-    # NOTE(queen): the length first: int() refuses over 4300 digits (a 500)
-    if not (raw.isascii() and raw.isdigit()) or len(raw.lstrip("0")) > 19 \
-            or not 0 < int(raw) < 1 << 63:
-        raise InvalidRequest(f"partitionId {raw[:40]!r} is not a positive decimal int64",
-                             field="partitionId")
-    return int(raw)
-
-
-def _transaction_id(raw: str) -> str:
-    if not raw:
-        raise InvalidRequest("empty transactionId", field="transactionId")
-    size = len(raw.encode("utf-8", "surrogatepass"))
-    if size > MAX_TXN_BYTES:
-        raise NameTooLong(f"transactionId of {size} bytes, over {MAX_TXN_BYTES}",
-                          field="transactionId", limit=MAX_TXN_BYTES)
-    return raw
-
-
 def _status_of(offset: int, committed: int, lease_start: int | None, lease_end: int | None,
                dead: bool) -> str:
     """api.md 2.9 for one offset and one group (sql/075_messages.sql header)."""
@@ -153,7 +121,7 @@ class _Filters:
 def _filters(req: falcon.asgi.Request, queue: str | None = None) -> _Filters:
     q = Query(req)
     if queue is None:
-        queue = _name(q, "queue", slash_ok=False)
+        queue = q.name("queue")
     status = q.text("status") or None
     if status is not None and status not in STATUSES:
         raise InvalidRequest(f"status={status!r}: one of {', '.join(STATUSES)}", field="status")
@@ -161,8 +129,8 @@ def _filters(req: falcon.asgi.Request, queue: str | None = None) -> _Filters:
     if since is not None and until is not None and since > until:
         raise InvalidRequest("'from' must not be after 'to'", field="from")
     return _Filters(
-        queue=queue, partition=_name(q, "partition", slash_ok=True),
-        namespace=_name(q, "namespace", slash_ok=True), task=_name(q, "task", slash_ok=True),
+        queue=queue, partition=q.name("partition", slash_ok=True),
+        namespace=q.name("namespace", slash_ok=True), task=q.name("task", slash_ok=True),
         group=parse_group(q.text("consumerGroup")), status=status, since=since, until=until,
         limit=q.integer("limit", DEFAULT_LIMIT, minimum=1, maximum=MAX_LIMIT),
         offset=q.integer("offset", 0, minimum=0, maximum=MAX_OFFSET))
@@ -277,7 +245,7 @@ class _Listing:
 
     async def _answer(self, req: falcon.asgi.Request, resp: falcon.asgi.Response,
                       f: _Filters, *, queue_route: bool) -> None:
-        tenant = _tenant(req)
+        tenant = tenant_of(req)
         page = await call_db(self.worker.pool, lambda conn: message_procs.list_page(
             conn, tenant, queue=f.queue, partition=f.partition, namespace=f.namespace,
             task=f.task, group=f.group, status=f.status, since=f.since, until=f.until,
@@ -413,10 +381,10 @@ class MessageResource(dlq.MessageResource):
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response,
                      partition_id: str, transaction_id: str) -> None:
-        pid = _partition_id(partition_id)
-        txn = _transaction_id(transaction_id)
+        pid = path_partition_id(partition_id)
+        txn = path_transaction_id(transaction_id)
         group = parse_group(Query(req).text("consumerGroup"))
-        tenant = _tenant(req)
+        tenant = tenant_of(req)
         max_chunk = self.worker.config.max_decompressed_mb << 20
         hit = await call_db(self.worker.pool,
                             lambda conn: _lookup(conn, tenant, pid, txn, max_chunk))

@@ -11,6 +11,7 @@ from urllib.parse import parse_qsl
 import falcon.asgi
 
 from queen_mp.http.errors import InvalidRequest
+from queen_mp.wire.binary_push import check_name
 from queen_mp.wire.times import parse_iso
 
 __all__ = ["Query"]
@@ -32,6 +33,14 @@ class Query:
 
     def text(self, name: str, default: str | None = None) -> str | None:
         return self._values.get(name, default)
+
+    def name(self, key: str, *, slash_ok: bool = False) -> str | None:
+        """An optional name filter (queue, group, partition...); absent or empty = none."""
+        value = self._values.get(key)
+        if not value:
+            return None
+        check_name(value, key, slash_ok=slash_ok)
+        return value
 
     def flag(self, name: str, default: bool) -> bool:
         raw = self._values.get(name)
