@@ -46,9 +46,16 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from urllib.parse import urlsplit
 
-__all__ = ["LoadRun", "LoadSpec", "percentiles", "run_load"]
+__all__ = ["LoadRun", "LoadSpec", "payload", "percentiles", "run_load"]
 
 PAYLOAD_BYTES = 200
+_PAD = b"x" * PAYLOAD_BYTES
+
+
+def payload(producer: bytes, seq: int) -> bytes:
+    """The benchmark message: exactly PAYLOAD_BYTES of JSON naming its producer and sequence."""
+    head = b'{"producer":"%s","seq":%d,"pad":"' % (producer, seq)
+    return head + _PAD[:PAYLOAD_BYTES - len(head) - 2] + b'"}'
 
 
 @dataclass
@@ -95,7 +102,6 @@ class _Worker:
                      "Content-Type: application/json\r\nContent-Length: ").encode()
         self.item_tpl = (b'{"queue":"' + queue.encode() + b'","partition":"p-%04d",'
                          b'"transactionId":"%s-%d","payload":%s}')
-        self.pad = b"x" * PAYLOAD_BYTES
         self.queued_all = 0  # queued items of every 201, late ones included (integrity check)
         self.items_sent = 0
         self.ok = 0
@@ -106,20 +112,16 @@ class _Worker:
         self.lat = array("d")
         self.end = 0.0
 
-    def payload(self, producer: bytes, seq: int) -> bytes:
-        head = b'{"producer":"%s","seq":%d,"pad":"' % (producer, seq)
-        return head + self.pad[:PAYLOAD_BYTES - len(head) - 2] + b'"}'
-
     def body(self, producer: bytes, seq: int) -> tuple[bytes, int]:
         n = self.items
         rnd = self.rng.randrange
         tpl = self.item_tpl
         if self.spread == "item":
             parts = [tpl % (rnd(self.partitions), producer, seq + i,
-                            self.payload(producer, seq + i)) for i in range(n)]
+                            payload(producer, seq + i)) for i in range(n)]
         else:
             p = rnd(self.partitions)
-            parts = [tpl % (p, producer, seq + i, self.payload(producer, seq + i))
+            parts = [tpl % (p, producer, seq + i, payload(producer, seq + i))
                      for i in range(n)]
         return b'{"items":[' + b",".join(parts) + b"]}", seq + n
 
