@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: run test unit integration bench lint clean pg-deps readme-config
+.PHONY: run test unit integration bench bench-quick lint clean pg-deps readme-config
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -47,9 +47,11 @@ fuzz: $(STAMP) pg-deps
 
 bench: $(STAMP) pg-deps
 	$(BIN)/pip install --quiet -e '.[test,bench]'
-	$(BIN)/python -m bench.push
-	$(BIN)/python -m bench.consume
-	$(BIN)/python -m bench.ack
+	$(BIN)/python -m bench.suite --docs docs/benchmarks.md
+
+bench-quick: $(STAMP) pg-deps
+	$(BIN)/pip install --quiet -e '.[test,bench]'
+	$(BIN)/python -m bench.suite --quick
 
 lint: $(STAMP)
 	$(BIN)/ruff check queen_mp tests bench
