@@ -25,6 +25,7 @@ from typing import Any
 from queen_mp.db.bundles import BundleWriter, PushBundle
 from queen_mp.db.errors import DatabaseError
 from queen_mp.metrics import Metrics
+from queen_mp.shards.dedupfilter import DedupFilter
 from queen_mp.wire import frames as wf
 from queen_mp.wire.ids import ZERO_UUID
 from queen_mp.wire.records import ItemVerdict, PushGroup, PushVerdict, blob_from_pieces
@@ -165,8 +166,9 @@ class PushFusion:
 
     def __init__(self, writer: BundleWriter, reply: Reply, metrics: Metrics, *,
                  bundle_max: int, max_inflight: int, hold_ms: int,
-                 stored: Stored | None = None) -> None:
+                 stored: Stored | None = None, dedup_entries: int = 500_000) -> None:
         self.writer = writer
+        self.dedup = DedupFilter(dedup_entries)
         self.reply = reply
         self.stored = stored
         self.metrics = metrics
@@ -250,7 +252,8 @@ class PushFusion:
         bundle = PushBundle(
             queues=[s.key[1] for s in segments], partitions=[s.key[2] for s in segments],
             counts=[len(s.refs) for s in segments], hashes=[s.hashes for s in segments],
-            verified=[0] * len(segments), blobs=[s.blob for s in segments],
+            verified=[self.dedup.verified(s.key, s.hashes) for s in segments],
+            blobs=[s.blob for s in segments],
             tenants=[uuid.UUID(bytes=s.key[0]) for s in segments])
         started = time.monotonic()
         results = await self.writer.push_multi(bundle)
@@ -270,6 +273,8 @@ class PushFusion:
             if res["s"] == "queued":
                 stored.add((seg.key[0], seg.key[1]))
                 base = int(res["base"])
+                self.dedup.committed(seg.key, pid, base, len(seg.refs), seg.hashes,
+                                     int(res.get("w", 0)))
                 for k, (e, j) in enumerate(seg.refs):
                     e.resolve(j, QUEUED, base + k)
                 for e, j, k in seg.followers:

@@ -78,7 +78,8 @@ class Shard:
                                  bundle_max=config.v2_bundle_max,
                                  max_inflight=config.v2_fusion_max_inflight,
                                  hold_ms=config.v2_fusion_hold_ms,
-                                 stored=self.wake_pops)
+                                 stored=self.wake_pops,
+                                 dedup_entries=config.dedup_filter_entries)
         self.wake_board = WakeBoard.attach(runtime.wake_board)
         self.waker = Waker(self.wake_board, runtime.prefix, config.pg_dsn,
                            notify=config.wake_notify)

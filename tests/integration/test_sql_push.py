@@ -126,7 +126,7 @@ def test_first_push_allocates_1_to_n_and_stores_both_rows(db):
     assert len(res) == 1
     r = res[0]
     pid = pid_of(db, q, "p")
-    assert set(r) == {"i", "pid", "s", "base", "ts"}
+    assert set(r) == {"i", "pid", "s", "base", "ts", "w"}  # w: the dedup window (100_push)
     assert (r["i"], r["pid"], r["s"], r["base"]) == (0, pid, "queued", 1)
     base, n, created, payload = db.execute(
         "SELECT base_offset, msg_count, created_at, payload FROM queen.log_segments "
