@@ -513,11 +513,24 @@ class Bench:
         consumers = [asyncio.create_task(consumer_loop(
             arm, h, queue, a.e2e_batch, a.e2e_partitions, group, st, on_batch, a.poll_ms / 1000))
             for h in chttps]
-        phttp = Http(arm.url)
+        # Several producer connections: a push is sent on schedule even while an earlier one
+        # is still being answered (one connection would pace the rate by the push latency).
+        phttps = [Http(arm.url) for _ in range(a.e2e_producers)]
+        free: asyncio.Queue[Http] = asyncio.Queue()
+        for h in phttps:
+            free.put_nowait(h)
         push_errors: Counter[str] = Counter()
         push_samples: list[str] = []
 
         async def push_one(seq: int, txn: str, items: int = 1) -> tuple[float, float] | None:
+            phttp = await free.get()
+            try:
+                return await push_on(phttp, seq, txn, items)
+            finally:
+                free.put_nowait(phttp)
+
+        async def push_on(phttp: Http, seq: int, txn: str, items: int
+                          ) -> tuple[float, float] | None:
             # `items` messages in one request: seq .. seq + items - 1, txn-0 .. txn-(items-1)
             # when items > 1 (1,000 msgs/s as 100 requests of 10 stays inside what a 2-core
             # broker answers one request at a time).
@@ -557,6 +570,16 @@ class Bench:
             nxt = t_start
             seq = 0
             behind = 0
+            inflight: set[asyncio.Task[None]] = set()
+
+            async def push_and_record(seq: int, txn: str) -> None:
+                got = await push_one(seq, txn, a.e2e_items)
+                if got is not None:
+                    if a.e2e_items == 1:
+                        sent[txn] = got
+                    else:
+                        sent.update((f"{txn}-{i}", got) for i in range(a.e2e_items))
+
             while mono() - t_start < a.e2e_duration:
                 now = mono()
                 if nxt > now:
@@ -565,14 +588,14 @@ class Bench:
                     behind += 1
                     nxt = now
                 nxt += interval
-                txn = f"{producer}-{seq}"
-                got = await push_one(seq, txn, a.e2e_items)
-                if got is not None:
-                    if a.e2e_items == 1:
-                        sent[txn] = got
-                    else:
-                        sent.update((f"{txn}-{i}", got) for i in range(a.e2e_items))
+                if free.empty():
+                    behind += 1  # every producer connection is still waiting for an answer
+                task = asyncio.create_task(push_and_record(seq, f"{producer}-{seq}"))
+                inflight.add(task)
+                task.add_done_callback(inflight.discard)
                 seq += a.e2e_items
+            if inflight:
+                await asyncio.wait(inflight)
             window = mono() - t_start
             cpu = probe.stop()
             deadline = mono() + a.e2e_grace
@@ -580,7 +603,7 @@ class Bench:
                 await asyncio.sleep(0.02)
         finally:
             await cancel_all(consumers)
-            for h in [*chttps, phttp]:
+            for h in [*chttps, *phttps]:
                 h.close()
         from_answer = [recv[t] - v[1] for t, v in sent.items() if t in recv]
         from_send = [recv[t] - v[0] for t, v in sent.items() if t in recv]
@@ -1175,6 +1198,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     # 1. end-to-end
     ap.add_argument("--e2e-rate", type=float, default=50.0, help="pushes per second (50)")
     ap.add_argument("--e2e-items", type=int, default=1, help="messages per push (1)")
+    ap.add_argument("--e2e-producers", type=int, default=4,
+                    help="producer connections: a push leaves on schedule even while earlier "
+                         "ones wait for their answer (4)")
     ap.add_argument("--e2e-duration", type=float, default=6.0, help="window per round (6 s)")
     ap.add_argument("--e2e-rounds", type=int, default=2, help="A B rounds (2)")
     ap.add_argument("--e2e-partitions", type=int, default=10)

@@ -46,6 +46,8 @@ _TICK_S = 0.2          # how often a listener looks whether the periodic re-read
 _REFRESH_MS = 900      # re-read age that makes it due: one re-read per ~second per instance
 _BEHIND_FORCE = 3      # re-reads in a row below the board's version: the database was replaced
 _CONNECT_TIMEOUT_S = 5
+_PEERS_EVERY_S = 2.0   # how long "no other instance listens" is believed
+LISTENER_NAME = "queen-mp wake listener"
 
 
 async def fetch_flags(conn: psycopg.AsyncConnection[Any]) -> dict[str, Any]:
@@ -83,6 +85,8 @@ class Waker:
         self._pending: set[int] = set()
         self._task: asyncio.Task[None] | None = None
         self._conn: psycopg.AsyncConnection | None = None
+        self._peers = True
+        self._peers_at = float("-inf")
 
     def wake(self, buckets: Iterable[int]) -> None:
         buckets = set(buckets)
@@ -114,6 +118,9 @@ class Waker:
                     self._conn = await psycopg.AsyncConnection.connect(
                         self.dsn, autocommit=True, connect_timeout=_CONNECT_TIMEOUT_S,
                         application_name="queen-mp waker")
+                if not await self._have_peers(self._conn):
+                    self._pending.clear()  # nobody else listens: the local board is enough
+                    return
                 await self._conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, payload))
             except psycopg.Error as ex:
                 # NOTE(queen): best effort; another instance's parked pop still wakes at its
@@ -123,6 +130,15 @@ class Waker:
                 if self._conn is not None:
                     await self._conn.close()
                     self._conn = None
+
+    async def _have_peers(self, conn: psycopg.AsyncConnection[Any]) -> bool:
+        loop = asyncio.get_running_loop()
+        if loop.time() - self._peers_at >= _PEERS_EVERY_S:
+            cur = await conn.execute("SELECT queen.wake_peers_v1(%s)", (self.instance,))
+            row = await cur.fetchone()
+            self._peers = bool(row and row[0])
+            self._peers_at = loop.time()
+        return self._peers
 
     async def close(self) -> None:
         if self._task is not None:
@@ -163,7 +179,7 @@ class WakeListener:
             try:
                 async with await psycopg.AsyncConnection.connect(
                         self.dsn, autocommit=True, connect_timeout=_CONNECT_TIMEOUT_S,
-                        application_name="queen-mp wake listener") as conn:
+                        application_name=f"{LISTENER_NAME} {self.instance}") as conn:
                     if self.wake:
                         await conn.execute(_listen(CHANNEL))
                         if connected_before and self.board is not None:
