@@ -75,6 +75,7 @@ def _fmt(v: Any, f: Fmt) -> str:
 # figure key -> (column header, formatter), in column order
 COLUMNS: dict[str, tuple[str, Fmt]] = {
     "msgs_per_s": ("msgs/s", _rate), "requests_per_s": ("req/s", _rate),
+    "pushed_per_s": ("pushed/s", _rate), "backlog_end": ("backlog at end", _int),
     "p50_ms": ("p50 ms", _ms), "p99_ms": ("p99 ms", _ms), "p999_ms": ("p99.9 ms", _ms),
     "max_ms": ("max ms", _ms), "commits_per_s": ("commits/s", _rate),
     "msgs_per_commit": ("msgs/commit", _f1), "segs_per_commit": ("segs/commit", _f1),

@@ -14,11 +14,17 @@ Arms (bench/README.md says what each one is and why it is built that way):
 
 Sections: ``push`` (batch 1/10/100/1000, 64 connections, 1,000 partitions), ``consume``
 (drain a pre-filled queue, pop batch 100 + one ack per batch), ``mixed`` (push and consume at
-once with 1/4/16 consumers), ``fanout`` (4 consumer groups), ``e2e`` (latency at 1,000 msg/s),
-``wake`` (1,000 parked pops). Every cell alternates the arms (A B C D, A B C D, ...) and every
-figure is the median of the rounds; queen-mp's figures are also given as ratios to each other
-arm of the same run. The queen-mp messages of ``push``, ``mixed`` and ``fanout`` go through
-the zero-loss ledger (bench/ledger.py): any loss fails the run.
+once: 16 closed-loop connections pushing 10-item requests over 100 partitions while 1/4/16
+consumers pop batch 100 and ack each batch with one call; msgs/s = acked inside the window,
+next to pushed/s and the backlog at the window's end), ``fanout`` (queen-mp only: a queue
+pre-filled with 40,000 messages over 100 partitions drained by 4 consumer groups of 2 consumers
+each at once; msgs/s = deliveries of all groups / time until the last group acked them all;
+naive and pgmq have no consumer groups, and a copy of the queue per group would be another
+design, not the same workload), ``e2e`` (latency at 1,000 msg/s), ``wake`` (1,000 parked
+pops). Every cell alternates the arms (A B C D, A B C D, ...) and every figure is the median
+of the rounds; queen-mp's figures are also given as ratios to each other arm of the same run.
+The queen-mp messages of ``push``, ``mixed`` and ``fanout`` go through the zero-loss ledger
+(bench/ledger.py): any loss fails the run.
 """
 
 from __future__ import annotations
@@ -28,12 +34,14 @@ import asyncio
 import contextlib
 import datetime as dt
 import json
+import resource
 import shutil
 import signal
 import sys
 import tempfile
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +76,9 @@ from bench.push import (
 from queen_mp.db.embedded import EmbeddedPostgres
 
 mono = time.monotonic
-PUSH_ARMS = ("queen-mp", "queen-mp-qpb1", "naive", "pgmq", "physical")
+# queen-mp-qpb1 shares queen-mp's database: one arm between them lets the commit counters of
+# the first settle before the second loads that database.
+PUSH_ARMS = ("queen-mp", "naive", "queen-mp-qpb1", "pgmq", "physical")
 HTTP_SERVER = {"queen-mp": "queen-mp", "queen-mp-qpb1": "queen-mp", "naive": "baseline"}
 STATS_LAG_S = 11.0  # idle backends publish pg_stat_database counters up to 10 s late
 
@@ -218,6 +228,125 @@ def med(values: list[Any]) -> float | None:
     return vals[n // 2] if n % 2 else (vals[n // 2 - 1] + vals[n // 2]) / 2
 
 
+# ------------------------------------------------------------------------------ deliveries
+class _Stop(Exception):
+    """Raised from a consumer's ack callback once the window is over: ends
+    ``cons.consumer_loop`` right after an ack, never between a pop and its ack."""
+
+
+def _rusage_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+class Deliveries:
+    """One consumer group's deliveries to the measured consumers (``cons.consumer_loop``),
+    for the zero-loss ledger. Inside the window the callback only keeps a reference to each
+    pop answer's messages and the fate of its ack (O(1) per batch, so the consumers' CPU stays
+    theirs); ``compact`` files them after the window as ``ledger.drain`` would
+    (``ledger.Consumed``); ``consumed`` merges the ledger's drain of the same group, run
+    later, into it: a message delivered again by the drain is a redelivery, explained if the
+    measured consumer's ack was not a full success (the drain does the same within itself)."""
+
+    def __init__(self, group: str) -> None:
+        self.group = group
+        self.acked = 0
+        self.batches: list[tuple[float, list[dict[str, Any]], list[str]]] = []
+        self.out = ledgers.Consumed(group)
+        self.firsts: dict[tuple[str, int], tuple[bytes, list[str]]] = {}
+        self.again: list[tuple[ledgers.Redelivery, list[str]]] = []
+
+    def callback(self, stop: asyncio.Event | None = None, on_ack: Any = None) -> Any:
+        """``on_batch`` of one consumer loop (it pops and acks one batch at a time)."""
+        cur: list[Any] = [None, None]
+
+        def on_batch(msgs: list[dict[str, Any]] | None, t: Any) -> None:
+            if msgs is not None:
+                fate = ["pending"]  # an ack that never got a 200 leaves it pending
+                self.batches.append((t, msgs, fate))
+                cur[0], cur[1] = msgs, fate
+                return
+            if cur[1] is not None:
+                n = len(cur[0])
+                cur[1][0] = "ok" if t == n else f"failed:{n - t} of {n} items"
+                cur[0] = cur[1] = None
+            self.acked += t
+            if on_ack is not None:
+                on_ack(t)
+            if stop is not None and stop.is_set():
+                raise _Stop
+
+        return on_batch
+
+    def compact(self) -> None:
+        """Files the batches kept so far (after the consumers have stopped)."""
+        out = self.out
+        self.batches.sort(key=lambda b: b[0])
+        for _, msgs, fate in self.batches:
+            for m in msgs:
+                data = m.get("data")
+                pid, mid = int(m["partitionId"]), str(m["id"])
+                attempt = int(m.get("deliveryAttempt") or 0)
+                if not (isinstance(data, dict) and isinstance(data.get("producer"), str)
+                        and isinstance(data.get("seq"), int)):
+                    out.foreign.append({"message_id": mid, "partition_id": pid,
+                                        "offset": m.get("offset"),
+                                        "transaction_id": m.get("transactionId"),
+                                        "data": str(data)[:120]})
+                    continue
+                producer, seq = data["producer"], data["seq"]
+                raw = uuid.UUID(mid).bytes
+                first = self.firsts.get((producer, seq))
+                if first is None:
+                    self.firsts[producer, seq] = (raw, fate)
+                elif first[0] == raw:  # the same message again
+                    self.again.append((ledgers.Redelivery(
+                        mid, pid, int(m.get("offset", -1)), attempt, producer, seq,
+                        "pending", False), first[1]))
+                    continue
+                # else: another message with the same producer/seq: check() calls it stored
+                # twice (a DUPLICATE)
+                out.add(producer, seq, raw, transaction_id=m.get("transactionId"),
+                        partition_id=pid, attempt=attempt)
+        self.batches = []
+
+    def consumed(self, drained: ledgers.Consumed | None) -> ledgers.Consumed:
+        """The measured consumers' deliveries and the drain's, as one ``Consumed``. A
+        redelivery's first ack is read now: every ack of the window has been answered."""
+        self.compact()
+        out = self.out
+        for rd, fate in self.again:
+            rd.first_ack = fate[0]
+            out.redeliveries.append(rd)
+        self.again = []
+        window = {"first_deliveries": out.first_deliveries,
+                  "redeliveries": len(out.redeliveries), "acked": self.acked}
+        if drained is None:
+            out.stats = {"measured_consumers": window}
+            return out
+        for producer, seqs in drained.seqs.items():
+            ids, parts = drained.ids[producer], drained.partitions[producer]
+            attempts = drained.attempts[producer]
+            for i, seq in enumerate(seqs):
+                raw = bytes(ids[16 * i:16 * i + 16])
+                first = self.firsts.get((producer, seq))
+                if first is not None and first[0] == raw:
+                    out.redeliveries.append(ledgers.Redelivery(
+                        str(uuid.UUID(bytes=raw)), parts[i], -1, attempts[i], producer, seq,
+                        first[1][0], False))
+                else:  # the drain already compared its transactionId
+                    out.add(producer, seq, raw, partition_id=parts[i], attempt=attempts[i])
+        out.foreign += drained.foreign
+        out.txn_mismatches += drained.txn_mismatches
+        out.redeliveries += drained.redeliveries
+        out.stats = {**drained.stats, "measured_consumers": window}
+        return out
+
+
+def _mixed_variant(consumers: int) -> str:
+    return f"{consumers} consumer" + ("" if consumers == 1 else "s")
+
+
 # ------------------------------------------------------------------------------ the suite
 class Suite(cons.Bench):
     """queen-mp and the naive broker come from bench/consume.py's setup; pgmq and the
@@ -283,14 +412,16 @@ class Suite(cons.Bench):
 
     def settle(self, running: str | None = None, force: bool = False) -> None:
         """Read the commit counters of finished windows once their backends have published
-        them; never of the database about to be loaded (``running``)."""
+        them. A window of the database about to be loaded (``running``) is read before the
+        load starts, waiting for its lag if needed, so no other window's commits land in it
+        (the arm order keeps that wait rare)."""
         assert self.monitor is not None
         busy_db = db_name(self.dsn_of(running)) if running else None
         keep = []
         for p in self.pending:
             c = p["_commits"]
             wait = c["t_end"] + STATS_LAG_S - mono()
-            if c["db"] == busy_db or (wait > 0 and not force):
+            if wait > 0 and not force and c["db"] != busy_db:
                 keep.append(p)
                 continue
             if wait > 0:
@@ -450,6 +581,339 @@ class Suite(cons.Bench):
                 await asyncio.sleep(a.pause)
         self.settle(force=True)
 
+    # -------------------------------------------------------------- mixed
+    async def run_mixed(self) -> None:
+        """Push and consume at once. Per cell a fresh queue, a closed-loop load generator
+        (``--mixed-connections`` connections, ``--mixed-items``-item requests, 100 partitions)
+        and, over the same window, C consumers popping ``--mixed-batch`` and acking each batch
+        with one call. queen-mp's consumers are the group ``mixed`` (long poll); its ledger
+        check drains that group at the end of the section (after the commit counters are
+        read, so the drain does not count as the cell's commits)."""
+        a = self.args
+        arms = [x for x in ("queen-mp", "naive", "pgmq") if x in a.arms]
+        print(f"[{self.clock()}] mixed: {a.mixed_connections} push connections x "
+              f"{a.mixed_items} items, consumers {a.mixed_consumers} x pop batch "
+              f"{a.mixed_batch} + one ack per batch, {a.duration:g} s windows, {a.rounds} "
+              "rounds", flush=True)
+        checks: list[tuple[str, str, Path, dict[str, Deliveries]]] = []
+        for consumers in a.mixed_consumers:
+            for rnd in range(1, a.rounds + 1):
+                for arm in arms:
+                    self.settle(running=arm)
+                    if arm == "pgmq":
+                        cell = await asyncio.to_thread(self.mixed_pgmq_cell, consumers, rnd)
+                    else:
+                        cell, check = await self.mixed_http_cell(arm, consumers, rnd)
+                        if check is not None:
+                            checks.append(check)
+                    self.record(cell)
+                    print(f"  mixed {cell['variant']:<12} r{rnd} {arm:<9} "
+                          f"{cell['msgs_per_s'] or 0:>9,.0f} msgs/s consumed, "
+                          f"{cell['pushed_per_s'] or 0:>9,.0f} pushed/s, backlog "
+                          f"{cell['backlog_end']:,}, pop p50 {cell['p50_ms'] or 0:.1f} ms "
+                          f"p99 {cell['p99_ms'] or 0:.1f} ms, errors {cell['errors']}",
+                          flush=True)
+                    await asyncio.sleep(a.pause)
+        self.settle(force=True)
+        for name, queue, ldir, seen in checks:
+            await self.check_ledger(name, queue, list(seen), ledger_dir=ldir, seen=seen)
+
+    def _mixed_cell(self, arm: str, consumers: int, rnd: int, push: dict[str, Any],
+                    consumed: int, window: float, pop_lat: dict[str, Any]) -> dict[str, Any]:
+        pushed = push["items_queued"]
+        return {
+            "section": "mixed", "variant": _mixed_variant(consumers), "arm": arm, "round": rnd,
+            "consumers": consumers, "msgs": consumed,
+            "msgs_per_s": consumed / window if window > 0 else None,
+            "pushed": pushed, "pushed_per_s": push["msgs_per_s"],
+            "backlog_end": pushed - consumed,
+            "p50_ms": pop_lat.get("p50"), "p99_ms": pop_lat.get("p99"),
+            "push_p50_ms": push["latency_ms"]["p50"], "push_p99_ms": push["latency_ms"]["p99"],
+            "late_requests": push["late_requests"],
+        }
+
+    @staticmethod
+    def _push_errors(res: dict[str, Any]) -> int:
+        return res["error_requests"] + sum(v for k, v in res["statuses"].items()
+                                           if k != "queued")
+
+    async def mixed_http_cell(self, arm: str, consumers: int, rnd: int
+                              ) -> tuple[dict[str, Any], Any]:
+        a = self.args
+        queen = arm == "queen-mp"
+        server = self.servers[HTTP_SERVER[arm]]
+        http_arm = self.arm(HTTP_SERVER[arm])
+        tag = f"{self.run_id[:4]}m{arm[0]}{consumers}r{rnd}"
+        queue = f"mx-{self.run_id}-{arm[0]}{consumers}r{rnd}"
+        ldir = self.ledger_root / f"mixed-{consumers}c-r{rnd}" if queen else None
+        spec = LoadSpec(url=server.url, connections=a.mixed_connections, procs=a.procs,
+                        items=a.mixed_items, duration=a.duration, partitions=100, queue=queue,
+                        tag=tag, ledger_dir=str(ldir) if ldir else None)
+        st = cons.OpStats()
+        stop = asyncio.Event()
+        seen = Deliveries("mixed") if queen else None
+        https = [cons.Http(server.url) for _ in range(consumers)]
+        tasks: list[asyncio.Task[Any]] = []
+        run = LoadRun(spec)
+        self.load = run
+        try:
+            for h in https:
+                await h.connect()
+            await asyncio.sleep(max(0.0, run.start_at - time.time()))
+            meter = Meter(self, arm)
+            cpu0 = _rusage_s()
+            for h in https:
+                # queen-mp: stop after an ack once the window is over (a consumer cancelled
+                # between pop and ack would leave its messages leased, out of the drain's
+                # reach). naive: no ledger; its consumers are cancelled at the window's end.
+                cb = (seen.callback(stop) if seen is not None
+                      else (lambda msgs, t: None))
+                tasks.append(asyncio.create_task(cons.consumer_loop(
+                    http_arm, h, queue, a.mixed_batch, a.mixed_pop_partitions, "mixed", st,
+                    cb, a.poll_ms / 1000, wait_ms=1000)))
+            await asyncio.sleep(max(0.0, run.end_at - time.time()))
+            rep = st.reset()
+            cpu1 = _rusage_s()
+            meter.stop()
+            stop.set()
+            if not queen:
+                await cons.cancel_all(tasks)
+            res = await asyncio.to_thread(run.wait)
+            cancelled = await self._stop_consumers(tasks, st) if queen else len(tasks)
+        except BaseException:
+            run.kill()
+            await cons.cancel_all(tasks)
+            raise
+        finally:
+            self.load = None
+            for h in https:
+                h.close()
+        cell = self._mixed_cell(arm, consumers, rnd, res, rep["acked"], meter.window,
+                                rep["pop_latency_ms"])
+        cell.update({
+            "queue": queue,
+            "errors": self._push_errors(res) + sum(rep["errors"].values())
+            + rep["ack_failed_items"],
+            "pops": rep["pops"], "empty_pops": rep["empty_pops"],
+            "msgs_per_pop": rep["msgs_per_pop"], "consumers_cancelled": cancelled})
+        cell.update(meter.figures(res["loadgen_cpu_s"] + cpu1 - cpu0, rep["acked"]))
+        cell["raw"] = {"push": {k: v for k, v in res.items() if k not in ("workers", "spec")},
+                       "consumer": rep}
+        check = None
+        if seen is not None and ldir is not None:
+            seen.compact()
+            check = (f"mixed {_mixed_variant(consumers)} r{rnd}", queue, ldir, {"mixed": seen})
+        return cell, check
+
+    async def _stop_consumers(self, tasks: list[asyncio.Task[Any]], st: cons.OpStats,
+                              quiet: float = 1.5, cap: float = 15.0) -> int:
+        """After the window (the stop event set, the producers gone): each consumer ends
+        after its next ack (``_Stop``); those left once no ack has come for ``quiet`` s are
+        parked on a queue with nothing left for them and are cancelled (no push can arrive
+        any more, so a parked pop claims nothing). Returns how many were cancelled."""
+        t_end = mono() + cap
+        last, t_last = st.acked, mono()
+        pending = {t for t in tasks if not t.done()}
+        while pending and mono() < t_end:
+            _, pending = await asyncio.wait(pending, timeout=0.1)
+            if st.acked != last:
+                last, t_last = st.acked, mono()
+            elif mono() - t_last >= quiet:
+                break
+        await cons.cancel_all(list(pending))
+        for t in tasks:
+            if t.cancelled():
+                continue
+            ex = t.exception()
+            if ex is not None and not isinstance(ex, _Stop):
+                raise RuntimeError(f"consumer loop failed: {type(ex).__name__}: {ex}") from ex
+        return len(pending)
+
+    def mixed_pgmq_cell(self, consumers: int, rnd: int) -> dict[str, Any]:
+        """pgmq: the load generator's ``send_batch`` calls and ``PgmqConsumeRun`` (non-drain:
+        read + delete for the window), both started at the same instant."""
+        a = self.args
+        queue = f"m{self.run_id}c{consumers}r{rnd}"
+        create_pgmq_queue(self.dbs["pgmq"], queue)
+        load = PgLoadRun(PgLoadSpec(dsn=self.dbs["pgmq"], kind="pgmq",
+                                    connections=a.mixed_connections, procs=a.procs,
+                                    items=a.mixed_items, duration=a.duration, queue=queue,
+                                    partitions=100, tag=f"{self.run_id[:4]}mp{consumers}r{rnd}"))
+        self.load = load  # type: ignore[assignment]
+        consume = None
+        try:
+            consume = PgmqConsumeRun(PgmqConsumeSpec(
+                dsn=self.dbs["pgmq"], queue=queue, consumers=consumers, procs=1,
+                batch=a.mixed_batch, duration=a.duration, poll_ms=int(a.poll_ms)),
+                start_delay=max(0.0, load.start_at - time.time()))
+            time.sleep(max(0.0, load.start_at - time.time()))
+            meter = Meter(self, "pgmq")
+            time.sleep(max(0.0, load.end_at - time.time()))
+            meter.stop()
+            res = load.wait()
+            cres = consume.wait()
+        except BaseException:
+            load.kill()
+            if consume is not None:
+                consume.kill()
+            raise
+        finally:
+            self.load = None
+        cell = self._mixed_cell("pgmq", consumers, rnd, res, cres["consumed"], a.duration,
+                                cres["read_latency_ms"])
+        cell.update({
+            "queue": queue,
+            "errors": self._push_errors(res) + sum(cres["errors"].values()),
+            "pops": cres["reads"], "empty_pops": cres["empty_reads"],
+            "redelivered": cres["redelivered"]})
+        cell.update(meter.figures(res["loadgen_cpu_s"] + cres["cpu_s"], cres["consumed"]))
+        cell["raw"] = {"push": {k: v for k, v in res.items() if k not in ("workers", "spec")},
+                       "consumer": {k: v for k, v in cres.items()
+                                    if k not in ("workers", "spec")}}
+        return cell
+
+    # -------------------------------------------------------------- fanout
+    async def run_fanout(self) -> None:
+        """queen-mp only: naive and pgmq have no consumer groups (a message is consumed once,
+        by whoever deletes it), and giving each group its own copy of the queue would be
+        another design (N times the writes), not the same workload."""
+        a = self.args
+        print(f"[{self.clock()}] fanout: {a.fanout_messages:,} messages, {a.fanout_groups} "
+              f"groups x {a.fanout_consumers} consumers, pop batch {a.fanout_batch} + one ack "
+              f"per batch, {a.rounds} rounds", flush=True)
+        checks = []
+        for rnd in range(1, a.rounds + 1):
+            self.settle(running="queen-mp")
+            cell, check = await self.fanout_cell(rnd)
+            self.record(cell)
+            checks.append(check)
+            per = ", ".join(f"{g} {v if v is None else round(v, 2)} s"
+                            for g, v in cell["group_elapsed_s"].items())
+            print(f"  fanout r{rnd} {cell['msgs_per_s'] or 0:>10,.0f} deliveries/s "
+                  f"({cell['messages']:,} x {a.fanout_groups} groups in "
+                  f"{cell['elapsed_s']:.2f} s; {per}) pop p50 {cell['p50_ms'] or 0:.1f} ms "
+                  f"p99 {cell['p99_ms'] or 0:.1f} ms, errors {cell['errors']}", flush=True)
+            await asyncio.sleep(a.pause)
+        self.settle(force=True)
+        for name, queue, ldir, seen in checks:
+            await self.check_ledger(name, queue, list(seen), ledger_dir=ldir, seen=seen)
+
+    def fanout_fill(self, queue: str, ldir: Path, rnd: int) -> tuple[int, float, dict[str, Any]]:
+        """Closed-loop windows of ``--prefill-request``-item pushes (each item on its own
+        partition of 100), through the ledger, until ``--fanout-messages`` are queued.
+        Returns (messages stored in the queue, seconds, the ledger's totals)."""
+        a = self.args
+        server = self.servers["queen-mp"]
+        queued, rate, k, t0 = 0, 0.0, 0, mono()  # rate: items/s of one connection
+        while queued < a.fanout_messages:
+            k += 1
+            if k > 30:
+                raise RuntimeError(f"fanout prefill of {queue}: {queued} queued after 30 windows")
+            left = a.fanout_messages - queued
+            # A short first window measures the rate; then as many connections as requests
+            # are left, for as long as what is left minus the requests still in flight at the
+            # window's end takes (each connection finishes its last request after it).
+            conns = max(1, min(a.prefill_connections, -(-left // a.prefill_request)))
+            duration = (0.25 if not rate else
+                        min(20.0, max(0.1, (left - conns * a.prefill_request) / (rate * conns))))
+            run = LoadRun(LoadSpec(url=server.url, connections=conns, procs=1,
+                                   items=a.prefill_request, duration=duration, partitions=100,
+                                   spread="item", queue=queue,
+                                   tag=f"{self.run_id[:4]}f{rnd}k{k}", ledger_dir=str(ldir)),
+                           start_delay=1.0)
+            self.load = run
+            try:
+                res = run.wait()
+            finally:
+                self.load = None
+            got = res["items_queued_incl_late"]
+            queued += got
+            if res["items_queued"]:  # per connection, in-window items only
+                rate = res["items_queued"] / duration / conns
+        totals = ledgers.load_push_ledger(str(ldir)).totals()
+        stored = ledgers.check_offsets(self.dbs["queen-mp"], queue)["messages"]
+        return max(stored, totals["queued"]), mono() - t0, totals
+
+    async def fanout_cell(self, rnd: int) -> tuple[dict[str, Any], Any]:
+        a = self.args
+        arm = self.arm("queen-mp")
+        queue = f"fo-{self.run_id}-r{rnd}"
+        ldir = self.ledger_root / f"fanout-r{rnd}"
+        n, fill_s, totals = await asyncio.to_thread(self.fanout_fill, queue, ldir, rnd)
+        await asyncio.sleep(a.pause)
+        groups = [f"fanout-{i}" for i in range(1, a.fanout_groups + 1)]
+        seen = {g: Deliveries(g) for g in groups}
+        stats = {g: cons.OpStats() for g in groups}
+        t_done: dict[str, float] = {}
+        all_done = asyncio.Event()
+
+        def on_ack(g: str) -> Any:
+            def hook(ok: int) -> None:
+                if g not in t_done and seen[g].acked >= n:
+                    t_done[g] = mono()
+                    if len(t_done) == len(groups):
+                        all_done.set()
+            return hook
+
+        https = {g: [cons.Http(arm.url) for _ in range(a.fanout_consumers)] for g in groups}
+        tasks: list[asyncio.Task[Any]] = []
+        capped = False
+        try:
+            for hs in https.values():
+                for h in hs:
+                    await h.connect()
+            meter = Meter(self, "queen-mp")
+            cpu0 = _rusage_s()
+            t0 = mono()
+            tasks = [asyncio.create_task(cons.consumer_loop(
+                arm, h, queue, a.fanout_batch, a.fanout_pop_partitions, g, stats[g],
+                seen[g].callback(on_ack=on_ack(g)), a.poll_ms / 1000, wait_ms=1000))
+                for g in groups for h in https[g]]
+            try:
+                await asyncio.wait_for(all_done.wait(), a.drain_cap)
+            except TimeoutError:
+                capped = True
+            t_end = mono()
+            cpu1 = _rusage_s()
+            meter.stop()
+        finally:
+            # Every group has acked everything (or the cap): the consumers are parked on a
+            # queue nobody pushes to, so cancelling them leaves nothing leased.
+            await cons.cancel_all(tasks)
+            for hs in https.values():
+                for h in hs:
+                    h.close()
+        for t in tasks:
+            ex = None if t.cancelled() else t.exception()
+            if ex is not None:
+                raise RuntimeError(f"consumer loop failed: {type(ex).__name__}: {ex}") from ex
+        elapsed = t_end - t0
+        reps = {g: stats[g].report() for g in groups}
+        acked = sum(seen[g].acked for g in groups)
+        lat = cons.lat_ms([x for g in groups for x in stats[g].pop_lat])
+        cell: dict[str, Any] = {
+            "section": "fanout", "variant": f"{len(groups)} groups", "arm": "queen-mp",
+            "round": rnd, "queue": queue, "messages": n, "groups": len(groups),
+            "consumers_per_group": a.fanout_consumers, "msgs": acked,
+            "msgs_per_s": acked / elapsed if elapsed > 0 else None,
+            "elapsed_s": round(elapsed, 3), "drained": not capped,
+            "group_elapsed_s": {g: round(t_done[g] - t0, 3) if g in t_done else None
+                                for g in groups},
+            "group_acked": {g: seen[g].acked for g in groups},
+            "p50_ms": lat["p50"], "p99_ms": lat["p99"],
+            "errors": sum(sum(r["errors"].values()) + r["ack_failed_items"]
+                          for r in reps.values()),
+            "prefill_s": round(fill_s, 3), "prefill_ledger": totals,
+        }
+        cell.update(meter.figures(cpu1 - cpu0, acked))
+        cell["raw"] = {"consumers": reps}
+        for d in seen.values():
+            d.compact()
+        # Consumers cancelled in a long poll: the broker ends those polls within 1 s; the
+        # ledger's drain (end of the section) must not meet one of them.
+        await asyncio.sleep(1.2)
+        return cell, (f"fanout r{rnd}", queue, ldir, seen)
+
     # -------------------------------------------------------------- e2e
     async def run_e2e_all(self) -> None:
         a = self.args
@@ -504,13 +968,29 @@ class Suite(cons.Bench):
             self.meter = None
 
     # -------------------------------------------------------------- ledger
-    async def check_ledger(self, name: str, queue: str, groups: list[str]) -> None:
+    async def check_ledger(self, name: str, queue: str, groups: list[str], *,
+                           ledger_dir: Path | None = None,
+                           seen: dict[str, Deliveries] | None = None) -> None:
+        """Drains ``queue`` for ``groups`` and checks them against the push ledger in
+        ``ledger_dir`` (default: the ledger root's ``name``). ``seen``: what the measured
+        consumers of those groups already consumed (``Deliveries``), merged with the drain."""
         print(f"[{self.clock()}] ledger {name}: draining {queue} for {groups}", flush=True)
         url = self.servers["queen-mp"].url
-        pushed = ledgers.load_push_ledger(str(self.ledger_root / name))
-        consumed = await ledgers.drain(url, queue, groups)
-        verdict = ledgers.check(pushed, consumed)
-        verdict["offsets"] = ledgers.check_offsets(self.dbs["queen-mp"], queue, pushed=pushed)
+        try:
+            pushed = ledgers.load_push_ledger(str(ledger_dir or self.ledger_root / name))
+            consumed = await ledgers.drain(url, queue, groups)
+            if seen:
+                consumed = {g: seen[g].consumed(c) if g in seen else c
+                            for g, c in consumed.items()}
+            verdict = ledgers.check(pushed, consumed)
+            verdict["offsets"] = ledgers.check_offsets(self.dbs["queen-mp"], queue,
+                                                       pushed=pushed)
+        except Exception as ex:  # a check that could not run must not pass
+            verdict = {"ok": False, "verdict": f"CHECK DID NOT RUN: {type(ex).__name__}: {ex}",
+                       "groups": {}, "offsets": {"ok": False, "verdict": "not checked"}}
+            print(f"  ledger {name}: {verdict['verdict']}", flush=True)
+            self.ledger[name] = verdict
+            return
         self.ledger[name] = verdict
         ok = verdict["ok"] and verdict["offsets"].get("ok", False)
         counts = {g: {k: v for k, v in d.items() if k != "examples"}
@@ -525,6 +1005,10 @@ class Suite(cons.Bench):
                 await self.check_ledger("push", "bench", ["ledger"])
         if "consume" in a.sections:
             await self.run_consume()
+        if "mixed" in a.sections:
+            await self.run_mixed()
+        if "fanout" in a.sections and "queen-mp" in a.arms:
+            await self.run_fanout()
         if "e2e" in a.sections:
             await self.run_e2e_all()
         if "wake" in a.sections and "queen-mp" in a.arms:
@@ -533,8 +1017,9 @@ class Suite(cons.Bench):
 
 
 # ------------------------------------------------------------------------------ summary
-FIGURES = ("msgs_per_s", "requests_per_s", "p50_ms", "p99_ms", "p999_ms", "commits_per_s",
-           "msgs_per_commit", "wal_bytes_per_s", "wal_bytes_per_msg", "segs_per_commit",
+FIGURES = ("msgs_per_s", "pushed_per_s", "backlog_end", "requests_per_s", "p50_ms", "p99_ms",
+           "p999_ms", "commits_per_s", "msgs_per_commit", "wal_bytes_per_s",
+           "wal_bytes_per_msg", "segs_per_commit",
            "cpu_broker_s", "cpu_pg_db_s", "cpu_pg_all_s", "cpu_client_s", "cpu_other_s",
            "busy_pct", "rss_peak_mb", "pss_peak_mb", "errors", "missing", "max_ms")
 
@@ -614,7 +1099,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench.suite", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smoke run: 1 round, short windows")
-    ap.add_argument("--sections", default="push,consume,e2e,wake")
+    ap.add_argument("--sections", default="push,consume,mixed,fanout,e2e,wake")
     ap.add_argument("--arms", default=",".join(PUSH_ARMS))
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--duration", type=float, default=10.0, help="push window (10 s)")
@@ -628,6 +1113,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--partitions", type=int, default=1000)
     ap.add_argument("--consume-messages", type=int, default=60000)
     ap.add_argument("--consume-batch", type=int, default=100)
+    ap.add_argument("--mixed-consumers", default=None,
+                    help="consumer counts of the mixed section (1,4,16; --quick: 1,16)")
+    ap.add_argument("--mixed-connections", type=int, default=16,
+                    help="push connections of the mixed section (16)")
+    ap.add_argument("--mixed-items", type=int, default=10, help="items per push, mixed (10)")
+    ap.add_argument("--mixed-batch", type=int, default=100, help="pop batch, mixed (100)")
+    ap.add_argument("--mixed-pop-partitions", type=int, default=10,
+                    help="queen-mp pop 'partitions', mixed (10)")
+    ap.add_argument("--fanout-groups", type=int, default=4)
+    ap.add_argument("--fanout-consumers", type=int, default=2, help="consumers per group (2)")
+    ap.add_argument("--fanout-messages", type=int, default=None,
+                    help="messages pre-filled for the fanout section (40000; --quick: 10000)")
+    ap.add_argument("--fanout-batch", type=int, default=100, help="pop batch, fanout (100)")
+    ap.add_argument("--fanout-pop-partitions", type=int, default=10,
+                    help="queen-mp pop 'partitions', fanout (10)")
     ap.add_argument("--embedded", action=argparse.BooleanOptionalAction, default=True,
                     help="run every arm on a private PostgreSQL cluster started for the run "
                          "(default; --no-embedded uses --server-dsn)")
@@ -648,6 +1148,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if a.quick:
         a.rounds, a.duration, a.e2e_rounds, a.e2e_duration = 1, 4.0, 1, 4.0
         a.consume_messages, a.wakes, a.burst_duration, a.pause = 15000, 100, 2.0, 1.0
+    a.mixed_consumers = [int(x) for x in (a.mixed_consumers or (
+        "1,16" if a.quick else "1,4,16")).split(",") if x]
+    if a.fanout_messages is None:
+        a.fanout_messages = 10000 if a.quick else 40000
     a.tp_partitions = 100
     a.pop_partitions = {a.consume_batch: 1}
     a.messages = {a.consume_batch: a.consume_messages}
