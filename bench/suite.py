@@ -73,6 +73,7 @@ from bench.push import (
     process_tree,
     queen_counters,
 )
+from queen_mp.config import Config
 from queen_mp.db.embedded import EmbeddedPostgres
 
 mono = time.monotonic
@@ -1135,7 +1136,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="write the report here (docs/benchmarks.md for the published run)")
     a, rest = ap.parse_known_args(argv)
     # bench/consume.py's knobs (servers, e2e, wake) with the suite's defaults.
-    c = cons.parse_args(["--e2e-rate", "100", "--e2e-items", "10", "--e2e-duration", "10",
+    # queen-mp runs with the product defaults of config.py for its 2 front workers: one shard.
+    c = cons.parse_args(["--shards", str(Config.load(env={}).v2_fusion_shards),
+                         "--e2e-rate", "100", "--e2e-items", "10", "--e2e-duration", "10",
                          "--e2e-rounds", "3", "--e2e-batch", "100", "--arms",
                          "queen-mp,baseline", *rest])
     for k, v in vars(c).items():

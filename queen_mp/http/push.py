@@ -14,7 +14,7 @@ import orjson
 
 from queen_mp.http.authz import sub_of, tenant_of
 from queen_mp.http.body import read_body
-from queen_mp.http.errors import BadFrame, InvalidRequest, Timeout, Unavailable
+from queen_mp.http.errors import JSON_UTF8, BadFrame, InvalidRequest, Timeout, Unavailable
 from queen_mp.http.items import DEFAULT_PARTITION, MAX_ITEMS, loads_json, parse_json_item
 from queen_mp.ingest import (
     ClientChunk,
@@ -90,6 +90,40 @@ def render_item(i: int, item: PushItem, r: ItemResult) -> dict[str, Any]:
             "trace_id": trace, "queueName": item.queue}
 
 
+# PERF(http): the common answer item (no error, no trace id) is formatted straight to bytes;
+# building a 16-key dict per item and serialising it was a fifth of a 1,000-item push's CPU.
+# Same keys, same order and same values as render_item (tests/unit/test_push_render.py).
+_ITEM = (b'{"index":%d,"status":"%s","messageId":"%s","transactionId":%s,"queue":%s,'
+         b'"partition":%s,"partitionId":%s,"offset":%s,"createdAt":%s,"traceId":null,'
+         b'"error":null,"message_id":"%s","transaction_id":%s,"partition_id":%s,'
+         b'"trace_id":null,"queueName":%s}')
+
+
+def render_items(items: list[PushItem], results: list[ItemResult]) -> bytes:
+    """The JSON answer of a push: one object per item, in request order."""
+    names: dict[str, bytes] = {}
+    parts: list[bytes] = []
+    for i, (item, r) in enumerate(zip(items, results, strict=True)):
+        if r.error is not None or item.trace_id:
+            parts.append(orjson.dumps(render_item(i, item, r)))
+            continue
+        queue = names.get(item.queue)
+        if queue is None:
+            queue = names[item.queue] = orjson.dumps(item.queue)
+        partition = names.get(item.partition)
+        if partition is None:
+            partition = names[item.partition] = orjson.dumps(item.partition)
+        mid = uuid_text(r.message_id).encode()
+        txn = orjson.dumps(item.transaction_id)
+        pid = b'"%d"' % r.partition_id if r.partition_id else b"null"
+        created = iso_from_us(r.created_us)
+        parts.append(_ITEM % (
+            i, r.status.encode(), mid, txn, queue, partition, pid,
+            b"null" if r.offset is None else b"%d" % r.offset,
+            b'"%s"' % created.encode() if created else b"null", mid, txn, pid, queue))
+    return b"[" + b",".join(parts) + b"]"
+
+
 def render_counts(results: list[ItemResult]) -> dict[str, int]:
     counts = {"queued": 0, "duplicate": 0, "buffered": 0, "failed": 0}
     for r in results:
@@ -126,4 +160,5 @@ class PushResource:
         if counts_only:
             resp.media = render_counts(results)
         else:
-            resp.media = [render_item(i, items[i], r) for i, r in enumerate(results)]
+            resp.data = render_items(items, results)
+            resp.content_type = JSON_UTF8

@@ -1,0 +1,34 @@
+"""The byte-formatted push answer says exactly what the dict renderer says."""
+
+from __future__ import annotations
+
+import orjson
+
+from queen_mp.http.push import render_item, render_items
+from queen_mp.ingest import ItemResult, PushItem
+
+MID = bytes(range(16))
+
+
+def item(txn: str, trace: bytes | None = None, queue: str = "orders",
+         partition: str = "p-1") -> PushItem:
+    return PushItem(queue, partition, txn, MID, b"", trace)
+
+
+def test_same_objects_as_the_dict_renderer() -> None:
+    items = [item("a"), item('we"ird\\ \u00e9 \n txn'), item("t", trace=bytes(16)),
+             item("e"), item("d", queue="q.ns/task", partition="Default"), item("n")]
+    results = [ItemResult("queued", MID, 7, 41, 1_764_400_000_123_456),
+               ItemResult("queued", MID, 7, 42, 1_764_400_000_123_456),
+               ItemResult("queued", MID, 7, 43, 1_764_400_000_123_456),
+               ItemResult("failed", MID, 0, None, 0, 'boom "quoted"'),
+               ItemResult("duplicate", MID, 9, 3, 1_764_400_000_000_000),
+               ItemResult("buffered", MID)]
+    got = orjson.loads(render_items(items, results))
+    want = [render_item(i, it, r) for i, (it, r) in enumerate(zip(items, results))]
+    assert got == want
+    assert [list(o) for o in got] == [list(o) for o in want]  # same key order
+
+
+def test_empty() -> None:
+    assert render_items([], []) == b"[]"
