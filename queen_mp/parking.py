@@ -115,11 +115,18 @@ class ParkingLot:
     async def _watch(self) -> None:
         while self._parked:
             await asyncio.sleep(self.tick_s)
-            snap = self.board.snapshot()
-            changed = WakeBoard.changed(self._snapshot, snap)
-            self._snapshot = snap
-            if changed:
-                self.wake_buckets(changed)
+            self.poke()
+
+    def poke(self) -> None:
+        """Look at the board now, not at the next tick: a shard rings every front worker
+        after a commit that bumped it (the tick stays for other instances' wakes)."""
+        if not self._parked:
+            return
+        snap = self.board.snapshot()
+        changed = WakeBoard.changed(self._snapshot, snap)
+        self._snapshot = snap
+        if changed:
+            self.wake_buckets(changed)
 
     async def close(self) -> None:
         for line in self._queues.values():

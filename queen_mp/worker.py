@@ -95,6 +95,7 @@ class FrontWorker:
                                           self.config.max_decompressed_mb << 20)
         self._wake_board = WakeBoard.attach(self.runtime.wake_board)
         lot = ParkingLot(self._wake_board, self.config.pop_wake_tick_ms / 1000)
+        self.link.on_ring = lot.poke
         self._popper = Popper(self.pool, lot, self.config.max_parked_pops,
                               self.metrics.parked_pops)
         self.waker = Waker(self._wake_board, self.runtime.prefix, self.config.pg_dsn,

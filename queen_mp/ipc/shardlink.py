@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from queen_mp.ipc.doorbell import AsyncDoorbellWaiter, Doorbell
@@ -56,6 +57,8 @@ class ShardLink:
         self._bells: list[Doorbell] = []
         self._locks: list[asyncio.Lock] = []
         self._to_ring: set[int] = set()
+        #: called whenever a shard rings this worker (a reply, or a commit that woke queues)
+        self.on_ring: Callable[[], None] | None = None
         self._own_bell: Doorbell | None = None
         self._waiter: AsyncDoorbellWaiter | None = None
         self._board: HeartbeatBoard | None = None
@@ -163,6 +166,8 @@ class ShardLink:
             more = more or ring.used > 0
         if more:
             asyncio.get_running_loop().call_soon(self._drain_replies)
+        if self.on_ring is not None:
+            self.on_ring()
 
     def _deliver(self, raw: bytes) -> None:
         try:

@@ -145,6 +145,12 @@ class Shard:
     def wake_pops(self, queues: set[tuple[bytes, str]]) -> None:
         """Pops parked on these queues may now claim: tell every front worker (and instance)."""
         self.waker.wake(bucket_of(tenant, queue) for tenant, queue in queues)
+        # PERF(pop): ring every front worker (once per loop iteration): one with a parked pop
+        # on these queues looks at the board now instead of at its next tick.
+        for slot in range(self.runtime.slots):
+            if slot not in self.flush_soon:
+                self.flush_soon.add(slot)
+                asyncio.get_running_loop().call_soon(self.flush_outbox, slot, True)
 
     def reply(self, slot: int, verdict: PushVerdict | AckVerdict) -> None:
         """Queue a verdict; the slot's outbox is flushed (and rung) once per loop iteration.
@@ -157,7 +163,8 @@ class Shard:
             self.flush_soon.add(slot)
             asyncio.get_running_loop().call_soon(self.flush_outbox, slot)
 
-    def flush_outbox(self, slot: int) -> None:
+    def flush_outbox(self, slot: int, ring: bool = False) -> None:
+        """Write the slot's pending verdicts; ring its worker if any went (or ``ring``)."""
         self.flush_soon.discard(slot)
         box, ring = self.outbox[slot], self.replies[slot]
         sent = False
@@ -170,7 +177,7 @@ class Shard:
                 break  # full: retried on the next tick
             box.popleft()
             sent = True
-        if sent:
+        if sent or ring:
             self.slot_bells[slot].ring()
 
     # ------------------------------------------------------------------ loops

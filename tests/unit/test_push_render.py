@@ -25,7 +25,7 @@ def test_same_objects_as_the_dict_renderer() -> None:
                ItemResult("duplicate", MID, 9, 3, 1_764_400_000_000_000),
                ItemResult("buffered", MID)]
     got = orjson.loads(render_items(items, results))
-    want = [render_item(i, it, r) for i, (it, r) in enumerate(zip(items, results))]
+    want = [render_item(i, it, r) for i, (it, r) in enumerate(zip(items, results, strict=True))]
     assert got == want
     assert [list(o) for o in got] == [list(o) for o in want]  # same key order
 
