@@ -50,7 +50,7 @@ import psycopg
 from bench import consume as cons
 from bench import ledger as ledgers
 from bench import report
-from bench.loadgen import LoadRun, LoadSpec, percentiles
+from bench.loadgen import LoadRun, LoadSpec, payload, percentiles
 from bench.pgclients import (
     PgLoadRun,
     PgLoadSpec,
@@ -81,6 +81,7 @@ mono = time.monotonic
 # the first settle before the second loads that database.
 PUSH_ARMS = ("queen-mp", "naive", "queen-mp-qpb1", "pgmq", "physical")
 HTTP_SERVER = {"queen-mp": "queen-mp", "queen-mp-qpb1": "queen-mp", "naive": "baseline"}
+SECTIONS = ("push", "consume", "mixed", "fanout", "e2e", "wake")
 STATS_LAG_S = 11.0  # idle backends publish pg_stat_database counters up to 10 s late
 
 
@@ -529,7 +530,8 @@ class Suite(cons.Bench):
 
     # -------------------------------------------------------------- consume
     async def pgmq_fill(self, queue: str, n: int, tag: str) -> None:
-        body = [f'{{"producer":"{tag}","seq":{i},"pad":"x"}}' for i in range(n)]
+        producer = tag.encode()
+        body = [payload(producer, i).decode() for i in range(n)]  # the same 200 bytes
         async with await psycopg.AsyncConnection.connect(self.dbs["pgmq"],
                                                          autocommit=True) as conn:
             for s in range(0, n, 1000):
@@ -952,6 +954,7 @@ class Suite(cons.Bench):
                       f"{lat['p99'] or 0:.1f} ms p99.9 {lat['p99_9'] or 0:.1f} ms, "
                       f"missing {cell['missing']}", flush=True)
                 await asyncio.sleep(a.pause)
+        self.settle(force=True)
 
     # -------------------------------------------------------------- wake
     async def run_wake_cell(self) -> None:
@@ -1100,7 +1103,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench.suite", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smoke run: 1 round, short windows")
-    ap.add_argument("--sections", default="push,consume,mixed,fanout,e2e,wake")
+    ap.add_argument("--sections", default=",".join(SECTIONS))
     ap.add_argument("--arms", default=",".join(PUSH_ARMS))
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--duration", type=float, default=10.0, help="push window (10 s)")
@@ -1148,6 +1151,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a.qpb1_batches = [int(x) for x in a.qpb1_batches.split(",") if x]
     a.sections = [x for x in a.sections.split(",") if x]
     a.arms = [x for x in a.arms.split(",") if x]
+    for x in a.sections:
+        if x not in SECTIONS:
+            ap.error(f"unknown section {x!r} (sections: {', '.join(SECTIONS)})")
+    for x in a.arms:
+        if x not in PUSH_ARMS:
+            ap.error(f"unknown arm {x!r} (arms: {', '.join(PUSH_ARMS)})")
     if a.quick:
         a.rounds, a.duration, a.e2e_rounds, a.e2e_duration = 1, 4.0, 1, 4.0
         a.consume_messages, a.wakes, a.burst_duration, a.pause = 15000, 100, 2.0, 1.0
@@ -1214,9 +1223,11 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text(json.dumps(doc, indent=2, default=str))
     text = report.render(doc, plots_dir=args.results_dir / f"suite-{stamp}")
     print(text)
-    if args.docs is not None:
+    if args.docs is not None and status == "ok" and (ledger_ok or not suite.ledger):
         report.write_docs(doc, args.docs)
         print(f"report: {args.docs}")
+    elif args.docs is not None:
+        print(f"{args.docs} left as it was: this run did not complete cleanly")
     print(f"results: {out} ({mono() - t0:.0f} s)")
     if suite.ledger and not ledger_ok:
         print("\n!!! ZERO-LOSS LEDGER FAILED: see 'ledger' in the results !!!", file=sys.stderr)
