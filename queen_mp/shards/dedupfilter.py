@@ -30,8 +30,9 @@ CLOCK_MARGIN_S = 60.0  # broker and PostgreSQL clocks may disagree this much
 
 
 def _prefixes(hashes: bytes) -> list[int]:
-    """The first 8 bytes of each 16-byte xxh3_128 hash, as ints (set members)."""
-    return [int.from_bytes(hashes[i:i + 8], "little") for i in range(0, len(hashes), 16)]
+    """The first 8 bytes of each 16-byte xxh3_128 hash, as ints (set members), in native
+    byte order (the filter lives in one process); one C-level pass."""
+    return memoryview(hashes).cast("Q")[::2].tolist()
 
 
 class _Partition:

@@ -32,3 +32,13 @@ def test_same_objects_as_the_dict_renderer() -> None:
 
 def test_empty() -> None:
     assert render_items([], []) == b"[]"
+
+
+def test_long_integers_take_the_exact_path() -> None:
+    from queen_mp.http.items import loads_json
+
+    big = 123456789012345678901234567890
+    assert loads_json(b'{"a":%d}' % big) == {"a": big}  # orjson alone would give a float
+    assert loads_json(b'{"a":1234567890123456789}') == {"a": 1234567890123456789}
+    assert loads_json(b'{"a":"x123456789012345678y","b":12}') == {
+        "a": "x123456789012345678y", "b": 12}
