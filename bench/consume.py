@@ -43,7 +43,6 @@ import re
 import resource
 import secrets
 import shutil
-import signal
 import sys
 import tempfile
 import time
@@ -64,7 +63,6 @@ from bench.push import (
     CLK_TCK,
     LOCAL_DSN,
     RESULTS,
-    Interrupted,
     Monitor,
     Server,
     cpu_ticks,
@@ -1272,32 +1270,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return a
 
 
-def _raise_interrupted(signum: int, frame: Any) -> None:
-    raise Interrupted(signal.Signals(signum).name)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _raise_interrupted)
-    signal.signal(signal.SIGINT, _raise_interrupted)
     bench = Bench(args)
     started = dt.datetime.now(dt.UTC)
     t_started = mono()
-    status, failure = "ok", None
-    logs: dict[str, Any] = {}
-    try:
+
+    def work() -> None:
         bench.setup()
         asyncio.run(bench.run())
-    except Interrupted as ex:
-        status, failure = "interrupted", str(ex)
-        print(f"\ninterrupted ({ex}); cleaning up", file=sys.stderr, flush=True)
-    except Exception as ex:
-        status, failure = "error", f"{type(ex).__name__}: {ex}"
-        print(f"\nerror: {failure}; cleaning up", file=sys.stderr, flush=True)
-    finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        logs = cleanup(bench)
+
+    status, failure, logs = pushbench.guarded(work, lambda: cleanup(bench))
     summary = summarize(bench)
     doc = {
         "benchmark": "consume", "status": status, "failure": failure, "run_id": bench.run_id,

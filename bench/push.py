@@ -40,6 +40,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -729,19 +730,16 @@ def _raise_interrupted(signum: int, frame: Any) -> None:
     raise Interrupted(signal.Signals(signum).name)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def guarded(work: Callable[[], None], clean: Callable[[], dict[str, Any]]
+            ) -> tuple[str, str | None, dict[str, Any]]:
+    """Run ``work`` with SIGTERM and SIGINT raising ``Interrupted``, then always ``clean``
+    (with both signals ignored: a second Ctrl-C must not cut the cleanup short). Returns
+    (status: ok / interrupted / error, the failure, what ``clean`` returned)."""
     signal.signal(signal.SIGTERM, _raise_interrupted)
     signal.signal(signal.SIGINT, _raise_interrupted)
-    bench = Bench(args)
-    started = dt.datetime.now(dt.UTC)
     status, failure = "ok", None
-    integrity: dict[str, Any] = {}
-    logs: dict[str, Any] = {}
     try:
-        bench.setup()
-        bench.run()
-        integrity = bench.verify()
+        work()
     except Interrupted as ex:
         status, failure = "interrupted", str(ex)
         print(f"\ninterrupted ({ex}); cleaning up", file=sys.stderr, flush=True)
@@ -749,10 +747,24 @@ def main(argv: list[str] | None = None) -> int:
         status, failure = "error", f"{type(ex).__name__}: {ex}"
         print(f"\nerror: {failure}; cleaning up", file=sys.stderr, flush=True)
     finally:
-        # A second Ctrl-C must not cut the cleanup short.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        logs = cleanup(bench)
+        logs = clean()
+    return status, failure, logs
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    bench = Bench(args)
+    started = dt.datetime.now(dt.UTC)
+    integrity: dict[str, Any] = {}
+
+    def work() -> None:
+        bench.setup()
+        bench.run()
+        integrity.update(bench.verify())
+
+    status, failure, logs = guarded(work, lambda: cleanup(bench))
     summary = summarize(bench.rounds, args.arms, args.items)
     doc = {
         "benchmark": "push", "status": status, "failure": failure, "run_id": bench.run_id,

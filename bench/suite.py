@@ -36,7 +36,6 @@ import datetime as dt
 import json
 import resource
 import shutil
-import signal
 import sys
 import tempfile
 import threading
@@ -63,12 +62,12 @@ from bench.pgclients import (
 )
 from bench.push import (
     CLK_TCK,
-    Interrupted,
     counters_delta,
     cpu_ticks,
     create_database,
     db_name,
     delta_cpu_s,
+    guarded,
     machine_ticks,
     process_tree,
     queen_counters,
@@ -1170,36 +1169,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return a
 
 
-def _raise_interrupted(signum: int, frame: Any) -> None:
-    raise Interrupted(signal.Signals(signum).name)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _raise_interrupted)
-    signal.signal(signal.SIGINT, _raise_interrupted)
     suite = Suite(args)
     started = dt.datetime.now(dt.UTC)
     t0 = mono()
-    status, failure = "ok", None
-    logs: dict[str, Any] = {}
-    try:
+
+    def work() -> None:
         suite.setup()
         asyncio.run(suite.run_all())
-    except Interrupted as ex:
-        status, failure = "interrupted", str(ex)
-    except Exception as ex:
-        status, failure = "error", f"{type(ex).__name__}: {ex}"
-        print(f"\nerror: {failure}; cleaning up", file=sys.stderr, flush=True)
-    finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+    def clean() -> dict[str, Any]:
         logs = cons.cleanup(suite)
         if suite.pg is not None:
             with contextlib.suppress(Exception):
                 suite.pg.stop()
             if suite.pg_dir is not None:
                 shutil.rmtree(suite.pg_dir, ignore_errors=True)
+        return logs
+
+    status, failure, logs = guarded(work, clean)
     summary = summarize(suite)
     ledger_ok = all(v["ok"] and v["offsets"].get("ok", False) for v in suite.ledger.values())
     doc = {
