@@ -585,36 +585,19 @@ def _worker_main(argv: list[str]) -> None:
 
 
 # ---------------------------------------------------------------------------------- parent side
-class LoadRun:
-    """P worker processes started together; ``wait`` merges their reports."""
+def split(total: int, procs: int) -> list[int]:
+    """``total`` connections (or consumers) over ``procs`` processes, as evenly as can be."""
+    return [total // procs + (1 if i < total % procs else 0) for i in range(procs)]
 
-    def __init__(self, spec: LoadSpec, start_delay: float = 2.0) -> None:
-        self.spec = spec
-        u = urlsplit(spec.url)
-        host, port = u.hostname or "127.0.0.1", u.port or 80
-        self.start_at = time.time() + start_delay
-        self.end_at = self.start_at + spec.duration
-        if spec.format not in FORMATS:
-            raise ValueError(f"format {spec.format!r}: one of {FORMATS}")
-        if spec.ledger_dir:
-            os.makedirs(spec.ledger_dir, exist_ok=True)
-        per = [spec.connections // spec.procs + (1 if i < spec.connections % spec.procs else 0)
-               for i in range(spec.procs)]
+
+class WorkerGroup:
+    """Worker processes started together, each printing one JSON report on stdout; own
+    sessions, so a Ctrl-C reaches only the benchmark, which then kills them."""
+
+    def __init__(self, argvs: list[list[str]]) -> None:
         self.procs: list[subprocess.Popen[bytes]] = []
         try:
-            for i, n in enumerate(per):
-                if n == 0:
-                    continue
-                argv = [sys.executable, "-m", "bench.loadgen", "--worker", "--host", host,
-                        "--port", str(port), "--path", spec.path, "--connections", str(n),
-                        "--items", str(spec.items), "--partitions", str(spec.partitions),
-                        "--queue", spec.queue, "--spread", spec.spread,
-                        "--timeout", str(spec.timeout),
-                        "--producer-prefix", f"{spec.tag}w{i}",
-                        "--start-at", repr(self.start_at), "--duration", repr(spec.duration),
-                        "--format", spec.format]
-                if spec.ledger_dir:
-                    argv += ["--ledger-dir", os.path.abspath(spec.ledger_dir)]
+            for argv in argvs:
                 self.procs.append(subprocess.Popen(
                     argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                     stdin=subprocess.DEVNULL, start_new_session=True,
@@ -636,19 +619,53 @@ class LoadRun:
             with contextlib.suppress(Exception):
                 p.communicate(timeout=5)
 
-    def wait(self) -> dict:
-        budget = max(0.0, self.end_at - time.time()) + self.spec.timeout + 30
+    def reports(self, deadline: float) -> list[dict]:
+        """Every worker's report, waiting until ``deadline`` (wall clock) at most."""
         reports = []
         try:
             for p in self.procs:
-                out, err = p.communicate(timeout=budget)
+                out, err = p.communicate(timeout=max(1.0, deadline - time.time()))
                 if p.returncode != 0:
-                    raise RuntimeError(f"load worker {p.pid} exited {p.returncode}: "
+                    raise RuntimeError(f"worker {p.pid} exited {p.returncode}: "
                                        f"{err.decode(errors='replace')[-2000:]}")
                 reports.append(json.loads(out))
         finally:
             self.kill()
-        return merge(self.spec, reports)
+        return reports
+
+
+class LoadRun(WorkerGroup):
+    """P worker processes started together; ``wait`` merges their reports."""
+
+    def __init__(self, spec: LoadSpec, start_delay: float = 2.0) -> None:
+        self.spec = spec
+        u = urlsplit(spec.url)
+        host, port = u.hostname or "127.0.0.1", u.port or 80
+        self.start_at = time.time() + start_delay
+        self.end_at = self.start_at + spec.duration
+        if spec.format not in FORMATS:
+            raise ValueError(f"format {spec.format!r}: one of {FORMATS}")
+        if spec.ledger_dir:
+            os.makedirs(spec.ledger_dir, exist_ok=True)
+        argvs = []
+        for i, n in enumerate(split(spec.connections, spec.procs)):
+            if n == 0:
+                continue
+            argv = [sys.executable, "-m", "bench.loadgen", "--worker", "--host", host,
+                    "--port", str(port), "--path", spec.path, "--connections", str(n),
+                    "--items", str(spec.items), "--partitions", str(spec.partitions),
+                    "--queue", spec.queue, "--spread", spec.spread,
+                    "--timeout", str(spec.timeout),
+                    "--producer-prefix", f"{spec.tag}w{i}",
+                    "--start-at", repr(self.start_at), "--duration", repr(spec.duration),
+                    "--format", spec.format]
+            if spec.ledger_dir:
+                argv += ["--ledger-dir", os.path.abspath(spec.ledger_dir)]
+            argvs.append(argv)
+        super().__init__(argvs)
+
+    def wait(self) -> dict:
+        return merge(self.spec, self.reports(self.end_at + self.spec.timeout + 30))
 
 
 def merge(spec: LoadSpec, reports: list[dict]) -> dict:

@@ -46,7 +46,6 @@ import random
 import re
 import resource
 import secrets
-import subprocess
 import sys
 import time
 import zlib
@@ -58,7 +57,7 @@ from typing import Any, cast
 import psycopg
 from psycopg.types.json import Jsonb, set_json_loads
 
-from bench.loadgen import PAYLOAD_BYTES, merge, payload, percentiles
+from bench.loadgen import PAYLOAD_BYTES, WorkerGroup, merge, payload, percentiles, split
 
 __all__ = ["PAYLOAD_BYTES", "PgLoadRun", "PgLoadSpec", "PgmqConsumeRun", "PgmqConsumeSpec",
            "create_pgmq_queue", "create_physical_table", "install_pgmq", "pgmq_e2e"]
@@ -442,55 +441,15 @@ def merge_consume(spec: PgmqConsumeSpec, reports: list[dict]) -> dict:
 
 
 # ------------------------------------------------------------------------------- process groups
-def _split(total: int, procs: int) -> list[int]:
-    return [total // procs + (1 if i < total % procs else 0) for i in range(procs)]
-
-
-class _Group:
+class _Group(WorkerGroup):
     def __init__(self, role: str, spec: PgLoadSpec | PgmqConsumeSpec, shares: list[int],
                  start_delay: float) -> None:
         self.start_at = time.time() + start_delay
-        self.procs: list[subprocess.Popen[bytes]] = []
         doc = json.dumps(asdict(spec))
-        try:
-            for i, n in enumerate(shares):
-                if n == 0:
-                    continue
-                argv = [sys.executable, "-m", "bench.pgclients", "--worker", role, "--spec", doc,
-                        "--proc", str(i), "--n", str(n), "--start-at", repr(self.start_at)]
-                self.procs.append(subprocess.Popen(
-                    argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                    stdin=subprocess.DEVNULL, start_new_session=True,
-                    cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-        except BaseException:
-            self.kill()
-            raise
-
-    @property
-    def pids(self) -> list[int]:
-        return [p.pid for p in self.procs]
-
-    def kill(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    p.kill()
-        for p in self.procs:
-            with contextlib.suppress(Exception):
-                p.communicate(timeout=5)
-
-    def _reports(self, budget: float) -> list[dict]:
-        reports = []
-        try:
-            for p in self.procs:
-                out, err = p.communicate(timeout=max(1.0, budget - time.time()))
-                if p.returncode != 0:
-                    raise RuntimeError(f"pgclients worker {p.pid} exited {p.returncode}: "
-                                       f"{err.decode(errors='replace')[-2000:]}")
-                reports.append(json.loads(out))
-        finally:
-            self.kill()
-        return reports
+        super().__init__([
+            [sys.executable, "-m", "bench.pgclients", "--worker", role, "--spec", doc,
+             "--proc", str(i), "--n", str(n), "--start-at", repr(self.start_at)]
+            for i, n in enumerate(shares) if n])
 
 
 class PgLoadRun(_Group):
@@ -498,12 +457,12 @@ class PgLoadRun(_Group):
 
     def __init__(self, spec: PgLoadSpec, start_delay: float = 2.0) -> None:
         self.spec = spec
-        super().__init__("push", spec, _split(spec.connections, spec.procs), start_delay)
+        super().__init__("push", spec, split(spec.connections, spec.procs), start_delay)
         self.end_at = self.start_at + spec.duration
 
     def wait(self) -> dict:
         s = self.spec
-        reports = self._reports(self.start_at + s.duration + s.timeout + 30)
+        reports = self.reports(self.start_at + s.duration + s.timeout + 30)
         return merge(cast(Any, s), reports)
 
 
@@ -512,12 +471,12 @@ class PgmqConsumeRun(_Group):
 
     def __init__(self, spec: PgmqConsumeSpec, start_delay: float = 1.0) -> None:
         self.spec = spec
-        super().__init__("consume", spec, _split(spec.consumers, spec.procs), start_delay)
+        super().__init__("consume", spec, split(spec.consumers, spec.procs), start_delay)
 
     def wait(self) -> dict:
         s = self.spec
         run = s.duration if s.target is None else s.max_duration
-        return merge_consume(s, self._reports(self.start_at + run + s.timeout + 30))
+        return merge_consume(s, self.reports(self.start_at + run + s.timeout + 30))
 
 
 # ------------------------------------------------------------------------------ end-to-end latency
