@@ -11,15 +11,14 @@ translated with ``queen_mp.db.errors.translate`` (a write whose connection is lo
 from __future__ import annotations
 
 import datetime as dt
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from queen_mp.db.calls import fetch_rows, tenant_uuid
 from queen_mp.db.errors import StatementError, translate
 
 __all__ = [
@@ -67,19 +66,6 @@ class QueueDetail:
     cursors: list[dict[str, Any]]  # admin_queue_cursors_v1 rows ([] unless asked for)
 
 
-def _tenant(tenant: bytes) -> uuid.UUID:
-    return uuid.UUID(bytes=tenant)
-
-
-async def _rows(conn: Conn, query: str, params: Sequence[Any]) -> list[dict[str, Any]]:
-    try:
-        async with conn.cursor(row_factory=dict_row) as cur:
-            await cur.execute(query, params)
-            return await cur.fetchall()
-    except psycopg.Error as ex:
-        raise translate(ex) from ex
-
-
 async def _value(conn: Conn, query: str, params: Sequence[Any], *, write: bool) -> Any:
     try:
         cur = await conn.execute(query, params)
@@ -110,19 +96,20 @@ async def configure(conn: Conn, tenant: bytes, queue: str, namespace: str | None
     removes the task.
     """
     return await _value(conn, "SELECT queen.queue_configure_v1(%s, %s, %s, %s, %s::jsonb)",
-                        (_tenant(tenant), queue, namespace, task,
+                        (tenant_uuid(tenant), queue, namespace, task,
                          Jsonb(options)), write=True)
 
 
 async def delete_queue(conn: Conn, tenant: bytes, queue: str) -> bool:
     """``queue_delete_v1``: True when the queue existed (and is now gone)."""
     return bool(await _value(conn, "SELECT queen.queue_delete_v1(%s, %s)",
-                             (_tenant(tenant), queue), write=True))
+                             (tenant_uuid(tenant), queue), write=True))
 
 
 # ------------------------------------------------------------------------------------- reads
 async def overview(conn: Conn, tenant: bytes) -> dict[str, Any]:
-    rows = await _rows(conn, "SELECT * FROM queen.admin_overview_v1(%s)", (_tenant(tenant),))
+    rows = await fetch_rows(conn, "SELECT * FROM queen.admin_overview_v1(%s)",
+                            (tenant_uuid(tenant),))
     return rows[0]
 
 
@@ -130,27 +117,27 @@ async def queues_page(conn: Conn, tenant: bytes, *, queue: str | None = None,
                       namespace: str | None = None, task: str | None = None,
                       limit: int | None = None, offset: int = 0) -> Page:
     """``admin_queues_v1``: a page of queues by name with their counts (limit None = all)."""
-    return _page(await _rows(
+    return _page(await fetch_rows(
         conn, "SELECT * FROM queen.admin_queues_v1(%s, %s, %s, %s, %s, %s)",
-        (_tenant(tenant), queue, namespace, task, limit, offset)))
+        (tenant_uuid(tenant), queue, namespace, task, limit, offset)))
 
 
 async def queue_detail(conn: Conn, tenant: bytes, queue: str, *,
                        with_cursors: bool = False) -> QueueDetail | None:
     """The queue, its partitions and groups from one snapshot; None when absent."""
-    t = _tenant(tenant)
+    t = tenant_uuid(tenant)
     try:
         async with conn.transaction():
             await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-            head = await _rows(conn, "SELECT * FROM queen.admin_queue_v1(%s, %s)", (t, queue))
+            head = await fetch_rows(conn, "SELECT * FROM queen.admin_queue_v1(%s, %s)", (t, queue))
             if not head:
                 return None
             qid = head[0]["id"]
-            parts = await _rows(
+            parts = await fetch_rows(
                 conn, "SELECT * FROM queen.admin_partition_stats_v1(%s, %s)", (t, qid))
-            groups = await _rows(
+            groups = await fetch_rows(
                 conn, "SELECT * FROM queen.admin_queue_groups_v1(%s, %s)", (t, qid))
-            cursors = (await _rows(
+            cursors = (await fetch_rows(
                 conn, "SELECT * FROM queen.admin_queue_cursors_v1(%s, %s)", (t, qid))
                 if with_cursors else [])
     except psycopg.Error as ex:
@@ -161,42 +148,43 @@ async def queue_detail(conn: Conn, tenant: bytes, queue: str, *,
 async def depth(conn: Conn, tenant: bytes, queue: str,
                 group: str | None) -> list[dict[str, Any]] | None:
     """``admin_depth_v1``: [{partition_id, partition_name, pending}], None = no such queue."""
-    rows = await _rows(conn, "SELECT * FROM queen.admin_depth_v1(%s, %s, %s)",
-                       (_tenant(tenant), queue, group))
+    rows = await fetch_rows(conn, "SELECT * FROM queen.admin_depth_v1(%s, %s, %s)",
+                       (tenant_uuid(tenant), queue, group))
     if not rows:
         return None
     return [r for r in rows if r["partition_id"] is not None]
 
 
 async def namespaces(conn: Conn, tenant: bytes) -> list[dict[str, Any]]:
-    return await _rows(conn, "SELECT * FROM queen.admin_namespaces_v1(%s)", (_tenant(tenant),))
+    return await fetch_rows(conn, "SELECT * FROM queen.admin_namespaces_v1(%s)",
+                            (tenant_uuid(tenant),))
 
 
 async def tasks(conn: Conn, tenant: bytes) -> list[dict[str, Any]]:
-    return await _rows(conn, "SELECT * FROM queen.admin_tasks_v1(%s)", (_tenant(tenant),))
+    return await fetch_rows(conn, "SELECT * FROM queen.admin_tasks_v1(%s)", (tenant_uuid(tenant),))
 
 
 async def partitions_page(conn: Conn, tenant: bytes, queue: str | None, limit: int,
                           offset: int) -> Page:
     """``admin_partitions_v1``: a page of partitions by (queue name, partition name)."""
-    return _page(await _rows(conn, "SELECT * FROM queen.admin_partitions_v1(%s, %s, %s, %s)",
-                             (_tenant(tenant), queue, limit, offset)))
+    return _page(await fetch_rows(conn, "SELECT * FROM queen.admin_partitions_v1(%s, %s, %s, %s)",
+                             (tenant_uuid(tenant), queue, limit, offset)))
 
 
 async def throughput(conn: Conn, tenant: bytes, queue: str | None, namespace: str | None,
                      task: str | None, start: dt.datetime, end: dt.datetime,
                      bucket_s: int) -> list[dict[str, Any]]:
     """``admin_throughput_v1``: [{bucket_at, ingested}] for every bucket of [start, end)."""
-    return await _rows(
+    return await fetch_rows(
         conn, "SELECT * FROM queen.admin_throughput_v1(%s, %s, %s, %s, %s, %s, %s)",
-        (_tenant(tenant), queue, namespace, task, start, end, bucket_s))
+        (tenant_uuid(tenant), queue, namespace, task, start, end, bucket_s))
 
 
 async def leases(conn: Conn, tenant: bytes, queue: str | None, namespace: str | None,
                  task: str | None) -> dict[str, Any]:
     """``admin_leases_v1``: {active, partitions_with_leases}."""
-    rows = await _rows(conn, "SELECT * FROM queen.admin_leases_v1(%s, %s, %s, %s)",
-                       (_tenant(tenant), queue, namespace, task))
+    rows = await fetch_rows(conn, "SELECT * FROM queen.admin_leases_v1(%s, %s, %s, %s)",
+                       (tenant_uuid(tenant), queue, namespace, task))
     return rows[0]
 
 
@@ -206,4 +194,4 @@ async def dlq_summary(conn: Conn, tenant: bytes, queue: str | None, namespace: s
     """``admin_dlq_summary_v1``: {totalMessages, affectedPartitions, topErrors}."""
     return await _value(
         conn, "SELECT queen.admin_dlq_summary_v1(%s, %s, %s, %s, %s, %s, %s)",
-        (_tenant(tenant), queue, namespace, task, start, end, top), write=False)
+        (tenant_uuid(tenant), queue, namespace, task, start, end, top), write=False)

@@ -9,14 +9,13 @@ transaction) and returns plain Python values: rows as frozen records, times as a
 from __future__ import annotations
 
 import datetime as dt
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from psycopg.rows import dict_row
 
+from queen_mp.db.calls import fetch_rows, tenant_uuid
 from queen_mp.db.errors import translate
 
 __all__ = ["DlqPage", "DlqRow", "RetryResult", "delete", "find", "list_page", "retry"]
@@ -63,10 +62,6 @@ class RetryResult:
     queue: str | None
 
 
-def _tenant(tenant: bytes) -> uuid.UUID:
-    return uuid.UUID(bytes=tenant)
-
-
 def _row(r: dict[str, Any]) -> DlqRow:
     trace = r["trace_id"]
     payload = r["payload"]
@@ -78,15 +73,6 @@ def _row(r: dict[str, Any]) -> DlqRow:
         encrypted=bool(r["encrypted"]), payload=bytes(payload) if payload is not None else None,
         error=r["error"], retry_count=r["retry_count"], created_at=r["message_created_at"],
         failed_at=r["failed_at"], queue_encrypted=bool(r.get("queue_encrypted")))
-
-
-async def _rows(conn: Conn, query: str, params: Sequence[Any]) -> list[dict[str, Any]]:
-    try:
-        async with conn.cursor(row_factory=dict_row) as cur:
-            await cur.execute(query, params)
-            return await cur.fetchall()
-    except psycopg.Error as ex:
-        raise translate(ex) from ex
 
 
 async def _write(conn: Conn, query: str, params: Sequence[Any]) -> Any:
@@ -105,8 +91,8 @@ async def list_page(conn: Conn, tenant: bytes, *, queue: str | None, group: str 
                     partition: str | None, since: dt.datetime | None,
                     until: dt.datetime | None, limit: int, offset: int) -> DlqPage:
     """``dlq_list_v1``: one page in (failedAt, partitionId, offset) order, and the total."""
-    rows = await _rows(conn, "SELECT * FROM queen.dlq_list_v1(%s, %s, %s, %s, %s, %s, %s, %s)",
-                       (_tenant(tenant), queue, group, partition, since, until, limit, offset))
+    rows = await fetch_rows(conn, "SELECT * FROM queen.dlq_list_v1(%s, %s, %s, %s, %s, %s, %s, %s)",
+                       (tenant_uuid(tenant), queue, group, partition, since, until, limit, offset))
     total = int(rows[0]["total"]) if rows else 0
     # NOTE(dlq): an empty page is one row whose columns but `total` are NULL.
     return DlqPage(total, [_row(r) for r in rows if r["id"] is not None])
@@ -115,8 +101,8 @@ async def list_page(conn: Conn, tenant: bytes, *, queue: str | None, group: str 
 async def find(conn: Conn, tenant: bytes, partition_id: int, transaction_id: str,
                group: str | None) -> list[DlqRow]:
     """``dlq_find_v1``: the rows of (partition, transactionId[, group]); the first replays."""
-    rows = await _rows(conn, "SELECT * FROM queen.dlq_find_v1(%s, %s, %s, %s)",
-                       (_tenant(tenant), partition_id, transaction_id, group))
+    rows = await fetch_rows(conn, "SELECT * FROM queen.dlq_find_v1(%s, %s, %s, %s)",
+                       (tenant_uuid(tenant), partition_id, transaction_id, group))
     return [_row(r) for r in rows]
 
 
@@ -124,7 +110,7 @@ async def retry(conn: Conn, tenant: bytes, partition_id: int, transaction_id: st
                 offset: int, group: str | None, blob: bytes, hashes: bytes) -> RetryResult:
     """``dlq_retry_v1``: delete the rows at ``offset`` and push ``blob`` to the tail, at once."""
     res = await _write(conn, "SELECT queen.dlq_retry_v1(%s, %s, %s, %s, %s, %s, %s)",
-                       (_tenant(tenant), partition_id, transaction_id, offset, group, blob,
+                       (tenant_uuid(tenant), partition_id, transaction_id, offset, group, blob,
                         hashes))
     return RetryResult(bool(res["ok"]), res["error"], int(res["retried"]), res["offset"],
                        res["ts"], res["queue"])
@@ -134,4 +120,4 @@ async def delete(conn: Conn, tenant: bytes, partition_id: int, transaction_id: s
                  group: str | None) -> int:
     """``dlq_delete_v1``: rows deleted (0 = none matched)."""
     return int(await _write(conn, "SELECT queen.dlq_delete_v1(%s, %s, %s, %s)",
-                            (_tenant(tenant), partition_id, transaction_id, group)))
+                            (tenant_uuid(tenant), partition_id, transaction_id, group)))

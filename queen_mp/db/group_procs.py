@@ -9,14 +9,13 @@ with ``queen_mp.db.errors.translate`` (a write whose connection is lost is ``Out
 from __future__ import annotations
 
 import datetime as dt
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from psycopg.rows import dict_row
 
+from queen_mp.db.calls import fetch_rows, tenant_uuid
 from queen_mp.db.errors import translate
 
 __all__ = [
@@ -46,15 +45,6 @@ class SubscriptionResult:
     cursor_rows: int  # cursors (not consumed from yet) moved to the new start
 
 
-async def _rows(conn: Conn, query: str, params: Sequence[Any]) -> list[dict[str, Any]]:
-    try:
-        async with conn.cursor(row_factory=dict_row) as cur:
-            await cur.execute(query, params)
-            return await cur.fetchall()
-    except psycopg.Error as ex:
-        raise translate(ex) from ex
-
-
 async def _write(conn: Conn, query: str, params: Sequence[Any]) -> tuple[Any, ...]:
     try:
         cur = await conn.execute(query, params)
@@ -67,32 +57,28 @@ async def _write(conn: Conn, query: str, params: Sequence[Any]) -> tuple[Any, ..
     return row
 
 
-def _tenant(tenant: bytes) -> uuid.UUID:
-    return uuid.UUID(bytes=tenant)
-
-
 async def list_groups(conn: Conn, tenant: bytes) -> list[dict[str, Any]]:
     """``group_list_v1``: one row per (group, queue)."""
-    return await _rows(conn, "SELECT * FROM queen.group_list_v1(%s)", (_tenant(tenant),))
+    return await fetch_rows(conn, "SELECT * FROM queen.group_list_v1(%s)", (tenant_uuid(tenant),))
 
 
 async def cursors(conn: Conn, tenant: bytes, group: str | None) -> list[dict[str, Any]]:
     """``group_cursors_v1``: one row per cursor of ``group`` (every group if None)."""
-    return await _rows(conn, "SELECT * FROM queen.group_cursors_v1(%s, %s)",
-                       (_tenant(tenant), group))
+    return await fetch_rows(conn, "SELECT * FROM queen.group_cursors_v1(%s, %s)",
+                       (tenant_uuid(tenant), group))
 
 
 async def lagging(conn: Conn, tenant: bytes, min_seconds: int) -> list[dict[str, Any]]:
     """``group_lagging_v1``: cursors whose oldest pending message is >= min_seconds old."""
-    return await _rows(conn, "SELECT * FROM queen.group_lagging_v1(%s, %s)",
-                       (_tenant(tenant), min_seconds))
+    return await fetch_rows(conn, "SELECT * FROM queen.group_lagging_v1(%s, %s)",
+                       (tenant_uuid(tenant), min_seconds))
 
 
 async def delete_group(conn: Conn, tenant: bytes, group: str, queue: str | None,
                        delete_metadata: bool) -> DeleteResult:
     """``group_delete_v1``: cursors (and leases) of ``group`` on ``queue`` or everywhere."""
     row = await _write(conn, "SELECT * FROM queen.group_delete_v1(%s, %s, %s, %s)",
-                       (_tenant(tenant), group, queue, delete_metadata))
+                       (tenant_uuid(tenant), group, queue, delete_metadata))
     return DeleteResult(int(row[0]), int(row[1]))
 
 
@@ -100,7 +86,7 @@ async def set_subscription(conn: Conn, tenant: bytes, group: str, queue: str | N
                            start: dt.datetime) -> SubscriptionResult:
     """``group_subscription_v1``: 'timestamp' start for one queue or every recorded one."""
     row = await _write(conn, "SELECT * FROM queen.group_subscription_v1(%s, %s, %s, %s)",
-                       (_tenant(tenant), group, queue, start))
+                       (tenant_uuid(tenant), group, queue, start))
     return SubscriptionResult(int(row[0]), int(row[1]), int(row[2]))
 
 
@@ -111,5 +97,5 @@ async def seek(conn: Conn, tenant: bytes, group: str, queue: str, target: str,
     ``target`` is 'beginning', 'end' or 'timestamp' (then ``start`` is required).
     """
     row = await _write(conn, "SELECT queen.group_seek_v1(%s, %s, %s, %s, %s)",
-                       (_tenant(tenant), group, queue, target, start))
+                       (tenant_uuid(tenant), group, queue, target, start))
     return None if row[0] is None else int(row[0])

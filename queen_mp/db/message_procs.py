@@ -10,15 +10,14 @@ module: they are translated with ``queen_mp.db.errors.translate``. Nothing here 
 from __future__ import annotations
 
 import datetime as dt
-import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from psycopg.rows import dict_row
 
+from queen_mp.db.calls import fetch_rows, tenant_uuid
 from queen_mp.db.errors import translate
 
 __all__ = [
@@ -103,19 +102,6 @@ class GroupState:
     retry_count: int | None  # of that DLQ row
 
 
-def _tenant(tenant: bytes) -> uuid.UUID:
-    return uuid.UUID(bytes=tenant)
-
-
-async def _rows(conn: Conn, query: str, params: Sequence[Any]) -> list[dict[str, Any]]:
-    try:
-        async with conn.cursor(row_factory=dict_row) as cur:
-            await cur.execute(query, params)
-            return await cur.fetchall()
-    except psycopg.Error as ex:
-        raise translate(ex) from ex
-
-
 @asynccontextmanager
 async def snapshot(conn: Conn) -> AsyncIterator[Conn]:
     """One REPEATABLE READ READ ONLY transaction: every call inside sees one snapshot."""
@@ -133,9 +119,9 @@ async def list_page(conn: Conn, tenant: bytes, *, queue: str | None, partition: 
                     offset: int) -> ListPage | None:
     """``msg_list_v1``: the page's segments in list order and the total; None when ``queue``
     names no queue of the tenant. ``since`` None = one hour before ``until`` (or now)."""
-    rows = await _rows(
+    rows = await fetch_rows(
         conn, "SELECT * FROM queen.msg_list_v1(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-        (_tenant(tenant), queue, partition, namespace, task, group, status, since, until,
+        (tenant_uuid(tenant), queue, partition, namespace, task, group, status, since, until,
          limit, offset))
     if not rows:
         return None
@@ -156,8 +142,8 @@ async def list_page(conn: Conn, tenant: bytes, *, queue: str | None, partition: 
 async def find(conn: Conn, tenant: bytes, partition_id: int, txn_hash: bytes,
                before: int | None = None) -> Found | None:
     """``msg_find_v1``: None when the partition is not the tenant's (or does not exist)."""
-    rows = await _rows(conn, "SELECT * FROM queen.msg_find_v1(%s, %s, %s, %s)",
-                       (_tenant(tenant), partition_id, txn_hash, before))
+    rows = await fetch_rows(conn, "SELECT * FROM queen.msg_find_v1(%s, %s, %s, %s)",
+                       (tenant_uuid(tenant), partition_id, txn_hash, before))
     if not rows:
         return None
     r = rows[0]
@@ -175,8 +161,8 @@ async def segments_below(conn: Conn, tenant: bytes, partition_id: int, below: in
                          limit: int) -> list[Segment]:
     """``msg_segments_below_v1``: up to ``limit`` segments with base_offset < ``below``,
     newest first."""
-    rows = await _rows(conn, "SELECT * FROM queen.msg_segments_below_v1(%s, %s, %s, %s)",
-                       (_tenant(tenant), partition_id, below, limit))
+    rows = await fetch_rows(conn, "SELECT * FROM queen.msg_segments_below_v1(%s, %s, %s, %s)",
+                       (tenant_uuid(tenant), partition_id, below, limit))
     return [Segment(r["base_offset"], r["msg_count"], r["created_at"], bytes(r["payload"]))
             for r in rows]
 
@@ -184,8 +170,8 @@ async def segments_below(conn: Conn, tenant: bytes, partition_id: int, below: in
 async def groups(conn: Conn, tenant: bytes, partition_id: int, offset: int) -> list[GroupState]:
     """``msg_groups_v1``: every group with a cursor on the partition or a DLQ row at the offset,
     by name."""
-    rows = await _rows(conn, "SELECT * FROM queen.msg_groups_v1(%s, %s, %s)",
-                       (_tenant(tenant), partition_id, offset))
+    rows = await fetch_rows(conn, "SELECT * FROM queen.msg_groups_v1(%s, %s, %s)",
+                       (tenant_uuid(tenant), partition_id, offset))
     return [GroupState(name=r["consumer_group"], committed=r["committed_offset"],
                        lease_start=r["lease_start"], lease_end=r["lease_end"],
                        lease_expires_at=r["lease_expires_at"],

@@ -26,6 +26,7 @@ import orjson
 import psycopg
 from psycopg.types.json import Jsonb
 
+from queen_mp.db.calls import tenant_uuid
 from queen_mp.db.errors import StatementError, translate
 
 __all__ = [
@@ -74,10 +75,6 @@ class DueTimer:
     fire_at: dt.datetime
 
 
-def _tenant(tenant: bytes) -> uuid.UUID:
-    return uuid.UUID(bytes=tenant)
-
-
 def _translate(ex: psycopg.Error, *, commit_sent: bool = False) -> Exception:
     if ex.sqlstate == MAINTENANCE_SQLSTATE:
         return Maintenance(str(ex), sqlstate=ex.sqlstate)
@@ -106,7 +103,7 @@ async def provision(conn: Conn, tenant: bytes, queues: Sequence[str]) -> None:
         return
     try:
         await conn.execute("SELECT queen.timer_provision_v1(%s, %s::text[])",
-                           (_tenant(tenant), list(queues)))
+                           (tenant_uuid(tenant), list(queues)))
     except psycopg.Error as ex:
         raise _translate(ex) from ex
 
@@ -116,7 +113,7 @@ async def apply(conn: Conn, tenant: bytes, ops: Sequence[dict[str, Any]]
     """``timer_apply_v1``: minted normalised ops in order; one result per op."""
     try:
         res = await _value(conn, "SELECT queen.timer_apply_v1(%s, %s)",
-                           (_tenant(tenant), Jsonb(list(ops), dumps=_dumps)))
+                           (tenant_uuid(tenant), Jsonb(list(ops), dumps=_dumps)))
     except psycopg.Error as ex:
         raise _translate(ex) from ex
     if not isinstance(res, list) or len(res) != len(ops):
@@ -146,7 +143,7 @@ async def get(conn: Conn, tenant: bytes, queue: str, key: str) -> dict[str, Any]
     """``timer_get_v1``: one timer of any state (see the SQL), or None."""
     try:
         return await _value(conn, "SELECT queen.timer_get_v1(%s, %s, %s)",
-                            (_tenant(tenant), queue, key))
+                            (tenant_uuid(tenant), queue, key))
     except psycopg.Error as ex:
         raise _translate(ex) from ex
 
@@ -156,7 +153,7 @@ async def list_pending(conn: Conn, tenant: bytes, queue: str, limit: int, offset
     """``timer_list_v1``: ``{"total", "timers"}``, pending timers in (deliverAt, key) order."""
     try:
         res = await _value(conn, "SELECT queen.timer_list_v1(%s, %s, %s, %s)",
-                           (_tenant(tenant), queue, limit, offset))
+                           (tenant_uuid(tenant), queue, limit, offset))
     except psycopg.Error as ex:
         raise _translate(ex) from ex
     assert isinstance(res, dict)
