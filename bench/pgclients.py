@@ -105,6 +105,17 @@ async def _connect(dsn: str) -> psycopg.AsyncConnection[Any]:
     return conn
 
 
+async def _connect_counted(dsn: str, timeout: float, errors: Counter[str]
+                           ) -> psycopg.AsyncConnection[Any] | None:
+    """A new connection, or None once the failure is counted (after a 50 ms pause)."""
+    try:
+        return await asyncio.wait_for(_connect(dsn), timeout)
+    except _IO_ERRORS as ex:
+        errors[f"connect_{type(ex).__name__}"] += 1
+        await asyncio.sleep(0.05)
+        return None
+
+
 async def _close(conn: psycopg.AsyncConnection[Any] | None) -> None:
     if conn is not None:
         with contextlib.suppress(Exception):
@@ -205,11 +216,8 @@ class _PushWorker:
         clock = time.perf_counter
         while clock() < end:
             if conn is None:
-                try:
-                    conn = await asyncio.wait_for(_connect(spec.dsn), spec.timeout)
-                except _IO_ERRORS as ex:
-                    self.errors[f"connect_{type(ex).__name__}"] += 1
-                    await asyncio.sleep(0.05)
+                conn = await _connect_counted(spec.dsn, spec.timeout, self.errors)
+                if conn is None:
                     continue
             t0 = clock()
             try:
@@ -338,11 +346,8 @@ class _ConsumeWorker:
         clock = time.perf_counter
         while not (reason := self.stop_reason(clock())):
             if conn is None:
-                try:
-                    conn = await asyncio.wait_for(_connect(s.dsn), s.timeout)
-                except _IO_ERRORS as ex:
-                    self.errors[f"connect_{type(ex).__name__}"] += 1
-                    await asyncio.sleep(0.05)
+                conn = await _connect_counted(s.dsn, s.timeout, self.errors)
+                if conn is None:
                     continue
             try:
                 t0w, t0 = time.time(), clock()

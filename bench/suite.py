@@ -69,6 +69,7 @@ from bench.push import (
     delta_cpu_s,
     guarded,
     machine_ticks,
+    med,
     process_tree,
     queen_counters,
 )
@@ -219,14 +220,6 @@ class Meter:
         out["_commits"] = {"db": self.db, "x0": self.x0, "t_end": self.t_end,
                            "window": window, "arm": self.arm}
         return out
-
-
-def med(values: list[Any]) -> float | None:
-    vals = sorted(v for v in values if isinstance(v, (int, float)))
-    if not vals:
-        return None
-    n = len(vals)
-    return vals[n // 2] if n % 2 else (vals[n // 2 - 1] + vals[n // 2]) / 2
 
 
 # ------------------------------------------------------------------------------ deliveries
