@@ -69,7 +69,8 @@ class Shard:
                            for s in range(runtime.slots)]
         self.bell = Doorbell.attach(runtime.shard_doorbell(index))
         self.outbox: list[deque[bytes]] = [deque() for _ in range(runtime.slots)]
-        self.flush_soon: set[int] = set()
+        self.flush_scheduled: set[int] = set()  # slots whose flush_outbox is due this iteration
+        self.wake_slots: set[int] = set()  # slots to ring at that flush even with nothing sent
         self.metrics = Metrics(config.instance_name)
         self.writer = BundleWriter(config.pg_dsn, config.v2_fusion_max_inflight,
                                    config.pg_statement_timeout_ms,
@@ -148,24 +149,30 @@ class Shard:
         # PERF(pop): ring every front worker (once per loop iteration): one with a parked pop
         # on these queues looks at the board now instead of at its next tick.
         for slot in range(self.runtime.slots):
-            if slot not in self.flush_soon:
-                self.flush_soon.add(slot)
-                asyncio.get_running_loop().call_soon(self.flush_outbox, slot, True)
+            self.flush_soon(slot, wake=True)
 
     def reply(self, slot: int, verdict: PushVerdict | AckVerdict) -> None:
-        """Queue a verdict; the slot's outbox is flushed (and rung) once per loop iteration.
+        self.outbox[slot].append(verdict.pack())
+        self.flush_soon(slot)
+
+    def flush_soon(self, slot: int, *, wake: bool = False) -> None:
+        """Flush the slot's outbox (and ring its worker) once per loop iteration; ``wake``
+        rings it even with no verdict to send.
 
         PERF(ipc): one bundle commit answers many requests at once; one ring per front worker
         instead of one per verdict saves a futex wake and a thread switch each.
         """
-        self.outbox[slot].append(verdict.pack())
-        if slot not in self.flush_soon:
-            self.flush_soon.add(slot)
+        if wake:
+            self.wake_slots.add(slot)
+        if slot not in self.flush_scheduled:
+            self.flush_scheduled.add(slot)
             asyncio.get_running_loop().call_soon(self.flush_outbox, slot)
 
-    def flush_outbox(self, slot: int, ring: bool = False) -> None:
-        """Write the slot's pending verdicts; ring its worker if any went (or ``ring``)."""
-        self.flush_soon.discard(slot)
+    def flush_outbox(self, slot: int) -> None:
+        """Write the slot's pending verdicts; ring its worker if any went or a wake asked."""
+        self.flush_scheduled.discard(slot)
+        wake = slot in self.wake_slots
+        self.wake_slots.discard(slot)
         box, ring = self.outbox[slot], self.replies[slot]
         sent = False
         while box:
@@ -177,7 +184,7 @@ class Shard:
                 break  # full: retried on the next tick
             box.popleft()
             sent = True
-        if sent or ring:
+        if sent or wake:
             self.slot_bells[slot].ring()
 
     # ------------------------------------------------------------------ loops
