@@ -133,7 +133,7 @@ SETTINGS: tuple[Setting, ...] = (
        "Most partitions committed together by one shard transaction.", minimum=1,
        maximum=10000),
     _s("QUEEN_DEDUP_FILTER_ENTRIES", int, 500_000,
-       "Transaction hashes a shard remembers of what it pushed (about 70 bytes each), so the "
+       "Transaction hashes a shard remembers of what it pushed (about 90 bytes each), so the "
        "dedup probe skips what it knows; 0 turns the filter off (every push probes the "
        "whole window).", minimum=0, maximum=100_000_000),
     _s("QUEEN_V2_FUSION_HOLD_MS", int, 15,

@@ -69,6 +69,8 @@ class DedupFilter:
     def committed(self, key: Key, pid: int, base: int, count: int, hashes: bytes,
                   window_s: int) -> None:
         """A segment of ours was stored at ``base .. base + count - 1``."""
+        if self.max_entries == 0:
+            return  # the filter is off: every push probes the whole window
         now = self.clock()
         if window_s <= 0:
             self._drop(key)  # no probe at all: nothing to remember

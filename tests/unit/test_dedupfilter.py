@@ -79,3 +79,9 @@ def test_window_zero_keeps_nothing() -> None:
     f = DedupFilter(100)
     f.committed(KEY, 7, 1, 1, hashes("a"), 0)
     assert f.entries == 0 and f.verified(KEY, hashes("a")) == 0
+
+
+def test_zero_entries_turns_the_filter_off() -> None:
+    f = DedupFilter(0)
+    f.committed(KEY, 7, 1, 2, hashes("a", "b"), 3600)
+    assert f.entries == 0 and f.verified(KEY, hashes("c")) == 0
