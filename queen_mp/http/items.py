@@ -6,6 +6,7 @@ importing another route's resource."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -145,6 +146,17 @@ def parse_json_item(it: Any, i: int, producer_sub: str | None = None) -> PushIte
     return json_item(queue, partition, txn, payload, trace_id, uuid7(), producer_sub)
 
 
+@functools.lru_cache(maxsize=1024)
+def _lease_uuid(lease: str) -> uuid.UUID:
+    """PERF(queen): cached, since a batch's acks share one lease (uuid.UUID costs 1.5 us)."""
+    try:
+        return uuid.UUID(lease)
+    except ValueError:
+        # NOTE(queen): a lease id that is no UUID is simply not a live lease
+        return uuid.UUID(int=0)
+
+
+@functools.lru_cache(maxsize=1024)
 def parse_group(raw: str | None) -> str:
     """``consumerGroup``: absent, empty or ``null`` is queue mode (api.md 1.3)."""
     if raw is None or raw == "" or raw == "null":
@@ -199,11 +211,7 @@ def parse_ack_item(doc: Any, index: int, default_group: str | None) -> AckItem:
     if lease is not None and not isinstance(lease, str):
         raise InvalidRequest("leaseId must be a string or null", field="leaseId", index=index)
     if lease:
-        try:
-            lease_id = uuid.UUID(lease)
-        except ValueError:
-            # NOTE(queen): a lease id that is no UUID is simply not a live lease
-            lease_id = uuid.UUID(int=0)
+        lease_id = _lease_uuid(lease)
     error = doc.get("error")
     if error is not None and not isinstance(error, str):
         error = dumps_json(error).decode()
