@@ -22,6 +22,7 @@ from queen_mp.config import Config
 from queen_mp.crypto import PayloadCipher
 from queen_mp.db.pooled import failover_pool
 from queen_mp.delivery import Claim
+from queen_mp.heap import freeze_startup_objects
 from queen_mp.ingest import Ingest, ItemResult
 from queen_mp.ipc.flags import FlagsBoard
 from queen_mp.ipc.heartbeat import HeartbeatBoard
@@ -114,6 +115,7 @@ class FrontWorker:
         self._drainer = Drainer(self.config.spool_path, self._ingest, self._flags, self.spool,
                                 f"f{self.slot}-{os.getpid()}", metrics=self.metrics)
         self._drainer.start()
+        freeze_startup_objects()
         log.info("front worker %d ready in slot %d (generation %d)", os.getpid(), self.slot,
                  self.generation)
 

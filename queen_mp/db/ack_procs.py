@@ -17,7 +17,7 @@ async def ack_by_hash(conn: Conn, tenant: bytes, partition_id: int, group: str,
                       lease_id: uuid.UUID | None, hashes: list[bytes],
                       statuses: list[str]) -> dict[str, Any]:
     cur = await conn.execute(
-        "SELECT queen.log_ack_by_hash_v1(%s, %s, %s, %s, %s::bytea[], %s::text[])",
+        "SELECT queen.log_ack_by_hash_v1(%s, %s, %s, %s, %b::bytea[], %b::text[])",
         (uuid.UUID(bytes=tenant), partition_id, group, lease_id, hashes, statuses),
         prepare=True)
     row = await cur.fetchone()
@@ -68,8 +68,8 @@ async def ack_multi(conn: Conn, tenant: bytes, partition_ids: list[int], groups:
                     ) -> list[dict[str, Any]]:
     """Many positional advances in one transaction (ack fusion); results in input order."""
     cur = await conn.execute(
-        "SELECT queen.log_ack_multi_v1(%s, %s::int8[], %s::text[], %s::uuid[], %s::int8[],"
-        " %s::int4[])",
+        "SELECT queen.log_ack_multi_v1(%s, %b::int8[], %b::text[], %b::uuid[], %b::int8[],"
+        " %b::int4[])",
         (uuid.UUID(bytes=tenant), partition_ids, groups,
          [uuid.UUID(bytes=b) for b in lease_ids], batch_ends, counts), prepare=True)
     row = await cur.fetchone()

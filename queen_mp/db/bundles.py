@@ -33,8 +33,10 @@ __all__ = ["BundleWriter", "PushBundle", "SegmentRow"]
 
 log = logging.getLogger("queen_mp.db.bundles")
 
-_PUSH_MULTI = ("SELECT queen.log_push_multi_v1(%s::text[], %s::text[], %s::int4[], %s::bytea[],"
-               " %s::int8[], %s::bytea[], %s::uuid[])")
+# PERF(queen): arrays go in binary (%b): psycopg's text form hex-escapes every bytea element
+# and runs a quoting regex over the result, 47 ms per MB of segment blobs against 0.9 ms.
+_PUSH_MULTI = ("SELECT queen.log_push_multi_v1(%b::text[], %b::text[], %b::int4[], %b::bytea[],"
+               " %b::int8[], %b::bytea[], %b::uuid[])")
 _SEGMENT_AT = "SELECT * FROM queen.log_segment_at_v1(%s::int8, %s::int8)"
 
 

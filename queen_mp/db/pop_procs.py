@@ -59,7 +59,7 @@ async def claim(conn: psycopg.AsyncConnection[Any], q: ClaimQuery) -> ClaimResul
     cur = await conn.execute(_POP, (
         uuid.UUID(bytes=q.tenant), q.queue, q.partition, q.namespace, q.task, q.group, q.batch,
         q.partitions, q.auto_ack, q.sub_mode, q.sub_from, q.lease_id, q.claim_ms),
-        prepare=True)
+        prepare=True, binary=True)  # PERF(queen): payloads as stored, not hex text
     records = await cur.fetchall()
     if len(records) == 1 and records[0][1] is None:
         return ClaimResult([], records[0][11])

@@ -49,8 +49,8 @@ Conn = psycopg.AsyncConnection[Any]
 
 MAINTENANCE_SQLSTATE = "QM001"
 
-_PUSH_MULTI = ("SELECT queen.log_push_multi_v1(%s::text[], %s::text[], %s::int4[], %s::bytea[],"
-               " %s::int8[], %s::bytea[], %s::uuid[])")
+_PUSH_MULTI = ("SELECT queen.log_push_multi_v1(%b::text[], %b::text[], %b::int4[], %b::bytea[],"
+               " %b::int8[], %b::bytea[], %b::uuid[])")
 
 
 class Maintenance(StatementError):
@@ -102,7 +102,7 @@ async def provision(conn: Conn, tenant: bytes, queues: Sequence[str]) -> None:
     if not queues:
         return
     try:
-        await conn.execute("SELECT queen.timer_provision_v1(%s, %s::text[])",
+        await conn.execute("SELECT queen.timer_provision_v1(%s, %b::text[])",
                            (tenant_uuid(tenant), list(queues)))
     except psycopg.Error as ex:
         raise _translate(ex) from ex
@@ -198,7 +198,7 @@ async def push_multi(conn: Conn, queues: Sequence[str], partitions: Sequence[str
 
 
 async def mark_fired(conn: Conn, queue_ids: Sequence[int], keys: Sequence[str]) -> int:
-    return int(await _value(conn, "SELECT queen.timer_mark_fired_v1(%s::int8[], %s::text[])",
+    return int(await _value(conn, "SELECT queen.timer_mark_fired_v1(%b::int8[], %b::text[])",
                             (list(queue_ids), list(keys))))
 
 

@@ -15,10 +15,10 @@ from queen_mp.wire.hashing import txn_hash
 
 __all__ = ["Segments", "transaction_wire"]
 
-_WIRE = ("SELECT queen.log_transaction_wire_v1(%s, %s::text[], %s::text[], %s::int4[],"
-         " %s::bytea[], %s::bytea[], %s::int8[], %s::text[], %s::uuid[], %s::bytea[],"
-         " %s::text[], %s::int4[], %s::text[], %s::jsonb, %s::uuid[], %s::jsonb, %s::jsonb,"
-         " %s::text[])")
+_WIRE = ("SELECT queen.log_transaction_wire_v1(%s, %b::text[], %b::text[], %b::int4[],"
+         " %b::bytea[], %b::bytea[], %b::int8[], %b::text[], %b::uuid[], %b::bytea[],"
+         " %b::text[], %b::int4[], %b::text[], %s::jsonb, %b::uuid[], %s::jsonb, %s::jsonb,"
+         " %b::text[])")
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from collections import deque
 from queen_mp.cli import configure_logging
 from queen_mp.config import Config
 from queen_mp.db.bundles import BundleWriter
+from queen_mp.heap import freeze_startup_objects
 from queen_mp.ipc.doorbell import AsyncDoorbellWaiter, Doorbell
 from queen_mp.ipc.heartbeat import HeartbeatBoard
 from queen_mp.ipc.ring import Ring
@@ -212,6 +213,7 @@ class Shard:
                  loop.create_task(self.timers.run()),
                  loop.create_task(self.housekeeping.run())]
         self.drain_requests()
+        freeze_startup_objects()
         log.info("shard %d up (pid %d, epoch %d)", self.index, os.getpid(), self.epoch)
         await self.stop_requested.wait()
         log.info("shard %d stopping: flushing pending pushes", self.index)
