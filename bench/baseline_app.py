@@ -1,11 +1,12 @@
 """The naive baseline broker: one PostgreSQL transaction (one commit, one WAL flush) per request.
 
-A falcon ASGI app served exactly like queen-mp's front (gunicorn, ``uvicorn_worker.UvicornWorker``,
-same worker count, keep-alive and timeouts; see ``bench/push.py``). ``POST /api/v1/push`` takes
-queen's JSON body ``{"items":[{queue, partition, transactionId?, payload}]}``, inserts one row
-per item into ``naive.messages`` with a single set-based ``INSERT ... SELECT FROM unnest(...)``
-(one round trip, one commit per request, ``synchronous_commit=on``) and answers ``201`` with one
-result per item in the same shape queen-mp renders, so both arms pay the same JSON cost.
+A falcon ASGI app served exactly like queen-mp's front (gunicorn with
+``supervisor.FRONT_WORKER_ARGS``, same worker count, keep-alive and timeouts; see
+``bench/push.py``). ``POST /api/v1/push`` takes queen's JSON body
+``{"items":[{queue, partition, transactionId?, payload}]}``, inserts one row per item into
+``naive.messages`` with a single set-based ``INSERT ... SELECT FROM unnest(...)`` (one round
+trip, one commit per request, ``synchronous_commit=on``) and answers ``201`` with one result per
+item in the same shape queen-mp renders, so both arms pay the same JSON cost.
 
 There is no cross-request batching, no partition bookkeeping and no deduplication: this is the
 "obvious" implementation the broker is measured against, not a product. The table is created by

@@ -79,6 +79,7 @@ from bench.push import (
     process_tree,
     start_queen,
 )
+from queen_mp.supervisor import FRONT_WORKER_ARGS
 
 ARMS = ("queen-mp", "baseline")
 BATCHES = (1, 100, 1000)
@@ -92,7 +93,7 @@ def start_baseline(tmp: Path, dsn: str, workers: int, pool: int) -> Server:
     env = pushbench._clean_env()
     env.update({"BENCH_BASELINE_DSN": dsn, "BENCH_BASELINE_POOL": str(pool)})
     argv = [sys.executable, "-m", "gunicorn", "bench.consume_baseline:app_from_env()",
-            "--worker-class", "uvicorn_worker.UvicornWorker", "--workers", str(workers),
+            *FRONT_WORKER_ARGS, "--workers", str(workers),
             "--bind", f"127.0.0.1:{port}", "--graceful-timeout", "20", "--timeout", "120",
             "--keep-alive", "75", "--log-level", "info", "--name", "bench-baseline"]
     log = tmp / "baseline.log"

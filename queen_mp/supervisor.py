@@ -33,14 +33,20 @@ from queen_mp.ipc.heartbeat import HeartbeatBoard
 from queen_mp.metrics import Metrics
 from queen_mp.runtime import Runtime
 
-__all__ = ["EXIT_BOOT_ERROR", "EXIT_FRONT_DIED", "EXIT_OK", "HaltServer", "Supervisor",
-           "sql_dir"]
+__all__ = ["EXIT_BOOT_ERROR", "EXIT_FRONT_DIED", "EXIT_OK", "FRONT_WORKER_ARGS", "HaltServer",
+           "Supervisor", "sql_dir"]
 
 log = logging.getLogger("queen_mp.supervisor")
 
 EXIT_OK = 0
 EXIT_BOOT_ERROR = 3       # a child failed before it ever served: restarting would loop
 EXIT_FRONT_DIED = 4       # the gunicorn master exited on its own
+
+# The front's gunicorn worker: uvicorn's, plus a SO_REUSEPORT listener of its own so that the
+# kernel spreads connections over the workers (queen_mp/http/uvworker.py). The benchmark's naive
+# broker is served with the same options (bench/push.py, bench/consume.py).
+FRONT_WORKER_ARGS = ("--worker-class", "queen_mp.http.uvworker.BalancedUvicornWorker",
+                     "--reuse-port")
 
 SHARD_BOOT_GRACE_S = 15.0   # a shard that has not beaten by then is murdered
 SHARD_STALE_S = 10.0        # a booted shard silent this long is murdered
@@ -164,8 +170,8 @@ class Supervisor:
     def spawn_front(self) -> None:
         cfg = self.config
         argv = [sys.executable, "-m", "gunicorn", "queen_mp.app:app_from_env()",
-                "--worker-class", "uvicorn_worker.UvicornWorker",
-                "--workers", str(cfg.workers), "--bind", f"{cfg.host}:{cfg.port}",
+                *FRONT_WORKER_ARGS, "--workers", str(cfg.workers),
+                "--bind", f"{cfg.host}:{cfg.port}",
                 "--graceful-timeout", str(cfg.shutdown_timeout_s), "--timeout", "120",
                 "--keep-alive", "75", "--log-level", cfg.log_level,
                 "--name", "queen-mp-front"]

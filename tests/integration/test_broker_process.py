@@ -188,3 +188,58 @@ def test_health_is_503_when_database_is_gone(make_broker, private_pg):
     assert r.status_code == 503
     assert r.json()["database"] == "disconnected"
     assert "connection" in r.json()["error"]
+
+
+def _listening_inodes(port: int) -> set[str]:
+    """Inodes of the TCP sockets listening on ``port`` (IPv4 and IPv6)."""
+    out: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            next(f)
+            for line in f:
+                cols = line.split()
+                if cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
+                    out.add(cols[9])
+    return out
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    out: set[str] = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            out.add(target[8:-1])
+    return out
+
+
+def test_every_front_worker_has_a_listener_of_its_own(make_broker, db_dsn):
+    """Connections opened in a burst must not all land on one worker (uvworker.py): each
+    worker adds a SO_REUSEPORT listener of its own on the port, also after a replacement."""
+    b = make_broker(db_dsn, QUEEN_WORKERS="2")
+    port = int(b.url.rsplit(":", 1)[1])
+
+    def own_listeners() -> dict[int, set[str]]:
+        gunicorn = [p for p in process_tree(b.proc.pid)
+                    if b"gunicorn" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        workers = [p for p in gunicorn if _ppid(p) in gunicorn]
+        listening = _listening_inodes(port)
+        shared = set.intersection(*(_socket_inodes(p) & listening for p in gunicorn))
+        return {p: (_socket_inodes(p) & listening) - shared for p in workers}
+
+    mine = own_listeners()
+    assert len(mine) == 2 and all(len(s) == 1 for s in mine.values()), mine
+    assert len(set.union(*mine.values())) == 2
+    os.kill(next(iter(mine)), signal.SIGKILL)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        again = own_listeners()
+        if len(again) == 2 and all(len(s) == 1 for s in again.values()):
+            break
+        time.sleep(0.2)
+    assert len(again) == 2 and all(len(s) == 1 for s in again.values()), again
+    for _ in range(20):
+        r = b.client.get("/health")
+        assert r.status_code == 200, r.text
