@@ -640,6 +640,29 @@ def test_parked_pop_is_woken_by_a_lease_expiry(broker, db):
     assert t1 - t0 < 2.5, t1 - t0
 
 
+def test_parked_pop_is_woken_when_an_ack_releases_a_partition_with_more_messages(broker):
+    """An ack that releases a lease wakes the pops parked on the queue: the one parked behind
+    the lease (300 s by default, far past its 10 s long poll) is answered with the next message."""
+    q, g = uq("pop"), uq("g")
+    push_n(broker.client, q, "Default", 2)
+    first = pop_ok(broker.client, q, consumerGroup=g, batch=1)
+    assert offsets(first) == [1]
+    with cf.ThreadPoolExecutor(1) as ex, \
+            httpx.Client(base_url=broker.url, timeout=30) as c:
+        fut = ex.submit(timed_pop, c, q, consumerGroup=g, wait=True, timeout=10000)
+        time.sleep(0.7)
+        assert not fut.done()
+        m = first["messages"][0]
+        r = broker.client.post("/api/v1/ack/batch", json={
+            "consumerGroup": g, "acknowledgments": [{
+                "transactionId": m["transactionId"], "partitionId": m["partitionId"],
+                "leaseId": first["leaseId"], "status": "completed"}]})
+        assert r.status_code == 200 and r.json()[0]["success"], r.text
+        woken, _, _ = fut.result(timeout=15)
+    assert woken.status_code == 200, woken.text
+    assert offsets(woken.json()) == [2]
+
+
 def test_a_leased_partition_never_blocks_another(broker, db):
     q, g = uq("pop"), uq("g")
     push_n(broker.client, q, "slow", 3)  # oldest data: claimed first
