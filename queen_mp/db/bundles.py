@@ -26,6 +26,7 @@ from typing import Any
 
 import psycopg
 
+from queen_mp.db.calls import PUSH_MULTI
 from queen_mp.db.errors import DatabaseError, StatementTimeout, translate
 from queen_mp.db.pooled import quiet
 
@@ -33,10 +34,6 @@ __all__ = ["BundleWriter", "PushBundle", "SegmentRow"]
 
 log = logging.getLogger("queen_mp.db.bundles")
 
-# PERF(queen): arrays go in binary (%b): psycopg's text form hex-escapes every bytea element
-# and runs a quoting regex over the result, 47 ms per MB of segment blobs against 0.9 ms.
-_PUSH_MULTI = ("SELECT queen.log_push_multi_v1(%b::text[], %b::text[], %b::int4[], %b::bytea[],"
-               " %b::int8[], %b::bytea[], %b::uuid[])")
 _SEGMENT_AT = "SELECT * FROM queen.log_segment_at_v1(%s::int8, %s::int8)"
 
 
@@ -117,7 +114,7 @@ class BundleWriter:
                   list(bundle.tenants))
 
         async def work(conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]:
-            cur = await conn.execute(_PUSH_MULTI, params, prepare=True)
+            cur = await conn.execute(PUSH_MULTI, params, prepare=True)
             row = await cur.fetchone()
             if row is None or not isinstance(row[0], list):
                 raise DatabaseError(f"log_push_multi_v1 returned {row!r}")

@@ -26,7 +26,7 @@ import orjson
 import psycopg
 from psycopg.types.json import Jsonb
 
-from queen_mp.db.calls import tenant_uuid
+from queen_mp.db.calls import PUSH_MULTI, tenant_uuid
 from queen_mp.db.errors import StatementError, translate
 
 __all__ = [
@@ -48,9 +48,6 @@ __all__ = [
 Conn = psycopg.AsyncConnection[Any]
 
 MAINTENANCE_SQLSTATE = "QM001"
-
-_PUSH_MULTI = ("SELECT queen.log_push_multi_v1(%b::text[], %b::text[], %b::int4[], %b::bytea[],"
-               " %b::int8[], %b::bytea[], %b::uuid[])")
 
 
 class Maintenance(StatementError):
@@ -184,7 +181,7 @@ async def push_multi(conn: Conn, queues: Sequence[str], partitions: Sequence[str
                      counts: Sequence[int], hashes: Sequence[bytes], blobs: Sequence[bytes],
                      tenants: Sequence[bytes]) -> list[dict[str, Any]]:
     """``log_push_multi_v1`` in the caller's transaction; results in input order."""
-    res = await _value(conn, _PUSH_MULTI, (
+    res = await _value(conn, PUSH_MULTI, (
         list(queues), list(partitions), list(counts), list(hashes), [0] * len(queues),
         list(blobs), [uuid.UUID(bytes=t) for t in tenants]))
     if not isinstance(res, list) or len(res) != len(queues):
