@@ -256,3 +256,21 @@ def test_a_thousand_items_pack_and_unpack_fast() -> None:
     offsets = array("q")
     offsets.frombytes(packed[48 + 1000 : 48 + 9000])
     assert offsets[0] == base and offsets[-1] == 9
+
+
+@settings(max_examples=100, deadline=None)
+@given(first=st.integers(0, 2**62), count=st.integers(0, 300))
+def test_a_queued_run_packs_as_its_items_would(first: int, count: int) -> None:
+    items = tuple(ItemVerdict(ITEM_QUEUED, first + j, b"") for j in range(count))
+    head = {**_fields(_verdict()), "items": ()}
+    run = PushVerdict(**{**head, "queued_run": (first, count)})
+    assert run.pack() == PushVerdict(**{**head, "items": items}).pack()
+    assert PushVerdict.unpack(run.pack()).items == items
+
+
+def test_a_queued_run_refuses_items_and_overflow() -> None:
+    head = _fields(_verdict())
+    with pytest.raises(ValueError, match="both"):
+        PushVerdict(**{**head, "queued_run": (0, 1)}).pack()
+    with pytest.raises(ValueError, match="run"):
+        PushVerdict(**{**head, "items": (), "queued_run": (2**63 - 1, 2)}).pack()
