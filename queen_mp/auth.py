@@ -40,12 +40,15 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import jwt
+from typing import TYPE_CHECKING, Any
 
 from queen_mp.config import Config, ConfigError
 from queen_mp.wire.ids import ZERO_UUID
+
+if TYPE_CHECKING:
+    # PERF(auth): PyJWT pulls in cryptography and urllib.request (12 MB of RSS per process);
+    # it is imported where keys are loaded and tokens decoded, i.e. only with JWT enabled.
+    import jwt
 
 __all__ = [
     "DEFAULT_TENANT",
@@ -213,6 +216,8 @@ class Verifier:
                                   ) from None
         jwks = None
         if config.jwt_jwks_file:
+            import jwt
+
             raw = _read(config.jwt_jwks_file, "QUEEN_JWT_JWKS_FILE")
             try:
                 jwks = jwt.PyJWKSet.from_json(raw.decode("utf-8"))
@@ -256,6 +261,8 @@ class Verifier:
         return principal
 
     def _decode(self, token: str) -> dict[str, Any]:
+        import jwt
+
         try:
             header = jwt.get_unverified_header(token)
         except jwt.PyJWTError as ex:
@@ -310,6 +317,8 @@ def _same_family(key: jwt.PyJWK, alg: str) -> bool:
 
 
 def _reason(ex: Exception) -> str:
+    import jwt
+
     if isinstance(ex, jwt.ExpiredSignatureError):
         return "token expired"
     if isinstance(ex, jwt.ImmatureSignatureError):

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import os
 
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-
 __all__ = ["PayloadCipher"]
 
 _NONCE = 12
@@ -18,6 +16,10 @@ _NONCE = 12
 
 class PayloadCipher:
     def __init__(self, key_hex: str) -> None:
+        # PERF(crypto): imported here, not at module level: a cipher exists only when
+        # QUEEN_ENCRYPTION_KEY is set, and cryptography costs ~10 MB of RSS in every process.
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
         self._aead = AESGCM(bytes.fromhex(key_hex))
 
     def encrypt(self, payload: bytes) -> bytes:

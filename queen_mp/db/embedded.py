@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import glob
-import hashlib
 import logging
 import os
 import pwd
@@ -29,8 +28,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-
-from psycopg.conninfo import make_conninfo
 
 from queen_mp.db.errors import EmbeddedPostgresError
 
@@ -217,6 +214,10 @@ def socket_dir_for(data_dir: Path) -> Path:
     beside = data_dir.parent / f"{data_dir.name}-socket"
     if len(os.fsencode(beside)) + 1 + _SOCKET_NAME_MAX <= _SUN_PATH_MAX:
         return beside
+    # PERF(db): imported here: hashlib loads OpenSSL's libcrypto, 3.5 MB of RSS the supervisor
+    # does not otherwise need.
+    import hashlib
+
     digest = hashlib.sha256(os.fsencode(data_dir)).hexdigest()[:16]
     return Path("/tmp") / f"queen-mp-{digest}"
 
@@ -239,6 +240,22 @@ def _pick_free_port() -> int:
 
 def _conf_quote(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
+
+
+def _conninfo(**params: str) -> str:
+    """A libpq ``key=value`` connection string, quoted as psycopg's ``make_conninfo`` does.
+
+    Not psycopg's own: the supervisor builds this DSN and must not load psycopg (21 MB of RSS).
+    libpq's rule: backslash and single quote are escaped with a backslash; a value that is empty
+    or contains whitespace is single-quoted.
+    """
+    parts = []
+    for key, value in params.items():
+        escaped = re.sub(r"([\\'])", r"\\\1", value)
+        if not escaped or re.search(r"\s", escaped):
+            escaped = f"'{escaped}'"
+        parts.append(f"{key}={escaped}")
+    return " ".join(parts)
 
 
 class EmbeddedPostgres:
@@ -295,8 +312,8 @@ class EmbeddedPostgres:
         else:
             port, socket_dir = self._start_server(binaries, account)
         self.port = port
-        self._dsn = make_conninfo(
-            "", host=str(socket_dir), port=str(port), user=self.superuser, dbname="postgres"
+        self._dsn = _conninfo(
+            host=str(socket_dir), port=str(port), user=self.superuser, dbname="postgres"
         )
         return self._dsn
 

@@ -9,6 +9,9 @@ A file is sent as one simple-protocol query (psycopg does so for a statement wit
 parameters), which allows several statements and `$$` function bodies. A file must therefore
 not contain its own BEGIN/COMMIT, nor statements that refuse to run inside a transaction
 (CREATE INDEX CONCURRENTLY, ALTER TYPE ... ADD VALUE before PostgreSQL 12, VACUUM).
+
+`queen-mp serve` runs this module as a child process (`main`), so that the long-lived
+supervisor never loads psycopg.
 """
 
 from __future__ import annotations
@@ -16,12 +19,14 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
 
 from queen_mp.db.errors import (
+    DatabaseError,
     MigrationChecksumError,
     MigrationError,
     OutcomeUnknown,
@@ -29,7 +34,7 @@ from queen_mp.db.errors import (
     translate,
 )
 
-__all__ = ["MIGRATION_LOCK_KEY", "Migration", "apply_migrations", "load_migrations"]
+__all__ = ["MIGRATION_LOCK_KEY", "Migration", "apply_migrations", "load_migrations", "main"]
 
 # NOTE(db): fixed key of pg_advisory_lock(bigint); the first 8 bytes of
 # sha256(b"queen-mp:migrations") as a signed integer. Changing it lets an old and a new
@@ -174,3 +179,30 @@ def _apply_locked(
             ) from ex
         done.append(migration.filename)
     return done
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m queen_mp.db.migrations SQL_DIR LOG_LEVEL``, the DSN on stdin (not in argv,
+    where ``ps`` shows a password): the supervisor's migration step.
+
+    Logs to stderr; prints the applied file names, one a line, and exits 0, or prints the
+    error's class and message and exits 1.
+    """
+    from queen_mp.cli import configure_logging  # click: for the child process only
+
+    argv = sys.argv if argv is None else argv
+    configure_logging(argv[2])
+    try:
+        # the logger's name as when imported: under -m, __name__ is "__main__"
+        applied = apply_migrations(sys.stdin.read().strip(), Path(argv[1]),
+                                   log=logging.getLogger("queen_mp.db.migrations"))
+    except DatabaseError as ex:
+        print(f"{type(ex).__name__}: {ex}")
+        return 1
+    for name in applied:
+        print(name)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -6,13 +6,18 @@ every ring it reads when woken, so many rings collapse into one wake-up.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import sys
 import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import posix_ipc
+
+if TYPE_CHECKING:
+    # PERF(ipc): an annotation only; asyncio pulls in ssl, 2.5 MB of RSS in the supervisor,
+    # which creates the doorbells but runs no event loop.
+    import asyncio
 
 __all__ = ["AsyncDoorbellWaiter", "Doorbell"]
 

@@ -75,3 +75,17 @@ def test_error_tree():
     assert issubclass(MigrationChecksumError, MigrationError)
     assert issubclass(MigrationError, DatabaseError)
     assert -(2**63) <= MIGRATION_LOCK_KEY < 2**63
+
+
+def test_supervisor_halts_the_boot_when_the_migration_child_fails(tmp_path, monkeypatch):
+    # the supervisor migrates in a child process (queen_mp.db.migrations.main); its failure
+    # must still stop the boot with the error's message and the boot-error exit code
+    from queen_mp.config import Config
+    from queen_mp.supervisor import EXIT_BOOT_ERROR, HaltServer, Supervisor
+
+    monkeypatch.setattr("queen_mp.supervisor.sql_dir", lambda: tmp_path / "nope")
+    with pytest.raises(HaltServer) as halt:
+        Supervisor(Config.load(env={})).migrate()
+    assert halt.value.exit_status == EXIT_BOOT_ERROR
+    assert halt.value.reason == (f"migrations failed: MigrationError: migration directory "
+                                 f"{tmp_path / 'nope'} does not exist")
