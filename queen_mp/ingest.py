@@ -129,13 +129,16 @@ class Ingest:
         calls = []
         members = list(groups.items())
         for gi, ((queue, partition), idx) in enumerate(members):
+            # NOTE(memory): only the packed bytes outlive this line, until they are in the ring.
             record = PushGroup(
                 generation=self.link.generation, slot=self.link.slot, request_id=request_id,
                 group_index=gi, tenant=tenant, queue=queue, partition=partition,
                 hashes=b"".join(txn_hash(items[i].transaction_id) for i in idx),
-                count=len(idx), pieces=pieces_of(items, idx, chunks), deadline_ms=deadline_ms)
+                count=len(idx), pieces=pieces_of(items, idx, chunks),
+                deadline_ms=deadline_ms).pack()
             calls.append(self.link.call(self.shard_of(tenant, queue, partition), request_id, gi,
-                                        record.pack(), deadline))
+                                        record, deadline))
+        del record
         outcomes = await asyncio.gather(*calls, return_exceptions=True)
         to_spool: list[int] = []
         for (_, idx), outcome in zip(members, outcomes, strict=True):
