@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import xxhash
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from queen_mp.shards.dedupfilter import CLOCK_MARGIN_S, DedupFilter
+from queen_mp.shards.dedupfilter import CHUNK_SPAN_S, CLOCK_MARGIN_S, HOT_MAX, DedupFilter
 
 KEY = (b"\0" * 16, "q", "p")
 
@@ -85,3 +87,57 @@ def test_zero_entries_turns_the_filter_off() -> None:
     f = DedupFilter(0)
     f.committed(KEY, 7, 1, 2, hashes("a", "b"), 3600)
     assert f.entries == 0 and f.verified(KEY, hashes("c")) == 0
+
+
+def test_a_shared_chunk_is_forgotten_by_its_latest_entry_never_earlier() -> None:
+    clock = Clock()
+    f = DedupFilter(100, clock)
+    f.committed(KEY, 7, 1, 1, hashes("a"), 10)
+    clock.t += CHUNK_SPAN_S / 2
+    f.committed(KEY, 7, 2, 1, hashes("b"), 10)  # same chunk as "a"
+    clock.t += 10 + CLOCK_MARGIN_S - CHUNK_SPAN_S / 4  # "a" is out of the window, "b" is not
+    f.committed(KEY, 7, 3, 1, hashes("c"), 10)
+    assert f.entries == 3 and f.verified(KEY, hashes("a")) == 0  # kept: "b" still needs it
+    clock.t += CHUNK_SPAN_S
+    f.committed(KEY, 7, 4, 1, hashes("d"), 10)
+    assert f.entries == 2 and f.verified(KEY, hashes("a")) == 4
+
+
+def test_every_stored_hash_is_found_in_the_set_and_in_the_runs() -> None:
+    f = DedupFilter(1_000_000)
+    txns = [f"t{i}" for i in range(5 * HOT_MAX + 3)]
+    off = 1
+    for size in (1, HOT_MAX - 1, 2, 2 * HOT_MAX, 1, 1, HOT_MAX + 1, len(txns)):
+        chunk, txns = txns[:size], txns[size:]
+        if not chunk:
+            break
+        f.committed(KEY, 7, off, len(chunk), hashes(*chunk), 3600)
+        off += len(chunk)
+    stored = [f"t{i}" for i in range(off - 1)]
+    assert f.verified(KEY, hashes("new")) == off - 1
+    for t in stored:
+        assert f.verified(KEY, hashes("new", t)) == 0, t
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 80), st.floats(0, 30)), min_size=1, max_size=40))
+def test_never_a_promise_over_a_live_hash(steps: list[tuple[int, float]]) -> None:
+    # model: (time, txn) of every commit; live = inside window + margin (+ the chunk span)
+    clock = Clock()
+    f = DedupFilter(1_000_000, clock)
+    window = 20
+    log: list[tuple[float, str]] = []
+    off = 1
+    for step, (size, advance) in enumerate(steps):
+        clock.t += advance
+        txns = [f"s{step}-{j}" for j in range(size)]
+        f.committed(KEY, 7, off, size, hashes(*txns), window)
+        off += size
+        log += [(clock.t, t) for t in txns]
+        horizon = clock.t - window - CLOCK_MARGIN_S
+        for at, t in log[-200:]:
+            if at >= horizon:  # live: must never be promised away
+                assert f.verified(KEY, hashes("fresh", t)) == 0
+        assert f.verified(KEY, hashes(f"fresh-{step}")) == off - 1
+        # memory: forgotten chunks leave the count, and at most a third more sits in runs
+        assert f.entries <= sum(1 for at, _ in log if at >= horizon - CHUNK_SPAN_S)
