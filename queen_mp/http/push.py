@@ -50,7 +50,14 @@ def parse_json_push(body: bytes, producer_sub: str | None = None) -> list[PushIt
     if len(raw_items) > MAX_ITEMS:
         raise InvalidRequest(f"{len(raw_items)} items, over the {MAX_ITEMS} limit",
                              limit=MAX_ITEMS)
-    return [parse_json_item(it, i, producer_sub) for i, it in enumerate(raw_items)]
+    items = [parse_json_item(it, i, producer_sub) for i, it in enumerate(raw_items)]
+    # NOTE(memory): one str per distinct queue and partition name, not one per item, for as
+    # long as the request waits for its verdicts.
+    names: dict[str, str] = {}
+    for it in items:
+        it.queue = names.setdefault(it.queue, it.queue)
+        it.partition = names.setdefault(it.partition, it.partition)
+    return items
 
 
 def parse_binary(body: bytes, max_decompressed: int, producer_sub: str | None = None
@@ -148,6 +155,9 @@ class PushResource:
                            field="magic")
         else:
             items = parse_json_push(body, sub)
+        # NOTE(memory): nothing parsed refers to the body but QPB1 client chunks (copied
+        # into the shard records); drop it rather than hold it until every verdict is in.
+        del body
         try:
             results = await self.worker.ingest.push(items, tenant_of(req), chunks)
         except (EncryptionUnavailable, FlagsUnavailable) as ex:
