@@ -145,7 +145,8 @@ SETTINGS: tuple[Setting, ...] = (
        "Parsed and printed for compatibility; segment size is emergent, not a trigger.",
        minimum=0),
     _s("QUEEN_RING_KB", int, 4096,
-       "Size of each shared-memory ring (one per front worker x shard and direction).",
+       "Size of each request ring in shared memory (one per front worker x shard); each "
+       "reply ring is an eighth of it, at least 64 KiB.",
        minimum=64, maximum=1_048_576),
     _s("QUEEN_DEDUP_WINDOW", int, 3600,
        "Default dedupWindow (s) of new queues; 0 = dedup off (acks still resolve).",

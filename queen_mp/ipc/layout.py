@@ -16,7 +16,14 @@ from queen_mp.ipc.slots import SlotTable
 from queen_mp.ipc.wakeboard import WakeBoard
 from queen_mp.runtime import Runtime
 
-__all__ = ["create_all", "unlink_all"]
+__all__ = ["create_all", "reply_ring_bytes", "unlink_all"]
+
+
+def reply_ring_bytes(request_ring_bytes: int) -> int:
+    """Verdicts are ~9 bytes a frame against ~250 for the frames themselves: a reply ring an
+    eighth of its request ring still holds the verdicts of every request it can carry, and
+    each of its pages counts twice in the resident memory (worker and shard map it)."""
+    return max(64 * 1024, request_ring_bytes // 8)
 
 
 def create_all(rt: Runtime) -> None:
@@ -25,7 +32,8 @@ def create_all(rt: Runtime) -> None:
         for slot in range(rt.slots):
             for shard in range(rt.shards):
                 Ring.create(rt.request_ring(slot, shard), rt.ring_bytes, replace=True).close()
-                Ring.create(rt.reply_ring(slot, shard), rt.ring_bytes, replace=True).close()
+                Ring.create(rt.reply_ring(slot, shard), reply_ring_bytes(rt.ring_bytes),
+                            replace=True).close()
             Doorbell.create(rt.slot_doorbell(slot), replace=True).close()
         for shard in range(rt.shards):
             Doorbell.create(rt.shard_doorbell(shard), replace=True).close()
