@@ -75,9 +75,9 @@ def parse_binary(body: bytes, max_decompressed: int, producer_sub: str | None = 
             continue
         if isinstance(group, FramesGroup):
             chunks.append(ClientChunk(group.chunk, len(items), group.count))
-            for f in group.frames:
-                items.append(PushItem(group.queue, partition, f.transaction_id, f.message_id,
-                                      f.raw, f.trace_id, chunk=len(chunks) - 1))
+            queue, at = group.queue, len(chunks) - 1
+            items.extend([PushItem(queue, partition, f.transaction_id, f.message_id, f.raw,
+                                   f.trace_id, at) for f in group.frames])
             continue
         for p in group.items:
             items.append(json_item(group.queue, partition, p.transaction_id, bytes(p.payload),
@@ -99,35 +99,51 @@ def render_item(i: int, item: PushItem, r: ItemResult) -> dict[str, Any]:
 
 # PERF(http): the common answer item (no error, no trace id) is formatted straight to bytes;
 # building a 16-key dict per item and serialising it was a fifth of a 1,000-item push's CPU.
+# What a group's items share (status, queue, partition, partition id, createdAt) is baked into
+# one template per group, so an item fills only its index, id, transactionId and offset.
 # Same keys, same order and same values as render_item (tests/unit/test_push_render.py).
-_ITEM = (b'{"index":%d,"status":"%s","messageId":"%s","transactionId":%s,"queue":%s,'
-         b'"partition":%s,"partitionId":%s,"offset":%s,"createdAt":%s,"traceId":null,'
-         b'"error":null,"message_id":"%s","transaction_id":%s,"partition_id":%s,'
-         b'"trace_id":null,"queueName":%s}')
+Shared = tuple[str, str, str, int, int]  # status, queue, partition, partition id, created
+
+
+def _item_template(shared: Shared) -> bytes:
+    status, queue, partition, partition_id, created_us = shared
+    pid = b'"%d"' % partition_id if partition_id else b"null"
+    created = iso_from_us(created_us)
+    q = orjson.dumps(queue)
+
+    def const(*parts: bytes) -> bytes:
+        return b"".join(parts).replace(b"%", b"%%")
+
+    return b"".join((
+        const(b'{"index":'), b"%d",
+        const(b',"status":"', status.encode(), b'","messageId":"'), b"%s",
+        const(b'","transactionId":'), b"%s",
+        const(b',"queue":', q, b',"partition":', orjson.dumps(partition),
+              b',"partitionId":', pid, b',"offset":'), b"%s",
+        const(b',"createdAt":', b'"%s"' % created.encode() if created else b"null",
+              b',"traceId":null,"error":null,"message_id":"'), b"%s",
+        const(b'","transaction_id":'), b"%s",
+        const(b',"partition_id":', pid, b',"trace_id":null,"queueName":', q, b"}")))
 
 
 def render_items(items: list[PushItem], results: list[ItemResult]) -> bytes:
     """The JSON answer of a push: one object per item, in request order."""
-    names: dict[str, bytes] = {}
+    templates: dict[Shared, bytes] = {}
     parts: list[bytes] = []
+    append = parts.append
+    dumps = orjson.dumps
     for i, (item, r) in enumerate(zip(items, results, strict=True)):
         if r.error is not None or item.trace_id:
-            parts.append(orjson.dumps(render_item(i, item, r)))
+            append(dumps(render_item(i, item, r)))
             continue
-        queue = names.get(item.queue)
-        if queue is None:
-            queue = names[item.queue] = orjson.dumps(item.queue)
-        partition = names.get(item.partition)
-        if partition is None:
-            partition = names[item.partition] = orjson.dumps(item.partition)
+        shared = (r.status, item.queue, item.partition, r.partition_id, r.created_us)
+        template = templates.get(shared)
+        if template is None:
+            template = templates[shared] = _item_template(shared)
         mid = uuid_text(r.message_id).encode()
-        txn = orjson.dumps(item.transaction_id)
-        pid = b'"%d"' % r.partition_id if r.partition_id else b"null"
-        created = iso_from_us(r.created_us)
-        parts.append(_ITEM % (
-            i, r.status.encode(), mid, txn, queue, partition, pid,
-            b"null" if r.offset is None else b"%d" % r.offset,
-            b'"%s"' % created.encode() if created else b"null", mid, txn, pid, queue))
+        txn = dumps(item.transaction_id)
+        append(template % (i, mid, txn, b"null" if r.offset is None else b"%d" % r.offset,
+                           mid, txn))
     return b"[" + b",".join(parts) + b"]"
 
 
