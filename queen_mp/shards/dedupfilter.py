@@ -34,6 +34,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from queen_mp.wire.hashing import hash_prefixes
+
 __all__ = ["DedupFilter"]
 
 Key = tuple[bytes, str, str]  # tenant, queue, partition
@@ -49,11 +51,6 @@ _U64 = np.dtype("=u8")  # native order: the filter lives in one process
 def _prefixes(hashes: bytes) -> np.ndarray:
     """The first 8 bytes of each 16-byte xxh3_128 hash, as a compact array of its own."""
     return np.frombuffer(hashes, dtype=_U64)[::2].copy()
-
-
-def _ints(hashes: bytes) -> list[int]:
-    """The same prefixes as Python ints (set members); cheaper than numpy for a few hashes."""
-    return memoryview(hashes).cast("Q")[::2].tolist()
 
 
 class _Chunk:
@@ -78,7 +75,7 @@ class _Partition:
         self.chunks: deque[_Chunk] = deque()
 
     def holds_any(self, hashes: bytes) -> bool:
-        if self.hot and not self.hot.isdisjoint(_ints(hashes)):
+        if self.hot and not self.hot.isdisjoint(hash_prefixes(hashes)):
             return True
         if not self.runs:
             return False
@@ -98,7 +95,7 @@ class _Partition:
             new.sort()
             self._add_run(new)
             return len(new)
-        ints = _ints(hashes)
+        ints = hash_prefixes(hashes)
         chunk.prefixes.extend(ints)
         self.hot.update(ints)
         if len(self.hot) >= HOT_MAX:

@@ -27,6 +27,7 @@ from queen_mp.db.errors import DatabaseError
 from queen_mp.metrics import Metrics
 from queen_mp.shards.dedupfilter import DedupFilter
 from queen_mp.wire import frames as wf
+from queen_mp.wire.hashing import hash_prefixes
 from queen_mp.wire.ids import ZERO_UUID
 from queen_mp.wire.records import ItemVerdict, PushGroup, PushVerdict, blob_from_pieces
 
@@ -95,18 +96,18 @@ class Entry:
 
     def verdict(self) -> PushVerdict:
         g = self.group
+        items: tuple[ItemVerdict, ...] = ()
+        run = None
         if self.run_first >= 0:
-            return PushVerdict(generation=g.generation, slot=g.slot, request_id=g.request_id,
-                               group_index=g.group_index, status=0,
-                               partition_id=self.partition_id, created_at_us=self.created_us,
-                               queued_run=(self.run_first, g.count))
-        items = tuple(
-            ItemVerdict(0, self.offsets[j], b"") if self.status[j] == QUEUED
-            else ItemVerdict(1, self.offsets[j], self.dup_ids.get(j, ZERO_UUID))
-            for j in range(g.count))
+            run = (self.run_first, g.count)
+        else:
+            items = tuple(
+                ItemVerdict(0, self.offsets[j], b"") if self.status[j] == QUEUED
+                else ItemVerdict(1, self.offsets[j], self.dup_ids.get(j, ZERO_UUID))
+                for j in range(g.count))
         return PushVerdict(generation=g.generation, slot=g.slot, request_id=g.request_id,
                            group_index=g.group_index, status=0, partition_id=self.partition_id,
-                           created_at_us=self.created_us, error="", items=items)
+                           created_at_us=self.created_us, items=items, queued_run=run)
 
     def failure(self, error: str) -> PushVerdict:
         g = self.group
@@ -147,7 +148,7 @@ def build_segment(key: Key, entries: list[Entry]) -> Segment:
         total = len(hashes) >> 4
         # PERF(queen): distinct 64-bit prefixes prove distinct hashes, in one C-level pass; a
         # shared prefix (a repeat, or a 2^-64 accident) takes the exact slow path below.
-        if len(set(memoryview(hashes).cast("Q")[::2].tolist())) == total:
+        if len(set(hash_prefixes(hashes))) == total:
             # PERF(queen): the common case keeps client chunks and raw frames as they came.
             return Segment(key, entries, hashes,
                            blob_from_pieces(p for e in entries for p in e.group.pieces),

@@ -58,7 +58,7 @@ from queen_mp.wire.frames import (
     read_frames,
     zstd_compress,
 )
-from queen_mp.wire.hashing import hash_blob, hash_hex, txn_hash, txn_hash_bytes
+from queen_mp.wire.hashing import hash_blob, hash_hex, hash_prefixes, txn_hash, txn_hash_bytes
 from queen_mp.wire.ids import (
     ZERO_UUID,
     ZERO_UUID_TEXT,
@@ -167,6 +167,7 @@ __all__ = [
     "decompress_bounded",
     "hash_blob",
     "hash_hex",
+    "hash_prefixes",
     "is_uuid7",
     "iter_chunks",
     "iter_frames",
