@@ -132,10 +132,10 @@ SETTINGS: tuple[Setting, ...] = (
     _s("QUEEN_V2_BUNDLE_MAX", int, 64,
        "Most partitions committed together by one shard transaction.", minimum=1,
        maximum=10000),
-    _s("QUEEN_DEDUP_FILTER_ENTRIES", int, 2_000_000,
-       "Transaction hashes a shard remembers of what it pushed (about 16 bytes each), so the "
+    _s("QUEEN_DEDUP_FILTER_ENTRIES", int, 8_000_000,
+       "Transaction hashes a shard remembers of its partitions (about 5 bytes each), so the "
        "dedup probe skips what it knows; 0 turns the filter off (every push probes the "
-       "whole window).", minimum=0, maximum=100_000_000),
+       "whole window).", minimum=0, maximum=400_000_000),
     _s("QUEEN_V2_FUSION_HOLD_MS", int, 15,
        "Liveness backstop tick of a shard, not a batching window.", minimum=1, maximum=10000),
     _s("QUEEN_V2_FUSION_MAX_INFLIGHT", int, 4,

@@ -50,6 +50,12 @@ class Metrics:
         self.fusion_errors = Counter(
             "queen_fusion_bundle_errors", "Push bundles that failed, by error class.",
             ["reason"], **kw)
+        self.dedup_read_backs = Counter(
+            "queen_dedup_read_backs", "Partitions whose stored transaction hashes a shard read "
+            "back into its dedup filter, by result (ok, failed).", ["result"], **kw)
+        self.dedup_filter_entries = Gauge(
+            "queen_dedup_filter_entries", "Transaction hashes the shards' dedup filters hold.",
+            multiprocess_mode="livesum", **kw)
         self.messages_pushed = Counter(
             "queen_messages_pushed", "Push items by verdict.", ["status"], **kw)
         self.messages_popped = Counter(

@@ -2,8 +2,10 @@
 
 A shard keeps a few connections, one per bundle in flight (the adaptive in-flight cap never
 exceeds their number). A bundle is a single prepared call of ``log_push_multi_v1``, so it is one
-round trip and one commit. Duplicate-id lookups, which come several at a time, go through
-psycopg's pipeline mode: N ``log_segment_at_v1`` calls in one round trip.
+round trip and one commit. The dedup filter's read-backs of stored hashes share the same
+connections (one at a time, so bundles keep the others). Duplicate-id lookups, which come
+several at a time, go through psycopg's pipeline mode: N ``log_segment_at_v1`` calls in one
+round trip.
 
 A connection the server closed while it sat idle (restart, failover) is replaced before use;
 a new one follows the DSN (a multi-host DSN with ``target_session_attrs=read-write`` finds the
@@ -30,11 +32,15 @@ from queen_mp.db.calls import PUSH_MULTI
 from queen_mp.db.errors import DatabaseError, StatementTimeout, translate
 from queen_mp.db.pooled import quiet
 
-__all__ = ["BundleWriter", "PushBundle", "SegmentRow"]
+__all__ = ["BundleWriter", "PushBundle", "SegmentRow", "StoredHashes"]
 
 log = logging.getLogger("queen_mp.db.bundles")
 
 _SEGMENT_AT = "SELECT * FROM queen.log_segment_at_v1(%s::int8, %s::int8)"
+_TXN_HASHES = ("SELECT * FROM queen.log_txn_hashes_v1(%b::int8[], %b::int8[], %b::int8[],"
+               " %b::int4[])")
+
+StoredHashes = list[tuple[int, float, bytes]]  # (base_offset, age in seconds, hashes)
 
 
 @dataclass(frozen=True)
@@ -132,6 +138,22 @@ class BundleWriter:
             for cur in cursors:
                 row = await cur.fetchone()
                 out.append(None if row is None else SegmentRow(row[0], row[1], bytes(row[3])))
+            return out
+
+        return await self._run(work)
+
+    async def txn_hashes(self, asks: Sequence[tuple[int, int, int, int]]
+                         ) -> list[StoredHashes]:
+        """Per (partition_id, lo, below, seconds): the stored hash blobs of offsets ``lo ..
+        below - 1`` committed in the last ``seconds``, ascending offset."""
+        params = tuple([a[k] for a in asks] for k in range(4))
+
+        async def work(conn: psycopg.AsyncConnection[Any]) -> list[StoredHashes]:
+            # binary: the blobs come as they are stored, not hex-encoded
+            cur = await conn.execute(_TXN_HASHES, params, binary=True)
+            out: list[StoredHashes] = [[] for _ in asks]
+            for k, base, age, hashes in await cur.fetchall():
+                out[k - 1].append((base, age, bytes(hashes)))
             return out
 
         return await self._run(work)

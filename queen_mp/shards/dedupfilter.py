@@ -2,142 +2,208 @@
 
 ``log_push_one_v1`` probes every stored hash of the partition inside the dedup window above
 ``p_verified``; with ``p_verified = 0`` that is every segment of the last hour, so the probe of a
-busy partition grew with its depth (0.66 ms a segment at 400 segments, bench/README.md). The
+busy partition grows with its depth (0.66 ms a segment at 400 segments, bench/README.md). The
 shard writes its partitions' segments itself, one flush in flight per partition, so it can
-remember what it wrote and promise the procedure "offsets up to ``hi`` hold none of these
-hashes": the probe then reads only what another writer (a transaction, a timer, another broker
-instance) added above ``hi``, usually nothing.
+remember what it wrote and promise the procedure "offsets up to ``v`` hold none of these
+hashes": the probe then reads only what lies above ``v``, usually nothing.
 
-The promise must cover every offset up to ``hi`` inside the window. A partition first seen with
-offsets below ``floor`` (written before this shard knew it) is complete only once those rows
-are older than the queue's window (plus a clock margin); until then, and whenever a hash may be
-known (a repeat, or the same 64-bit prefix), the shard sends 0 and SQL probes everything, as
-before. A gap in the offsets (someone else wrote in between) resets the partition. Memory is
-bounded: entries older than the window are forgotten, and past ``max_entries`` whole partitions
-are dropped, least recently pushed first (they start over as incomplete).
+The promise must cover every offset up to ``v`` inside the window. Offsets the shard did not
+write (before it first saw the partition: a restart, an eviction; or in between its own, by a
+transaction, a timer or another broker instance) are a gap: the promise stops below it until
+the shard has read back the stored hashes of the gap (``wanted`` / ``recalled``: one read of
+what the gap holds instead of every later push probing it), or until the gap is older than
+the queue's window (plus a clock margin).
 
-Storage. A partition keeps its newest prefixes in a small set (up to ``HOT_MAX``) and the rest
-in sorted numpy runs whose sizes halve from the oldest to the newest (merged like a binary
-counter), so a probe is a set test plus one vectorised binary search per run, and an entry
-costs about 16 bytes (its run and its chunk, which says when it leaves the window) instead of
-the ~100 of a Python set member. Entries of expired chunks leave the runs at the next rebuild
-(when they are a third of what the runs hold): until then they can only make the shard send
-0, never promise what it does not know.
+Storage. The shard keeps a 32-bit fingerprint of each hash (its first 4 bytes), in runs that
+each cover a contiguous offset range: the newest few in a set (up to ``HOT_MAX``), the rest in
+sorted numpy arrays merged like a binary counter, never across epochs (``window / EPOCHS``
+seconds of commits), so that a whole run leaves when its epoch leaves the window: an entry
+costs 4 bytes and is forgotten at most an epoch late, never early. A fingerprint is not the
+hash: a match only means "maybe", and the promise then stops below the lowest matching run, so
+SQL probes that run and the newer ones instead of the whole window. At a few thousand entries
+a partition, a 1,000-hash segment meets a stray match about once in a thousand.
+
+Past ``max_entries`` whole partitions are dropped, least recently pushed first; pushed again,
+they start over with a gap below.
 """
 
 from __future__ import annotations
 
+import bisect
 import time
-from array import array
-from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
-from queen_mp.wire.hashing import hash_prefixes
-
-__all__ = ["DedupFilter"]
+__all__ = ["DedupFilter", "Recall"]
 
 Key = tuple[bytes, str, str]  # tenant, queue, partition
 CLOCK_MARGIN_S = 60.0  # broker and PostgreSQL clocks may disagree this much
-# Segments committed within this span share one chunk, stamped with its latest commit: an
-# entry is then forgotten up to this much later than its own commit, never earlier.
-CHUNK_SPAN_S = 1.0
-HOT_MAX = 32  # newest prefixes of a partition kept in a set before they become a sorted run
+EPOCHS = 8  # epochs per window: runs leave the filter at most window / EPOCHS late
+HOT_MAX = 32  # newest fingerprints of a partition kept in a set before they become a run
 
-_U64 = np.dtype("=u8")  # native order: the filter lives in one process
+_U32 = np.dtype("=u4")  # native order: the filter lives in one process
 
 
-def _prefixes(hashes: bytes) -> np.ndarray:
-    """The first 8 bytes of each 16-byte xxh3_128 hash, as a compact array of its own."""
-    return np.frombuffer(hashes, dtype=_U64)[::2].copy()
+def _fingerprints(hashes: bytes) -> np.ndarray:
+    """The first 4 bytes of each 16-byte hash, as a compact array of its own."""
+    return np.frombuffer(hashes, dtype=_U32)[::4].copy()
 
 
-class _Chunk:
-    __slots__ = ("first", "last", "prefixes")
+def _fingerprint_ints(hashes: bytes) -> list[int]:
+    """As _fingerprints, as ints, in one C-level pass (the set side of a partition)."""
+    return memoryview(hashes).cast("I")[::4].tolist()
 
-    def __init__(self, now: float) -> None:
-        self.first = self.last = now
-        self.prefixes = array("Q")  # no object per commit: 8 bytes an entry
+
+class _Run:
+    """Sorted fingerprints of the commits at offsets ``lo ..`` (up to the next run) in one
+    epoch."""
+
+    __slots__ = ("epoch", "fps", "lo")
+
+    def __init__(self, epoch: int, lo: int, fps: np.ndarray) -> None:
+        self.epoch = epoch
+        self.lo = lo
+        self.fps = fps
+
+    def holds_any(self, incoming: np.ndarray) -> bool:
+        fps = self.fps
+        at = np.searchsorted(fps, incoming)
+        np.minimum(at, len(fps) - 1, out=at)
+        return bool((fps[at] == incoming).any())
 
 
 class _Partition:
-    __slots__ = ("chunks", "complete_at", "hi", "hot", "pid", "runs", "stale", "window")
+    __slots__ = ("gaps", "held", "hi", "hot", "hot_epoch", "hot_lo", "pid", "runs", "span",
+                 "window")
 
-    def __init__(self, pid: int, window: int, floor: int, complete_at: float) -> None:
+    def __init__(self, pid: int, window: int) -> None:
         self.pid = pid
         self.window = window
-        self.hi = floor
-        self.complete_at = complete_at
-        self.hot: set[int] = set()
-        self.runs: list[np.ndarray] = []  # sorted, oldest and largest first
-        self.stale = 0  # expired entries still in the runs
-        self.chunks: deque[_Chunk] = deque()
+        self.span = max(1.0, window / EPOCHS)
+        self.hi = 0
+        self.hot: set[int] = set()  # fingerprints of offsets hot_lo .. hi, epoch hot_epoch
+        self.hot_lo = 0
+        self.hot_epoch = 0
+        self.runs: list[_Run] = []  # ascending offsets: oldest first
+        self.held = 0
+        self.gaps: dict[int, tuple[int, float]] = {}  # first offset -> (last, known after)
 
-    def holds_any(self, hashes: bytes) -> bool:
-        if self.hot and not self.hot.isdisjoint(hash_prefixes(hashes)):
-            return True
-        if not self.runs:
-            return False
-        incoming = _prefixes(hashes)
-        for run in self.runs:
-            at = np.searchsorted(run, incoming)
-            np.minimum(at, len(run) - 1, out=at)
-            if (run[at] == incoming).any():
-                return True
-        return False
+    def known_to(self, now: float) -> int:
+        """The highest offset below every gap that is still unknown: where promises stop."""
+        limit = self.hi
+        for lo, (_, after) in list(self.gaps.items()):
+            if now >= after:
+                del self.gaps[lo]  # its rows left the window: nothing to know any more
+            else:
+                limit = min(limit, lo - 1)
+        return limit
 
-    def add(self, hashes: bytes, chunk: _Chunk) -> int:
-        """Remember the prefixes of these hashes (also in ``chunk``); how many there are."""
+    def lowest_match(self, hashes: bytes) -> int:
+        """The lowest first offset of a run that may hold one of these hashes; 0 if none."""
+        if self.runs:
+            incoming = _fingerprints(hashes)
+            for run in self.runs:  # oldest first: the first match is the lowest
+                if run.holds_any(incoming):
+                    return run.lo
+        if self.hot and not self.hot.isdisjoint(_fingerprint_ints(hashes)):
+            return self.hot_lo
+        return 0
+
+    def add(self, base: int, hashes: bytes, now: float) -> int:
+        """Remember the segment at offsets ``base ..``; how many fingerprints that adds."""
+        epoch = int(now // self.span)
+        if self.hot and self.hot_epoch != epoch:
+            self.flush_hot()
         if len(hashes) >= 16 * HOT_MAX:
-            new = _prefixes(hashes)
-            chunk.prefixes.frombytes(new.tobytes())
-            new.sort()
-            self._add_run(new)
-            return len(new)
-        ints = hash_prefixes(hashes)
-        chunk.prefixes.extend(ints)
+            self.flush_hot()
+            fps = _fingerprints(hashes)
+            fps.sort()
+            self._add_run(_Run(epoch, base, fps))
+            return len(fps)
+        if not self.hot:
+            self.hot_lo, self.hot_epoch = base, epoch
+        ints = _fingerprint_ints(hashes)
         self.hot.update(ints)
         if len(self.hot) >= HOT_MAX:
-            run = np.fromiter(self.hot, dtype=_U64, count=len(self.hot))
-            self.hot = set()
-            run.sort()
-            self._add_run(run)
+            self.flush_hot()
         return len(ints)
 
-    def _add_run(self, run: np.ndarray) -> None:
+    def fill_gap(self, lo: int, rows: Sequence[tuple[int, float, bytes]], now: float) -> int:
+        """Remember the stored segments of the gap at ``lo``, ``(base, age_s, hashes)``
+        ascending, one run per epoch (of ``now - age``: never before their commit), in offset
+        order among the runs; how many fingerprints that adds."""
+        del self.gaps[lo]
+        filled: list[_Run] = []
+        span = self.span
+        for base, age, hashes in rows:
+            epoch = int((now - age) // span)
+            if filled and filled[-1].epoch == epoch:
+                run = filled[-1]
+                run.fps = np.concatenate((run.fps, _fingerprints(hashes)))
+            else:
+                filled.append(_Run(epoch, base, _fingerprints(hashes)))
+        for run in filled:
+            run.fps.sort()
+        at = bisect.bisect_left([r.lo for r in self.runs], lo)
+        self.runs[at:at] = filled
+        return sum(len(r.fps) for r in filled)
+
+    def flush_hot(self) -> None:
+        if not self.hot:
+            return
+        fps = np.fromiter(self.hot, dtype=_U32, count=len(self.hot))
+        self.hot = set()
+        fps.sort()
+        self._add_run(_Run(self.hot_epoch, self.hot_lo, fps))
+
+    def _add_run(self, run: _Run) -> None:
         runs = self.runs
+        if runs and runs[-1].epoch != run.epoch:
+            self._seal()
         runs.append(run)
-        while len(runs) > 1 and len(runs[-2]) < 2 * len(runs[-1]):
-            newer = runs.pop()
-            merged = np.concatenate((runs.pop(), newer))
+        while (len(runs) > 1 and runs[-2].epoch == run.epoch
+               and len(runs[-2].fps) < 2 * len(runs[-1].fps)):
+            newer, older = runs.pop(), runs.pop()
+            merged = np.concatenate((older.fps, newer.fps))
             merged.sort(kind="stable")  # two sorted runs: a linear merge
-            runs.append(merged)
+            runs.append(_Run(run.epoch, older.lo, merged))
+
+    def _seal(self) -> None:
+        """One run for the newest epoch, now closed: a probe then searches one run an epoch."""
+        runs = self.runs
+        epoch = runs[-1].epoch
+        k = len(runs) - 1
+        while k > 0 and runs[k - 1].epoch == epoch:
+            k -= 1
+        if k < len(runs) - 1:
+            merged = np.concatenate([r.fps for r in runs[k:]])
+            merged.sort()
+            runs[k:] = [_Run(epoch, runs[k].lo, merged)]
 
     def expire(self, before: float) -> int:
-        """Forget the chunks that left the window; the number of entries forgotten."""
+        """Forget the runs whose epoch ended before ``before``; how many entries that was."""
         gone = 0
-        while self.chunks and self.chunks[0].last < before:
-            old = self.chunks.popleft().prefixes
-            gone += len(old)
-            if self.hot:
-                self.hot.difference_update(old)
-        if gone:
-            self.stale += gone
-            held = sum(len(r) for r in self.runs)
-            if self.stale * 3 >= held:
-                self._rebuild()
+        span = self.span
+        runs = self.runs
+        while runs and (runs[0].epoch + 1) * span < before:
+            gone += len(runs.pop(0).fps)
+        # The set never needs it: add() turned it into a run when its epoch ended.
         return gone
 
-    def _rebuild(self) -> None:
-        live = [np.frombuffer(c.prefixes, dtype=_U64) for c in self.chunks if c.prefixes]
-        self.hot = set()
-        self.runs = []
-        self.stale = 0
-        if live:
-            run = np.concatenate(live)
-            run.sort()
-            self.runs.append(run)
+
+class Recall(NamedTuple):
+    """A read-back the filter asks for: ``pid``'s stored hashes at offsets ``lo .. below - 1``
+    of the last ``secs`` seconds, handed back to ``recalled`` with ``part`` as the receipt."""
+
+    key: Key
+    part: _Partition
+    pid: int
+    lo: int
+    below: int
+    secs: int
 
 
 class DedupFilter:
@@ -146,14 +212,19 @@ class DedupFilter:
         self.clock = clock
         self.entries = 0
         self._parts: OrderedDict[Key, _Partition] = OrderedDict()
+        self._wanted: OrderedDict[tuple[Key, int], _Partition] = OrderedDict()
 
     def verified(self, key: Key, hashes: bytes) -> int:
-        """``p_verified`` for a segment of these hashes: ``hi`` when the shard knows every
-        stored hash of the window up to ``hi`` and none of these is among them, else 0."""
+        """``p_verified`` for a segment of these hashes: the highest offset up to which the
+        shard knows every stored hash of the window and none of these may be among them."""
         part = self._parts.get(key)
-        if part is None or self.clock() < part.complete_at:
+        if part is None:
             return 0
-        return 0 if part.holds_any(hashes) else part.hi
+        limit = part.known_to(self.clock()) if part.gaps else part.hi
+        if limit <= 0:
+            return 0
+        lowest = part.lowest_match(hashes)
+        return limit if lowest == 0 else min(limit, lowest - 1)
 
     def committed(self, key: Key, pid: int, base: int, count: int, hashes: bytes,
                   window_s: int) -> None:
@@ -165,30 +236,63 @@ class DedupFilter:
             self._drop(key)  # no probe at all: nothing to remember
             return
         part = self._parts.get(key)
-        if (part is None or part.pid != pid or base != part.hi + 1
-                or window_s > part.window):
-            # First sight, a recreated partition, rows of another writer in between, or a
-            # longer window than the one entries were forgotten by: offsets below `base` are
-            # unknown until they leave the window.
+        if part is None or part.pid != pid or base <= part.hi or window_s > part.window:
+            # First sight, a recreated partition, or a longer window than the one entries
+            # were forgotten by: everything below `base` is a gap.
             self._drop(key)
-            part = _Partition(pid, window_s, base - 1,
-                              now + window_s + CLOCK_MARGIN_S if base > 1 else 0.0)
-            self._parts[key] = part
+            part = self._parts[key] = _Partition(pid, window_s)
         else:
             self._parts.move_to_end(key)
             part.window = window_s
-        chunk = part.chunks[-1] if part.chunks else None
-        if chunk is None or now - chunk.first >= CHUNK_SPAN_S:
-            chunk = _Chunk(now)
-            part.chunks.append(chunk)
-        chunk.last = now
-        self.entries += part.add(hashes, chunk)
+        if base > part.hi + 1:  # written by someone else
+            part.flush_hot()
+            lo = part.hi + 1
+            part.gaps[lo] = (base - 1, now + window_s + CLOCK_MARGIN_S)
+            self._wanted[(key, lo)] = part
+        added = part.add(base, hashes, now)
         part.hi = base + count - 1
-        self.entries -= part.expire(now - window_s - CLOCK_MARGIN_S)
+        gone = part.expire(now - window_s - CLOCK_MARGIN_S)
+        part.held += added - gone
+        self.entries += added - gone
+        self._bound()
+
+    def wanted(self, limit: int) -> list[Recall]:
+        """Read-backs of gaps, each asked once, up to ``limit`` offsets together (at least
+        one gap)."""
+        out: list[Recall] = []
+        total = 0
+        while self._wanted and (not out or total < limit):
+            (key, lo), part = self._wanted.popitem(last=False)
+            gap = part.gaps.get(lo)
+            if self._parts.get(key) is part and gap is not None:
+                out.append(Recall(key, part, part.pid, lo, gap[0] + 1,
+                                  int(part.window + CLOCK_MARGIN_S) + 1))
+                total += gap[0] + 1 - lo
+        return out
+
+    def recalled(self, recall: Recall, rows: Sequence[tuple[int, float, bytes]]) -> None:
+        """The answer to ``recall``: every stored segment of its gap inside the window. Void if
+        the partition started over or the gap aged out meanwhile."""
+        part = self._parts.get(recall.key)
+        if part is not recall.part or part is None or recall.lo not in part.gaps:
+            return
+        added = part.fill_gap(recall.lo, rows, self.clock())
+        part.held += added
+        self.entries += added
+        self._bound()
+
+    def unrecalled(self, recall: Recall) -> None:
+        """``recall`` failed: ask again with the next ones."""
+        if self._parts.get(recall.key) is recall.part and recall.lo in recall.part.gaps:
+            self._wanted[(recall.key, recall.lo)] = recall.part
+
+    def _bound(self) -> None:
         while self.entries > self.max_entries and self._parts:
             self._drop(next(iter(self._parts)))
 
     def _drop(self, key: Key) -> None:
         part = self._parts.pop(key, None)
         if part is not None:
-            self.entries -= sum(len(c.prefixes) for c in part.chunks)
+            self.entries -= part.held
+            for lo in part.gaps:
+                self._wanted.pop((key, lo), None)

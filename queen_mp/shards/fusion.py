@@ -25,7 +25,7 @@ from typing import Any
 from queen_mp.db.bundles import BundleWriter, PushBundle
 from queen_mp.db.errors import DatabaseError
 from queen_mp.metrics import Metrics
-from queen_mp.shards.dedupfilter import DedupFilter
+from queen_mp.shards.dedupfilter import DedupFilter, Recall
 from queen_mp.wire import frames as wf
 from queen_mp.wire.hashing import hash_prefixes
 from queen_mp.wire.ids import ZERO_UUID
@@ -39,6 +39,8 @@ PENDING, QUEUED, DUPLICATE = 0, 1, 2
 # Front workers already bounded every client frame; this only guards our own stored data.
 _MAX_SEGMENT_BYTES = 1 << 31
 _SUMMARY_EVERY_S = 10.0
+# Offsets of gaps one read-back of stored hashes covers (16 bytes each), beyond its first gap.
+_RECALL_OFFSETS = 1 << 18
 
 Key = tuple[bytes, str, str]  # tenant, queue, partition
 Reply = Callable[[int, PushVerdict], None]
@@ -203,6 +205,7 @@ class PushFusion:
         self._commits = 0
         self._segments = 0
         self._summary_at = time.monotonic()
+        self._recalling = False
 
     # ------------------------------------------------------------------ intake
     def add(self, slot: int, group: PushGroup) -> None:
@@ -322,6 +325,7 @@ class PushFusion:
             self.stored(stored)
         if dup_lookups:
             await self._resolve_duplicates(dup_lookups)
+        self._recall()
         for seg in segments:
             for e in seg.entries:
                 if e.remaining == 0:
@@ -345,6 +349,37 @@ class PushFusion:
                 if lk == k:
                     fe.resolve(fj, DUPLICATE, off, original)
 
+    def _recall(self) -> None:
+        """Read back the stored hashes of offsets this shard did not write, one batch at a
+        time: until then every push to those partitions probes them in SQL."""
+        if self._recalling:
+            return
+        asks = self.dedup.wanted(_RECALL_OFFSETS)
+        if asks:
+            self._recalling = True
+            task = asyncio.get_running_loop().create_task(self._read_back(asks))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _read_back(self, asks: list[Recall]) -> None:
+        try:
+            stored = await self.writer.txn_hashes(
+                [(a.pid, a.lo, a.below, a.secs) for a in asks])
+        except Exception as ex:
+            # The next commit asks again; until then those partitions are probed in full.
+            log.warning("dedup read-back of %d partitions failed: %s", len(asks), ex)
+            self.metrics.dedup_read_backs.labels("failed").inc(len(asks))
+            for a in asks:
+                self.dedup.unrecalled(a)
+            self._recalling = False
+            return
+        for a, rows in zip(asks, stored, strict=True):
+            self.dedup.recalled(a, rows)
+        self.metrics.dedup_read_backs.labels("ok").inc(len(asks))
+        self.metrics.dedup_filter_entries.set(self.dedup.entries)
+        self._recalling = False
+        self._recall()
+
     def _leader_id(self, e: Entry, j: int) -> bytes:
         return _message_id(e.split_frames()[j])
 
@@ -361,6 +396,7 @@ class PushFusion:
         now = time.monotonic()
         if now - self._summary_at < _SUMMARY_EVERY_S:
             return
+        self.metrics.dedup_filter_entries.set(self.dedup.entries)
         if self._commits:
             log.info("bundle summary commits=%d segments=%d segments_per_commit=%.2f cap=%d",
                      self._commits, self._segments, self._segments / self._commits, self.cap)

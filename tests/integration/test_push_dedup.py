@@ -270,3 +270,34 @@ def test_overlapping_concurrent_pushes_store_each_transaction_id_once(broker, db
         assert offs == list(range(1, len(offs) + 1))
     print(f"\n{len(pairs)} items, {len(stored)} stored, "
           f"{sum(r['status'] == 'duplicate' for _, r in pairs)} duplicates")
+
+
+def _read_backs(broker) -> float:
+    for line in broker.client.get("/metrics/prometheus").text.splitlines():
+        if line.startswith("queen_dedup_read_backs_total") and 'result="ok"' in line:
+            return float(line.rpartition(" ")[2])
+    return 0.0
+
+
+def test_rows_of_another_writer_are_read_back_and_still_found(broker, db):
+    # The shard's filter promises the SQL probe what a partition holds; rows it did not write
+    # (a transaction, a timer, another instance) are read back once, and that read-back must
+    # cover every one of them, or a repeat of theirs would be stored again.
+    q = uq("dd")
+    push(broker.client, [{"queue": q, "transactionId": f"t{i}", "payload": i} for i in range(40)])
+    r = broker.client.post("/api/v1/transaction", json={"operations": [  # another writer
+        {"type": "push", "items": [{"queue": q, "transactionId": t, "payload": t}
+                                   for t in ("x1", "x2")]}]})
+    assert r.status_code == 200 and r.json()["success"] is True
+    assert partition_state(db, q, "Default")[1] == 42
+    before = _read_backs(broker)
+    assert push(broker.client, [{"queue": q, "transactionId": "t40"}])[0]["offset"] == 43
+    deadline = time.monotonic() + 10
+    while _read_backs(broker) <= before:
+        assert time.monotonic() < deadline, "no read-back after the gap"
+        time.sleep(0.05)
+    again = push(broker.client, [{"queue": q, "transactionId": t, "payload": t}
+                                 for t in ("t5", "x2", "t40", "new")])
+    assert [(r["status"], r["offset"]) for r in again] == [
+        ("duplicate", 6), ("duplicate", 42), ("duplicate", 43), ("queued", 44)]
+    assert partition_state(db, q, "Default")[1] == 44

@@ -6,7 +6,7 @@ import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from queen_mp.shards.dedupfilter import CHUNK_SPAN_S, CLOCK_MARGIN_S, HOT_MAX, DedupFilter
+from queen_mp.shards.dedupfilter import CLOCK_MARGIN_S, EPOCHS, HOT_MAX, DedupFilter
 
 KEY = (b"\0" * 16, "q", "p")
 
@@ -46,12 +46,47 @@ def test_rows_before_first_sight_block_the_promise_for_a_window() -> None:
     assert f.verified(KEY, hashes("b")) == 51
 
 
-def test_a_gap_from_another_writer_resets() -> None:
+def test_a_gap_from_another_writer_stops_the_promise_below_it_until_read_back() -> None:
     clock = Clock()
     f = DedupFilter(100, clock)
     f.committed(KEY, 7, 1, 1, hashes("a"), 60)
     f.committed(KEY, 7, 5, 1, hashes("e"), 60)  # 2..4 written by a transaction or a timer
-    assert f.verified(KEY, hashes("x")) == 0
+    assert f.verified(KEY, hashes("x")) == 1
+    [ask] = f.wanted(1000)
+    assert (ask.lo, ask.below) == (2, 5)
+    f.committed(KEY, 7, 6, 1, hashes("f"), 60)
+    f.recalled(ask, [(2, 1.0, hashes("b", "c")), (4, 0.5, hashes("d"))])
+    assert f.verified(KEY, hashes("x")) == 6 and f.entries == 6
+    assert f.verified(KEY, hashes("x", "c")) == 1  # the read-back run starts at 2
+    assert f.verified(KEY, hashes("x", "a")) == 0
+
+
+def test_a_gap_read_back_lands_below_the_runs_written_after_it() -> None:
+    f = DedupFilter(1_000)
+    before = [f"a{i}" for i in range(2 * HOT_MAX)]
+    f.committed(KEY, 7, 1, len(before), hashes(*before), 60)
+    after = [f"n{i}" for i in range(HOT_MAX)]  # a run of its own, above the gap
+    gap_lo = len(before) + 1
+    f.committed(KEY, 7, gap_lo + 2, len(after), hashes(*after), 60)  # gap: 2 offsets
+    [ask] = f.wanted(1000)
+    f.recalled(ask, [(gap_lo, 0.1, hashes("b", "c"))])
+    # "c" (in the gap) and "n0" (above it): the promise stops below the gap's run
+    assert f.verified(KEY, hashes("c", "n0")) == gap_lo - 1
+    assert f.verified(KEY, hashes("c", "a3")) == 0  # and never above an older run's
+    assert f.verified(KEY, hashes("n0")) == gap_lo + 1
+    assert f.verified(KEY, hashes("z")) == gap_lo + 1 + len(after)
+
+
+def test_a_gap_never_read_back_is_known_once_it_left_the_window() -> None:
+    clock = Clock()
+    f = DedupFilter(1_000, clock)
+    f.committed(KEY, 7, 1, 1, hashes("a"), 60)
+    f.committed(KEY, 7, 5, 1, hashes("e"), 60)  # 2..4 by another writer, never read back
+    clock.t += 60 + CLOCK_MARGIN_S - 1
+    assert f.verified(KEY, hashes("x")) == 1
+    clock.t += 1
+    assert f.verified(KEY, hashes("x")) == 5
+    assert f.wanted(1000) == []  # nothing left to ask
 
 
 def test_recreated_partition_and_longer_window_reset() -> None:
@@ -69,7 +104,7 @@ def test_old_entries_are_forgotten_and_memory_is_bounded() -> None:
     clock = Clock()
     f = DedupFilter(3, clock)
     f.committed(KEY, 7, 1, 2, hashes("a", "b"), 10)
-    clock.t += 10 + CLOCK_MARGIN_S + 1
+    clock.t += 10 + CLOCK_MARGIN_S + 10 / EPOCHS + 1  # forgotten at most an epoch late
     f.committed(KEY, 7, 3, 1, hashes("c"), 10)
     assert f.entries == 1  # a and b left the window
     other = (b"\0" * 16, "q", "other")
@@ -89,18 +124,36 @@ def test_zero_entries_turns_the_filter_off() -> None:
     assert f.entries == 0 and f.verified(KEY, hashes("c")) == 0
 
 
-def test_a_shared_chunk_is_forgotten_by_its_latest_entry_never_earlier() -> None:
+def test_an_epoch_is_forgotten_by_its_end_never_earlier() -> None:
     clock = Clock()
+    window = 80
+    span = window / EPOCHS
+    clock.t = 100 * span  # the start of an epoch
     f = DedupFilter(100, clock)
-    f.committed(KEY, 7, 1, 1, hashes("a"), 10)
-    clock.t += CHUNK_SPAN_S / 2
-    f.committed(KEY, 7, 2, 1, hashes("b"), 10)  # same chunk as "a"
-    clock.t += 10 + CLOCK_MARGIN_S - CHUNK_SPAN_S / 4  # "a" is out of the window, "b" is not
-    f.committed(KEY, 7, 3, 1, hashes("c"), 10)
+    f.committed(KEY, 7, 1, 1, hashes("a"), window)
+    clock.t += span / 2
+    f.committed(KEY, 7, 2, 1, hashes("b"), window)  # same epoch as "a"
+    clock.t += window + CLOCK_MARGIN_S  # "a" is out of the window, "b" not yet
+    f.committed(KEY, 7, 3, 1, hashes("c"), window)
     assert f.entries == 3 and f.verified(KEY, hashes("a")) == 0  # kept: "b" still needs it
-    clock.t += CHUNK_SPAN_S
-    f.committed(KEY, 7, 4, 1, hashes("d"), 10)
+    clock.t += span
+    f.committed(KEY, 7, 4, 1, hashes("d"), window)
     assert f.entries == 2 and f.verified(KEY, hashes("a")) == 4
+
+
+def test_a_match_only_withholds_the_promise_from_its_own_run_up() -> None:
+    clock = Clock()
+    f = DedupFilter(1_000_000, clock)
+    old = [f"old{i}" for i in range(3 * HOT_MAX)]
+    f.committed(KEY, 7, 1, len(old), hashes(*old), 3600)
+    clock.t += 3600 / EPOCHS  # the next epoch: a run of its own
+    new = [f"new{i}" for i in range(2 * HOT_MAX)]
+    f.committed(KEY, 7, len(old) + 1, len(new), hashes(*new), 3600)
+    hi = len(old) + len(new)
+    assert f.verified(KEY, hashes("x")) == hi
+    # a hash of the newer run: SQL probes from that run's first offset up, not the window
+    assert f.verified(KEY, hashes("x", new[5])) == len(old)
+    assert f.verified(KEY, hashes("x", old[5], new[5])) == 0
 
 
 def test_every_stored_hash_is_found_in_the_set_and_in_the_runs() -> None:
@@ -113,31 +166,123 @@ def test_every_stored_hash_is_found_in_the_set_and_in_the_runs() -> None:
             break
         f.committed(KEY, 7, off, len(chunk), hashes(*chunk), 3600)
         off += len(chunk)
-    stored = [f"t{i}" for i in range(off - 1)]
     assert f.verified(KEY, hashes("new")) == off - 1
-    for t in stored:
-        assert f.verified(KEY, hashes("new", t)) == 0, t
+    for i in range(off - 1):  # t{i} is stored at offset i + 1: the promise stops below it
+        assert f.verified(KEY, hashes("new", f"t{i}")) < i + 1, i
 
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.integers(1, 80), st.floats(0, 30)), min_size=1, max_size=40))
 def test_never_a_promise_over_a_live_hash(steps: list[tuple[int, float]]) -> None:
-    # model: (time, txn) of every commit; live = inside window + margin (+ the chunk span)
+    # model: (time, offset, txn) of every commit; live = inside window + margin (+ an epoch)
     clock = Clock()
     f = DedupFilter(1_000_000, clock)
     window = 20
-    log: list[tuple[float, str]] = []
+    span = window / EPOCHS
+    log: list[tuple[float, int, str]] = []
     off = 1
     for step, (size, advance) in enumerate(steps):
         clock.t += advance
         txns = [f"s{step}-{j}" for j in range(size)]
         f.committed(KEY, 7, off, size, hashes(*txns), window)
+        log += [(clock.t, off + j, t) for j, t in enumerate(txns)]
         off += size
-        log += [(clock.t, t) for t in txns]
         horizon = clock.t - window - CLOCK_MARGIN_S
-        for at, t in log[-200:]:
-            if at >= horizon:  # live: must never be promised away
-                assert f.verified(KEY, hashes("fresh", t)) == 0
+        for at, stored_at, t in log[-200:]:
+            if at >= horizon:  # live: its offset must never be promised away
+                assert f.verified(KEY, hashes("fresh", t)) < stored_at
         assert f.verified(KEY, hashes(f"fresh-{step}")) == off - 1
-        # memory: forgotten chunks leave the count, and at most a third more sits in runs
-        assert f.entries <= sum(1 for at, _ in log if at >= horizon - CHUNK_SPAN_S)
+        # memory: whole epochs leave, so at most one epoch more than the window is held
+        assert f.entries <= sum(1 for at, _, _ in log if at >= horizon - span)
+
+
+def test_rows_before_first_sight_are_read_back_once_then_promised() -> None:
+    clock = Clock()
+    f = DedupFilter(1_000, clock)
+    f.committed(KEY, 7, 51, 1, hashes("a"), 60)  # offsets 1..50 were written by others
+    assert f.verified(KEY, hashes("b")) == 0
+    [ask] = f.wanted(1000)
+    assert (ask.pid, ask.lo, ask.below) == (7, 1, 51) and ask.secs > 60 + CLOCK_MARGIN_S
+    assert f.wanted(1000) == []  # asked once
+    older = [f"o{i}" for i in range(50)]
+    rows = [(1, 30.0, hashes(*older[:10])), (11, 2.0, hashes(*older[10:]))]
+    f.recalled(ask, rows)
+    assert f.entries == 51
+    assert f.verified(KEY, hashes("b")) == 51
+    for i, t in enumerate(older):  # stored at offset i + 1: never promised away
+        assert f.verified(KEY, hashes("b", t)) < i + 1
+    # the read-back rows leave by their own age: the 30 s old ones first
+    clock.t += 60 + CLOCK_MARGIN_S - 30 + 60 / EPOCHS + 1
+    f.committed(KEY, 7, 52, 1, hashes("c"), 60)
+    assert f.entries == 52 - 10
+    assert f.verified(KEY, hashes("b", older[0])) == 52
+
+
+def test_a_read_back_is_void_once_the_partition_started_over_and_retried_on_failure() -> None:
+    f = DedupFilter(1_000, Clock())
+    f.committed(KEY, 7, 51, 1, hashes("a"), 60)
+    [ask] = f.wanted(1000)
+    f.committed(KEY, 8, 3, 1, hashes("z"), 60)  # recreated partition: 1..2 of another writer
+    f.recalled(ask, [(1, 1.0, hashes(*[f"o{i}" for i in range(50)]))])
+    assert f.verified(KEY, hashes("b")) == 0 and f.entries == 1
+    [again] = f.wanted(1000)
+    assert (again.pid, again.lo, again.below) == (8, 1, 3)
+    f.unrecalled(again)  # a failed read-back is asked for again
+    [third] = f.wanted(1000)
+    f.recalled(third, [(1, 1.0, hashes("o1", "o2"))])
+    assert f.verified(KEY, hashes("b")) == 3
+
+
+def test_read_backs_are_batched_by_offsets() -> None:
+    f = DedupFilter(1_000)
+    for p in range(4):
+        f.committed((b"\0" * 16, "q", f"p{p}"), 10 + p, 101, 1, hashes("a"), 60)
+    assert [a.pid for a in f.wanted(150)] == [10, 11]  # 100 + 100 offsets: past 150
+    assert [a.pid for a in f.wanted(10)] == [12]  # always at least one
+    assert [a.pid for a in f.wanted(10)] == [13]
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 60), st.floats(0, 15), st.booleans(), st.booleans()),
+                min_size=1, max_size=40))
+def test_never_a_promise_over_a_live_hash_with_other_writers(
+        steps: list[tuple[int, float, bool, bool]]) -> None:
+    # model: (time, offset, txn) of every stored frame, ours or another writer's (written
+    # straight before ours); read-backs answered from the model as the SQL function would
+    clock = Clock()
+    f = DedupFilter(1_000_000, clock)
+    window = 20
+    log: list[tuple[float, int, str]] = []
+    segments: list[tuple[float, int, list[str]]] = []  # (time, base, txns) as log_txns rows
+    off = 1
+    for step, (size, advance, other, read_back) in enumerate(steps):
+        clock.t += advance
+        if other:
+            theirs = [f"o{step}-{j}" for j in range(size // 2 + 1)]
+            segments.append((clock.t, off, theirs))
+            log += [(clock.t, off + j, t) for j, t in enumerate(theirs)]
+            off += len(theirs)
+        txns = [f"s{step}-{j}" for j in range(size)]
+        f.committed(KEY, 7, off, size, hashes(*txns), window)
+        segments.append((clock.t, off, txns))
+        log += [(clock.t, off + j, t) for j, t in enumerate(txns)]
+        off += size
+        if read_back:
+            for ask in f.wanted(1 << 20):
+                rows = [(base, clock.t - at, hashes(*ts)) for at, base, ts in segments
+                        if ask.lo <= base < ask.below and at >= clock.t - ask.secs]
+                f.recalled(ask, rows)
+        horizon = clock.t - window - CLOCK_MARGIN_S
+        newest_at, newest = log[-1][1], log[-1][2]
+        for at, stored_at, t in log[-300:]:
+            if at >= horizon:  # live: its offset must never be promised away
+                assert f.verified(KEY, hashes("fresh", t)) < stored_at
+                assert f.verified(KEY, hashes(newest, t)) < min(stored_at, newest_at)
+        recent = [(o, t) for at, o, t in log[-16:] if at >= horizon]
+        for o1, t1 in recent:  # pairs: a hash below a gap and one in it, or above it
+            for o2, t2 in recent:
+                assert f.verified(KEY, hashes(t1, t2)) < min(o1, o2)
+        if read_back:  # every gap read back: the promise covers everything again
+            assert f.verified(KEY, hashes(f"fresh-{step}")) == off - 1
+        else:
+            assert f.verified(KEY, hashes(f"fresh-{step}")) <= off - 1
