@@ -149,7 +149,7 @@ def test_dashboard_queries_only_exported_metrics_and_labels():
                  "queen_ack_fusion_rows_total", "queen_ack_fusion_commits_total",
                  "queen_ack_registry_lookups_total", "queen_spool_pending",
                  "queen_maintenance_mode", "queen_parked_pops", "queen_shard_restarts_total",
-                 "queen_dlq_depth"):
+                 "queen_dlq_depth", "queen_dedup_filter_entries", "queen_dedup_read_backs_total"):
         assert name in seen, f"no panel queries {name}"
 
 
