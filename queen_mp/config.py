@@ -132,7 +132,7 @@ SETTINGS: tuple[Setting, ...] = (
     _s("QUEEN_V2_BUNDLE_MAX", int, 64,
        "Most partitions committed together by one shard transaction.", minimum=1,
        maximum=10000),
-    _s("QUEEN_DEDUP_FILTER_ENTRIES", int, 8_000_000,
+    _s("QUEEN_DEDUP_FILTER_ENTRIES", int, 16_000_000,
        "Transaction hashes a shard remembers of its partitions (about 5 bytes each), so the "
        "dedup probe skips what it knows; 0 turns the filter off (every push probes the "
        "whole window).", minimum=0, maximum=400_000_000),

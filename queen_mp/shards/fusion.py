@@ -185,7 +185,7 @@ class PushFusion:
 
     def __init__(self, writer: BundleWriter, reply: Reply, metrics: Metrics, *,
                  bundle_max: int, max_inflight: int, hold_ms: int,
-                 stored: Stored | None = None, dedup_entries: int = 2_000_000) -> None:
+                 stored: Stored | None = None, dedup_entries: int) -> None:
         self.writer = writer
         self.dedup = DedupFilter(dedup_entries)
         self.reply = reply
