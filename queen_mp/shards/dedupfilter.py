@@ -43,6 +43,9 @@ Key = tuple[bytes, str, str]  # tenant, queue, partition
 CLOCK_MARGIN_S = 60.0  # broker and PostgreSQL clocks may disagree this much
 EPOCHS = 8  # epochs per window: runs leave the filter at most window / EPOCHS late
 HOT_MAX = 32  # newest fingerprints of a partition kept in a set before they become a run
+# A gap wider than this many offsets (16 bytes a hash to read) is not read back: it is known
+# once it left the window, as every gap was before read-backs.
+MAX_GAP_READ_BACK = 1 << 20
 
 _U32 = np.dtype("=u4")  # native order: the filter lives in one process
 
@@ -264,7 +267,8 @@ class DedupFilter:
         while self._wanted and (not out or total < limit):
             (key, lo), part = self._wanted.popitem(last=False)
             gap = part.gaps.get(lo)
-            if self._parts.get(key) is part and gap is not None:
+            if (self._parts.get(key) is part and gap is not None
+                    and gap[0] + 1 - lo <= MAX_GAP_READ_BACK):
                 out.append(Recall(key, part, part.pid, lo, gap[0] + 1,
                                   int(part.window + CLOCK_MARGIN_S) + 1))
                 total += gap[0] + 1 - lo

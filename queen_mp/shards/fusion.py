@@ -366,7 +366,7 @@ class PushFusion:
             stored = await self.writer.txn_hashes(
                 [(a.pid, a.lo, a.below, a.secs) for a in asks])
         except Exception as ex:
-            # The next commit asks again; until then those partitions are probed in full.
+            # The next commit asks again; until then pushes there probe from the gap up.
             log.warning("dedup read-back of %d partitions failed: %s", len(asks), ex)
             self.metrics.dedup_read_backs.labels("failed").inc(len(asks))
             for a in asks:

@@ -6,7 +6,13 @@ import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from queen_mp.shards.dedupfilter import CLOCK_MARGIN_S, EPOCHS, HOT_MAX, DedupFilter
+from queen_mp.shards.dedupfilter import (
+    CLOCK_MARGIN_S,
+    EPOCHS,
+    HOT_MAX,
+    MAX_GAP_READ_BACK,
+    DedupFilter,
+)
 
 KEY = (b"\0" * 16, "q", "p")
 
@@ -231,6 +237,15 @@ def test_a_read_back_is_void_once_the_partition_started_over_and_retried_on_fail
     [third] = f.wanted(1000)
     f.recalled(third, [(1, 1.0, hashes("o1", "o2"))])
     assert f.verified(KEY, hashes("b")) == 3
+
+
+def test_a_gap_too_wide_to_read_back_waits_for_the_window() -> None:
+    clock = Clock()
+    f = DedupFilter(1_000, clock)
+    f.committed(KEY, 7, MAX_GAP_READ_BACK + 2, 1, hashes("a"), 60)
+    assert f.wanted(1 << 30) == [] and f.verified(KEY, hashes("b")) == 0
+    clock.t += 60 + CLOCK_MARGIN_S
+    assert f.verified(KEY, hashes("b")) == MAX_GAP_READ_BACK + 2
 
 
 def test_read_backs_are_batched_by_offsets() -> None:
