@@ -108,11 +108,13 @@ def dumps_json(value: Any) -> bytes:
         raise InvalidRequest("a JSON value nested too deeply to store") from None
 
 
-def parse_json_item(it: Any, i: int, producer_sub: str | None = None) -> PushItem:
+def parse_json_item(it: Any, i: int, producer_sub: str | None = None,
+                    message_id: bytes | None = None) -> PushItem:
     """One api.md 2.1 item (also a transaction's push item); ``i`` names it in errors.
 
     ``producer_sub`` is the caller's token subject; a ``producerSub`` key of the item is
-    ignored like any unknown key (api.md 1.5: clients cannot set it)."""
+    ignored like any unknown key (api.md 1.5: clients cannot set it). ``message_id``: one
+    the caller minted with the rest of its body's (``uuid7_many``), else a new one."""
     if not isinstance(it, dict):
         raise InvalidRequest(f"item {i} is not an object", index=i)
     queue = it.get("queue")
@@ -143,7 +145,8 @@ def parse_json_item(it: Any, i: int, producer_sub: str | None = None) -> PushIte
         trace_id = uuid_from_text(trace, field="traceId")
     value = it["payload"] if "payload" in it else it.get("data")
     payload = b"" if value is None else dumps_json(value)
-    return json_item(queue, partition, txn, payload, trace_id, uuid7(), producer_sub)
+    return json_item(queue, partition, txn, payload, trace_id, message_id or uuid7(),
+                     producer_sub)
 
 
 @functools.lru_cache(maxsize=1024)
