@@ -706,6 +706,7 @@ def merge(spec: LoadSpec, reports: list[dict]) -> dict:
         "requests_per_s": ok / window,
         "latency_ms": percentiles(lat),
         "loadgen_cpu_s": sum(r["cpu_s"] for r in reports),
+        "ledger_filing_cpu_s": sum(r.get("ledger_filing_cpu_s", 0.0) for r in reports),
         "max_start_skew_s": max((abs(r["start_skew_s"]) for r in reports), default=0.0),
         "workers": reports,
     }
