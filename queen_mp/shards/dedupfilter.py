@@ -14,8 +14,8 @@ the shard has read back the stored hashes of the gap (``wanted`` / ``recalled``:
 what the gap holds instead of every later push probing it), or until the gap is older than
 the queue's window (plus a clock margin).
 
-Storage. The shard keeps a 32-bit fingerprint of each hash (its first 4 bytes), in runs that
-each cover a contiguous offset range: the newest few in a set (up to ``HOT_MAX``), the rest in
+Storage. The shard keeps a 32-bit fingerprint of each hash (its first 4 bytes), in runs kept
+in the order of their first offset: the newest few in a set (up to ``HOT_MAX``), the rest in
 sorted numpy arrays merged like a binary counter, never across epochs (``window / EPOCHS``
 seconds of commits), so that a whole run leaves when its epoch leaves the window: an entry
 costs 4 bytes and is forgotten at most an epoch late, never early. A fingerprint is not the
@@ -61,8 +61,7 @@ def _fingerprint_ints(hashes: bytes) -> list[int]:
 
 
 class _Run:
-    """Sorted fingerprints of the commits at offsets ``lo ..`` (up to the next run) in one
-    epoch."""
+    """Sorted fingerprints of commits of one epoch, none at an offset below ``lo``."""
 
     __slots__ = ("epoch", "fps", "lo")
 
