@@ -37,6 +37,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from queen_mp.wire.hashing import hash_prefixes
+
 __all__ = ["DedupFilter", "Recall"]
 
 Key = tuple[bytes, str, str]  # tenant, queue, partition
@@ -51,13 +53,9 @@ _U32 = np.dtype("=u4")  # native order: the filter lives in one process
 
 
 def _fingerprints(hashes: bytes) -> np.ndarray:
-    """The first 4 bytes of each 16-byte hash, as a compact array of its own."""
+    """The first 4 bytes of each 16-byte hash, as a compact array of its own (the runs' form
+    of ``hash_prefixes(hashes, 4)``, which the set side uses)."""
     return np.frombuffer(hashes, dtype=_U32)[::4].copy()
-
-
-def _fingerprint_ints(hashes: bytes) -> list[int]:
-    """As _fingerprints, as ints, in one C-level pass (the set side of a partition)."""
-    return memoryview(hashes).cast("I")[::4].tolist()
 
 
 class _Run:
@@ -110,7 +108,7 @@ class _Partition:
             for run in self.runs:  # oldest first: the first match is the lowest
                 if run.holds_any(incoming):
                     return run.lo
-        if self.hot and not self.hot.isdisjoint(_fingerprint_ints(hashes)):
+        if self.hot and not self.hot.isdisjoint(hash_prefixes(hashes, 4)):
             return self.hot_lo
         return 0
 
@@ -127,7 +125,7 @@ class _Partition:
             return len(fps)
         if not self.hot:
             self.hot_lo, self.hot_epoch = base, epoch
-        ints = _fingerprint_ints(hashes)
+        ints = hash_prefixes(hashes, 4)
         self.hot.update(ints)
         if len(self.hot) >= HOT_MAX:
             self.flush_hot()
@@ -138,18 +136,19 @@ class _Partition:
         ascending, one run per epoch (of ``now - age``: never before their commit), in offset
         order among the runs; how many fingerprints that adds."""
         del self.gaps[lo]
-        filled: list[_Run] = []
-        span = self.span
+        epochs: list[tuple[int, int, list[bytes]]] = []  # (epoch, first base, hash blobs)
         for base, age, hashes in rows:
-            epoch = int((now - age) // span)
-            if filled and filled[-1].epoch == epoch:
-                run = filled[-1]
-                run.fps = np.concatenate((run.fps, _fingerprints(hashes)))
+            epoch = int((now - age) // self.span)
+            if epochs and epochs[-1][0] == epoch:
+                epochs[-1][2].append(hashes)
             else:
-                filled.append(_Run(epoch, base, _fingerprints(hashes)))
-        for run in filled:
-            run.fps.sort()
-        at = bisect.bisect_left([r.lo for r in self.runs], lo)
+                epochs.append((epoch, base, [hashes]))
+        filled = []
+        for epoch, first, blobs in epochs:
+            fps = _fingerprints(b"".join(blobs))  # one array an epoch, not one per row
+            fps.sort()
+            filled.append(_Run(epoch, first, fps))
+        at = bisect.bisect_left(self.runs, lo, key=lambda r: r.lo)
         self.runs[at:at] = filled
         return sum(len(r.fps) for r in filled)
 

@@ -31,11 +31,14 @@ def hash_blob(transaction_ids: Iterable[bytes | bytearray | memoryview]) -> byte
     return b"".join(map(_digest, transaction_ids))
 
 
-def hash_prefixes(blob: bytes) -> list[int]:
-    """The first 8 bytes of each 16-byte hash of a blob as ints, in native byte order (for
-    comparisons inside one process), in one C-level pass: distinct prefixes prove distinct
-    hashes, a shared one only says "look closer"."""
-    return memoryview(blob).cast("Q")[::2].tolist()
+_PREFIX_FORMATS = {8: "Q", 4: "I"}  # prefix width in bytes -> memoryview format
+
+
+def hash_prefixes(blob: bytes, width: int = 8) -> list[int]:
+    """The first ``width`` (8 or 4) bytes of each 16-byte hash of a blob as ints, in native
+    byte order (for comparisons inside one process), in one C-level pass: distinct prefixes
+    prove distinct hashes, a shared one only says "look closer"."""
+    return memoryview(blob).cast(_PREFIX_FORMATS[width])[::16 // width].tolist()
 
 
 def hash_hex(digest: bytes | bytearray | memoryview) -> str:
