@@ -84,7 +84,7 @@ class ShardLink:
         if self._watch is not None:
             self._watch.cancel()
         if self._waiter is not None:
-            self._waiter.stop(1.0)
+            self._waiter.stop()
         for waiter in self._waiters.values():
             if not waiter.future.done():
                 waiter.future.set_exception(ShardGone("front worker stopping"))

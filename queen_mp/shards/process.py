@@ -217,7 +217,7 @@ class Shard:
         log.info("shard %d up (pid %d, epoch %d)", self.index, os.getpid(), self.epoch)
         await self.stop_requested.wait()
         log.info("shard %d stopping: flushing pending pushes", self.index)
-        waiter.stop(1.0)
+        waiter.stop()
         self.drain_requests()
         try:
             async with asyncio.timeout(self.config.shutdown_timeout_s):
