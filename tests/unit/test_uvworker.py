@@ -1,0 +1,152 @@
+"""The front's corked HTTP transport: one write per answer, nothing lost or reordered."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from typing import Any
+
+import pytest
+import uvicorn
+
+from queen_mp.http.uvworker import CorkedHttpToolsProtocol, CorkedTransport
+
+pytestmark = pytest.mark.timeout(20)
+
+
+class FakeTransport:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+        self.closing = False
+
+    def write(self, data: bytes) -> None:
+        self.calls.append(("write", bytes(data)))
+
+    def writelines(self, parts: list[bytes]) -> None:
+        self.calls.append(("writelines", [bytes(p) for p in parts]))
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def close(self) -> None:
+        self.calls.append(("close", None))
+        self.closing = True
+
+    def get_extra_info(self, name: str) -> str:
+        return f"info:{name}"
+
+
+def test_writes_of_one_step_leave_in_one_writelines() -> None:
+    async def scenario() -> FakeTransport:
+        raw = FakeTransport()
+        corked = CorkedTransport(raw, asyncio.get_running_loop())  # type: ignore[arg-type]
+        corked.write(b"HTTP/1.1 200 OK\r\n\r\n")
+        corked.write(b"body")
+        assert raw.calls == []  # held until the step ends
+        await asyncio.sleep(0)
+        corked.write(b"next")
+        await asyncio.sleep(0)
+        return raw
+
+    raw = asyncio.run(scenario())
+    assert raw.calls == [("writelines", [b"HTTP/1.1 200 OK\r\n\r\n", b"body"]),
+                         ("writelines", [b"next"])]
+
+
+def test_close_sends_what_is_held_first_and_later_writes_are_dropped() -> None:
+    async def scenario() -> FakeTransport:
+        raw = FakeTransport()
+        corked = CorkedTransport(raw, asyncio.get_running_loop())  # type: ignore[arg-type]
+        corked.write(b"400 answer")
+        corked.close()
+        corked.write(b"late")
+        await asyncio.sleep(0)
+        assert corked.get_extra_info("peername") == "info:peername"  # the rest passes through
+        return raw
+
+    raw = asyncio.run(scenario())
+    assert raw.calls == [("writelines", [b"400 answer"]), ("close", None)]
+
+
+async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    if scope["type"] != "http":
+        return
+    body = b""
+    while True:
+        msg = await receive()
+        body += msg.get("body", b"")
+        if not msg.get("more_body"):
+            break
+    if scope["path"] == "/stream":
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        for part in (b"one", b"two"):
+            await send({"type": "http.response.body", "body": part, "more_body": True})
+            await asyncio.sleep(0.01)
+        await send({"type": "http.response.body", "body": b""})
+        return
+    answer = b"echo:" + body
+    await send({"type": "http.response.start", "status": 201,
+                "headers": [(b"content-length", str(len(answer)).encode())]})
+    await send({"type": "http.response.body", "body": answer})
+
+
+def _read_answer(sock: socket.socket) -> bytes:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, _, rest = data.partition(b"\r\n\r\n")
+    if b"transfer-encoding: chunked" in head:
+        while not rest.endswith(b"0\r\n\r\n"):
+            rest += sock.recv(65536)
+        return head + b"\r\n\r\n" + rest
+    length = int(head.split(b"content-length: ")[1].split(b"\r\n")[0])
+    while len(rest) < length:
+        rest += sock.recv(65536)
+    return head + b"\r\n\r\n" + rest
+
+
+def test_a_served_answer_is_one_flush_and_keep_alive_and_streams_still_work(monkeypatch) -> None:
+    flushes: list[int] = []
+    real_flush = CorkedTransport.flush
+
+    def counting_flush(self: CorkedTransport) -> None:
+        flushes.append(len(self._held))
+        real_flush(self)
+
+    monkeypatch.setattr(CorkedTransport, "flush", counting_flush)
+
+    async def scenario() -> list[bytes]:
+        config = uvicorn.Config(_app, host="127.0.0.1", port=0, http=CorkedHttpToolsProtocol,
+                                lifespan="off", log_level="warning")
+        server = uvicorn.Server(config)
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        task = asyncio.get_running_loop().create_task(server.serve(sockets=[listener]))
+        while not server.started:
+            await asyncio.sleep(0.01)
+        port = listener.getsockname()[1]
+
+        def client() -> list[bytes]:
+            with socket.create_connection(("127.0.0.1", port)) as sock:
+                out = []
+                for body in (b"a", b"bc"):
+                    sock.sendall(b"POST /x HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n%s"
+                                 % (len(body), body))
+                    out.append(_read_answer(sock))
+                sock.sendall(b"GET /stream HTTP/1.1\r\nHost: t\r\n\r\n")
+                out.append(_read_answer(sock))
+                return out
+
+        try:
+            return await asyncio.to_thread(client)
+        finally:
+            server.should_exit = True
+            await task
+
+    answers = asyncio.run(scenario())
+    assert answers[0].startswith(b"HTTP/1.1 201") and answers[0].endswith(b"\r\n\r\necho:a")
+    assert answers[1].startswith(b"HTTP/1.1 201") and answers[1].endswith(b"\r\n\r\necho:bc")
+    assert answers[2].startswith(b"HTTP/1.1 200")
+    assert answers[2].endswith(b"\r\n\r\n3\r\none\r\n3\r\ntwo\r\n0\r\n\r\n")
+    # head and body of each fixed-length answer left together; the stream flushed per step
+    assert flushes[:2] == [2, 2], flushes
