@@ -8,6 +8,13 @@ Falcon calls ``process_response`` of every middleware also when a responder (or 
 request context is the backstop for the one path that skips it, a task cancelled mid-request.
 Every other route (pops, acks, GETs, admin) takes no permits.
 
+Work window. Push and transaction bodies become items that stay in the worker (and the
+shard) until their verdicts; 64 connections pushing 1,000 items each kept 64 bodies' worth in
+flight. So these two routes also take permits from a second, small FIFO budget, the work window
+(``QUEEN_PUSH_WINDOW_KB``), after the admission budget and within the same hold: a request
+beyond the window waits unread, like one beyond the budget, and answers the same 429 when the
+hold runs out. A body larger than the window takes all of it.
+
 Sizing. A request with ``Content-Length: n`` takes ``n`` bytes; one without (chunked) takes the
 body limit's worth (``QUEEN_MAX_BODY_MB``), as it may be that big; one declaring more than the
 body limit takes nothing, because ``read_body`` answers it ``413`` before reading. Any size is
@@ -61,6 +68,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ADMITTED_PATHS",
     "DISK_CHECKED_PATHS",
+    "WINDOWED_PATHS",
     "Admission",
     "ByteBudget",
     "disk_used_pct",
@@ -71,6 +79,7 @@ log = logging.getLogger("queen_mp.http.admission")
 ADMITTED_PATHS = frozenset({"/api/v1/push", "/api/v1/transaction", "/api/v1/kv",
                             "/api/v1/timers"})
 DISK_CHECKED_PATHS = frozenset({"/api/v1/push", "/api/v1/transaction"})
+WINDOWED_PATHS = DISK_CHECKED_PATHS  # bodies that become items awaiting verdicts
 _KV_SHAPED = frozenset({"/api/v1/kv", "/api/v1/timers"})  # api.md 2.11 error shape
 
 JITTER = 0.1  # the hold is QUEEN_ADMIT_HOLD_MS x uniform(1 - JITTER, 1 + JITTER)
@@ -174,13 +183,15 @@ class ByteBudget:
 
 
 class _Grant:
-    """Permits held by one request; released once, by process_response or the backstop."""
+    """Permits held by one request (admission budget and work window); released once, by
+    process_response or the backstop."""
 
-    __slots__ = ("_admission", "_finalizer", "size")
+    __slots__ = ("_admission", "_finalizer", "size", "window")
 
-    def __init__(self, admission: Admission, size: int) -> None:
+    def __init__(self, admission: Admission, size: int, window: int) -> None:
         self._admission = admission
         self.size = size
+        self.window = window
         self._finalizer: weakref.finalize | None = None
 
     def guard(self, owner: object) -> None:
@@ -195,7 +206,7 @@ class _Grant:
             self._finalizer = None
         if self.size >= 0:
             size, self.size = self.size, -1
-            self._admission._released(size)
+            self._admission._released(size, self.window)
 
 
 def _release_later(loop: asyncio.AbstractEventLoop, grant: _Grant) -> None:
@@ -237,10 +248,13 @@ class Admission:
 
     def __init__(self, budget_bytes: int, hold_ms: int, *, max_body_bytes: int,
                  disk_high_pct: float, disk_usage: Callable[[], float],
+                 window_bytes: int = 0,
                  metrics: Callable[[], Metrics | None] = lambda: None,
                  clock: Callable[[], float] = time.monotonic,
                  rng: random.Random | None = None) -> None:
         self.budget = ByteBudget(budget_bytes)
+        #: the work window of push and transaction bodies; 0 = none
+        self.window = ByteBudget(window_bytes) if window_bytes > 0 else None
         self.hold_ms = hold_ms
         self.max_body_bytes = max_body_bytes
         self.disk_high_pct = disk_high_pct
@@ -259,7 +273,8 @@ class Admission:
             paths.append(cfg.embedded_pg_path)
         return cls(cfg.admit_max_mb << 20, cfg.admit_hold_ms,
                    max_body_bytes=cfg.max_body_mb << 20, disk_high_pct=cfg.disk_high_pct,
-                   disk_usage=lambda: disk_used_pct(paths), metrics=lambda: worker.metrics)
+                   disk_usage=lambda: disk_used_pct(paths), window_bytes=cfg.push_window_kb << 10,
+                   metrics=lambda: worker.metrics)
 
     # --- sizing and timing
     def cost(self, content_length: int | None) -> int:
@@ -293,10 +308,23 @@ class Admission:
         req.uri_template = req.path
         self._check_disk(req)
         size = self.cost(req.content_length)
-        if not await self.budget.acquire(size, self.hold_s()):
-            self._reject(req, self._overloaded())
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.hold_s()
+        if not await self.budget.acquire(size, deadline - loop.time()):
+            self._reject(req, self._overloaded(self.budget))
+        window = 0
+        if self.window is not None and req.path in WINDOWED_PATHS:
+            window = self.window.clamp(size)
+            try:
+                admitted = await self.window.acquire(window, deadline - loop.time())
+            except BaseException:  # cancelled while waiting: no grant holds ``size`` yet
+                self._released(size, 0)
+                raise
+            if not admitted:
+                self._released(size, 0)
+                self._reject(req, self._overloaded(self.window))
         if size:
-            grant = _Grant(self, size)
+            grant = _Grant(self, size, window)
             req.context.admission = grant
             grant.guard(req.context)
             self._gauge()
@@ -310,7 +338,9 @@ class Admission:
             grant.release()
 
     # --- helpers
-    def _released(self, size: int) -> None:
+    def _released(self, size: int, window: int) -> None:
+        if window and self.window is not None:
+            self.window.release(window)
         self.budget.release(size)
         self._gauge()
 
@@ -323,10 +353,11 @@ class Admission:
                 f"storage is {pct:.1f}% used, above the {self.disk_high_pct:g}% high-water "
                 "mark (QUEEN_DISK_HIGH_PCT); nothing was written"))
 
-    def _overloaded(self) -> ApiError:
-        seconds = self.budget.retry_after()
+    def _overloaded(self, budget: ByteBudget) -> ApiError:
+        seconds = budget.retry_after()
+        what = "admission budget" if budget is self.budget else "push work window"
         return Overloaded(
-            f"admission budget of this worker stayed full for {self.hold_ms} ms; nothing "
+            f"{what} of this worker stayed full for {self.hold_ms} ms; nothing "
             f"happened, retry after {seconds} s", headers={"Retry-After": str(seconds)},
             retryAfter=seconds)
 

@@ -88,10 +88,10 @@ class PlainResource:
 def make_admission(budget_mb: int = 128, hold_ms: int = 200, *, max_body_mb: int = 256,
                    disk: Callable[[], float] | None = None, high_pct: float = 85,
                    clock: Callable[[], float] = time.monotonic,
-                   rng: random.Random | None = None) -> Admission:
+                   rng: random.Random | None = None, window: int = 0) -> Admission:
     return Admission(budget_mb * MB, hold_ms, max_body_bytes=max_body_mb * MB,
                      disk_high_pct=high_pct, disk_usage=disk or FakeDisk(), clock=clock,
-                     rng=rng or random.Random(7))
+                     rng=rng or random.Random(7), window_bytes=window)
 
 
 def make_app(adm: Admission, gate: Gate) -> falcon.asgi.App:
@@ -468,3 +468,65 @@ async def test_disk_filling_during_the_wait_is_507_and_the_permits_come_back():
         assert r.status_code == 507 and r.json["code"] == "storage_full"
         assert gate.entered == ["hog"]
     assert adm.budget.available == adm.budget.capacity
+
+
+# ------------------------------------------------------------------------- the work window
+@run
+async def test_window_bounds_push_and_transaction_bodies_in_the_worker():
+    gate, adm = Gate(), make_admission(hold_ms=5000, window=1000)
+    async with falcon.testing.ASGIConductor(make_app(adm, gate)) as c:
+        a = post(c, "a", 600)
+        b = post(c, "b", 300, TXN)
+        await _until(lambda: gate.entered == ["a", "b"])
+        late = post(c, "late", 200)  # 100 bytes of the window left: it waits, unread
+        await _until(lambda: adm.window is not None and adm.window.waiting == 1)
+        kv = post(c, "kv", 500, KV)  # KV and timers are not windowed
+        await _until(lambda: "kv" in gate.entered)
+        await asyncio.sleep(0.05)
+        assert "late" not in gate.entered
+        assert adm.budget.in_use == 1600  # the admission budget still counts every body
+        gate.event("a").set()
+        assert (await a).status_code == 201
+        await _until(lambda: "late" in gate.entered)
+        for tag in ("b", "late", "kv"):
+            gate.event(tag).set()
+        assert [(await t).status_code for t in (b, late, kv)] == [200, 201, 200]
+        assert gate.read["late"] == 200
+    assert adm.window is not None and adm.window.in_use == 0 and adm.window.waiting == 0
+    assert adm.budget.in_use == 0
+
+
+@run
+async def test_window_full_past_the_hold_is_429_and_gives_the_budget_back():
+    gate, adm = Gate(), make_admission(hold_ms=50, window=1000)
+    async with falcon.testing.ASGIConductor(make_app(adm, gate)) as c:
+        hog = post(c, "hog", 5000)  # bigger than the window: takes all of it
+        await _until(lambda: gate.entered == ["hog"])
+        assert adm.window is not None and adm.window.in_use == 1000
+        r = await c.simulate_post(PUSH, body=b"x" * 10, headers={"X-Tag": "late"})
+        assert r.status_code == 429 and r.json["code"] == "overloaded"
+        assert "push work window" in r.json["error"]
+        assert 1 <= int(r.headers["Retry-After"]) <= 5
+        assert "late" not in gate.entered
+        assert adm.budget.in_use == 5000  # the refused request's permits came back
+        gate.event("hog").set()
+        assert (await hog).status_code == 201
+    assert adm.window.in_use == 0 and adm.budget.in_use == 0
+
+
+@run
+async def test_cancelled_while_waiting_for_the_window_gives_the_budget_back():
+    gate, adm = Gate(), make_admission(hold_ms=5000, window=1000)
+    async with falcon.testing.ASGIConductor(make_app(adm, gate)) as c:
+        hog = post(c, "hog", 1000)
+        await _until(lambda: gate.entered == ["hog"])
+        waiting = post(c, "waiting", 10)
+        await _until(lambda: adm.window is not None and adm.window.waiting == 1)
+        assert adm.budget.in_use == 1010
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert adm.budget.in_use == 1000 and adm.window.waiting == 0
+        gate.event("hog").set()
+        assert (await hog).status_code == 201
+    assert adm.budget.in_use == 0 and adm.window.in_use == 0
