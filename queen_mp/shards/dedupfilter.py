@@ -118,20 +118,13 @@ class _Partition:
 
     def lowest_match(self, hashes: bytes) -> int:
         """The lowest first offset of a run that may hold one of these hashes; 0 if none."""
-        if len(hashes) <= 16 * _FEW:
-            ints = hash_prefixes(hashes, 4)
-            for run in self.runs:  # oldest first: the first match is the lowest
-                if run.holds_few(ints):
-                    return run.lo
-            if self.hot and not self.hot.isdisjoint(ints):
-                return self.hot_lo
-            return 0
-        if self.runs:
-            incoming = _fingerprints(hashes)
-            for run in self.runs:
-                if run.holds_any(incoming):
-                    return run.lo
-        if self.hot and not self.hot.isdisjoint(hash_prefixes(hashes, 4)):
+        few = len(hashes) <= 16 * _FEW
+        ints = hash_prefixes(hashes, 4) if few or self.hot else []
+        incoming = None if few or not self.runs else _fingerprints(hashes)
+        for run in self.runs:  # oldest first: the first match is the lowest
+            if run.holds_few(ints) if incoming is None else run.holds_any(incoming):
+                return run.lo
+        if self.hot and not self.hot.isdisjoint(ints):
             return self.hot_lo
         return 0
 

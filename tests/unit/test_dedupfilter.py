@@ -177,6 +177,20 @@ def test_every_stored_hash_is_found_in_the_set_and_in_the_runs() -> None:
         assert f.verified(KEY, hashes("new", f"t{i}")) < i + 1, i
 
 
+def test_a_big_segment_finds_a_stored_hash_like_a_small_one() -> None:
+    """Small segments are checked fingerprint by fingerprint, big ones as arrays: both."""
+    f = DedupFilter(1_000_000)
+    txns = [f"t{i}" for i in range(4 * HOT_MAX)]
+    for i in range(0, len(txns), HOT_MAX // 2):
+        chunk = txns[i:i + HOT_MAX // 2]
+        f.committed(KEY, 7, i + 1, len(chunk), hashes(*chunk), 3600)
+    fresh = [f"new{j}" for j in range(2 * HOT_MAX)]
+    assert f.verified(KEY, hashes(*fresh)) == len(txns)
+    for i in range(len(txns)):
+        assert f.verified(KEY, hashes(*fresh, f"t{i}")) < i + 1, i
+        assert f.verified(KEY, hashes("new", f"t{i}")) < i + 1, i
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.integers(1, 80), st.floats(0, 30)), min_size=1, max_size=40))
 def test_never_a_promise_over_a_live_hash(steps: list[tuple[int, float]]) -> None:
