@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import select
 import termios
 from collections.abc import Callable
 from pathlib import Path
@@ -105,17 +104,6 @@ class Doorbell:
             return bool(os.read(self._fd, _DRAIN))
         except BlockingIOError:
             return False
-
-    def wait(self, timeout: float | None) -> bool:
-        """Block until rung (True, the rings taken) or ``timeout`` seconds pass (False; None
-        waits forever). A signal delivered during the wait also returns False."""
-        poller = select.poll()
-        poller.register(self._fd, select.POLLIN)
-        try:
-            ready = poller.poll(None if timeout is None else max(0, int(timeout * 1000)))
-        except InterruptedError:
-            return False
-        return bool(ready) and self.clear()
 
     @property
     def value(self) -> int:
