@@ -200,6 +200,25 @@ class _Grant:
         self._finalizer = weakref.finalize(owner, _release_later, loop, self)
         self._finalizer.atexit = False
 
+    async def rewindow(self, req: falcon.asgi.Request, work: int) -> None:
+        """Hold ``work`` bytes of the work window instead of the body's length, once the body
+        says it becomes more than it weighs (compressed frames); a 429 past the hold.
+
+        What the request holds goes back first and it queues again like a new one: two
+        requests that both grow never wait for each other's permits.
+        """
+        admission, window = self._admission, self._admission.window
+        if window is None or self.window <= 0 or self.size < 0:
+            return  # not a windowed request, or already released
+        size = window.clamp(work)
+        if size <= self.window:
+            return
+        window.release(self.window)
+        self.window = 0
+        if not await window.acquire(size, admission.hold_s()):
+            admission._reject(req, admission._overloaded(window))
+        self.window = size
+
     def release(self) -> None:
         if self._finalizer is not None:
             self._finalizer.detach()

@@ -28,6 +28,7 @@ from queen_mp.queueflags import FlagsUnavailable
 from queen_mp.wire.binary_push import (
     QPB1_MAGIC,
     FramesGroup,
+    decoded_size,
     parse_binary_push,
 )
 from queen_mp.wire.ids import uuid7_many, uuid_text
@@ -168,6 +169,9 @@ class PushResource:
         chunks: list[ClientChunk] = []
         counts_only = False
         if body[:4] == QPB1_MAGIC:
+            grant = getattr(req.context, "admission", None)
+            if grant is not None:
+                await grant.rewindow(req, decoded_size(body))
             items, chunks, counts_only = parse_binary(body, cfg.max_decompressed_mb << 20, sub)
         elif body[:4] == b"QTB1":
             raise BadFrame("a QTB1 body belongs to /api/v1/transaction", offset=0,

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import orjson
+import zstandard
 
 from queen_mp.wire.errors import (
     BadFrame,
@@ -56,6 +57,7 @@ __all__ = [
     "check_partition_name",
     "check_payload",
     "check_queue_name",
+    "decoded_size",
     "parse_binary_push",
     "read_frame_groups",
 ]
@@ -457,6 +459,36 @@ def _check_frames(frames: list[Frame], first: int, raw: bytes) -> None:
 
 
 # --- the body ---------------------------------------------------------------------------------
+
+
+def decoded_size(body: bytes | bytearray | memoryview) -> int:
+    """How many bytes a QPB1 body holds once its zstd frames are decompressed, read from the
+    frame headers without decompressing (they must carry a content size, §3.5).
+
+    A body that does not walk cleanly counts as its length: parsing it says what is wrong.
+    """
+    view = body if isinstance(body, memoryview) else memoryview(body)
+    end = len(view)
+    if end < 9 or view[:4] != QPB1_MAGIC:
+        return end
+    flags = view[4]
+    try:
+        if not flags & QPB1_FLAG_FRAMES:
+            return end - 9 + _u32_at(view, 5)[0] if flags & QPB1_FLAG_ZSTD else end
+        size, at = end, 9
+        for _ in range(_u32_at(view, 5)[0]):
+            at += 2 + _u16_at(view, at)[0]  # queue
+            at += 2 + _u16_at(view, at)[0]  # partition
+            z_len = _TWO_U32.unpack_from(view, at)[1]
+            at += 8
+            if at + z_len > end:
+                return size
+            content = zstandard.frame_content_size(view[at:at + z_len])
+            size += max(0, content - z_len)
+            at += z_len
+        return size
+    except (struct.error, zstandard.ZstdError):
+        return end
 
 
 def parse_binary_push(

@@ -66,6 +66,9 @@ class WriteResource:
 
     async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         tag = req.get_header("X-Tag") or "?"
+        work = req.get_header("X-Work")  # what the body decodes to (a compressed push)
+        if work is not None:
+            await req.context.admission.rewindow(req, int(work))
         self.gate.entered.append(tag)
         await self.gate.event(tag).wait()
         if tag in self.gate.fail:
@@ -120,6 +123,11 @@ def post(c: falcon.testing.ASGIConductor, tag: str, size: int, path: str = PUSH
          ) -> asyncio.Task:
     return asyncio.ensure_future(c.simulate_post(path, body=b"x" * size,
                                                  headers={"X-Tag": tag}))
+
+
+def post_work(c: falcon.testing.ASGIConductor, tag: str, size: int, work: int) -> asyncio.Task:
+    return asyncio.ensure_future(c.simulate_post(PUSH, body=b"x" * size,
+                                                 headers={"X-Tag": tag, "X-Work": str(work)}))
 
 
 def run(coro_fn: Callable[..., object]) -> Callable[[], None]:
@@ -530,3 +538,58 @@ async def test_cancelled_while_waiting_for_the_window_gives_the_budget_back():
         gate.event("hog").set()
         assert (await hog).status_code == 201
     assert adm.budget.in_use == 0 and adm.window.in_use == 0
+
+
+@run
+async def test_rewindow_charges_what_a_compressed_body_decodes_to():
+    gate, adm = Gate(), make_admission(hold_ms=5000, window=1000)
+    async with falcon.testing.ASGIConductor(make_app(adm, gate)) as c:
+        a = post_work(c, "a", 100, 700)
+        await _until(lambda: gate.entered == ["a"])
+        assert adm.window is not None and adm.window.in_use == 700
+        b = post_work(c, "b", 100, 700)  # admitted at 100 bytes, then waits for 700
+        await _until(lambda: adm.window is not None and adm.window.waiting == 1)
+        assert adm.window.in_use == 700  # it gave its 100 back while it waits
+        assert adm.budget.in_use == 200  # the admission budget counts bytes received
+        small = post_work(c, "small", 100, 50)  # decodes to less: keeps its 100, queues behind b
+        await asyncio.sleep(0.05)
+        assert gate.entered == ["a"]
+        gate.event("a").set()
+        assert (await a).status_code == 201
+        await _until(lambda: gate.entered == ["a", "b", "small"])
+        assert adm.window.in_use == 800
+        for tag in ("b", "small"):
+            gate.event(tag).set()
+        assert [(await t).status_code for t in (b, small)] == [201, 201]
+    assert adm.window.in_use == 0 and adm.window.waiting == 0 and adm.budget.in_use == 0
+
+
+@run
+async def test_requests_that_all_grow_do_not_wait_on_each_other():
+    # Three bodies of 400 in a window of 1,000: two are admitted, then each needs 900. Had
+    # they kept their 400 while asking for more, neither could ever be granted.
+    gate, adm = Gate(), make_admission(hold_ms=2000, window=1000)
+    async with falcon.testing.ASGIConductor(make_app(adm, gate)) as c:
+        tasks = [post_work(c, tag, 400, 900) for tag in ("a", "b", "c")]
+        for n in (1, 2, 3):
+            await _until(lambda n=n: len(gate.entered) == n)
+            assert adm.window is not None and adm.window.in_use == 900
+            gate.event(gate.entered[-1]).set()
+        assert [(await t).status_code for t in tasks] == [201, 201, 201]
+    assert adm.window.in_use == 0 and adm.budget.in_use == 0
+
+
+@run
+async def test_rewindow_past_the_hold_is_429_and_gives_everything_back():
+    gate, adm = Gate(), make_admission(hold_ms=50, window=1000)
+    async with falcon.testing.ASGIConductor(make_app(adm, gate)) as c:
+        hog = post(c, "hog", 600)
+        await _until(lambda: gate.entered == ["hog"])
+        r = await c.simulate_post(PUSH, body=b"x" * 100, headers={"X-Tag": "big", "X-Work": "900"})
+        assert r.status_code == 429 and "push work window" in r.json["error"]
+        assert "big" not in gate.entered
+        assert adm.window is not None and adm.window.in_use == 600 and adm.window.waiting == 0
+        assert adm.budget.in_use == 600
+        gate.event("hog").set()
+        assert (await hog).status_code == 201
+    assert adm.window.in_use == 0 and adm.budget.in_use == 0

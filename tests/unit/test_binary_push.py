@@ -33,6 +33,7 @@ from queen_mp.wire import (
     read_frame_groups,
     uuid_text,
 )
+from queen_mp.wire.binary_push import decoded_size
 
 CASES = Path(__file__).parent / "wire_cases" / "qpb1.toml"
 
@@ -336,6 +337,29 @@ def test_corrupted_bodies_raise_only_wire_errors(which: int, edits: list[tuple])
         assert isinstance(ex.to_dict(), dict)
     else:
         assert push.item_count == sum(group.count for group in push.groups)
+
+
+def test_decoded_size_reads_the_zstd_headers() -> None:
+    plain, _frames, zstd, counts = _valid_bodies()
+    assert decoded_size(plain) == len(plain) and decoded_size(counts) == len(counts)
+    big = client.binary_push_body(_items(300), True)
+    groups = parse_binary_push(big).groups
+    assert len(groups) > 1
+    grown = sum(max(0, len(zstandard.ZstdDecompressor().decompress(bytes(g.chunk))) - len(g.chunk))
+                for g in groups if isinstance(g, FramesGroup))  # a frame never counts less
+    assert grown > 0 and decoded_size(big) == len(big) + grown
+    inner = zstandard.ZstdDecompressor().decompress(zstd[9:])
+    assert decoded_size(zstd) == len(zstd) - 9 + len(inner)
+    assert decoded_size(b"QPB1") == 4 and decoded_size(b'{"items":[]}') == 12
+
+
+@settings(max_examples=400, deadline=None)
+@given(which=st.integers(0, 3), edits=st.lists(_corruption, min_size=1, max_size=4))
+def test_decoded_size_of_a_corrupted_body_is_a_size_never_an_error(
+    which: int, edits: list[tuple]
+) -> None:
+    body = _corrupt(_valid_bodies()[which], edits)
+    assert decoded_size(body) >= min(len(body), 9)
 
 
 _name = st.text(
