@@ -22,6 +22,7 @@ from queen_mp.wire.binary_push import (
     check_partition_name,
     check_payload,
     check_queue_name,
+    decoded_size,
     parse_binary_push,
     read_frame_groups,
 )
@@ -164,6 +165,7 @@ __all__ = [
     "check_queue_name",
     "check_transaction_id",
     "decode_chunk",
+    "decoded_size",
     "decompress_bounded",
     "hash_blob",
     "hash_hex",

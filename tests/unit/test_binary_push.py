@@ -27,13 +27,13 @@ from queen_mp.wire import (
     check_partition_name,
     check_payload,
     check_queue_name,
+    decoded_size,
     is_uuid7,
     pack_frame,
     parse_binary_push,
     read_frame_groups,
     uuid_text,
 )
-from queen_mp.wire.binary_push import decoded_size
 
 CASES = Path(__file__).parent / "wire_cases" / "qpb1.toml"
 
