@@ -415,6 +415,30 @@ def test_queue_mode_and_an_explicit_group_are_independent(broker, db):
     assert cursor(db, q, "Default", QUEUE_MODE)[0] == 3
 
 
+def test_a_pop_reads_the_cursors_of_its_own_queue_only(broker, db):
+    """sql/120_pop_by_queue.sql: a group that also consumes a 40-partition queue does not make
+    a pop of a 1-partition queue read those 40 cursors (the rows fetched are counted, not
+    timed)."""
+    small, big, g = uq("pop"), uq("pop"), uq("g")
+    push_n(broker.client, small, "a", 2)
+    for p in range(40):
+        push_n(broker.client, big, f"p{p}", 1)
+    pop_ok(broker.client, big, consumerGroup=g, batch=1, autoAck=True)  # its 40 cursors
+    assert db.execute("SELECT count(*) FROM queen.log_consumers WHERE consumer_group = %s",
+                      (g,)).fetchone()[0] == 40
+    fetched_sql = ("SELECT seq_tup_read + COALESCE(idx_tup_fetch, 0) FROM pg_stat_xact_user_tables"
+                   " WHERE schemaname = 'queen' AND relname = 'log_consumers'")
+    with db.transaction(force_rollback=True):
+        before = db.execute(fetched_sql).fetchone()[0]  # the counters cover the transaction
+        rows = db.execute(
+            "SELECT partition_name, start_off, end_off FROM queen.log_pop_v1(%s, %s, NULL, NULL,"
+            " NULL, %s, 10, 1, false, 'all', NULL, gen_random_uuid(), 5000)",
+            (uuid.UUID(int=0), small, g)).fetchall()
+        fetched = db.execute(fetched_sql).fetchone()[0] - before
+    assert {(r[0], r[1], r[2]) for r in rows} == {("a", 1, 2)}
+    assert fetched < 10, fetched  # a handful of lookups of the one partition's cursor
+
+
 # ------------------------------------------------------------------------------------- leases
 def test_lease_blocks_the_group_not_other_groups_and_expiry_redelivers(broker, db):
     q, g, other = uq("pop"), uq("g"), uq("g-other")
