@@ -4,6 +4,12 @@ One claim is one ``log_pop_v1`` statement on a pooled connection, released befor
 a parked pop holds no database connection. Claiming stops a margin before the caller's deadline
 (250 ms at most, a quarter of the time left at most) so nothing is leased that cannot be
 delivered; a waiting pop that got nothing is still held to its deadline so clients do not spin.
+
+Claims of one worker that compete for the same cursor rows (same tenant, queue or discovery
+scope, partition filter and group) run one at a time: concurrent claims would all read and
+lock the same rows of ``log_consumers`` and mostly skip each other's. With 16 consumers of a
+100-partition queue under a push load, PostgreSQL spent 4.7 ms a pop that way, 2.7 ms with
+at most two concurrent claims.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+import weakref
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -65,6 +72,14 @@ class Popper:
         self.lot = lot
         self.max_parked = max_parked
         self.parked_gauge = parked_gauge
+        self._gates: weakref.WeakValueDictionary[ParkKey, asyncio.Lock] = (
+            weakref.WeakValueDictionary())
+
+    def _gate(self, key: ParkKey) -> asyncio.Lock:
+        gate = self._gates.get(key)
+        if gate is None:
+            gate = self._gates[key] = asyncio.Lock()
+        return gate
 
     async def pop(self, r: PopRequest) -> Popped | None:
         budget = (r.timeout_ms or 30_000) / 1000  # timeout=0 acts as wait=false
@@ -79,13 +94,15 @@ class Popper:
                       (r.tenant, r.partition) if r.queue is not None
                       else (r.tenant, r.namespace, r.task))
         woken = False
+        gate = self._gate(key)  # held by this pop while it lives: the entry stays
         while True:
-            claim_s = claim_until - time.monotonic()
-            if claim_s < _MIN_CLAIM_S:
-                break
-            token = self.lot.token(bucket)
-            lease = None if r.auto_ack else uuid.UUID(bytes=uuid7())
-            result = await self._claim(r, lease, int(claim_s * 1000))
+            async with gate:
+                claim_s = claim_until - time.monotonic()
+                if claim_s < _MIN_CLAIM_S:
+                    break
+                token = self.lot.token(bucket)
+                lease = None if r.auto_ack else uuid.UUID(bytes=uuid7())
+                result = await self._claim(r, lease, int(claim_s * 1000))
             if result.rows:
                 # NOTE(queen): there may be more to claim; the next pop parked on this key
                 # looks (it parks again at the head if not).

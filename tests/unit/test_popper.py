@@ -1,0 +1,95 @@
+"""Popper's claim gate: claims of one worker on the same cursor rows run one at a time.
+
+The claim itself is replaced by a recorder (``log_pop_v1`` is covered by the integration
+tests); what is checked here is how many claims run at once, per key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+from queen_mp.db import pop_procs
+from queen_mp.parking import ParkingLot
+from queen_mp.popper import Popper, PopRequest
+
+TENANT = bytes(16)
+
+
+class FakeBoard:
+    def value(self, bucket: int) -> int:
+        return 0
+
+    def snapshot(self) -> bytes:
+        return b""
+
+
+class RecordingPopper(Popper):
+    """Claims that take until released and count how many run at once, per queue."""
+
+    def __init__(self) -> None:
+        super().__init__(pool=None, lot=ParkingLot(FakeBoard(), 0.01),  # type: ignore[arg-type]
+                         max_parked=10)
+        self.running: dict[str | None, int] = {}
+        self.most: dict[str | None, int] = {}
+        self.release = asyncio.Event()
+        self.claims = 0
+
+    async def _claim(self, r: PopRequest, lease: uuid.UUID | None,
+                     claim_ms: int) -> pop_procs.ClaimResult:
+        self.claims += 1
+        self.running[r.queue] = self.running.get(r.queue, 0) + 1
+        self.most[r.queue] = max(self.most.get(r.queue, 0), self.running[r.queue])
+        try:
+            await self.release.wait()
+        finally:
+            self.running[r.queue] -= 1
+        return pop_procs.ClaimResult([], None)
+
+
+def request(queue: str, **kw: Any) -> PopRequest:
+    fields: dict[str, Any] = {
+        "tenant": TENANT, "queue": queue, "partition": None, "namespace": None, "task": None,
+        "group": "g", "batch": 10, "partitions": 1, "wait": False, "timeout_ms": 5000,
+        "auto_ack": False, "sub_mode": "all", "sub_from": None}
+    fields.update(kw)
+    return PopRequest(**fields)
+
+
+def test_claims_on_the_same_rows_wait_for_each_other_others_do_not() -> None:
+    async def body() -> None:
+        p = RecordingPopper()
+        pops = [asyncio.create_task(p.pop(request("a"))) for _ in range(5)]
+        pops += [asyncio.create_task(p.pop(request("b"))) for _ in range(3)]
+        pops.append(asyncio.create_task(p.pop(request("a", group="other"))))
+        pops.append(asyncio.create_task(p.pop(request("a", partition="p1"))))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        # one claim of a/g, one of b/g, one of a/other, one of a/g/p1: four keys, four claims
+        assert sum(p.running.values()) == 4
+        assert p.running == {"a": 3, "b": 1}
+        p.release.set()
+        assert await asyncio.gather(*pops) == [None] * 10
+        assert p.claims == 10
+        assert p.most["b"] == 1
+        assert p.running == {"a": 0, "b": 0}
+        await asyncio.sleep(0)
+        assert len(p._gates) == 0  # no pop alive, no gate kept
+
+    asyncio.run(body())
+
+
+def test_a_pop_whose_claim_time_ran_out_in_the_gate_claims_nothing() -> None:
+    async def body() -> None:
+        p = RecordingPopper()
+        first = asyncio.create_task(p.pop(request("a", timeout_ms=5000)))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        late = asyncio.create_task(p.pop(request("a", timeout_ms=40)))  # claims until ~30 ms
+        await asyncio.sleep(0.06)
+        p.release.set()
+        assert await asyncio.gather(first, late) == [None, None]
+        assert p.claims == 1  # the late one never reached the database
+
+    asyncio.run(body())
