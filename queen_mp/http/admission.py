@@ -186,12 +186,13 @@ class _Grant:
     """Permits held by one request (admission budget and work window); released once, by
     process_response or the backstop."""
 
-    __slots__ = ("_admission", "_finalizer", "size", "window")
+    __slots__ = ("_admission", "_finalizer", "deadline", "size", "window")
 
-    def __init__(self, admission: Admission, size: int, window: int) -> None:
+    def __init__(self, admission: Admission, size: int, window: int, deadline: float) -> None:
         self._admission = admission
         self.size = size
         self.window = window
+        self.deadline = deadline  # loop time at which the request's one hold ends
         self._finalizer: weakref.finalize | None = None
 
     def guard(self, owner: object) -> None:
@@ -202,7 +203,8 @@ class _Grant:
 
     async def rewindow(self, req: falcon.asgi.Request, work: int) -> None:
         """Hold ``work`` bytes of the work window instead of the body's length, once the body
-        says it becomes more than it weighs (compressed frames); a 429 past the hold.
+        says it becomes more than it weighs (compressed frames); a 429 past the request's hold
+        (the one it was admitted under: a request never waits longer than one hold in all).
 
         What the request holds goes back first and it queues again like a new one: two
         requests that both grow never wait for each other's permits.
@@ -215,7 +217,7 @@ class _Grant:
             return
         window.release(self.window)
         self.window = 0
-        if not await window.acquire(size, admission.hold_s()):
+        if not await window.acquire(size, self.deadline - asyncio.get_running_loop().time()):
             admission._reject(req, admission._overloaded(window))
         self.window = size
 
@@ -343,7 +345,7 @@ class Admission:
                 self._released(size, 0)
                 self._reject(req, self._overloaded(self.window))
         if size:
-            grant = _Grant(self, size, window)
+            grant = _Grant(self, size, window, deadline)
             req.context.admission = grant
             grant.guard(req.context)
             self._gauge()

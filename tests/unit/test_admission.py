@@ -19,7 +19,7 @@ import falcon.testing
 import pytest
 
 from queen_mp.http import errors
-from queen_mp.http.admission import JITTER, Admission, ByteBudget, disk_used_pct
+from queen_mp.http.admission import JITTER, Admission, ByteBudget, _Grant, disk_used_pct
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -593,3 +593,24 @@ async def test_rewindow_past_the_hold_is_429_and_gives_everything_back():
         gate.event("hog").set()
         assert (await hog).status_code == 201
     assert adm.window.in_use == 0 and adm.budget.in_use == 0
+
+
+@run
+async def test_rewindow_waits_only_for_what_is_left_of_the_request_hold():
+    # A grant whose hold is spent (it waited it out for admission) cannot start a new one:
+    # without room it answers 429 at once, not after another QUEEN_ADMIT_HOLD_MS (60 s here).
+    adm = make_admission(hold_ms=60_000, window=1000)
+    assert adm.window is not None
+    assert await adm.budget.acquire(100, 1) and await adm.window.acquire(100, 1)
+    assert await adm.window.acquire(600, 1)  # another request's share
+    loop = asyncio.get_running_loop()
+    grant = _Grant(adm, 100, 100, loop.time() - 0.001)
+
+    class Req:
+        path = PUSH
+
+    with pytest.raises(errors.Overloaded):
+        await asyncio.wait_for(grant.rewindow(Req(), 900), 5)  # type: ignore[arg-type]
+    assert adm.window.in_use == 600 and adm.window.waiting == 0
+    grant.release()
+    assert adm.budget.in_use == 0 and adm.window.in_use == 600
