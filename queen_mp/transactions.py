@@ -39,14 +39,15 @@ from queen_mp.http.items import (
 from queen_mp.ingest import ClientChunk, Ingest, PushItem, pieces_of, stamped_item
 from queen_mp.kv import parse_kv_ops
 from queen_mp.timers import mint, parse_timer_ops, queues_to_provision
-from queen_mp.wire.binary_push import read_frame_groups
+from queen_mp.wire.binary_push import groups_growth, read_frame_groups
 from queen_mp.wire.errors import WireError
 from queen_mp.wire.hashing import txn_hash
 from queen_mp.wire.ids import uuid7, uuid_text
 from queen_mp.wire.records import blob_from_pieces
 from queen_mp.wire.times import iso_from_us
 
-__all__ = ["QTB1_MAGIC", "Transactions", "TxnPlan", "parse_json", "parse_qtb1"]
+__all__ = ["QTB1_MAGIC", "Transactions", "TxnPlan", "parse_json", "parse_qtb1",
+           "qtb1_decoded_size"]
 
 QTB1_MAGIC = b"QTB1"
 _U32 = struct.Struct("<I")
@@ -162,6 +163,17 @@ def parse_json(body: bytes, producer_sub: str | None = None) -> TxnPlan:
     _riders(plan, doc, producer_sub)
     _check_not_empty(plan)
     return plan
+
+
+def qtb1_decoded_size(body: bytes) -> int:
+    """How many bytes a QTB1 body holds once the zstd frames of its push groups are
+    decompressed (from their headers, as ``binary_push.decoded_size`` does for QPB1), so the
+    work window charges a transaction what it becomes rather than what it weighs."""
+    end = len(body)
+    if end < 9 or body[:4] != QTB1_MAGIC:
+        return end
+    head_end = 9 + _U32.unpack_from(body, 5)[0]
+    return end + groups_growth(body, head_end) if head_end <= end else end
 
 
 def parse_qtb1(body: bytes, max_decompressed: int, producer_sub: str | None = None

@@ -13,7 +13,9 @@ shard) until their verdicts; 64 connections pushing 1,000 items each kept 64 bod
 flight. So these two routes also take permits from a second, small FIFO budget, the work window
 (``QUEEN_PUSH_WINDOW_KB``), after the admission budget and within the same hold: a request
 beyond the window waits unread, like one beyond the budget, and answers the same 429 when the
-hold runs out. A body larger than the window takes all of it.
+hold runs out. A body larger than the window takes all of it. A compressed body (QPB1 push,
+QTB1 transaction) weighs less than it becomes: once read, its grant is re-sized to what its zstd
+frame headers say it decodes to (``_Grant.rewindow``), before anything is decompressed.
 
 Sizing. A request with ``Content-Length: n`` takes ``n`` bytes; one without (chunked) takes the
 body limit's worth (``QUEEN_MAX_BODY_MB``), as it may be that big; one declaring more than the

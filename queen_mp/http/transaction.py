@@ -15,7 +15,7 @@ from queen_mp.http.dbcall import api_error
 from queen_mp.http.errors import JSON_UTF8, BadFrame, Maintenance, Unavailable
 from queen_mp.ingest import EncryptionUnavailable
 from queen_mp.queueflags import FlagsUnavailable
-from queen_mp.transactions import QTB1_MAGIC, parse_json, parse_qtb1
+from queen_mp.transactions import QTB1_MAGIC, parse_json, parse_qtb1, qtb1_decoded_size
 from queen_mp.worker import FrontWorker
 
 __all__ = ["TransactionResource"]
@@ -33,6 +33,9 @@ class TransactionResource:
         magic = body[:4]
         sub = sub_of(req)
         if magic == QTB1_MAGIC:
+            grant = getattr(req.context, "admission", None)
+            if grant is not None:
+                await grant.rewindow(req, qtb1_decoded_size(body))
             plan = parse_qtb1(body, w.config.max_decompressed_mb << 20, sub)
         elif magic in _OTHER_MAGIC:
             raise BadFrame("QPB1 is the push body; a transaction takes JSON or QTB1",

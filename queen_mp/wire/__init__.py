@@ -23,6 +23,7 @@ from queen_mp.wire.binary_push import (
     check_payload,
     check_queue_name,
     decoded_size,
+    groups_growth,
     parse_binary_push,
     read_frame_groups,
 )
@@ -167,6 +168,7 @@ __all__ = [
     "decode_chunk",
     "decoded_size",
     "decompress_bounded",
+    "groups_growth",
     "hash_blob",
     "hash_hex",
     "hash_prefixes",

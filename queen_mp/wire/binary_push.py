@@ -58,6 +58,7 @@ __all__ = [
     "check_payload",
     "check_queue_name",
     "decoded_size",
+    "groups_growth",
     "parse_binary_push",
     "read_frame_groups",
 ]
@@ -472,23 +473,33 @@ def decoded_size(body: bytes | bytearray | memoryview) -> int:
     if end < 9 or view[:4] != QPB1_MAGIC:
         return end
     flags = view[4]
+    if flags & QPB1_FLAG_FRAMES:
+        return end + groups_growth(view, 5)
+    return end - 9 + _u32_at(view, 5)[0] if flags & QPB1_FLAG_ZSTD else end
+
+
+def groups_growth(body: bytes | bytearray | memoryview, at: int) -> int:
+    """How many bytes the §3.5 groups from ``at`` (``u32 group_count`` first) add to the body
+    once their zstd frames are decompressed; what walks no further counts nothing (QPB1 flag 8
+    and the tail of QTB1)."""
+    view = body if isinstance(body, memoryview) else memoryview(body)
+    end, grown = len(view), 0
     try:
-        if not flags & QPB1_FLAG_FRAMES:
-            return end - 9 + _u32_at(view, 5)[0] if flags & QPB1_FLAG_ZSTD else end
-        size, at = end, 9
-        for _ in range(_u32_at(view, 5)[0]):
+        count = _u32_at(view, at)[0]
+        at += 4
+        for _ in range(count):
             at += 2 + _u16_at(view, at)[0]  # queue
             at += 2 + _u16_at(view, at)[0]  # partition
             z_len = _TWO_U32.unpack_from(view, at)[1]
             at += 8
             if at + z_len > end:
-                return size
+                return grown
             content = zstandard.frame_content_size(view[at:at + z_len])
-            size += max(0, content - z_len)
+            grown += max(0, content - z_len)
             at += z_len
-        return size
     except (struct.error, zstandard.ZstdError):
-        return end
+        pass
+    return grown
 
 
 def parse_binary_push(

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from queen.http import push_binary as client
 
+from queen_mp.transactions import qtb1_decoded_size
 from queen_mp.wire import (
     BadFrame,
     BinaryPush,
@@ -28,6 +29,7 @@ from queen_mp.wire import (
     check_payload,
     check_queue_name,
     decoded_size,
+    groups_growth,
     is_uuid7,
     pack_frame,
     parse_binary_push,
@@ -351,6 +353,29 @@ def test_decoded_size_reads_the_zstd_headers() -> None:
     inner = zstandard.ZstdDecompressor().decompress(zstd[9:])
     assert decoded_size(zstd) == len(zstd) - 9 + len(inner)
     assert decoded_size(b"QPB1") == 4 and decoded_size(b'{"items":[]}') == 12
+
+
+def test_qtb1_decoded_size_counts_what_the_push_groups_decode_to() -> None:
+    items = [{"queue": "q", "partition": f"p{i // 100}", "transactionId": f"t{i}",
+              "payload": {"seq": i, "pad": "x" * 200}} for i in range(300)]
+    request = {"operations": [{"type": "ack", "transactionId": "t", "partitionId": "1"},
+                              {"type": "push", "items": items}]}
+    framed = client.transaction_frames(request)
+    assert framed is not None
+    body = framed[0]
+    assert body[:4] == b"QTB1"
+    groups, count = read_frame_groups(body, 9 + struct.unpack_from("<I", body, 5)[0])
+    assert count == 300 and len(groups) == 3
+    grown = sum(len(zstandard.ZstdDecompressor().decompress(bytes(g.chunk))) - len(g.chunk)
+                for g in groups)
+    assert grown > 60_000  # 300 padded payloads squeeze well
+    assert qtb1_decoded_size(body) == len(body) + grown
+    # The same groups behind a QPB1 head grow by the same bytes.
+    assert groups_growth(body, 9 + struct.unpack_from("<I", body, 5)[0]) == grown
+    # What does not walk counts as its length, never less and never an error.
+    assert qtb1_decoded_size(body[:12]) == 12
+    assert qtb1_decoded_size(b"QTB1\x00" + struct.pack("<I", 1 << 30)) == 9
+    assert qtb1_decoded_size(b'{"operations":[]}') == 17
 
 
 @settings(max_examples=400, deadline=None)
