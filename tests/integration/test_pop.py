@@ -439,6 +439,30 @@ def test_a_pop_reads_the_cursors_of_its_own_queue_only(broker, db):
     assert fetched < 10, fetched  # a handful of lookups of the one partition's cursor
 
 
+def test_a_pop_reads_its_own_queues_partitions_by_index_after_analyze(broker, db):
+    """sql/125_pop_partitions_by_queue.sql: once ANALYZE has seen one queue with many
+    partitions, a pop of a small queue still reads only that queue's partition rows (counted,
+    not timed); before it, two statements of the pop read every partition of the database."""
+    small, big, g = uq("pop"), uq("pop"), uq("g")
+    push(broker.client, [{"queue": big, "partition": f"p{p}", "payload": {"i": p}}
+                         for p in range(300)])
+    push_n(broker.client, small, "a", 2)
+    db.execute("ANALYZE queen.log_partitions")
+    total = db.execute("SELECT count(*) FROM queen.log_partitions").fetchone()[0]
+    assert total >= 301
+    fetched_sql = ("SELECT seq_tup_read + COALESCE(idx_tup_fetch, 0) FROM pg_stat_xact_user_tables"
+                   " WHERE schemaname = 'queen' AND relname = 'log_partitions'")
+    with db.transaction(force_rollback=True):
+        before = db.execute(fetched_sql).fetchone()[0]  # the counters cover the transaction
+        rows = db.execute(
+            "SELECT partition_name, start_off, end_off FROM queen.log_pop_v1(%s, %s, NULL, NULL,"
+            " NULL, %s, 10, 1, false, 'all', NULL, gen_random_uuid(), 5000)",
+            (uuid.UUID(int=0), small, g)).fetchall()
+        fetched = db.execute(fetched_sql).fetchone()[0] - before
+    assert {(r[0], r[1], r[2]) for r in rows} == {("a", 1, 2)}
+    assert fetched < 20, (fetched, total)  # a few lookups of the one partition, not `total`
+
+
 # ------------------------------------------------------------------------------------- leases
 def test_lease_blocks_the_group_not_other_groups_and_expiry_redelivers(broker, db):
     q, g, other = uq("pop"), uq("g"), uq("g-other")
