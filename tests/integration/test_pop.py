@@ -415,6 +415,20 @@ def test_queue_mode_and_an_explicit_group_are_independent(broker, db):
     assert cursor(db, q, "Default", QUEUE_MODE)[0] == 3
 
 
+def pop_counting_reads(db, queue: str, group: str, table: str) -> tuple[list, int]:
+    """One log_pop_v1 call (rolled back) and the rows it read of ``table`` (counted, not
+    timed: seq_tup_read + idx_tup_fetch of the transaction)."""
+    fetched_sql = ("SELECT seq_tup_read + COALESCE(idx_tup_fetch, 0) FROM pg_stat_xact_user_tables"
+                   " WHERE schemaname = 'queen' AND relname = %s")
+    with db.transaction(force_rollback=True):
+        before = db.execute(fetched_sql, (table,)).fetchone()[0]
+        rows = db.execute(
+            "SELECT partition_name, start_off, end_off FROM queen.log_pop_v1(%s, %s, NULL, NULL,"
+            " NULL, %s, 10, 1, false, 'all', NULL, gen_random_uuid(), 5000)",
+            (uuid.UUID(int=0), queue, group)).fetchall()
+        return rows, db.execute(fetched_sql, (table,)).fetchone()[0] - before
+
+
 def test_a_pop_reads_the_cursors_of_its_own_queue_only(broker, db):
     """sql/120_pop_by_queue.sql: a group that also consumes a 40-partition queue does not make
     a pop of a 1-partition queue read those 40 cursors (the rows fetched are counted, not
@@ -426,15 +440,7 @@ def test_a_pop_reads_the_cursors_of_its_own_queue_only(broker, db):
     pop_ok(broker.client, big, consumerGroup=g, batch=1, autoAck=True)  # its 40 cursors
     assert db.execute("SELECT count(*) FROM queen.log_consumers WHERE consumer_group = %s",
                       (g,)).fetchone()[0] == 40
-    fetched_sql = ("SELECT seq_tup_read + COALESCE(idx_tup_fetch, 0) FROM pg_stat_xact_user_tables"
-                   " WHERE schemaname = 'queen' AND relname = 'log_consumers'")
-    with db.transaction(force_rollback=True):
-        before = db.execute(fetched_sql).fetchone()[0]  # the counters cover the transaction
-        rows = db.execute(
-            "SELECT partition_name, start_off, end_off FROM queen.log_pop_v1(%s, %s, NULL, NULL,"
-            " NULL, %s, 10, 1, false, 'all', NULL, gen_random_uuid(), 5000)",
-            (uuid.UUID(int=0), small, g)).fetchall()
-        fetched = db.execute(fetched_sql).fetchone()[0] - before
+    rows, fetched = pop_counting_reads(db, small, g, "log_consumers")
     assert {(r[0], r[1], r[2]) for r in rows} == {("a", 1, 2)}
     assert fetched < 10, fetched  # a handful of lookups of the one partition's cursor
 
@@ -450,15 +456,7 @@ def test_a_pop_reads_its_own_queues_partitions_by_index_after_analyze(broker, db
     db.execute("ANALYZE queen.log_partitions")
     total = db.execute("SELECT count(*) FROM queen.log_partitions").fetchone()[0]
     assert total >= 301
-    fetched_sql = ("SELECT seq_tup_read + COALESCE(idx_tup_fetch, 0) FROM pg_stat_xact_user_tables"
-                   " WHERE schemaname = 'queen' AND relname = 'log_partitions'")
-    with db.transaction(force_rollback=True):
-        before = db.execute(fetched_sql).fetchone()[0]  # the counters cover the transaction
-        rows = db.execute(
-            "SELECT partition_name, start_off, end_off FROM queen.log_pop_v1(%s, %s, NULL, NULL,"
-            " NULL, %s, 10, 1, false, 'all', NULL, gen_random_uuid(), 5000)",
-            (uuid.UUID(int=0), small, g)).fetchall()
-        fetched = db.execute(fetched_sql).fetchone()[0] - before
+    rows, fetched = pop_counting_reads(db, small, g, "log_partitions")
     assert {(r[0], r[1], r[2]) for r in rows} == {("a", 1, 2)}
     assert fetched < 20, (fetched, total)  # a few lookups of the one partition, not `total`
 
