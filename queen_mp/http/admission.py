@@ -74,6 +74,7 @@ __all__ = [
     "Admission",
     "ByteBudget",
     "disk_used_pct",
+    "rewindow",
 ]
 
 log = logging.getLogger("queen_mp.http.admission")
@@ -230,6 +231,15 @@ class _Grant:
         if self.size >= 0:
             size, self.size = self.size, -1
             self._admission._released(size, self.window)
+
+
+async def rewindow(req: falcon.asgi.Request, work: int) -> None:
+    """``_Grant.rewindow`` of the request's grant: a compressed body (QPB1 push, QTB1
+    transaction) holds the work window for ``work``, what it decodes to. Nothing when the
+    request holds no grant (admission took no permits for it)."""
+    grant: _Grant | None = getattr(req.context, "admission", None)
+    if grant is not None:
+        await grant.rewindow(req, work)
 
 
 def _release_later(loop: asyncio.AbstractEventLoop, grant: _Grant) -> None:

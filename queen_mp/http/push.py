@@ -12,6 +12,7 @@ import falcon
 import falcon.asgi
 import orjson
 
+from queen_mp.http.admission import rewindow
 from queen_mp.http.authz import sub_of, tenant_of
 from queen_mp.http.body import read_body
 from queen_mp.http.errors import JSON_UTF8, BadFrame, InvalidRequest, Timeout, Unavailable
@@ -169,9 +170,7 @@ class PushResource:
         chunks: list[ClientChunk] = []
         counts_only = False
         if body[:4] == QPB1_MAGIC:
-            grant = getattr(req.context, "admission", None)
-            if grant is not None:
-                await grant.rewindow(req, decoded_size(body))
+            await rewindow(req, decoded_size(body))
             items, chunks, counts_only = parse_binary(body, cfg.max_decompressed_mb << 20, sub)
         elif body[:4] == b"QTB1":
             raise BadFrame("a QTB1 body belongs to /api/v1/transaction", offset=0,

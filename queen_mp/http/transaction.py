@@ -9,6 +9,7 @@ import falcon.asgi
 import orjson
 
 from queen_mp.db.errors import DatabaseError
+from queen_mp.http.admission import rewindow
 from queen_mp.http.authz import sub_of, tenant_of
 from queen_mp.http.body import read_body
 from queen_mp.http.dbcall import api_error
@@ -33,9 +34,7 @@ class TransactionResource:
         magic = body[:4]
         sub = sub_of(req)
         if magic == QTB1_MAGIC:
-            grant = getattr(req.context, "admission", None)
-            if grant is not None:
-                await grant.rewindow(req, qtb1_decoded_size(body))
+            await rewindow(req, qtb1_decoded_size(body))
             plan = parse_qtb1(body, w.config.max_decompressed_mb << 20, sub)
         elif magic in _OTHER_MAGIC:
             raise BadFrame("QPB1 is the push body; a transaction takes JSON or QTB1",

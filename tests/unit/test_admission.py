@@ -19,7 +19,14 @@ import falcon.testing
 import pytest
 
 from queen_mp.http import errors
-from queen_mp.http.admission import JITTER, Admission, ByteBudget, _Grant, disk_used_pct
+from queen_mp.http.admission import (
+    JITTER,
+    Admission,
+    ByteBudget,
+    _Grant,
+    disk_used_pct,
+    rewindow,
+)
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -68,7 +75,7 @@ class WriteResource:
         tag = req.get_header("X-Tag") or "?"
         work = req.get_header("X-Work")  # what the body decodes to (a compressed push)
         if work is not None:
-            await req.context.admission.rewindow(req, int(work))
+            await rewindow(req, int(work))
         self.gate.entered.append(tag)
         await self.gate.event(tag).wait()
         if tag in self.gate.fail:
