@@ -79,7 +79,7 @@ from bench.push import (
     process_tree,
     start_queen,
 )
-from queen_mp.supervisor import FRONT_WORKER_ARGS
+from queen_mp.front import front_argv
 
 ARMS = ("queen-mp", "baseline")
 BATCHES = (1, 100, 1000)
@@ -93,9 +93,7 @@ def start_baseline(tmp: Path, dsn: str, workers: int, pool: int) -> Server:
     env = pushbench._clean_env()
     env.update({"BENCH_BASELINE_DSN": dsn, "BENCH_BASELINE_POOL": str(pool)})
     argv = [sys.executable, "-m", "gunicorn", "bench.consume_baseline:app_from_env()",
-            *FRONT_WORKER_ARGS, "--workers", str(workers),
-            "--bind", f"127.0.0.1:{port}", "--graceful-timeout", "20", "--timeout", "120",
-            "--keep-alive", "75", "--log-level", "info", "--name", "bench-baseline"]
+            *front_argv(workers, f"127.0.0.1:{port}", 20, "info", "bench-baseline")]
     log = tmp / "baseline.log"
     proc = pushbench._spawn(argv, env, log)
     return Server("baseline", f"http://127.0.0.1:{port}", proc, log, dsn)

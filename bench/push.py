@@ -51,7 +51,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from bench.baseline_app import SCHEMA_SQL
 from bench.loadgen import LoadRun, LoadSpec
-from queen_mp.supervisor import FRONT_WORKER_ARGS
+from queen_mp.front import front_argv
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -232,11 +232,9 @@ def start_baseline(tmp: Path, dsn: str, workers: int, pool: int) -> Server:
     port = free_port()
     env = _clean_env()
     env.update({"BENCH_BASELINE_DSN": dsn, "BENCH_BASELINE_POOL": str(pool)})
-    # The same gunicorn command line as queen-mp's front (queen_mp/supervisor.py spawn_front).
+    # The same gunicorn options as queen-mp's front (queen_mp/front.py).
     argv = [sys.executable, "-m", "gunicorn", "bench.baseline_app:app_from_env()",
-            *FRONT_WORKER_ARGS, "--workers", str(workers),
-            "--bind", f"127.0.0.1:{port}", "--graceful-timeout", "20", "--timeout", "120",
-            "--keep-alive", "75", "--log-level", "info", "--name", "bench-baseline"]
+            *front_argv(workers, f"127.0.0.1:{port}", 20, "info", "bench-baseline")]
     log = tmp / "baseline.log"
     proc = _spawn(argv, env, log)
     return Server("baseline", f"http://127.0.0.1:{port}", proc, log, dsn)

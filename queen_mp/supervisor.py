@@ -1,13 +1,15 @@
 """``queen-mp serve``: the supervisor process.
 
 Boot order: settings -> embedded PostgreSQL when no DSN -> migrations (in a child process, so
-that this one never loads psycopg) -> shared memory -> shard processes -> gunicorn (front
-workers). Stop order is the reverse, so that nothing accepted is lost: gunicorn stops accepting
-and finishes in-flight requests, then shards flush and exit, then shared memory is unlinked and
-the embedded cluster stopped.
+that this one never loads psycopg) -> shared memory -> shard processes -> the front: gunicorn's
+arbiter, run in this process (queen_mp/front.py), forks the front workers. Stop order is the
+reverse, so that nothing accepted is lost: the arbiter stops accepting and lets in-flight
+requests finish, then shards flush and exit, then shared memory is unlinked and the embedded
+cluster stopped.
 
-As in gunicorn's arbiter, signal handlers only enqueue the signal number; the main loop calls
-``handle_<name>``, which does the logging and the process work.
+During the boot, as in gunicorn's arbiter, signal handlers only enqueue the signal number;
+the arbiter's own handlers take over when the front starts, and its loop calls
+``keep_shards``.
 """
 
 from __future__ import annotations
@@ -33,20 +35,12 @@ from queen_mp.ipc.heartbeat import HeartbeatBoard
 from queen_mp.metrics import Metrics
 from queen_mp.runtime import Runtime
 
-__all__ = ["EXIT_BOOT_ERROR", "EXIT_FRONT_DIED", "EXIT_OK", "FRONT_WORKER_ARGS", "HaltServer",
-           "Supervisor", "sql_dir"]
+__all__ = ["EXIT_BOOT_ERROR", "EXIT_OK", "HaltServer", "Supervisor", "sql_dir"]
 
 log = logging.getLogger("queen_mp.supervisor")
 
 EXIT_OK = 0
 EXIT_BOOT_ERROR = 3       # a child failed before it ever served: restarting would loop
-EXIT_FRONT_DIED = 4       # the gunicorn master exited on its own
-
-# The front's gunicorn worker: uvicorn's, plus a SO_REUSEPORT listener of its own so that the
-# kernel spreads connections over the workers (queen_mp/http/uvworker.py). The benchmark's naive
-# broker is served with the same options (bench/push.py, bench/consume.py).
-FRONT_WORKER_ARGS = ("--worker-class", "queen_mp.http.uvworker.BalancedUvicornWorker",
-                     "--reuse-port")
 
 SHARD_BOOT_GRACE_S = 15.0   # a shard that has not beaten by then is murdered
 SHARD_STALE_S = 10.0        # a booted shard silent this long is murdered
@@ -88,14 +82,13 @@ class Supervisor:
     runtime: Runtime | None = None
     embedded: EmbeddedPostgres | None = None
     shards: list[ShardProc] = field(default_factory=list)
-    front: subprocess.Popen[bytes] | None = None
     board: HeartbeatBoard | None = None
     stopping: bool = False
     _metrics: Metrics | None = None
 
     # ------------------------------------------------------------------ signals
     def signal(self, sig: int, frame: FrameType | None) -> None:
-        """NO LOGGING here: only enqueue, the main loop does the work."""
+        """NO LOGGING here: only enqueue; ``run`` does the work once the boot is over."""
         self.signals.put(sig)
 
     def install_signals(self) -> None:
@@ -107,18 +100,15 @@ class Supervisor:
         self.install_signals()
         try:
             self.boot()
+            while not self.signals.empty():  # what came during the boot
+                name = signal.Signals(self.signals.get()).name.lower()
+                getattr(self, f"handle_{name}")()
+            if self.stopping:
+                return EXIT_OK
             log.info("queen-mp serving on http://%s:%d (%d workers, %d shards)",
                      self.config.host, self.config.port, self.config.workers,
                      self.config.v2_fusion_shards)
-            while not self.stopping:
-                try:
-                    sig = self.signals.get(timeout=0.5)
-                except queue.Empty:
-                    self.murder_shards()
-                    continue
-                name = signal.Signals(sig).name.lower()
-                getattr(self, f"handle_{name}")()
-            return EXIT_OK
+            return self.serve_front()
         except HaltServer as halt:
             log.error("halting: %s", halt.reason)
             return halt.exit_status
@@ -150,7 +140,6 @@ class Supervisor:
         self.shards = [ShardProc(i) for i in range(self.runtime.shards)]
         for shard in self.shards:
             self.spawn_shard(shard)
-        self.spawn_front()
 
     def migrate(self) -> list[str]:
         """Apply sql/ in a child process (queen_mp.db.migrations.main) and return the files it
@@ -180,16 +169,20 @@ class Supervisor:
         shard.started = time.monotonic()
         log.info("shard %d started (pid %d)", shard.index, shard.proc.pid)
 
-    def spawn_front(self) -> None:
-        cfg = self.config
-        argv = [sys.executable, "-m", "gunicorn", "queen_mp.app:app_from_env()",
-                *FRONT_WORKER_ARGS, "--workers", str(cfg.workers),
-                "--bind", f"{cfg.host}:{cfg.port}",
-                "--graceful-timeout", str(cfg.shutdown_timeout_s), "--timeout", "120",
-                "--keep-alive", "75", "--log-level", cfg.log_level,
-                "--name", "queen-mp-front"]
-        self.front = subprocess.Popen(argv, env=self.child_env(), process_group=0)
-        log.info("gunicorn started (pid %d)", self.front.pid)
+    def serve_front(self) -> int:
+        """Run gunicorn's arbiter here until it stops (it has stopped its workers then); its
+        exit status."""
+        from queen_mp.front import FrontApplication, FrontArbiter
+
+        # the workers, forked from this process, build their app from the environment
+        os.environ.update(self.child_env())
+        arbiter = FrontArbiter(FrontApplication.for_config(self.config), self.keep_shards,
+                               HaltServer)
+        try:
+            arbiter.run()
+        except SystemExit as done:  # the arbiter always leaves by sys.exit
+            return done.code if isinstance(done.code, int) else EXIT_BOOT_ERROR
+        return EXIT_OK
 
     # ------------------------------------------------------------------ handlers
     def handle_sigterm(self) -> None:
@@ -209,8 +202,13 @@ class Supervisor:
             self._metrics = Metrics(self.config.instance_name)
         return self._metrics.shard_restarts
 
+    def keep_shards(self) -> None:
+        """The arbiter's hook: restart dead shards, kill silent ones."""
+        self.reap()
+        self.murder_shards()
+
     def reap(self) -> None:
-        """Restart dead shards; a dead gunicorn master stops the server."""
+        """Restart dead shards."""
         from queen_mp.metrics import mark_process_dead
 
         for shard in self.shards:
@@ -230,8 +228,6 @@ class Supervisor:
                         shard.index, shard.proc.pid, code, lived)
             self._restarts().inc()
             self.spawn_shard(shard)
-        if self.front is not None and self.front.poll() is not None and not self.stopping:
-            raise HaltServer(f"gunicorn exited with {self.front.returncode}", EXIT_FRONT_DIED)
 
     def murder_shards(self) -> None:
         """SIGKILL shards that stopped beating; ``reap`` then restarts them."""
@@ -254,8 +250,6 @@ class Supervisor:
         """Reverse boot order; every step runs even if an earlier one failed."""
         self.stopping = True
         budget = self.config.shutdown_timeout_s
-        if self.front is not None:
-            _stop(self.front, budget + 5, "gunicorn")
         for shard in self.shards:
             if shard.proc is not None:
                 _stop(shard.proc, budget, f"shard {shard.index}")

@@ -83,6 +83,19 @@ class Broker:
                 pids.append(pid)
         return pids
 
+    def front_worker_pids(self) -> list[int]:
+        """Pids of the front workers: the supervisor runs gunicorn's arbiter, so they are its
+        forks, children with its very command line."""
+        own = Path(f"/proc/{self.proc.pid}/cmdline").read_bytes()
+        pids = []
+        for pid in _children(self.proc.pid):
+            try:
+                if Path(f"/proc/{pid}/cmdline").read_bytes() == own:
+                    pids.append(pid)
+            except FileNotFoundError:
+                continue
+        return pids
+
     def wait_healthy(self, timeout: float = 60.0) -> dict:
         deadline = time.monotonic() + timeout
         last = None
@@ -100,10 +113,10 @@ class Broker:
         raise AssertionError(f"broker not healthy in {timeout}s: {last and last.text}\n"
                              f"{self.log()[-4000:]}")
 
-    def stop(self, timeout: float = 60.0) -> int:
+    def stop(self, timeout: float = 60.0, sig: int = signal.SIGTERM) -> int:
         self.client.close()
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            self.proc.send_signal(sig)
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
@@ -111,7 +124,7 @@ class Broker:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
                 self.proc.wait()
-                raise AssertionError("broker did not stop on SIGTERM") from None
+                raise AssertionError(f"broker did not stop on {sig!r}") from None
         return self.proc.returncode
 
 

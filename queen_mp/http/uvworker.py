@@ -8,7 +8,7 @@ SO_REUSEPORT group; each worker adds a socket of its own on the same address (an
 ``--backlog``) to that group, and the kernel spreads new connections over the group by their
 address hash. A worker still serves the master's socket too, so whatever the kernel puts there
 is accepted by whichever worker is free, as before. The options that select this worker are
-``supervisor.FRONT_WORKER_ARGS``.
+``queen_mp.front.FRONT_WORKER_ARGS``.
 
 It also serves HTTP with ``CorkedHttpToolsProtocol``: uvicorn writes a response's status line
 and headers, then its body, in two ``transport.write`` calls, so two ``send`` syscalls and two

@@ -11,9 +11,9 @@ One private broker on a fresh database for the module; its tests run in file ord
    did not change.
 3. timers, hostile query strings, path segments, headers, Content-Length lies, decompression
    bombs: never 5xx, 4xx as JSON (or the HTTP parser's own 400), never a hang.
-4. **afterwards**: ``/health`` is 200, the supervisor, shards, gunicorn master and workers have
-   the pids they had before (no crash, no restart), their RSS grew less than 200 MB, and the
-   broker's log holds no unhandled error.
+4. **afterwards**: ``/health`` is 200, the supervisor (gunicorn's arbiter), shards and front
+   workers have the pids they had before (no crash, no restart), their RSS grew less than
+   200 MB, and the broker's log holds no unhandled error.
 
 ``QUEEN_FUZZ_EXAMPLES`` raises the number of examples per test (``make fuzz``).
 """
@@ -95,20 +95,21 @@ def _rss(pid: int) -> int:
     return 0
 
 
-def _role(pid: int) -> str:
+def _role(broker: Broker, pid: int) -> str:
+    if pid == broker.proc.pid:
+        return "supervisor"
+    if pid in broker.front_worker_pids():
+        return "front"
     try:
         cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except FileNotFoundError:
         return "gone"
-    if b"queen_mp.shards.process" in cmd:
-        return "shard"
-    if any(b"gunicorn" in part for part in cmd):
-        return "gunicorn"
-    return "supervisor" if b"serve" in cmd else "other"
+    return "shard" if b"queen_mp.shards.process" in cmd else "other"
 
 
 def processes(broker: Broker) -> dict[int, Proc]:
-    return {pid: Proc(pid, _role(pid), _rss(pid)) for pid in process_tree(broker.proc.pid)}
+    return {pid: Proc(pid, _role(broker, pid), _rss(pid))
+            for pid in process_tree(broker.proc.pid)}
 
 
 class Fuzzed:
@@ -457,7 +458,7 @@ def test_the_broker_survived_unchanged(fz):
         f"processes changed (a crash or a restart): before {sorted(fz.before.values(), key=str)}"
         f" after {sorted(after.values(), key=str)}")
     grown = {p.pid: (p.role, after[p.pid].rss - p.rss) for p in fz.before.values()
-             if p.role in ("gunicorn", "shard")}
+             if p.role in ("supervisor", "front", "shard")}
     assert all(g < RSS_GROWTH_LIMIT for _, g in grown.values()), grown
     log = fz.broker.log()
     for marker in ("unhandled error", "Exception in ASGI application", "Traceback",

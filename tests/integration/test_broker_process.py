@@ -9,6 +9,7 @@ from pathlib import Path
 
 import httpx
 import psycopg
+import pytest
 
 from tests.brokerharness import process_tree, shm_segments
 
@@ -109,33 +110,42 @@ def test_killed_shard_is_restarted(make_broker, db_dsn):
 
 def test_killed_front_worker_is_replaced(make_broker, db_dsn):
     b = make_broker(db_dsn)
-    gunicorn = [p for p in process_tree(b.proc.pid)
-                if b"gunicorn" in Path(f"/proc/{p}/cmdline").read_bytes()]
-    workers = [p for p in gunicorn if _ppid(p) in gunicorn]
-    assert workers, gunicorn
+    workers = b.front_worker_pids()
+    assert len(workers) == 2, workers
     os.kill(workers[0], signal.SIGKILL)
-    time.sleep(1.0)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        now = b.front_worker_pids()
+        if len(now) == 2 and workers[0] not in now:
+            break
+        time.sleep(0.2)
+    assert len(now) == 2 and workers[0] not in now, now
     for _ in range(20):
         r = b.client.post("/api/v1/push", json={"items": [{"queue": "w", "payload": 1}]})
         assert r.status_code == 201, r.text
     assert b.wait_healthy(10)["status"] == "healthy"
 
 
-def _ppid(pid: int) -> int:
-    with open(f"/proc/{pid}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[1])
-
-
-def test_sigterm_leaves_no_process_and_no_shared_memory(make_broker, db_dsn):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGQUIT],
+                         ids=["SIGTERM", "SIGINT", "SIGQUIT"])
+def test_a_stop_signal_is_graceful_and_leaves_no_process_and_no_shared_memory(
+        make_broker, db_dsn, sig):
     before = shm_segments()
     b = make_broker(db_dsn)
     tree = process_tree(b.proc.pid)
-    assert len(tree) >= 5  # supervisor, 2 shards, gunicorn master, 2 workers
+    workers = b.front_worker_pids()
+    assert len(tree) >= 5 and len(workers) == 2  # supervisor (arbiter), 2 shards, 2 workers
     assert shm_segments() - before
-    assert b.stop() == 0
+    assert b.stop(sig=sig) == 0
     for pid in tree:
         assert not os.path.exists(f"/proc/{pid}") or _zombie(pid), pid
     assert shm_segments() - before == set()
+    # graceful: the workers were asked to finish their requests (gunicorn's quick stop, its
+    # own meaning of SIGINT and SIGQUIT, sends them SIGQUIT)
+    log = b.log()
+    for pid in workers:
+        assert f"Worker (pid:{pid}) was sent SIGTERM!" in log, log[-3000:]
+    assert "SIGQUIT!" not in log
 
 
 def _zombie(pid: int) -> bool:
@@ -222,11 +232,10 @@ def test_every_front_worker_has_a_listener_of_its_own(make_broker, db_dsn):
     port = int(b.url.rsplit(":", 1)[1])
 
     def own_listeners() -> dict[int, set[str]]:
-        gunicorn = [p for p in process_tree(b.proc.pid)
-                    if b"gunicorn" in Path(f"/proc/{p}/cmdline").read_bytes()]
-        workers = [p for p in gunicorn if _ppid(p) in gunicorn]
+        workers = b.front_worker_pids()
+        front = [b.proc.pid, *workers]
         listening = _listening_inodes(port)
-        shared = set.intersection(*(_socket_inodes(p) & listening for p in gunicorn))
+        shared = set.intersection(*(_socket_inodes(p) & listening for p in front))
         return {p: (_socket_inodes(p) & listening) - shared for p in workers}
 
     mine = own_listeners()

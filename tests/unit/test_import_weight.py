@@ -14,12 +14,16 @@ import sys
 
 import pytest
 
-# What ``queen-mp serve`` does before it boots: check the JWT settings, load the supervisor.
+# What ``queen-mp serve`` does before it boots: check the JWT settings, load the supervisor;
+# then what its front loads before forking workers: gunicorn's settings and worker class.
 _SUPERVISOR = """
 from queen_mp.auth import Verifier
 from queen_mp.config import Config
 import queen_mp.cli, queen_mp.supervisor
 assert Verifier.from_config(Config.load()) is None
+from queen_mp.front import FrontApplication
+assert FrontApplication.for_config(Config.load()).cfg.worker_class.__name__ == (
+    "BalancedUvicornWorker")
 """
 
 

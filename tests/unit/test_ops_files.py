@@ -212,10 +212,10 @@ def test_systemd_unit_service_settings():
     assert _seconds(svc["TimeoutStartSec"]) > wait_s
     assert svc["Restart"] == "on-failure"
     assert svc["KillSignal"] == "SIGTERM" and svc["KillMode"] == "mixed"
-    # gunicorn (S + 5), then each shard in turn (S), then the embedded PostgreSQL (<= 70 s)
+    # front workers (S), then each shard in turn (S), then the embedded PostgreSQL (<= 70 s)
     defaults = {s.env: s.default for s in SETTINGS}
     budget = defaults["QUEEN_SHUTDOWN_TIMEOUT_S"]
-    worst = budget + 5 + defaults["QUEEN_V2_FUSION_SHARDS"] * budget + 70
+    worst = budget + defaults["QUEEN_V2_FUSION_SHARDS"] * budget + 70
     assert _seconds(svc["TimeoutStopSec"]) > worst
     assert svc["User"] not in ("", "root") and svc["Group"] not in ("", "root")
     assert svc["StateDirectory"] == "queen-mp"
