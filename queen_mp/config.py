@@ -132,10 +132,13 @@ SETTINGS: tuple[Setting, ...] = (
     _s("QUEEN_V2_BUNDLE_MAX", int, 64,
        "Most partitions committed together by one shard transaction.", minimum=1,
        maximum=10000),
-    _s("QUEEN_DEDUP_FILTER_ENTRIES", int, 16_000_000,
+    _s("QUEEN_DEDUP_FILTER_ENTRIES", int, 8_000_000,
        "Transaction hashes a shard remembers of its partitions (about 5 bytes each), so the "
        "dedup probe skips what it knows; 0 turns the filter off (every push probes the "
-       "whole window).", minimum=0, maximum=400_000_000),
+       "whole window). Past it, the least recently pushed partitions are forgotten and read "
+       "back when pushed again: 1,000-item pushes past 8M messages in one dedup window ran "
+       "10-14% slower than below the cap; 16M kept the broker's RSS above 300 MB (309-313 "
+       "against 282-283 MB at 8M).", minimum=0, maximum=400_000_000),
     _s("QUEEN_V2_FUSION_HOLD_MS", int, 15,
        "Liveness backstop tick of a shard, not a batching window.", minimum=1, maximum=10000),
     _s("QUEEN_V2_FUSION_MAX_INFLIGHT", int, 4,
