@@ -126,6 +126,29 @@ def test_killed_front_worker_is_replaced(make_broker, db_dsn):
     assert b.wait_healthy(10)["status"] == "healthy"
 
 
+def test_sighup_replaces_the_front_workers_and_keeps_the_shards(make_broker, db_dsn):
+    """gunicorn's reload, now run by the supervisor: new workers (they claim free slots of
+    the slot table while the old ones finish), the same shards, pushes go on."""
+    b = make_broker(db_dsn)
+    workers, shards = set(b.front_worker_pids()), set(b.shard_pids())
+    assert len(workers) == 2 and len(shards) == 2
+    os.kill(b.proc.pid, signal.SIGHUP)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        now = set(b.front_worker_pids())
+        if len(now) == 2 and not now & workers:
+            break
+        time.sleep(0.2)
+    assert len(now) == 2 and not now & workers, (workers, now)
+    assert set(b.shard_pids()) == shards
+    assert b.wait_healthy(15)["status"] == "healthy"
+    for i in range(20):
+        r = b.client.post("/api/v1/push", json={"items": [{"queue": "hup", "payload": i}]})
+        assert r.status_code == 201, r.text
+        assert r.json()[0]["status"] == "queued"
+    assert b.stop() == 0
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGQUIT],
                          ids=["SIGTERM", "SIGINT", "SIGQUIT"])
 def test_a_stop_signal_is_graceful_and_leaves_no_process_and_no_shared_memory(
