@@ -181,7 +181,8 @@ class Supervisor:
         try:
             arbiter.run()
         except SystemExit as done:  # the arbiter always leaves by sys.exit
-            return done.code if isinstance(done.code, int) else EXIT_BOOT_ERROR
+            code = done.code
+            return EXIT_OK if code is None else code if isinstance(code, int) else 1
         return EXIT_OK
 
     # ------------------------------------------------------------------ handlers
