@@ -18,7 +18,6 @@ from typing import Any
 
 from gunicorn.app.base import BaseApplication
 from gunicorn.arbiter import Arbiter
-from gunicorn.errors import HaltServer as GunicornHalt
 
 from queen_mp.config import Config
 
@@ -72,29 +71,21 @@ class FrontArbiter(Arbiter):  # type: ignore[misc]
     ``keep_shards`` reaps its own children (``Popen.poll``) before gunicorn's
     ``waitpid(-1)`` runs; a shard dying in between is reaped by gunicorn, which logs it as a
     worker and ignores it, and ``poll`` then reports it dead with status 0: it is restarted
-    all the same. It raises ``HaltServer`` (the supervisor's) to stop the server; that becomes
-    gunicorn's, so the arbiter stops its workers before the supervisor stops the shards.
+    all the same. To stop the server it raises gunicorn's ``HaltServer``, so the arbiter
+    stops its workers first.
     """
 
-    def __init__(self, app: FrontApplication, keep_shards: Callable[[], None],
-                 halt_type: type[BaseException]) -> None:
+    def __init__(self, app: FrontApplication, keep_shards: Callable[[], None]) -> None:
         self.keep_shards = keep_shards
-        self.halt_type = halt_type
         super().__init__(app)
 
-    def _keep(self) -> None:
-        try:
-            self.keep_shards()
-        except self.halt_type as halt:
-            raise GunicornHalt(halt.reason, halt.exit_status) from halt  # type: ignore[attr-defined]
-
     def reap_workers(self) -> None:
-        self._keep()
+        self.keep_shards()
         super().reap_workers()
 
     def murder_workers(self) -> None:
         super().murder_workers()
-        self._keep()
+        self.keep_shards()
 
     def handle_int(self) -> None:
         """Ctrl-C stops as SIGTERM does: in-flight requests finish (gunicorn's is quick)."""

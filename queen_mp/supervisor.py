@@ -28,6 +28,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from gunicorn.errors import HaltServer as FrontHalt
+
 from queen_mp.config import Config
 from queen_mp.db.embedded import EmbeddedPostgres
 from queen_mp.ipc import layout
@@ -136,6 +138,10 @@ class Supervisor:
         self.runtime = Runtime.new(slots=cfg.workers * 2, shards=cfg.v2_fusion_shards,
                                    ring_bytes=cfg.ring_kb * 1024, metrics_dir=str(metrics_dir))
         layout.create_all(self.runtime)
+        # Children read the resolved settings and the instance facts from the environment:
+        # shards inherit it at spawn, front workers at fork.
+        os.environ.update(cfg.to_env())
+        os.environ.update(self.runtime.to_env())
         self.board = HeartbeatBoard.attach(self.runtime.heartbeat, self.runtime.shards)
         self.shards = [ShardProc(i) for i in range(self.runtime.shards)]
         for shard in self.shards:
@@ -154,18 +160,11 @@ class Supervisor:
             raise HaltServer(f"migrations failed: {reason}")
         return done.stdout.splitlines()
 
-    def child_env(self) -> dict[str, str]:
-        assert self.runtime is not None
-        env = dict(os.environ)
-        env.update(self.config.to_env())
-        env.update(self.runtime.to_env())
-        return env
-
     def spawn_shard(self, shard: ShardProc) -> None:
         # NOTE(queen): own process group, so a terminal's Ctrl-C reaches only the supervisor,
         # which then stops the children gracefully and in order.
         shard.proc = subprocess.Popen([sys.executable, "-m", "queen_mp.shards.process",
-                                       str(shard.index)], env=self.child_env(), process_group=0)
+                                       str(shard.index)], process_group=0)
         shard.started = time.monotonic()
         log.info("shard %d started (pid %d)", shard.index, shard.proc.pid)
 
@@ -174,10 +173,7 @@ class Supervisor:
         exit status."""
         from queen_mp.front import FrontApplication, FrontArbiter
 
-        # the workers, forked from this process, build their app from the environment
-        os.environ.update(self.child_env())
-        arbiter = FrontArbiter(FrontApplication.for_config(self.config), self.keep_shards,
-                               HaltServer)
+        arbiter = FrontArbiter(FrontApplication.for_config(self.config), self.keep_shards)
         try:
             arbiter.run()
         except SystemExit as done:  # the arbiter always leaves by sys.exit
@@ -204,9 +200,13 @@ class Supervisor:
         return self._metrics.shard_restarts
 
     def keep_shards(self) -> None:
-        """The arbiter's hook: restart dead shards, kill silent ones."""
-        self.reap()
-        self.murder_shards()
+        """The arbiter's hook: restart dead shards, kill silent ones. A halt becomes
+        gunicorn's, so that the arbiter stops its workers before ``halt`` stops the shards."""
+        try:
+            self.reap()
+            self.murder_shards()
+        except HaltServer as halt:
+            raise FrontHalt(halt.reason, halt.exit_status) from halt
 
     def reap(self) -> None:
         """Restart dead shards."""
