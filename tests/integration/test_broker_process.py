@@ -159,6 +159,12 @@ def test_a_stop_signal_is_graceful_and_leaves_no_process_and_no_shared_memory(
     workers = b.front_worker_pids()
     assert len(tree) >= 5 and len(workers) == 2  # supervisor (arbiter), 2 shards, 2 workers
     assert shm_segments() - before
+    # /health answered by one worker says nothing of the other: a worker stopped before its
+    # server started has no "Finished server process" to log
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and not all(
+            f"front worker {pid} ready" in b.log() for pid in workers):
+        time.sleep(0.1)
     assert b.stop(sig=sig) == 0
     for pid in tree:
         assert not os.path.exists(f"/proc/{pid}") or _zombie(pid), pid
