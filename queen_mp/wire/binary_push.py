@@ -475,7 +475,8 @@ def decoded_size(body: bytes | bytearray | memoryview) -> int:
     flags = view[4]
     if flags & QPB1_FLAG_FRAMES:
         return end + groups_growth(view, 5)
-    return end - 9 + _u32_at(view, 5)[0] if flags & QPB1_FLAG_ZSTD else end
+    # never less than the body itself, whatever size a corrupted head declares
+    return max(end, end - 9 + _u32_at(view, 5)[0]) if flags & QPB1_FLAG_ZSTD else end
 
 
 def groups_growth(body: bytes | bytearray | memoryview, at: int) -> int:
