@@ -12,7 +12,10 @@ options: the benchmark's naive broker is served by ``python -m gunicorn`` with i
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -79,6 +82,22 @@ class FrontArbiter(Arbiter):  # type: ignore[misc]
         self.keep_shards = keep_shards
         super().__init__(app)
 
+    def spawn_worker(self) -> int:
+        """gunicorn's fork, with the child's exit kept out of the supervisor's code.
+
+        gunicorn's child leaves ``spawn_worker`` by ``SystemExit``; in-process, that would
+        unwind through ``Supervisor.run`` and its ``finally: halt()``, so a worker ending on
+        its own (a reload, a graceful stop, a failed boot) would stop the shards, unlink the
+        shared memory and remove the metrics directory of the broker it belongs to.
+        """
+        arbiter = os.getpid()
+        try:
+            return int(super().spawn_worker())
+        except BaseException as ex:
+            if os.getpid() == arbiter:
+                raise
+            _exit_worker(ex)
+
     def reap_workers(self) -> None:
         self.keep_shards()
         super().reap_workers()
@@ -102,3 +121,20 @@ class FrontArbiter(Arbiter):  # type: ignore[misc]
         log.warning("SIGTTIN/SIGTTOU ignored: the worker count is QUEEN_WORKERS")
 
     handle_ttou = handle_ttin
+
+
+def _exit_worker(ex: BaseException) -> None:
+    """End a forked front worker now, with the status ``sys.exit`` would give it."""
+    code = ex.code if isinstance(ex, SystemExit) else 1
+    if code is None:
+        status = 0
+    elif isinstance(code, int):
+        status = code & 0xFF
+    else:
+        print(code, file=sys.stderr)
+        status = 1
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(status)

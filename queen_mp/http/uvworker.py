@@ -22,13 +22,16 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import sys
 from typing import Any
 
+from gunicorn.arbiter import Arbiter
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.server import Server
 from uvicorn_worker import UvicornWorker
 
 __all__ = ["BalancedUvicornWorker", "CorkedHttpToolsProtocol", "CorkedTransport",
-           "own_listeners"]
+           "QuietExitServer", "own_listeners"]
 
 
 def own_listeners(inherited: list[Any], backlog: int) -> list[socket.socket]:
@@ -96,6 +99,21 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         self.transport = CorkedTransport(transport, self.loop)  # type: ignore[assignment]
 
 
+class QuietExitServer(Server):
+    """uvicorn's server, minus raising the stop signal again once it has shut down.
+
+    uvicorn re-raises a caught SIGTERM after its graceful shutdown so that a standalone server
+    dies "of" the signal; under gunicorn the default handler is back by then, so every worker
+    of every graceful stop or reload died by SIGTERM and the arbiter logged
+    ``[ERROR] Worker (pid:N) was sent SIGTERM!``. A worker that finished its shutdown exits 0.
+    """
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        super().handle_exit(sig, frame)
+        # NOTE(http): uvicorn's list of signals to raise again on leaving capture_signals
+        self._captured_signals.clear()
+
+
 class BalancedUvicornWorker(UvicornWorker):
     CONFIG_KWARGS: dict[str, Any] = {"loop": "auto", "http": CorkedHttpToolsProtocol}
 
@@ -105,3 +123,12 @@ class BalancedUvicornWorker(UvicornWorker):
         # reset, as on any listener closing).
         self.sockets = [*self.sockets, *own_listeners(self.sockets, self.cfg.backlog)]
         super().init_process()
+
+    async def _serve(self) -> None:
+        # uvicorn_worker's own _serve with QuietExitServer in place of uvicorn's Server
+        self.config.app = self.wsgi
+        server = QuietExitServer(config=self.config)
+        self._install_sigquit_handler()
+        await server.serve(sockets=self.sockets)
+        if not server.started:
+            sys.exit(Arbiter.WORKER_BOOT_ERROR)

@@ -108,11 +108,18 @@ def test_killed_shard_is_restarted(make_broker, db_dsn):
     assert r.json()[0]["status"] == "queued"
 
 
-def test_killed_front_worker_is_replaced(make_broker, db_dsn):
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_a_front_worker_that_ends_is_replaced_and_the_shards_stay(make_broker, db_dsn, sig):
+    """A worker that ends on its own (SIGTERM: graceful, exit 0) leaves through gunicorn's
+    SystemExit in a process forked from the supervisor: it must not run the supervisor's
+    halt (stop the shards, unlink the rings) on its way out."""
     b = make_broker(db_dsn)
-    workers = b.front_worker_pids()
-    assert len(workers) == 2, workers
-    os.kill(workers[0], signal.SIGKILL)
+    workers, shards = b.front_worker_pids(), set(b.shard_pids())
+    assert len(workers) == 2 and len(shards) == 2, (workers, shards)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and f"front worker {workers[0]} ready" not in b.log():
+        time.sleep(0.1)
+    os.kill(workers[0], sig)
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         now = b.front_worker_pids()
@@ -120,10 +127,17 @@ def test_killed_front_worker_is_replaced(make_broker, db_dsn):
             break
         time.sleep(0.2)
     assert len(now) == 2 and workers[0] not in now, now
+    assert b.wait_healthy(10)["status"] == "healthy"
     for _ in range(20):
         r = b.client.post("/api/v1/push", json={"items": [{"queue": "w", "payload": 1}]})
         assert r.status_code == 201, r.text
-    assert b.wait_healthy(10)["status"] == "healthy"
+        assert r.json()[0]["status"] == "queued"
+    assert set(b.shard_pids()) == shards
+    if sig == signal.SIGTERM:
+        log = b.log()
+        assert f"Finished server process [{workers[0]}]" in log, log[-3000:]
+        assert "was sent SIG" not in log, log[-3000:]
+    assert b.stop() == 0
 
 
 def test_sighup_replaces_the_front_workers_and_keeps_the_shards(make_broker, db_dsn):
@@ -170,11 +184,12 @@ def test_a_stop_signal_is_graceful_and_leaves_no_process_and_no_shared_memory(
         assert not os.path.exists(f"/proc/{pid}") or _zombie(pid), pid
     assert shm_segments() - before == set()
     # graceful: each worker finished its requests and its lifespan (gunicorn's quick stop, its
-    # own meaning of SIGINT and SIGQUIT, sends them SIGQUIT, then SIGKILL after the timeout)
+    # own meaning of SIGINT and SIGQUIT, sends them SIGQUIT, then SIGKILL after the timeout),
+    # and exited 0: one that dies of the signal after its shutdown is an ERROR in the log
     log = b.log()
     for pid in workers:
         assert f"Finished server process [{pid}]" in log, log[-3000:]
-    assert "was sent SIGKILL" not in log and "was sent SIGQUIT" not in log, log[-3000:]
+    assert "was sent SIG" not in log, log[-3000:]
 
 
 def _zombie(pid: int) -> bool:
