@@ -99,6 +99,16 @@ def start_baseline(tmp: Path, dsn: str, workers: int, pool: int) -> Server:
     return Server("baseline", f"http://127.0.0.1:{port}", proc, log, dsn)
 
 
+def start_edge(tmp: Path, workers: int) -> Server:
+    """The same command line serving bench/edge_app.py (no database)."""
+    port = free_port()
+    argv = [sys.executable, "-m", "gunicorn", "bench.edge_app:app_from_env()",
+            *front_argv(workers, f"127.0.0.1:{port}", 20, "info", "bench-edge")]
+    log = tmp / "edge.log"
+    proc = pushbench._spawn(argv, pushbench._clean_env(), log)
+    return Server("edge", f"http://127.0.0.1:{port}", proc, log, "")
+
+
 # ------------------------------------------------------------------------------ HTTP client
 class HttpError(Exception):
     pass
@@ -183,7 +193,8 @@ class Arm:
 
     @property
     def long_poll(self) -> bool:
-        return self.name == "queen-mp"
+        """Speaks queen's pop and ack (the edge arm mimics them; it never answers 204)."""
+        return self.name in ("queen-mp", "edge")
 
     def pop_path(self, queue: str, batch: int, partitions: int, group: str,
                  wait_ms: int = 2000, extra: str = "") -> str:

@@ -10,7 +10,11 @@ Arms (bench/README.md says what each one is and why it is built that way):
 - ``pgmq``           pgmq 1.13 from the SQL bundled in the ``pgmq`` package, driven over
                      psycopg by bench/pgclients.py (send_batch / read / delete);
 - ``physical``       psycopg binary COPY of the same rows, 1,000 per commit: what PostgreSQL
-                     alone costs to keep the messages durably.
+                     alone costs to keep the messages durably;
+- ``edge``           the ceiling of the HTTP stack: a falcon app under queen-mp's gunicorn
+                     command line that does a request's JSON work and nothing else (no
+                     database; bench/edge_app.py). A ratio target the edge misses is out of
+                     reach of any broker served by this stack on this machine.
 
 Sections: ``push`` (batch 1/10/100/1000, 64 connections, 1,000 partitions), ``consume``
 (drain a pre-filled queue, pop batch 100 + one ack per batch), ``mixed`` (push and consume at
@@ -79,8 +83,9 @@ from queen_mp.db.embedded import EmbeddedPostgres
 mono = time.monotonic
 # queen-mp-qpb1 shares queen-mp's database: one arm between them lets the commit counters of
 # the first settle before the second loads that database.
-PUSH_ARMS = ("queen-mp", "naive", "queen-mp-qpb1", "pgmq", "physical")
-HTTP_SERVER = {"queen-mp": "queen-mp", "queen-mp-qpb1": "queen-mp", "naive": "baseline"}
+PUSH_ARMS = ("queen-mp", "naive", "queen-mp-qpb1", "pgmq", "physical", "edge")
+HTTP_SERVER = {"queen-mp": "queen-mp", "queen-mp-qpb1": "queen-mp", "naive": "baseline",
+               "edge": "edge"}
 SECTIONS = ("push", "consume", "mixed", "fanout", "e2e", "wake")
 STATS_LAG_S = 11.0  # idle backends publish pg_stat_database counters up to 10 s late
 
@@ -377,9 +382,15 @@ class Suite(cons.Bench):
             super().setup()
         finally:
             a.arms = arms
-        for key in ("pgmq", "physical"):
+        for key in ("pgmq", "physical", "edge"):
+            # the edge's database stays empty: its Meter reads no commits there
             name = f"queen_bench_{self.run_id}_{key[:2]}"
             self.dbs[key] = create_database(a.server_dsn, name)
+        if "edge" in arms:
+            assert self.tmp is not None
+            edge = self.servers["edge"] = cons.start_edge(self.tmp, a.workers)
+            edge.wait_ready()
+            print(f"  edge ready on {edge.url} (pid {edge.proc.pid})", flush=True)
         self.pgmq_version = install_pgmq(self.dbs["pgmq"])
         create_pgmq_queue(self.dbs["pgmq"], "bench")
         create_physical_table(self.dbs["physical"])
@@ -450,7 +461,7 @@ class Suite(cons.Bench):
     # -------------------------------------------------------------- push
     def push_spec(self, arm: str, batch: int, tag: str) -> LoadSpec | PgLoadSpec:
         a = self.args
-        if arm in ("queen-mp", "queen-mp-qpb1", "naive"):
+        if arm in HTTP_SERVER:
             server = self.servers[HTTP_SERVER[arm]]
             queen = arm.startswith("queen")
             return LoadSpec(url=server.url, connections=a.connections, procs=a.procs,
@@ -536,7 +547,7 @@ class Suite(cons.Bench):
               f"pop batch {a.consume_batch} + one ack per batch, {a.consumers} consumers",
               flush=True)
         for rnd in range(1, a.rounds + 1):
-            for arm in ("queen-mp", "naive", "pgmq"):
+            for arm in ("queen-mp", "naive", "pgmq", "edge"):
                 if arm not in a.arms:
                     continue
                 self.settle(running=arm)
@@ -557,8 +568,7 @@ class Suite(cons.Bench):
                             "redelivered": res["redelivered"], "drained": True}
                     cell.update(meter.stop(res["cpu_s"], res["consumed"]))
                 else:
-                    server = "queen-mp" if arm == "queen-mp" else "baseline"
-                    r = await self.run_throughput(self.arm(server), a.consume_batch,
+                    r = await self.run_throughput(self.arm(HTTP_SERVER[arm]), a.consume_batch,
                                                   a.consume_messages, rnd)
                     c = r["consumer"]
                     cell = {"msgs": r["acked"], "msgs_per_s": r["msgs_per_s"],
@@ -1069,24 +1079,28 @@ def targets(rows: list[dict[str, Any]], suite: Suite) -> list[dict[str, Any]]:
     phys = _row(rows, "push", "batch 1000", "physical")
     cq = _row(rows, "consume", f"batch {suite.args.consume_batch}", "queen-mp")
     cm = _row(rows, "consume", f"batch {suite.args.consume_batch}", "pgmq")
+    e1, e100 = (_row(rows, "push", f"batch {b}", "edge") for b in (1, 100))
+    ce = _row(rows, "consume", f"batch {suite.args.consume_batch}", "edge")
     e2e = next((r for r in rows if r["section"] == "e2e" and r["arm"] == "queen-mp"), {})
     wake = next((r for r in rows if r["section"] == "wake"), {})
+    # (name, value, threshold, op, the edge arm's value of the same ratio: its ceiling)
     out = [
-        ("push 1-item JSON vs naive (x)", ratio(q1, n1), 3.0, ">="),
-        ("push 1-item segments per commit", q1.get("segs_per_commit"), 8.0, ">="),
-        ("push 100-item JSON vs pgmq send_batch 100 (x)", ratio(q100, m100), 3.0, ">="),
-        ("push 1000-item QPB1 vs physical limit (x)", ratio(b1000, phys), 0.6, ">="),
-        ("consume batch 100 vs pgmq read+delete (x)", ratio(cq, cm), 2.0, ">="),
-        ("e2e p99 at 1,000 msg/s (ms)", e2e.get("p99_ms"), 20.0, "<"),
-        ("parked-pop wake p99, 1,000 parked (ms)", wake.get("p99_ms"), 50.0, "<"),
-        ("peak RSS of all broker processes (MB)", suite.rss_peak or None, 300.0, "<"),
+        ("push 1-item JSON vs naive (x)", ratio(q1, n1), 3.0, ">=", ratio(e1, n1)),
+        ("push 1-item segments per commit", q1.get("segs_per_commit"), 8.0, ">=", None),
+        ("push 100-item JSON vs pgmq send_batch 100 (x)", ratio(q100, m100), 3.0, ">=",
+         ratio(e100, m100)),
+        ("push 1000-item QPB1 vs physical limit (x)", ratio(b1000, phys), 0.6, ">=", None),
+        ("consume batch 100 vs pgmq read+delete (x)", ratio(cq, cm), 2.0, ">=", ratio(ce, cm)),
+        ("e2e p99 at 1,000 msg/s (ms)", e2e.get("p99_ms"), 20.0, "<", None),
+        ("parked-pop wake p99, 1,000 parked (ms)", wake.get("p99_ms"), 50.0, "<", None),
+        ("peak RSS of all broker processes (MB)", suite.rss_peak or None, 300.0, "<", None),
     ]
     res = []
-    for name, value, threshold, op in out:
+    for name, value, threshold, op, ceiling in out:
         met = None if value is None else (value >= threshold if op == ">=" else
                                           value < threshold)
         res.append({"target": name, "value": value, "threshold": threshold, "op": op,
-                    "met": met})
+                    "met": met, "edge_ceiling": ceiling})
     return res
 
 

@@ -11,8 +11,8 @@ import pytest
 
 from bench import report
 
-ARMS = {"push": ["queen-mp", "queen-mp-qpb1", "naive", "pgmq"], "consume": ["queen-mp", "naive",
-                                                                          "pgmq"],
+ARMS = {"push": ["queen-mp", "queen-mp-qpb1", "naive", "pgmq", "edge"],
+        "consume": ["queen-mp", "naive", "pgmq", "edge"],
         "e2e": ["queen-mp", "naive", "pgmq"], "wake": ["queen-mp"], "mixed": ["queen-mp"]}
 VARIANTS = {"push": ["batch 1", "batch 1000"], "consume": ["batch 100"], "e2e": ["1000/s"],
             "wake": ["1000 parked"], "mixed": ["1 consumers", "4 consumers"]}
@@ -37,7 +37,7 @@ def make_doc() -> dict:
                "vs_variant": "batch 100", "msgs_per_s": 2.5, "p50_ms": 0.8, "p99_ms": 1.1,
                "cpu_broker_s": None, "commits_per_s": None, "wal_bytes_per_msg": None}]
     targets = [{"target": "push 1-item JSON vs naive (x)", "value": 3.456, "threshold": 3.0,
-                "op": ">=", "met": True},
+                "op": ">=", "met": True, "edge_ceiling": 4.567},
                {"target": "e2e p99 at 1,000 msg/s (ms)", "value": 25.0, "threshold": 20.0,
                 "op": "<", "met": False},
                {"target": "peak RSS of all broker processes (MB)", "value": None,
@@ -81,6 +81,7 @@ def test_render_has_every_part_and_writes_plots(tmp_path: Path) -> None:
     for t in doc["summary"]["targets"]:
         assert t["target"] in text
     assert "**MET**" in text and "**MISSED**" in text and "not measured" in text
+    assert "| edge ceiling |" in text and "| 4.57x |" in text
     assert text.index("## Targets") < text.index("## Results")
     assert "queen-mp / physical (batch 1000)" in text and "0.004x" in text and "2.50x" in text
     assert "| 250,000 |" in text and "| 3.1 |" in text and "2.3 kB" in text
@@ -118,3 +119,12 @@ def test_missing_data_skips_plots(tmp_path: Path, drop: str) -> None:
     for name in report.PLOTS:
         assert (tmp_path / name).exists() == (name not in skipped), name
     assert "failed" not in text
+
+
+def test_the_edge_ceiling_column_appears_only_when_the_edge_ran(tmp_path: Path) -> None:
+    doc = make_doc()
+    for t in doc["summary"]["targets"]:
+        t.pop("edge_ceiling", None)
+    text = report.render(doc, tmp_path)
+    assert "edge ceiling" not in text
+    assert "| push 1-item JSON vs naive (x) | **MET** | 3.46x | >= 3.00x |" in text
