@@ -102,26 +102,29 @@ def unpack_messages(claim: Claim, cipher: PayloadCipher | None, max_chunk: int, 
                 offset += chunk.count
                 continue
             frames = decode_chunk(chunk.codec, chunk.data, max_size=max_chunk)
-            for frame in iter_frames(frames):
-                if claim.start <= offset <= claim.end:
-                    payload = bytes(frame.payload)
-                    encrypted = bool(frame.flags & FLAG_ENCRYPTED)
-                    if encrypted and decrypt:
-                        if cipher is None:
-                            raise Undeliverable(
-                                f"message at offset {offset} of partition {claim.partition_id}"
-                                " is encrypted and no QUEEN_ENCRYPTION_KEY is set")
-                        try:
-                            payload = cipher.decrypt(payload)
-                        except Exception as ex:
-                            raise Undeliverable(
-                                f"message at offset {offset} of partition "
-                                f"{claim.partition_id} does not decrypt: {ex}") from ex
-                        encrypted = False
-                    yield Delivered(claim, offset, frame.message_id, frame.transaction_id,
-                                    frame.trace_id, frame.producer_sub, payload, created,
-                                    txn_hash_bytes(frame.transaction_id_bytes),
-                                    encrypted)
+            before = max(0, claim.start - offset)
+            offset += before
+            for frame in iter_frames(frames, skip=before):
+                if offset > claim.end:
+                    break
+                payload = bytes(frame.payload)
+                encrypted = bool(frame.flags & FLAG_ENCRYPTED)
+                if encrypted and decrypt:
+                    if cipher is None:
+                        raise Undeliverable(
+                            f"message at offset {offset} of partition {claim.partition_id}"
+                            " is encrypted and no QUEEN_ENCRYPTION_KEY is set")
+                    try:
+                        payload = cipher.decrypt(payload)
+                    except Exception as ex:
+                        raise Undeliverable(
+                            f"message at offset {offset} of partition "
+                            f"{claim.partition_id} does not decrypt: {ex}") from ex
+                    encrypted = False
+                yield Delivered(claim, offset, frame.message_id, frame.transaction_id,
+                                frame.trace_id, frame.producer_sub, payload, created,
+                                txn_hash_bytes(frame.transaction_id_bytes),
+                                encrypted)
                 offset += 1
 
 

@@ -322,15 +322,25 @@ def _read_frame_checked(view: memoryview, at: int, end: int, index: int) -> Fram
     )
 
 
-def iter_frames(buf: bytes | bytearray | memoryview, *, first_index: int = 0) -> Iterator[Frame]:
+def iter_frames(buf: bytes | bytearray | memoryview, *, first_index: int = 0,
+                skip: int = 0) -> Iterator[Frame]:
     """The frames of ``buf`` back to back up to its end; a partial last frame is BadFrame.
 
-    ``first_index`` numbers the frames in errors (item position in a request).
+    ``first_index`` numbers the frames in errors (item position in a request). The first
+    ``skip`` frames are stepped over by their length alone, unparsed and unchecked beyond it:
+    a pop of 100 messages from a 1,000-message chunk reads the frames it delivers.
     """
     view = _view(buf)
     end = len(view)
     at = 0
     index = first_index
+    while skip > 0 and at < end:
+        stop = at + 4 + _U32.unpack_from(view, at)[0] if end - at >= 4 else end + 1
+        if stop > end:
+            _read_frame_checked(view, at, end, index)  # raises: the frame is truncated
+        at = stop
+        index += 1
+        skip -= 1
     while at < end:
         frame = _read_frame(view, at, end, index)
         yield frame

@@ -119,6 +119,28 @@ def test_frames_round_trip(frames: list[tuple]) -> None:
     assert [f.offset for f in parsed] == [f.offset for f in iter_frames(blob)]
 
 
+@settings(max_examples=150, deadline=None)
+@given(frames=st.lists(_frame_args, max_size=8), skip=st.integers(0, 10))
+def test_skipped_frames_are_stepped_over_to_the_same_frames(frames: list[tuple],
+                                                            skip: int) -> None:
+    blob = b"".join(pack_frame(*args) for args in frames)
+    whole = list(iter_frames(blob))
+    rest = list(iter_frames(blob, skip=skip))
+    assert [(f.offset, bytes(f.raw)) for f in rest] == [(f.offset, bytes(f.raw))
+                                                        for f in whole[skip:]]
+
+
+def test_a_truncated_frame_is_bad_frame_when_skipped_too() -> None:
+    frame = pack_frame(MID, b"txn", b"[1]", trace_id=TRACE, producer_sub="sub")
+    whole = frame + frame
+    for cut in range(len(frame) + 1, len(whole)):
+        with pytest.raises(BadFrame):
+            list(iter_frames(whole[:cut], skip=2))
+    for cut in range(1, len(frame)):
+        with pytest.raises(BadFrame):
+            list(iter_frames(whole[:cut], skip=1))
+
+
 def test_every_truncated_frame_is_bad_frame() -> None:
     frame = pack_frame(MID, b"txn", b"[1]", trace_id=TRACE, producer_sub="sub")
     for cut in range(1, len(frame)):
