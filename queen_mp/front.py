@@ -17,7 +17,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from gunicorn.app.base import BaseApplication
 from gunicorn.arbiter import Arbiter
@@ -123,7 +123,7 @@ class FrontArbiter(Arbiter):  # type: ignore[misc]
     handle_ttou = handle_ttin
 
 
-def _exit_worker(ex: BaseException) -> None:
+def _exit_worker(ex: BaseException) -> NoReturn:
     """End a forked front worker now, with the status ``sys.exit`` would give it."""
     code = ex.code if isinstance(ex, SystemExit) else 1
     if code is None:
