@@ -1041,7 +1041,17 @@ def summarize(suite: Suite) -> dict[str, Any]:
         for f in FIGURES:
             row[f] = med([c.get(f) for c in cells])
         rows.append(row)
-    ratios = []
+    return {"rows": rows, "ratios": ratios(rows), "targets": targets(rows, suite)}
+
+
+# The edge arm keeps nothing: a ratio to its commits or WAL would divide by (nearly) zero.
+_NO_EDGE_RATIO = ("commits_per_s", "wal_bytes_per_msg")
+
+
+def ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each queen-mp arm's medians over those of every other arm of its section and variant
+    (and of the physical push row, for every push batch size)."""
+    out = []
     for r in rows:
         if not r["arm"].startswith("queen-mp"):
             continue
@@ -1051,13 +1061,14 @@ def summarize(suite: Suite) -> dict[str, Any]:
             physical = o["arm"] == "physical" and r["section"] == "push"
             if o["arm"].startswith("queen-mp") or not (same or physical):
                 continue
-            ratios.append({"section": r["section"], "variant": r["variant"], "arm": r["arm"],
-                           "vs": o["arm"], "vs_variant": o["variant"],
-                           **{f: (r[f] / o[f] if isinstance(r[f], (int, float))
-                                  and isinstance(o[f], (int, float)) and o[f] else None)
-                              for f in ("msgs_per_s", "p50_ms", "p99_ms", "cpu_broker_s",
-                                        "commits_per_s", "wal_bytes_per_msg")}})
-    return {"rows": rows, "ratios": ratios, "targets": targets(rows, suite)}
+            out.append({"section": r["section"], "variant": r["variant"], "arm": r["arm"],
+                        "vs": o["arm"], "vs_variant": o["variant"],
+                        **{f: (r[f] / o[f] if isinstance(r[f], (int, float))
+                               and isinstance(o[f], (int, float)) and o[f]
+                               and not (o["arm"] == "edge" and f in _NO_EDGE_RATIO) else None)
+                           for f in ("msgs_per_s", "p50_ms", "p99_ms", "cpu_broker_s",
+                                     "commits_per_s", "wal_bytes_per_msg")}})
+    return out
 
 
 def _row(rows: list[dict[str, Any]], section: str, variant: str, arm: str) -> dict[str, Any]:
