@@ -24,7 +24,8 @@ from gunicorn.arbiter import Arbiter
 
 from queen_mp.config import Config
 
-__all__ = ["FRONT_WORKER_ARGS", "FrontApplication", "FrontArbiter", "front_argv"]
+__all__ = ["FRONT_WORKER_ARGS", "FrontApplication", "FrontArbiter", "exit_status",
+           "front_argv"]
 
 log = logging.getLogger("queen_mp.front")
 
@@ -123,18 +124,18 @@ class FrontArbiter(Arbiter):  # type: ignore[misc]
     handle_ttou = handle_ttin
 
 
+def exit_status(code: object) -> int:
+    """The process status ``sys.exit(code)`` gives (None is 0, any other non-int is 1)."""
+    return 0 if code is None else code if isinstance(code, int) else 1
+
+
 def _exit_worker(ex: BaseException) -> NoReturn:
     """End a forked front worker now, with the status ``sys.exit`` would give it."""
     code = ex.code if isinstance(ex, SystemExit) else 1
-    if code is None:
-        status = 0
-    elif isinstance(code, int):
-        status = code & 0xFF
-    else:
-        print(code, file=sys.stderr)
-        status = 1
+    if not (code is None or isinstance(code, int)):
+        print(code, file=sys.stderr)  # as sys.exit does with a message
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):
             stream.flush()
-    os._exit(status)
+    os._exit(exit_status(code) & 0xFF)

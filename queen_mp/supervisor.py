@@ -171,14 +171,13 @@ class Supervisor:
     def serve_front(self) -> int:
         """Run gunicorn's arbiter here until it stops (it has stopped its workers then); its
         exit status."""
-        from queen_mp.front import FrontApplication, FrontArbiter
+        from queen_mp.front import FrontApplication, FrontArbiter, exit_status
 
         arbiter = FrontArbiter(FrontApplication.for_config(self.config), self.keep_shards)
         try:
             arbiter.run()
         except SystemExit as done:  # the arbiter always leaves by sys.exit
-            code = done.code
-            return EXIT_OK if code is None else code if isinstance(code, int) else 1
+            return exit_status(done.code)
         return EXIT_OK
 
     # ------------------------------------------------------------------ handlers

@@ -96,6 +96,14 @@ class Broker:
                 continue
         return pids
 
+    def wait_workers_ready(self, pids: list[int], timeout: float = 15.0) -> None:
+        """Until each of ``pids`` logged that its front worker is ready: /health answered by
+        one worker says nothing of the others (one still booting logs no shutdown)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not all(
+                f"front worker {pid} ready" in self.log() for pid in pids):
+            time.sleep(0.1)
+
     def wait_healthy(self, timeout: float = 60.0) -> dict:
         deadline = time.monotonic() + timeout
         last = None

@@ -116,9 +116,7 @@ def test_a_front_worker_that_ends_is_replaced_and_the_shards_stay(make_broker, d
     b = make_broker(db_dsn)
     workers, shards = b.front_worker_pids(), set(b.shard_pids())
     assert len(workers) == 2 and len(shards) == 2, (workers, shards)
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and f"front worker {workers[0]} ready" not in b.log():
-        time.sleep(0.1)
+    b.wait_workers_ready(workers[:1])
     os.kill(workers[0], sig)
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
@@ -173,12 +171,8 @@ def test_a_stop_signal_is_graceful_and_leaves_no_process_and_no_shared_memory(
     workers = b.front_worker_pids()
     assert len(tree) >= 5 and len(workers) == 2  # supervisor (arbiter), 2 shards, 2 workers
     assert shm_segments() - before
-    # /health answered by one worker says nothing of the other: a worker stopped before its
-    # server started has no "Finished server process" to log
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and not all(
-            f"front worker {pid} ready" in b.log() for pid in workers):
-        time.sleep(0.1)
+    # a worker stopped before its server started has no "Finished server process" to log
+    b.wait_workers_ready(workers)
     assert b.stop(sig=sig) == 0
     for pid in tree:
         assert not os.path.exists(f"/proc/{pid}") or _zombie(pid), pid

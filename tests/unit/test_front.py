@@ -1,10 +1,15 @@
 """The embedded arbiter gets the front's options from ``front_argv``, the command line the
-benchmark's naive broker is served with."""
+benchmark's naive broker is served with; its exits map to the statuses ``sys.exit`` gives."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
+import pytest
+
 from queen_mp.config import Config
-from queen_mp.front import FrontApplication
+from queen_mp.front import FrontApplication, exit_status
 
 
 def test_the_front_application_reads_every_option_of_front_argv():
@@ -21,3 +26,12 @@ def test_the_front_application_reads_every_option_of_front_argv():
     assert cfg.proc_name == "queen-mp"
     assert cfg.worker_class.__name__ == "BalancedUvicornWorker"
     assert not cfg.preload_app  # each worker builds its app after fork
+
+
+@pytest.mark.parametrize(("code", "status"), [(None, 0), (0, 0), (3, 3), (-1, -1),
+                                               ("halting: reason", 1), (True, True)])
+def test_exit_status_is_what_sys_exit_gives(code, status):
+    assert exit_status(code) == status
+    done = subprocess.run([sys.executable, "-c", f"import sys; sys.exit({code!r})"],
+                          capture_output=True)
+    assert done.returncode == status & 0xFF
