@@ -462,6 +462,49 @@ def test_a_pop_reads_its_own_queues_partitions_by_index_after_analyze(broker, db
     assert fetched < 20, (fetched, total)  # a few lookups of the one partition, not `total`
 
 
+def test_a_pop_orders_claimed_partitions_without_reading_their_segments(broker, db):
+    """sql/130_pop_candidate_order.sql: once each of 40 partitions had a claim that was
+    consumed, a pop finds the oldest pending message of each in its cursor row; it reads the
+    segments of the partition it claims only (counted, not timed), where it read one segment
+    per candidate partition before."""
+    q, g = uq("pop"), uq("g")
+    for i in range(2):  # two segments per partition: offset 1, then offset 2
+        push(broker.client, [{"queue": q, "partition": f"p{p:02d}", "payload": {"i": i}}
+                             for p in range(40)])
+    firsts = {seen_keys(pop_ok(broker.client, q, consumerGroup=g, batch=1, autoAck=True))[0]
+              for _ in range(40)}
+    assert firsts == {(f"p{p:02d}", 1) for p in range(40)}  # offset 1 is older everywhere
+    rows, fetched = pop_counting_reads(db, q, g, "log_segments")
+    assert len(rows) == 1 and (rows[0][1], rows[0][2]) == (2, 2), rows
+    assert fetched < 10, fetched
+
+
+def test_oldest_pending_first_after_an_ack_and_after_a_lease_expiry(broker, db):
+    """The candidate order of sql/130 stays api.md 2.2's "oldest pending data first": after an
+    acked claim the next message's time comes from the cursor row, after an expired lease the
+    partition is ordered by its unconsumed message again."""
+    q, g = uq("pop"), uq("g")
+    push_n(broker.client, q, "a", 1)  # a:1, oldest
+    push_n(broker.client, q, "b", 1)  # b:1
+    push_n(broker.client, q, "a", 1, start=1)  # a:2, newest
+    configure(db, q, lease_time=1)
+    first = pop_ok(broker.client, q, consumerGroup=g, batch=1)
+    assert seen_keys(first) == [("a", 1)]
+    time.sleep(1.3)  # the lease expires unacked: a:1 is pending again, and still the oldest
+    again = pop_ok(broker.client, q, consumerGroup=g, batch=1)
+    assert seen_keys(again) == [("a", 1)] and again["claims"][0]["deliveryAttempt"] == 2
+    m = again["messages"][0]
+    r = broker.client.post("/api/v1/ack/batch", json={
+        "consumerGroup": g, "acknowledgments": [{
+            "transactionId": m["transactionId"], "partitionId": m["partitionId"],
+            "leaseId": again["leaseId"], "status": "completed"}]})
+    assert r.status_code == 200 and r.json()[0]["success"], r.text
+    order = [seen_keys(pop_ok(broker.client, q, consumerGroup=g, batch=1, autoAck=True))[0]
+             for _ in range(2)]
+    assert order == [("b", 1), ("a", 2)]  # a:2 is newer than b:1
+    assert_204(pop(broker.client, q, consumerGroup=g, batch=1, autoAck=True))
+
+
 # ------------------------------------------------------------------------------------- leases
 def test_lease_blocks_the_group_not_other_groups_and_expiry_redelivers(broker, db):
     q, g, other = uq("pop"), uq("g"), uq("g-other")
