@@ -134,6 +134,14 @@ def drain(client: httpx.Client, queue: str, group: str | None, batch: int = 10,
     raise AssertionError("queue never drained")
 
 
+def ack_all(client: httpx.Client, group: str, answer: dict) -> None:
+    """Every message of a pop answer acked ``completed`` in one /ack/batch call."""
+    r = client.post("/api/v1/ack/batch", json={"consumerGroup": group, "acknowledgments": [
+        {"transactionId": m["transactionId"], "partitionId": m["partitionId"],
+         "leaseId": answer["leaseId"], "status": "completed"} for m in answer["messages"]]})
+    assert r.status_code == 200 and all(x["success"] for x in r.json()), r.text
+
+
 def cursor(db: psycopg.Connection, queue: str, partition: str, group: str) -> tuple:
     """(committed_offset, lease_id, lease_expires_at) of one (partition, group)."""
     return db.execute(
@@ -493,12 +501,7 @@ def test_oldest_pending_first_after_an_ack_and_after_a_lease_expiry(broker, db):
     time.sleep(1.3)  # the lease expires unacked: a:1 is pending again, and still the oldest
     again = pop_ok(broker.client, q, consumerGroup=g, batch=1)
     assert seen_keys(again) == [("a", 1)] and again["claims"][0]["deliveryAttempt"] == 2
-    m = again["messages"][0]
-    r = broker.client.post("/api/v1/ack/batch", json={
-        "consumerGroup": g, "acknowledgments": [{
-            "transactionId": m["transactionId"], "partitionId": m["partitionId"],
-            "leaseId": again["leaseId"], "status": "completed"}]})
-    assert r.status_code == 200 and r.json()[0]["success"], r.text
+    ack_all(broker.client, g, again)
     order = [seen_keys(pop_ok(broker.client, q, consumerGroup=g, batch=1, autoAck=True))[0]
              for _ in range(2)]
     assert order == [("b", 1), ("a", 2)]  # a:2 is newer than b:1
@@ -742,12 +745,7 @@ def test_parked_pop_is_woken_when_an_ack_releases_a_partition_with_more_messages
         fut = ex.submit(timed_pop, c, q, consumerGroup=g, wait=True, timeout=10000)
         time.sleep(0.7)
         assert not fut.done()
-        m = first["messages"][0]
-        r = broker.client.post("/api/v1/ack/batch", json={
-            "consumerGroup": g, "acknowledgments": [{
-                "transactionId": m["transactionId"], "partitionId": m["partitionId"],
-                "leaseId": first["leaseId"], "status": "completed"}]})
-        assert r.status_code == 200 and r.json()[0]["success"], r.text
+        ack_all(broker.client, g, first)
         woken, _, _ = fut.result(timeout=15)
     assert woken.status_code == 200, woken.text
     assert offsets(woken.json()) == [2]
