@@ -151,11 +151,17 @@ def items(part: Part, spec: list[tuple[int, str]]) -> list[tuple[str, str]]:
     return [(part.txn(off), status) for off, status in spec]
 
 
+def payload_of(offset: int) -> bytes:
+    """JSON text, as every broker route stores it: a DLQ listing splices it verbatim, so a
+    non-JSON payload here broke the all-queues listing of test_dlq.py run after this file."""
+    return b'"payload-%d"' % offset
+
+
 def dlq_head(conn, part: Part, offset: int, lease_id: uuid.UUID | None, error: str = "boom",
              group: str = G, tenant: uuid.UUID = DEFAULT_TENANT, message_id=None) -> dict:
     return conn.execute(DLQ_HEAD, (
         tenant, part.pid, group, lease_id, offset, message_id or uuid.uuid4(), part.txn(offset),
-        None, "sub-1", False, b"payload-" + str(offset).encode(), error, None)).fetchone()[0]
+        None, "sub-1", False, payload_of(offset), error, None)).fetchone()[0]
 
 
 def ack_at(conn, pid: int, lease_id, batch_end: int, count: int = 1, group: str = G,
@@ -420,7 +426,7 @@ def test_retry_limit_then_poison_then_dlq_filing(db):
     assert (r["id"], r["offset"], r["error"], r["retry_count"]) == (
         filed["dlqId"], 1, "handler exploded", 2)
     assert (r["message_id"], r["transaction_id"], r["partition_name"]) == (mid, p.txn(1), "p")
-    assert bytes(r["payload"]) == b"payload-1" and r["producer_sub"] == "sub-1"
+    assert bytes(r["payload"]) == payload_of(1) and r["producer_sub"] == "sub-1"
     qid, tenant = db.execute("SELECT q.id, q.tenant FROM queen.queues q WHERE q.name = %s",
                              (p.queue,)).fetchone()
     assert (r["queue_id"], r["tenant"]) == (qid, tenant)
