@@ -71,7 +71,6 @@ from bench.push import (
     delta_cpu_s,
     drop_database,
     fmt,
-    free_port,
     kill_tree,
     log_findings,
     machine_ticks,
@@ -79,7 +78,6 @@ from bench.push import (
     process_tree,
     start_queen,
 )
-from queen_mp.front import front_argv
 
 ARMS = ("queen-mp", "baseline")
 BATCHES = (1, 100, 1000)
@@ -89,24 +87,15 @@ mono = time.monotonic
 # ------------------------------------------------------------------------------ servers
 def start_baseline(tmp: Path, dsn: str, workers: int, pool: int) -> Server:
     """bench.push.start_baseline's command line, serving bench/consume_baseline.py."""
-    port = free_port()
-    env = pushbench._clean_env()
-    env.update({"BENCH_BASELINE_DSN": dsn, "BENCH_BASELINE_POOL": str(pool)})
-    argv = [sys.executable, "-m", "gunicorn", "bench.consume_baseline:app_from_env()",
-            *front_argv(workers, f"127.0.0.1:{port}", 20, "info", "bench-baseline")]
-    log = tmp / "baseline.log"
-    proc = pushbench._spawn(argv, env, log)
-    return Server("baseline", f"http://127.0.0.1:{port}", proc, log, dsn)
+    return pushbench.start_front_app(
+        tmp, "baseline", "bench.consume_baseline:app_from_env()", workers,
+        {"BENCH_BASELINE_DSN": dsn, "BENCH_BASELINE_POOL": str(pool)}, dsn)
 
 
 def start_edge(tmp: Path, workers: int) -> Server:
     """The same command line serving bench/edge_app.py (no database)."""
-    port = free_port()
-    argv = [sys.executable, "-m", "gunicorn", "bench.edge_app:app_from_env()",
-            *front_argv(workers, f"127.0.0.1:{port}", 20, "info", "bench-edge")]
-    log = tmp / "edge.log"
-    proc = pushbench._spawn(argv, pushbench._clean_env(), log)
-    return Server("edge", f"http://127.0.0.1:{port}", proc, log, "")
+    return pushbench.start_front_app(tmp, "edge", "bench.edge_app:app_from_env()", workers,
+                                     {}, "")
 
 
 # ------------------------------------------------------------------------------ HTTP client

@@ -228,16 +228,21 @@ def start_queen(data_dir: Path, dsn: str, workers: int, shards: int) -> Server:
     return Server("queen-mp", f"http://127.0.0.1:{port}", proc, log, dsn)
 
 
-def start_baseline(tmp: Path, dsn: str, workers: int, pool: int) -> Server:
+def start_front_app(tmp: Path, name: str, app: str, workers: int, env: dict[str, str],
+                    dsn: str) -> Server:
+    """``app`` (a gunicorn app spec) under queen-mp's front command line (queen_mp/front.py):
+    the baseline and edge arms differ from queen-mp's front in their app alone."""
     port = free_port()
-    env = _clean_env()
-    env.update({"BENCH_BASELINE_DSN": dsn, "BENCH_BASELINE_POOL": str(pool)})
-    # The same gunicorn options as queen-mp's front (queen_mp/front.py).
-    argv = [sys.executable, "-m", "gunicorn", "bench.baseline_app:app_from_env()",
-            *front_argv(workers, f"127.0.0.1:{port}", 20, "info", "bench-baseline")]
-    log = tmp / "baseline.log"
-    proc = _spawn(argv, env, log)
-    return Server("baseline", f"http://127.0.0.1:{port}", proc, log, dsn)
+    argv = [sys.executable, "-m", "gunicorn", app,
+            *front_argv(workers, f"127.0.0.1:{port}", 20, "info", f"bench-{name}")]
+    log = tmp / f"{name}.log"
+    proc = _spawn(argv, {**_clean_env(), **env}, log)
+    return Server(name, f"http://127.0.0.1:{port}", proc, log, dsn)
+
+
+def start_baseline(tmp: Path, dsn: str, workers: int, pool: int) -> Server:
+    return start_front_app(tmp, "baseline", "bench.baseline_app:app_from_env()", workers,
+                           {"BENCH_BASELINE_DSN": dsn, "BENCH_BASELINE_POOL": str(pool)}, dsn)
 
 
 # ------------------------------------------------------------------------------ PostgreSQL

@@ -335,7 +335,7 @@ def iter_frames(buf: bytes | bytearray | memoryview, *, first_index: int = 0,
     at = 0
     index = first_index
     while skip > 0 and at < end:
-        stop = at + 4 + _U32.unpack_from(view, at)[0] if end - at >= 4 else end + 1
+        stop = at + 4 + _u32_at(view, at)[0] if end - at >= 4 else end + 1
         if stop > end:
             _read_frame_checked(view, at, end, index)  # raises: the frame is truncated
         at = stop
