@@ -1,10 +1,12 @@
 """The ack path of a front worker: items -> per (partition, group, lease) calls of the one
 authoritative procedure -> DLQ filing -> per-item verdicts (ack-internals.md, api.md 2.4).
 
-Groups run in (partition id, group) order on one pooled connection, each its own transaction,
-so the consumer row locks follow the global lock order. A group whose commit failed or was
-lost reports ``timeout`` / ``outcome_unknown`` on its items; the caller answers 503 with the
-results, and a retry is safe (the repeat rule answers an ack that took effect as ``noop``).
+The groups the fast path did not take run in (partition id, group) order, the global lock
+order, in ONE transaction on one pooled connection: an ack batch over N partitions costs one
+commit, not N (an ack that reaches another instance than its pop always comes this way). A
+failed or lost commit fails every one of those groups' items (``timeout`` /
+``outcome_unknown`` / ``unavailable``); the caller answers 503 with the results, and a retry is
+safe (the repeat rule answers an ack that took effect as ``noop``).
 """
 
 from __future__ import annotations
@@ -107,19 +109,23 @@ class Acker:
             keys = [k for k in keys if k not in done]
         if not keys:
             return ordered, results
-        async with connection(self.pool) as conn:
-            for key in keys:
-                g = groups[key]
-                try:
-                    res = await self._one(conn, tenant, g)
-                except DatabaseError as ex:
-                    code = ("timeout" if isinstance(ex, StatementTimeout) else
-                            "outcome_unknown" if isinstance(ex, OutcomeUnknown) else
-                            "unavailable")
-                    for o in g.outcomes:
-                        o.error = code
-                    continue
-                results.append(res)
+        sql_groups = [groups[k] for k in keys]
+        try:
+            async with connection(self.pool, commit_sent=True) as conn:
+                if len(sql_groups) == 1:  # one statement commits itself: no BEGIN / COMMIT
+                    sql_results = [await self._one(conn, tenant, sql_groups[0])]
+                else:
+                    async with conn.transaction():
+                        sql_results = await self._sql(conn, tenant, sql_groups)
+        except DatabaseError as ex:
+            code = ("timeout" if isinstance(ex, StatementTimeout) else
+                    "outcome_unknown" if isinstance(ex, OutcomeUnknown) else "unavailable")
+            for g in sql_groups:
+                for o in g.outcomes:
+                    o.success = o.lease_released = o.dlq = o.noop = False
+                    o.error = code
+            return ordered, results
+        results.extend(sql_results)
         return ordered, results
 
     async def _fast(self, tenant: bytes, g: _Group, index: int) -> dict[str, Any] | None:
@@ -143,34 +149,28 @@ class Acker:
         # the shard already woke the pops parked on the queue (no "queue" key here)
         return {"ok": True, "acked": verdict.new - verdict.old, "leaseReleased": True}
 
+    async def _sql(self, conn: Any, tenant: bytes, groups: list[_Group]
+                   ) -> list[dict[str, Any]]:
+        if len(groups) > 1 and all(o.item.status == "completed"
+                                   for g in groups for o in g.outcomes):
+            # PERF(ack): no nack, so no DLQ filing between the calls: N calls, one round trip
+            answers = await ack_procs.ack_by_hash_many(
+                conn, tenant, [(g.partition_id, g.group, g.lease_id, *_hashes_statuses(g))
+                               for g in groups])
+            return [_settle(g, res) for g, res in zip(groups, answers, strict=True)]
+        return [await self._one(conn, tenant, g) for g in groups]
+
     async def _one(self, conn: Any, tenant: bytes, g: _Group) -> dict[str, Any]:
-        hashes = [txn_hash(o.item.transaction_id) for o in g.outcomes]
-        statuses = [o.item.status for o in g.outcomes]
-        res = await ack_procs.ack_by_hash(conn, tenant, g.partition_id, g.group, g.lease_id,
-                                          hashes, statuses)
-        outs = g.outcomes
-        if not res["ok"]:
-            for o in outs:
-                o.error = res["error"] or "lease_invalid"
-            return res
-        for o in outs:
-            o.success = True
-        for i in res.get("noop") or ():
-            outs[i].noop = True
-        for name, code in (("stale", "already_committed"), ("unresolved", "unresolvable"),
-                           ("clamped", "clamped"), ("invalid", "lease_invalid")):
-            for i in res.get(name) or ():
-                outs[i].success, outs[i].error = False, code
-        released = bool(res["leaseReleased"])
-        if res.get("dlq"):
-            signal = outs[res["signalIndex"]]
+        res = _settle(g, await ack_procs.ack_by_hash(conn, tenant, g.partition_id, g.group,
+                                                     g.lease_id, *_hashes_statuses(g)))
+        if res["ok"] and res.get("dlq"):
+            signal = g.outcomes[res["signalIndex"]]
             filed = await self._file_dlq(conn, tenant, g, int(res["poison"]), signal.item)
             signal.dlq = bool(filed.get("ok"))
-            released = released or bool(filed.get("leaseReleased"))
-            res["leaseReleased"] = released
-        if released:
-            for o in outs:
-                o.lease_released = True
+            if filed.get("leaseReleased") and not res["leaseReleased"]:
+                res["leaseReleased"] = True
+                for o in g.outcomes:
+                    o.lease_released = True
         return res
 
     async def _file_dlq(self, conn: Any, tenant: bytes, g: _Group, offset: int,
@@ -192,3 +192,30 @@ class Acker:
             conn, tenant, g.partition_id, g.group, g.lease_id, offset, message.message_id,
             message.transaction_id, message.trace_id, message.producer_sub, message.encrypted,
             message.payload, signal.error, created)
+
+
+def _hashes_statuses(g: _Group) -> tuple[list[bytes], list[str]]:
+    return ([txn_hash(o.item.transaction_id) for o in g.outcomes],
+            [o.item.status for o in g.outcomes])
+
+
+def _settle(g: _Group, res: dict[str, Any]) -> dict[str, Any]:
+    """Each item's verdict from the group's ``log_ack_by_hash_v1`` result (before any DLQ
+    filing, which ``Acker._one`` adds)."""
+    outs = g.outcomes
+    if not res["ok"]:
+        for o in outs:
+            o.error = res["error"] or "lease_invalid"
+        return res
+    for o in outs:
+        o.success = True
+    for i in res.get("noop") or ():
+        outs[i].noop = True
+    for name, code in (("stale", "already_committed"), ("unresolved", "unresolvable"),
+                       ("clamped", "clamped"), ("invalid", "lease_invalid")):
+        for i in res.get(name) or ():
+            outs[i].success, outs[i].error = False, code
+    if res["leaseReleased"]:
+        for o in outs:
+            o.lease_released = True
+    return res

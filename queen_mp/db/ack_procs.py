@@ -8,21 +8,40 @@ from typing import Any
 
 import psycopg
 
-__all__ = ["ack_at", "ack_by_hash", "ack_multi", "file_dlq", "segment_at"]
+__all__ = ["ack_at", "ack_by_hash", "ack_by_hash_many", "ack_multi", "file_dlq", "segment_at"]
 
 Conn = psycopg.AsyncConnection[Any]
+
+
+_ACK_BY_HASH = "SELECT queen.log_ack_by_hash_v1(%s, %s, %s, %s, %b::bytea[], %b::text[])"
+
+AckCall = tuple[int, str, "uuid.UUID | None", list[bytes], list[str]]  # pid, group, lease, ...
 
 
 async def ack_by_hash(conn: Conn, tenant: bytes, partition_id: int, group: str,
                       lease_id: uuid.UUID | None, hashes: list[bytes],
                       statuses: list[str]) -> dict[str, Any]:
     cur = await conn.execute(
-        "SELECT queen.log_ack_by_hash_v1(%s, %s, %s, %s, %b::bytea[], %b::text[])",
-        (uuid.UUID(bytes=tenant), partition_id, group, lease_id, hashes, statuses),
-        prepare=True)
+        _ACK_BY_HASH, (uuid.UUID(bytes=tenant), partition_id, group, lease_id, hashes,
+                       statuses), prepare=True)
     row = await cur.fetchone()
     assert row is not None
     return row[0]
+
+
+async def ack_by_hash_many(conn: Conn, tenant: bytes, calls: list[AckCall]
+                           ) -> list[dict[str, Any]]:
+    """``log_ack_by_hash_v1`` once per call, in order, in one round trip (pipeline mode); the
+    caller holds a transaction, so a failed call leaves nothing of the others."""
+    t = uuid.UUID(bytes=tenant)
+    async with conn.pipeline():
+        cursors = [await conn.execute(_ACK_BY_HASH, (t, *call), prepare=True) for call in calls]
+    out = []
+    for cur in cursors:
+        row = await cur.fetchone()
+        assert row is not None
+        out.append(row[0])
+    return out
 
 
 async def segment_at(conn: Conn, partition_id: int, offset: int

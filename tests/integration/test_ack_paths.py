@@ -31,6 +31,8 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 
 from tests.brokerharness import Broker, start_broker
 from tests.integration.test_push_json import uq
@@ -737,3 +739,86 @@ def test_known_divergence_duplicate_transaction_id_in_one_batch(broker, db):
     assert results["ctl"] == ([(True, False), (True, False)], (1, False))  # the SQL decision
     assert results["fast"] == results["ctl"]
 
+
+
+# ------------------------------------------------------------------------------ the SQL path
+def _push_spread(client: httpx.Client, queue: str, parts: list[str], per: int) -> None:
+    r = client.post(PUSH, json={"items": [
+        {"queue": queue, "partition": p, "payload": i, "transactionId": f"{queue}-{p}-{i}"}
+        for p in parts for i in range(per)]})
+    assert r.status_code == 201 and all(x["status"] == "queued" for x in r.json()), r.text
+
+
+def _pop_all(client: httpx.Client, queue: str, group: str, parts: int) -> dict[str, Any]:
+    r = client.get(f"/api/v1/pop/queue/{queue}",
+                   params={"batch": 100, "partitions": parts, "consumerGroup": group})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["partitionsClaimed"] == parts, body
+    return body
+
+
+def _cursors(db: psycopg.Connection, queue: str, group: str) -> dict[str, tuple[int, str]]:
+    """partition -> (committed offset, xmin of its consumer row: the writing transaction)."""
+    rows = db.execute(
+        "SELECT lp.name, c.committed_offset, c.xmin::text FROM queen.log_consumers c"
+        " JOIN queen.log_partitions lp ON lp.id = c.partition_id"
+        " JOIN queen.queues q ON q.id = lp.queue_id"
+        " WHERE q.name = %s AND c.consumer_group = %s", (queue, group)).fetchall()
+    return {name: (committed, xmin) for name, committed, xmin in rows}
+
+
+def _whole_ack(body: dict[str, Any]) -> dict[str, Any]:
+    return {"consumerGroup": body["consumerGroup"], "acknowledgments": [
+        {"transactionId": m["transactionId"], "partitionId": m["partitionId"],
+         "status": "completed", "leaseId": m["leaseId"]} for m in body["messages"]]}
+
+
+def test_an_sql_path_ack_batch_over_several_partitions_is_one_transaction(make_broker,
+                                                                          fresh_db_dsn):
+    b = make_broker(fresh_db_dsn, QUEEN_ACK_REGISTRY="0")
+    q, g, parts = uq("one"), "g", ["a", "b", "c", "d"]
+    _push_spread(b.client, q, parts, 3)
+    body = _pop_all(b.client, q, g, len(parts))
+    r = b.client.post(ACK_BATCH, json=_whole_ack(body))
+    assert r.status_code == 200, r.text
+    _done(r.json(), 12)
+    with psycopg.connect(fresh_db_dsn, autocommit=True) as db:
+        cur = _cursors(db, q, g)
+    assert {p: c[0] for p, c in cur.items()} == dict.fromkeys(parts, 3)
+    # every consumer row written by the same transaction: one commit for the batch
+    assert len({c[1] for c in cur.values()}) == 1, cur
+
+
+def test_an_sql_path_ack_batch_that_fails_in_one_partition_applies_in_none(
+        make_broker, fresh_db_dsn, pg_server_dsn):
+    """A statement timeout on the third of four groups: the batch answers 503 ``timeout``
+    with every item failed, no cursor moved; the retry applies all of it."""
+    with psycopg.connect(pg_server_dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("ALTER DATABASE {} SET statement_timeout = 1000").format(
+            sql.Identifier(conninfo_to_dict(fresh_db_dsn)["dbname"])))
+    b = make_broker(fresh_db_dsn, QUEEN_ACK_REGISTRY="0")
+    q, g, parts = uq("fail"), "g", ["a", "b", "c", "d"]
+    _push_spread(b.client, q, parts, 2)
+    body = _pop_all(b.client, q, g, len(parts))
+    with psycopg.connect(fresh_db_dsn) as blocker:
+        blocker.execute("SET statement_timeout = 0")
+        blocker.execute(
+            "SELECT 1 FROM queen.log_consumers c"
+            " JOIN queen.log_partitions lp ON lp.id = c.partition_id"
+            " JOIN queen.queues qq ON qq.id = lp.queue_id"
+            " WHERE qq.name = %s AND lp.name = 'c' AND c.consumer_group = %s FOR UPDATE",
+            (q, g))
+        r = b.client.post(ACK_BATCH, json=_whole_ack(body))
+        blocker.rollback()
+    assert r.status_code == 503, r.text
+    doc = r.json()
+    assert doc["code"] == "timeout", doc
+    assert [(x["success"], x["error"], x["leaseReleased"]) for x in doc["results"]] == \
+        [(False, "timeout", False)] * 8, doc
+    with psycopg.connect(fresh_db_dsn, autocommit=True) as db:
+        assert {p: c[0] for p, c in _cursors(db, q, g).items()} == dict.fromkeys(parts, 0)
+        r = b.client.post(ACK_BATCH, json=_whole_ack(body))
+        assert r.status_code == 200, r.text
+        _done(r.json(), 8)
+        assert {p: c[0] for p, c in _cursors(db, q, g).items()} == dict.fromkeys(parts, 2)
