@@ -151,8 +151,7 @@ class Acker:
 
     async def _sql(self, conn: Any, tenant: bytes, groups: list[_Group]
                    ) -> list[dict[str, Any]]:
-        if len(groups) > 1 and all(o.item.status == "completed"
-                                   for g in groups for o in g.outcomes):
+        if all(o.item.status == "completed" for g in groups for o in g.outcomes):
             # PERF(ack): no nack, so no DLQ filing between the calls: N calls, one round trip
             answers = await ack_procs.ack_by_hash_many(
                 conn, tenant, [(g.partition_id, g.group, g.lease_id, *_hashes_statuses(g))

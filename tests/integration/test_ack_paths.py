@@ -35,6 +35,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 from tests.brokerharness import Broker, start_broker
+from tests.integration.test_pop_ack_flow import ack_items, cursors
 from tests.integration.test_push_json import uq
 from tests.pgharness import drop_database, make_migrated_database
 
@@ -758,33 +759,17 @@ def _pop_all(client: httpx.Client, queue: str, group: str, parts: int) -> dict[s
     return body
 
 
-def _cursors(db: psycopg.Connection, queue: str, group: str) -> dict[str, tuple[int, str]]:
-    """partition -> (committed offset, xmin of its consumer row: the writing transaction)."""
-    rows = db.execute(
-        "SELECT lp.name, c.committed_offset, c.xmin::text FROM queen.log_consumers c"
-        " JOIN queen.log_partitions lp ON lp.id = c.partition_id"
-        " JOIN queen.queues q ON q.id = lp.queue_id"
-        " WHERE q.name = %s AND c.consumer_group = %s", (queue, group)).fetchall()
-    return {name: (committed, xmin) for name, committed, xmin in rows}
-
-
-def _whole_ack(body: dict[str, Any]) -> dict[str, Any]:
-    return {"consumerGroup": body["consumerGroup"], "acknowledgments": [
-        {"transactionId": m["transactionId"], "partitionId": m["partitionId"],
-         "status": "completed", "leaseId": m["leaseId"]} for m in body["messages"]]}
-
-
 def test_an_sql_path_ack_batch_over_several_partitions_is_one_transaction(make_broker,
                                                                           fresh_db_dsn):
     b = make_broker(fresh_db_dsn, QUEEN_ACK_REGISTRY="0")
     q, g, parts = uq("one"), "g", ["a", "b", "c", "d"]
     _push_spread(b.client, q, parts, 3)
     body = _pop_all(b.client, q, g, len(parts))
-    r = b.client.post(ACK_BATCH, json=_whole_ack(body))
+    r = b.client.post(ACK_BATCH, json={"consumerGroup": g, "acknowledgments": ack_items(body)})
     assert r.status_code == 200, r.text
     _done(r.json(), 12)
     with psycopg.connect(fresh_db_dsn, autocommit=True) as db:
-        cur = _cursors(db, q, g)
+        cur = cursors(db, q, g, "c.xmin::text")  # the row's writing transaction
     assert {p: c[0] for p, c in cur.items()} == dict.fromkeys(parts, 3)
     # every consumer row written by the same transaction: one commit for the batch
     assert len({c[1] for c in cur.values()}) == 1, cur
@@ -809,7 +794,7 @@ def test_an_sql_path_ack_batch_that_fails_in_one_partition_applies_in_none(
             " JOIN queen.queues qq ON qq.id = lp.queue_id"
             " WHERE qq.name = %s AND lp.name = 'c' AND c.consumer_group = %s FOR UPDATE",
             (q, g))
-        r = b.client.post(ACK_BATCH, json=_whole_ack(body))
+        r = b.client.post(ACK_BATCH, json={"consumerGroup": g, "acknowledgments": ack_items(body)})
         blocker.rollback()
     assert r.status_code == 503, r.text
     doc = r.json()
@@ -817,8 +802,8 @@ def test_an_sql_path_ack_batch_that_fails_in_one_partition_applies_in_none(
     assert [(x["success"], x["error"], x["leaseReleased"]) for x in doc["results"]] == \
         [(False, "timeout", False)] * 8, doc
     with psycopg.connect(fresh_db_dsn, autocommit=True) as db:
-        assert {p: c[0] for p, c in _cursors(db, q, g).items()} == dict.fromkeys(parts, 0)
-        r = b.client.post(ACK_BATCH, json=_whole_ack(body))
+        assert {p: c[0] for p, c in cursors(db, q, g).items()} == dict.fromkeys(parts, 0)
+        r = b.client.post(ACK_BATCH, json={"consumerGroup": g, "acknowledgments": ack_items(body)})
         assert r.status_code == 200, r.text
         _done(r.json(), 8)
-        assert {p: c[0] for p, c in _cursors(db, q, g).items()} == dict.fromkeys(parts, 2)
+        assert {p: c[0] for p, c in cursors(db, q, g).items()} == dict.fromkeys(parts, 2)

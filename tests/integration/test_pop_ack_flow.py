@@ -58,13 +58,15 @@ def ack_batch(client: httpx.Client, group: str, body: dict) -> list[dict]:
     return results
 
 
-def cursors(db: psycopg.Connection, queue: str, group: str) -> dict[str, tuple]:
+def cursors(db: psycopg.Connection, queue: str, group: str,
+            column: str = "c.lease_id") -> dict[str, tuple]:
+    """partition -> (committed offset, ``column`` of its consumer row ``c``)."""
     rows = db.execute(
-        "SELECT lp.name, c.committed_offset, c.lease_id FROM queen.log_consumers c "
+        f"SELECT lp.name, c.committed_offset, {column} FROM queen.log_consumers c "
         "JOIN queen.log_partitions lp ON lp.id = c.partition_id "
         "JOIN queen.queues q ON q.id = lp.queue_id "
         "WHERE q.name = %s AND c.consumer_group = %s", (queue, group)).fetchall()
-    return {name: (committed, lease) for name, committed, lease in rows}
+    return {name: (committed, other) for name, committed, other in rows}
 
 
 class GroupRun:
