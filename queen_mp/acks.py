@@ -3,10 +3,11 @@ authoritative procedure -> DLQ filing -> per-item verdicts (ack-internals.md, ap
 
 The groups the fast path did not take run in (partition id, group) order, the global lock
 order, in ONE transaction on one pooled connection: an ack batch over N partitions costs one
-commit, not N (an ack that reaches another instance than its pop always comes this way). A
-failed or lost commit fails every one of those groups' items (``timeout`` /
-``outcome_unknown`` / ``unavailable``); the caller answers 503 with the results, and a retry is
-safe (the repeat rule answers an ack that took effect as ``noop``).
+commit, not N (an ack that reaches another instance than its pop always comes this way), and
+a DLQ hand-off commits with the ack that asked for it. A failed or lost commit fails every one
+of those groups' items (``timeout`` / ``outcome_unknown`` / ``unavailable``); the caller
+answers 503 with the results, and a retry is safe (the repeat rule answers an ack that took
+effect as ``noop``).
 """
 
 from __future__ import annotations
@@ -110,13 +111,15 @@ class Acker:
         if not keys:
             return ordered, results
         sql_groups = [groups[k] for k in keys]
+        completed = all(o.item.status == "completed" for g in sql_groups for o in g.outcomes)
         try:
             async with connection(self.pool, commit_sent=True) as conn:
-                if len(sql_groups) == 1:  # one statement commits itself: no BEGIN / COMMIT
+                if completed and len(sql_groups) == 1:
+                    # one statement that commits itself (no nack: no DLQ filing after it)
                     sql_results = [await self._one(conn, tenant, sql_groups[0])]
                 else:
                     async with conn.transaction():
-                        sql_results = await self._sql(conn, tenant, sql_groups)
+                        sql_results = await self._sql(conn, tenant, sql_groups, completed)
         except DatabaseError as ex:
             code = ("timeout" if isinstance(ex, StatementTimeout) else
                     "outcome_unknown" if isinstance(ex, OutcomeUnknown) else "unavailable")
@@ -149,9 +152,11 @@ class Acker:
         # the shard already woke the pops parked on the queue (no "queue" key here)
         return {"ok": True, "acked": verdict.new - verdict.old, "leaseReleased": True}
 
-    async def _sql(self, conn: Any, tenant: bytes, groups: list[_Group]
+    async def _sql(self, conn: Any, tenant: bytes, groups: list[_Group], completed: bool
                    ) -> list[dict[str, Any]]:
-        if all(o.item.status == "completed" for g in groups for o in g.outcomes):
+        """Inside the caller's transaction: an ack and the DLQ filing it asks for commit
+        together."""
+        if completed:
             # PERF(ack): no nack, so no DLQ filing between the calls: N calls, one round trip
             answers = await ack_procs.ack_by_hash_many(
                 conn, tenant, [(g.partition_id, g.group, g.lease_id, *_hashes_statuses(g))

@@ -15,7 +15,8 @@ Conn = psycopg.AsyncConnection[Any]
 
 _ACK_BY_HASH = "SELECT queen.log_ack_by_hash_v1(%s, %s, %s, %s, %b::bytea[], %b::text[])"
 
-AckCall = tuple[int, str, "uuid.UUID | None", list[bytes], list[str]]  # pid, group, lease, ...
+# (partition id, group, lease id, hashes, statuses): one log_ack_by_hash_v1 call
+AckCall = tuple[int, str, uuid.UUID | None, list[bytes], list[str]]
 
 
 async def ack_by_hash(conn: Conn, tenant: bytes, partition_id: int, group: str,
@@ -36,7 +37,7 @@ async def ack_by_hash_many(conn: Conn, tenant: bytes, calls: list[AckCall]
     t = uuid.UUID(bytes=tenant)
     async with conn.pipeline():
         cursors = [await conn.execute(_ACK_BY_HASH, (t, *call), prepare=True) for call in calls]
-    out = []
+    out: list[dict[str, Any]] = []
     for cur in cursors:
         row = await cur.fetchone()
         assert row is not None

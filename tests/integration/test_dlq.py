@@ -17,13 +17,17 @@ from typing import Any
 import httpx
 import orjson
 import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 
 from queen_mp.crypto import PayloadCipher
 from queen_mp.wire.frames import FLAG_ENCRYPTED, FLAG_TRACE
+from tests.integration.test_pop_ack_flow import cursors
 from tests.integration.test_push_json import stored_messages, uq
 
 DLQ = "/api/v1/dlq"
 ACK = "/api/v1/ack"
+ACK_BATCH = "/api/v1/ack/batch"
 QUEUE_MODE = "__QUEUE_MODE__"
 ROW_KEYS = {"id", "transactionId", "partitionId", "queue", "partition", "offset",
             "consumerGroup", "errorMessage", "retryCount", "data", "producerSub", "createdAt",
@@ -203,6 +207,48 @@ def test_status_dlq_files_at_once(broker, db):
     assert row["consumerGroup"] == QUEUE_MODE and row["data"] == {"n": 1}
     assert cursor(db, q) == 1
     assert pop(broker.client, q)["messages"][0]["offset"] == 2
+
+
+
+def test_a_dlq_filing_that_fails_applies_nothing_and_the_retry_files_it(
+        make_broker, fresh_db_dsn, pg_server_dsn):
+    """A nack and the DLQ row it files commit together: a filing that times out (log_dlq held
+    in SHARE mode by another session) leaves the consumer row exactly as it was, even the
+    advance of the batch's completed items, and answers 503 with every item failed; the retry
+    files the row once."""
+    with psycopg.connect(pg_server_dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("ALTER DATABASE {} SET statement_timeout = 1000").format(
+            sql.Identifier(conninfo_to_dict(fresh_db_dsn)["dbname"])))
+    b = make_broker(fresh_db_dsn)
+    q = uq("dlq-tx")
+    push(b.client, q, [{"n": 1}, {"n": 2}, {"n": 3}])
+    msgs = pop(b.client, q, "g", batch=3)["messages"]
+    body = {"consumerGroup": "g", "acknowledgments": [
+        {"transactionId": m["transactionId"], "partitionId": m["partitionId"],
+         "leaseId": m["leaseId"], "status": status, "error": "poison"}
+        for m, status in zip(msgs, ("completed", "completed", "dlq"), strict=True)]}
+    with psycopg.connect(fresh_db_dsn, autocommit=True) as db:
+        before = cursors(db, q, "g", "row_to_json(c)::text")
+        with psycopg.connect(fresh_db_dsn) as blocker:
+            blocker.execute("SET statement_timeout = 0")
+            blocker.execute("LOCK TABLE queen.log_dlq IN SHARE MODE")
+            r = b.client.post(ACK_BATCH, json=body)
+            blocker.rollback()
+        assert r.status_code == 503, r.text
+        doc = r.json()
+        assert doc["code"] == "timeout", doc
+        assert [(x["success"], x["error"], x["dlq"]) for x in doc["results"]] == \
+            [(False, "timeout", False)] * 3
+        # the two completed items' cursor advance did not commit without the DLQ row
+        assert cursors(db, q, "g", "row_to_json(c)::text") == before
+        assert dlq(b.client, queue=q)["messages"] == []
+        r = b.client.post(ACK_BATCH, json=body)
+        assert r.status_code == 200, r.text
+        assert [(x["success"], x["dlq"], x["leaseReleased"]) for x in r.json()] == \
+            [(True, False, True), (True, False, True), (True, True, True)]
+        (row,) = dlq(b.client, queue=q)["messages"]
+        assert row["transactionId"] == msgs[2]["transactionId"]
+        assert cursors(db, q, "g")["Default"] == (3, None)
 
 
 # ---------------------------------------------------------------------------------- replay
