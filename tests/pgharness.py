@@ -76,6 +76,15 @@ def drop_database(server_dsn: str, dsn: str) -> None:
         )
 
 
+def set_statement_timeout(server_dsn: str, dsn: str, ms: int) -> None:
+    """Every later connection to the database `dsn` points at runs with `statement_timeout`
+    = `ms`: a broker started afterwards then sees a blocked statement fail."""
+    name = conninfo_to_dict(dsn)["dbname"]
+    with psycopg.connect(server_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("ALTER DATABASE {} SET statement_timeout = {}").format(
+            sql.Identifier(name), sql.Literal(ms)))
+
+
 @pytest.fixture(scope="session")
 def pg_server_dsn() -> Iterator[str]:
     """A superuser DSN of the server the session's databases live on."""

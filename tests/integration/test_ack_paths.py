@@ -31,13 +31,11 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict
 
 from tests.brokerharness import Broker, start_broker
-from tests.integration.test_pop_ack_flow import ack_items, cursors
+from tests.integration.test_pop_ack_flow import ack_items, cursors, push_partitions
 from tests.integration.test_push_json import uq
-from tests.pgharness import drop_database, make_migrated_database
+from tests.pgharness import drop_database, make_migrated_database, set_statement_timeout
 
 # the module fixture starts four brokers one after the other inside the first test's setup
 pytestmark = pytest.mark.timeout(300)
@@ -561,10 +559,14 @@ def _push(client: httpx.Client, queue: str, n: int) -> None:
     assert r.status_code == 201 and all(x["status"] == "queued" for x in r.json()), r.text
 
 
-def _pop(client: httpx.Client, queue: str, group: str, batch: int = 3) -> dict[str, Any]:
-    r = client.get(f"/api/v1/pop/queue/{queue}", params={"batch": batch, "consumerGroup": group})
+def _pop(client: httpx.Client, queue: str, group: str, batch: int = 3, partitions: int = 1
+         ) -> dict[str, Any]:
+    r = client.get(f"/api/v1/pop/queue/{queue}", params={
+        "batch": batch, "consumerGroup": group, "partitions": partitions})
     assert r.status_code == 200, r.text
-    return r.json()
+    body = r.json()
+    assert body["partitionsClaimed"] == partitions, body
+    return body
 
 
 def _grant_settles() -> None:
@@ -741,30 +743,13 @@ def test_known_divergence_duplicate_transaction_id_in_one_batch(broker, db):
     assert results["fast"] == results["ctl"]
 
 
-
 # ------------------------------------------------------------------------------ the SQL path
-def _push_spread(client: httpx.Client, queue: str, parts: list[str], per: int) -> None:
-    r = client.post(PUSH, json={"items": [
-        {"queue": queue, "partition": p, "payload": i, "transactionId": f"{queue}-{p}-{i}"}
-        for p in parts for i in range(per)]})
-    assert r.status_code == 201 and all(x["status"] == "queued" for x in r.json()), r.text
-
-
-def _pop_all(client: httpx.Client, queue: str, group: str, parts: int) -> dict[str, Any]:
-    r = client.get(f"/api/v1/pop/queue/{queue}",
-                   params={"batch": 100, "partitions": parts, "consumerGroup": group})
-    assert r.status_code == 200, r.text
-    body = r.json()
-    assert body["partitionsClaimed"] == parts, body
-    return body
-
-
 def test_an_sql_path_ack_batch_over_several_partitions_is_one_transaction(make_broker,
                                                                           fresh_db_dsn):
     b = make_broker(fresh_db_dsn, QUEEN_ACK_REGISTRY="0")
-    q, g, parts = uq("one"), "g", ["a", "b", "c", "d"]
-    _push_spread(b.client, q, parts, 3)
-    body = _pop_all(b.client, q, g, len(parts))
+    q, g, parts = uq("one"), "g", ["p0", "p1", "p2", "p3"]
+    push_partitions(b.client, q, len(parts), 3)
+    body = _pop(b.client, q, g, 100, len(parts))
     r = b.client.post(ACK_BATCH, json={"consumerGroup": g, "acknowledgments": ack_items(body)})
     assert r.status_code == 200, r.text
     _done(r.json(), 12)
@@ -779,20 +764,18 @@ def test_an_sql_path_ack_batch_that_fails_in_one_partition_applies_in_none(
         make_broker, fresh_db_dsn, pg_server_dsn):
     """A statement timeout on the third of four groups: the batch answers 503 ``timeout``
     with every item failed, no cursor moved; the retry applies all of it."""
-    with psycopg.connect(pg_server_dsn, autocommit=True) as admin:
-        admin.execute(sql.SQL("ALTER DATABASE {} SET statement_timeout = 1000").format(
-            sql.Identifier(conninfo_to_dict(fresh_db_dsn)["dbname"])))
+    set_statement_timeout(pg_server_dsn, fresh_db_dsn, 1000)
     b = make_broker(fresh_db_dsn, QUEEN_ACK_REGISTRY="0")
-    q, g, parts = uq("fail"), "g", ["a", "b", "c", "d"]
-    _push_spread(b.client, q, parts, 2)
-    body = _pop_all(b.client, q, g, len(parts))
+    q, g, parts = uq("fail"), "g", ["p0", "p1", "p2", "p3"]
+    push_partitions(b.client, q, len(parts), 2)
+    body = _pop(b.client, q, g, 100, len(parts))
     with psycopg.connect(fresh_db_dsn) as blocker:
         blocker.execute("SET statement_timeout = 0")
         blocker.execute(
             "SELECT 1 FROM queen.log_consumers c"
             " JOIN queen.log_partitions lp ON lp.id = c.partition_id"
             " JOIN queen.queues qq ON qq.id = lp.queue_id"
-            " WHERE qq.name = %s AND lp.name = 'c' AND c.consumer_group = %s FOR UPDATE",
+            " WHERE qq.name = %s AND lp.name = 'p2' AND c.consumer_group = %s FOR UPDATE",
             (q, g))
         r = b.client.post(ACK_BATCH, json={"consumerGroup": g, "acknowledgments": ack_items(body)})
         blocker.rollback()

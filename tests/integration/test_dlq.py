@@ -17,13 +17,12 @@ from typing import Any
 import httpx
 import orjson
 import psycopg
-from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict
 
 from queen_mp.crypto import PayloadCipher
 from queen_mp.wire.frames import FLAG_ENCRYPTED, FLAG_TRACE
 from tests.integration.test_pop_ack_flow import cursors
 from tests.integration.test_push_json import stored_messages, uq
+from tests.pgharness import set_statement_timeout
 
 DLQ = "/api/v1/dlq"
 ACK = "/api/v1/ack"
@@ -209,16 +208,13 @@ def test_status_dlq_files_at_once(broker, db):
     assert pop(broker.client, q)["messages"][0]["offset"] == 2
 
 
-
 def test_a_dlq_filing_that_fails_applies_nothing_and_the_retry_files_it(
         make_broker, fresh_db_dsn, pg_server_dsn):
     """A nack and the DLQ row it files commit together: a filing that times out (log_dlq held
     in SHARE mode by another session) leaves the consumer row exactly as it was, even the
     advance of the batch's completed items, and answers 503 with every item failed; the retry
     files the row once."""
-    with psycopg.connect(pg_server_dsn, autocommit=True) as admin:
-        admin.execute(sql.SQL("ALTER DATABASE {} SET statement_timeout = 1000").format(
-            sql.Identifier(conninfo_to_dict(fresh_db_dsn)["dbname"])))
+    set_statement_timeout(pg_server_dsn, fresh_db_dsn, 1000)
     b = make_broker(fresh_db_dsn)
     q = uq("dlq-tx")
     push(b.client, q, [{"n": 1}, {"n": 2}, {"n": 3}])
