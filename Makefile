@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: run test unit integration bench bench-quick lint clean pg-deps readme-config
+.PHONY: run test unit integration bench bench-quick lint clean pg-deps readme-config api-doc
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -36,13 +36,17 @@ integration: $(STAMP) pg-deps
 	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)
 
 # The long fuzz run (README "Fuzzing"): tests/fuzz with FUZZ_EXAMPLES hypothesis examples per
-# test (make test runs them with a few dozen), then the seed-mutation driver for FUZZ_SECONDS.
+# test (make test runs them with a few dozen), schemathesis over the API document with
+# SCHEMATHESIS_EXAMPLES per operation, then the seed-mutation driver for FUZZ_SECONDS.
 FUZZ_EXAMPLES ?= 20000
 FUZZ_SECONDS ?= 600
+SCHEMATHESIS_EXAMPLES ?= 200
 .PHONY: fuzz
 fuzz: $(STAMP) pg-deps
 	QUEEN_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest tests/fuzz -o timeout=0 -s \
 		$(PYTEST_ARGS)
+	QUEEN_SCHEMATHESIS_EXAMPLES=$(SCHEMATHESIS_EXAMPLES) $(BIN)/python -m pytest \
+		tests/integration/test_openapi_schemathesis.py -o timeout=0 $(PYTEST_ARGS)
 	$(BIN)/python -m tests.fuzz.targets --seconds $(FUZZ_SECONDS)
 
 bench: $(STAMP) pg-deps
@@ -57,7 +61,12 @@ lint: $(STAMP)
 	$(BIN)/ruff check queen_mp tests bench
 
 readme-config: $(STAMP)
-	$(BIN)/python -m queen_mp.cli settings-table
+	$(BIN)/python -m queen_mp.processes.cli settings-table
+
+# docs/api.md from queen_mp/http/openapi.json and the prose of queen_mp/http/apidoc.md
+# (tests/unit/test_openapi.py fails when docs/api.md is stale)
+api-doc: $(STAMP)
+	$(BIN)/python -m queen_mp.http.apidoc > docs/api.md
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache .hypothesis

@@ -4,7 +4,7 @@
 
 1. creates two fresh databases on the server (``--server-dsn``, default the local
    127.0.0.1:5432 as postgres), ``queen_bench_<id>_on`` and ``queen_bench_<id>_off``, and starts
-   two queen-mp brokers (``python -m queen_mp.cli serve``, 2 front workers, 2 shards, each
+   two queen-mp brokers (``python -m queen_mp.processes.cli serve``, 2 front workers, 2 shards, each
    migrating its own database at boot): **on** with the defaults (``QUEEN_ACK_REGISTRY=1``,
    ``QUEEN_ACK_FUSION=1``) and **off** with ``QUEEN_ACK_REGISTRY=0 QUEEN_ACK_FUSION=0`` (every
    ack takes the authoritative ``log_ack_by_hash_v1`` path);
@@ -85,7 +85,7 @@ def start_broker(arm: str, data_dir: Path, dsn: str, workers: int, shards: int) 
                 "QUEEN_LOG_LEVEL": "info", "QUEEN_SHUTDOWN_TIMEOUT_S": "20",
                 "QUEEN_PG_DSN": dsn, **SETTINGS[arm]})
     log = data_dir / "broker.log"
-    proc = pushbench._spawn([sys.executable, "-m", "queen_mp.cli", "serve"], env, log)
+    proc = pushbench._spawn([sys.executable, "-m", "queen_mp.processes.cli", "serve"], env, log)
     return Server(arm, f"http://127.0.0.1:{port}", proc, log, dsn)
 
 
@@ -424,7 +424,7 @@ class Bench:
         d_hits = m1["ackRegistry"]["hits"] - m0["ackRegistry"]["hits"]
         d_misses = m1["ackRegistry"]["misses"] - m0["ackRegistry"]["misses"]
         # Ack transactions. Fast path: one per fusion flush (ackFusion.commits). SQL path: one
-        # per (partition, group, lease) group of a request (queen_mp/acks.py); every pop here
+        # per (partition, group, lease) group of a request (queen_mp/front/acks.py); every pop here
         # claims one partition, so one per /ack/batch call that did not take the fast path:
         # all of them with the registry off; with it on, the registry misses plus the hits
         # whose flush failed (they fall back to the SQL path: hits - ackFusion.rows, as every

@@ -1,8 +1,8 @@
 """The naive baseline broker: one PostgreSQL transaction (one commit, one WAL flush) per request.
 
 A falcon ASGI app served exactly like queen-mp's front (gunicorn with
-``queen_mp.front.front_argv``: same worker class, worker count, keep-alive and timeouts; see
-``bench/push.py``). ``POST /api/v1/push`` takes queen's JSON body
+``queen_mp.processes.arbiter.front_argv``: same worker class, worker count, keep-alive and
+timeouts; see ``bench/push.py``). ``POST /api/v1/push`` takes queen's JSON body
 ``{"items":[{queue, partition, transactionId?, payload}]}``, inserts one row per item into
 ``naive.messages`` with a single set-based ``INSERT ... SELECT FROM unnest(...)`` (one round
 trip, one commit per request, ``synchronous_commit=on``) and answers ``201`` with one result per

@@ -4,10 +4,10 @@
 
 1. creates two fresh databases (``queen_bench_<id>_q`` migrated by queen-mp at boot,
    ``queen_bench_<id>_b`` with ``naive.messages`` plus lease columns) and starts both arms as
-   ``bench.push`` does: queen-mp (``python -m queen_mp.cli serve``, 2 front workers, 2 shards)
-   and the baseline ``bench/consume_baseline.py`` (falcon under gunicorn with queen-mp's front
-   settings; ``SELECT ... FOR UPDATE SKIP LOCKED LIMIT n`` + ``UPDATE`` lease per pop,
-   ``DELETE`` per ack batch);
+   ``bench.push`` does: queen-mp (``python -m queen_mp.processes.cli serve``, 2 front workers,
+   2 shards) and the baseline ``bench/consume_baseline.py`` (falcon under gunicorn with
+   queen-mp's front settings; ``SELECT ... FOR UPDATE SKIP LOCKED LIMIT n`` + ``UPDATE`` lease
+   per pop, ``DELETE`` per ack batch);
 2. **end-to-end latency** (``--e2e-rounds`` rounds of A B): one producer pushes single
    messages at ``--e2e-rate`` (50/s) while one consumer pops (queen-mp: long poll
    ``wait=true``, ``batch=10&partitions=10``, a consumer group; baseline: polls every 10 ms

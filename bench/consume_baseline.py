@@ -2,7 +2,7 @@
 
 ``bench/baseline_app.py`` (push: one ``INSERT ... SELECT FROM unnest`` and one commit per
 request) plus the two consume routes the consume benchmark (``bench/consume.py``) needs, served
-the same way (gunicorn with ``queen_mp.front.front_argv``: queen-mp's front options):
+the same way (gunicorn with ``queen_mp.processes.arbiter.front_argv``: queen-mp's front options):
 
 ``GET /api/v1/pop/queue/{queue}?batch=n``
     one statement, one commit: ``SELECT id ... WHERE queue = $1 AND not leased ORDER BY id

@@ -1,9 +1,9 @@
 """The edge arm: what queen-mp's HTTP stack alone allows, with no broker behind it.
 
 A falcon ASGI app served exactly like queen-mp's front and the naive broker (gunicorn with
-``queen_mp.front.front_argv``: same worker class, worker count, keep-alive and timeouts). It
-does the JSON work every broker on this stack must do for a request and nothing else: no
-database, no shared memory, no durability.
+``queen_mp.processes.arbiter.front_argv``: same worker class, worker count, keep-alive and
+timeouts). It does the JSON work every broker on this stack must do for a request and nothing
+else: no database, no shared memory, no durability.
 
 - ``POST /api/v1/push`` parses queen's JSON body and answers ``201`` with one result per item,
   in the shape queen-mp renders (ids from a per-process counter);

@@ -5,9 +5,9 @@
 1. creates two fresh databases on the server (``--server-dsn``, default the local
    127.0.0.1:5432 as postgres): ``queen_bench_<id>_q`` for queen-mp (migrated by queen-mp
    itself at boot) and ``queen_bench_<id>_b`` for the baseline (``naive.messages``);
-2. starts ``python -m queen_mp.cli serve`` (2 front workers, 2 shards, a data dir of its own
-   under /tmp) and the baseline (``bench/baseline_app.py`` under gunicorn with queen-mp's front
-   settings: UvicornWorker, 2 workers, keep-alive 75 s, timeout 120 s);
+2. starts ``python -m queen_mp.processes.cli serve`` (2 front workers, 2 shards, a data dir of
+   its own under /tmp) and the baseline (``bench/baseline_app.py`` under gunicorn with
+   queen-mp's front settings: UvicornWorker, 2 workers, keep-alive 75 s, timeout 120 s);
 3. warms both up (provisions the 1,000 partitions, opens connections), measures their idle
    commit rate, then for each workload (1-item requests, then 100-item requests) runs
    ``--rounds`` rounds of A B (queen-mp, baseline) with 64 closed-loop connections for
@@ -51,7 +51,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from bench.baseline_app import SCHEMA_SQL
 from bench.loadgen import LoadRun, LoadSpec
-from queen_mp.front import front_argv
+from queen_mp.processes.arbiter import front_argv
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -224,14 +224,15 @@ def start_queen(data_dir: Path, dsn: str, workers: int, shards: int) -> Server:
                 "QUEEN_LOG_LEVEL": "info", "QUEEN_SHUTDOWN_TIMEOUT_S": "20",
                 "QUEEN_PG_DSN": dsn})
     log = data_dir / "broker.log"
-    proc = _spawn([sys.executable, "-m", "queen_mp.cli", "serve"], env, log)
+    proc = _spawn([sys.executable, "-m", "queen_mp.processes.cli", "serve"], env, log)
     return Server("queen-mp", f"http://127.0.0.1:{port}", proc, log, dsn)
 
 
 def start_front_app(tmp: Path, name: str, app: str, workers: int, env: dict[str, str],
                     dsn: str) -> Server:
-    """``app`` (a gunicorn app spec) under queen-mp's front command line (queen_mp/front.py):
-    the baseline and edge arms differ from queen-mp's front in their app alone."""
+    """``app`` (a gunicorn app spec) under queen-mp's front command line
+    (queen_mp/processes/arbiter.py): the baseline and edge arms differ from queen-mp's front in
+    their app alone."""
     port = free_port()
     argv = [sys.executable, "-m", "gunicorn", app,
             *front_argv(workers, f"127.0.0.1:{port}", 20, "info", f"bench-{name}")]

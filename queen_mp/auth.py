@@ -1,4 +1,4 @@
-"""JWT verification (api.md 1.5): who is calling, with which role, for which tenant.
+"""JWT verification (docs/api.md 1.5): who is calling, with which role, for which tenant.
 
 ``Verifier.from_config`` builds the keys once per process from the ``QUEEN_JWT_*`` settings;
 ``Verifier.verify`` turns the value of an ``Authorization`` header into a ``Principal`` or
@@ -43,7 +43,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from queen_mp.config import Config, ConfigError
-from queen_mp.wire.ids import ZERO_UUID
 
 if TYPE_CHECKING:
     # PERF(auth): PyJWT pulls in cryptography and urllib.request (12 MB of RSS per process);
@@ -62,8 +61,9 @@ __all__ = [
     "tenant_from_claim",
 ]
 
-#: The tenant of requests without a tenant claim, and of every request while auth is off.
-DEFAULT_TENANT = ZERO_UUID
+#: The tenant of requests without a tenant claim, and of every request while auth is off:
+#: the zero UUID (``queen_mp.wire.ids.ZERO_UUID``; auth sits below wire, so it is spelt here).
+DEFAULT_TENANT = bytes(16)
 #: Namespace of tenant names that are not UUIDs: uuid5(NAMESPACE_URL, "urn:queen-mp:tenant").
 #: Fixed forever: changing it would move every named tenant's data out of its reach.
 TENANT_NAMESPACE = uuid.UUID("80163fa7-7eee-510b-9661-189299c29414")

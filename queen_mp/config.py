@@ -53,6 +53,25 @@ class Setting:
     def cli_flag(self) -> str:
         return "--" + self.attr.replace("_", "-")
 
+    @property
+    def default_text(self) -> str:
+        """The default as the environment would spell it; "(empty)" for an empty string."""
+        return self.render(self.default) if self.default != "" else "(empty)"
+
+    @property
+    def range_text(self) -> str:
+        """The accepted values ("" when any value of the type is)."""
+        rng = []
+        if self.choices:
+            rng.append(" / ".join(self.choices))
+        if self.minimum is not None:
+            rng.append(f">= {self.minimum:g}")
+        if self.maximum is not None:
+            rng.append(f"<= {self.maximum:g}")
+        if self.kind is bool:
+            rng.append("0 / 1")
+        return ", ".join(rng)
+
     def parse(self, raw: Any) -> Any:
         """Parse and validate; raise ConfigError naming the variable."""
         try:
@@ -197,7 +216,8 @@ SETTINGS: tuple[Setting, ...] = (
        minimum=64, maximum=1 << 20),
     # --- authentication
     _s("QUEEN_JWT_ENABLED", bool, False,
-       "Require a JWT bearer token on the API (all but /health, /metrics*, OPTIONS)."),
+       "Require a JWT bearer token on the API (all but /health, /metrics*, "
+       "/api/v1/openapi.json, OPTIONS)."),
     _s("QUEEN_JWT_SECRET", str, "", "HMAC (HS256/384/512) shared secret.", secret=True),
     _s("QUEEN_JWT_ALGORITHMS", str, "HS256",
        "Accepted token algorithms, comma separated (HS*, RS*, PS*, ES*, EdDSA)."),
@@ -291,15 +311,5 @@ def settings_table_markdown() -> str:
     """The README's configuration table, generated so it cannot drift from the code."""
     rows = ["| Variable | Default | Range | Meaning |", "|---|---|---|---|"]
     for s in SETTINGS:
-        rng = []
-        if s.choices:
-            rng.append(" / ".join(s.choices))
-        if s.minimum is not None:
-            rng.append(f">= {s.minimum:g}")
-        if s.maximum is not None:
-            rng.append(f"<= {s.maximum:g}")
-        if s.kind is bool:
-            rng.append("0 / 1")
-        default = s.render(s.default) if s.default != "" else "(empty)"
-        rows.append(f"| `{s.env}` | `{default}` | {', '.join(rng) or '-'} | {s.help} |")
+        rows.append(f"| `{s.env}` | `{s.default_text}` | {s.range_text or '-'} | {s.help} |")
     return "\n".join(rows) + "\n"

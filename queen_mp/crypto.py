@@ -1,4 +1,4 @@
-"""Payload encryption at rest for queues with ``encryptionEnabled`` (api.md 3.1).
+"""Payload encryption at rest for queues with ``encryptionEnabled`` (docs/api.md 3.1).
 
 AES-256-GCM from ``cryptography``; the stored payload is ``12-byte nonce | ciphertext | 16-byte
 tag`` and the frame carries flag 4. Nonces are random: with 96 bits, collisions under one key

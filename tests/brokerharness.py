@@ -136,7 +136,9 @@ class Broker:
         return self.proc.returncode
 
 
-def start_broker(tmp: Path, dsn: str | None, **settings: str) -> Broker:
+def start_broker(tmp: Path, dsn: str | None, *, command: list[str] | None = None,
+                 cwd: Path | None = None, **settings: str) -> Broker:
+    """A broker process: the checkout's ``queen-mp serve``, or ``command`` (an installed one)."""
     port = free_port()
     data = tmp / f"broker-{port}"
     data.mkdir(parents=True)
@@ -148,10 +150,10 @@ def start_broker(tmp: Path, dsn: str | None, **settings: str) -> Broker:
         env["QUEEN_PG_DSN"] = dsn
     env.update(settings)
     log_path = data / "broker.log"
+    command = command or [sys.executable, "-m", "queen_mp.processes.cli", "serve"]
     with open(log_path, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "queen_mp.cli", "serve"], cwd=REPO,
-                                env=env, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(command, cwd=cwd or REPO, env=env, stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     broker = Broker(f"http://127.0.0.1:{port}", proc, data, log_path, env)
     try:
         broker.wait_healthy()

@@ -31,7 +31,7 @@ from queen_mp.db.embedded import EmbeddedPostgres
 from queen_mp.db.migrations import apply_migrations
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SQL_DIR = REPO_ROOT / "sql"
+SQL_DIR = REPO_ROOT / "queen_mp" / "sql"
 LOCAL_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
 
 

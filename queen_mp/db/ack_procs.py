@@ -1,14 +1,18 @@
-"""Calls into ``sql/040_ack.sql``: the authoritative ack, DLQ filing, the segment of an offset."""
+"""Calls into ``sql/functions/ack.sql``: the authoritative ack, DLQ filing, an offset's segment."""
 
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import psycopg
 
-__all__ = ["ack_at", "ack_by_hash", "ack_by_hash_many", "ack_multi", "file_dlq", "segment_at"]
+from queen_mp.db.calls import Segment
+
+__all__ = ["STATUSES", "AckItem", "Advance", "DlqFiling", "GroupAck", "ack_at", "ack_by_hash",
+           "ack_by_hash_many", "ack_multi", "file_dlq", "segment_at"]
 
 Conn = psycopg.AsyncConnection[Any]
 
@@ -18,48 +22,118 @@ _ACK_BY_HASH = "SELECT queen.log_ack_by_hash_v1(%s, %s, %s, %s, %b::bytea[], %b:
 # (partition id, group, lease id, hashes, statuses): one log_ack_by_hash_v1 call
 AckCall = tuple[int, str, uuid.UUID | None, list[bytes], list[str]]
 
+STATUSES = ("completed", "failed", "retry", "dlq")
+
+
+# PERF(wire): one per message; a frozen dataclass __init__ costs 6x a plain one.
+@dataclass(slots=True)
+class AckItem:
+    """One acknowledgment as the procedures take it (``log_ack_by_hash_v1``, and
+    ``log_transaction_wire_v1``'s ack columns)."""
+
+    index: int
+    transaction_id: str
+    partition_id: int
+    status: str  # one of STATUSES ('success' already mapped to 'completed')
+    group: str
+    lease_id: uuid.UUID | None
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class GroupAck:
+    """The ack of one (partition, group, lease): ``log_ack_by_hash_v1``'s answer (or what a
+    fast path answered for the same acks). The index lists hold 0-based input indexes."""
+
+    ok: bool  # False: nothing changed (``error`` says why)
+    error: str | None  # lease_invalid | partition_not_found
+    acked: int  # the cursor's advance (new - old)
+    lease_released: bool
+    dlq: bool = False  # a dlq signal wants the poison offset filed (``Acker`` files it)
+    poison: int | None = None
+    signal_index: int | None = None
+    noop: tuple[int, ...] = ()
+    stale: tuple[int, ...] = ()
+    unresolved: tuple[int, ...] = ()
+    clamped: tuple[int, ...] = ()
+    invalid: tuple[int, ...] = ()
+    queue: str | None = None  # the partition's queue (None when partition_not_found)
+
+
+def _group_ack(doc: dict[str, Any]) -> GroupAck:
+    return GroupAck(
+        bool(doc["ok"]), doc.get("error"), int(doc.get("acked") or 0),
+        bool(doc.get("leaseReleased")), bool(doc.get("dlq")), doc.get("poison"),
+        doc.get("signalIndex"), tuple(doc.get("noop") or ()), tuple(doc.get("stale") or ()),
+        tuple(doc.get("unresolved") or ()), tuple(doc.get("clamped") or ()),
+        tuple(doc.get("invalid") or ()), doc.get("queue"))
+
+
+@dataclass(frozen=True, slots=True)
+class Advance:
+    """One positional whole-batch cursor advance (``log_ack_at_v1``, ``log_ack_multi_v1``)."""
+
+    ok: bool
+    error: str | None  # lease_invalid | partition_not_found | beyond_batch | partly_committed
+    old: int  # the cursor before (0 when unknown)
+    new: int  # and after
+    lease_released: bool
+
+
+def _advance(doc: dict[str, Any]) -> Advance:
+    return Advance(bool(doc.get("ok")), doc.get("error"), int(doc.get("old") or 0),
+                   int(doc.get("new") or 0), bool(doc.get("leaseReleased")))
+
+
+@dataclass(frozen=True, slots=True)
+class DlqFiling:
+    """``log_dlq_head_v1``'s answer: the poison offset filed (``ok``) or why not."""
+
+    ok: bool
+    error: str | None  # lease_invalid | partition_not_found | already_committed | ...
+    lease_released: bool
+
 
 async def ack_by_hash(conn: Conn, tenant: bytes, partition_id: int, group: str,
                       lease_id: uuid.UUID | None, hashes: list[bytes],
-                      statuses: list[str]) -> dict[str, Any]:
+                      statuses: list[str]) -> GroupAck:
     cur = await conn.execute(
         _ACK_BY_HASH, (uuid.UUID(bytes=tenant), partition_id, group, lease_id, hashes,
                        statuses), prepare=True)
     row = await cur.fetchone()
     assert row is not None
-    return row[0]
+    return _group_ack(row[0])
 
 
 async def ack_by_hash_many(conn: Conn, tenant: bytes, calls: list[AckCall]
-                           ) -> list[dict[str, Any]]:
+                           ) -> list[GroupAck]:
     """``log_ack_by_hash_v1`` once per call, in order, in one round trip (pipeline mode); the
     caller holds a transaction, so a failed call leaves nothing of the others."""
     t = uuid.UUID(bytes=tenant)
     async with conn.pipeline():
         cursors = [await conn.execute(_ACK_BY_HASH, (t, *call), prepare=True) for call in calls]
-    out: list[dict[str, Any]] = []
+    out: list[GroupAck] = []
     for cur in cursors:
         row = await cur.fetchone()
         assert row is not None
-        out.append(row[0])
+        out.append(_group_ack(row[0]))
     return out
 
 
-async def segment_at(conn: Conn, partition_id: int, offset: int
-                     ) -> tuple[int, datetime, bytes] | None:
-    """(base_offset, created_at, payload) of the segment holding ``offset``, if retained."""
+async def segment_at(conn: Conn, partition_id: int, offset: int) -> Segment | None:
+    """The segment holding ``offset``, if retained."""
     cur = await conn.execute(
-        "SELECT base_offset, created_at, payload FROM queen.log_segment_at_v1(%s, %s)",
-        (partition_id, offset))
+        "SELECT base_offset, msg_count, created_at, payload"
+        " FROM queen.log_segment_at_v1(%s, %s)", (partition_id, offset))
     row = await cur.fetchone()
-    return None if row is None else (row[0], row[1], row[2])
+    return None if row is None else Segment(row[0], row[1], row[2], bytes(row[3]))
 
 
 async def file_dlq(conn: Conn, tenant: bytes, partition_id: int, group: str,
                    lease_id: uuid.UUID | None, offset: int, message_id: bytes,
                    transaction_id: str, trace_id: bytes | None, producer_sub: str | None,
                    encrypted: bool, payload: bytes | None, error: str | None,
-                   created_at: datetime | None) -> dict[str, Any]:
+                   created_at: datetime | None) -> DlqFiling:
     cur = await conn.execute(
         "SELECT queen.log_dlq_head_v1(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
         (uuid.UUID(bytes=tenant), partition_id, group, lease_id, offset,
@@ -68,11 +142,12 @@ async def file_dlq(conn: Conn, tenant: bytes, partition_id: int, group: str,
          error, created_at))
     row = await cur.fetchone()
     assert row is not None
-    return row[0]
+    doc = row[0]
+    return DlqFiling(bool(doc.get("ok")), doc.get("error"), bool(doc.get("leaseReleased")))
 
 
 async def ack_at(conn: Conn, tenant: bytes, partition_id: int, group: str, lease_id: bytes,
-                 batch_end: int, count: int) -> dict[str, Any]:
+                 batch_end: int, count: int) -> Advance:
     """One positional whole-batch advance (the registry fast path without fusion)."""
     cur = await conn.execute(
         "SELECT queen.log_ack_at_v1(%s, %s, %s, %s, %s, %s)",
@@ -80,12 +155,12 @@ async def ack_at(conn: Conn, tenant: bytes, partition_id: int, group: str, lease
          count), prepare=True)
     row = await cur.fetchone()
     assert row is not None
-    return row[0]
+    return _advance(row[0])
 
 
 async def ack_multi(conn: Conn, tenant: bytes, partition_ids: list[int], groups: list[str],
                     lease_ids: list[bytes], batch_ends: list[int], counts: list[int]
-                    ) -> list[dict[str, Any]]:
+                    ) -> list[Advance]:
     """Many positional advances in one transaction (ack fusion); results in input order."""
     cur = await conn.execute(
         "SELECT queen.log_ack_multi_v1(%s, %b::int8[], %b::text[], %b::uuid[], %b::int8[],"
@@ -94,4 +169,4 @@ async def ack_multi(conn: Conn, tenant: bytes, partition_ids: list[int], groups:
          [uuid.UUID(bytes=b) for b in lease_ids], batch_ends, counts), prepare=True)
     row = await cur.fetchone()
     assert row is not None
-    return sorted(row[0], key=lambda r: r["i"])
+    return [_advance(r) for r in sorted(row[0], key=lambda r: r["i"])]

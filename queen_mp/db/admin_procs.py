@@ -1,4 +1,4 @@
-"""Named calls into the admin procedures of ``sql/070_admin.sql`` (api.md 2.7, 4, 5).
+"""Named calls into the admin procedures of ``sql/functions/admin.sql`` (docs/api.md 2.7, 4, 5).
 
 Every function takes an open autocommit psycopg connection and returns plain Python values:
 rows as dicts keyed by the procedure's column names, times as aware ``datetime``. One call is
@@ -92,7 +92,7 @@ async def configure(conn: Conn, tenant: bytes, queue: str, namespace: str | None
                     task: str | None, options: dict[str, Any]) -> dict[str, Any]:
     """``queue_configure_v1``: {created, queueId, queue, namespace, task, options}.
 
-    ``options`` holds camelCase api.md 4 keys only, already type-checked; ``task`` ``""``
+    ``options`` holds camelCase docs/api.md 4 keys only, already type-checked; ``task`` ``""``
     removes the task.
     """
     return await _value(conn, "SELECT queen.queue_configure_v1(%s, %s, %s, %s, %s::jsonb)",

@@ -1,25 +1,99 @@
 """What the named calls of queen_mp/db share: the tenant as the uuid the procedures take, a
 set-returning procedure's answer as dict rows, with psycopg errors translated at this boundary,
-and the push bundle statement that both the shards and the timer firer send.
+and the push bundle statement that both the shards and the timer firer send, with its answer
+decoded into one ``SegmentVerdict`` per segment.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
 
-from queen_mp.db.errors import translate
+from queen_mp.db.errors import DatabaseError, translate
 
-__all__ = ["PUSH_MULTI", "fetch_rows", "tenant_uuid"]
+__all__ = ["PUSH_MULTI", "Segment", "SegmentVerdict", "fetch_rows", "segment_verdicts",
+           "tenant_uuid"]
 
 # PERF(queen): arrays go in binary (%b): psycopg's text form hex-escapes every bytea element
 # and runs a quoting regex over the result, 47 ms per MB of segment blobs against 0.9 ms.
 PUSH_MULTI = ("SELECT queen.log_push_multi_v1(%b::text[], %b::text[], %b::int4[], %b::bytea[],"
               " %b::int8[], %b::bytea[], %b::uuid[])")
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """One stored segment: a row of ``log_segments`` as ``log_segment_at_v1`` (and the message
+    reads) answer it."""
+
+    base_offset: int
+    msg_count: int
+    created_at: dt.datetime
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentVerdict:
+    """What ``log_push_multi_v1`` answered for one segment (= one partition) of a bundle.
+
+    ``queued``: the segment is stored at ``base_offset .. base_offset + count - 1``.
+    Otherwise it was a duplicate and nothing of it was written: ``duplicates`` holds
+    (frame index in the segment, offset of the stored original) of each frame found stored,
+    and the other frames are to be pushed again.
+    """
+
+    partition_id: int
+    created_at_us: int  # the bundle's timestamp, microseconds since the epoch
+    queued: bool
+    base_offset: int | None  # None unless queued
+    window: int  # the queue's dedupWindow (s) as the statement saw it; 0 = none
+    duplicates: tuple[tuple[int, int], ...]  # (frame index, original's offset); () if queued
+
+
+_NEW = object.__new__
+# PERF(queen): a frozen dataclass's __init__ sets each field through a looked-up
+# object.__setattr__ (720 ns for these six fields); the slots' own setters, called inline,
+# take 390 ns. One verdict per segment of every bundle commit.
+_SET_PID, _SET_TS, _SET_QUEUED, _SET_BASE, _SET_WINDOW, _SET_DUPS = (
+    SegmentVerdict.__dict__[name].__set__ for name in (
+        "partition_id", "created_at_us", "queued", "base_offset", "window", "duplicates"))
+
+
+def segment_verdicts(answer: Any, n: int) -> list[SegmentVerdict]:
+    """``log_push_multi_v1``'s answer (a jsonb array of one object per segment, keys ``i``
+    input ordinal, ``pid``, ``ts``, ``s`` status, ``base``, ``w``, ``dups``) by input ordinal;
+    anything but exactly one well-formed verdict per ordinal fails the whole bundle."""
+    if not isinstance(answer, list) or len(answer) != n:
+        raise DatabaseError(f"log_push_multi_v1 answered {answer!r} for {n} segments")
+    out: list[SegmentVerdict | None] = [None] * n
+    try:
+        for r in answer:
+            i = r["i"]
+            if not 0 <= i < n or out[i] is not None:
+                raise DatabaseError(f"log_push_multi_v1: bad ordinal {i}")
+            v = out[i] = _NEW(SegmentVerdict)
+            _SET_PID(v, r["pid"])
+            _SET_TS(v, r["ts"])
+            _SET_WINDOW(v, r.get("w") or 0)
+            status = r["s"]
+            if status == "queued":
+                _SET_QUEUED(v, True)
+                _SET_BASE(v, r["base"])
+                _SET_DUPS(v, ())
+            elif status == "duplicate":
+                _SET_QUEUED(v, False)
+                _SET_BASE(v, None)
+                _SET_DUPS(v, tuple((int(d["i"]), int(d["off"])) for d in r.get("dups") or ()))
+            else:
+                raise DatabaseError(f"log_push_multi_v1: unknown status {status!r}")
+    except (KeyError, TypeError, ValueError) as ex:
+        raise DatabaseError(f"log_push_multi_v1: malformed verdict ({ex!r})") from ex
+    return out  # type: ignore[return-value]  # n ordinals, each once: no None is left
 
 
 def tenant_uuid(tenant: bytes) -> uuid.UUID:

@@ -1,4 +1,4 @@
-"""Named calls into the dead-letter procedures of ``sql/045_dlq.sql`` (api.md 2.8).
+"""Named calls into the dead-letter procedures of ``sql/functions/dlq.sql`` (docs/api.md 2.8).
 
 Every function takes an open autocommit psycopg connection (one procedure call = one
 transaction) and returns plain Python values: rows as frozen records, times as aware
@@ -25,7 +25,7 @@ Conn = psycopg.AsyncConnection[Any]
 
 @dataclass(frozen=True, slots=True)
 class DlqRow:
-    """One ``queen.log_dlq`` row with its queue name (log_dlq in 001_schema.sql)."""
+    """One ``queen.log_dlq`` row with its queue name (log_dlq in sql/schema/001_baseline.sql)."""
 
     id: int
     queue: str

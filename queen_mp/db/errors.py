@@ -5,6 +5,8 @@ psycopg errors never leave `queen_mp/db`: the boundary turns them into this tree
 
     DatabaseError                  base; `sqlstate` is the server's code, or None
      ├── Unavailable               no connection, or lost before the outcome could matter
+     │    └── NotDurable           connected, but the server will not run it with
+     │                             synchronous_commit on (queen_mp/db/connect.py): not used
      ├── OutcomeUnknown            lost after COMMIT was sent: may or may not be committed
      ├── StatementTimeout          57014: statement_timeout or a cancel; nothing committed
      ├── Conflict                  40001, 40P01, 55P03: lost a race; nothing committed, retry
@@ -29,6 +31,7 @@ __all__ = [
     "MaintenanceOn",
     "MigrationChecksumError",
     "MigrationError",
+    "NotDurable",
     "OutcomeUnknown",
     "StatementError",
     "StatementTimeout",
@@ -47,6 +50,11 @@ class DatabaseError(Exception):
 
 class Unavailable(DatabaseError):
     """No usable connection; nothing was committed, so the work may be retried or spooled."""
+
+
+class NotDurable(Unavailable):
+    """A new connection does not run with ``synchronous_commit`` on although it asked for it:
+    refused before anything was sent on it, so its user is told there is no connection."""
 
 
 class OutcomeUnknown(DatabaseError):

@@ -1,4 +1,4 @@
-"""Named calls into the consumer-group procedures of ``sql/034_groups.sql`` (api.md 2.10).
+"""Named calls into the consumer-group procedures, ``sql/functions/groups.sql`` (docs/api.md 2.10).
 
 Every function takes an open autocommit psycopg connection (one procedure call = one
 transaction) and returns plain Python values: rows as dicts keyed by the procedure's column

@@ -1,10 +1,10 @@
-"""Named calls into the KV procedures of ``sql/050_kv.sql`` (api.md 2.5 "KV ops", 2.11).
+"""Named calls into the KV procedures of ``sql/functions/kv.sql`` (docs/api.md 2.5 "KV ops", 2.11).
 
-``apply`` runs one KV call: the ops (normalised by ``queen_mp.kv.parse_kv_ops``) in order, in
+``apply`` runs one KV call: the ops (normalised by ``queen_mp.models.kv.parse_kv_ops``) in order, in
 one transaction; a call with a write first passes ``queen.require_writable_v1`` in the same
 statement. Outcomes:
 
-- ``KvOutcome(ok=True, results=[...])``: committed; one result object per op (050_kv.sql).
+- ``KvOutcome(ok=True, results=[...])``: committed; one result object per op (sql/functions/kv.sql).
 - ``KvOutcome(ok=False, ...)``: an op with ``required: true`` failed its precondition
   (SQLSTATE QK001); the transaction rolled back, nothing was written.
 - raises ``queen_mp.db.errors.MaintenanceOn`` (QM001, push maintenance is on: nothing
@@ -63,7 +63,7 @@ class KvOutcome:
 
 
 def precondition_failed(message: str | None, detail: str | None) -> KvOutcome:
-    """The ``ok=False`` outcome of a QK001 error, from its MESSAGE and DETAIL (050_kv.sql).
+    """The ``ok=False`` outcome of a QK001 error, from its MESSAGE and DETAIL (functions/kv.sql).
 
     Also for callers that catch QK001 in their own SQL and pass its fields up (060).
     """

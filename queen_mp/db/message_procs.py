@@ -1,4 +1,4 @@
-"""Named calls into the message browser procedures of ``sql/075_messages.sql`` (api.md 2.9).
+"""Named calls into the message browser, ``sql/functions/messages.sql`` (docs/api.md 2.9).
 
 Every function takes an open autocommit psycopg connection and returns plain Python values:
 rows as frozen records, times as aware ``datetime``, payloads as ``bytes``. One call is one
@@ -17,7 +17,7 @@ from typing import Any
 
 import psycopg
 
-from queen_mp.db.calls import fetch_rows, tenant_uuid
+from queen_mp.db.calls import Segment, fetch_rows, tenant_uuid
 from queen_mp.db.errors import translate
 
 __all__ = [
@@ -62,14 +62,6 @@ class PageSegment:
 class ListPage:
     total: int  # every matching message, the page notwithstanding
     segments: list[PageSegment]
-
-
-@dataclass(frozen=True, slots=True)
-class Segment:
-    base_offset: int
-    msg_count: int
-    created_at: dt.datetime
-    payload: bytes
 
 
 @dataclass(frozen=True, slots=True)

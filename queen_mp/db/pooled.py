@@ -1,31 +1,31 @@
-"""Pooled connections for the front workers' request handlers, and the liveness test every
-long-lived connection of the broker uses before it is reused.
+"""Pooled connections for the front workers' request handlers.
 
-After a PostgreSQL failover (docs/operations.md) every connection to the old primary is dead:
-the backend's exit closed the socket, so an idle connection whose socket is readable holds
-either a message nobody asked for (a FATAL ``terminating connection``, or the end of the
-stream) or, rarely, a harmless notice. ``quiet`` is that test, one ``select`` with a zero
-timeout, no round trip. The front workers' pool runs it on every checkout
+After a PostgreSQL failover (docs/operations.md) every connection to the old primary is dead.
+The front workers' pool runs ``quiet`` (queen_mp/db/connect.py) on every checkout
 (``failover_pool``): a connection that fails it is discarded together with every idle one of
 the pool (they all talked to the same server), so a request is never handed a dead connection
 and answered ``outcome_unknown`` for work it never sent. New connections follow the DSN, so a
 multi-host DSN with ``target_session_attrs=read-write`` lands on whichever host is the primary
-now.
+now; like every connection of the broker they are made by ``queen_mp.db.connect``, pinned to
+``synchronous_commit=on``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import select
 from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from queen_mp.db.connect import make_pool, quiet
 from queen_mp.db.errors import translate
 
-__all__ = ["RECONNECT_TIMEOUT_S", "connection", "failover_pool", "quiet"]
+__all__ = ["RECONNECT_TIMEOUT_S", "Pool", "connection", "failover_pool", "quiet"]
+
+#: The front workers' pool, as the modules outside queen_mp/db name its type.
+Pool = AsyncConnectionPool
 
 # NOTE(db): psycopg_pool retries a failed connect with an exponential backoff (1, 2, 4, 8 s...)
 # until reconnect_timeout, then gives up until a client asks again. Its default (300 s) lets
@@ -34,20 +34,10 @@ __all__ = ["RECONNECT_TIMEOUT_S", "connection", "failover_pool", "quiet"]
 RECONNECT_TIMEOUT_S = 2.0
 
 
-def quiet(conn: psycopg.AsyncConnection[Any]) -> bool:
-    """True if an idle connection looks usable: open, not broken, nothing unread on its socket."""
-    if conn.closed or conn.broken:
-        return False
-    try:
-        readable, _, _ = select.select([conn.fileno()], [], [], 0)
-    except (OSError, ValueError, psycopg.Error):
-        return False
-    return not readable
-
-
 def failover_pool(dsn: str, *, max_size: int, name: str, timeout: float = 5.0,
                   min_size: int = 1) -> AsyncConnectionPool:
-    """An autocommit pool that never hands out a connection to a server that went away."""
+    """An autocommit pool that never hands out a connection to a server that went away;
+    its connections are named ``queen-mp <name>`` in ``pg_stat_activity``."""
 
     async def check(conn: psycopg.AsyncConnection[Any]) -> None:
         if quiet(conn):
@@ -57,9 +47,9 @@ def failover_pool(dsn: str, *, max_size: int, name: str, timeout: float = 5.0,
         except psycopg.Error:
             await pool.drain()  # the other idle connections went to the same server
             raise
-    pool = AsyncConnectionPool(dsn, min_size=min_size, max_size=max_size, open=False,
-                               timeout=timeout, kwargs={"autocommit": True}, name=name,
-                               check=check, reconnect_timeout=RECONNECT_TIMEOUT_S)
+    pool = make_pool(dsn, application_name=f"queen-mp {name}", min_size=min_size,
+                     max_size=max_size, name=name, timeout=timeout, check=check,
+                     reconnect_timeout=RECONNECT_TIMEOUT_S)
     return pool
 
 

@@ -1,22 +1,28 @@
-"""Calls into ``sql/030_pop.sql``: the claim-and-read of a pop, and lease renewal."""
+"""Calls into ``queen_mp/sql/functions/pop.sql``: the claim-and-read of a pop, and lease renewal."""
 
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 import psycopg
 
-__all__ = ["ClaimQuery", "ClaimResult", "ClaimRow", "claim", "renew_lease"]
+__all__ = ["Claim", "ClaimResult", "PopRequest", "StoredChunks", "claim", "renew_lease"]
 
 _POP = ("SELECT * FROM queen.log_pop_v1(%s, %s, %s, %s, %s, %s, %s::int4, %s::int4, %s, %s,"
         " %s, %s, %s::int4)")
 
+#: one covering segment of a claim as stored: (base offset, created at, payload chunks)
+StoredChunks = tuple[int, datetime, bytes]
 
-@dataclass(frozen=True)
-class ClaimQuery:
+
+@dataclass(frozen=True, slots=True)
+class PopRequest:
+    """One pop as the API asked for it (docs/api.md 2.3): what ``log_pop_v1`` claims, and how
+    long the front worker may wait for something claimable (``wait``, ``timeout_ms``)."""
+
     tenant: bytes
     queue: str | None
     partition: str | None
@@ -25,16 +31,17 @@ class ClaimQuery:
     group: str
     batch: int
     partitions: int
+    wait: bool
+    timeout_ms: int
     auto_ack: bool
     sub_mode: str
     sub_from: datetime | None
-    lease_id: uuid.UUID | None
-    claim_ms: int
 
 
 @dataclass(frozen=True, slots=True)
-class ClaimRow:
-    """One covering segment of one claim (segment fields None if retained away)."""
+class Claim:
+    """Offsets ``start .. end`` of one partition, leased (or auto-acked) by one pop, with the
+    stored segments that cover them (those retention left), ascending."""
 
     queue: str
     partition_id: int
@@ -44,26 +51,43 @@ class ClaimRow:
     attempt: int
     lease_expires_at: datetime | None
     encrypted: bool
-    base_offset: int | None
-    created_at: datetime | None
-    payload: bytes | None
+    segments: list[StoredChunks] = field(default_factory=list)
+
+    @property
+    def count(self) -> int:
+        return self.end - self.start + 1
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ClaimResult:
-    rows: list[ClaimRow]
+    claims: list[Claim]
     wake_in_ms: int | None  # when nothing was claimed: a blocked partition frees up then
 
 
-async def claim(conn: psycopg.AsyncConnection[Any], q: ClaimQuery) -> ClaimResult:
+async def claim(conn: psycopg.AsyncConnection[Any], r: PopRequest, lease_id: uuid.UUID | None,
+                claim_ms: int) -> ClaimResult:
+    """``log_pop_v1``: one row per (claim, covering segment), a claim's rows together; one row
+    with no partition when nothing was claimed."""
     cur = await conn.execute(_POP, (
-        uuid.UUID(bytes=q.tenant), q.queue, q.partition, q.namespace, q.task, q.group, q.batch,
-        q.partitions, q.auto_ack, q.sub_mode, q.sub_from, q.lease_id, q.claim_ms),
+        uuid.UUID(bytes=r.tenant), r.queue, r.partition, r.namespace, r.task, r.group, r.batch,
+        r.partitions, r.auto_ack, r.sub_mode, r.sub_from, lease_id, claim_ms),
         prepare=True, binary=True)  # PERF(queen): payloads as stored, not hex text
     records = await cur.fetchall()
     if len(records) == 1 and records[0][1] is None:
         return ClaimResult([], records[0][11])
-    return ClaimResult([ClaimRow(*r[:11]) for r in records], None)
+    claims: list[Claim] = []
+    pid = None
+    segments: list[StoredChunks] = []
+    for row in records:
+        if row[1] != pid:
+            pid = row[1]
+            segments = []
+            claims.append(Claim(row[0], pid, row[2], row[3], row[4], row[5], row[6], row[7],
+                                segments))
+        # columns 8..10: the covering segment, NULL where retention removed it
+        if row[8] is not None and row[9] is not None and row[10] is not None:
+            segments.append((row[8], row[9], row[10]))
+    return ClaimResult(claims, None)
 
 
 async def renew_lease(conn: psycopg.AsyncConnection[Any], tenant: bytes, lease_id: uuid.UUID,

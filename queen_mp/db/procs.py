@@ -1,18 +1,32 @@
-"""Named calls into the stored procedures of ``sql/``; the only place Python names them.
+"""Named calls into the system procedures of ``queen_mp/sql/functions/system.sql`` (health,
+queue flags, maintenance switches, wake peers) and the LISTEN/NOTIFY statements of the wake-up
+connections (queen_mp/ipc/wakeup.py).
 
 Every function takes an open psycopg connection (or pipeline-mode connection) and returns
 plain Python values; psycopg errors are translated at this boundary by the callers' use of
-``queen_mp.db.errors.translate``.
+``queen_mp.db.errors.translate`` (or ``queen_mp.db.connect.Dedicated``).
 """
 
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
-__all__ = ["health", "queue_flags"]
+__all__ = ["QueueSwitches", "health", "listen", "maintenance_flags", "notify", "queue_flags",
+           "set_maintenance", "wake_peers"]
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSwitches:
+    """``queue_flags_v1``: what a front worker must know of a queue before building frames
+    (an unknown queue answers a new queue's defaults)."""
+
+    exists: bool
+    encryption: bool
 
 
 async def health(conn: psycopg.AsyncConnection[Any]) -> dict[str, Any]:
@@ -23,9 +37,45 @@ async def health(conn: psycopg.AsyncConnection[Any]) -> dict[str, Any]:
 
 
 async def queue_flags(conn: psycopg.AsyncConnection[Any], tenant: bytes,
-                      queue: str) -> dict[str, Any]:
+                      queue: str) -> QueueSwitches:
     cur = await conn.execute("SELECT queen.queue_flags_v1(%s, %s)",
                              (uuid.UUID(bytes=tenant), queue))
     row = await cur.fetchone()
     assert row is not None
+    doc = row[0]
+    return QueueSwitches(bool(doc.get("exists")), bool(doc["encryption"]))
+
+
+async def maintenance_flags(conn: psycopg.AsyncConnection[Any]) -> dict[str, Any]:
+    """``queen.maintenance_flags_v1()``: ``{"maintenance", "popMaintenance", "version"}``, the
+    document the maintenance routes answer as is."""
+    cur = await conn.execute("SELECT queen.maintenance_flags_v1()")
+    row = await cur.fetchone()
+    assert row is not None
     return row[0]
+
+
+async def set_maintenance(conn: psycopg.AsyncConnection[Any], kind: str,
+                          enabled: bool) -> dict[str, Any]:
+    """``queen.set_maintenance_v1``: set push (``kind="push"``) or pop maintenance; answers
+    the flags after the change (the change NOTIFYs every instance at commit)."""
+    cur = await conn.execute("SELECT queen.set_maintenance_v1(%s, %s)", (kind, enabled))
+    row = await cur.fetchone()
+    assert row is not None
+    return row[0]
+
+
+async def wake_peers(conn: psycopg.AsyncConnection[Any], instance: str) -> bool:
+    """``queen.wake_peers_v1``: does a wake listener of another instance exist?"""
+    cur = await conn.execute("SELECT queen.wake_peers_v1(%s)", (instance,))
+    row = await cur.fetchone()
+    return bool(row and row[0])
+
+
+async def notify(conn: psycopg.AsyncConnection[Any], channel: str, payload: str) -> None:
+    await conn.execute("SELECT pg_notify(%s, %s)", (channel, payload))
+
+
+async def listen(conn: psycopg.AsyncConnection[Any], channel: str) -> None:
+    """``LISTEN`` takes no parameter: the channel is quoted as an identifier, never pasted."""
+    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))

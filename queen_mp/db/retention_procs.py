@@ -1,14 +1,15 @@
-"""Calls into ``sql/080_retention.sql`` (housekeeping: retention, sidecar purge, leases) and
-``sql/095_tenancy.sql`` (the DLQ depth gauge)."""
+"""Calls into ``sql/functions/retention.sql`` (housekeeping: retention, sidecar purge, leases) and
+``sql/functions/retention.sql`` (the DLQ depth gauge)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 
-__all__ = ["OTHER_TENANTS_LABEL", "dlq_depth", "reclaim_leases", "retention_candidates",
-           "retention_step", "try_lock", "unlock"]
+__all__ = ["OTHER_TENANTS_LABEL", "RetentionStep", "dlq_depth", "reclaim_leases",
+           "retention_candidates", "retention_step", "try_lock", "unlock"]
 
 Conn = psycopg.AsyncConnection[Any]
 
@@ -32,12 +33,23 @@ async def retention_candidates(conn: Conn, after: int, limit: int, shards: int,
     return [r[0] for r in await cur.fetchall()]
 
 
-async def retention_step(conn: Conn, partition_id: int, limit: int) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class RetentionStep:
+    """One bounded step of ``retention_partition_v1`` on one partition."""
+
+    segments: int  # segments removed
+    txns: int  # sidecar (log_txns) rows removed
+    more: bool  # the step hit its limit: call again
+
+
+async def retention_step(conn: Conn, partition_id: int, limit: int) -> RetentionStep:
     cur = await conn.execute("SELECT queen.retention_partition_v1(%s, %s)",
                              (partition_id, limit))
     row = await cur.fetchone()
     assert row is not None
-    return row[0]
+    doc = row[0]
+    return RetentionStep(int(doc.get("segments") or 0), int(doc.get("txns") or 0),
+                         bool(doc.get("more")))
 
 
 async def reclaim_leases(conn: Conn, limit: int) -> int:
@@ -47,7 +59,7 @@ async def reclaim_leases(conn: Conn, limit: int) -> int:
     return int(row[0])
 
 
-#: The queen_dlq_depth label of every queue outside the default tenant (api.md 1.5: /metrics
+#: The queen_dlq_depth label of every queue outside the default tenant (docs/api.md 1.5: /metrics
 #: is public, so it never names another tenant's queue).
 OTHER_TENANTS_LABEL = "(other tenants)"
 

@@ -1,4 +1,4 @@
-"""Named calls into the timer procedures of ``sql/055_timers.sql`` (api.md 2.5, 2.11).
+"""Named calls into the timer procedures of ``sql/functions/timers.sql`` (docs/api.md 2.5, 2.11).
 
 Two kinds of callers:
 
@@ -26,7 +26,7 @@ import orjson
 import psycopg
 from psycopg.types.json import Jsonb
 
-from queen_mp.db.calls import PUSH_MULTI, tenant_uuid
+from queen_mp.db.calls import PUSH_MULTI, SegmentVerdict, segment_verdicts, tenant_uuid
 from queen_mp.db.errors import StatementError, translate
 
 __all__ = [
@@ -179,19 +179,13 @@ async def claim_due(conn: Conn, limit: int, max_bytes: int, with_encrypted: bool
 
 async def push_multi(conn: Conn, queues: Sequence[str], partitions: Sequence[str],
                      counts: Sequence[int], hashes: Sequence[bytes], blobs: Sequence[bytes],
-                     tenants: Sequence[bytes]) -> list[dict[str, Any]]:
-    """``log_push_multi_v1`` in the caller's transaction; results in input order."""
+                     tenants: Sequence[bytes]) -> list[SegmentVerdict]:
+    """``log_push_multi_v1`` in the caller's transaction; one verdict per segment, in input
+    order."""
     res = await _value(conn, PUSH_MULTI, (
         list(queues), list(partitions), list(counts), list(hashes), [0] * len(queues),
         list(blobs), [uuid.UUID(bytes=t) for t in tenants]))
-    if not isinstance(res, list) or len(res) != len(queues):
-        raise StatementError(f"log_push_multi_v1 returned {res!r}")
-    out: list[dict[str, Any] | None] = [None] * len(queues)
-    for r in res:
-        out[int(r["i"])] = r
-    if any(r is None for r in out):
-        raise StatementError("log_push_multi_v1: missing results")
-    return out  # type: ignore[return-value]
+    return segment_verdicts(res, len(queues))
 
 
 async def mark_fired(conn: Conn, queue_ids: Sequence[int], keys: Sequence[str]) -> int:

@@ -1,4 +1,4 @@
-"""Calls into ``sql/060_transaction.sql``: one ``log_transaction_wire_v1`` per transaction."""
+"""Calls into ``sql/functions/transaction.sql``: one ``log_transaction_wire_v1`` per transaction."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import psycopg
 
-from queen_mp.acks import AckItem
+from queen_mp.db.ack_procs import AckItem
 from queen_mp.db.errors import translate
 from queen_mp.wire.hashing import txn_hash
 

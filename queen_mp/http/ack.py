@@ -1,4 +1,4 @@
-"""``POST /api/v1/ack`` and ``POST /api/v1/ack/batch`` (api.md 2.3, 2.4).
+"""``POST /api/v1/ack`` and ``POST /api/v1/ack/batch`` (docs/api.md 2.3, 2.4).
 
 Both answer a top-level array, one element per item in input order. The whole body is checked
 before anything is applied (a 400 applies nothing). When some group's commit failed or was
@@ -13,8 +13,9 @@ import falcon
 import falcon.asgi
 import orjson
 
-from queen_mp.acks import AckItem
+from queen_mp.db.ack_procs import AckItem
 from queen_mp.db.errors import DatabaseError
+from queen_mp.front.worker import FrontWorker
 from queen_mp.http.authz import tenant_of
 from queen_mp.http.body import read_body
 from queen_mp.http.dbcall import api_error
@@ -25,8 +26,7 @@ from queen_mp.http.errors import (
     Timeout,
     Unavailable,
 )
-from queen_mp.http.items import parse_ack_item
-from queen_mp.worker import FrontWorker
+from queen_mp.models.items import parse_ack_item
 
 __all__ = ["AckBatchResource", "AckResource"]
 

@@ -1,4 +1,4 @@
-"""Admission of write requests (api.md 1.8): a per-worker byte budget, 429 and 507 at the edge.
+"""Admission of write requests (docs/api.md 1.8): a per-worker byte budget, 429 and 507 at the edge.
 
 ``POST /api/v1/push``, ``/transaction``, ``/kv`` and ``/timers`` take permits worth their
 ``Content-Length`` from the front worker's budget (``QUEEN_ADMIT_MAX_MB``) in ``process_request``,
@@ -40,7 +40,7 @@ Disk. Push and transaction answer ``507 storage_full`` when the filesystem of th
 the embedded PostgreSQL data directory when there is one, is more than ``QUEEN_DISK_HIGH_PCT``
 used. The check runs before admission (and again after a wait) and before the body is read; the
 usage is sampled (``os.statvfs``) at most once a second. KV and timer writes are not refused
-for the disk: api.md 1.8 names push and transaction only.
+for the disk: docs/api.md 1.8 names push and transaction only.
 """
 
 from __future__ import annotations
@@ -64,8 +64,8 @@ from queen_mp.http.errors import ApiError, Overloaded, StorageFull
 from queen_mp.http.kv import kv_error
 
 if TYPE_CHECKING:
+    from queen_mp.front.worker import FrontWorker
     from queen_mp.metrics import Metrics
-    from queen_mp.worker import FrontWorker
 
 __all__ = [
     "ADMITTED_PATHS",
@@ -83,7 +83,7 @@ ADMITTED_PATHS = frozenset({"/api/v1/push", "/api/v1/transaction", "/api/v1/kv",
                             "/api/v1/timers"})
 DISK_CHECKED_PATHS = frozenset({"/api/v1/push", "/api/v1/transaction"})
 WINDOWED_PATHS = DISK_CHECKED_PATHS  # bodies that become items awaiting verdicts
-_KV_SHAPED = frozenset({"/api/v1/kv", "/api/v1/timers"})  # api.md 2.11 error shape
+_KV_SHAPED = frozenset({"/api/v1/kv", "/api/v1/timers"})  # docs/api.md 2.11 error shape
 
 JITTER = 0.1  # the hold is QUEEN_ADMIT_HOLD_MS x uniform(1 - JITTER, 1 + JITTER)
 DISK_SAMPLE_S = 1.0

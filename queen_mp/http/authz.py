@@ -1,4 +1,4 @@
-"""Authentication and authorization at the edge (api.md 1.5): a falcon ASGI middleware.
+"""Authentication and authorization at the edge (docs/api.md 1.5): a falcon ASGI middleware.
 
 It runs right after ``EdgeMiddleware`` and before ``Admission``, in ``process_request``, so a
 request that is refused here never takes admission permits nor reads its body. Every request
@@ -8,7 +8,8 @@ leaves it with ``req.context.tenant`` (16 bytes), ``req.context.sub`` (str or No
 
 - Authentication off: every request is the default tenant's, without a subject, with every
   role; the ``Authorization`` header is not even looked at.
-- Public, whatever the setting: ``/health``, ``/metrics``, ``/metrics/prometheus``, and every
+- Public, whatever the setting: ``/health``, ``/metrics``, ``/metrics/prometheus``,
+  ``/api/v1/openapi.json``, and every
   ``OPTIONS`` (answered ``204`` by ``EdgeMiddleware``).
 - Authentication on, anything else: a missing or unacceptable token is ``401 unauthorized``
   (with ``WWW-Authenticate: Bearer``); a role below the route's is ``403 forbidden``. The
@@ -16,14 +17,14 @@ leaves it with ``req.context.tenant`` (16 bytes), ``req.context.sub`` (str or No
   router finds for the path, so a path spelled differently cannot reach a route under a
   weaker rule. A path that matches no route needs ``read-only`` (it then answers 404).
 
-Roles per route (api.md 1.5, 5): ``admin`` for ``/api/v1/system/*``, queue delete
+Roles per route (docs/api.md 1.5, 5): ``admin`` for ``/api/v1/system/*``, queue delete
 (``DELETE /api/v1/resources/queues/{queue}``), consumer group delete (every ``DELETE`` under
 ``/api/v1/consumer-groups/``) and ``POST /api/v1/stats/refresh``;
 ``read-only`` for every other ``GET``/``HEAD`` except pops; ``read-write`` for the rest (pops,
 push, ack, transaction, lease extend, configure, KV, timers, DLQ retry and delete, seek,
 subscription).
 
-Errors are the api.md 1.4 body; on the KV and timer routes they take that family's shape
+Errors are the docs/api.md 1.4 body; on the KV and timer routes they take that family's shape
 (``error`` = code, ``reason``, ``detail``), as every other error there does.
 """
 
@@ -39,7 +40,8 @@ from queen_mp.http.errors import ApiError, Forbidden, Unauthorized, kv_error
 __all__ = ["ADMIN_DELETE_TREES", "ADMIN_ROUTES", "PUBLIC_PATHS", "Authz", "required_role", "sub_of",
            "tenant_of"]
 
-PUBLIC_PATHS = frozenset({"/health", "/metrics", "/metrics/prometheus"})
+#: ``/api/v1/openapi.json`` describes the API and holds no data (queen_mp/http/openapi.py).
+PUBLIC_PATHS = frozenset({"/health", "/metrics", "/metrics/prometheus", "/api/v1/openapi.json"})
 #: (method, uri template) of the admin routes outside the ``/api/v1/system/`` tree.
 ADMIN_ROUTES = frozenset({("POST", "/api/v1/stats/refresh")})
 #: Every DELETE under these is admin: queue delete and consumer group delete. A tree, not a

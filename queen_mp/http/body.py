@@ -1,4 +1,4 @@
-"""Reading request bodies within the limits of api.md 1.6/1.7, before any parsing.
+"""Reading request bodies within the limits of docs/api.md 1.6/1.7, before any parsing.
 
 The declared Content-Length is checked before a byte is read; a body without one is read up to
 the limit and no further. ``gzip`` and ``zstd`` request encodings are decoded with the decoded

@@ -1,4 +1,4 @@
-"""``POST /api/v1/configure``: create a queue or update some of its options (api.md 2.7, 4).
+"""``POST /api/v1/configure``: create a queue or update some of its options (docs/api.md 2.7, 4).
 
 Body ``{"queue", "namespace"?, "task"?, "options"?}``. The queue is created if needed (§4
 defaults) and ONLY the options present are written; the others keep their stored values.
@@ -9,7 +9,7 @@ A wrong type or a value out of range is ``400`` with ``field`` = the key as sent
 the task. ``encryptionEnabled: true`` on a broker without ``QUEEN_ENCRYPTION_KEY`` is ``400``.
 
 Who sees a change when: pops and acks read the options in SQL on every call, so the next one
-after the ``200`` uses them. Pushes decide encryption from ``queen_mp.queueflags``, memoised
+after the ``200`` uses them. Pushes decide encryption from ``queen_mp.front.queueflags``, memoised
 per front worker for 5 s: a push may still use the previous ``encryptionEnabled`` for up to
 5 s after the answer (in every front worker and instance, this one included).
 """
@@ -24,12 +24,12 @@ import falcon.asgi
 import orjson
 
 from queen_mp.db import admin_procs
+from queen_mp.front.worker import FrontWorker
 from queen_mp.http.authz import tenant_of
 from queen_mp.http.body import read_body
 from queen_mp.http.dbcall import call_db
 from queen_mp.http.errors import InvalidRequest
 from queen_mp.wire.binary_push import check_name
-from queen_mp.worker import FrontWorker
 
 __all__ = ["OPTIONS", "ConfigureResource", "Option", "parse_options"]
 
@@ -39,7 +39,7 @@ _INT8_MAX = (1 << 63) - 1
 
 @dataclass(frozen=True, slots=True)
 class Option:
-    """One api.md 4 option: its wire name, its snake_case alias and its type/range."""
+    """One docs/api.md 4 option: its wire name, its snake_case alias and its type/range."""
 
     name: str
     alias: str

@@ -1,4 +1,4 @@
-"""Database work of a request handler, and what its failures mean to the client (api.md 1.4).
+"""Database work of a request handler, and what its failures mean to the client (docs/api.md 1.4).
 
 A lost lock race (``Conflict``) changed nothing and is retried a few times; the rest map to the
 503 codes whose texts the 2.6 consume loop reads (``connection`` / ``timeout``).
@@ -10,10 +10,8 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from psycopg_pool import AsyncConnectionPool
-
 from queen_mp.db import errors as dberrors
-from queen_mp.db.pooled import connection
+from queen_mp.db.pooled import Pool, connection
 from queen_mp.http.errors import ApiError, Maintenance, OutcomeUnknown, Timeout, Unavailable
 
 __all__ = ["api_error", "call_db"]
@@ -36,7 +34,7 @@ def api_error(ex: dberrors.DatabaseError) -> ApiError:
     return Unavailable(f"database connection failed: {ex}")
 
 
-async def call_db(pool: AsyncConnectionPool, fn: Callable[[Any], Awaitable[T]]) -> T:
+async def call_db(pool: Pool, fn: Callable[[Any], Awaitable[T]]) -> T:
     """Run ``fn(conn)`` on a pooled connection; database failures become API errors."""
     for attempt in range(_CONFLICT_TRIES):
         try:

@@ -1,4 +1,4 @@
-"""The dead-letter queue (api.md 2.8): list, replay and delete rows filed by the ack path.
+"""The dead-letter queue (docs/api.md 2.8): list, replay and delete rows filed by the ack path.
 
 =======================================================================  =======================
 ``GET    /api/v1/dlq?queue=&consumerGroup=&partition=&from=&to=&limit=&offset=``  ``DlqResource``
@@ -18,7 +18,7 @@ NOTE(dlq): routing limits. falcon's ``path`` converter must end a template, so t
 cannot take a transactionId containing ``/``; the ASGI server percent-decodes the path before
 routing, so ``%2F`` does not help either. Such rows can be listed but not retried or deleted
 through these routes. Also, falcon silently replaces the resource of a template registered
-twice: the GET of api.md 2.9 on ``/api/v1/messages/{partition_id}/{transaction_id}`` must be
+twice: the GET of docs/api.md 2.9 on ``/api/v1/messages/{partition_id}/{transaction_id}`` must be
 an ``on_get`` of ``MessageResource`` (or this ``on_delete`` must move to its resource).
 """
 
@@ -34,6 +34,7 @@ import orjson
 from queen_mp.crypto import PayloadCipher
 from queen_mp.db import dlq_procs
 from queen_mp.db.dlq_procs import DlqRow, RetryResult
+from queen_mp.front.worker import FrontWorker
 from queen_mp.http.authz import tenant_of
 from queen_mp.http.dbcall import call_db
 from queen_mp.http.errors import (
@@ -41,14 +42,13 @@ from queen_mp.http.errors import (
     NotFound,
     Unavailable,
 )
-from queen_mp.http.items import path_partition_id, path_transaction_id
 from queen_mp.http.query import Query
 from queen_mp.ipc.wakeboard import bucket_of
+from queen_mp.models.items import path_partition_id, path_transaction_id
 from queen_mp.wire.frames import pack_chunk_zstd, pack_frame
 from queen_mp.wire.hashing import txn_hash
 from queen_mp.wire.ids import uuid7, uuid_text
 from queen_mp.wire.times import iso_ms
-from queen_mp.worker import FrontWorker
 
 __all__ = ["DlqResource", "MessageResource", "RetryResource"]
 

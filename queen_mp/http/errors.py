@@ -1,8 +1,11 @@
-"""API errors: one base class, one subclass per row of api.md section 1.4, one renderer.
+"""API errors: one base class, one subclass per row of docs/api.md section 1.4, one renderer.
 
-Responders raise; ``handle_error`` renders every failure as ``{"error", "code", ...}`` JSON.
-Anything that is not an ``ApiError`` (nor a falcon routing error) is a bug: it is logged and
-answered ``500 internal``, and the worker goes on serving.
+The one place where a failure becomes an HTTP answer. Responders raise; ``handle_error``
+renders every failure as ``{"error", "code", ...}`` JSON: an ``ApiError`` as it is, a domain
+refusal of the request models (``queen_mp.models.errors.RequestError``) or of the wire
+decoders (``queen_mp.wire.errors.WireError``) as the ``ApiError`` of its code. Anything else
+(but a falcon routing error) is a bug: it is logged and answered ``500 internal``, and the
+worker goes on serving.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import Any, ClassVar
 import falcon
 import orjson
 
+from queen_mp.models.errors import RequestError
 from queen_mp.wire.errors import WireError
 
 __all__ = [
@@ -40,13 +44,15 @@ __all__ = [
     "Unsupported",
     "UnsupportedEncoding",
     "UnsupportedFlags",
+    "from_request",
+    "from_wire",
     "handle_error",
     "kv_error",
 ]
 
 log = logging.getLogger("queen_mp.http")
 
-JSON_UTF8 = "application/json; charset=utf-8"  # api.md 1.6
+JSON_UTF8 = "application/json; charset=utf-8"  # docs/api.md 1.6
 
 
 class ApiError(Exception):
@@ -98,6 +104,9 @@ StorageFull = _error("StorageFull", 507, "storage_full", "Disk above the high-wa
 _WIRE_STATUS = {"body_too_large": BodyTooLarge, "name_too_long": NameTooLong,
                 "invalid_payload": InvalidPayload, "unsupported_flags": UnsupportedFlags,
                 "invalid_name": InvalidName, "invalid_request": InvalidRequest}
+_REQUEST_STATUS = {"invalid_request": InvalidRequest, "invalid_name": InvalidName,
+                   "invalid_status": InvalidStatus, "name_too_long": NameTooLong,
+                   "bad_frame": BadFrame, "unsupported_flags": UnsupportedFlags}
 
 
 def kv_error(ex: ApiError) -> ApiError:
@@ -111,6 +120,13 @@ def from_wire(ex: WireError) -> ApiError:
     """Wire decoding errors carry their API code; keep their position details."""
     cls = _WIRE_STATUS.get(ex.code, BadFrame)
     return cls(ex.message, index=ex.index, offset=ex.offset, limit=ex.limit, field=ex.field)
+
+
+def from_request(ex: ApiError | RequestError) -> ApiError:
+    """A request model's refusal as the API error of its code, fields in the same order."""
+    if isinstance(ex, ApiError):
+        return ex
+    return _REQUEST_STATUS.get(ex.code, InvalidRequest)(ex.message, **ex.extra)
 
 
 def _from_falcon(ex: falcon.HTTPError) -> ApiError:
@@ -141,6 +157,8 @@ async def handle_error(req: falcon.asgi.Request, resp: falcon.asgi.Response,
     """The one error handler: API errors as they are, the rest mapped or logged as 500."""
     if isinstance(ex, ApiError):
         err = ex
+    elif isinstance(ex, RequestError):
+        err = from_request(ex)
     elif isinstance(ex, WireError):
         err = from_wire(ex)
     elif isinstance(ex, falcon.HTTPError):

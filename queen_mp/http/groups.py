@@ -1,7 +1,7 @@
 """``/api/v1/consumer-groups``: listings with exact lag, delete, subscription and seek.
 
-api.md 2.10 (and 1.2 for the snake_case aliases of the lagging rows). Every route is one call
-of a ``sql/034_groups.sql`` procedure through ``queen_mp.db.group_procs``:
+docs/api.md 2.10 (and 1.2 for the snake_case aliases of the lagging rows). Every route is one call
+of a ``queen_mp/sql/functions/groups.sql`` procedure through ``queen_mp.db.group_procs``:
 
 ==========================================================  ==================================
 ``GET    /api/v1/consumer-groups``                          ``GroupsResource``
@@ -27,6 +27,7 @@ import falcon.asgi
 import orjson
 
 from queen_mp.db import group_procs
+from queen_mp.front.worker import FrontWorker
 from queen_mp.http.authz import tenant_of
 from queen_mp.http.body import read_body
 from queen_mp.http.dbcall import call_db
@@ -37,7 +38,6 @@ from queen_mp.http.errors import (
 from queen_mp.http.query import Query
 from queen_mp.wire.binary_push import check_name
 from queen_mp.wire.times import iso_ms, parse_iso
-from queen_mp.worker import FrontWorker
 
 __all__ = [
     "GroupQueueResource",
@@ -53,7 +53,7 @@ DEFAULT_MIN_LAG_S = 3600  # upstream's default for /lagging
 
 # --------------------------------------------------------------------------------- helpers
 def _parse_time(value: Any, field: str) -> dt.datetime:
-    """api.md 1.3 in: any ISO-8601 time with ``Z`` or an offset."""
+    """docs/api.md 1.3 in: any ISO-8601 time with ``Z`` or an offset."""
     if not isinstance(value, str) or not value.strip():
         raise InvalidRequest(f"'{field}' must be an ISO-8601 time string", field=field)
     try:
@@ -120,7 +120,7 @@ def _render_lagging(r: dict[str, Any]) -> dict[str, Any]:
             "workerId": r["worker_id"], "offsetLag": r["offset_lag"],
             "timeLagSeconds": r["time_lag_seconds"], "oldestUnconsumedAt": oldest,
             "lastConsumedAt": last,
-            # api.md 1.2: the snake_case aliases of exactly these rows
+            # docs/api.md 1.2: the snake_case aliases of exactly these rows
             "consumer_group": r["consumer_group"], "queue_name": r["queue_name"],
             "partition_name": r["partition_name"], "partition_id": pid,
             "worker_id": r["worker_id"], "offset_lag": r["offset_lag"],

@@ -15,7 +15,7 @@ import falcon.asgi
 
 from queen_mp import __version__
 from queen_mp.db import procs
-from queen_mp.worker import FrontWorker
+from queen_mp.front.worker import FrontWorker
 
 __all__ = ["HealthResource"]
 

@@ -1,23 +1,23 @@
-"""``POST /api/v1/kv`` (api.md 2.11): a batch of KV ops in one PostgreSQL transaction.
+"""``POST /api/v1/kv`` (docs/api.md 2.11): a batch of KV ops in one PostgreSQL transaction.
 
-Body ``{"operations": [op, ...]}`` (ops of api.md 2.5, validated by
-``queen_mp.kv.parse_kv_ops``; ``getPrefix`` is allowed here). Answers:
+Body ``{"operations": [op, ...]}`` (ops of docs/api.md 2.5, validated by
+``queen_mp.models.kv.parse_kv_ops``; ``getPrefix`` is allowed here). Answers:
 
 - ``200 {"success": true, "results": [...]}``: index-aligned, each result the object of
-  ``queen.kv_apply_v1`` (sql/050_kv.sql) with its ``index`` added. A failed precondition of an
+  ``queen.kv_apply_v1`` (sql/functions/kv.sql) with its ``index`` added. A failed precondition of an
   op without ``required`` is a result (``applied: false``, ``reason``, ``version``, ``value``),
   not an error. An empty ``operations`` array answers ``{"success": true, "results": []}``.
 - ``200 {"success": false, "reason": "kv_precondition", "error", "failedIndex", "kvReason",
   "version", "value", "results"}`` when an op with ``required: true`` failed: the transaction
   rolled back, nothing was written, and every result is ``{"index", "op", "applied": false}``
   (the failed one also carries ``reason``, ``version``, ``value``).
-- errors in the KV shape ``{"error": code, "code": code, "reason", "detail"}`` (api.md 1.4,
+- errors in the KV shape ``{"error": code, "code": code, "reason", "detail"}`` (docs/api.md 1.4,
   2.11), plus ``index``/``field``/``limit`` when they apply: ``400`` (``reason`` says which
   rule), ``413 name_too_long`` / ``body_too_large``, ``503 maintenance`` (a call with a write
   while push maintenance is on; a read-only call is served), ``503 unavailable`` / ``timeout``
   / ``outcome_unknown``. ``reason`` is the code itself when no finer id exists.
 
-NOTE(kv): admission permits (api.md 1.8, 429) are not taken yet: no route has them so far.
+NOTE(kv): admission permits (docs/api.md 1.8, 429) are not taken yet: no route has them so far.
 """
 
 from __future__ import annotations
@@ -29,12 +29,20 @@ import falcon.asgi
 import orjson
 
 from queen_mp.db import kv_procs
+from queen_mp.front.worker import FrontWorker
 from queen_mp.http.authz import tenant_of
 from queen_mp.http.body import read_body
 from queen_mp.http.dbcall import call_db
-from queen_mp.http.errors import JSON_UTF8, ApiError, InvalidRequest, Maintenance, kv_error
-from queen_mp.kv import WRITE_OPS, parse_kv_ops
-from queen_mp.worker import FrontWorker
+from queen_mp.http.errors import (
+    JSON_UTF8,
+    ApiError,
+    InvalidRequest,
+    Maintenance,
+    from_request,
+    kv_error,
+)
+from queen_mp.models.errors import RequestError
+from queen_mp.models.kv import WRITE_OPS, parse_kv_ops
 
 __all__ = ["KvResource", "kv_error"]
 
@@ -70,8 +78,8 @@ class KvResource:
     async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         try:
             body = await self._apply(req)
-        except ApiError as ex:
-            raise kv_error(ex) from None
+        except (ApiError, RequestError) as ex:
+            raise kv_error(from_request(ex)) from None
         resp.data = orjson.dumps(body)
         resp.content_type = JSON_UTF8
         resp.status = falcon.HTTP_200

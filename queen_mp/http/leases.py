@@ -17,11 +17,11 @@ import orjson
 from queen_mp.db import pop_procs
 from queen_mp.db.errors import DatabaseError
 from queen_mp.db.pooled import connection
+from queen_mp.front.worker import FrontWorker
 from queen_mp.http.authz import tenant_of
 from queen_mp.http.body import read_body
 from queen_mp.http.errors import InvalidRequest
 from queen_mp.wire.times import iso_ms
-from queen_mp.worker import FrontWorker
 
 __all__ = ["LeaseExtendResource"]
 

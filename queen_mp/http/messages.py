@@ -1,4 +1,4 @@
-"""The message browser (api.md 2.9; 5 for the per-queue form).
+"""The message browser (docs/api.md 2.9; 5 for the per-queue form).
 
 ==========================================================  ===================================
 ``GET /api/v1/messages``                                    ``MessagesResource``
@@ -10,8 +10,8 @@ List filters (both list routes; the queue route takes its queue from the path): 
 ``partition``, ``namespace``, ``task``, ``consumerGroup``, ``status``, ``from``, ``to``, ``limit``
 (1..1000, default 200, larger clamped), ``offset``. The single message takes ``consumerGroup``.
 
-Messages live inside stored segments (api.md 3.1-3.2) that SQL cannot decode. The listing
-(``msg_list_v1``, sql/075_messages.sql) finds the segments created in the window, counts the
+Messages live inside stored segments (docs/api.md 3.1-3.2) that SQL cannot decode. The listing
+(``msg_list_v1``, sql/functions/messages.sql) finds the segments created in the window, counts the
 matching messages of each from the group's cursor, live lease and DLQ rows (offset-range
 arithmetic), and returns the total plus only the segments covering ``[offset, offset + limit)``
 of the list order (createdAt, partitionId, offset); the broker applies the same status rules
@@ -21,15 +21,16 @@ paging are **exact** (one snapshot), whatever the segment boundaries and the sta
 Status of a message for the group (``consumerGroup``, default ``__QUEUE_MODE__``):
 ``dead_letter`` with a DLQ row of (partition, group, offset), else ``completed`` at or below the
 cursor, else ``processing`` inside the group's live lease, else ``pending``. The DLQ row wins
-over the cursor: dead-lettering moves the cursor past the offset, so the api.md order taken
-literally would never show ``dead_letter``. ``leaseExpiresAt`` is the live lease's expiry for a
-``processing`` message, else null. ``from``/``to`` bound ``createdAt`` (both inclusive); no
-``from`` = one hour before ``to`` (before now); no ``to`` = up to now.
+over the cursor: dead-lettering moves the cursor past the offset, so the order of the HTTP
+contract (``completed`` first), taken literally, would never show ``dead_letter``; docs/api.md 2.9
+gives this order. ``leaseExpiresAt`` is the live lease's expiry for a ``processing`` message,
+else null. ``from``/``to`` bound ``createdAt`` (both inclusive); no ``from`` = one hour before
+``to`` (before now); no ``to`` = up to now.
 
 The single message is found by its transactionId's xxh3_128 in the transactionId sidecar
 (``msg_find_v1``: newest occurrence, hash on a 16-byte boundary), its frame decoded and the
 transactionId compared (a hash collision moves on to the next older occurrence). The sidecar
-lives ``max(dedupWindow, completedRetentionSeconds, 900 s)`` (api.md 4), segments may live
+lives ``max(dedupWindow, completedRetentionSeconds, 900 s)`` (docs/api.md 4), segments may live
 longer: for a message the sidecar no longer covers, the segments below the sidecar's start are
 decoded newest first, **bounded** (``FALLBACK_MAX_SEGMENTS`` segments or
 ``FALLBACK_MAX_MESSAGES`` messages); past the bound the answer is ``404``. ``data`` is decrypted;
@@ -59,20 +60,20 @@ import orjson
 from queen_mp.crypto import PayloadCipher
 from queen_mp.db import message_procs
 from queen_mp.db.message_procs import Found, GroupState, PageSegment, Segment
-from queen_mp.delivery import Claim, Delivered, unpack_messages
+from queen_mp.front.delivery import Claim, Delivered, unpack_messages
+from queen_mp.front.worker import FrontWorker
 from queen_mp.http import dlq
 from queen_mp.http.authz import tenant_of
 from queen_mp.http.dbcall import call_db
 from queen_mp.http.errors import JSON_UTF8, Internal, InvalidRequest, NotFound
-from queen_mp.http.items import parse_group, path_partition_id, path_transaction_id
 from queen_mp.http.query import Query
+from queen_mp.models.items import parse_group, path_partition_id, path_transaction_id
 from queen_mp.wire.binary_push import check_name
 from queen_mp.wire.errors import WireError
 from queen_mp.wire.frames import Frame, decode_chunk, iter_chunks, iter_frames
 from queen_mp.wire.hashing import txn_hash
 from queen_mp.wire.ids import uuid_text
 from queen_mp.wire.times import iso_ms
-from queen_mp.worker import FrontWorker
 
 __all__ = ["MessageResource", "MessagesResource", "QueueMessagesResource"]
 
@@ -94,7 +95,7 @@ FALLBACK_MAX_MESSAGES = 100_000
 # --------------------------------------------------------------------------------- helpers
 def _status_of(offset: int, committed: int, lease_start: int | None, lease_end: int | None,
                dead: bool) -> str:
-    """api.md 2.9 for one offset and one group (sql/075_messages.sql header)."""
+    """docs/api.md 2.9 for one offset and one group (sql/functions/messages.sql header)."""
     if dead:
         return "dead_letter"
     if offset <= committed:
@@ -262,14 +263,14 @@ class _Listing:
 
 
 class MessagesResource(_Listing):
-    """``GET /api/v1/messages``: the list without payloads (api.md 2.9)."""
+    """``GET /api/v1/messages``: the list without payloads (docs/api.md 2.9)."""
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         await self._answer(req, resp, _filters(req), queue_route=False)
 
 
 class QueueMessagesResource(_Listing):
-    """``GET /api/v1/status/queues/{queue}/messages``: the same list for one queue (api.md 5);
+    """``GET /api/v1/status/queues/{queue}/messages``: the same list for one queue (docs/api.md 5);
     ``404`` when the queue does not exist. A ``queue`` query parameter is ignored."""
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response,
@@ -377,7 +378,7 @@ def _group_status(g: GroupState | None, offset: int) -> tuple[str, dt.datetime |
 
 class MessageResource(dlq.MessageResource):
     """``GET /api/v1/messages/{partitionId}/{transactionId}?consumerGroup=``: one message with
-    its payload and every group's view (api.md 2.9); ``DELETE`` is the DLQ delete (2.8)."""
+    its payload and every group's view (docs/api.md 2.9); ``DELETE`` is the DLQ delete (2.8)."""
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response,
                      partition_id: str, transaction_id: str) -> None:

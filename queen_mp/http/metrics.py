@@ -9,8 +9,8 @@ import falcon
 import falcon.asgi
 from prometheus_client.parser import text_string_to_metric_families
 
+from queen_mp.front.worker import FrontWorker
 from queen_mp.metrics import render_latest
-from queen_mp.worker import FrontWorker
 
 __all__ = ["MetricsJsonResource", "PrometheusResource"]
 
@@ -39,7 +39,7 @@ def _totals(text: str) -> dict[str, float]:
 
 
 class MetricsJsonResource:
-    """The shape the 2.6 client's ``Admin.metrics()`` reads (api.md 2.12)."""
+    """The shape the 2.6 client's ``Admin.metrics()`` reads (docs/api.md 2.12)."""
 
     def __init__(self, worker: FrontWorker) -> None:
         self.worker = worker

@@ -1,7 +1,7 @@
 """``GET /api/v1/pop/queue/{queue}[/partition/{partition}]`` and ``GET /api/v1/pop``.
 
-Parameters are checked strictly (api.md 1.1, 2.2) before anything is claimed; the answer is
-JSON, or ``QPF1`` with ``frames=true`` (api.md 3.7) unless a claimed queue is encrypted (the
+Parameters are checked strictly (docs/api.md 1.1, 2.2) before anything is claimed; the answer is
+JSON, or ``QPF1`` with ``frames=true`` (docs/api.md 3.7) unless a claimed queue is encrypted (the
 client rejects encrypted frames, so those answer JSON with decrypted ``data``).
 """
 
@@ -15,13 +15,15 @@ import falcon.asgi
 import orjson
 
 from queen_mp.db.errors import DatabaseError
-from queen_mp.delivery import (
+from queen_mp.front.delivery import (
     Claim,
     Undeliverable,
     encode_qpf1,
     message_json,
     unpack_messages,
 )
+from queen_mp.front.popper import Popped, PopRequest, TooManyParked
+from queen_mp.front.worker import FrontWorker
 from queen_mp.http.authz import tenant_of
 from queen_mp.http.dbcall import api_error
 from queen_mp.http.errors import (
@@ -32,12 +34,10 @@ from queen_mp.http.errors import (
     Unavailable,
     Unsupported,
 )
-from queen_mp.http.items import parse_group
 from queen_mp.http.query import Query
-from queen_mp.popper import Popped, PopRequest, TooManyParked
+from queen_mp.models.items import parse_group
 from queen_mp.wire.binary_push import check_name, check_partition_name, check_queue_name
 from queen_mp.wire.times import iso_ms
-from queen_mp.worker import FrontWorker
 
 __all__ = ["PopResource"]
 

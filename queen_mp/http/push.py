@@ -12,20 +12,23 @@ import falcon
 import falcon.asgi
 import orjson
 
+from queen_mp.front.ingest import EncryptionUnavailable, ItemResult
+from queen_mp.front.queueflags import FlagsUnavailable
+from queen_mp.front.worker import FrontWorker
 from queen_mp.http.admission import rewindow
 from queen_mp.http.authz import sub_of, tenant_of
 from queen_mp.http.body import read_body
 from queen_mp.http.errors import JSON_UTF8, BadFrame, InvalidRequest, Timeout, Unavailable
-from queen_mp.http.items import DEFAULT_PARTITION, MAX_ITEMS, loads_json, parse_json_item
-from queen_mp.ingest import (
+from queen_mp.models.items import (
+    DEFAULT_PARTITION,
+    MAX_ITEMS,
     ClientChunk,
-    EncryptionUnavailable,
-    ItemResult,
     PushItem,
     json_item,
+    loads_json,
+    parse_json_item,
     stamped_item,
 )
-from queen_mp.queueflags import FlagsUnavailable
 from queen_mp.wire.binary_push import (
     QPB1_MAGIC,
     FramesGroup,
@@ -34,13 +37,12 @@ from queen_mp.wire.binary_push import (
 )
 from queen_mp.wire.ids import uuid7_many, uuid_text
 from queen_mp.wire.times import iso_from_us
-from queen_mp.worker import FrontWorker
 
 __all__ = ["PushResource", "parse_json_push"]
 
 
 def parse_json_push(body: bytes, producer_sub: str | None = None) -> list[PushItem]:
-    """api.md 2.1 items, validated completely before anything is routed; ``producer_sub``
+    """docs/api.md 2.1 items, validated completely before anything is routed; ``producer_sub``
     (the token's sub) is stamped on every item, whatever the body says."""
     try:
         doc = loads_json(body) if body else None
@@ -67,7 +69,7 @@ def parse_json_push(body: bytes, producer_sub: str | None = None) -> list[PushIt
 def parse_binary(body: bytes, max_decompressed: int, producer_sub: str | None = None
                  ) -> tuple[list[PushItem], list[ClientChunk], bool]:
     """QPB1 plain or frames; with ``producer_sub`` every frame is stamped, so client chunks
-    are rebuilt rather than kept byte for byte (api.md 3.2)."""
+    are rebuilt rather than kept byte for byte (docs/api.md 3.2)."""
     parsed = parse_binary_push(body, max_items=MAX_ITEMS, max_decompressed=max_decompressed)
     items: list[PushItem] = []
     chunks: list[ClientChunk] = []

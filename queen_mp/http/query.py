@@ -1,4 +1,4 @@
-"""Query strings as api.md 1.1 reads them: ``+`` is a space, a repeated key keeps its FIRST
+"""Query strings as docs/api.md 1.1 reads them: ``+`` is a space, a repeated key keeps its FIRST
 value, booleans are ``true``/``1``/``false``/``0``, integers base 10; anything else is 400
 (never a silent default)."""
 
@@ -57,7 +57,7 @@ class Query:
     def integer(self, name: str, default: int, *, minimum: int | None = None,
                 maximum: int | None = None) -> int:
         """Below ``minimum`` is 400; above ``maximum`` (default: int8's) is clamped
-        (api.md 1.7)."""
+        (docs/api.md 1.7)."""
         raw = self._values.get(name)
         if raw is None:
             return default

@@ -1,6 +1,6 @@
-"""Admin and ops read routes, queue delete and stats refresh (api.md 5).
+"""Admin and ops read routes, queue delete and stats refresh (docs/api.md 5).
 
-Every route is one or a few calls of the ``sql/070_admin.sql`` procedures through
+Every route is one or a few calls of the ``sql/functions/admin.sql`` procedures through
 ``queen_mp.db.admin_procs``. Counts are computed from the log at request time, nothing is
 cached (so ``POST /stats/refresh`` has nothing to recompute and only answers):
 
@@ -20,7 +20,7 @@ cached (so ``POST /stats/refresh`` has nothing to recompute and only answers):
 ``POST   /api/v1/stats/refresh``                     ``StatsRefreshResource``
 ==================================================  ============================================
 
-Message counts (definitions in the 070_admin.sql header): ``total`` = messages retained in the
+Message counts (defined in the sql/functions/admin.sql header): ``total`` = messages retained in the
 log, ``pending`` = exact backlog (queue level: behind the lowest cursor of each partition; with
 a group: behind that group's cursor), ``processing`` = messages inside live leases,
 ``deadLetter`` = DLQ rows.
@@ -32,7 +32,7 @@ latest consumption time and a running total), and a number derived from those wo
 invented. ``from``/``to`` default to the last hour; buckets are whole UTC minutes, hours, days.
 
 A deleted queue's parked pops are not woken: like pops on any unknown queue they wait and
-answer ``204`` at their deadline (api.md 1.9).
+answer ``204`` at their deadline (docs/api.md 1.9).
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ import falcon.asgi
 import orjson
 
 from queen_mp.db import admin_procs
+from queen_mp.front.worker import FrontWorker
 from queen_mp.http.authz import tenant_of
 from queen_mp.http.body import read_body
 from queen_mp.http.dbcall import call_db
@@ -52,7 +53,6 @@ from queen_mp.http.errors import InvalidRequest, NotFound
 from queen_mp.http.query import Query
 from queen_mp.wire.binary_push import check_name
 from queen_mp.wire.times import iso_ms
-from queen_mp.worker import FrontWorker
 
 __all__ = [
     "AnalyticsResource",
@@ -76,6 +76,9 @@ TOP_ERRORS = 10
 # /status picks the smallest bucket that keeps the series at most this long
 _STATUS_BUCKETS_MIN = (1, 5, 15, 30, 60, 180, 360, 720, 1440)
 _STATUS_MAX_POINTS = 500
+# the most buckets admin_throughput_v1 computes: a range beyond that many days (of the
+# largest bucket) is a 400 here, not the procedure's refusal answered as a 503
+_STATUS_MAX_BUCKETS = 100_000
 _ANALYTICS_INTERVALS = {"minute": 60, "hour": 3600, "day": 86400}
 _ANALYTICS_MAX_POINTS = 10_000
 
@@ -334,6 +337,10 @@ class StatusResource(_Resource):
         span_min = (end - start).total_seconds() / 60
         bucket = next((b for b in _STATUS_BUCKETS_MIN if span_min / b <= _STATUS_MAX_POINTS),
                       _STATUS_BUCKETS_MIN[-1])
+        if span_min / bucket > _STATUS_MAX_BUCKETS:
+            raise InvalidRequest(f"'from'..'to' spans more than {_STATUS_MAX_BUCKETS} days "
+                                 "(the series has at most that many day buckets)",
+                                 field="from")
         tenant = tenant_of(req)
 
         async def run(conn: Any) -> tuple[Any, ...]:

@@ -1,4 +1,4 @@
-"""Maintenance switches and the disk spool (api.md 5).
+"""Maintenance switches and the disk spool (docs/api.md 5).
 
 =====================================================  ==========================================
 ``GET  /api/v1/system/maintenance``                    switches + spool summary
@@ -10,7 +10,7 @@
                                                        push maintenance)
 =====================================================  ==========================================
 
-The switches live in ``queen.system_settings`` (sql/090_maintenance.sql): a POST changes them
+The switches live in ``queen.system_settings`` (sql/functions/system.sql): a POST changes them
 there (which NOTIFYs every instance) and publishes the answer on this instance's flags board at
 once; a GET reads them from PostgreSQL (the board when PostgreSQL does not answer). Spool
 figures are this instance's (each instance has its own spool directory).
@@ -26,14 +26,14 @@ import falcon
 import falcon.asgi
 import orjson
 
+from queen_mp.front.spooldrain import DrainStatus, spool_status
+from queen_mp.front.worker import FrontWorker
 from queen_mp.http.body import read_body
 from queen_mp.http.dbcall import call_db
 from queen_mp.http.errors import JSON_UTF8, ApiError, Conflict, InvalidRequest, Unavailable
+from queen_mp.ipc.wakeup import fetch_flags, publish_flags, set_maintenance
 from queen_mp.spool import SpoolBusyError, SpoolError
-from queen_mp.spool._drain import DrainStatus, spool_status
-from queen_mp.wakeup import fetch_flags, publish_flags, set_maintenance
 from queen_mp.wire.times import iso_from_us
-from queen_mp.worker import FrontWorker
 
 __all__ = ["MaintenanceResource", "PopMaintenanceResource", "SpoolDrainResource",
            "SpoolResource"]
@@ -75,7 +75,7 @@ async def _status(w: FrontWorker) -> DrainStatus:
 
 
 def _disk_ok(w: FrontWorker) -> bool:
-    """The spool's filesystem is below QUEEN_DISK_HIGH_PCT (api.md 1.8)."""
+    """The spool's filesystem is below QUEEN_DISK_HIGH_PCT (docs/api.md 1.8)."""
     path = w.config.spool_path
     while not path.exists() and path != path.parent:
         path = path.parent

@@ -1,4 +1,4 @@
-"""Timer routes (api.md 2.11 and the timer rows of section 6).
+"""Timer routes (docs/api.md 2.11 and the timer rows of section 6).
 
 ==========================================================  =====================  ==========
 ``POST   /api/v1/timers``  ``{"operations": [op...]}``      ``TimersResource``     ops, one tx
@@ -7,7 +7,7 @@
 ``DELETE /api/v1/timers/{queue}/{timerKey...}``             ``TimerResource``      cancel
 ==========================================================  =====================  ==========
 
-``POST`` validates every op (``queen_mp.timers.parse_timer_ops``), mints message ids and
+``POST`` validates every op (``queen_mp.models.timers.parse_timer_ops``), mints message ids and
 transactionIds, then runs ``require_writable_v1`` (push maintenance: ``503 maintenance``),
 ``timer_provision_v1`` (queues of schedule ops) and ``timer_apply_v1`` in ONE transaction, and
 answers ``200 {"results": [...]}`` index-aligned with the ops (each result gets ``index``).
@@ -20,7 +20,7 @@ The timer key is the rest of the path, so it keeps its ``/`` (falcon's ``path`` 
 the ASGI server has percent-decoded it. A key ending in ``/`` loses that slash (the app strips
 trailing slashes) and cannot be addressed here.
 
-Errors use the KV/timer shape (api.md 1.4, 2.11):
+Errors use the KV/timer shape (docs/api.md 1.4, 2.11):
 ``{"error": code, "code": code, "reason": stable id, "detail": text}`` plus the usual extras
 (``index``, ``field``, ``limit``).
 """
@@ -37,16 +37,16 @@ import falcon
 import falcon.asgi
 import orjson
 
-from queen_mp import timers
 from queen_mp.db import errors as dberrors
 from queen_mp.db import timer_procs
+from queen_mp.front.worker import FrontWorker
 from queen_mp.http.authz import sub_of, tenant_of
 from queen_mp.http.body import read_body
 from queen_mp.http.dbcall import call_db
 from queen_mp.http.errors import JSON_UTF8, ApiError, Internal, Maintenance, NotFound, from_wire
 from queen_mp.http.query import Query
+from queen_mp.models import timers
 from queen_mp.wire.errors import WireError
-from queen_mp.worker import FrontWorker
 
 __all__ = ["TimerQueueResource", "TimerResource", "TimersResource"]
 

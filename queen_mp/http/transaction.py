@@ -1,4 +1,4 @@
-"""``POST /api/v1/transaction`` (api.md 2.5): JSON or ``QTB1``, dispatched on the first four
+"""``POST /api/v1/transaction`` (docs/api.md 2.5): JSON or ``QTB1``, dispatched on the first four
 bytes. Always 200 once it ran (``success: false`` for a rollback, nothing applied); never 204,
 never spooled."""
 
@@ -9,15 +9,15 @@ import falcon.asgi
 import orjson
 
 from queen_mp.db.errors import DatabaseError
+from queen_mp.front.ingest import EncryptionUnavailable
+from queen_mp.front.queueflags import FlagsUnavailable
+from queen_mp.front.worker import FrontWorker
 from queen_mp.http.admission import rewindow
 from queen_mp.http.authz import sub_of, tenant_of
 from queen_mp.http.body import read_body
 from queen_mp.http.dbcall import api_error
 from queen_mp.http.errors import JSON_UTF8, BadFrame, Maintenance, Unavailable
-from queen_mp.ingest import EncryptionUnavailable
-from queen_mp.queueflags import FlagsUnavailable
-from queen_mp.transactions import QTB1_MAGIC, parse_json, parse_qtb1, qtb1_decoded_size
-from queen_mp.worker import FrontWorker
+from queen_mp.models.transactions import QTB1_MAGIC, parse_json, parse_qtb1, qtb1_decoded_size
 
 __all__ = ["TransactionResource"]
 

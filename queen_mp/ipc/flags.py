@@ -1,11 +1,11 @@
-"""The flags board: the maintenance switches (api.md 5) and the drain state of one instance,
+"""The flags board: the maintenance switches (docs/api.md 5) and the drain state of one instance,
 in one small shared-memory segment every process of the instance reads without a syscall.
 
 PostgreSQL (``queen.system_settings``) is the authority; this is a cache kept fresh by three
-writers (queen_mp/wakeup.py): the front worker that changed a switch, the ``LISTEN
+writers (queen_mp/ipc/wakeup.py): the front worker that changed a switch, the ``LISTEN
 queen_settings`` of every front worker, and a re-read about once a second by whichever
 listener finds the last one older than that. Each write carries the ``settings_version`` it
-was read at (sql/090_maintenance.sql) and a write older than the board's is dropped, so a
+was read at (queen_mp/sql/functions/system.sql) and a write older than the board's is dropped, so a
 re-read that raced a change cannot put the old value back.
 
 Layout, u64 words, each stored and loaded whole (aligned 8-byte accesses through a "Q" view

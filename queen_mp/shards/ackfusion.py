@@ -17,12 +17,10 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
-
-import psycopg
 
 from queen_mp.db import ack_procs
-from queen_mp.db.pooled import quiet
+from queen_mp.db.ack_procs import Advance
+from queen_mp.db.connect import Conn, Dedicated
 from queen_mp.metrics import Metrics
 from queen_mp.wire.records import ACK_COMMITTED, ACK_FAILED, ACK_REJECTED
 
@@ -53,7 +51,8 @@ class AckRow:
 
 class AckFusion:
     def __init__(self, dsn: str, *, fused: bool, released: Released, name: str,
-                 metrics: Metrics | None = None) -> None:
+                 metrics: Metrics | None = None,
+                 statement_timeout_ms: int | None = None) -> None:
         self.dsn = dsn
         self.metrics = metrics
         self.fused = fused
@@ -61,7 +60,9 @@ class AckFusion:
         self.name = name
         self._pending: dict[tuple[bytes, int, str, bytes], AckRow] = {}
         self._task: asyncio.Task[None] | None = None
-        self._conn: psycopg.AsyncConnection[Any] | None = None
+        # a flush past statement_timeout_ms is cancelled server-side and answered failed
+        self.db = Dedicated(dsn, application_name=name,
+                            statement_timeout_ms=statement_timeout_ms)
         self.commits = 0
         self.rows = 0
         self._window_commits = 0
@@ -93,32 +94,26 @@ class AckFusion:
                 # NOTE(queen): outcome unknown; the front worker falls back to the SQL path,
                 # whose repeat rule answers an advance that did commit as a noop.
                 log.warning("ack flush of %d rows failed: %s", len(batch), ex)
-                if self._conn is not None:
-                    await self._conn.close()
-                    self._conn = None
+                await self.db.drop()
                 for row in batch:
                     for answer in row.answers:
                         answer(ACK_FAILED, 0, 0)
                 continue
             freed: set[tuple[bytes, str]] = set()
             for row, res in zip(batch, results, strict=True):
-                status = ACK_COMMITTED if res.get("ok") else ACK_REJECTED
-                if res.get("leaseReleased"):
+                status = ACK_COMMITTED if res.ok else ACK_REJECTED
+                if res.lease_released:
                     freed.add((row.tenant, row.queue))
                 for answer in row.answers:
-                    answer(status, int(res.get("old") or 0), int(res.get("new") or 0))
+                    answer(status, res.old, res.new)
             if freed:
                 self.released(freed)
             self._maybe_summary()
 
-    async def _commit(self, batch: list[AckRow]) -> list[dict[str, Any]]:
-        if self._conn is not None and not quiet(self._conn):
-            await self._conn.close()  # closed by the server while idle (restart, failover)
-            self._conn = None
-        if self._conn is None:
-            self._conn = await psycopg.AsyncConnection.connect(
-                self.dsn, autocommit=True, application_name=self.name)
-        conn = self._conn
+    async def _commit(self, batch: list[AckRow]) -> list[Advance]:
+        return await self.db.run(lambda conn: self._commit_on(conn, batch), commit_sent=True)
+
+    async def _commit_on(self, conn: Conn, batch: list[AckRow]) -> list[Advance]:
         if not self.fused:
             out = []
             for row in batch:
@@ -129,7 +124,7 @@ class AckFusion:
         by_tenant: dict[bytes, list[int]] = {}
         for i, row in enumerate(batch):
             by_tenant.setdefault(row.tenant, []).append(i)
-        out_by_index: dict[int, dict[str, Any]] = {}
+        out_by_index: dict[int, Advance] = {}
         for tenant, idx in by_tenant.items():
             rows = [batch[i] for i in idx]
             results = await ack_procs.ack_multi(
@@ -164,5 +159,4 @@ class AckFusion:
         """After ``drain`` (bounded by the caller): a flush still running is abandoned."""
         if self._task is not None and not self._task.done():
             self._task.cancel()
-        if self._conn is not None:
-            await self._conn.close()
+        await self.db.drop()

@@ -20,7 +20,6 @@ import uuid
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from queen_mp.db.bundles import BundleWriter, PushBundle
 from queen_mp.db.errors import DatabaseError
@@ -295,16 +294,15 @@ class PushFusion:
         self.metrics.fusion_segments.inc(len(segments))
         dup_lookups: list[tuple[Segment, int, int, int]] = []  # seg, k, pid, original offset
         stored: set[tuple[bytes, str]] = set()  # (tenant, queue) that got new messages
-        for seg, res in zip(segments, _in_order(results, len(segments)), strict=True):
-            pid = int(res["pid"])
-            ts = int(res["ts"])
+        for seg, res in zip(segments, results, strict=True):
+            pid = res.partition_id
+            ts = res.created_at_us
             for e in seg.entries:
                 e.partition_id, e.created_us = pid, ts
-            if res["s"] == "queued":
+            if res.queued:
                 stored.add((seg.key[0], seg.key[1]))
-                base = int(res["base"])
-                self.dedup.committed(seg.key, pid, base, seg.count, seg.hashes,
-                                     int(res.get("w", 0)))
+                base: int = res.base_offset  # type: ignore[assignment]  # set when queued
+                self.dedup.committed(seg.key, pid, base, seg.count, seg.hashes, res.window)
                 if seg.refs is None:
                     for e in seg.entries:
                         e.resolve_run(base)
@@ -317,8 +315,8 @@ class PushFusion:
                     e.resolve(j, DUPLICATE, base + k, self._leader_id(leader_e, leader_j))
             else:
                 frames -= seg.count
-                for d in res.get("dups") or ():
-                    dup_lookups.append((seg, int(d["i"]), pid, int(d["off"])))
+                for k, off in res.duplicates:
+                    dup_lookups.append((seg, k, pid, off))
         self.metrics.batch_items_fired.inc(frames)
         self.metrics.fusion_items_per_batch.observe(frames)
         if self.stored is not None and stored:
@@ -402,19 +400,6 @@ class PushFusion:
                      self._commits, self._segments, self._segments / self._commits, self.cap)
         self._commits = self._segments = 0
         self._summary_at = now
-
-
-def _in_order(results: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
-    """Results by input ordinal; a missing or repeated ordinal fails the whole bundle."""
-    out: list[dict[str, Any] | None] = [None] * n
-    for r in results:
-        i = int(r["i"])
-        if not 0 <= i < n or out[i] is not None:
-            raise DatabaseError(f"log_push_multi_v1: bad ordinal {i}")
-        out[i] = r
-    if any(r is None for r in out):
-        raise DatabaseError("log_push_multi_v1: missing results")
-    return out  # type: ignore[return-value]
 
 
 def _frame_id_at(blob: bytes, index: int) -> bytes:

@@ -1,5 +1,5 @@
 """Housekeeping of one shard: time retention of segments, the transactionId sidecar's own
-clock, expired leases and expired KV keys (api.md 4; issue "Operations"), and the DLQ depth
+clock, expired leases and expired KV keys (docs/api.md 4; issue "Operations"), and the DLQ depth
 gauge.
 
 Every shard runs one, each taking the partitions ``id % shards == index``, so the work is split
@@ -20,15 +20,11 @@ connection dies is released by PostgreSQL with the session.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from typing import Any
-
-import psycopg
 
 from queen_mp.db import kv_procs, retention_procs
+from queen_mp.db.connect import Conn, Dedicated
 from queen_mp.db.errors import DatabaseError
-from queen_mp.db.pooled import quiet
 from queen_mp.metrics import Metrics
 
 __all__ = ["Housekeeping"]
@@ -45,7 +41,8 @@ ROUND_LOCK_KEY = 0x51484B50
 
 class Housekeeping:
     def __init__(self, dsn: str, *, shards: int, index: int, every_s: float,
-                 name: str, metrics: Metrics | None = None) -> None:
+                 name: str, metrics: Metrics | None = None,
+                 statement_timeout_ms: int | None = None) -> None:
         self.dsn = dsn
         self.metrics = metrics
         self._dlq_queues: set[str] = set()
@@ -53,17 +50,20 @@ class Housekeeping:
         self.index = index
         self.every_s = every_s
         self.name = name
-        self._conn: psycopg.AsyncConnection[Any] | None = None
+        # each statement of a round within statement_timeout_ms (None: no deadline); the
+        # connection keeps the round's advisory lock, so a round is one session() block
+        self.db = Dedicated(dsn, application_name=name,
+                            statement_timeout_ms=statement_timeout_ms)
 
     async def run(self) -> None:
         while True:
             await asyncio.sleep(self.every_s)
             try:
                 await self.round()
-            except (psycopg.Error, DatabaseError, OSError) as ex:
+            except (DatabaseError, OSError) as ex:
                 log.warning("housekeeping round failed (%s); next round in %.0f s", ex,
                             self.every_s)
-                await self._drop()
+                await self.db.drop()
 
     @property
     def lock_key(self) -> tuple[int, int]:
@@ -73,9 +73,13 @@ class Housekeeping:
     async def round(self) -> dict[str, int]:
         """One pass over this shard's partitions; returns what it removed, ``skipped`` 1 when
         another instance held this share's lock (nothing was attempted then)."""
-        conn = await self._connection()
+        async with self.db.session(commit_sent=True) as conn:
+            return await self._round(conn)
+
+    async def _round(self, conn: Conn) -> dict[str, int]:
+        step = self.db.step
         done = {"segments": 0, "txns": 0, "leases": 0, "kv": 0, "skipped": 0}
-        if not await retention_procs.try_lock(conn, *self.lock_key):
+        if not await step(retention_procs.try_lock(conn, *self.lock_key)):
             done["skipped"] = 1
             await self._dlq_gauge(conn)
             return done
@@ -83,67 +87,54 @@ class Housekeeping:
             await self._work(conn, done)
         finally:
             try:
-                await retention_procs.unlock(conn, *self.lock_key)
+                await step(retention_procs.unlock(conn, *self.lock_key))
             except Exception as ex:
                 # NOTE(queen): the session's end releases the lock; a session that kept it
                 # would lock the other instances out of this share for good.
                 log.warning("housekeeping lock release failed (%s); reconnecting", ex)
-                await self._drop()
+                await self.db.drop()
         await self._dlq_gauge(conn)
         if any(done.values()):
             log.info("housekeeping removed segments=%d txns=%d leases=%d kv=%d",
                      done["segments"], done["txns"], done["leases"], done["kv"])
         return done
 
-    async def _work(self, conn: psycopg.AsyncConnection[Any], done: dict[str, int]) -> None:
+    async def _work(self, conn: Conn, done: dict[str, int]) -> None:
+        step = self.db.step
         after = 0
         while True:
-            pids = await retention_procs.retention_candidates(
-                conn, after, _PARTITIONS_PER_QUERY, self.shards, self.index)
+            pids = await step(retention_procs.retention_candidates(
+                conn, after, _PARTITIONS_PER_QUERY, self.shards, self.index))
             for pid in pids:
                 while True:
-                    res = await retention_procs.retention_step(conn, pid, _BATCH)
-                    done["segments"] += int(res.get("segments") or 0)
-                    done["txns"] += int(res.get("txns") or 0)
-                    if not res.get("more"):
+                    res = await step(retention_procs.retention_step(conn, pid, _BATCH))
+                    done["segments"] += res.segments
+                    done["txns"] += res.txns
+                    if not res.more:
                         break
             if len(pids) < _PARTITIONS_PER_QUERY:
                 break
             after = pids[-1]
         if self.index == 0:  # table-wide sweeps: one shard is enough
-            while (n := await retention_procs.reclaim_leases(conn, _BATCH)) > 0:
+            while (n := await step(retention_procs.reclaim_leases(conn, _BATCH))) > 0:
                 done["leases"] += n
                 if n < _BATCH:
                     break
-            while (n := await kv_procs.purge_expired(conn, _BATCH)) > 0:
+            while (n := await step(kv_procs.purge_expired(conn, _BATCH))) > 0:
                 done["kv"] += n
                 if n < _BATCH:
                     break
 
-    async def _dlq_gauge(self, conn: psycopg.AsyncConnection[Any]) -> None:
+    async def _dlq_gauge(self, conn: Conn) -> None:
         """Every instance's shard 0 keeps its own gauge, whoever ran the round."""
         if self.index != 0 or self.metrics is None:
             return
-        depth = await retention_procs.dlq_depth(conn)
+        depth = await self.db.step(retention_procs.dlq_depth(conn))
         for queue in self._dlq_queues - depth.keys():
             self.metrics.dlq_depth.labels(queue).set(0)
         for queue, n in depth.items():
             self.metrics.dlq_depth.labels(queue).set(n)
         self._dlq_queues = set(depth)
 
-    async def _connection(self) -> psycopg.AsyncConnection[Any]:
-        if self._conn is not None and not quiet(self._conn):
-            await self._drop()  # closed by the server while idle (restart, failover)
-        if self._conn is None:
-            self._conn = await psycopg.AsyncConnection.connect(
-                self.dsn, autocommit=True, application_name=self.name)
-        return self._conn
-
-    async def _drop(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                await conn.close()
-
     async def close(self) -> None:
-        await self._drop()
+        await self.db.drop()

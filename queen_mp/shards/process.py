@@ -18,7 +18,6 @@ from collections import deque
 
 import uvloop
 
-from queen_mp.cli import configure_logging
 from queen_mp.config import Config
 from queen_mp.db.bundles import BundleWriter
 from queen_mp.heap import freeze_startup_objects
@@ -26,6 +25,8 @@ from queen_mp.ipc.doorbell import AsyncDoorbellWaiter, Doorbell
 from queen_mp.ipc.heartbeat import HeartbeatBoard
 from queen_mp.ipc.ring import Ring
 from queen_mp.ipc.wakeboard import WakeBoard, bucket_of
+from queen_mp.ipc.wakeup import Waker
+from queen_mp.logs import configure_logging
 from queen_mp.metrics import Metrics
 from queen_mp.runtime import Runtime
 from queen_mp.shards.ackfusion import AckFusion, AckRow
@@ -33,7 +34,6 @@ from queen_mp.shards.fusion import PushFusion
 from queen_mp.shards.housekeeping import Housekeeping
 from queen_mp.shards.registry import AckRegistry
 from queen_mp.shards.timerfire import TimerFirer
-from queen_mp.wakeup import Waker
 from queen_mp.wire.errors import RecordDecodeError
 from queen_mp.wire.records import (
     ACK_MISS,
@@ -90,11 +90,13 @@ class Shard:
         self.registry = (AckRegistry(config.ack_registry_mb << 20) if config.ack_registry
                          else None)
         self.acks = AckFusion(config.pg_dsn, fused=config.ack_fusion, released=self.wake_pops,
-                              name=f"queen-mp shard {index} acks", metrics=self.metrics)
+                              name=f"queen-mp shard {index} acks", metrics=self.metrics,
+                              statement_timeout_ms=config.pg_statement_timeout_ms)
         self.housekeeping = Housekeeping(config.pg_dsn, shards=runtime.shards, index=index,
                                          every_s=config.housekeeping_s,
                                          name=f"queen-mp shard {index} housekeeping",
-                                         metrics=self.metrics)
+                                         metrics=self.metrics,
+                                         statement_timeout_ms=config.pg_statement_timeout_ms)
         self.timers = TimerFirer(config.pg_dsn, self.wake_pops,
                                  name=f"queen-mp shard {index} timers",
                                  retention_s=config.timer_fired_retention_s,

@@ -1,10 +1,10 @@
-"""The timer firer of a shard: due timers become messages (api.md 2.5 "Timer ops").
+"""The timer firer of a shard: due timers become messages (docs/api.md 2.5 "Timer ops").
 
 Every ~100 ms (at once again when the previous round was full) an autocommit probe
 (``timer_due_v1``: is anything due?) and, only when it says so, one transaction:
 
 1. ``timer_claim_due_v1`` locks the partitions of the earliest due timers, then claims up to
-   ``batch`` of those timers ``FOR UPDATE SKIP LOCKED`` (lock order: sql/055_timers.sql);
+   ``batch`` of those timers ``FOR UPDATE SKIP LOCKED`` (lock order: sql/functions/timers.sql);
 2. one segment per (tenant, queue, partition): each timer becomes a §3.1 frame with the message
    id minted at scheduling, transactionId = its ``txn`` and its JSON bytes as payload
    (decompressed first when stored as zstd; encrypted when the queue is), packed as one zstd
@@ -28,14 +28,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
-
-import psycopg
 
 from queen_mp.crypto import PayloadCipher
 from queen_mp.db import timer_procs
+from queen_mp.db.connect import Conn, Dedicated
 from queen_mp.db.timer_procs import DueTimer
-from queen_mp.timers import payload_json
+from queen_mp.models.timers import payload_json
 from queen_mp.wire import frames as wf
 from queen_mp.wire.hashing import txn_hash
 from queen_mp.wire.ids import uuid_text
@@ -78,7 +76,10 @@ class TimerFirer:
         self.max_claim_bytes = max_claim_bytes
         self.max_round_bytes = max_round_bytes
         self.fired_total = 0
-        self._conn: psycopg.AsyncConnection[Any] | None = None
+        # NOTE(timers): a round (probe, claim, push, mark, commit) runs under one deadline of
+        # statement_timeout_ms; past it the round is cancelled server-side and rolled back.
+        self.db = Dedicated(dsn, application_name=name,
+                            statement_timeout_ms=statement_timeout_ms)
         self._purged_at = float("-inf")
 
     # ------------------------------------------------------------------ loop
@@ -97,31 +98,40 @@ class TimerFirer:
                     errors += 1
                     log.warning("%s: timer round failed (retried in %.1fs): %r", self.name,
                                 delay, ex)
-                    await self._drop_connection()
+                    await self.db.drop()
                     await asyncio.sleep(delay)
                     continue
                 await asyncio.sleep(0 if more else self.interval_s)
         finally:
-            await self._drop_connection()
+            await self.db.drop()
 
     async def fire_once(self) -> bool:
         """One round; whether it was full (more timers may be due right now)."""
-        conn = await self._connection()
-        if not await timer_procs.any_due(conn):
+        fired = await self.db.run(self._round, commit_sent=True)
+        if fired is None:
             return False
-        async with conn.transaction():
-            due = await timer_procs.claim_due(conn, self.batch, self.max_claim_bytes,
-                                              self.cipher is not None)
-            if not due:
-                return False
-            woken, done = await self._push(conn, due)
-            await timer_procs.mark_fired(conn, [t.queue_id for t in due[:done]],
-                                         [t.timer_key for t in due[:done]])
+        due, woken, done = fired
         self.fired_total += done
         if woken:
             self.wake(woken)
         return (done < len(due) or len(due) >= self.batch
                 or sum(len(t.payload) for t in due) >= self.max_claim_bytes)
+
+    async def _round(self, conn: Conn
+                     ) -> tuple[list[DueTimer], set[tuple[bytes, str]], int] | None:
+        """The claimed timers, the (tenant, queue) pairs that got messages and how many of
+        the timers were handled, committed; None when nothing was due."""
+        if not await timer_procs.any_due(conn):
+            return None
+        async with conn.transaction():
+            due = await timer_procs.claim_due(conn, self.batch, self.max_claim_bytes,
+                                              self.cipher is not None)
+            if not due:
+                return None
+            woken, done = await self._push(conn, due)
+            await timer_procs.mark_fired(conn, [t.queue_id for t in due[:done]],
+                                         [t.timer_key for t in due[:done]])
+        return due, woken, done
 
     # ------------------------------------------------------------------ push
     def _frame(self, t: DueTimer) -> bytes | None:
@@ -141,7 +151,7 @@ class TimerFirer:
         return wf.pack_frame(t.message_id, t.transaction_id.encode("utf-8"), payload,
                              producer_sub=t.producer_sub, encrypted=encrypted)
 
-    async def _push(self, conn: psycopg.AsyncConnection[Any], due: list[DueTimer]
+    async def _push(self, conn: Conn, due: list[DueTimer]
                     ) -> tuple[set[tuple[bytes, str]], int]:
         """Push the messages of the first claimed timers, up to ``max_round_bytes`` of frames
         (decompressed payloads can be far larger than the stored bytes the claim counted).
@@ -181,10 +191,10 @@ class TimerFirer:
                 [k[0] for k in keys])
             retry: dict[SegmentKey, list[tuple[bytes, bytes]]] = {}
             for key, res in zip(keys, results, strict=True):
-                if res["s"] == "queued":
+                if res.queued:
                     woken.add((key[0], key[1]))
                     continue
-                dups = {int(d["i"]) for d in res.get("dups") or ()}
+                dups = {i for i, _ in res.duplicates}
                 rest = [x for i, x in enumerate(segments[key]) if i not in dups]
                 if log.isEnabledFor(logging.DEBUG):
                     for i in sorted(dups):
@@ -196,35 +206,23 @@ class TimerFirer:
         raise RuntimeError(f"timer segments still duplicate after {_MAX_PUSH_ROUNDS} rounds")
 
     # ------------------------------------------------------------------ housekeeping
+    async def close(self) -> None:
+        await self.db.drop()
+
+    _drop_connection = close  # the name tests/integration/test_timers.py ends a firer with
+
     async def _maybe_purge(self) -> None:
         now = time.monotonic()
         if now - self._purged_at < self.purge_every_s:
             return
         self._purged_at = now
-        conn = await self._connection()
         total = 0
         for _ in range(10):
-            n = await timer_procs.purge(conn, self.retention_s)
+            n = await self.db.run(lambda conn: timer_procs.purge(conn, self.retention_s),
+                                  commit_sent=True)
             total += n
             if n < 10_000:
                 break
         if total:
             log.info("%s: forgot %d fired/cancelled timers older than %ds", self.name, total,
                      self.retention_s)
-
-    async def _connection(self) -> psycopg.AsyncConnection[Any]:
-        if self._conn is None or self._conn.closed or self._conn.broken:
-            await self._drop_connection()
-            backstop = self.statement_timeout_ms
-            self._conn = await psycopg.AsyncConnection.connect(
-                self.dsn, autocommit=True, application_name=self.name,
-                options=f"-c statement_timeout={backstop} -c synchronous_commit=on")
-        return self._conn
-
-    async def _drop_connection(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None and not conn.closed:
-            try:
-                await conn.close()
-            except Exception as ex:
-                log.debug("%s: closing the timer connection: %r", self.name, ex)

@@ -1,4 +1,5 @@
-"""Disk spool: durable fallback for pushes PostgreSQL cannot take, and drain support."""
+"""Disk spool: durable fallback for pushes PostgreSQL cannot take, and its reader (the drain
+that replays it through the push path is the front worker's: queen_mp/front/spooldrain.py)."""
 
 from queen_mp.spool.spool import (
     DEFAULT_MAX_FILE_BYTES,

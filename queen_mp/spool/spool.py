@@ -1,7 +1,7 @@
 """Disk spool: the durable fallback behind a ``buffered`` push verdict.
 
 When a push cannot be committed to PostgreSQL (maintenance mode, or its bundle failed), every
-affected item is appended here and fsynced before the client hears ``buffered`` (api.md §1.8,
+affected item is appended here and fsynced before the client hears ``buffered`` (docs/api.md §1.8,
 §2.1). A drain replays the records through the normal push path later; PostgreSQL dedup on the
 preserved transactionId makes a replay idempotent, so a crash between a replay and its
 ``mark_done`` costs a duplicate attempt, never a duplicate message.
@@ -10,7 +10,7 @@ KNOWN ISSUE: that holds only while the queue deduplicates. With ``dedupWindow`` 
 procedures do not probe, so a record whose original bundle did commit after all (a statement
 timeout or a connection lost after COMMIT: the client heard ``buffered``, the bundle committed
 anyway), or a replay that committed just before a crash cut off its ``mark_done``, is stored
-twice, both times under the same messageId. The drain (``queen_mp/spool/_drain.py``) cannot
+twice, both times under the same messageId. The drain (``queen_mp/front/spooldrain.py``) cannot
 tell; the SQL push procedures are deliberately left unchanged.
 
 Directory layout (one spool directory per broker instance, on local disk)::
@@ -21,7 +21,7 @@ Directory layout (one spool directory per broker instance, on local disk)::
     .tmp-*                                    creations and renames in flight
     drain.lock                                flock of the one SpoolReader allowed at a time
 
-Log format, integers little-endian like api.md §3::
+Log format, integers little-endian like docs/api.md §3::
 
     file header, 48 bytes
        0  4s   magic b"QSPF"
@@ -174,7 +174,7 @@ _U16_MAX = 0xFFFF
 class SpoolItem:
     """One pushed item as the drain needs it to replay the push.
 
-    ``payload`` is the whole stored message frame of api.md §3.1. The frame already carries the
+    ``payload`` is the whole stored message frame of docs/api.md §3.1. The frame already carries the
     message id, trace id, transactionId and producerSub; they are repeated here so the drain can
     route, deduplicate and log without parsing frames, which only ``queen_mp.wire`` does.
 

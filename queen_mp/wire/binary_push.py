@@ -1,4 +1,4 @@
-"""The ``QPB1`` push body (api.md §3.4 plain, §3.5 frames) and the name rules of §1.7.
+"""The ``QPB1`` push body (docs/api.md §3.4 plain, §3.5 frames) and the name rules of §1.7.
 
 Invariant 7 (bad input gets a 4xx and changes nothing) starts here: the whole body is parsed and
 every rule checked before the handler sees a single item, so a rejection never follows a partial

@@ -3,7 +3,7 @@
 Exception tree::
 
     ValueError
-     ├── WireError              a client body breaks api.md §1.7 / §3 (4xx, nothing stored)
+     ├── WireError              a client body breaks docs/api.md §1.7 / §3 (4xx, nothing stored)
      │    ├── BadFrame          400 bad_frame: magic, lengths, zstd, frame fields, trailing bytes
      │    ├── InvalidPayload    400 invalid_payload: a payload that is not JSON text (§3.3)
      │    ├── UnsupportedFlags  400 unsupported_flags: flag bits not implemented
@@ -70,7 +70,7 @@ class WireError(ValueError):
         self.raw: bytes | None = raw
 
     def to_dict(self) -> dict[str, Any]:
-        """The api.md §1.4 error body; optional extras only when known."""
+        """The docs/api.md §1.4 error body; optional extras only when known."""
         body: dict[str, Any] = {"error": self.message, "code": self.code}
         if self.field is not None:
             body["field"] = self.field

@@ -1,4 +1,5 @@
-"""Message frames and chunks (api.md §3.1, §3.2): the bytes stored in segments and served as is.
+"""Message frames and chunks (docs/api.md §3.1, §3.2): the bytes stored in segments and served
+as is.
 
 A frame is what a message *is* on disk and on the wire, so every reader checks every field
 before trusting a length; a stored chunk is returned to consumers untouched, so the writers here
@@ -111,7 +112,7 @@ def _view(buf: bytes | bytearray | memoryview) -> memoryview:
 def check_transaction_id(
     txn: bytes | bytearray | memoryview, *, index: int | None = None, offset: int | None = None
 ) -> None:
-    """transactionId is 1..1024 UTF-8 bytes (api.md §1.3, §1.7); ``index`` names the item."""
+    """transactionId is 1..1024 UTF-8 bytes (docs/api.md §1.3, §1.7); ``index`` names the item."""
     where = "" if index is None else f"item {index}: "
     if not txn:
         raise BadFrame(

@@ -1,4 +1,4 @@
-"""Dedup and ack identity: xxh3_128 of the transactionId (api.md §1.3, life-of-a-push §3).
+"""Dedup and ack identity: xxh3_128 of the transactionId (docs/api.md §1.3, life-of-a-push §3).
 
 The broker, the SQL procedures and upstream all compare these 16 bytes, so the byte order is
 part of the contract: big-endian, the canonical form xxhash's ``*_digest`` returns.

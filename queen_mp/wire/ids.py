@@ -134,7 +134,7 @@ def uuid7_unix_ms(raw: bytes | bytearray | memoryview) -> int:
 
 
 def uuid_text(raw: bytes | bytearray | memoryview) -> str:
-    """16 bytes as lowercase hyphenated text (api.md §1.3)."""
+    """16 bytes as lowercase hyphenated text (docs/api.md §1.3)."""
     # PERF(wire): hex + slices is about 5x faster than str(uuid.UUID(bytes=raw)).
     h = raw.hex()
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"

@@ -82,7 +82,7 @@ ACK_REJECTED = 2  # PostgreSQL refused the positional advance (stale lease): SQL
 ACK_FAILED = 3  # the flush failed (outcome unknown): SQL path, whose repeat rule settles it
 
 PIECE_RAW = 0  # concatenated frames; the shard compresses them into its segment
-PIECE_ZSTD = 1  # one client zstd frame, stored as is (api.md §3.2)
+PIECE_ZSTD = 1  # one client zstd frame, stored as is (docs/api.md §3.2)
 
 VERDICT_OK = 0
 VERDICT_ERROR = 1  # the whole group failed; nothing of it is stored

@@ -1,4 +1,4 @@
-"""Time on the wire (api.md 1.3): answers in UTC with milliseconds and ``Z``; requests take
+"""Time on the wire (docs/api.md 1.3): answers in UTC with milliseconds and ``Z``; requests take
 any ISO-8601 with ``Z`` or an offset."""
 
 from __future__ import annotations

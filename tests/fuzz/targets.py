@@ -4,9 +4,10 @@ Two kinds:
 
 - **parser targets** (``json_push``, ``qpb1_push``, ``transaction``, ``kv_ops``, ``timer_ops``,
   ``ack_body``, ``lease_body``, ``query_string``, ``gzip_body``, ``zstd_body``): the bytes go
-  to one parser, which may accept them or refuse with an ``ApiError`` / ``WireError`` of a 4xx
-  status. Anything else escaping (``UnicodeEncodeError``, ``RecursionError``, ``TypeError``...)
-  is the bug the target exists to find: the broker would answer it ``500``.
+  to one parser, which may accept them or refuse with an ``ApiError`` / ``RequestError`` /
+  ``WireError`` of a 4xx status. Anything else escaping (``UnicodeEncodeError``,
+  ``RecursionError``, ``TypeError``...) is the bug the target exists to find: the broker would
+  answer it ``500``.
 - **the app target** (``http_request``): the bytes are one raw HTTP/1.1 request. h11 reads it
   as uvicorn would, and the falcon app of a front worker answers it in-process, with fake
   backends (``FakeWorker``): a request that passes every check reaches a fake connection, which
@@ -50,18 +51,20 @@ from psycopg.types.json import Json
 from queen.http import push_binary as client
 
 from queen_mp.config import Config
+from queen_mp.front.transactions import Transactions
 from queen_mp.http import ack as ack_http
 from queen_mp.http import kv as kv_http
 from queen_mp.http import leases as leases_http
 from queen_mp.http.admission import Admission
 from queen_mp.http.body import read_body
-from queen_mp.http.errors import ApiError, from_wire
-from queen_mp.http.items import parse_ack_item
+from queen_mp.http.errors import ApiError, from_request, from_wire
 from queen_mp.http.push import parse_binary, parse_json_push
 from queen_mp.http.query import Query
-from queen_mp.kv import parse_kv_ops
-from queen_mp.timers import mint, parse_timer_ops
-from queen_mp.transactions import Transactions, parse_json, parse_qtb1
+from queen_mp.models.errors import RequestError
+from queen_mp.models.items import parse_ack_item
+from queen_mp.models.kv import parse_kv_ops
+from queen_mp.models.timers import mint, parse_timer_ops
+from queen_mp.models.transactions import parse_json, parse_qtb1
 from queen_mp.wire.errors import WireError
 
 __all__ = [
@@ -85,7 +88,7 @@ __all__ = [
 
 # In-process limits: small, so that a bomb costs milliseconds (the broker keeps its defaults).
 LIMIT = 1 << 20
-REFUSED = (ApiError, WireError)
+REFUSED = (ApiError, RequestError, WireError)
 
 
 def examples(default: int) -> int:
@@ -96,7 +99,7 @@ def examples(default: int) -> int:
 
 def _refusal(ex: BaseException) -> ApiError:
     """A parser's refusal, checked: a 4xx with a renderable body."""
-    err = ex if isinstance(ex, ApiError) else from_wire(ex)  # type: ignore[arg-type]
+    err = from_wire(ex) if isinstance(ex, WireError) else from_request(ex)  # type: ignore[arg-type]
     assert 400 <= err.status < 500, f"{type(ex).__name__} -> {err.status}: {ex}"
     body = orjson.loads(orjson.dumps(err.to_dict()))
     assert isinstance(body.get("code"), str) and body["code"], body
@@ -413,7 +416,7 @@ class FakeWorker:
     """A front worker whose every backend is a fake (module docstring)."""
 
     def __init__(self, config: Config) -> None:
-        from queen_mp.acks import Acker
+        from queen_mp.front.acks import Acker
 
         self.config = config
         self.metrics = None
@@ -448,7 +451,7 @@ def inprocess_app() -> Any:
     """The falcon app over a ``FakeWorker`` (made once per process)."""
     global _APP, _ADMISSION
     if _APP is None:
-        from queen_mp.app import create_app
+        from queen_mp.http.app import create_app
 
         data = tempfile.mkdtemp(prefix="queen-fuzz-")
         config = Config.load(env={"QUEEN_DATA_DIR": data, "QUEEN_MAX_BODY_MB": "1",

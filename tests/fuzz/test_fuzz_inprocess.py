@@ -2,7 +2,8 @@
 
 No PostgreSQL: requests that pass every check reach fake backends (tests/fuzz/targets.py) and
 come back ``418 reached_backend``. Anything else than a 2xx, that 418 or a 4xx JSON error is a
-failure, as is any exception escaping a parser other than its 4xx ``ApiError``/``WireError``.
+failure, as is any exception escaping a parser other than its 4xx ``ApiError``/``RequestError``/
+``WireError``.
 
 The wire parsers' own corruption and round-trip properties live in tests/unit
 (test_binary_push.py, test_frames.py); here the bodies go through the routes' entry points.
@@ -24,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from queen.http import push_binary as client
 
-from queen_mp.http.items import loads_json
+from queen_mp.models.items import loads_json
 from tests.fuzz import targets as t
 from tests.fuzz.strategies import (
     DOC_SEEDS,

@@ -8,9 +8,9 @@ from pathlib import Path
 import falcon.inspect
 import jwt
 
-from queen_mp.app import create_app
 from queen_mp.config import Config
-from queen_mp.worker import FrontWorker
+from queen_mp.front.worker import FrontWorker
+from queen_mp.http.app import create_app
 from tests.brokerharness import Broker, start_broker
 
 SECRET = "integration-secret-" + "0123456789abcdef" * 4

@@ -32,7 +32,7 @@ from tests.integration.authkit import (
 )
 from tests.integration.test_push_json import uq
 
-PUBLIC = {"/health", "/metrics", "/metrics/prometheus"}
+PUBLIC = {"/health", "/metrics", "/metrics/prometheus", "/api/v1/openapi.json"}
 RANK = {"read-only": 1, "read-write": 2, "admin": 3}
 SAMPLE = {"queue": "authq", "group": "authg", "partition": "p1", "lease_id": str(uuid.uuid4()),
           "partition_id": "1", "transaction_id": "t1", "timer_key": "k1"}
@@ -237,7 +237,7 @@ def test_bad_key_settings_stop_the_start(tmp_path):
     env = {"QUEEN_JWT_ENABLED": "1", "QUEEN_JWT_ALGORITHMS": "RS256",
            "QUEEN_JWT_PUBLIC_KEY_FILE": str(tmp_path / "missing.pem"),
            "QUEEN_DATA_DIR": str(tmp_path / "data"), "PATH": "/usr/bin:/bin"}
-    out = subprocess.run([sys.executable, "-m", "queen_mp.cli", "serve"], env=env,
+    out = subprocess.run([sys.executable, "-m", "queen_mp.processes.cli", "serve"], env=env,
                          capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 2, out
     assert "QUEEN_JWT_PUBLIC_KEY_FILE" in out.stderr

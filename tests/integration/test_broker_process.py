@@ -11,7 +11,9 @@ import httpx
 import psycopg
 import pytest
 
+from queen_mp.db.migrations import load_sql_tree
 from tests.brokerharness import process_tree, shm_segments
+from tests.pgharness import SQL_DIR, drop_database, make_database
 
 
 def test_health_reports_database_shards_and_version(broker):
@@ -210,24 +212,34 @@ def test_embedded_postgres_when_no_dsn(make_broker, tmp_path):
     assert not (pg_dir / "postmaster.pid").exists()
 
 
-def test_two_instances_migrate_one_fresh_database_together(make_broker, fresh_db_dsn):
+def test_two_instances_migrate_one_empty_database_together(make_broker, pg_server_dsn):
     # Both supervisors race on the advisory lock; both come up healthy on one schema.
     import concurrent.futures as cf
 
+    empty = make_database(pg_server_dsn)
     with cf.ThreadPoolExecutor(2) as ex:
-        brokers = list(ex.map(lambda _: make_broker(fresh_db_dsn), range(2)))
+        brokers = list(ex.map(lambda _: make_broker(empty), range(2)))
     for b in brokers:
         assert b.client.get("/health").status_code == 200
-    with psycopg.connect(fresh_db_dsn) as conn:
+    with psycopg.connect(empty) as conn:
         rows = conn.execute("SELECT count(*), count(DISTINCT version) "
                             "FROM queen.schema_migrations").fetchone()
-    assert rows[0] == rows[1] >= 3
+        families = conn.execute("SELECT count(*) FROM queen.schema_functions").fetchone()
+    tree = load_sql_tree(SQL_DIR)
+    assert rows == (len(tree.migrations), len(tree.migrations))
+    assert families == (len(tree.functions),)
+    # whoever came second found the work done: exactly one broker applied the files
+    applied = [b.log().count("applying function files") for b in brokers]
+    assert sorted(applied) == [0, 1], applied
+    for b in brokers:
+        b.stop()
+    drop_database(pg_server_dsn, empty)
 
 
 def test_health_is_503_when_database_is_gone(make_broker, private_pg):
     dsn = private_pg.dsn
     from queen_mp.db.migrations import apply_migrations
-    from queen_mp.supervisor import sql_dir
+    from queen_mp.processes.supervisor import sql_dir
 
     apply_migrations(dsn, sql_dir())
     b = make_broker(dsn)

@@ -48,9 +48,12 @@ def empty_db(pg_server_dsn):
 
 @pytest.fixture
 def sql_dir(tmp_path):
-    (tmp_path / "001_schema.sql").write_text(SCHEMA)
-    (tmp_path / "002_second.sql").write_text(SECOND)
-    return tmp_path
+    """The schema folder of a SQL tree of the test's own (its root is the parent)."""
+    schema = tmp_path / "schema"
+    schema.mkdir()
+    (schema / "001_schema.sql").write_text(SCHEMA)
+    (schema / "002_second.sql").write_text(SECOND)
+    return schema
 
 
 def applied_rows(dsn):
@@ -61,8 +64,8 @@ def applied_rows(dsn):
 
 
 def test_apply_twice(empty_db, sql_dir):
-    assert apply_migrations(empty_db, sql_dir) == ["001_schema.sql", "002_second.sql"]
-    assert apply_migrations(empty_db, sql_dir) == []
+    assert apply_migrations(empty_db, sql_dir.parent) == ["001_schema.sql", "002_second.sql"]
+    assert apply_migrations(empty_db, sql_dir.parent) == []
 
     assert applied_rows(empty_db) == [(1, "001_schema.sql", 64), (2, "002_second.sql", 64)]
     with psycopg.connect(empty_db) as conn:
@@ -73,12 +76,13 @@ def test_apply_twice(empty_db, sql_dir):
 
 
 def test_new_file_is_applied_later(empty_db, sql_dir):
-    apply_migrations(empty_db, sql_dir)
+    apply_migrations(empty_db, sql_dir.parent)
     (sql_dir / "003_third.sql").write_text("INSERT INTO app.applied VALUES ('003');")
-    assert apply_migrations(empty_db, sql_dir) == ["003_third.sql"]
+    assert apply_migrations(empty_db, sql_dir.parent) == ["003_third.sql"]
 
 
 def test_empty_set_creates_the_bookkeeping_table(empty_db, tmp_path):
+    (tmp_path / "schema").mkdir()
     assert apply_migrations(empty_db, tmp_path) == []
     assert applied_rows(empty_db) == []
 
@@ -97,7 +101,7 @@ def test_concurrent_starters_apply_each_file_once(empty_db, sql_dir):
     ctx = multiprocessing.get_context("spawn")
     barrier, results = ctx.Barrier(3), ctx.Queue()
     procs = [
-        ctx.Process(target=_apply_in_child, args=(empty_db, sql_dir, barrier, results))
+        ctx.Process(target=_apply_in_child, args=(empty_db, sql_dir.parent, barrier, results))
         for _ in range(3)
     ]
     for p in procs:
@@ -115,41 +119,41 @@ def test_concurrent_starters_apply_each_file_once(empty_db, sql_dir):
 
 
 def test_edited_applied_file_refuses_to_start(empty_db, sql_dir):
-    apply_migrations(empty_db, sql_dir)
+    apply_migrations(empty_db, sql_dir.parent)
     (sql_dir / "002_second.sql").write_text(SECOND + "\n-- an innocent comment\n")
     (sql_dir / "003_third.sql").write_text("CREATE TABLE app.never ();")
 
     with pytest.raises(MigrationChecksumError, match=r"002_second\.sql"):
-        apply_migrations(empty_db, sql_dir)
+        apply_migrations(empty_db, sql_dir.parent)
     assert [r[0] for r in applied_rows(empty_db)] == [1, 2]  # 003 was not applied
 
 
 def test_failing_file_rolls_back_alone(empty_db, sql_dir):
     (sql_dir / "002_second.sql").write_text("CREATE TABLE app.half (); SELECT 1/0;")
     with pytest.raises(MigrationError, match=r"002_second\.sql") as info:
-        apply_migrations(empty_db, sql_dir)
+        apply_migrations(empty_db, sql_dir.parent)
     assert info.value.sqlstate == "22012"
     assert [r[0] for r in applied_rows(empty_db)] == [1]
     with psycopg.connect(empty_db) as conn:
         assert conn.execute("SELECT to_regclass('app.half')").fetchone() == (None,)
 
     (sql_dir / "002_second.sql").write_text(SECOND)
-    assert apply_migrations(empty_db, sql_dir) == ["002_second.sql"]
+    assert apply_migrations(empty_db, sql_dir.parent) == ["002_second.sql"]
 
 
 def test_file_numbered_below_an_applied_one_is_refused(empty_db, sql_dir):
     (sql_dir / "002_second.sql").rename(sql_dir / "005_second.sql")
-    apply_migrations(empty_db, sql_dir)
+    apply_migrations(empty_db, sql_dir.parent)
     (sql_dir / "003_forgotten.sql").write_text("CREATE TABLE app.late ();")
     with pytest.raises(MigrationError, match=r"003_forgotten\.sql would apply after 005"):
-        apply_migrations(empty_db, sql_dir)
+        apply_migrations(empty_db, sql_dir.parent)
 
 
 def test_database_newer_than_the_build(empty_db, sql_dir):
-    apply_migrations(empty_db, sql_dir)
+    apply_migrations(empty_db, sql_dir.parent)
     (sql_dir / "002_second.sql").unlink()
     with pytest.raises(MigrationError, match=r"002_second\.sql"):
-        apply_migrations(empty_db, sql_dir)
+        apply_migrations(empty_db, sql_dir.parent)
 
 
 def closed_port():
@@ -161,7 +165,7 @@ def closed_port():
 def test_unreachable_server_is_unavailable(sql_dir):
     dsn = f"host=127.0.0.1 port={closed_port()} user=postgres dbname=postgres connect_timeout=2"
     with pytest.raises(Unavailable):
-        apply_migrations(dsn, sql_dir)
+        apply_migrations(dsn, sql_dir.parent)
 
 
 def test_harness_databases_are_migrated(db, fresh_db_dsn, db_dsn):

@@ -1,6 +1,6 @@
 """``queenctl`` against a real broker: tables, ``--json``, error lines and exit codes.
 
-Exit codes under test (queen_mp/queenctl.py): 0 ok, 1 error answer or unhealthy, 2 usage,
+Exit codes under test (queen_mp/processes/queenctl.py): 0 ok, 1 error answer or unhealthy, 2 usage,
 3 unreachable, 4 not found. The commands run in-process through click's ``CliRunner`` (one runs
 as a real subprocess, the console entry point). Every command is checked against the broker's
 real routes, including the admin ones of api.md 5 (maintenance, spool, resources) and
@@ -21,7 +21,7 @@ import httpx
 import pytest
 from click.testing import CliRunner, Result
 
-from queen_mp.queenctl import (
+from queen_mp.processes.queenctl import (
     EXIT_ERROR,
     EXIT_NOT_FOUND,
     EXIT_OK,
@@ -130,8 +130,8 @@ def test_health(broker):
 
 def test_health_console_script_and_token(broker):
     """The installed entry point, a trailing slash on the URL, a token (ignored: auth off)."""
-    r = subprocess.run([sys.executable, "-m", "queen_mp.queenctl", "--url", broker.url + "/",
-                        "--token", "abc", "health", "--wait", "5"],
+    r = subprocess.run([sys.executable, "-m", "queen_mp.processes.queenctl",
+                        "--url", broker.url + "/", "--token", "abc", "health", "--wait", "5"],
                        capture_output=True, text=True, cwd=REPO_ROOT, timeout=60, check=False)
     assert r.returncode == EXIT_OK, (r.stdout, r.stderr)
     assert "healthy" in r.stdout

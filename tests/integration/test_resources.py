@@ -456,6 +456,21 @@ def test_status_queues_and_analytics(broker, db, busy):
                         "invalid_request")["field"] == "interval"
 
 
+def test_status_over_more_than_100000_days_is_a_400_not_a_503(broker):
+    # found by schemathesis (tests/integration/test_openapi_schemathesis.py): the largest
+    # bucket is a day and admin_throughput_v1 computes at most 100000 buckets; beyond, its
+    # refusal used to come back as 503 unavailable
+    for since, until in (("1970-01-02T00:00:00Z", "9998-01-01T00:00:00Z"),
+                         ("2000-01-01T00:00:00Z", "2300-01-01T00:00:00Z")):
+        r = broker.client.get("/api/v1/status", params={"from": since, "to": until})
+        assert assert_error(r, 400, "invalid_request")["field"] == "from"
+    # 100000 days exactly is still served, in day buckets
+    start = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
+    body = get(broker.client, "/api/v1/status", **{
+        "from": iso(start), "to": iso(start + dt.timedelta(days=100_000))})
+    assert body["bucketMinutes"] == 1440
+
+
 def test_stats_refresh(broker):
     for kwargs in ({"json": {}}, {"content": b""}, {}):
         r = broker.client.post("/api/v1/stats/refresh", **kwargs)

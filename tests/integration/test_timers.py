@@ -400,7 +400,7 @@ TENANT = "00000000-0000-0000-0000-000000000000"
 
 
 def apply_sql(conn: psycopg.Connection, ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    from queen_mp import timers
+    from queen_mp.models import timers
 
     minted = timers.mint(timers.parse_timer_ops(ops))
     conn.execute("SELECT queen.timer_provision_v1(%s, %s)",

@@ -16,7 +16,6 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
 
-from queen_mp.app import create_app
 from queen_mp.auth import (
     DEFAULT_TENANT,
     LEEWAY_S,
@@ -29,8 +28,9 @@ from queen_mp.auth import (
     tenant_from_claim,
 )
 from queen_mp.config import Config, ConfigError
+from queen_mp.http.app import create_app
 from queen_mp.http.authz import required_role
-from queen_mp.ingest import stamped_item
+from queen_mp.models.items import stamped_item
 from queen_mp.wire.frames import iter_frames, pack_frame
 
 SECRET = "unit-secret-" + "0123456789abcdef" * 4
@@ -262,7 +262,7 @@ def test_config_errors(tmp_path, rsa_key):
 # ------------------------------------------------------------------------------ route roles
 def expected_role(method: str, template: str) -> Role | None:
     """api.md 1.5 and 5, written out independently of queen_mp.http.authz."""
-    if template in ("/health", "/metrics", "/metrics/prometheus"):
+    if template in ("/health", "/metrics", "/metrics/prometheus", "/api/v1/openapi.json"):
         return None
     if template.startswith("/api/v1/system/"):
         return Role.ADMIN
@@ -278,7 +278,7 @@ def expected_role(method: str, template: str) -> Role | None:
 
 def app_routes() -> list[tuple[str, str]]:
     cfg = Config.load({})
-    from queen_mp.worker import FrontWorker
+    from queen_mp.front.worker import FrontWorker
 
     app = create_app(cfg, None, FrontWorker(cfg, None))  # type: ignore[arg-type]
     return [(m.method, r.path) for r in falcon.inspect.inspect_routes(app)
@@ -329,8 +329,8 @@ def test_spooled_items_keep_tenant_and_producer_sub():
     stamped frame and the record both carry the sub, so the drain replays them as they were."""
     import asyncio
 
+    from queen_mp.front.ingest import Ingest
     from queen_mp.http.push import parse_json_push
-    from queen_mp.ingest import Ingest
     from queen_mp.spool import SpoolItem
 
     class Spool:

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from queen.http import push_binary as client
 
-from queen_mp.transactions import qtb1_decoded_size
+from queen_mp.models.transactions import qtb1_decoded_size
 from queen_mp.wire import (
     BadFrame,
     BinaryPush,

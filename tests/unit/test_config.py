@@ -61,7 +61,7 @@ def test_readme_lists_every_setting():
 
 
 def test_serve_refuses_an_invalid_setting_before_starting_anything():
-    proc = subprocess.run([sys.executable, "-m", "queen_mp.cli", "serve"],
+    proc = subprocess.run([sys.executable, "-m", "queen_mp.processes.cli", "serve"],
                           env={"QUEEN_PORT": "not-a-port", "PATH": "/usr/bin:/bin"},
                           capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 2

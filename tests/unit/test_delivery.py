@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from queen_mp.delivery import Claim, unpack_messages
+from queen_mp.front.delivery import Claim, unpack_messages
 from queen_mp.wire import pack_chunk_raw, pack_chunk_zstd, pack_frame
 
 T0 = datetime(2026, 11, 30, tzinfo=UTC)

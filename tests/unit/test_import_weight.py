@@ -19,9 +19,9 @@ import pytest
 _SUPERVISOR = """
 from queen_mp.auth import Verifier
 from queen_mp.config import Config
-import queen_mp.cli, queen_mp.supervisor
+import queen_mp.processes.cli, queen_mp.processes.supervisor
 assert Verifier.from_config(Config.load()) is None
-from queen_mp.front import FrontApplication
+from queen_mp.processes.arbiter import FrontApplication
 assert FrontApplication.for_config(Config.load()).cfg.worker_class.__name__ == (
     "BalancedUvicornWorker")
 """
@@ -30,7 +30,7 @@ assert FrontApplication.for_config(Config.load()).cfg.worker_class.__name__ == (
 @pytest.mark.parametrize(("start", "banned"), [
     (_SUPERVISOR, ("jwt", "cryptography", "psycopg")),
     ("import queen_mp.shards.process", ("jwt", "cryptography")),
-    ("import queen_mp.app", ("jwt", "cryptography")),
+    ("import queen_mp.http.app", ("jwt", "cryptography")),
 ], ids=["supervisor", "shard", "front-worker"])
 def test_idle_processes_do_not_import_heavy_libraries(start, banned):
     probe = f"{start}\nimport sys\nprint(sorted({{m.split('.')[0] for m in sys.modules}}" \

@@ -1,4 +1,4 @@
-"""queen_mp.kv.parse_kv_ops: every validation rule of api.md 2.5 "KV ops" and the normalised
+"""queen_mp.models.kv.parse_kv_ops: every validation rule of api.md 2.5 "KV ops" and the normalised
 form handed to queen.kv_apply_v1. No server needed."""
 
 from __future__ import annotations
@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
-from queen_mp.http.errors import ApiError, InvalidName, InvalidRequest, NameTooLong
-from queen_mp.kv import MAX_KV_OPS, MAX_TTL_SECONDS, parse_kv_ops
+from queen_mp.http.errors import ApiError, InvalidName, InvalidRequest, NameTooLong, from_request
+from queen_mp.models.errors import RequestError
+from queen_mp.models.kv import MAX_KV_OPS, MAX_TTL_SECONDS, parse_kv_ops
 
 INT64_MAX = (1 << 63) - 1
 
@@ -19,9 +20,10 @@ def one(op: dict[str, Any], *, in_transaction: bool = False) -> dict[str, Any]:
 
 
 def refused(raw: Any, *, in_transaction: bool = False) -> ApiError:
-    with pytest.raises(ApiError) as info:
+    """The refusal as the API answers it (queen_mp.http.errors maps the model's error)."""
+    with pytest.raises(RequestError) as info:
         parse_kv_ops(raw, in_transaction=in_transaction)
-    return info.value
+    return from_request(info.value)
 
 
 def refused_op(op: Any, cls: type[ApiError] = InvalidRequest, *, reason: str,

@@ -81,11 +81,34 @@ def test_supervisor_halts_the_boot_when_the_migration_child_fails(tmp_path, monk
     # the supervisor migrates in a child process (queen_mp.db.migrations.main); its failure
     # must still stop the boot with the error's message and the boot-error exit code
     from queen_mp.config import Config
-    from queen_mp.supervisor import EXIT_BOOT_ERROR, HaltServer, Supervisor
+    from queen_mp.processes.supervisor import EXIT_BOOT_ERROR, HaltServer, Supervisor
 
-    monkeypatch.setattr("queen_mp.supervisor.sql_dir", lambda: tmp_path / "nope")
+    monkeypatch.setattr("queen_mp.processes.supervisor.sql_dir", lambda: tmp_path / "nope")
     with pytest.raises(HaltServer) as halt:
         Supervisor(Config.load(env={})).migrate()
     assert halt.value.exit_status == EXIT_BOOT_ERROR
-    assert halt.value.reason == (f"migrations failed: MigrationError: migration directory "
+    assert halt.value.reason == (f"migrations failed: MigrationError: SQL directory "
                                  f"{tmp_path / 'nope'} does not exist")
+
+
+def test_the_package_tree_has_one_live_body_per_function():
+    """Each function is created in exactly one family file, schema files create none, and
+    every family file replaces rather than creates (it is re-applied over itself)."""
+    import re
+
+    from queen_mp.db.migrations import load_sql_tree, package_sql_root
+
+    tree = load_sql_tree(package_sql_root())
+    create = re.compile(r"^CREATE\s+(OR\s+REPLACE\s+)?FUNCTION\s+(queen\.\w+)", re.I | re.M)
+    homes: dict[str, list[str]] = {}
+    for family in tree.functions:
+        for match in create.finditer(family.sql):
+            assert match[1], f"{family.filename}: CREATE FUNCTION {match[2]} without OR REPLACE"
+            homes.setdefault(match[2], []).append(family.filename)
+        assert not re.search(r"^CREATE\s+TRIGGER", family.sql, re.I | re.M), family.filename
+    assert {name: files for name, files in homes.items() if len(files) > 1} == {}
+    assert len(homes) == 79
+    for migration in tree.migrations:
+        assert not create.search(migration.sql), migration.filename
+    assert [m.filename for m in tree.migrations] == ["001_baseline.sql"]
+    assert len(tree.legacy) == 24

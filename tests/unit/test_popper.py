@@ -11,8 +11,8 @@ import uuid
 from typing import Any
 
 from queen_mp.db import pop_procs
-from queen_mp.parking import ParkingLot
-from queen_mp.popper import Popper, PopRequest
+from queen_mp.front.parking import ParkingLot
+from queen_mp.front.popper import Popper, PopRequest
 
 TENANT = bytes(16)
 

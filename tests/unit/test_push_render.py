@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import orjson
 
+from queen_mp.front.ingest import ItemResult
 from queen_mp.http.push import render_item, render_items
-from queen_mp.ingest import ItemResult, PushItem
+from queen_mp.models.items import PushItem
 
 MID = bytes(range(16))
 
@@ -35,7 +36,7 @@ def test_empty() -> None:
 
 
 def test_long_integers_take_the_exact_path() -> None:
-    from queen_mp.http.items import loads_json
+    from queen_mp.models.items import loads_json
 
     big = 123456789012345678901234567890
     assert loads_json(b'{"a":%d}' % big) == {"a": big}  # orjson alone would give a float

@@ -1,4 +1,5 @@
-"""Timer op validation and minting (api.md 2.5 "Timer ops", 1.7 limits; queen_mp/timers.py)."""
+"""Timer op validation and minting (api.md 2.5 "Timer ops", 1.7 limits;
+queen_mp/models/timers.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import orjson
 import pytest
 import zstandard
 
-from queen_mp import timers
+from queen_mp.models import timers
 from queen_mp.wire import errors as we
 from queen_mp.wire.ids import is_uuid7, uuid_from_text
 

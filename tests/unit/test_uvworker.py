@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import uvicorn
 
-from queen_mp.http.uvworker import CorkedHttpToolsProtocol, CorkedTransport
+from queen_mp.processes.uvworker import CorkedHttpToolsProtocol, CorkedTransport
 
 pytestmark = pytest.mark.timeout(20)
 

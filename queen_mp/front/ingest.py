@@ -1,0 +1,218 @@
+"""The front worker's half of a push: mint, layer-1 dedup, group, route, collect verdicts.
+
+Input is a list of ``PushItem`` in request order (from JSON or ``QPB1``). Leaders (first
+occurrence of queue/partition/transactionId in the body) become frames; followers produce no
+frame and copy their leader's *final* verdict. Frames are grouped by (queue, partition), each
+group is sent to the shard owning ``hash(tenant, queue, partition)``, and the request resolves
+when every group has its verdict. A group whose shard failed or vanished is written to the disk
+spool and reported ``buffered`` (``failed`` if the spool write fails too). While push
+maintenance is on (``in_maintenance``, the flags board), every leader goes to the spool before
+anything is routed: no shard and no PostgreSQL connection is touched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from queen_mp.crypto import PayloadCipher
+from queen_mp.front.queueflags import QueueFlags
+from queen_mp.ipc.routing import push_shard
+from queen_mp.ipc.shardlink import ShardGone, ShardLink
+from queen_mp.models.items import ClientChunk, PushItem
+from queen_mp.spool import SpoolItem, SpoolWriteError, SpoolWriter
+from queen_mp.wire.frames import iter_frames, pack_frame
+from queen_mp.wire.hashing import txn_hash
+from queen_mp.wire.records import Piece, PushGroup, PushVerdict
+
+__all__ = [
+    "EncryptionUnavailable",
+    "Ingest",
+    "ItemResult",
+    "pieces_of",
+]
+
+log = logging.getLogger("queen_mp.ingest")
+
+QUEUED, DUPLICATE, BUFFERED, FAILED = "queued", "duplicate", "buffered", "failed"
+
+
+@dataclass(slots=True)
+class ItemResult:
+    status: str
+    message_id: bytes
+    partition_id: int = 0
+    offset: int | None = None
+    created_us: int = 0
+    error: str | None = None
+
+
+class EncryptionUnavailable(Exception):
+    """An encrypted queue was pushed to while this broker has no key."""
+
+
+class Ingest:
+    """Push pipeline of one front worker (stateless between requests)."""
+
+    def __init__(self, link: ShardLink, shards: int, spool: SpoolWriter,
+                 push_timeout_ms: int, flags: QueueFlags, cipher: PayloadCipher | None) -> None:
+        self.link = link
+        self.flags = flags
+        self.cipher = cipher
+        self.shards = shards
+        self.spool = spool
+        self.timeout_s = push_timeout_ms / 1000
+        #: push maintenance switch (the front worker wires the flags board in)
+        self.in_maintenance: Callable[[], bool] = lambda: False
+
+    def shard_of(self, tenant: bytes, queue: str, partition: str) -> int:
+        return push_shard(tenant, queue, partition, self.shards)
+
+    async def push(self, items: Sequence[PushItem], tenant: bytes,
+                   chunks: Sequence[ClientChunk] = ()) -> list[ItemResult]:
+        """Every item's verdict; raises ``TimeoutError`` past the push deadline."""
+        n = len(items)
+        results: list[ItemResult | None] = [None] * n
+        leader_of: list[int] = list(range(n))
+        seen: dict[tuple[str, str, str], int] = {}
+        groups: dict[tuple[str, str], list[int]] = {}
+        for i, it in enumerate(items):
+            key = (it.queue, it.partition, it.transaction_id)
+            first = seen.setdefault(key, i)
+            if first != i:
+                leader_of[i] = first
+                continue
+            groups.setdefault((it.queue, it.partition), []).append(i)
+        # NOTE(memory): a key per item (about 120 bytes each): not kept while verdicts come.
+        del seen
+        if not groups:
+            return []
+        if self.in_maintenance():
+            # NOTE(queen): before encryption too (its flag lookup reads PostgreSQL); the drain
+            # encrypts what it replays into an encrypted queue.
+            await self._spool(items, [i for idx in groups.values() for i in idx], tenant,
+                              results)
+            return _fill_followers(items, results, leader_of)
+        await self.encrypt(items, tenant, {q for q, _ in groups})
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout_s
+        request_id = self.link.next_request_id()
+        deadline_ms = int((time.time() + self.timeout_s) * 1000)
+        calls = []
+        members = list(groups.items())
+        for gi, ((queue, partition), idx) in enumerate(members):
+            # NOTE(memory): only the packed bytes outlive this line, until they are in the ring.
+            record = PushGroup(
+                generation=self.link.generation, slot=self.link.slot, request_id=request_id,
+                group_index=gi, tenant=tenant, queue=queue, partition=partition,
+                hashes=b"".join(txn_hash(items[i].transaction_id) for i in idx),
+                count=len(idx), pieces=pieces_of(items, idx, chunks),
+                deadline_ms=deadline_ms).pack()
+            calls.append(self.link.call(self.shard_of(tenant, queue, partition), request_id, gi,
+                                        record, deadline))
+        del record
+        outcomes = await asyncio.gather(*calls, return_exceptions=True)
+        to_spool: list[int] = []
+        for (_, idx), outcome in zip(members, outcomes, strict=True):
+            if isinstance(outcome, TimeoutError):
+                raise outcome
+            if isinstance(outcome, PushVerdict) and outcome.status == 0:
+                for i, v in zip(idx, outcome.items, strict=True):
+                    queued = v.status == 0
+                    results[i] = ItemResult(
+                        QUEUED if queued else DUPLICATE,
+                        items[i].message_id if queued else v.original_id,
+                        outcome.partition_id, v.offset if v.offset >= 0 else None,
+                        outcome.created_at_us)
+                continue
+            if isinstance(outcome, BaseException) and not isinstance(outcome, ShardGone):
+                log.error("push group failed: %r", outcome)
+            elif isinstance(outcome, PushVerdict):
+                log.warning("push bundle failed on the shard: %s", outcome.error)
+            to_spool.extend(idx)
+        if to_spool:
+            await self._spool(items, to_spool, tenant, results)
+        return _fill_followers(items, results, leader_of)
+
+    async def encrypt(self, items: Sequence[PushItem], tenant: bytes, queues: set[str]) -> None:
+        """Re-frame the payloads of encrypted queues (flag 4); their client chunks are then
+        rebuilt by the shard's normal raw-frame path."""
+        secret = {q for q in queues if await self.flags.encrypted(tenant, q)}
+        if not secret:
+            return
+        if self.cipher is None:
+            raise EncryptionUnavailable(
+                f"queue {sorted(secret)[0]!r} is encrypted but QUEEN_ENCRYPTION_KEY is not set")
+        for it in items:
+            if it.queue not in secret:
+                continue
+            f = next(iter_frames(it.frame))
+            it.frame = pack_frame(f.message_id, f.transaction_id.encode(),
+                                  self.cipher.encrypt(bytes(f.payload)),
+                                  trace_id=f.trace_id, producer_sub=f.producer_sub,
+                                  encrypted=True)
+            it.chunk = -1
+
+    async def _spool(self, items: Sequence[PushItem], idx: list[int], tenant: bytes,
+               results: list[ItemResult | None]) -> None:
+        records = [SpoolItem(tenant=tenant, queue=items[i].queue,
+                             partition=items[i].partition, message_id=items[i].message_id,
+                             transaction_id=items[i].transaction_id,
+                             trace_id=items[i].trace_id, payload=bytes(items[i].frame),
+                             producer_sub=items[i].producer_sub).encode() for i in idx]
+        try:
+            # NOTE(queen): append fsyncs; off the event loop so other requests go on.
+            await asyncio.to_thread(self.spool.append, records)
+            status, error = BUFFERED, None
+        except SpoolWriteError as ex:
+            log.error("spool write failed: %s", ex)
+            status, error = FAILED, "spool_write_failed"
+        for i in idx:
+            results[i] = ItemResult(status, items[i].message_id, error=error)
+
+
+def _fill_followers(items: Sequence[PushItem], results: list[ItemResult | None],
+                    leader_of: list[int]) -> list[ItemResult]:
+    for i, lead in enumerate(leader_of):
+        if lead != i:
+            r = results[lead]
+            assert r is not None
+            results[i] = _follow(r, items[lead].message_id)
+    return results  # type: ignore[return-value]
+
+
+def _follow(leader: ItemResult, leader_id: bytes) -> ItemResult:
+    """A body-internal repeat reports its leader's final id and position."""
+    if leader.status in (QUEUED, DUPLICATE):
+        return ItemResult(DUPLICATE, leader.message_id, leader.partition_id, leader.offset,
+                          leader.created_us)
+    return ItemResult(leader.status, leader_id, error=leader.error)
+
+
+def pieces_of(items: Sequence[PushItem], idx: list[int],
+            chunks: Sequence[ClientChunk]) -> tuple[Piece, ...]:
+    """Raw frames, except whole client chunks whose every frame is in this group."""
+    pieces: list[Piece] = []
+    raw: list[bytes | memoryview] = []
+    pos = 0
+    while pos < len(idx):
+        it = items[idx[pos]]
+        if it.chunk >= 0:
+            ch = chunks[it.chunk]
+            span = idx[pos:pos + ch.count]
+            if span == list(range(ch.first_item, ch.first_item + ch.count)):
+                if raw:
+                    pieces.append(Piece(0, len(raw), b"".join(raw)))
+                    raw = []
+                # PERF(queen): the client's zstd frame travels and is stored untouched.
+                pieces.append(Piece(1, ch.count, bytes(ch.data)))
+                pos += ch.count
+                continue
+        raw.append(it.frame)
+        pos += 1
+    if raw:
+        pieces.append(Piece(0, len(raw), b"".join(raw)))
+    return tuple(pieces)

@@ -1,0 +1,114 @@
+"""The pop path of a front worker: claim, and when nothing is claimable, park until woken.
+
+One claim is one ``log_pop_v1`` statement on a pooled connection, released before any wait:
+a parked pop holds no database connection. Claiming stops a margin before the caller's deadline
+(250 ms at most, a quarter of the time left at most) so nothing is leased that cannot be
+delivered; a waiting pop that got nothing is still held to its deadline so clients do not spin.
+
+Claims of one worker that compete for the same cursor rows (same tenant, queue or discovery
+scope, partition filter and group) run one at a time: concurrent claims would all read and
+lock the same rows of ``log_consumers`` and mostly skip each other's. With 16 consumers of a
+100-partition queue under a push load, PostgreSQL spent 4.7 ms a pop that way, 2.7 ms with
+at most two concurrent claims.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+import weakref
+from dataclasses import dataclass
+
+from prometheus_client import Gauge
+
+from queen_mp.db import pop_procs
+from queen_mp.db.pooled import Pool, connection
+from queen_mp.db.pop_procs import Claim, PopRequest
+from queen_mp.front.parking import ParkingLot, ParkKey
+from queen_mp.ipc.wakeboard import bucket_of
+from queen_mp.wire.ids import uuid7
+
+__all__ = ["PopRequest", "Popped", "Popper", "TooManyParked"]
+
+_MAX_MARGIN_S = 0.25
+_HINT_SLACK_S = 0.01
+_MIN_CLAIM_S = 0.005
+
+
+class TooManyParked(Exception):
+    """This worker already parks QUEEN_MAX_PARKED_POPS pops (answered 429)."""
+
+
+@dataclass(frozen=True)
+class Popped:
+    claims: list[Claim]
+    lease_id: str | None
+
+
+class Popper:
+    def __init__(self, pool: Pool, lot: ParkingLot, max_parked: int,
+                 parked_gauge: Gauge | None = None) -> None:
+        self.pool = pool
+        self.lot = lot
+        self.max_parked = max_parked
+        self.parked_gauge = parked_gauge
+        self._gates: weakref.WeakValueDictionary[ParkKey, asyncio.Lock] = (
+            weakref.WeakValueDictionary())
+
+    def _gate(self, key: ParkKey) -> asyncio.Lock:
+        gate = self._gates.get(key)
+        if gate is None:
+            gate = self._gates[key] = asyncio.Lock()
+        return gate
+
+    async def pop(self, r: PopRequest) -> Popped | None:
+        budget = (r.timeout_ms or 30_000) / 1000  # timeout=0 acts as wait=false
+        deadline = time.monotonic() + budget
+        # No claim starts after this: what is leased must reach the caller in time.
+        claim_until = deadline - min(_MAX_MARGIN_S, budget / 4)
+        wait = r.wait and r.timeout_ms > 0
+        bucket = bucket_of(r.tenant, r.queue) if r.queue is not None else None
+        # NOTE(auth): the tenant is part of the key, so a woken waiter of another tenant (same
+        # namespace, or a bucket collision) cannot take the baton and leave ours asleep.
+        key = ParkKey(bucket, r.group,
+                      (r.tenant, r.partition) if r.queue is not None
+                      else (r.tenant, r.namespace, r.task))
+        woken = False
+        gate = self._gate(key)  # held by this pop while it lives: the entry stays
+        while True:
+            async with gate:
+                claim_s = claim_until - time.monotonic()
+                if claim_s < _MIN_CLAIM_S:
+                    break
+                token = self.lot.token(bucket)
+                lease = None if r.auto_ack else uuid.UUID(bytes=uuid7())
+                result = await self._claim(r, lease, int(claim_s * 1000))
+            if result.claims:
+                # NOTE(queen): there may be more to claim; the next pop parked on this key
+                # looks (it parks again at the head if not).
+                self.lot.pass_baton(key)
+                return Popped(result.claims, str(lease) if lease is not None else None)
+            if not wait:
+                return None
+            if self.lot.parked >= self.max_parked:
+                raise TooManyParked(f"{self.lot.parked} pops already parked in this worker")
+            until = claim_until
+            if result.wake_in_ms is not None:
+                until = min(until, time.monotonic() + result.wake_in_ms / 1000 + _HINT_SLACK_S)
+            if self.parked_gauge is not None:
+                self.parked_gauge.inc()
+            try:
+                await self.lot.park(key, token, until, front=woken)
+            finally:
+                if self.parked_gauge is not None:
+                    self.parked_gauge.dec()
+            woken = True
+        if wait:
+            await asyncio.sleep(max(0.0, deadline - time.monotonic()))
+        return None
+
+    async def _claim(self, r: PopRequest, lease: uuid.UUID | None,
+                     claim_ms: int) -> pop_procs.ClaimResult:
+        async with connection(self.pool, commit_sent=True) as conn:
+            return await pop_procs.claim(conn, r, lease, claim_ms)

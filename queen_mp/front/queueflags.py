@@ -1,0 +1,46 @@
+"""Per-queue switches the front worker must know before building frames, memoised.
+
+A 1000-item push over three queues asks PostgreSQL at most three times, and not again for a
+few seconds; a queue's flags change rarely (configure), and a stale answer only affects pushes
+made within the memo's lifetime after the change.
+"""
+
+from __future__ import annotations
+
+import time
+
+from queen_mp.db import procs
+from queen_mp.db.errors import DatabaseError
+from queen_mp.db.pooled import Pool, connection
+
+__all__ = ["FlagsUnavailable", "QueueFlags"]
+
+_TTL_S = 5.0
+
+
+class FlagsUnavailable(Exception):
+    """PostgreSQL could not tell us the queue's flags; nothing was attempted."""
+
+
+class QueueFlags:
+    def __init__(self, pool: Pool) -> None:
+        self.pool = pool
+        self._memo: dict[tuple[bytes, str], tuple[float, bool]] = {}
+
+    async def encrypted(self, tenant: bytes, queue: str) -> bool:
+        now = time.monotonic()
+        hit = self._memo.get((tenant, queue))
+        if hit is not None and hit[0] > now:
+            return hit[1]
+        try:
+            async with connection(self.pool) as conn:
+                flags = await procs.queue_flags(conn, tenant, queue)
+        except DatabaseError as ex:
+            cause = ex.__cause__ or ex  # named as psycopg named it (PoolTimeout, ...)
+            raise FlagsUnavailable(
+                f"queue flags unreadable: {type(cause).__name__}: {cause}") from ex
+        value = flags.encryption
+        if len(self._memo) > 100_000:
+            self._memo.clear()
+        self._memo[(tenant, queue)] = (now + _TTL_S, value)
+        return value

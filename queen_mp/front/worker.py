@@ -1,0 +1,229 @@
+"""Per-process state of a gunicorn front worker, opened after fork.
+
+One ``FrontWorker`` per worker process holds what the resources share: the claimed worker
+slot, the PostgreSQL pool, the link to the shards, metrics and the shard heartbeat board. It is
+started by the ASGI lifespan and stopped in reverse order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import uuid
+from collections import Counter
+
+from queen_mp.config import Config
+from queen_mp.crypto import PayloadCipher
+from queen_mp.db.ack_procs import GroupAck
+from queen_mp.db.pooled import Pool, failover_pool
+from queen_mp.front.acks import Acker
+from queen_mp.front.delivery import Claim
+from queen_mp.front.ingest import Ingest, ItemResult
+from queen_mp.front.parking import ParkingLot
+from queen_mp.front.popper import Popper
+from queen_mp.front.queueflags import QueueFlags
+from queen_mp.front.spooldrain import Drainer
+from queen_mp.front.transactions import Transactions
+from queen_mp.heap import freeze_startup_objects
+from queen_mp.ipc.flags import FlagsBoard
+from queen_mp.ipc.heartbeat import HeartbeatBoard
+from queen_mp.ipc.routing import ack_shard
+from queen_mp.ipc.shardlink import ShardLink
+from queen_mp.ipc.slots import SlotTable
+from queen_mp.ipc.wakeboard import WakeBoard, bucket_of
+from queen_mp.ipc.wakeup import WakeListener, Waker
+from queen_mp.metrics import Metrics, mark_process_dead
+from queen_mp.runtime import Runtime
+from queen_mp.spool import SpoolWriter
+from queen_mp.wire.records import LeaseGrant
+
+__all__ = ["SHARD_STALE_MS", "FrontWorker"]
+
+log = logging.getLogger("queen_mp.worker")
+
+# A shard that has not beaten for this long is reported dead by /health.
+SHARD_STALE_MS = 3000
+_GRANT_TIMEOUT_S = 1.0
+_FLAGS_FIRST_READ_S = 2.0
+
+
+class FrontWorker:
+    """Resources of one front worker; ``start``/``stop`` run in the lifespan."""
+
+    def __init__(self, config: Config, runtime: Runtime) -> None:
+        self.config = config
+        self.runtime = runtime
+        self.slot = -1
+        self.generation = 0
+        self.metrics: Metrics | None = None
+        self.pool: Pool = failover_pool(
+            config.pg_dsn, max_size=config.pg_pool_size, name=f"front-{os.getpid()}")
+        self.link: ShardLink | None = None
+        self.spool: SpoolWriter | None = None
+        self._ingest: Ingest | None = None
+        self._slots: SlotTable | None = None
+        self._board: HeartbeatBoard | None = None
+        self.cipher = (PayloadCipher(config.encryption_key) if config.encryption_key
+                       else None)
+        self._wake_board: WakeBoard | None = None
+        self._popper: Popper | None = None
+        self._transactions: Transactions | None = None
+        self.acker = Acker(self.pool, config.max_decompressed_mb << 20)
+        self.waker: Waker | None = None
+        self._listener: WakeListener | None = None
+        self._flags: FlagsBoard | None = None
+        self._drainer: Drainer | None = None
+
+    async def start(self) -> None:
+        self.metrics = Metrics(self.config.instance_name)
+        self._slots = SlotTable.attach(self.runtime.slot_table)
+        self.slot, self.generation = self._slots.claim(os.getpid())
+        self._board = HeartbeatBoard.attach(self.runtime.heartbeat, self.runtime.shards)
+        self.link = ShardLink(self.runtime, self.slot, self.generation)
+        await self.link.start()
+        if self.config.ack_registry:
+            self.acker.link, self.acker.shards = self.link, self.runtime.shards
+        self.spool = SpoolWriter(self.config.spool_path, f"w{self.slot}-{os.getpid()}")
+        self._flags = FlagsBoard.attach(self.runtime.flags_board)
+        self._ingest = Ingest(self.link, self.runtime.shards, self.spool,
+                              self.config.push_timeout_ms, QueueFlags(self.pool), self.cipher)
+        self._ingest.in_maintenance = self._flags.push_maintenance
+        self._transactions = Transactions(self.pool, self._ingest,
+                                          self.config.max_decompressed_mb << 20)
+        self._wake_board = WakeBoard.attach(self.runtime.wake_board)
+        lot = ParkingLot(self._wake_board, self.config.pop_wake_tick_ms / 1000)
+        self.link.on_ring = lot.poke
+        self._popper = Popper(self.pool, lot, self.config.max_parked_pops,
+                              self.metrics.parked_pops)
+        self.waker = Waker(self._wake_board, self.runtime.prefix, self.config.pg_dsn,
+                           notify=self.config.wake_notify)
+        # NOTE(queen): always started: besides wakes (QUEEN_WAKE_NOTIFY) the listener keeps
+        # the maintenance switches fresh on the flags board.
+        self._listener = WakeListener(self._wake_board, self.runtime.prefix,
+                                      self.config.pg_dsn, wake=self.config.wake_notify,
+                                      flags=self._flags)
+        self._listener.start()
+        if not self._flags.read().known:
+            # the instance's first worker: do not serve pushes before the switches are known
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._listener.flags_ready.wait(), _FLAGS_FIRST_READ_S)
+        await self.pool.open(wait=False)
+        self._drainer = Drainer(self.config.spool_path, self._ingest, self._flags, self.spool,
+                                f"f{self.slot}-{os.getpid()}", metrics=self.metrics)
+        self._drainer.start()
+        freeze_startup_objects()
+        log.info("front worker %d ready in slot %d (generation %d)", os.getpid(), self.slot,
+                 self.generation)
+
+    async def stop(self) -> None:
+        if self._drainer is not None:
+            await self._drainer.stop()
+        if self._popper is not None:
+            await self._popper.lot.close()
+        if self._listener is not None:
+            await self._listener.stop()
+        if self.waker is not None:
+            await self.waker.close()
+        if self.link is not None:
+            await self.link.stop()
+        await self.pool.close()
+        if self.spool is not None:
+            self.spool.close()
+        if self._board is not None:
+            self._board.close()
+        if self._wake_board is not None:
+            self._wake_board.close()
+        if self._flags is not None:
+            self._flags.close()
+        if self._slots is not None:
+            self._slots.release(self.slot, os.getpid())
+            self._slots.close()
+        mark_process_dead(os.getpid())
+
+    @property
+    def flags(self) -> FlagsBoard:
+        assert self._flags is not None, "front worker not started"
+        return self._flags
+
+    @property
+    def drainer(self) -> Drainer:
+        assert self._drainer is not None, "front worker not started"
+        return self._drainer
+
+    def push_maintenance(self) -> bool:
+        """Push maintenance per the flags board (no PostgreSQL round trip)."""
+        return self._flags is not None and self._flags.push_maintenance()
+
+    @property
+    def ingest(self) -> Ingest:
+        assert self._ingest is not None, "front worker not started"
+        return self._ingest
+
+    @property
+    def transactions(self) -> Transactions:
+        assert self._transactions is not None, "front worker not started"
+        return self._transactions
+
+    @property
+    def popper(self) -> Popper:
+        assert self._popper is not None, "front worker not started"
+        return self._popper
+
+    def after_acks(self, tenant: bytes, results: list[GroupAck]) -> None:
+        """Count what acks consumed; wake pops parked on the caller's (``tenant``) queues
+        where a lease was released."""
+        if self.metrics is not None:
+            self.metrics.messages_acked.inc(sum(r.acked for r in results))
+        if self.waker is not None:
+            self.waker.wake(bucket_of(tenant, r.queue) for r in results
+                            if r.lease_released and r.queue)
+
+    async def grant_leases(self, tenant: bytes, lease_id: str, group: str,
+                           claims: list[Claim], hashes: dict[int, list[bytes]]) -> None:
+        """Tell each claim's ack shard what was delivered under the lease (the ack registry).
+
+        Best effort: a grant that does not arrive only sends that batch's ack down the SQL path.
+        """
+        if not self.config.ack_registry or self.link is None:
+            return
+        lease = uuid.UUID(lease_id).bytes
+        deadline = asyncio.get_running_loop().time() + _GRANT_TIMEOUT_S
+        for claim in claims:
+            delivered = hashes.get(claim.partition_id)
+            if not delivered or claim.lease_expires_at is None:
+                continue
+            if len(set(delivered)) != len(delivered):
+                # NOTE(queen): a transactionId delivered twice (dedup off): acking it resolves
+                # to its lowest offset only, which a set cannot express; the SQL path decides.
+                continue
+            grant = LeaseGrant(tenant, lease, claim.partition_id, claim.end,
+                               int(claim.lease_expires_at.timestamp() * 1000), group,
+                               claim.queue, frozenset(delivered))
+            try:
+                await self.link.post(ack_shard(claim.partition_id, self.runtime.shards),
+                                     grant.pack(), deadline)
+            except TimeoutError:
+                log.warning("lease grant for partition %d not delivered", claim.partition_id)
+
+    def after_transaction(self, tenant: bytes, queues: set[str], pushed: int) -> None:
+        """A committed transaction of ``tenant``: count its pushes, wake pops parked on what
+        it touched."""
+        if self.metrics is not None and pushed:
+            self.metrics.messages_pushed.labels("queued").inc(pushed)
+        if self.waker is not None and queues:
+            self.waker.wake(bucket_of(tenant, q) for q in queues)
+
+    def count_popped(self, n: int) -> None:
+        if self.metrics is not None:
+            self.metrics.messages_popped.inc(n)
+
+    def count_pushed(self, results: list[ItemResult]) -> None:
+        if self.metrics is not None:
+            counts = Counter(r.status for r in results)
+            for status, n in counts.items():
+                self.metrics.messages_pushed.labels(status).inc(n)
+
+    def shards_alive(self) -> int:
+        return self._board.alive(SHARD_STALE_MS) if self._board is not None else 0

@@ -1,0 +1,495 @@
+-- pop.sql: the pop path (api.md 2.2, 2.6; life-of-a-step.md "Pop").
+--
+-- Functions:
+--   queen.log_cursor_before_v1(int8, timestamptz) -> int8
+--       the cursor value whose next delivery is the first message created at or after a time
+--       (NULL time = the log start): first starts, seeks and subscriptions share it.
+--   queen.pop_scope_v1(uuid, text, text, text, text) -> table: the queues a pop may claim.
+--   queen.log_pop_v1(uuid, text, text, text, text, text, int4, int4, boolean, text,
+--                    timestamptz, uuid, int4) -> SETOF rows (below)
+--       claim partitions for a group, lease (or auto-ack) them and return the covering
+--       segments, all in the caller's one statement / transaction.
+--   queen.log_renew_lease_v1(uuid, uuid, int4) -> (renewed, expires_at)
+--       lease extend: every live lease of one lease id, never shortened.
+--
+-- Tables touched:
+--   queen.queues                read (tenant, name / namespace / task, options)
+--   queen.system_settings       read (pop_maintenance_mode)
+--   queen.log_partitions        read only (never locked: pops must not queue behind pushes)
+--   queen.consumer_groups_meta  INSERT ... ON CONFLICT DO NOTHING (the group's first start)
+--   queen.log_consumers         INSERT missing cursor rows; SELECT ... FOR UPDATE SKIP LOCKED;
+--                               UPDATE lease / cursor columns (HOT: only lease_id is indexed)
+--   queen.log_segments          read (covering segments of each claim; delay cut-off)
+--
+-- Lock order (design.md invariant 4): no log_partitions row lock at all. Missing cursor rows
+--   are inserted first, in ascending partition id order (a speculative insertion may wait for
+--   another transaction inserting the same key; the ascending order keeps those waits
+--   acyclic). Existing cursor rows are then locked with SKIP LOCKED, which never waits, so a
+--   pop can neither block another pop nor deadlock with an ack, a seek or a transaction.
+--
+-- SQLSTATEs raised:
+--   22023  invalid_parameter_value: batch < 1, max_partitions < 1, unknown subscription mode,
+--          neither queue nor namespace/task given
+--
+-- Isolation: READ COMMITTED. log_partitions.last_offset is read without a lock: a push's offsets
+--   become visible only at its commit, and one partition's pushes commit in offset order (one
+--   allocator row lock), so every offset <= a visible last_offset is committed.
+--
+-- log_pop_v1 result rows. One row per covering segment of each claim, claims in claim order,
+-- segments ascending; a claim whose segments were all retained away has one row with NULL
+-- segment columns. When nothing was claimed, exactly ONE hint row with partition_id NULL:
+-- wake_in_ms = milliseconds until a currently blocked partition becomes claimable (a live
+-- lease expiring, a delayed message maturing, a window buffer closing), NULL if none is known.
+--   queue_name, partition_id, partition_name, start_off, end_off (inclusive), attempt
+--   (deliveryAttempt), lease_expires_at (NULL under autoAck), encrypted (queue option),
+--   base_offset, created_at, payload (the stored chunks, as stored), wake_in_ms
+
+-- ---------------------------------------------------------------------------------------------
+-- log_cursor_before_v1: segments are created_at-monotone per partition in offset order, so the
+-- first segment at or after p_from is one forward walk of the primary key.
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION queen.log_cursor_before_v1(p_partition_id int8, p_from timestamptz)
+RETURNS int8
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v_last  int8;
+    v_start int8;
+    v_base  int8;
+BEGIN
+    SELECT lp.last_offset, lp.log_start_offset INTO v_last, v_start
+    FROM queen.log_partitions lp WHERE lp.id = p_partition_id;
+    IF NOT FOUND THEN
+        RETURN 0;
+    END IF;
+    IF p_from IS NULL THEN
+        RETURN v_start - 1;
+    END IF;
+    SELECT s.base_offset INTO v_base
+    FROM queen.log_segments s
+    WHERE s.partition_id = p_partition_id AND s.created_at >= p_from
+    ORDER BY s.base_offset
+    LIMIT 1;
+    IF v_base IS NULL THEN
+        RETURN v_last;
+    END IF;
+    RETURN GREATEST(v_base - 1, v_start - 1);
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- pop_scope_v1: the queues a pop may claim from, their options and the group's recorded start
+-- (sub_mode NULL = not recorded yet). Plain SQL, so the planner inlines it into each caller.
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION queen.pop_scope_v1(p_tenant uuid, p_queue text, p_namespace text, p_task text,
+                                   p_group text)
+RETURNS TABLE (id int8, name text, priority int4, lease_time int4, delayed int4, window_s int4,
+               encrypted boolean, sub_mode text, sub_from timestamptz)
+LANGUAGE sql STABLE
+AS $$
+    SELECT q.id, q.name, q.priority,
+           CASE WHEN q.lease_time = 0 THEN 60 ELSE q.lease_time END,
+           q.delayed_processing, q.window_buffer, q.encryption_enabled,
+           m.subscription_mode, m.subscription_from
+    FROM queen.queues q
+    LEFT JOIN queen.consumer_groups_meta m ON m.queue_id = q.id AND m.consumer_group = p_group
+    WHERE q.tenant = p_tenant
+      AND (p_queue IS NULL OR q.name = p_queue)
+      AND (p_namespace IS NULL OR q.namespace = p_namespace)
+      AND (p_task IS NULL OR q.task = p_task)
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- log_pop_v1
+--   p_tenant          tenant of the caller
+--   p_queue           queue name; NULL for a namespace/task pop
+--   p_partition       partition name (the partition route); NULL = any partition
+--   p_namespace       namespace filter of a discovery pop (NULL = any)
+--   p_task            task filter of a discovery pop (NULL = any)
+--   p_group           consumer group ('__QUEUE_MODE__' for queue mode)
+--   p_batch           max messages in total across claims (>= 1)
+--   p_max_partitions  max partitions claimed (>= 1)
+--   p_auto_ack        advance the cursor at delivery, no lease
+--   p_sub_mode        'all' | 'new' | 'new-only' | 'timestamp': the group's first start,
+--                     recorded once per (queue, group); later values are ignored
+--   p_sub_from        the start time for 'timestamp' (and 'new': NULL = now())
+--   p_lease_id        the lease id minted by the broker for this pop (NULL under autoAck)
+--   p_claim_ms        no claim starts later than this many ms after the call began (the
+--                     caller's deadline minus its margin, as a duration: clocks may differ)
+-- ---------------------------------------------------------------------------------------------
+
+-- Revision (old migration 120_pop_by_queue.sql): a pop reads the cursors of its own queue's partitions only.
+--
+-- Functions: queen.log_pop_v1(...) replaced (same signature, result, locks, lock order and
+-- SQLSTATEs as in pop.sql; only two statements are written differently).
+--
+-- Why: 030 joined log_consumers on (partition, group) in the candidate query and in the
+-- "nothing claimable: when does a lease expire" query, and the planner drove both from
+-- log_consumers_group_idx: every cursor of the group on EVERY queue, joined back to the
+-- queue's partitions. A group name shared by several queues (a common deployment: one
+-- "workers" group everywhere) made each pop pay for all of them: a pop of a 100-partition
+-- queue took 1.4-1.7 ms of PostgreSQL alone and 2.6-3.3 ms once another queue had 1,000
+-- cursors of the same group. Here each partition's cursor is a LATERAL primary-key lookup
+-- (OFFSET 0 keeps the planner from flattening it back into a join), so the cost follows the
+-- queue's own partitions: the candidate query went from 1.4-1.8 to 0.4-0.7 ms in that case
+-- (3.2 -> 3.4 ms for the 1,000-partition queue itself, which owns nearly all of the group's
+-- cursors).
+
+-- Revision (old migration 125_pop_partitions_by_queue.sql): a pop reads its own queue's partition rows by index, whatever
+-- the planner's statistics say.
+--
+-- Functions: queen.log_pop_v1(...) replaced (same signature, result, locks, lock order and
+-- SQLSTATEs as in pop.sql; three statements are written differently, and the
+-- function runs with enable_seqscan = off).
+--
+-- Why: 120 joined queen.log_partitions on queue_id in the cursor insert, the candidate query and
+-- the "nothing claimable: when does a lease expire" query. The planner cannot know which queue
+-- the scope's name resolves to, so once ANALYZE or VACUUM has seen queues of very different
+-- sizes (autovacuum does that in production; in the benchmark suite, after its push section
+-- left 1,000 partitions in one queue) it joins a scan of EVERY queue's partitions: a sequential
+-- scan after ANALYZE, a full index scan once the sequential one is disabled. Each queue's
+-- partitions are now a LATERAL subquery on (queue_id = the queue) that OFFSET 0 keeps the
+-- planner from flattening back into a join, and enable_seqscan = off leaves the
+-- (queue_id, name) index as its only sensible path: the cost follows the queue's own
+-- partitions again, as 120 did for the cursors; the cursor insert's "no cursor yet" test is a
+-- LATERAL primary-key probe too (an anti-join over the index scan of the group's cursors on
+-- every queue read them all once sequential scans were off). No statement of the pop needs a sequential
+-- scan: every table it reads is reached by a key (queues, consumer_groups_meta,
+-- log_partitions, log_consumers, log_segments, system_settings).
+
+-- Revision (old migration 130_pop_candidate_order.sql): a pop orders its candidates without reading a segment per
+-- partition, and creates missing cursor rows in the statement that finds its candidates.
+--
+-- Tables: queen.log_consumers gains next_offset and next_created_at (both NULL until a claim).
+-- Functions: queen.log_pop_v1(...) replaced (same signature, result, locks, lock order and
+-- SQLSTATEs as in pop.sql).
+--
+-- Why: every pop of a queue ran two passes over all of the queue's partitions: the cursor
+-- insert probed each partition's cursor to find the missing ones, and the candidate query
+-- probed it again, then read one log_segments row per candidate for the created_at of its
+-- oldest pending message (the order api.md 2.2 promises). On a 100-partition queue drained
+-- by 8 consumers (pg_stat_statements, private cluster) that was 0.44 ms of insert and 1.68 ms
+-- of candidate query in a 3.8 ms pop; EXPLAIN ANALYZE put 1.0 ms of the candidate query in
+-- the segment reads.
+--
+-- The oldest pending message of a cursor is the one at committed_offset + 1, unless retention
+-- removed it (then log_start_offset). A claim of [start, end] now records the created_at of
+-- the segment holding end + 1 (next_created_at at next_offset): a partition's offsets are
+-- never reused and a stored segment never changes, so that pair stays true for as long as it
+-- exists. Once the claim is acked, committed_offset + 1 = next_offset and the candidate query
+-- takes the time from the cursor row it reads anyway; any other move of the cursor (a partial
+-- ack, a lease expiry, a seek, a DLQ hand-off, retention) leaves them unequal and the segment
+-- is read as before, as it is when the claim reached the partition's end (nothing to record).
+-- No writer of committed_offset has to know about the two columns.
+--
+-- The missing cursor rows come from the candidate scan's own LEFT JOIN: a data-modifying
+-- WITH inserts them (ascending partition id, before any cursor is locked or updated, as
+-- before), and a plpgsql FOR loop runs such a statement to completion before its first row.
+-- A candidate whose row another pop created meanwhile is locked by the loop as usual.
+
+CREATE OR REPLACE FUNCTION queen.log_pop_v1(
+    p_tenant         uuid,
+    p_queue          text,
+    p_partition      text,
+    p_namespace      text,
+    p_task           text,
+    p_group          text,
+    p_batch          int4,
+    p_max_partitions int4,
+    p_auto_ack       boolean,
+    p_sub_mode       text,
+    p_sub_from       timestamptz,
+    p_lease_id       uuid,
+    p_claim_ms       int4
+) RETURNS TABLE (
+    queue_name       text,
+    partition_id     int8,
+    partition_name   text,
+    start_off        int8,
+    end_off          int8,
+    attempt          int4,
+    lease_expires_at timestamptz,
+    encrypted        boolean,
+    base_offset      int8,
+    created_at       timestamptz,
+    payload          bytea,
+    wake_in_ms       int8
+)
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET enable_seqscan = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now        timestamptz := now();
+    v_until      timestamptz := clock_timestamp() + make_interval(secs => p_claim_ms / 1000.0);
+    v_left       int4 := p_batch;
+    v_claimed    int4 := 0;
+    v_queue_id   int8;          -- a discovery pop serves one queue per answer
+    v_wake       timestamptz;
+    v_cand       record;
+    v_cur        record;
+    v_start      int8;
+    v_end        int8;
+    v_cut        int8;
+    v_attempt    int4;
+    v_expires    timestamptz;
+    v_next_at    timestamptz;   -- created_at of the segment holding v_end + 1
+    v_pids       int8[] := '{}';
+    v_starts     int8[] := '{}';
+    v_ends       int8[] := '{}';
+    v_attempts   int4[] := '{}';
+    v_expiries   timestamptz[] := '{}';
+BEGIN
+    IF p_batch IS NULL OR p_batch < 1 OR p_max_partitions IS NULL OR p_max_partitions < 1 THEN
+        RAISE EXCEPTION 'log_pop_v1: batch and max_partitions must be >= 1'
+            USING ERRCODE = '22023';
+    END IF;
+    IF p_sub_mode NOT IN ('all', 'new', 'new-only', 'timestamp') THEN
+        RAISE EXCEPTION 'log_pop_v1: unknown subscription mode %', p_sub_mode
+            USING ERRCODE = '22023';
+    END IF;
+    IF p_queue IS NULL AND p_namespace IS NULL AND p_task IS NULL THEN
+        RAISE EXCEPTION 'log_pop_v1: a queue, a namespace or a task is required'
+            USING ERRCODE = '22023';
+    END IF;
+
+    -- Pop maintenance (api.md 5): pops claim nothing, and learn of no wake-up time.
+    IF EXISTS (SELECT 1 FROM queen.system_settings ss
+               WHERE ss.key = 'pop_maintenance_mode' AND ss.value = 'true'::jsonb) THEN
+        RETURN QUERY SELECT NULL::text, NULL::int8, NULL::text, NULL::int8, NULL::int8,
+            NULL::int4, NULL::timestamptz, NULL::boolean, NULL::int8, NULL::timestamptz,
+            NULL::bytea, NULL::int8;
+        RETURN;
+    END IF;
+
+    -- The group's first start on every matching queue, recorded once.
+    INSERT INTO queen.consumer_groups_meta AS m (queue_id, consumer_group, subscription_mode,
+                                                 subscription_from)
+    SELECT pq.id, p_group, p_sub_mode,
+           CASE p_sub_mode WHEN 'all' THEN NULL
+                           WHEN 'timestamp' THEN p_sub_from
+                           ELSE COALESCE(p_sub_from, v_now) END
+    FROM queen.pop_scope_v1(p_tenant, p_queue, p_namespace, p_task, p_group) pq
+    WHERE pq.sub_mode IS NULL
+    ORDER BY pq.id
+    ON CONFLICT (queue_id, consumer_group) DO NOTHING;
+    IF NOT FOUND AND NOT EXISTS (
+            SELECT 1 FROM queen.pop_scope_v1(p_tenant, p_queue, p_namespace, p_task, p_group)) THEN
+        RETURN QUERY SELECT NULL::text, NULL::int8, NULL::text, NULL::int8, NULL::int8,
+            NULL::int4, NULL::timestamptz, NULL::boolean, NULL::int8, NULL::timestamptz,
+            NULL::bytea, NULL::int8;
+        RETURN;
+    END IF;
+
+    -- Candidates: pending data, not leased, outside the window buffer; highest priority first,
+    -- then the oldest pending message first. Partitions with data that this group has never
+    -- seen get their cursor row at the group's start point (ascending partition id, see the
+    -- header's lock order) in the same statement, and are candidates too.
+    FOR v_cand IN
+        WITH cand AS MATERIALIZED (
+            SELECT lp.id AS pid, lp.name AS pname, lp.last_offset, lp.log_start_offset,
+                   lp.last_created_at, pq.id AS qid, pq.name AS qname, pq.priority,
+                   pq.lease_time, pq.delayed, pq.window_s, pq.encrypted, pq.sub_from,
+                   c.committed_offset, c.next_offset, c.next_created_at
+            FROM queen.pop_scope_v1(p_tenant, p_queue, p_namespace, p_task, p_group) pq
+            CROSS JOIN LATERAL (
+                SELECT lp.id, lp.name, lp.last_offset, lp.log_start_offset, lp.last_created_at
+                FROM queen.log_partitions lp
+                WHERE lp.queue_id = pq.id AND (p_partition IS NULL OR lp.name = p_partition)
+                OFFSET 0) lp
+            LEFT JOIN LATERAL (
+                SELECT c.committed_offset, c.lease_id, c.lease_expires_at, c.next_offset,
+                       c.next_created_at
+                FROM queen.log_consumers c
+                WHERE c.partition_id = lp.id AND c.consumer_group = p_group
+                OFFSET 0) c ON true
+            WHERE CASE WHEN c.committed_offset IS NULL THEN lp.last_offset > 0
+                       ELSE lp.last_offset > c.committed_offset
+                            AND (c.lease_id IS NULL OR c.lease_expires_at <= v_now) END
+        ), created AS (
+            INSERT INTO queen.log_consumers AS c (partition_id, consumer_group, committed_offset)
+            SELECT cand.pid, p_group, queen.log_cursor_before_v1(cand.pid, cand.sub_from)
+            FROM cand
+            WHERE cand.committed_offset IS NULL
+            ORDER BY cand.pid
+            ON CONFLICT (partition_id, consumer_group) DO NOTHING
+            RETURNING c.partition_id, c.committed_offset
+        )
+        SELECT cand.pid, cand.pname, cand.last_offset, cand.log_start_offset,
+               cand.last_created_at, cand.qid, cand.qname, cand.lease_time, cand.delayed,
+               cand.window_s, cand.encrypted
+        FROM cand
+        LEFT JOIN created cr ON cr.partition_id = cand.pid
+        ORDER BY cand.priority DESC,
+                 CASE WHEN cand.next_created_at IS NOT NULL
+                           AND cand.next_offset = GREATEST(cand.committed_offset + 1,
+                                                           cand.log_start_offset)
+                      THEN cand.next_created_at
+                      ELSE (SELECT s.created_at FROM queen.log_segments s
+                            WHERE s.partition_id = cand.pid
+                              AND s.base_offset <= GREATEST(
+                                    COALESCE(cand.committed_offset, cr.committed_offset) + 1,
+                                    cand.log_start_offset)
+                            ORDER BY s.base_offset DESC LIMIT 1) END ASC NULLS FIRST,
+                 cand.pid
+    LOOP
+        EXIT WHEN v_claimed >= p_max_partitions OR v_left <= 0
+               OR clock_timestamp() >= v_until;
+        CONTINUE WHEN v_queue_id IS NOT NULL AND v_cand.qid <> v_queue_id;
+
+        IF v_cand.window_s > 0 AND v_cand.last_created_at
+                > v_now - make_interval(secs => v_cand.window_s) THEN
+            v_wake := LEAST(v_wake, v_cand.last_created_at
+                                    + make_interval(secs => v_cand.window_s));
+            CONTINUE;
+        END IF;
+
+        SELECT c.committed_offset, c.lease_id, c.lease_expires_at, c.batch_start,
+               c.attempt_count
+        INTO v_cur
+        FROM queen.log_consumers c
+        WHERE c.partition_id = v_cand.pid AND c.consumer_group = p_group
+        FOR UPDATE SKIP LOCKED;
+        IF NOT FOUND THEN
+            -- Another pop or an ack holds it right now: it may become claimable (or its
+            -- delayed message mature) without a push, so look again soon.
+            v_wake := LEAST(v_wake, clock_timestamp() + interval '50 milliseconds');
+            CONTINUE;
+        END IF;
+        CONTINUE WHEN v_cur.lease_id IS NOT NULL AND v_cur.lease_expires_at > v_now;
+
+        v_start := GREATEST(v_cur.committed_offset + 1, v_cand.log_start_offset);
+        CONTINUE WHEN v_start > v_cand.last_offset;
+        v_end := LEAST(v_cand.last_offset, v_start + v_left - 1);
+
+        IF v_cand.delayed > 0 THEN
+            SELECT s.base_offset + s.msg_count - 1 INTO v_cut
+            FROM queen.log_segments s
+            WHERE s.partition_id = v_cand.pid
+              AND s.created_at <= v_now - make_interval(secs => v_cand.delayed)
+            ORDER BY s.base_offset DESC
+            LIMIT 1;
+            IF v_cut IS NULL OR v_cut < v_start THEN
+                v_wake := LEAST(v_wake, (
+                    SELECT s.created_at + make_interval(secs => v_cand.delayed)
+                    FROM queen.log_segments s
+                    WHERE s.partition_id = v_cand.pid AND s.base_offset <= v_start
+                    ORDER BY s.base_offset DESC LIMIT 1));
+                CONTINUE;
+            END IF;
+            v_end := LEAST(v_end, v_cut);
+        END IF;
+
+        v_next_at := NULL;
+        IF v_end < v_cand.last_offset THEN
+            SELECT s.created_at INTO v_next_at
+            FROM queen.log_segments s
+            WHERE s.partition_id = v_cand.pid AND s.base_offset <= v_end + 1
+            ORDER BY s.base_offset DESC
+            LIMIT 1;
+        END IF;
+        v_attempt := CASE WHEN v_cur.batch_start = v_start AND v_cur.attempt_count > 0
+                          THEN v_cur.attempt_count + 1 ELSE 1 END;
+        IF p_auto_ack THEN
+            v_expires := NULL;
+            UPDATE queen.log_consumers c
+            SET committed_offset = v_end,
+                total_consumed = c.total_consumed + (v_end - v_cur.committed_offset),
+                last_consumed_at = v_now, last_popped_at = v_now,
+                attempt_count = 0, batch_retry_count = 0,
+                next_offset = v_end + 1, next_created_at = v_next_at
+            WHERE c.partition_id = v_cand.pid AND c.consumer_group = p_group;
+        ELSE
+            v_expires := v_now + make_interval(secs => v_cand.lease_time);
+            UPDATE queen.log_consumers c
+            SET lease_id = p_lease_id, worker_id = p_lease_id::text,
+                lease_expires_at = v_expires, leased_at = v_now, last_popped_at = v_now,
+                batch_start = v_start, batch_end = v_end, attempt_count = v_attempt,
+                next_offset = v_end + 1, next_created_at = v_next_at
+            WHERE c.partition_id = v_cand.pid AND c.consumer_group = p_group;
+        END IF;
+
+        v_queue_id := v_cand.qid;
+        v_claimed := v_claimed + 1;
+        v_left := v_left - (v_end - v_start + 1)::int4;
+        v_pids := v_pids || v_cand.pid;
+        v_starts := v_starts || v_start;
+        v_ends := v_ends || v_end;
+        v_attempts := v_attempts || v_attempt;
+        v_expiries := v_expiries || v_expires;
+    END LOOP;
+
+    IF v_claimed = 0 THEN
+        -- Nothing claimable: when does a leased partition with pending data free up?
+        SELECT LEAST(v_wake, min(c.lease_expires_at)) INTO v_wake
+        FROM queen.pop_scope_v1(p_tenant, p_queue, p_namespace, p_task, p_group) pq
+        CROSS JOIN LATERAL (
+            SELECT lp.id, lp.last_offset FROM queen.log_partitions lp
+            WHERE lp.queue_id = pq.id AND (p_partition IS NULL OR lp.name = p_partition)
+            OFFSET 0) lp
+        CROSS JOIN LATERAL (
+            SELECT c.lease_expires_at
+            FROM queen.log_consumers c
+            WHERE c.partition_id = lp.id AND c.consumer_group = p_group
+              AND lp.last_offset > c.committed_offset
+              AND c.lease_id IS NOT NULL AND c.lease_expires_at > v_now
+            OFFSET 0) c;
+        RETURN QUERY SELECT NULL::text, NULL::int8, NULL::text, NULL::int8, NULL::int8,
+            NULL::int4, NULL::timestamptz, NULL::boolean, NULL::int8, NULL::timestamptz,
+            NULL::bytea,
+            CASE WHEN v_wake IS NOT NULL THEN GREATEST(0, ceil(extract(epoch FROM v_wake - clock_timestamp()) * 1000))::int8 END;
+        RETURN;
+    END IF;
+
+    RETURN QUERY
+    SELECT pq.name::text, cl.pid, lp.name::text, cl.s, cl.e, cl.a, cl.x, pq.encrypted,
+           seg.base_offset, seg.created_at, seg.payload, NULL::int8
+    FROM unnest(v_pids, v_starts, v_ends, v_attempts, v_expiries)
+             WITH ORDINALITY AS cl(pid, s, e, a, x, n)
+    JOIN queen.log_partitions lp ON lp.id = cl.pid
+    JOIN queen.pop_scope_v1(p_tenant, p_queue, p_namespace, p_task, p_group) pq
+        ON pq.id = lp.queue_id
+    LEFT JOIN LATERAL (
+        SELECT s.base_offset, s.created_at, s.payload
+        FROM queen.log_segments s
+        WHERE s.partition_id = cl.pid
+          AND s.base_offset <= cl.e
+          AND s.base_offset >= COALESCE(
+                (SELECT max(s2.base_offset) FROM queen.log_segments s2
+                 WHERE s2.partition_id = cl.pid AND s2.base_offset <= cl.s), cl.s)
+    ) seg ON true
+    ORDER BY cl.n, seg.base_offset;
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- log_renew_lease_v1: renews every live lease of one lease id (a multi-partition pop shares
+-- it); GREATEST, so renewal never shortens; reports the EARLIEST renewed expiry, which is what
+-- the caller schedules its next renewal by. p_seconds NULL = each queue's leaseTime.
+-- The tenant gate is part of the same statement: a foreign lease renews nothing.
+-- Result: one row (renewed int4, expires_at timestamptz, NULL when nothing was renewed).
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION queen.log_renew_lease_v1(p_tenant uuid, p_lease_id uuid, p_seconds int4)
+RETURNS TABLE (renewed int4, expires_at timestamptz)
+LANGUAGE sql VOLATILE
+AS $$
+    WITH live AS (
+        SELECT c.partition_id, c.consumer_group,
+               CASE WHEN p_seconds IS NOT NULL THEN p_seconds
+                    WHEN q.lease_time = 0 THEN 60 ELSE q.lease_time END AS secs
+        FROM queen.log_consumers c
+        JOIN queen.log_partitions lp ON lp.id = c.partition_id
+        JOIN queen.queues q ON q.id = lp.queue_id
+        WHERE c.lease_id = p_lease_id AND c.lease_expires_at > now() AND q.tenant = p_tenant
+        ORDER BY c.partition_id, c.consumer_group
+        FOR UPDATE OF c
+    ), renewed AS (
+        UPDATE queen.log_consumers c
+        SET lease_expires_at = GREATEST(c.lease_expires_at,
+                                        now() + make_interval(secs => live.secs))
+        FROM live
+        WHERE c.partition_id = live.partition_id AND c.consumer_group = live.consumer_group
+        RETURNING c.lease_expires_at
+    )
+    SELECT count(*)::int4, min(renewed.lease_expires_at) FROM renewed;
+$$;

@@ -1,0 +1,617 @@
+-- push.sql: the push path (life-of-a-push.md sections 4 and 5).
+--
+-- Functions:
+--   queen.log_push_multi_v1(text[], text[], int4[], bytea[], int8[], bytea[], uuid[]) -> jsonb
+--       one bundle = N segments on N distinct partitions, one transaction (the caller's).
+--   queen.log_push_one_v1(int8, int4, int4, bytea, int8, bytea, timestamptz) -> jsonb
+--       THE allocator: the only place an offset is ever assigned (push bundles, the
+--       transaction wire and the streams cycle all call it).
+--   queen.log_segment_at_v1(int8, int8) -> table(base_offset, msg_count, created_at, payload)
+--       the segment covering one offset (resolving a duplicate's original message id).
+--
+-- Tables touched:
+--   queen.queues          read (tenant, name -> id, dedup_window); INSERT on provisioning only
+--   queen.log_partitions  INSERT on provisioning only; SELECT ... FOR UPDATE; UPDATE (allocator:
+--                         last_offset, last_write_at quantised to 1 s, last_created_at) - HOT
+--   queen.log_txns        read (dedup probe, primary key range); INSERT one row per segment
+--   queen.log_segments    INSERT one row per segment; read by log_segment_at_v1
+--
+-- Lock order (design.md invariant 4), log_push_multi_v1:
+--   1. provisioning, only if some (tenant, queue, partition) is missing:
+--      INSERT queues ... ORDER BY (tenant, name) ON CONFLICT DO NOTHING, then
+--      INSERT log_partitions ... ORDER BY (queue_id, name) ON CONFLICT DO NOTHING
+--      (speculative insertion locks taken in key order, BEFORE any partition row lock);
+--   2. every partition row of the bundle in ONE statement, ORDER BY log_partitions.id
+--      FOR UPDATE OF the partition (queues rows are read, never locked);
+--   3. per segment, ascending partition id: log_push_one_v1 re-locks its (already held) row.
+--   No consumer row (log_consumers) is ever locked here.
+--   log_push_one_v1 alone locks exactly one log_partitions row; a caller that pushes to several
+--   partitions in one transaction must call it in ascending partition id order (or pre-lock).
+--
+-- SQLSTATEs raised:
+--   22023  invalid_parameter_value: bundle arrays of different lengths; NULL queue/partition
+--          name, msg_count or blob; msg_count < 1; hash blob not 16 x msg_count bytes (stride)
+--   21000  cardinality_violation: the same partition appears twice in one bundle
+--   40001  serialization_failure: a partition of the bundle vanished between provisioning and
+--          the pre-lock (its queue was deleted concurrently); nothing committed, retryable
+--   P0002  no_data_found: log_push_one_v1 called with an unknown partition id
+--   P0004  assert_failure: completeness guard (an input ordinal without exactly one result)
+--
+-- Transaction isolation: READ COMMITTED (each statement sees rows committed before it, which
+-- the provisioning step relies on).
+--
+-- Result shapes (jsonb). ts = created_at as integer epoch MICROseconds.
+--   log_push_one_v1:
+--     {"pid": <int8>, "s": "queued",    "base": <int8>, "ts": <int8>}
+--     {"pid": <int8>, "s": "duplicate", "base": null,   "ts": <int8>,
+--      "dups": [{"i": <frame index in the segment, 0-based>, "off": <original offset>}, ...]}
+--   log_push_multi_v1: a JSON array in INPUT order, element k = the log_push_one_v1 object of
+--     input segment k plus "i": k (0-based input ordinal). An empty bundle returns [].
+--
+-- Deduplication semantics (window > 0 only):
+--   * scope = the partition (tenant, queue, partition); identity = the 16-byte xxh3_128 hash.
+--   * probed offsets: (GREATEST(p_verified, txns_start - 1), last_offset], restricted to
+--     log_txns rows with created_at >= ts - window (ts = the bundle timestamp).
+--   * if ANY frame of the segment matches, the segment is `duplicate` and NOTHING is written for
+--     it (no allocator bump, no segment, no log_txns row). `dups` lists EVERY matching frame
+--     index, ascending, each with the LOWEST matching offset inside the probed range and window
+--     (the oldest surviving copy, which is the one whose message id the first push reported).
+--     Frames not in `dups` are new; the broker rebuilds the segment without the duplicate
+--     frames and resubmits the remainder in a later bundle.
+--   * frames are NOT compared with each other: layer-2 dedup in the broker removed intra-segment
+--     repeats before the call (if one slipped through and matches, each of its indexes is
+--     listed). `ts` of a duplicate is the bundle timestamp (nothing was stored).
+--   * p_verified is the broker's promise that offsets <= p_verified hold none of the segment's
+--     hashes (its filter said "certainly new" up to there); a row straddling that offset is
+--     still probed for its offsets above it.
+--   * Cost: the allocator row lock is held during the probe. With p_verified near last_offset
+--     the probe reads a handful of rows; with p_verified = 0 it reads every sidecar row of the
+--     window (one PK range scan, each blob detoasted once, O(stored + incoming)).
+--
+-- created_at: every segment of a bundle is stamped with the bundle timestamp (clock_timestamp()
+--   taken once after all partition locks are held), raised to GREATEST(ts, last_created_at of
+--   the partition). Taking the clock under the lock already orders it after every earlier
+--   committed push of that partition; the GREATEST (kept in the HOT allocator update, a column
+--   that is not indexed) makes created_at monotone non-decreasing per partition in offset order
+--   even if the wall clock steps backwards. Time retention and timestamp subscriptions rely on
+--   it (a forward primary key walk).
+
+-- ---------------------------------------------------------------------------------------------
+-- log_push_one_v1: stride check, optional dedup probe, allocation, two inserts.
+--   p_pid        partition id (resolved by the caller)
+--   p_window     dedup window in seconds (queues.dedup_window); 0 or NULL = no probe
+--   p_msg_count  frames in the segment (>= 1)
+--   p_hashes     16 x p_msg_count bytes, frame order
+--   p_verified   offsets <= p_verified need no probe (broker-verified); 0 or NULL = none
+--   p_blob       payload blob (chunks, api.md 3.2), stored as sent
+--   p_ts         the bundle timestamp; NULL = clock_timestamp() taken under the row lock
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION queen.log_push_one_v1(
+    p_pid       int8,
+    p_window    int4,
+    p_msg_count int4,
+    p_hashes    bytea,
+    p_verified  int8,
+    p_blob      bytea,
+    p_ts        timestamptz
+) RETURNS jsonb
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+AS $$
+DECLARE
+    v_last        int8;
+    v_txns_start  int8;
+    v_lo          int8;
+    v_first_row   int8;
+    v_ts          timestamptz := p_ts;
+    v_created     timestamptz;
+    v_base        int8;
+    v_dups        jsonb;
+BEGIN
+    IF p_msg_count IS NULL OR p_msg_count < 1 THEN
+        RAISE EXCEPTION 'log_push_one_v1: msg_count must be >= 1 (got %)', p_msg_count
+            USING ERRCODE = '22023';
+    END IF;
+    IF p_hashes IS NULL OR octet_length(p_hashes) <> 16 * p_msg_count THEN
+        RAISE EXCEPTION 'log_push_one_v1: hash blob stride mismatch on partition %: % bytes for % frames (want %)',
+            p_pid, octet_length(p_hashes), p_msg_count, 16 * p_msg_count
+            USING ERRCODE = '22023';
+    END IF;
+    IF p_blob IS NULL THEN
+        RAISE EXCEPTION 'log_push_one_v1: NULL payload blob on partition %', p_pid
+            USING ERRCODE = '22023';
+    END IF;
+
+    IF p_window > 0 THEN
+        -- Row lock first (a no-op re-lock when log_push_multi_v1 already holds it).
+        SELECT lp.last_offset, lp.txns_start INTO v_last, v_txns_start
+        FROM queen.log_partitions lp
+        WHERE lp.id = p_pid
+        FOR UPDATE;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'log_push_one_v1: partition % does not exist', p_pid
+                USING ERRCODE = 'P0002';
+        END IF;
+        IF v_ts IS NULL THEN
+            v_ts := clock_timestamp();
+        END IF;
+
+        v_lo := GREATEST(COALESCE(p_verified, 0), v_txns_start - 1);
+        IF v_lo < v_last THEN
+            -- First log_txns row that can hold offset v_lo + 1: the row covering it, if any
+            -- (a row can straddle v_lo), else everything above v_lo. One PK probe backwards.
+            SELECT COALESCE(max(t.base_offset), v_lo + 1) INTO v_first_row
+            FROM queen.log_txns t
+            WHERE t.partition_id = p_pid AND t.base_offset <= v_lo + 1;
+
+            -- The probe. Shape chosen so the plan does not depend on estimates:
+            --   * `r`: the log_txns rows of the PK range [v_first_row, v_last] inside the
+            --     window; `|| '\x'` behind `OFFSET 0` detoasts each stored blob ONCE per row
+            --     (otherwise every 16-byte substr of an out-of-line blob is its own TOAST fetch);
+            --   * `s`: one (offset, hash) per stored frame above v_lo, behind `OFFSET 0` so no
+            --     blob is ever carried into a sort;
+            --   * `IN (...) IS TRUE` keeps the sublink from being pulled up into a join: it
+            --     stays a hashed SubPlan over the incoming hashes (built once, probed once per
+            --     stored hash: O(stored + incoming), no sort, no spill), and only the (rare)
+            --     hits are joined back to their incoming frame index.
+            -- A hashed SubPlan is only planned while the incoming set is estimated to fit
+            -- hash_mem (~56 bytes a hash: ~150k hashes at the default work_mem of 4MB, 8192 at
+            -- work_mem >= 256kB), and a custom plan knows p_msg_count exactly; an unhashed
+            -- SubPlan would be a product. A giant segment therefore takes the plain join form
+            -- (hash or merge join of (offset, hash) rows, no blob carried, never a product).
+            IF p_msg_count <= 8192 THEN
+                SELECT jsonb_agg(jsonb_build_object('i', m.i, 'off', m.off) ORDER BY m.i)
+                INTO v_dups
+                FROM (
+                    SELECT inc.i, min(st.off) AS off
+                    FROM (
+                        SELECT s.off, s.h
+                        FROM (
+                            SELECT r.base_offset + j AS off, substr(r.hashes, j * 16 + 1, 16) AS h
+                            FROM (
+                                SELECT t.base_offset, t.msg_count,
+                                       t.hashes || '\x'::bytea AS hashes
+                                FROM queen.log_txns t
+                                WHERE t.partition_id = p_pid
+                                  AND t.base_offset >= v_first_row
+                                  AND t.base_offset <= v_last
+                                  AND t.created_at >= v_ts - make_interval(secs => p_window)
+                                OFFSET 0
+                            ) r
+                            CROSS JOIN LATERAL generate_series(
+                                LEAST(GREATEST(0, v_lo + 1 - r.base_offset), r.msg_count)::int4,
+                                r.msg_count - 1) AS j
+                            OFFSET 0
+                        ) s
+                        WHERE (s.h IN (SELECT substr(p_hashes, k * 16 + 1, 16)
+                                       FROM generate_series(0, p_msg_count - 1) AS k)) IS TRUE
+                    ) st
+                    JOIN (
+                        SELECT k AS i, substr(p_hashes, k * 16 + 1, 16) AS h
+                        FROM generate_series(0, p_msg_count - 1) AS k
+                    ) inc ON inc.h = st.h
+                    GROUP BY inc.i
+                ) m;
+            ELSE
+                SELECT jsonb_agg(jsonb_build_object('i', m.i, 'off', m.off) ORDER BY m.i)
+                INTO v_dups
+                FROM (
+                    SELECT inc.i, min(st.off) AS off
+                    FROM (
+                        SELECT r.base_offset + j AS off, substr(r.hashes, j * 16 + 1, 16) AS h
+                        FROM (
+                            SELECT t.base_offset, t.msg_count,
+                                   t.hashes || '\x'::bytea AS hashes
+                            FROM queen.log_txns t
+                            WHERE t.partition_id = p_pid
+                              AND t.base_offset >= v_first_row
+                              AND t.base_offset <= v_last
+                              AND t.created_at >= v_ts - make_interval(secs => p_window)
+                            OFFSET 0
+                        ) r
+                        CROSS JOIN LATERAL generate_series(
+                            LEAST(GREATEST(0, v_lo + 1 - r.base_offset), r.msg_count)::int4,
+                            r.msg_count - 1) AS j
+                        OFFSET 0
+                    ) st
+                    JOIN (
+                        SELECT k AS i, substr(p_hashes, k * 16 + 1, 16) AS h
+                        FROM generate_series(0, p_msg_count - 1) AS k
+                    ) inc ON inc.h = st.h
+                    GROUP BY inc.i
+                ) m;
+            END IF;
+
+            IF v_dups IS NOT NULL THEN
+                -- Written nothing: no allocator bump, no inserts, no savepoint needed.
+                RETURN jsonb_build_object(
+                    'pid', p_pid, 's', 'duplicate', 'base', NULL,
+                    'ts', (extract(epoch FROM v_ts) * 1000000)::int8,
+                    'dups', v_dups);
+            END IF;
+        END IF;
+    END IF;
+
+    -- The allocator: one UPDATE (takes the row lock itself on the window = 0 path). Only
+    -- last_write_at is indexed, and it changes at most once a second: the update stays HOT.
+    UPDATE queen.log_partitions lp SET
+        last_offset     = lp.last_offset + p_msg_count,
+        last_write_at   = CASE WHEN lp.last_write_at IS NULL
+                                 OR clock_timestamp() - lp.last_write_at > interval '1 second'
+                               THEN clock_timestamp() ELSE lp.last_write_at END,
+        last_created_at = GREATEST(lp.last_created_at, COALESCE(v_ts, clock_timestamp()))
+    WHERE lp.id = p_pid
+    RETURNING lp.last_offset, lp.last_created_at INTO v_last, v_created;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'log_push_one_v1: partition % does not exist', p_pid
+            USING ERRCODE = 'P0002';
+    END IF;
+    v_base := v_last - p_msg_count + 1;
+
+    INSERT INTO queen.log_segments (partition_id, base_offset, msg_count, created_at, payload)
+    VALUES (p_pid, v_base, p_msg_count, v_created, p_blob);
+    -- Always, dedup or not: ack-by-transactionId resolves through it.
+    INSERT INTO queen.log_txns (partition_id, base_offset, msg_count, created_at, hashes)
+    VALUES (p_pid, v_base, p_msg_count, v_created, p_hashes);
+
+    RETURN jsonb_build_object(
+        'pid', p_pid, 's', 'queued', 'base', v_base,
+        'ts', (extract(epoch FROM v_created) * 1000000)::int8);
+END
+$$;
+
+COMMENT ON FUNCTION queen.log_push_one_v1(int8, int4, int4, bytea, int8, bytea, timestamptz) IS
+'The single offset allocator. Returns {"pid","s":"queued","base","ts"} or '
+'{"pid","s":"duplicate","base":null,"ts","dups":[{"i","off"}]} (ts = epoch microseconds); '
+'a duplicate writes nothing.';
+
+-- ---------------------------------------------------------------------------------------------
+-- log_push_multi_v1: one bundle, one transaction, N segments on N distinct partitions.
+-- ---------------------------------------------------------------------------------------------
+
+-- Revision (old migration 100_push_resolve.sql): the push bundle resolves its partitions one index probe each.
+--
+-- Functions:
+--   queen.log_partition_ids_v1(uuid[], text[], text[]) -> int8[]   (new)
+--   queen.log_push_multi_v1(text[], text[], int4[], bytea[], int8[], bytea[], uuid[]),
+--       replaced (same signature, result, lock order and SQLSTATEs as in push.sql).
+--
+-- Why: 010 resolved (tenant, queue, partition) names with a join of unnest() against queues
+-- and log_partitions, twice (the existence count, then the pre-lock). A cached generic plan of
+-- that join, made while log_partitions had no statistics (a new database, a burst of new
+-- partitions), probed log_partitions_queue_name_key on queue_id alone and filtered the names:
+-- every bundle walked every partition of its queue, about 6 ms per statement with 1,000
+-- partitions, which was most of the database time of a 1-item push (bench/README.md). Here each
+-- name is resolved by a correlated scalar subquery, in which the partition name is a parameter
+-- and so always part of the unique index condition; the pre-lock then takes the resolved ids
+-- by primary key. One resolution serves both the provisioning skip and the pre-lock.
+--
+-- Result: as in push.sql, and each element also carries "w": the queue's dedup window in
+-- seconds (the shard's dedup filter, queen_mp/shards/dedupfilter.py, forgets by it).
+--
+-- Tables touched, lock order and isolation: as in push.sql (provisioning
+-- inserts ordered on their unique keys, then every partition row FOR UPDATE in ascending id in
+-- one statement, then log_push_one_v1 per segment in ascending id).
+
+-- Revision (old migration 135_push_bundle_writes.sql): a push bundle writes its segments and sidecars with one
+-- statement each, not one function call per segment.
+--
+-- Functions: queen.log_push_multi_v1(text[], text[], int4[], bytea[], int8[], bytea[], uuid[])
+-- replaced (same signature, result, locks, lock order and SQLSTATEs as in
+-- push.sql; log_push_one_v1 unchanged, still called for segments that need the
+-- dedup probe, and by the transaction wire).
+--
+-- Why: with 1-item pushes a bundle is about 19 one-message segments, and log_push_one_v1 ran
+-- four statements for each (a re-lock of the partition row, the allocator UPDATE, the two
+-- INSERTs) plus a function call and two jsonb builds. pg_stat_statements (track = all, private
+-- cluster, 64 connections of 1-item pushes, 10 s): log_push_multi_v1 1.73 ms a call, of which
+-- the nested statements 0.96 ms (UPDATE 14.8 us, INSERT log_txns 11.1 us, INSERT log_segments
+-- 10.5 us, re-lock 2.9 us a segment); the other 0.77 ms was the per-segment plpgsql around them.
+--
+-- Now the pre-lock also reads each partition's last_offset and txns_start (it holds the row
+-- lock from then on, so they stay true). A segment whose shard verified everything above
+-- max(verified, txns_start - 1), or whose queue has no dedup window, skips the probe anyway,
+-- so it only runs the allocator UPDATE in the loop; its segment and sidecar rows go in with one
+-- INSERT ... SELECT FROM unnest(...) each, and its result is built by the final aggregate. A
+-- segment that needs the probe calls log_push_one_v1 as before. Both INSERTs read only the
+-- bundle's own arrays (no join, so no plan of theirs depends on table statistics).
+
+CREATE OR REPLACE FUNCTION queen.log_push_multi_v1(
+    p_queues     text[],
+    p_partitions text[],
+    p_msg_counts int4[],
+    p_hashes     bytea[],
+    p_verified   int8[],
+    p_blobs      bytea[],
+    p_tenants    uuid[] DEFAULT NULL
+) RETURNS jsonb
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+AS $$
+DECLARE
+    c_default_tenant CONSTANT uuid := '00000000-0000-0000-0000-000000000000';
+    n           int4 := COALESCE(cardinality(p_queues), 0);
+    v_tenants   uuid[];
+    v_in_pids   int8[];
+    v_ords      int4[];
+    v_pids      int8[];
+    v_windows   int4[];
+    v_locked    int4;
+    v_distinct  int4;
+    v_ts        timestamptz;
+    v_lasts     int8[];
+    v_starts    int8[];
+    v_res       jsonb[];
+    v_o         int4;
+    v_c         int4;
+    v_opids     int8[];
+    v_ows       int4[];
+    v_out       jsonb;
+    v_missing   int4;
+BEGIN
+    -- 1. Alignment guard: a silent misalignment would demux verdicts to the wrong requests.
+    IF COALESCE(cardinality(p_partitions), 0) <> n
+       OR COALESCE(cardinality(p_msg_counts), 0) <> n
+       OR COALESCE(cardinality(p_hashes), 0) <> n
+       OR COALESCE(cardinality(p_verified), 0) <> n
+       OR COALESCE(cardinality(p_blobs), 0) <> n
+       OR (p_tenants IS NOT NULL AND cardinality(p_tenants) <> n) THEN
+        RAISE EXCEPTION 'log_push_multi_v1: misaligned bundle arrays (queues %, partitions %, msg_counts %, hashes %, verified %, blobs %, tenants %)',
+            cardinality(p_queues), cardinality(p_partitions), cardinality(p_msg_counts),
+            cardinality(p_hashes), cardinality(p_verified), cardinality(p_blobs),
+            cardinality(p_tenants)
+            USING ERRCODE = '22023';
+    END IF;
+    IF n = 0 THEN
+        RETURN '[]'::jsonb;
+    END IF;
+    IF array_position(p_queues, NULL) IS NOT NULL
+       OR array_position(p_partitions, NULL) IS NOT NULL
+       OR array_position(p_msg_counts, NULL) IS NOT NULL
+       OR array_position(p_hashes, NULL) IS NOT NULL
+       OR array_position(p_blobs, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'log_push_multi_v1: NULL queue, partition, msg_count, hashes or blob in bundle'
+            USING ERRCODE = '22023';
+    END IF;
+
+    IF p_tenants IS NULL THEN
+        v_tenants := array_fill(c_default_tenant, ARRAY[n]);
+    ELSIF array_position(p_tenants, NULL) IS NOT NULL THEN
+        SELECT array_agg(COALESCE(t.t, c_default_tenant) ORDER BY t.o) INTO v_tenants
+        FROM unnest(p_tenants) WITH ORDINALITY AS t(t, o);
+    ELSE
+        v_tenants := p_tenants;
+    END IF;
+
+    -- 2. Resolution (input order, NULL = missing); provisioning only if something is missing.
+    v_in_pids := queen.log_partition_ids_v1(v_tenants, p_queues, p_partitions);
+
+    IF array_position(v_in_pids, NULL) IS NOT NULL THEN
+        -- Ordered on the unique keys: ON CONFLICT takes speculative locks in row order, so two
+        -- bundles creating overlapping sets cannot convoy or deadlock.
+        INSERT INTO queen.queues (tenant, name)
+        SELECT DISTINCT b.t, b.q
+        FROM unnest(v_tenants, p_queues) AS b(t, q)
+        WHERE NOT EXISTS (SELECT 1 FROM queen.queues qu WHERE qu.tenant = b.t AND qu.name = b.q)
+        ORDER BY b.t, b.q
+        ON CONFLICT (tenant, name) DO NOTHING;
+
+        INSERT INTO queen.log_partitions (queue_id, name)
+        SELECT DISTINCT qu.id, b.p
+        FROM unnest(v_tenants, p_queues, p_partitions, v_in_pids) AS b(t, q, p, pid)
+        JOIN queen.queues qu ON qu.tenant = b.t AND qu.name = b.q
+        WHERE b.pid IS NULL
+        ORDER BY qu.id, b.p
+        ON CONFLICT (queue_id, name) DO NOTHING;
+
+        v_in_pids := queen.log_partition_ids_v1(v_tenants, p_queues, p_partitions);
+    END IF;
+
+    -- 3. One set-based pre-lock of every partition row, ascending id (the global lock order),
+    --    by primary key. A partition missing here vanished after provisioning.
+    SELECT array_agg(i.ord ORDER BY i.pid), array_agg(i.pid ORDER BY i.pid),
+           count(*), count(DISTINCT i.pid)
+    INTO v_ords, v_pids, v_locked, v_distinct
+    FROM unnest(v_in_pids) WITH ORDINALITY AS i(pid, ord)
+    WHERE i.pid IS NOT NULL;
+
+    IF v_distinct <> v_locked THEN
+        RAISE EXCEPTION 'log_push_multi_v1: a partition appears more than once in the bundle (% segments, % distinct partitions)',
+            v_locked, v_distinct
+            USING ERRCODE = '21000';
+    END IF;
+
+    SELECT array_agg(l.dw ORDER BY l.id), array_agg(l.last_offset ORDER BY l.id),
+           array_agg(l.txns_start ORDER BY l.id), count(*)
+    INTO v_windows, v_lasts, v_starts, v_locked
+    FROM (
+        SELECT lp.id, qu.dedup_window AS dw, lp.last_offset, lp.txns_start
+        FROM queen.log_partitions lp
+        JOIN queen.queues qu ON qu.id = lp.queue_id
+        WHERE lp.id = ANY (v_pids)
+        ORDER BY lp.id
+        FOR UPDATE OF lp
+    ) l;
+
+    IF v_locked <> n THEN
+        RAISE EXCEPTION 'log_push_multi_v1: % of % partitions vanished before the pre-lock (queue deleted concurrently?)',
+            n - v_locked, n
+            USING ERRCODE = '40001';
+    END IF;
+
+    -- 4. The bundle timestamp, once, with every partition lock held.
+    v_ts := clock_timestamp();
+
+    -- 5. A segment with stored offsets its shard did not verify (window > 0, something above
+    --    max(verified, txns_start - 1): the pre-lock read both under the row lock it holds
+    --    from then on) needs the dedup probe, so it goes through log_push_one_v1 as before,
+    --    ascending partition id. Every other segment is marked for the writes of step 6.
+    v_res := array_fill(NULL::jsonb, ARRAY[n]);
+    v_opids := array_fill(NULL::int8, ARRAY[n]);
+    v_ows := array_fill(NULL::int4, ARRAY[n]);
+    FOR k IN 1 .. n LOOP
+        v_o := v_ords[k];
+        v_c := p_msg_counts[v_o];
+        v_ows[v_o] := v_windows[k];
+        IF v_windows[k] > 0
+           AND GREATEST(COALESCE(p_verified[v_o], 0), v_starts[k] - 1) < v_lasts[k] THEN
+            v_res[v_o] := queen.log_push_one_v1(
+                              v_pids[k], v_windows[k], v_c, p_hashes[v_o],
+                              COALESCE(p_verified[v_o], 0), p_blobs[v_o], v_ts)
+                          || jsonb_build_object('i', v_o - 1, 'w', v_windows[k]);
+            CONTINUE;
+        END IF;
+        -- log_push_one_v1's own guards, same messages and SQLSTATE
+        IF v_c < 1 THEN
+            RAISE EXCEPTION 'log_push_one_v1: msg_count must be >= 1 (got %)', v_c
+                USING ERRCODE = '22023';
+        END IF;
+        IF octet_length(p_hashes[v_o]) <> 16 * v_c THEN
+            RAISE EXCEPTION 'log_push_one_v1: hash blob stride mismatch on partition %: % bytes for % frames (want %)',
+                v_pids[k], octet_length(p_hashes[v_o]), v_c, 16 * v_c
+                USING ERRCODE = '22023';
+        END IF;
+        v_opids[v_o] := v_pids[k];
+    END LOOP;
+
+    -- 6. The marked segments, one statement: log_push_one_v1's allocator UPDATE for all of
+    --    them (`lp.id = ANY` keeps it a primary key probe whatever the join method), then
+    --    their segment rows and sidecar rows (always, dedup or not: ack-by-transactionId
+    --    resolves through it). Results in input order, and the completeness guard: every
+    --    input ordinal has exactly one result.
+    WITH a AS (
+        UPDATE queen.log_partitions lp SET
+            last_offset     = lp.last_offset + s.cnt,
+            last_write_at   = CASE WHEN lp.last_write_at IS NULL
+                                     OR clock_timestamp() - lp.last_write_at > interval '1 second'
+                                   THEN clock_timestamp() ELSE lp.last_write_at END,
+            last_created_at = GREATEST(lp.last_created_at, v_ts)
+        FROM unnest(v_opids, p_msg_counts) WITH ORDINALITY AS s(pid, cnt, o)
+        WHERE lp.id = ANY (v_opids) AND lp.id = s.pid
+        RETURNING s.o, s.pid, s.cnt, lp.last_offset - s.cnt + 1 AS base,
+                  lp.last_created_at AS created
+    ), seg AS (
+        INSERT INTO queen.log_segments (partition_id, base_offset, msg_count, created_at, payload)
+        SELECT a.pid, a.base, a.cnt, a.created, b.blob
+        FROM a JOIN unnest(p_blobs) WITH ORDINALITY AS b(blob, o) ON b.o = a.o
+    ), txn AS (
+        INSERT INTO queen.log_txns (partition_id, base_offset, msg_count, created_at, hashes)
+        SELECT a.pid, a.base, a.cnt, a.created, h.hashes
+        FROM a JOIN unnest(p_hashes) WITH ORDINALITY AS h(hashes, o) ON h.o = a.o
+    )
+    SELECT jsonb_agg(COALESCE(r.res, CASE WHEN a.base IS NOT NULL THEN jsonb_build_object(
+               'pid', a.pid, 's', 'queued', 'base', a.base,
+               'ts', (extract(epoch FROM a.created) * 1000000)::int8,
+               'i', r.o - 1, 'w', r.w) END) ORDER BY r.o),
+           count(*) FILTER (WHERE r.res IS NULL AND a.base IS NULL)
+    INTO v_out, v_missing
+    FROM unnest(v_res, v_ows) WITH ORDINALITY AS r(res, w, o)
+    LEFT JOIN a ON a.o = r.o;
+    IF v_missing <> 0 OR jsonb_array_length(v_out) <> n THEN
+        RAISE EXCEPTION 'log_push_multi_v1: completeness guard: % inputs, % without a result',
+            n, v_missing
+            USING ERRCODE = 'P0004';
+    END IF;
+
+    RETURN v_out;
+END
+$$;
+
+COMMENT ON FUNCTION queen.log_push_multi_v1(text[], text[], int4[], bytea[], int8[], bytea[], uuid[]) IS
+'Push one bundle (one segment per distinct partition). Returns a JSON array in input order of '
+'{"i","pid","s","base","ts"[,"dups"]} (see log_push_one_v1).';
+
+-- ---------------------------------------------------------------------------------------------
+-- log_segment_at_v1: the segment covering p_off (base_offset <= p_off < base_offset +
+-- msg_count); zero rows if it was retained away or never existed. One backward PK probe.
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION queen.log_segment_at_v1(p_pid int8, p_off int8)
+RETURNS TABLE (base_offset int8, msg_count int4, created_at timestamptz, payload bytea)
+LANGUAGE sql STABLE PARALLEL SAFE
+AS $$
+    SELECT s.base_offset, s.msg_count, s.created_at, s.payload
+    FROM (
+        SELECT ls.base_offset, ls.msg_count, ls.created_at, ls.payload
+        FROM queen.log_segments ls
+        WHERE ls.partition_id = p_pid AND ls.base_offset <= p_off
+        ORDER BY ls.base_offset DESC
+        LIMIT 1
+    ) s
+    WHERE p_off < s.base_offset + s.msg_count
+$$;
+
+-- (old migration 100_push_resolve.sql: its note is above log_push_multi_v1.)
+
+-- ---------------------------------------------------------------------------------------------
+-- log_partition_ids_v1: partition id per (tenant, queue, partition) name, input order, NULL
+-- where it does not exist. Each lookup is a correlated subquery, so the names are parameters
+-- of an equality on both unique keys whatever the statistics say.
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION queen.log_partition_ids_v1(p_tenants uuid[], p_queues text[], p_partitions text[])
+RETURNS int8[]
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+AS $$
+BEGIN
+    -- plpgsql, not sql: its statement plan is cached per session (an SQL function's body is
+    -- planned again at every call, 0.25 ms a bundle).
+    RETURN (
+        SELECT array_agg(
+                   (SELECT lp.id
+                    FROM queen.queues qu
+                    JOIN queen.log_partitions lp ON lp.queue_id = qu.id AND lp.name = b.p
+                    WHERE qu.tenant = b.t AND qu.name = b.q)
+                   ORDER BY b.ord)
+        FROM unnest(p_tenants, p_queues, p_partitions) WITH ORDINALITY AS b(t, q, p, ord));
+END
+$$;
+
+-- The dedup probe of log_push_one_v1 is one large statement whose custom plans cost about
+-- 0.5 ms of planning per segment (most of a small bundle's database time); its generic plan is
+-- the same shape (a primary key range scan of log_txns, the incoming hashes as a hashed
+-- SubPlan), so the function always runs cached generic plans.
+ALTER FUNCTION queen.log_push_one_v1(int8, int4, int4, bytea, int8, bytea, timestamptz)
+    SET plan_cache_mode = force_generic_plan;
+
+-- The same for the bundle's own statements (the pre-lock was planned anew at every call).
+ALTER FUNCTION queen.log_push_multi_v1(text[], text[], int4[], bytea[], int8[], bytea[], uuid[])
+    SET plan_cache_mode = force_generic_plan;
+ALTER FUNCTION queen.log_partition_ids_v1(uuid[], text[], text[])
+    SET plan_cache_mode = force_generic_plan;
+
+-- Revision (old migration 115_dedup_recall.sql): stored transaction hashes of an offset range, for a shard's dedup
+-- filter (queen_mp/shards/dedupfilter.py).
+--
+-- Functions: queen.log_txn_hashes_v1(int8[], int8[], int8[], int4[])
+--     -> table(ask int4, base_offset int8, age_s float8, hashes bytea)
+--   per ask k (1-based) = (partition id, lo, below, seconds): the partition's log_txns rows
+--   with lo <= base_offset < below and created_at inside the last `seconds`, ascending offset;
+--   age_s = now() - created_at in seconds.
+--
+-- Why: offsets a shard did not write itself (before it first saw the partition: a restart,
+-- an eviction; in between its own: a transaction, a timer, another broker instance) are a gap
+-- in what its filter knows, and a promise to log_push_one_v1 must stop below a gap. Without a
+-- way to learn the gap, every push to the partition probed every stored hash of the window
+-- for a whole window (bench/README.md); reading the gap's rows once costs what one probe of
+-- them costs.
+--
+-- Visibility: the caller asks below the base of a segment it committed itself; offsets are
+-- allocated under the partition row lock, so every row of the gap was committed before that
+-- segment and is visible to this statement. Gaps start at a segment boundary (the offset
+-- after one of the caller's own segments, or 1).
+--
+-- Tables touched: queen.log_txns (read, one primary key range per ask). Lock order: none.
+-- SQLSTATEs raised: none.
+
+CREATE OR REPLACE FUNCTION queen.log_txn_hashes_v1(p_pids int8[], p_los int8[], p_belows int8[],
+                                        p_secs int4[])
+RETURNS TABLE (ask int4, base_offset int8, age_s float8, hashes bytea)
+LANGUAGE sql STABLE PARALLEL SAFE
+AS $$
+    SELECT r.k::int4, t.base_offset, extract(epoch FROM now() - t.created_at)::float8,
+           t.hashes
+    FROM unnest(p_pids, p_los, p_belows, p_secs) WITH ORDINALITY AS r(pid, lo, below, secs, k)
+    JOIN queen.log_txns t
+      ON t.partition_id = r.pid
+     AND t.base_offset >= r.lo
+     AND t.base_offset < r.below
+     AND t.created_at >= now() - make_interval(secs => r.secs)
+    ORDER BY r.k, t.base_offset
+$$;

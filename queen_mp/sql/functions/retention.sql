@@ -1,0 +1,222 @@
+-- retention.sql: housekeeping (api.md 4: retentionSeconds, completedRetentionSeconds, the
+-- transactionId sidecar's own clock; expired leases).
+--
+-- Functions:
+--   queen.retention_partitions_v1(int8, int4, int4, int4) -> SETOF int8
+--       the next partitions (ascending id, one shard's share) that may have work
+--   queen.retention_partition_v1(int8, int4) -> jsonb
+--       one bounded step on one partition: old segments, old sidecar rows, log starts
+--   queen.lease_reclaim_v1(int4) -> int4
+--   queen.dlq_depth_v1() -> (queue_name, depth): dead letters per queue, for the gauge
+--       clears expired leases (the pop already treats them as free; this keeps the lease
+--       index small and the consumer-group views honest)
+--
+-- Tables touched:
+--   queen.queues          read (retention_seconds, completed_retention_seconds, dedup_window)
+--   queen.log_partitions  SELECT ... FOR UPDATE of ONE row, UPDATE log_start_offset, txns_start
+--   queen.log_consumers   read (cursors, live leases of the partition); UPDATE (lease_reclaim_v1,
+--                         rows locked with SKIP LOCKED)
+--   queen.log_segments    DELETE below the computed offset (primary key range, bounded)
+--   queen.log_txns        DELETE below the computed offset (primary key range, bounded)
+--
+-- Lock order (design.md invariant 4): retention_partition_v1 locks exactly one log_partitions
+--   row and no consumer row (cursors and leases are read, not locked), so it cannot form a cycle
+--   with pushes (partition rows ascending), acks (consumer rows only) or transactions.
+--   lease_reclaim_v1 locks consumer rows only, SKIP LOCKED (never waits).
+--
+-- SQLSTATEs raised: none of its own.
+--
+-- What is deleted (api.md 4):
+--   * retentionSeconds > 0: segments whose created_at is older, consumed or not;
+--   * completedRetentionSeconds > 0: segments older than that and at or below the cursor of
+--     EVERY group of the partition (a partition nobody consumes keeps its segments);
+--   * never a segment that reaches into a live lease's batch (retention never deletes inside
+--     a live lease): the cut stays below the lowest live batch_start;
+--   * log_txns rows older than GREATEST(dedupWindow, completedRetentionSeconds, 900 s), up to
+--     the first row that is younger (the sidecar is a forward walk: created_at is monotone).
+--   log_start_offset / txns_start move to the first offset still covered; a cursor left below
+--   the log start resumes there (the pop reads GREATEST(committed + 1, log_start_offset)).
+
+CREATE OR REPLACE FUNCTION queen.retention_partitions_v1(p_after int8, p_limit int4, p_shards int4,
+                                              p_shard int4)
+RETURNS SETOF int8
+LANGUAGE sql STABLE
+AS $$
+    SELECT lp.id
+    FROM queen.log_partitions lp
+    JOIN queen.queues q ON q.id = lp.queue_id
+    WHERE lp.id > p_after
+      AND lp.id % p_shards = p_shard
+      -- PERF(queen): one primary-key probe per partition: is its OLDEST row old enough?
+      AND (EXISTS (SELECT 1 FROM queen.log_txns t
+                   WHERE t.partition_id = lp.id AND t.base_offset = lp.txns_start
+                     AND t.created_at < now() - make_interval(secs => GREATEST(
+                         q.dedup_window, q.completed_retention_seconds, 900)))
+           OR (GREATEST(q.retention_seconds, q.completed_retention_seconds) > 0
+               AND EXISTS (SELECT 1 FROM queen.log_segments s
+                           WHERE s.partition_id = lp.id AND s.base_offset = lp.log_start_offset
+                             AND s.created_at < now() - make_interval(secs => LEAST(
+                                 NULLIF(q.retention_seconds, 0),
+                                 NULLIF(q.completed_retention_seconds, 0))))))
+    ORDER BY lp.id
+    LIMIT p_limit
+$$;
+
+CREATE OR REPLACE FUNCTION queen.retention_partition_v1(p_pid int8, p_limit int4)
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_now        timestamptz := now();
+    v_ret        int4;
+    v_done_ret   int4;
+    v_window     int4;
+    v_last       int8;
+    v_log_start  int8;
+    v_txns_start int8;
+    v_cut        int8;          -- segments with base_offset + msg_count - 1 <= v_cut may go
+    v_txn_cut    int8;
+    v_leased     int8;
+    v_min_commit int8;
+    v_groups     int4;
+    v_segs       int4 := 0;
+    v_txns       int4 := 0;
+BEGIN
+    SELECT q.retention_seconds, q.completed_retention_seconds, q.dedup_window,
+           lp.last_offset, lp.log_start_offset, lp.txns_start
+    INTO v_ret, v_done_ret, v_window, v_last, v_log_start, v_txns_start
+    FROM queen.log_partitions lp
+    JOIN queen.queues q ON q.id = lp.queue_id
+    WHERE lp.id = p_pid
+    FOR UPDATE OF lp;
+    IF NOT FOUND THEN
+        RETURN jsonb_build_object('segments', 0, 'txns', 0, 'gone', true);
+    END IF;
+
+    -- the lowest offset a live lease may still deliver: nothing at or above it goes
+    SELECT min(c.batch_start) INTO v_leased
+    FROM queen.log_consumers c
+    WHERE c.partition_id = p_pid AND c.lease_id IS NOT NULL AND c.lease_expires_at > v_now;
+
+    v_cut := 0;
+    IF v_ret > 0 THEN
+        SELECT COALESCE(max(s.base_offset + s.msg_count - 1), 0) INTO v_cut
+        FROM (SELECT s.base_offset, s.msg_count FROM queen.log_segments s
+              WHERE s.partition_id = p_pid AND s.base_offset >= v_log_start
+                AND s.created_at < v_now - make_interval(secs => v_ret)
+              ORDER BY s.base_offset LIMIT p_limit) s;
+    END IF;
+    IF v_done_ret > 0 THEN
+        SELECT min(c.committed_offset), count(*) INTO v_min_commit, v_groups
+        FROM queen.log_consumers c WHERE c.partition_id = p_pid;
+        IF v_groups > 0 THEN
+            SELECT GREATEST(v_cut, COALESCE(max(s.base_offset + s.msg_count - 1), 0)) INTO v_cut
+            FROM (SELECT s.base_offset, s.msg_count FROM queen.log_segments s
+                  WHERE s.partition_id = p_pid AND s.base_offset >= v_log_start
+                    AND s.created_at < v_now - make_interval(secs => v_done_ret)
+                    AND s.base_offset + s.msg_count - 1 <= v_min_commit
+                  ORDER BY s.base_offset LIMIT p_limit) s;
+        END IF;
+    END IF;
+    IF v_leased IS NOT NULL THEN
+        v_cut := LEAST(v_cut, v_leased - 1);
+    END IF;
+    IF v_cut >= v_log_start THEN
+        WITH gone AS (
+            DELETE FROM queen.log_segments s
+            WHERE s.partition_id = p_pid AND s.base_offset >= v_log_start
+              AND s.base_offset + s.msg_count - 1 <= v_cut
+            RETURNING s.base_offset + s.msg_count AS next_off
+        )
+        SELECT count(*), COALESCE(max(next_off), v_log_start) INTO v_segs, v_log_start
+        FROM gone;
+    END IF;
+
+    -- the sidecar: its own clock, a forward walk from txns_start
+    SELECT COALESCE(max(t.base_offset + t.msg_count - 1), 0) INTO v_txn_cut
+    FROM (SELECT t.base_offset, t.msg_count FROM queen.log_txns t
+          WHERE t.partition_id = p_pid AND t.base_offset >= v_txns_start
+            AND t.created_at < v_now - make_interval(secs => GREATEST(v_window, v_done_ret, 900))
+          ORDER BY t.base_offset LIMIT p_limit) t;
+    IF v_txn_cut >= v_txns_start THEN
+        WITH gone AS (
+            DELETE FROM queen.log_txns t
+            WHERE t.partition_id = p_pid AND t.base_offset >= v_txns_start
+              AND t.base_offset + t.msg_count - 1 <= v_txn_cut
+            RETURNING t.base_offset + t.msg_count AS next_off
+        )
+        SELECT count(*), COALESCE(max(next_off), v_txns_start) INTO v_txns, v_txns_start
+        FROM gone;
+    END IF;
+
+    IF v_segs > 0 OR v_txns > 0 THEN
+        UPDATE queen.log_partitions lp
+        SET log_start_offset = GREATEST(lp.log_start_offset, v_log_start),
+            txns_start = GREATEST(lp.txns_start, v_txns_start)
+        WHERE lp.id = p_pid;
+    END IF;
+    RETURN jsonb_build_object('segments', v_segs, 'txns', v_txns, 'gone', false,
+                              'more', v_segs >= p_limit OR v_txns >= p_limit);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION queen.lease_reclaim_v1(p_limit int4)
+RETURNS int4
+LANGUAGE sql VOLATILE
+AS $$
+    WITH expired AS (
+        SELECT c.partition_id, c.consumer_group
+        FROM queen.log_consumers c
+        WHERE c.lease_id IS NOT NULL AND c.lease_expires_at <= now()
+        ORDER BY c.partition_id, c.consumer_group
+        LIMIT p_limit
+        FOR UPDATE SKIP LOCKED
+    ), cleared AS (
+        UPDATE queen.log_consumers c
+        SET lease_id = NULL, worker_id = NULL, lease_expires_at = NULL
+        FROM expired e
+        WHERE c.partition_id = e.partition_id AND c.consumer_group = e.consumer_group
+          AND c.lease_id IS NOT NULL AND c.lease_expires_at <= now()
+        RETURNING 1
+    )
+    SELECT count(*)::int4 FROM cleared
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- dlq_depth_v1: dead-letter rows per queue (the queen_dlq_depth gauge, set by housekeeping).
+-- Reads only; one pass over the queue_id index of log_dlq.
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION queen.dlq_depth_v1()
+RETURNS TABLE (queue_name text, depth int8)
+LANGUAGE sql STABLE
+AS $$
+    SELECT q.name::text, count(*)
+    FROM queen.log_dlq d
+    JOIN queen.queues q ON q.id = d.queue_id
+    GROUP BY q.name
+$$;
+
+-- Revision (old migration 095_tenancy.sql): per-tenant views for what is published outside any tenant (api.md 1.5,
+-- design.md invariant 8).
+--
+-- Functions:
+--   queen.dlq_depth_v2() -> (tenant, queue_name, depth)
+--       dead letters per (tenant, queue), for the queen_dlq_depth gauge. dlq_depth_v1 grouped
+--       by name alone, so two tenants' queues of one name were summed into one label; the
+--       broker now labels the default tenant's queues by name and folds every other tenant's
+--       rows into one aggregate label, so the public /metrics never names another tenant's
+--       queue (queen_mp/shards/housekeeping.py).
+--
+-- Tables touched: queen.log_dlq, queen.queues (read only).
+-- Lock order: takes no row lock.
+-- SQLSTATEs raised: none of its own.
+
+CREATE OR REPLACE FUNCTION queen.dlq_depth_v2()
+RETURNS TABLE (tenant uuid, queue_name text, depth int8)
+LANGUAGE sql STABLE
+AS $$
+    SELECT q.tenant, q.name::text, count(*)
+    FROM queen.log_dlq d
+    JOIN queen.queues q ON q.id = d.queue_id
+    GROUP BY q.tenant, q.name
+$$;

@@ -1,0 +1,149 @@
+-- system.sql: instance-wide probes and flags.
+-- Tables: queen.system_settings (read only here).
+-- Locks: none. SQLSTATEs raised: none.
+
+-- health_v1: the /health probe: one round trip that proves the database answers a query on
+-- our schema and reports the maintenance flags every instance must honour.
+
+-- Revision (old migration 099_health_host.sql): /health names the PostgreSQL host it reached as `address:port`.
+--
+-- Functions: queen.health_v1() -> jsonb, replaced (same signature and result keys as in
+--   system.sql); `server` used inet_server_addr()::text, which renders a netmask
+--   ("127.0.0.1/32:5432"); host() gives the bare address, which is what an operator compares
+--   with the hosts of a multi-host DSN after a failover.
+-- Tables touched: queen.system_settings (read). Lock order: none. SQLSTATEs raised: none.
+
+CREATE OR REPLACE FUNCTION queen.health_v1()
+RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object(
+        'maintenance', COALESCE((SELECT (value #>> '{}')::boolean FROM queen.system_settings
+                                  WHERE key = 'maintenance_mode'), false),
+        'popMaintenance', COALESCE((SELECT (value #>> '{}')::boolean FROM queen.system_settings
+                                     WHERE key = 'pop_maintenance_mode'), false),
+        'inRecovery', pg_is_in_recovery(),
+        'server', COALESCE(host(inet_server_addr()), 'local') || ':'
+                  || COALESCE(inet_server_port()::text, current_setting('port')));
+$$;
+
+-- queue_flags_v1: per-queue switches the front worker needs before it builds frames
+-- (encryption). Read-only; an unknown queue answers the defaults of a new queue.
+CREATE OR REPLACE FUNCTION queen.queue_flags_v1(p_tenant uuid, p_name text)
+RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object(
+        'exists', q.id IS NOT NULL,
+        'encryption', COALESCE(q.encryption_enabled, false))
+    FROM (SELECT 1) AS one
+    LEFT JOIN queen.queues q ON q.tenant = p_tenant AND q.name = p_name;
+$$;
+
+-- Revision (old migration 090_maintenance.sql): the maintenance switches of api.md 5 and how every instance learns of
+-- a change at once.
+--
+-- Functions:
+--   queen.maintenance_flags_v1() -> jsonb
+--       {"maintenance": bool, "popMaintenance": bool, "version": int8}: the two switches and
+--       the version of system_settings they were read at.
+--   queen.set_maintenance_v1(text, boolean) -> jsonb
+--       p_kind 'push' (maintenance_mode) or 'pop' (pop_maintenance_mode); sets the switch and
+--       answers maintenance_flags_v1 as it is after the change, in the same transaction.
+--   queen.settings_changed_v1() -> trigger
+--       statement trigger of queen.system_settings: bumps settings_version and sends
+--       NOTIFY queen_settings with the flags (the payload of maintenance_flags_v1, as text).
+--
+-- Every change of queen.system_settings, by set_maintenance_v1 or by a plain UPDATE, bumps the
+-- 'settings_version' row and NOTIFYs channel queen_settings at commit. Front workers LISTEN on
+-- it (queen_mp/ipc/wakeup.py) and keep the flags in shared memory (queen_mp/ipc/flags.py); the
+-- version lets them drop a read that raced a newer change. A listener that missed a
+-- notification (connection lost) re-reads maintenance_flags_v1 on reconnect and every second.
+--
+-- Tables touched:
+--   queen.system_settings  UPDATE/INSERT of one switch row and of the settings_version row
+--                          (row locks on those rows only, in that order; the version row lock
+--                          serialises concurrent changes, so versions follow commit order)
+-- Lock order: system_settings rows are outside the partition / consumer / kv / timer lock
+--   spaces; nothing here locks anything else.
+-- SQLSTATEs raised: 22023 for an unknown p_kind or a NULL p_enabled.
+
+CREATE OR REPLACE FUNCTION queen.maintenance_flags_v1()
+RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object(
+        'maintenance', COALESCE((SELECT (value #>> '{}')::boolean FROM queen.system_settings
+                                  WHERE key = 'maintenance_mode'), false),
+        'popMaintenance', COALESCE((SELECT (value #>> '{}')::boolean FROM queen.system_settings
+                                     WHERE key = 'pop_maintenance_mode'), false),
+        'version', COALESCE((SELECT (value #>> '{}')::int8 FROM queen.system_settings
+                              WHERE key = 'settings_version'), 0));
+$$;
+
+CREATE OR REPLACE FUNCTION queen.settings_changed_v1()
+RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    -- NOTE(sql): the version bump below is itself an UPDATE of this table; its own trigger
+    -- call (depth 2) does nothing.
+    IF pg_trigger_depth() > 1 THEN
+        RETURN NULL;
+    END IF;
+    INSERT INTO queen.system_settings AS s (key, value, updated_at)
+    VALUES ('settings_version', '1'::jsonb, now())
+    ON CONFLICT (key) DO UPDATE
+        SET value = to_jsonb(COALESCE((s.value #>> '{}')::int8, 0) + 1), updated_at = now();
+    PERFORM pg_notify('queen_settings', queen.maintenance_flags_v1()::text);
+    RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE TRIGGER system_settings_changed
+    AFTER INSERT OR UPDATE OR DELETE ON queen.system_settings
+    FOR EACH STATEMENT EXECUTE FUNCTION queen.settings_changed_v1();
+
+CREATE OR REPLACE FUNCTION queen.set_maintenance_v1(p_kind text, p_enabled boolean)
+RETURNS jsonb
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_key text;
+BEGIN
+    IF p_enabled IS NULL THEN
+        RAISE EXCEPTION 'set_maintenance_v1: p_enabled must not be NULL' USING ERRCODE = '22023';
+    END IF;
+    v_key := CASE p_kind WHEN 'push' THEN 'maintenance_mode'
+                         WHEN 'pop' THEN 'pop_maintenance_mode' END;
+    IF v_key IS NULL THEN
+        RAISE EXCEPTION 'set_maintenance_v1: unknown kind %', p_kind USING ERRCODE = '22023';
+    END IF;
+    -- The statement trigger bumps settings_version and NOTIFYs queen_settings (delivered at
+    -- commit), also when the value does not change: a repeated switch re-announces the state.
+    -- NOTE(sql): UPDATE, then INSERT only when the row is missing: INSERT ... ON CONFLICT DO
+    -- UPDATE would fire both the INSERT and the UPDATE statement triggers (two bumps).
+    UPDATE queen.system_settings SET value = to_jsonb(p_enabled), updated_at = now()
+    WHERE key = v_key;
+    IF NOT FOUND THEN
+        INSERT INTO queen.system_settings (key, value) VALUES (v_key, to_jsonb(p_enabled));
+    END IF;
+    RETURN queen.maintenance_flags_v1();
+END
+$$;
+
+-- Revision (old migration 105_wake_peers.sql): does any other broker instance listen for wake-ups?
+--
+-- Functions: queen.wake_peers_v1(text) -> boolean
+--   true when a session of another instance LISTENs on queen_wake (its application_name is
+--   'queen-mp wake listener <instance>', queen_mp/ipc/wakeup.py). A shard or front worker with no
+--   peer skips its batched NOTIFY: that NOTIFY was a transaction every 5 ms per process under
+--   load (most of the commits of a 1-item push benchmark), and each woke every listener
+--   backend, for nobody. Asked again every couple of seconds, so a new instance is reached
+--   within that delay (a pop parked meanwhile still ends at its deadline or lease hint).
+-- Tables touched: pg_stat_activity (read). Lock order: none. SQLSTATEs raised: none.
+
+CREATE OR REPLACE FUNCTION queen.wake_peers_v1(p_instance text)
+RETURNS boolean
+LANGUAGE sql STABLE
+AS $$
+    SELECT EXISTS (
+        SELECT 1 FROM pg_stat_activity
+        WHERE application_name LIKE 'queen-mp wake listener %'
+          AND application_name <> left('queen-mp wake listener ' || p_instance, 63))
+$$;

@@ -1,0 +1,203 @@
+"""The SQL tree: versioned schema files plus one live body per function, and the upgrade of a
+database made by the old versioned chain to exactly the state of a fresh one.
+
+The old chain (sql/001 .. sql/135 and the runner that applied it, as of commit bfc65e0) is kept
+as a test fixture, ``data/legacy_chain_bfc65e0.tar.gz`` (``git archive --prefix=legacy/
+bfc65e0 sql queen_mp/db/migrations.py``); its files' checksums must be the ones the runner
+adopts (``queen_mp/sql/legacy_chain.sha256``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import multiprocessing
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+from types import ModuleType
+
+import psycopg
+import pytest
+
+from queen_mp.db.embedded import find_pg_binaries
+from queen_mp.db.errors import MigrationError
+from queen_mp.db.migrations import apply_migrations, load_sql_tree
+from tests.pgharness import SQL_DIR, drop_database, make_database
+
+LEGACY = Path(__file__).parent / "data" / "legacy_chain_bfc65e0.tar.gz"
+
+
+@pytest.fixture(scope="module")
+def legacy(tmp_path_factory) -> tuple[Path, ModuleType]:
+    """The old chain's SQL folder and its runner, loaded as a module of its own."""
+    root = tmp_path_factory.mktemp("legacy")
+    with tarfile.open(LEGACY) as tar:
+        tar.extractall(root, filter="data")
+    path = root / "legacy" / "queen_mp" / "db" / "migrations.py"
+    spec = importlib.util.spec_from_file_location("legacy_migrations", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return root / "legacy" / "sql", module
+
+
+@pytest.fixture
+def two_dbs(pg_server_dsn):
+    dsns = [make_database(pg_server_dsn), make_database(pg_server_dsn)]
+    yield dsns
+    for dsn in dsns:
+        drop_database(pg_server_dsn, dsn)
+
+
+def snapshot(dsn: str) -> dict[str, object]:
+    """Everything a migration decides, bookkeeping timestamps aside."""
+    with psycopg.connect(dsn) as conn:
+        state: dict[str, object] = {
+            "functions": conn.execute(
+                "SELECT p.oid::regprocedure::text, pg_get_functiondef(p.oid),"
+                " obj_description(p.oid, 'pg_proc')"
+                " FROM pg_proc p WHERE p.pronamespace = 'queen'::regnamespace ORDER BY 1"
+            ).fetchall(),
+            "triggers": conn.execute(
+                "SELECT tgname, pg_get_triggerdef(t.oid) FROM pg_trigger t"
+                " JOIN pg_class c ON c.oid = t.tgrelid"
+                " WHERE c.relnamespace = 'queen'::regnamespace AND NOT t.tgisinternal"
+                " ORDER BY 1"
+            ).fetchall(),
+            "settings": conn.execute(
+                "SELECT key, value::text FROM queen.system_settings ORDER BY 1"
+            ).fetchall(),
+            "migrations": conn.execute(
+                "SELECT version, name, checksum FROM queen.schema_migrations ORDER BY 1"
+            ).fetchall(),
+            "function_files": conn.execute(
+                "SELECT file, checksum FROM queen.schema_functions ORDER BY 1"
+            ).fetchall(),
+        }
+    pg_dump = find_pg_binaries().bin_dir / "pg_dump"
+    dump = subprocess.run([str(pg_dump), "--schema-only", "--no-owner", "-d", dsn],
+                          capture_output=True, text=True, check=True).stdout
+    # pg_dump >= 15.14 brackets its output with a random \restrict key
+    state["dump"] = [line for line in dump.splitlines()
+                     if not re.match(r"\\(un)?restrict ", line)]
+    return state
+
+
+def test_the_fixture_is_the_chain_the_runner_adopts(legacy):
+    sql, _ = legacy
+    recorded = (SQL_DIR / "legacy_chain.sha256").read_text().split("\n")
+    on_disk = [f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.name}"
+               for p in sorted(sql.glob("*.sql"))]
+    assert on_disk == [line for line in recorded if line]
+    assert len(on_disk) == 24
+
+
+def test_an_old_chain_database_upgrades_to_exactly_a_fresh_one(legacy, two_dbs):
+    sql, old_runner = legacy
+    upgraded, fresh = two_dbs
+    assert len(old_runner.apply_migrations(upgraded, sql)) == 24
+    with psycopg.connect(upgraded) as conn:
+        before = conn.execute(
+            "SELECT count(*) FROM pg_proc WHERE pronamespace = 'queen'::regnamespace"
+        ).fetchone()
+
+    tree = load_sql_tree(SQL_DIR)
+    families = [f"functions/{f.filename}" for f in tree.functions]
+    assert apply_migrations(upgraded, SQL_DIR) == families  # adopted: no schema file runs
+    assert apply_migrations(fresh, SQL_DIR) == ["001_baseline.sql", *families]
+    assert apply_migrations(upgraded, SQL_DIR) == apply_migrations(fresh, SQL_DIR) == []
+
+    old, new = snapshot(upgraded), snapshot(fresh)
+    for key in new:
+        assert old[key] == new[key], key
+    assert new["migrations"] == [(1, "001_baseline.sql", tree.migrations[0].checksum)]
+    assert before == (len(new["functions"]),) == (79,)  # type: ignore[arg-type]
+
+
+def test_a_database_stopped_inside_the_old_chain_is_refused(legacy, tmp_path, two_dbs):
+    sql, old_runner = legacy
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    for path in sorted(sql.glob("*.sql"))[:10]:
+        shutil.copy(path, partial)
+    old_runner.apply_migrations(two_dbs[0], partial)
+    with pytest.raises(MigrationError, match=r"before its end \(missing 070_admin.sql, 075_"):
+        apply_migrations(two_dbs[0], SQL_DIR)
+
+
+def functions_of(dsn: str) -> set[str]:
+    with psycopg.connect(dsn) as conn:
+        return {row[0] for row in conn.execute(
+            "SELECT oid::regprocedure::text FROM pg_proc"
+            " WHERE pronamespace = 'queen'::regnamespace").fetchall()}
+
+
+def test_a_changed_family_file_is_reapplied_and_what_no_file_defines_is_dropped(
+        tmp_path, two_dbs):
+    root = tmp_path / "sql"
+    shutil.copytree(SQL_DIR, root)
+    dsn = two_dbs[0]
+    apply_migrations(dsn, root)
+    extra = root / "functions" / "zz_extra.sql"
+    extra.write_text("CREATE OR REPLACE FUNCTION queen.extra_v1(p int4) RETURNS int4\n"
+                     "LANGUAGE sql IMMUTABLE RETURN p + 1;\n")
+    assert apply_migrations(dsn, root) == ["functions/zz_extra.sql"]
+    assert "queen.extra_v1(integer)" in functions_of(dsn)
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT queen.extra_v1(41)").fetchone() == (42,)
+
+    # a new signature replaces the old one: the old overload is gone, not left behind
+    extra.write_text("CREATE OR REPLACE FUNCTION queen.extra_v1(p int8) RETURNS int8\n"
+                     "LANGUAGE sql IMMUTABLE RETURN p + 2;\n")
+    assert apply_migrations(dsn, root) == ["functions/zz_extra.sql"]
+    names = functions_of(dsn)
+    assert "queen.extra_v1(bigint)" in names and "queen.extra_v1(integer)" not in names
+
+    extra.unlink()
+    assert apply_migrations(dsn, root) == ["functions/zz_extra.sql"]
+    assert not any(n.startswith("queen.extra_v1") for n in functions_of(dsn))
+    assert len(functions_of(dsn)) == 79
+    assert apply_migrations(dsn, root) == []
+
+
+def test_a_failing_family_file_changes_nothing(tmp_path, two_dbs):
+    root = tmp_path / "sql"
+    shutil.copytree(SQL_DIR, root)
+    dsn = two_dbs[0]
+    apply_migrations(dsn, root)
+    before = snapshot(dsn)
+    (root / "functions" / "kv.sql").write_text(
+        (SQL_DIR / "functions" / "kv.sql").read_text() + "\nSELECT 1/0;\n")
+    (root / "functions" / "aa_first.sql").write_text(
+        "CREATE OR REPLACE FUNCTION queen.never_v1() RETURNS int4 LANGUAGE sql RETURN 1;\n")
+    with pytest.raises(MigrationError, match=r"functions/kv.sql failed: \[22012\]"):
+        apply_migrations(dsn, root)
+    assert snapshot(dsn) == before
+
+
+def _apply_in_child(dsn, barrier, results):
+    barrier.wait()
+    try:
+        results.put(apply_migrations(dsn, SQL_DIR))
+    except Exception as ex:  # reported to the parent, which fails the test
+        results.put(repr(ex))
+
+
+def test_instances_starting_at_once_apply_everything_once(two_dbs):
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(3), ctx.Queue()
+    procs = [ctx.Process(target=_apply_in_child, args=(two_dbs[0], barrier, results))
+             for _ in range(3)]
+    for proc in procs:
+        proc.start()
+    outcomes = sorted((results.get(timeout=60) for _ in procs), key=len)
+    for proc in procs:
+        proc.join(timeout=30)
+    assert outcomes[:2] == [[], []]
+    assert outcomes[2][0] == "001_baseline.sql" and len(outcomes[2]) == 14
+    assert len(functions_of(two_dbs[0])) == 79
