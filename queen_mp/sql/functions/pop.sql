@@ -289,8 +289,10 @@ BEGIN
         WITH cand AS MATERIALIZED (
             SELECT lp.id AS pid, lp.name AS pname, lp.last_offset, lp.log_start_offset,
                    lp.last_created_at, pq.id AS qid, pq.name AS qname, pq.priority,
-                   pq.lease_time, pq.delayed, pq.window_s, pq.encrypted, pq.sub_from,
-                   c.committed_offset, c.next_offset, c.next_created_at
+                   pq.lease_time, pq.delayed, pq.window_s, pq.encrypted,
+                   c.committed_offset, c.next_offset, c.next_created_at,
+                   CASE WHEN c.committed_offset IS NULL
+                        THEN queen.log_cursor_before_v1(lp.id, pq.sub_from) END AS start_c
             FROM queen.pop_scope_v1(p_tenant, p_queue, p_namespace, p_task, p_group) pq
             CROSS JOIN LATERAL (
                 SELECT lp.id, lp.name, lp.last_offset, lp.log_start_offset, lp.last_created_at
@@ -307,19 +309,20 @@ BEGIN
                        ELSE lp.last_offset > c.committed_offset
                             AND (c.lease_id IS NULL OR c.lease_expires_at <= v_now) END
         ), created AS (
+            -- NOTE(db): run to completion whether or not the query below reads it; nothing
+            -- joins it, so no plan (a generic one made on small queues included) can pair
+            -- every candidate with every created row
             INSERT INTO queen.log_consumers AS c (partition_id, consumer_group, committed_offset)
-            SELECT cand.pid, p_group, queen.log_cursor_before_v1(cand.pid, cand.sub_from)
+            SELECT cand.pid, p_group, cand.start_c
             FROM cand
             WHERE cand.committed_offset IS NULL
             ORDER BY cand.pid
             ON CONFLICT (partition_id, consumer_group) DO NOTHING
-            RETURNING c.partition_id, c.committed_offset
         )
         SELECT cand.pid, cand.pname, cand.last_offset, cand.log_start_offset,
                cand.last_created_at, cand.qid, cand.qname, cand.lease_time, cand.delayed,
                cand.window_s, cand.encrypted
         FROM cand
-        LEFT JOIN created cr ON cr.partition_id = cand.pid
         ORDER BY cand.priority DESC,
                  CASE WHEN cand.next_created_at IS NOT NULL
                            AND cand.next_offset = GREATEST(cand.committed_offset + 1,
@@ -328,7 +331,7 @@ BEGIN
                       ELSE (SELECT s.created_at FROM queen.log_segments s
                             WHERE s.partition_id = cand.pid
                               AND s.base_offset <= GREATEST(
-                                    COALESCE(cand.committed_offset, cr.committed_offset) + 1,
+                                    COALESCE(cand.committed_offset, cand.start_c) + 1,
                                     cand.log_start_offset)
                             ORDER BY s.base_offset DESC LIMIT 1) END ASC NULLS FIRST,
                  cand.pid

@@ -1,0 +1,229 @@
+"""Partition scale: does a pop cost the same on a queue of 50,000 partitions as on one of 10?
+
+Unlimited ordered partitions are the broker's promise, so the work of one pop must not grow
+with the number of partitions of its queue. Three measurements, each on a queue of its own in
+a fresh database (issue 26's targets in brackets):
+
+- ``pop p50``: single-message pops (queue mode, ``autoAck``) from a queue of ``--small``
+  partitions (10) and from one of ``--large`` partitions (50,000), each partition holding
+  enough messages for every pop; p50 and p99 per pop, and the broker's and PostgreSQL's CPU
+  per pop. [large p50 within 1.5x of small]
+- ``drain``: a queue of ``--drain`` (5,000) partitions with one message each, drained by one
+  consumer popping one message at a time (autoAck) until a pop finds nothing.
+  [under 10 s]
+- ``first group pop``: a new consumer group's first pop on the drained queue's partitions
+  after each got one more message (its cursor rows are created by that pop).
+  [under 100 ms]
+
+``python -m bench.partitions`` (``--quick``: 2,000 large partitions, 1,000 drained) prints a
+Markdown report and writes the figures to ``--json`` if given. It drives queen-mp over real
+HTTP on the local PostgreSQL (``--server-dsn``), the same broker command line as the suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+
+from bench.push import (
+    LOCAL_DSN,
+    Server,
+    cpu_ticks,
+    create_database,
+    db_name,
+    delta_cpu_s,
+    drop_database,
+    ppid_of,
+    process_tree,
+    start_queen,
+)
+
+PUSH_CHUNK = 1_000  # items per push request while filling
+
+
+@dataclass(frozen=True)
+class PopFigures:
+    partitions: int
+    pops: int
+    p50_ms: float
+    p99_ms: float
+    broker_cpu_us_per_pop: float
+    pg_cpu_us_per_pop: float
+
+
+@dataclass(frozen=True)
+class Figures:
+    small: PopFigures
+    large: PopFigures
+    drain_partitions: int
+    drain_s: float
+    drain_pops: int
+    first_group_pop_ms: float
+    first_group_claimed: int
+
+    def verdicts(self) -> list[tuple[str, str, str, bool]]:
+        """(target, value, threshold, met) rows."""
+        ratio = self.large.p50_ms / self.small.p50_ms
+        return [
+            (f"pop p50, {self.large.partitions:,} vs {self.small.partitions} partitions",
+             f"{ratio:.2f}x ({self.large.p50_ms:.2f} vs {self.small.p50_ms:.2f} ms)",
+             "<= 1.5x", ratio <= 1.5),
+            (f"drain {self.drain_partitions:,} one-message partitions one pop at a time",
+             f"{self.drain_s:.1f} s", "< 10 s", self.drain_s < 10),
+            (f"a new group's first pop on {self.drain_partitions:,} partitions",
+             f"{self.first_group_pop_ms:.1f} ms", "< 100 ms", self.first_group_pop_ms < 100),
+        ]
+
+
+class Broker:
+    """One queen-mp over one fresh database, with the CPU of its processes and PostgreSQL's."""
+
+    def __init__(self, server_dsn: str, tmp: Path) -> None:
+        self.server_dsn = server_dsn
+        self.dsn = create_database(server_dsn, f"queen_bench_{uuid.uuid4().hex[:8]}_parts")
+        self.server: Server = start_queen(tmp, self.dsn, workers=2, shards=1)
+        self.server.wait_ready()
+        self.http = httpx.Client(base_url=self.server.url, timeout=120)
+        with psycopg.connect(self.dsn) as conn:
+            backend = conn.execute("SELECT pg_backend_pid()").fetchone()
+        assert backend is not None
+        self.postmaster = ppid_of(backend[0])
+
+    def cpu(self) -> tuple[dict[int, int], dict[int, int]]:
+        return (cpu_ticks(process_tree(self.server.proc.pid)),
+                cpu_ticks(process_tree(self.postmaster)))
+
+    def fill(self, queue: str, partitions: int, per: int) -> None:
+        items = [(f"p{i}", k) for k in range(per) for i in range(partitions)]
+        for start in range(0, len(items), PUSH_CHUNK):
+            chunk = items[start:start + PUSH_CHUNK]
+            r = self.http.post("/api/v1/push", json={"items": [
+                {"queue": queue, "partition": p, "payload": {"k": k}} for p, k in chunk]})
+            r.raise_for_status()
+            bad = [a for a in r.json() if a["status"] != "queued"]
+            assert not bad, bad[:3]
+
+    def pop(self, queue: str, **params: str) -> tuple[float, int]:
+        """(seconds, messages) of one pop that does not wait."""
+        t0 = time.perf_counter()
+        r = self.http.get(f"/api/v1/pop/queue/{queue}", params={"wait": "false", **params})
+        elapsed = time.perf_counter() - t0
+        if r.status_code == 204:
+            return elapsed, 0
+        if r.status_code != 200:
+            raise RuntimeError(f"pop on {queue}: {r.status_code} {r.text[:300]}")
+        return elapsed, len(r.json()["messages"])
+
+    def close(self) -> None:
+        self.http.close()
+        self.server.stop()
+        drop_database(self.server_dsn, db_name(self.dsn))
+
+
+def pop_figures(broker: Broker, queue: str, partitions: int, pops: int) -> PopFigures:
+    per = max(1, -(-(pops + 20) // partitions))  # every pop finds a message
+    broker.fill(queue, partitions, per)
+    for _ in range(20):  # warm the pool and the plans
+        broker.pop(queue, autoAck="true")
+    times: list[float] = []
+    before = broker.cpu()
+    for _ in range(pops):
+        elapsed, got = broker.pop(queue, autoAck="true")
+        assert got == 1, f"a pop on {queue} found {got} messages"
+        times.append(elapsed)
+    after = broker.cpu()
+    times.sort()
+    return PopFigures(
+        partitions, pops, statistics.median(times) * 1e3, times[int(len(times) * 0.99)] * 1e3,
+        delta_cpu_s(before[0], after[0]) / pops * 1e6,
+        delta_cpu_s(before[1], after[1]) / pops * 1e6)
+
+
+def run(args: argparse.Namespace) -> Figures:
+    with tempfile.TemporaryDirectory(prefix="queen-bench-parts-") as tmp:
+        broker = Broker(args.server_dsn, Path(tmp))
+        try:
+            print(f"pop p50: {args.small} partitions ...", file=sys.stderr)
+            small = pop_figures(broker, "scale-small", args.small, args.pops)
+            print(f"pop p50: {args.large:,} partitions ...", file=sys.stderr)
+            large = pop_figures(broker, "scale-large", args.large, args.pops)
+
+            print(f"drain: {args.drain:,} one-message partitions ...", file=sys.stderr)
+            broker.fill("scale-drain", args.drain, 1)
+            t0 = time.perf_counter()
+            drained = pops = 0
+            while True:
+                _, got = broker.pop("scale-drain", autoAck="true")
+                pops += 1
+                if got == 0:
+                    break
+                drained += got
+            drain_s = time.perf_counter() - t0
+            assert drained == args.drain, f"drained {drained} of {args.drain}"
+
+            broker.fill("scale-drain", args.drain, 1)
+            first_s, claimed = broker.pop("scale-drain", consumerGroup="newcomer",
+                                          autoAck="true")
+        finally:
+            broker.close()
+    return Figures(small, large, args.drain, drain_s, pops, first_s * 1e3, claimed)
+
+
+def render(f: Figures) -> str:
+    lines = ["| target | value | threshold | verdict |", "|---|---:|---:|---|"]
+    for target, value, threshold, met in f.verdicts():
+        lines.append(f"| {target} | {value} | {threshold} | {'**MET**' if met else '**MISSED**'} |")
+    lines += ["", "| queue | partitions | pops | p50 ms | p99 ms | broker CPU us/pop "
+              "| PostgreSQL CPU us/pop |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for name, p in (("small", f.small), ("large", f.large)):
+        lines.append(f"| {name} | {p.partitions:,} | {p.pops:,} | {p.p50_ms:.2f} | "
+                     f"{p.p99_ms:.2f} | {p.broker_cpu_us_per_pop:,.0f} | "
+                     f"{p.pg_cpu_us_per_pop:,.0f} |")
+    lines.append("")
+    lines.append(f"Drain: {f.drain_pops:,} pops in {f.drain_s:.1f} s "
+                 f"({f.drain_s / f.drain_pops * 1e3:.1f} ms a pop). A new group's first pop: "
+                 f"{f.first_group_pop_ms:.1f} ms, {f.first_group_claimed} message(s).")
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m bench.partitions", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--server-dsn", default=LOCAL_DSN)
+    ap.add_argument("--small", type=int, default=10)
+    ap.add_argument("--large", type=int, default=50_000)
+    ap.add_argument("--drain", type=int, default=5_000)
+    ap.add_argument("--pops", type=int, default=300, help="measured pops per queue")
+    ap.add_argument("--quick", action="store_true",
+                    help="2,000 large partitions, 1,000 drained, 100 pops")
+    ap.add_argument("--json", type=Path, help="also write the figures here")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.large, args.drain, args.pops = 2_000, 1_000, 100
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    figures = run(args)
+    print(render(figures))
+    if args.json:
+        out: dict[str, Any] = asdict(figures)
+        out["verdicts"] = figures.verdicts()
+        args.json.write_text(json.dumps(out, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
