@@ -23,6 +23,8 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, NullLoca
 Doc = dict[str, Any]
 Fmt = Callable[[float], str]
 ARM_ORDER = ("queen-mp", "queen-mp-qpb1", "naive", "pgmq", "physical", "edge")
+# bench/peers.py's arms, after the PostgreSQL ones; they appear only in runs that had them.
+PEER_ARMS = ("rabbitmq-quorum", "rabbitmq-classic", "nats", "nats-fsync")
 ARM_ABOUT = {
     "queen-mp": "the broker, JSON push",
     "queen-mp-qpb1": "the broker, binary QPB1 zstd-framed push",
@@ -35,9 +37,19 @@ ARM_ABOUT = {
     "edge": "the ceiling of queen-mp's HTTP stack: a falcon app under the same gunicorn command "
             "line doing each request's JSON work and nothing else (no database, "
             "bench/edge_app.py)",
+    "rabbitmq-quorum": "RabbitMQ, a durable quorum queue, persistent messages, publisher "
+                       "confirms (aio-pika)",
+    "rabbitmq-classic": "RabbitMQ, a durable classic queue, persistent messages (delivery_mode "
+                        "2), publisher confirms (aio-pika)",
+    "nats": "NATS JetStream, a file-storage stream, each publish waiting for its PubAck "
+            "(nats-py); nats-server acknowledges **before fsync** by default",
+    "nats-fsync": "NATS JetStream on a private nats-server with `sync_interval: always` (an "
+                  "fsync on every write, before the PubAck)",
 }
 ARM_COLOR = {"queen-mp": "tab:blue", "queen-mp-qpb1": "tab:purple", "naive": "tab:orange",
-             "pgmq": "tab:green", "physical": "dimgray", "edge": "lightgray"}
+             "pgmq": "tab:green", "physical": "dimgray", "edge": "lightgray",
+             "rabbitmq-quorum": "tab:red", "rabbitmq-classic": "tab:pink", "nats": "tab:cyan",
+             "nats-fsync": "tab:olive"}
 PLOTS = ("push-throughput.png", "e2e-latency-cdf.png", "wake-latency-cdf.png",
          "consume-throughput.png")
 
@@ -85,18 +97,23 @@ COLUMNS: dict[str, tuple[str, Fmt]] = {
     "wal_bytes_per_s": ("WAL/s", _bytes), "wal_bytes_per_msg": ("WAL/msg", _bytes),
     "cpu_broker_s": ("CPU broker s", _f2), "cpu_pg_db_s": ("CPU PG db s", _f2),
     "cpu_pg_all_s": ("CPU PG all s", _f2), "cpu_client_s": ("CPU client s", _f2),
-    "cpu_other_s": ("CPU other s", _f2), "busy_pct": ("busy %", _f1),
+    "cpu_other_s": ("CPU other s", _f2),
+    "cpu_us_per_msg": ("CPU us/msg", _f1), "cpu_broker_us_per_msg": ("broker us/msg", _f1),
+    "cpu_pg_us_per_msg": ("PG us/msg", _f1), "cpu_client_us_per_msg": ("client us/msg", _f1),
+    "busy_pct": ("busy %", _f1),
     "rss_peak_mb": ("RSS MB", _f1), "pss_peak_mb": ("PSS MB", _f1),
     "errors": ("errors", _int), "missing": ("missing", _int),
 }
 RATIOS = {f: (COLUMNS[f][0], _x) for f in ("msgs_per_s", "p50_ms", "p99_ms", "cpu_broker_s",
-                                           "commits_per_s", "wal_bytes_per_msg")}
+                                           "cpu_us_per_msg", "commits_per_s",
+                                           "wal_bytes_per_msg")}
 LEDGER_COUNTS = ("expected", "consumed", "loss", "duplicates", "redelivered", "id_mismatch",
                  "phantom", "extra_unknown")
 
 
 def _arm_key(arm: str) -> tuple[int, str]:
-    return (ARM_ORDER.index(arm) if arm in ARM_ORDER else len(ARM_ORDER), arm)
+    order = ARM_ORDER + PEER_ARMS
+    return (order.index(arm) if arm in order else len(order), arm)
 
 
 def _grouped(items: Iterable[Doc]) -> dict[str, list[Doc]]:
@@ -135,11 +152,15 @@ def _targets_md(targets: list[Doc]) -> str:
     ceilings = any(t.get("edge_ceiling") is not None for t in targets)
     for t in targets:
         f = _x if "(x)" in t["target"] else _f1
-        rows.append([t["target"], {True: "**MET**", False: "**MISSED**"}.get(
-            t.get("met"), "not measured"), _fmt(t.get("value"), f),
-            f"{t['op']} {_fmt(t['threshold'], f)}",
-            *([_fmt(t.get("edge_ceiling"), f)] if ceilings else [])])
-    met, unmeasured = (sum(t.get("met") is v for t in targets) for v in (True, None))
+        bare = t.get("threshold") is None  # a comparison reported without a threshold
+        verdict = ("reported" if _num(t.get("value")) else "not measured") if bare else {
+            True: "**MET**", False: "**MISSED**"}.get(t.get("met"), "not measured")
+        rows.append([t["target"], verdict, _fmt(t.get("value"), f),
+                     "-" if bare else f"{t['op']} {_fmt(t['threshold'], f)}",
+                     *([_fmt(t.get("edge_ceiling"), f)] if ceilings else [])])
+    scored = [t for t in targets if t.get("threshold") is not None]
+    met, unmeasured = (sum(t.get("met") is v for t in scored) for v in (True, None))
+    bare_n = len(targets) - len(scored)
     head = ["target", "verdict", "value", "threshold"]
     note = ""
     if ceilings:
@@ -147,8 +168,31 @@ def _targets_md(targets: list[Doc]) -> str:
         note = ("\n\n*edge ceiling*: the same ratio for the edge arm, queen-mp's HTTP stack "
                 "doing only each request's JSON work (no database). No broker served by this "
                 "stack on this machine can pass a threshold the edge does not reach.")
-    return (f"{met} of {len(targets)} targets met ({unmeasured} not measured).\n\n"
+    tail = (f"; {bare_n} comparison(s) with the peers reported without a threshold"
+            if bare_n else "")
+    return (f"{met} of {len(scored)} targets met ({unmeasured} not measured{tail}).\n\n"
             + _table(head, rows, 2) + note)
+
+
+def _peers_md(doc: Doc) -> list[str]:
+    """The peer arms of the run: which server answered, or why the arm was skipped, and what
+    a confirmed publish means on it."""
+    peers = doc.get("peers") or {}
+    if not peers:
+        return []
+    rows = [[arm, str(p.get("server") or "-"), str(p.get("client") or "-"),
+             "ran" if p.get("status") == "ran" else f"**skipped**: {p.get('reason')}",
+             str(p.get("durability") or "")]
+            for arm, p in sorted(peers.items(), key=lambda kv: _arm_key(kv[0]))]
+    return ["## Peers", "",
+            "The brokers a user would pick instead, in the same run (bench/peers.py). NATS "
+            "JetStream acknowledges a publish **before fsync** by default (its file store "
+            "fsyncs every `sync_interval`, 2 minutes unless configured): the `nats` arm's "
+            "PubAck does not mean the message is on disk; `nats-fsync` runs a private server "
+            "with `sync_interval: always`. A peer that was not reachable is skipped, never "
+            "faked. \"CPU broker\" of a peer is its server process (beam.smp, nats-server).",
+            "", _table(["arm", "server", "client", "status", "what a confirmed publish means"],
+                       rows, 5), ""]
 
 
 def _ledger_md(doc: Doc) -> str:
@@ -354,6 +398,7 @@ def _markdown(doc: Doc, plots: list[tuple[str, Path]], failed: list[str], base: 
     """The shared document; ``full`` (the run's own report) adds every round and the logs."""
     out = [*_intro(doc, title, about_arms=not full),
            "## Targets", "", _targets_md((doc.get("summary") or {}).get("targets") or []), "",
+           *_peers_md(doc),
            "## Results (medians of the rounds)", "", *_sections_md(doc),
            "## Zero-loss ledger", "", _ledger_md(doc), ""]
     if plots or failed:

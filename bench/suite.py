@@ -14,7 +14,13 @@ Arms (bench/README.md says what each one is and why it is built that way):
 - ``edge``           the ceiling of the HTTP stack: a falcon app under queen-mp's gunicorn
                      command line that does a request's JSON work and nothing else (no
                      database; bench/edge_app.py). A ratio target the edge misses is out of
-                     reach of any broker served by this stack on this machine.
+                     reach of any broker served by this stack on this machine;
+- ``rabbitmq-quorum``, ``rabbitmq-classic``, ``nats``, ``nats-fsync``: the peers a user would
+                     pick instead (bench/peers.py): RabbitMQ quorum / classic durable queues
+                     with publisher confirms, NATS JetStream file streams with PubAck (by
+                     default acknowledged before fsync) and a private nats-server fsyncing
+                     every write. Push (batch 1 and 100) and consume only; an unreachable
+                     peer is skipped, and the report says why.
 
 Sections: ``push`` (batch 1/10/100/1000, 64 connections, 1,000 partitions), ``consume``
 (drain a pre-filled queue, pop batch 100 + one ack per batch), ``mixed`` (push and consume at
@@ -54,6 +60,20 @@ from bench import consume as cons
 from bench import ledger as ledgers
 from bench import report
 from bench.loadgen import LoadRun, LoadSpec, payload, percentiles
+from bench.peers import (
+    CODE,
+    DEFAULT_NATS_SERVER,
+    DEFAULT_NATS_URL,
+    DEFAULT_RABBITMQ_URL,
+    PEER_BATCHES,
+    PEERS,
+    PeerLoadRun,
+    PeerLoadSpec,
+    PeerSet,
+    redact,
+)
+from bench.peers import drain as peer_drain
+from bench.peers import prefill as peer_prefill
 from bench.pgclients import (
     PgLoadRun,
     PgLoadSpec,
@@ -83,7 +103,9 @@ from queen_mp.db.embedded import EmbeddedPostgres
 mono = time.monotonic
 # queen-mp-qpb1 shares queen-mp's database: one arm between them lets the commit counters of
 # the first settle before the second loads that database.
-PUSH_ARMS = ("queen-mp", "naive", "queen-mp-qpb1", "pgmq", "physical", "edge")
+PUSH_ARMS = ("queen-mp", "naive", "queen-mp-qpb1", "pgmq", "physical", "edge", *PEERS)
+# Arms whose messages PostgreSQL keeps: their CPU per message counts the cluster's CPU too.
+PG_ARMS = ("queen-mp", "queen-mp-qpb1", "naive", "pgmq", "physical")
 HTTP_SERVER = {"queen-mp": "queen-mp", "queen-mp-qpb1": "queen-mp", "naive": "baseline",
                "edge": "edge"}
 SECTIONS = ("push", "consume", "mixed", "fanout", "e2e", "wake")
@@ -163,6 +185,10 @@ class Meter:
         self.db = db_name(suite.dsn_of(arm))
         server = suite.servers.get(HTTP_SERVER.get(arm, ""))
         self.root = server.proc.pid if server is not None else None
+        # A peer's "broker" is its server process (beam.smp, nats-server), found at setup.
+        self.peer = arm in PEERS
+        if self.peer and suite.peers is not None:
+            self.root = suite.peers.pid(arm)
         self.url = server.url if server is not None and arm.startswith("queen") else None
         mon.cluster_pids()  # resolves the postmaster
         assert mon.postmaster is not None
@@ -215,6 +241,14 @@ class Meter:
                                    - (out["cpu_pg_all_s"] or 0) - client_cpu_s, 3)
         out["wal_bytes_per_s"] = self.wal / window
         out["wal_bytes_per_msg"] = self.wal / msgs if msgs else None
+        if msgs:  # CPU per message of the cell's msgs figure, by role
+            per = 1e6 / msgs
+            broker, client = out["cpu_broker_s"], out["cpu_client_s"]
+            pg = out["cpu_pg_all_s"] if self.arm in PG_ARMS else None
+            out["cpu_broker_us_per_msg"] = broker * per if broker is not None else None
+            out["cpu_pg_us_per_msg"] = pg * per if pg is not None else None
+            out["cpu_client_us_per_msg"] = client * per
+            out["cpu_us_per_msg"] = sum(x for x in (broker, pg, client) if x is not None) * per
         if self.url:
             d = counters_delta(self.q0, self.q1)
             commits = d.get("queen_fusion_commits_total", 0.0)
@@ -222,6 +256,9 @@ class Meter:
                                       if commits else None)
         if self.root is not None:
             out["rss_peak_mb"], out["pss_peak_mb"] = self.peaks
+        if self.peer:  # PostgreSQL's commits and WAL are not a peer's: no figure
+            out["wal_bytes_per_s"] = out["wal_bytes_per_msg"] = None
+            return out
         out["_commits"] = {"db": self.db, "x0": self.x0, "t_end": self.t_end,
                            "window": window, "arm": self.arm}
         return out
@@ -363,6 +400,7 @@ class Suite(cons.Bench):
         self.meter: Meter | None = None
         self.pg: EmbeddedPostgres | None = None
         self.pg_dir: Path | None = None
+        self.peers: PeerSet | None = None
 
     def setup(self) -> None:
         a = self.args
@@ -391,6 +429,16 @@ class Suite(cons.Bench):
             edge = self.servers["edge"] = cons.start_edge(self.tmp, a.workers)
             edge.wait_ready()
             print(f"  edge ready on {edge.url} (pid {edge.proc.pid})", flush=True)
+        if any(x in PEERS for x in arms):
+            print("peers:", flush=True)
+            self.peers = PeerSet(arms, self.tmp, rabbitmq_url=a.rabbitmq_url,
+                                 nats_url=a.nats_url, nats_server=a.nats_server)
+            self.peers.setup()
+            for arm, p in self.peers.peers.items():
+                if not p.ok:
+                    self.notes.append(f"{arm} skipped: {p.reason}")
+                elif p.reason:
+                    self.notes.append(f"{arm}: {p.reason}")
         self.pgmq_version = install_pgmq(self.dbs["pgmq"])
         create_pgmq_queue(self.dbs["pgmq"], "bench")
         create_physical_table(self.dbs["physical"])
@@ -400,7 +448,24 @@ class Suite(cons.Bench):
         self.measure_idle_commits()
 
     def dsn_of(self, arm: str) -> str:
-        return self.dbs[{"queen-mp-qpb1": "queen-mp", "naive": "baseline"}.get(arm, arm)]
+        # the peers keep nothing in PostgreSQL: the edge's empty database stands in
+        return self.dbs["edge" if arm in PEERS else
+                        {"queen-mp-qpb1": "queen-mp", "naive": "baseline"}.get(arm, arm)]
+
+    def peer_ok(self, arm: str) -> bool:
+        """A peer arm that runs: reachable and ready at setup (else skipped, with a note)."""
+        return self.peers is not None and self.peers.ok(arm)
+
+    def peer_failed(self, arm: str, where: str, ex: Exception) -> None:
+        """A peer that fails inside a cell (its server went away, a worker crashed) is
+        skipped from then on, with a note: it must not cost the rest of the run."""
+        why = f"failed in {where}: {type(ex).__name__}: {ex}"[:500]
+        print(f"  {arm}: {why}; skipped from here on", flush=True)
+        self.notes.append(f"{arm} {why}; skipped for the rest of the run")
+        self.load = None
+        if self.peers is not None and arm in self.peers.peers:
+            peer = self.peers.peers[arm]
+            peer.ok, peer.reason = False, f"{why} (skipped for the rest of the run)"
 
     def measure_idle_commits(self) -> None:
         """Background commits per second of each database with no load (queen-mp's
@@ -459,8 +524,14 @@ class Suite(cons.Bench):
             self.pending.append(cell)
 
     # -------------------------------------------------------------- push
-    def push_spec(self, arm: str, batch: int, tag: str) -> LoadSpec | PgLoadSpec:
+    def push_spec(self, arm: str, batch: int, tag: str, name: str = ""
+                  ) -> LoadSpec | PgLoadSpec | PeerLoadSpec:
         a = self.args
+        if arm in PEERS:
+            assert self.peers is not None
+            return PeerLoadSpec(arm=arm, url=self.peers.url(arm), name=name,
+                                connections=a.connections, procs=a.procs, items=batch,
+                                duration=a.duration, tag=tag)
         if arm in HTTP_SERVER:
             server = self.servers[HTTP_SERVER[arm]]
             queen = arm.startswith("queen")
@@ -479,12 +550,20 @@ class Suite(cons.Bench):
 
     def push_cell(self, arm: str, batch: int, rnd: int, warmup: float = 0.0
                   ) -> dict[str, Any]:
-        self.settle(running=arm)
+        peer = arm in PEERS
+        self.settle(running=None if peer else arm)
         tag = f"{self.run_id[:4]}{arm[0]}{arm[-1]}{batch}r{rnd}"
-        spec = self.push_spec(arm, batch, tag)
+        name = ""
+        if peer:  # a fresh queue / stream per cell, deleted after it
+            assert self.peers is not None
+            name = f"qb_{self.run_id}_{CODE[arm]}{batch}r{rnd}{'w' if warmup else ''}"
+            asyncio.run(self.peers.create(arm, name))
+        spec = self.push_spec(arm, batch, tag, name)
         if warmup:
             spec.duration = warmup
-        run = LoadRun(spec) if isinstance(spec, LoadSpec) else PgLoadRun(spec)
+        run: LoadRun | PgLoadRun | PeerLoadRun = (
+            LoadRun(spec) if isinstance(spec, LoadSpec) else
+            PgLoadRun(spec) if isinstance(spec, PgLoadSpec) else PeerLoadRun(spec))
         self.load = run  # type: ignore[assignment]
         time.sleep(max(0.0, run.start_at - time.time()))
         meter = Meter(self, arm)
@@ -504,32 +583,64 @@ class Suite(cons.Bench):
         }
         cell.update(meter.figures(res["loadgen_cpu_s"], res["items_queued"]))
         cell["raw"] = {k: v for k, v in res.items() if k not in ("workers", "spec")}
+        if peer:
+            self.peer_push_check(cell, arm, name, res["items_queued_incl_late"])
         if warmup:
-            cell.pop("_commits")
+            cell.pop("_commits", None)
             return cell
         self.record(cell)
-        print(f"  push batch {batch:>4} r{rnd} {arm:<14} {res['msgs_per_s']:>10,.0f} msgs/s  "
+        print(f"  push batch {batch:>4} r{rnd} {arm:<16} {res['msgs_per_s']:>10,.0f} msgs/s  "
               f"p50 {lat['p50'] or 0:7.1f} ms  p99 {lat['p99'] or 0:7.1f} ms  "
               f"errors {cell['errors']}", flush=True)
         return cell
+
+    def peer_push_check(self, cell: dict[str, Any], arm: str, name: str, confirmed: int
+                        ) -> None:
+        """After a peer's push window: what its queue / stream holds against what was
+        confirmed (late confirms included), then the queue / stream goes."""
+        assert self.peers is not None
+        peers = self.peers
+        try:
+            stored: int | None = asyncio.run(peers.count(arm, name))
+        except Exception as ex:
+            stored = None
+            self.notes.append(f"{arm} push {name}: count failed: {type(ex).__name__}: {ex}")
+        asyncio.run(peers.delete(arm, name))
+        cell.update({"queue": name, "stored": stored, "confirmed_incl_late": confirmed})
+        if stored is not None and stored < confirmed:
+            self.notes.append(f"{arm} push {name}: {confirmed} messages confirmed but only "
+                              f"{stored} stored")
 
     def run_push(self) -> None:
         a = self.args
         print(f"[{self.clock()}] push: {a.connections} connections, {a.partitions} partitions,"
               f" {a.duration:g} s windows, {a.rounds} rounds", flush=True)
+        skip = {x for x in a.arms if x in PEERS and not self.peer_ok(x)}
         # Warm-up, not recorded: provisions queen-mp's partitions, opens every connection.
         for arm in a.arms:
-            if arm != "physical":
-                self.push_cell(arm, 100, 0, warmup=a.warmup)
+            if arm != "physical" and arm not in skip:
+                self.guarded_push_cell(arm, 100, 0, warmup=a.warmup)
         for batch in a.batches:
-            arms = [x for x in a.arms if x != "physical" and (
-                x != "queen-mp-qpb1" or batch in a.qpb1_batches)]
-            if batch == max(a.batches) and "physical" in a.arms:
-                arms.append("physical")
+            arms = push_arms(a.arms, batch, max(a.batches), a.qpb1_batches, a.peer_batches,
+                             skip)
             for rnd in range(1, a.rounds + 1):
                 for arm in arms:
-                    self.push_cell(arm, batch, rnd)
+                    self.guarded_push_cell(arm, batch, rnd)
         self.settle(force=True)
+
+    def guarded_push_cell(self, arm: str, batch: int, rnd: int, warmup: float = 0.0) -> None:
+        if arm not in PEERS:
+            self.push_cell(arm, batch, rnd, warmup=warmup)
+            return
+        if not self.peer_ok(arm):
+            return
+        try:
+            self.push_cell(arm, batch, rnd, warmup=warmup)
+        except Exception as ex:
+            if self.load is not None:
+                with contextlib.suppress(Exception):
+                    self.load.kill()
+            self.peer_failed(arm, f"push batch {batch} r{rnd}", ex)
 
     # -------------------------------------------------------------- consume
     async def pgmq_fill(self, queue: str, n: int, tag: str) -> None:
@@ -547,11 +658,17 @@ class Suite(cons.Bench):
               f"pop batch {a.consume_batch} + one ack per batch, {a.consumers} consumers",
               flush=True)
         for rnd in range(1, a.rounds + 1):
-            for arm in ("queen-mp", "naive", "pgmq", "edge"):
-                if arm not in a.arms:
+            for arm in ("queen-mp", "naive", "pgmq", "edge", *PEERS):
+                if arm not in a.arms or (arm in PEERS and not self.peer_ok(arm)):
                     continue
-                self.settle(running=arm)
-                if arm == "pgmq":
+                self.settle(running=None if arm in PEERS else arm)
+                if arm in PEERS:
+                    try:
+                        cell = await self.peer_consume_cell(arm, rnd)
+                    except Exception as ex:
+                        self.peer_failed(arm, f"consume r{rnd}", ex)
+                        continue
+                elif arm == "pgmq":
                     queue = f"c{self.run_id}r{rnd}"
                     create_pgmq_queue(self.dbs["pgmq"], queue)
                     await self.pgmq_fill(queue, a.consume_messages, f"c{rnd}")
@@ -581,10 +698,53 @@ class Suite(cons.Bench):
                 cell.update({"section": "consume", "variant": f"batch {a.consume_batch}",
                              "arm": arm, "round": rnd})
                 self.record(cell)
-                print(f"  consume r{rnd} {arm:<9} {cell['msgs_per_s'] or 0:>10,.0f} msgs/s "
+                print(f"  consume r{rnd} {arm:<16} {cell['msgs_per_s'] or 0:>10,.0f} msgs/s "
                       f"errors {cell['errors']} redelivered {cell['redelivered']}", flush=True)
                 await asyncio.sleep(a.pause)
         self.settle(force=True)
+
+    async def peer_consume_cell(self, arm: str, rnd: int) -> dict[str, Any]:
+        """A fresh queue / stream pre-filled (untimed) as queen-mp's is, then drained by
+        ``--consumers`` consumers in this process (bench/peers.py ``drain``); the Meter runs
+        from the consumers' start to the ack that completed the drain."""
+        a = self.args
+        assert self.peers is not None
+        peers, url = self.peers, self.peers.url(arm)
+        name = f"qc_{self.run_id}_{CODE[arm]}r{rnd}"
+        n = a.consume_messages
+        box: dict[str, Any] = {}
+
+        def started() -> None:
+            box["meter"], box["cpu0"] = Meter(self, arm), _rusage_s()
+
+        def done() -> None:
+            box["cpu1"] = _rusage_s()
+            box["meter"].stop()
+
+        await peers.create(arm, name)
+        try:
+            fill_s = await peer_prefill(arm, url, name, n, f"{self.run_id}c{CODE[arm]}{rnd}",
+                                        a.prefill_connections, a.prefill_request)
+            stored = await peers.count(arm, name)
+            if stored != n:
+                self.notes.append(f"{arm} consume {name}: pre-fill stored {stored} of {n}")
+            await asyncio.sleep(a.pause)
+            r = await peer_drain(arm, url, name, stored, a.consumers, a.consume_batch,
+                                 a.drain_cap, on_start=started, on_done=done)
+        finally:
+            with contextlib.suppress(Exception):
+                box["meter"].discard()
+            with contextlib.suppress(Exception):  # else cleanup() retries at the end
+                await peers.delete(arm, name)
+        lat = r["batch_latency_ms"]
+        cell = {"msgs": r["acked"], "msgs_per_s": r["msgs_per_s"], "p50_ms": lat["p50"],
+                "p99_ms": lat["p99"], "errors": sum(r["errors"].values()),
+                "redelivered": r["redelivered"], "drained": r["drained"],
+                "leftover": r["leftover"], "queue": name, "prefill_s": round(fill_s, 3),
+                "prefill_stored": stored, "msgs_per_batch": r["msgs_per_batch"]}
+        cell.update(box["meter"].figures(box["cpu1"] - box["cpu0"], r["acked"]))
+        cell["raw"] = r
+        return cell
 
     # -------------------------------------------------------------- mixed
     async def run_mixed(self) -> None:
@@ -1027,7 +1187,25 @@ FIGURES = ("msgs_per_s", "pushed_per_s", "backlog_end", "requests_per_s", "p50_m
            "p999_ms", "commits_per_s", "msgs_per_commit", "wal_bytes_per_s",
            "wal_bytes_per_msg", "segs_per_commit",
            "cpu_broker_s", "cpu_pg_db_s", "cpu_pg_all_s", "cpu_client_s", "cpu_other_s",
+           "cpu_us_per_msg", "cpu_broker_us_per_msg", "cpu_pg_us_per_msg",
+           "cpu_client_us_per_msg",
            "busy_pct", "rss_peak_mb", "pss_peak_mb", "errors", "missing", "max_ms")
+RATIO_FIGURES = ("msgs_per_s", "p50_ms", "p99_ms", "cpu_broker_s", "cpu_us_per_msg",
+                 "commits_per_s", "wal_bytes_per_msg")
+
+
+def push_arms(arms: list[str], batch: int, largest: int, qpb1_batches: list[int],
+              peer_batches: list[int], skip: set[str] | frozenset[str] = frozenset()
+              ) -> list[str]:
+    """The arms of a push batch size, in ``--arms`` order: queen-mp-qpb1 only at
+    ``--qpb1-batches``, the peers only at ``--peer-batches`` (and not when skipped), the
+    physical limit last and only at the largest batch size."""
+    out = [x for x in arms if x != "physical" and x not in skip
+           and (x != "queen-mp-qpb1" or batch in qpb1_batches)
+           and (x not in PEERS or batch in peer_batches)]
+    if batch == largest and "physical" in arms:
+        out.append("physical")
+    return out
 
 
 def summarize(suite: Suite) -> dict[str, Any]:
@@ -1063,11 +1241,10 @@ def ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 continue
             out.append({"section": r["section"], "variant": r["variant"], "arm": r["arm"],
                         "vs": o["arm"], "vs_variant": o["variant"],
-                        **{f: (r[f] / o[f] if isinstance(r[f], (int, float))
-                               and isinstance(o[f], (int, float)) and o[f]
+                        **{f: (r[f] / o[f] if isinstance(r.get(f), (int, float))
+                               and isinstance(o.get(f), (int, float)) and o[f]
                                and not (o["arm"] == "edge" and f in _NO_EDGE_RATIO) else None)
-                           for f in ("msgs_per_s", "p50_ms", "p99_ms", "cpu_broker_s",
-                                     "commits_per_s", "wal_bytes_per_msg")}})
+                           for f in RATIO_FIGURES}})
     return out
 
 
@@ -1076,6 +1253,16 @@ def _row(rows: list[dict[str, Any]], section: str, variant: str, arm: str) -> di
         if (r["section"], r["variant"], r["arm"]) == (section, variant, arm):
             return r
     return {}
+
+
+# (target, section, variant, peer arm, threshold or None): the issue 26 comparisons.
+PEER_TARGETS: tuple[tuple[str, str, str, str, float | None], ...] = (
+    ("push 1-item JSON vs rabbitmq-quorum (x)", "push", "batch 1", "rabbitmq-quorum", None),
+    ("push 100-item JSON vs rabbitmq-quorum (x)", "push", "batch 100", "rabbitmq-quorum", None),
+    ("consume batch 100 vs rabbitmq-quorum (x)", "consume", "", "rabbitmq-quorum", None),
+    ("push 100-item JSON vs nats (x)", "push", "batch 100", "nats", None),
+    ("consume batch 100 vs nats (x)", "consume", "", "nats", None),
+)
 
 
 def targets(rows: list[dict[str, Any]], suite: Suite) -> list[dict[str, Any]]:
@@ -1106,10 +1293,18 @@ def targets(rows: list[dict[str, Any]], suite: Suite) -> list[dict[str, Any]]:
         ("parked-pop wake p99, 1,000 parked (ms)", wake.get("p99_ms"), 50.0, "<", None),
         ("peak RSS of all broker processes (MB)", suite.rss_peak or None, 300.0, "<", None),
     ]
+    # Issue 26: queen-mp against the peers a user would pick instead. No threshold in the
+    # code yet (PEER_TARGETS): the rows report the ratio and the edge's ceiling of it.
+    consume = f"batch {suite.args.consume_batch}"
+    for label, section, variant, peer, threshold in PEER_TARGETS:
+        variant = consume if section == "consume" else variant
+        q, p = _row(rows, section, variant, "queen-mp"), _row(rows, section, variant, peer)
+        out.append((label, ratio(q, p), threshold, ">=",
+                    ratio(_row(rows, section, variant, "edge"), p)))
     res = []
     for name, value, threshold, op, ceiling in out:
-        met = None if value is None else (value >= threshold if op == ">=" else
-                                          value < threshold)
+        met = None if value is None or threshold is None else (
+            value >= threshold if op == ">=" else value < threshold)
         res.append({"target": name, "value": value, "threshold": threshold, "op": op,
                     "met": met, "edge_ceiling": ceiling})
     return res
@@ -1149,6 +1344,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--fanout-batch", type=int, default=100, help="pop batch, fanout (100)")
     ap.add_argument("--fanout-pop-partitions", type=int, default=10,
                     help="queen-mp pop 'partitions', fanout (10)")
+    ap.add_argument("--peer-batches", default=",".join(map(str, PEER_BATCHES)),
+                    help="push batch sizes of the peer arms (1,100; others are skipped)")
+    ap.add_argument("--rabbitmq-url", default=DEFAULT_RABBITMQ_URL,
+                    help="RabbitMQ of the rabbitmq-* arms (amqp://guest:guest@127.0.0.1:5672/)")
+    ap.add_argument("--nats-url", default=DEFAULT_NATS_URL,
+                    help="NATS JetStream of the nats arm (nats://127.0.0.1:4222)")
+    ap.add_argument("--nats-server", default=DEFAULT_NATS_SERVER,
+                    help="nats-server binary of the nats-fsync arm's private server "
+                         "(/usr/sbin/nats-server; sync_interval: always needs 2.10 or later)")
     ap.add_argument("--embedded", action=argparse.BooleanOptionalAction, default=True,
                     help="run every arm on a private PostgreSQL cluster started for the run "
                          "(default; --no-embedded uses --server-dsn)")
@@ -1166,6 +1370,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             setattr(a, k, v)
     a.batches = [int(x) for x in a.batches.split(",") if x]
     a.qpb1_batches = [int(x) for x in a.qpb1_batches.split(",") if x]
+    a.peer_batches = [int(x) for x in a.peer_batches.split(",") if x]
     a.sections = [x for x in a.sections.split(",") if x]
     a.arms = [x for x in a.arms.split(",") if x]
     for x in a.sections:
@@ -1198,6 +1403,8 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(suite.run_all())
 
     def clean() -> dict[str, Any]:
+        if suite.peers is not None:  # before the scratch dir goes: the private server's
+            suite.notes.extend(suite.peers.cleanup())
         logs = cons.cleanup(suite)
         if suite.pg is not None:
             with contextlib.suppress(Exception):
@@ -1215,7 +1422,9 @@ def main(argv: list[str] | None = None) -> int:
                                                          else sys.argv[1:])]),
         "started_at": started.isoformat(), "elapsed_s": round(mono() - t0, 1),
         "machine": suite.info, "pgmq_sql_version": suite.pgmq_version,
-        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "peers": suite.peers.doc() if suite.peers is not None else {},
+        "settings": {k: (str(v) if isinstance(v, Path) else redact(v) if k.endswith("_url")
+                         else v) for k, v in vars(args).items()},
         "idle_commits_per_s": suite.idle_commits,
         "summary": summary, "cells": suite.cells, "ledger": suite.ledger,
         "ledger_ok": ledger_ok, "rss_peak_mb": suite.rss_peak, "pss_peak_mb": suite.pss_peak,
