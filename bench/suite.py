@@ -31,7 +31,8 @@ pre-filled with 40,000 messages over 100 partitions drained by 4 consumer groups
 each at once; msgs/s = deliveries of all groups / time until the last group acked them all;
 naive and pgmq have no consumer groups, and a copy of the queue per group would be another
 design, not the same workload), ``e2e`` (latency at 1,000 msg/s), ``wake`` (1,000 parked
-pops). Every cell alternates the arms (A B C D, A B C D, ...) and every figure is the median
+pops), ``partitions`` (bench/partitions.py: a pop's cost against its queue's partition
+count). Every cell alternates the arms (A B C D, A B C D, ...) and every figure is the median
 of the rounds; queen-mp's figures are also given as ratios to each other arm of the same run.
 The queen-mp messages of ``push``, ``mixed`` and ``fanout`` go through the zero-loss ledger
 (bench/ledger.py): any loss fails the run.
@@ -58,7 +59,7 @@ import psycopg
 
 from bench import consume as cons
 from bench import ledger as ledgers
-from bench import report
+from bench import partitions, report
 from bench.loadgen import LoadRun, LoadSpec, payload, percentiles
 from bench.peers import (
     CODE,
@@ -108,7 +109,7 @@ PUSH_ARMS = ("queen-mp", "naive", "queen-mp-qpb1", "pgmq", "physical", "edge", *
 PG_ARMS = ("queen-mp", "queen-mp-qpb1", "naive", "pgmq", "physical")
 HTTP_SERVER = {"queen-mp": "queen-mp", "queen-mp-qpb1": "queen-mp", "naive": "baseline",
                "edge": "edge"}
-SECTIONS = ("push", "consume", "mixed", "fanout", "e2e", "wake")
+SECTIONS = ("push", "consume", "mixed", "fanout", "e2e", "wake", "partitions")
 STATS_LAG_S = 11.0  # idle backends publish pg_stat_database counters up to 10 s late
 
 
@@ -401,6 +402,7 @@ class Suite(cons.Bench):
         self.pg: EmbeddedPostgres | None = None
         self.pg_dir: Path | None = None
         self.peers: PeerSet | None = None
+        self.partitions: partitions.Figures | None = None
 
     def setup(self) -> None:
         a = self.args
@@ -1179,7 +1181,35 @@ class Suite(cons.Bench):
             await self.run_e2e_all()
         if "wake" in a.sections and "queen-mp" in a.arms:
             await self.run_wake_cell()
+        if "partitions" in a.sections and "queen-mp" in a.arms:
+            await asyncio.to_thread(self.run_partitions)
         print(f"[{self.clock()}] done", flush=True)
+
+    # -------------------------------------------------------------- partitions
+    def run_partitions(self) -> None:
+        """bench/partitions.py on a broker and a database of its own (issue 26's scale
+        targets); its figures become rows of section ``partitions``."""
+        a = self.args
+        print(f"[{self.clock()}] partitions: pop cost against partition count", flush=True)
+        f = partitions.run(partitions.parse_args(
+            ["--server-dsn", a.server_dsn, *(["--quick"] if a.quick else [])]))
+        self.partitions = f
+        for pop in (f.small, f.large):
+            self.record({"section": "partitions", "variant": f"pop, {pop.partitions:,} partitions",
+                         "arm": "queen-mp", "round": 1, "msgs": pop.pops,
+                         "p50_ms": pop.p50_ms, "p99_ms": pop.p99_ms,
+                         "cpu_broker_us_per_msg": pop.broker_cpu_us_per_pop,
+                         "cpu_pg_us_per_msg": pop.pg_cpu_us_per_pop})
+        self.record({"section": "partitions", "variant": f"drain {f.drain_partitions:,} partitions",
+                     "arm": "queen-mp", "round": 1, "msgs": f.drain_pops,
+                     "msgs_per_s": f.drain_pops / f.drain_s,
+                     "p50_ms": f.drain_s / f.drain_pops * 1e3})
+        self.record({"section": "partitions",
+                     "variant": f"first group pop, {f.drain_partitions:,} partitions",
+                     "arm": "queen-mp", "round": 1, "msgs": f.first_group_claimed,
+                     "p50_ms": f.first_group_pop_ms})
+        for target, value, _, met in f.verdicts():
+            print(f"  {target}: {value} ({'met' if met else 'missed'})", flush=True)
 
 
 # ------------------------------------------------------------------------------ summary
@@ -1301,6 +1331,17 @@ def targets(rows: list[dict[str, Any]], suite: Suite) -> list[dict[str, Any]]:
         q, p = _row(rows, section, variant, "queen-mp"), _row(rows, section, variant, peer)
         out.append((label, ratio(q, p), threshold, ">=",
                     ratio(_row(rows, section, variant, "edge"), p)))
+    # Issue 26: a pop costs the same whatever its queue's partition count (bench/partitions.py)
+    f: partitions.Figures | None = getattr(suite, "partitions", None)
+    out += [
+        (f"pop p50, {f.large.partitions:,} vs {f.small.partitions} partitions (x)" if f else
+         "pop p50, 50,000 vs 10 partitions (x)",
+         f.large.p50_ms / f.small.p50_ms if f else None, 1.5, "<", None),
+        (f"drain {f.drain_partitions:,} one-message partitions (s)" if f else
+         "drain 5,000 one-message partitions (s)", f.drain_s if f else None, 10.0, "<", None),
+        ("a new group's first pop on them (ms)", f.first_group_pop_ms if f else None, 100.0,
+         "<", None),
+    ]
     res = []
     for name, value, threshold, op, ceiling in out:
         met = None if value is None or threshold is None else (

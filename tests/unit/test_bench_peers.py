@@ -141,8 +141,12 @@ def test_targets_report_the_issue_26_comparisons_without_thresholds() -> None:
     got = targets(_rows(), suite)  # type: ignore[arg-type]
     existing = [(t["target"], t["threshold"]) for t in got[:8]]
     assert [th for _, th in existing] == [3.0, 8.0, 3.0, 0.6, 2.0, 20.0, 50.0, 300.0]
-    peer = {t["target"]: t for t in got[8:]}
+    peer = {t["target"]: t for t in got[8:8 + len(PEER_TARGETS)]}
     assert list(peer) == [label for label, *_ in PEER_TARGETS]
+    # the partition-scale targets follow; this suite ran no partitions section
+    scale = got[8 + len(PEER_TARGETS):]
+    assert [(t["threshold"], t["value"], t["met"]) for t in scale] == [
+        (1.5, None, None), (10.0, None, None), (100.0, None, None)]
     for t in peer.values():
         assert t["threshold"] is None and t["met"] is None
     assert peer["push 1-item JSON vs rabbitmq-quorum (x)"]["value"] == 2.0
