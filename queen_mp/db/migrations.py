@@ -152,10 +152,11 @@ def package_sql_root() -> Traversable:
     return resources.files("queen_mp") / "sql"
 
 
-def _read(path: Traversable) -> str:
+def _read(path: Traversable) -> tuple[str, str]:
+    """The file's text and the sha256 hex of its bytes."""
     data = path.read_bytes()
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8"), hashlib.sha256(data).hexdigest()
     except UnicodeDecodeError as ex:
         raise MigrationError(f"{path.name} is not valid UTF-8: {ex}") from ex
 
@@ -185,10 +186,8 @@ def load_migrations(schema_dir: Traversable | Path) -> list[Migration]:
             raise MigrationError(
                 f"{path.name} and {found[version].filename} share migration number {version}"
             )
-        text = _read(path)
-        found[version] = Migration(
-            version, path.name, hashlib.sha256(text.encode()).hexdigest(), text
-        )
+        text, checksum = _read(path)
+        found[version] = Migration(version, path.name, checksum, text)
     return [found[v] for v in sorted(found)]
 
 
@@ -202,12 +201,12 @@ def load_sql_tree(root: Traversable | Path) -> SqlTree:
     for path in _sql_files(folder) if folder.is_dir() else []:
         if _FAMILY_RE.match(path.name) is None:
             raise MigrationError(f"{path}: function files must be named family.sql (a-z, 0-9, _)")
-        text = _read(path)
-        functions.append(FunctionFile(path.name, hashlib.sha256(text.encode()).hexdigest(), text))
+        text, checksum = _read(path)
+        functions.append(FunctionFile(path.name, checksum, text))
     legacy: list[tuple[int, str, str]] = []
     listing = root / _LEGACY_LIST
     if listing.is_file():
-        for line in _read(listing).splitlines():
+        for line in _read(listing)[0].splitlines():
             checksum, _, filename = line.partition("  ")
             match = _FILE_RE.match(filename)
             if match is None or len(checksum) != 64:

@@ -17,9 +17,6 @@ from queen_mp.db import connect as db_connect
 
 PACKAGE = Path(__file__).resolve().parents[2] / "queen_mp"
 HELPER = "queen_mp/db/connect.py"
-# modules outside queen_mp/db that may still import psycopg or psycopg_pool, and why
-IMPORTS_ALLOWED: dict[str, str] = {}
-
 _FACTORY_CLASSES = {"Connection", "AsyncConnection"}
 _POOLS = {"ConnectionPool", "AsyncConnectionPool", "NullConnectionPool",
           "AsyncNullConnectionPool"}
@@ -117,9 +114,7 @@ def test_only_the_db_connect_helper_opens_connections() -> None:
 def test_psycopg_stays_inside_queen_mp_db() -> None:
     importing = {rel for rel, tree in _modules()
                  if not rel.startswith("queen_mp/db/") and _psycopg_names(tree)}
-    assert importing <= set(IMPORTS_ALLOWED), sorted(importing - set(IMPORTS_ALLOWED))
-    # an allowance nobody needs any more goes
-    assert importing == set(IMPORTS_ALLOWED), sorted(set(IMPORTS_ALLOWED) - importing)
+    assert importing == set(), sorted(importing)
 
 
 def test_the_session_options_pin_synchronous_commit_last() -> None:
