@@ -59,6 +59,7 @@ import zlib
 from array import array
 from collections import Counter
 from dataclasses import asdict, dataclass, field
+from typing import Any
 from urllib.parse import urlsplit
 
 __all__ = ["FORMATS", "LoadRun", "LoadSpec", "payload", "percentiles", "run_load"]
@@ -342,7 +343,53 @@ class _Ledger:
 
 
 # ---------------------------------------------------------------------------------- worker side
-class _Worker:
+class PushTally:
+    """What a closed-loop push worker counts over its window, and its report in the shape
+    ``merge`` reads: the worker of this module, and those of bench/pgclients.py and
+    bench/peers.py."""
+
+    def __init__(self) -> None:
+        self.queued_all = 0  # queued items of every answer, late ones included
+        self.items_ok = 0
+        self.ok = 0
+        self.late = 0
+        self.statuses: Counter[str] = Counter()
+        self.errors: Counter[str] = Counter()
+        self.samples: list[str] = []
+        self.lat = array("d")
+
+    def sample(self, what: str) -> None:
+        if len(self.samples) < 5:
+            self.samples.append(what[:400])
+
+    def answered(self, t0: float, t1: float, end: float, items: int) -> None:
+        """A request of ``items`` all queued, sent at ``t0`` and answered at ``t1``."""
+        self.queued_all += items
+        if t1 > end:
+            self.late += 1
+        else:
+            self.ok += 1
+            self.items_ok += items
+            self.lat.append(t1 - t0)
+
+    def report(self, connections: int, start_at: float, started_wall: float, window_s: float,
+               ru0: resource.struct_rusage, ru1: resource.struct_rusage,
+               statuses: dict[str, int] | None = None, **extra: Any) -> dict[str, Any]:
+        """``statuses``: by answer status, default what ``self.statuses`` counted."""
+        return {
+            "pid": os.getpid(), "connections": connections, "started_at": started_wall,
+            "start_skew_s": started_wall - start_at, "window_s": window_s,
+            "ok_requests": self.ok, "items_ok": self.items_ok, "late_requests": self.late,
+            "queued_all": self.queued_all,
+            "statuses": dict(self.statuses) if statuses is None else statuses,
+            "errors": dict(self.errors), "error_samples": self.samples,
+            "cpu_s": (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime),
+            **extra,
+            "latencies_b64": base64.b64encode(self.lat.tobytes()).decode(),
+        }
+
+
+class _Worker(PushTally):
     def __init__(self, host: str, port: int, path: str, items: int, partitions: int, queue: str,
                  spread: str, timeout: float, producer_prefix: str, seed: int,
                  fmt: str = "json", ledger_dir: str | None = None) -> None:
@@ -370,14 +417,7 @@ class _Worker:
         # the window cost the generator 2.7 instead of 0.9 us a message under 1,000-item QPB1
         # pushes, CPU taken from the broker on a 2-core machine.
         self.unfiled: list[tuple[bytes, int, int, bytes, bytes | None]] = []
-        self.queued_all = 0  # queued items of every 201, late ones included (integrity check)
-        self.items_sent = 0
-        self.ok = 0
-        self.late = 0
-        self.statuses: Counter[str] = Counter()
-        self.errors: Counter[str] = Counter()
-        self.samples: list[str] = []
-        self.lat = array("d")
+        super().__init__()
         self.end = 0.0
 
     def body(self, producer: bytes, seq: int, pay: _Payloads | None = None
@@ -398,10 +438,6 @@ class _Worker:
         tpl = self.item_tpl
         items = [tpl % (parts[i], producer, seq + i, pay(seq + i)) for i in range(n)]
         return b'{"items":[' + b",".join(items) + b"]}", seq + n, None
-
-    def sample(self, what: str) -> None:
-        if len(self.samples) < 5:
-            self.samples.append(what[:400])
 
     async def open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         return await asyncio.open_connection(self.host, self.port, limit=1 << 20)
@@ -506,7 +542,7 @@ class _Worker:
                     ok = self.account(status, answer)
                     if ok:
                         self.ok += 1
-                        self.items_sent += self.items
+                        self.items_ok += self.items
                         self.lat.append(t1 - t0)
                 if close or not ok:
                     writer.close()
@@ -556,17 +592,8 @@ class _Worker:
             self.unfiled = []
             self.ledger.write(self.ledger_path)
             filing_s = time.process_time() - t0
-        return {
-            "pid": os.getpid(), "connections": connections, "started_at": started_wall,
-            "start_skew_s": started_wall - start_at, "window_s": duration,
-            "ok_requests": self.ok, "items_ok": self.items_sent, "late_requests": self.late,
-            "queued_all": self.queued_all,
-            "statuses": dict(self.statuses), "errors": dict(self.errors),
-            "error_samples": self.samples,
-            "cpu_s": (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime),
-            "ledger_filing_cpu_s": filing_s,
-            "latencies_b64": base64.b64encode(self.lat.tobytes()).decode(),
-        }
+        return self.report(connections, start_at, started_wall, duration, ru0, ru1,
+                           ledger_filing_cpu_s=filing_s)
 
 
 def _worker_main(argv: list[str]) -> None:

@@ -63,7 +63,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import contextlib
 import json
 import os
@@ -83,7 +82,7 @@ from pathlib import Path
 from typing import Any, cast
 from urllib.parse import urlsplit
 
-from bench.loadgen import WorkerGroup, _Payloads, merge, percentiles, split
+from bench.loadgen import PushTally, WorkerGroup, _Payloads, merge, percentiles, split
 
 __all__ = ["CODE", "DEFAULT_NATS_SERVER", "DEFAULT_NATS_URL", "DEFAULT_RABBITMQ_URL", "DURABILITY",
            "PEERS", "PEER_BATCHES", "Peer", "PeerLoadRun", "PeerLoadSpec", "PeerSet",
@@ -631,21 +630,14 @@ def _publisher(spec: PeerLoadSpec) -> _RabbitPublisher | _NatsPublisher:
     return (_RabbitPublisher if family(spec.arm) == "rabbitmq" else _NatsPublisher)(spec)
 
 
-class _PushWorker:
+class _PushWorker(PushTally):
     """bench/pgclients.py's push worker with a peer's publishers: ``n`` closed loops, each
     on its own connection opened before the window."""
 
     def __init__(self, spec: PeerLoadSpec, proc: int) -> None:
+        super().__init__()
         self.spec = spec
         self.prefix = f"{spec.tag}w{proc}"
-        self.queued_all = self.items_ok = self.ok = self.late = 0
-        self.errors: Counter[str] = Counter()
-        self.samples: list[str] = []
-        self.lat = array("d")
-
-    def sample(self, what: str) -> None:
-        if len(self.samples) < 5:
-            self.samples.append(what[:400])
 
     async def _open(self) -> _RabbitPublisher | _NatsPublisher | None:
         pub = _publisher(self.spec)
@@ -687,14 +679,7 @@ class _PushWorker:
                 await pub.close()
                 pub = None
                 continue
-            t1 = clock()
-            self.queued_all += n
-            if t1 > end:
-                self.late += 1
-            else:
-                self.ok += 1
-                self.items_ok += n
-                self.lat.append(t1 - t0)
+            self.answered(t0, clock(), end, n)
         if pub is not None:
             await pub.close()
 
@@ -707,15 +692,8 @@ class _PushWorker:
         await asyncio.gather(*(self.connection(p, i, start + self.spec.duration)
                                for i, p in enumerate(pubs)))
         ru1 = resource.getrusage(resource.RUSAGE_SELF)
-        return {
-            "pid": os.getpid(), "connections": connections, "started_at": started_wall,
-            "start_skew_s": started_wall - start_at, "window_s": self.spec.duration,
-            "ok_requests": self.ok, "items_ok": self.items_ok, "late_requests": self.late,
-            "queued_all": self.queued_all, "statuses": {"queued": self.items_ok},
-            "errors": dict(self.errors), "error_samples": self.samples,
-            "cpu_s": (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime),
-            "latencies_b64": base64.b64encode(self.lat.tobytes()).decode(),
-        }
+        return self.report(connections, start_at, started_wall, self.spec.duration, ru0, ru1,
+                           statuses={"queued": self.items_ok})
 
 
 class PeerLoadRun(WorkerGroup):

@@ -57,7 +57,15 @@ from typing import Any, cast
 import psycopg
 from psycopg.types.json import Jsonb, set_json_loads
 
-from bench.loadgen import PAYLOAD_BYTES, WorkerGroup, merge, payload, percentiles, split
+from bench.loadgen import (
+    PAYLOAD_BYTES,
+    PushTally,
+    WorkerGroup,
+    merge,
+    payload,
+    percentiles,
+    split,
+)
 
 __all__ = ["PAYLOAD_BYTES", "PgLoadRun", "PgLoadSpec", "PgmqConsumeRun", "PgmqConsumeSpec",
            "create_pgmq_queue", "create_physical_table", "install_pgmq", "pgmq_e2e"]
@@ -166,23 +174,13 @@ class _Short(Exception):
     pass
 
 
-class _PushWorker:
+class _PushWorker(PushTally):
     def __init__(self, spec: PgLoadSpec, proc: int) -> None:
+        super().__init__()
         self.spec = spec
         self.prefix = f"{spec.tag}w{proc}"
         self.rng = random.Random(zlib.crc32(self.prefix.encode()))
-        self.queued_all = 0
-        self.items_ok = 0
-        self.ok = 0
-        self.late = 0
-        self.errors: Counter[str] = Counter()
-        self.samples: list[str] = []
-        self.lat = array("d")
         self.ledger: dict[str, list[list[int]]] = {}
-
-    def sample(self, what: str) -> None:
-        if len(self.samples) < 5:
-            self.samples.append(what[:400])
 
     async def call(self, conn: psycopg.AsyncConnection[Any], producer: bytes, seq: int) -> None:
         n = self.spec.items
@@ -235,13 +233,7 @@ class _PushWorker:
             t1 = clock()
             self.committed(name, seq, n)
             seq += n
-            self.queued_all += n
-            if t1 > end:
-                self.late += 1
-            else:
-                self.ok += 1
-                self.items_ok += n
-                self.lat.append(t1 - t0)
+            self.answered(t0, t1, end, n)
         await _close(conn)
 
     async def run(self, connections: int, start_at: float) -> dict:
@@ -264,15 +256,8 @@ class _PushWorker:
         ru1 = resource.getrusage(resource.RUSAGE_SELF)
         if self.spec.ledger_dir:
             _write_json(os.path.join(self.spec.ledger_dir, f"{self.prefix}.json"), self.ledger)
-        return {
-            "pid": os.getpid(), "connections": connections, "started_at": started_wall,
-            "start_skew_s": started_wall - start_at, "window_s": self.spec.duration,
-            "ok_requests": self.ok, "items_ok": self.items_ok, "late_requests": self.late,
-            "queued_all": self.queued_all, "statuses": {"queued": self.items_ok},
-            "errors": dict(self.errors), "error_samples": self.samples,
-            "cpu_s": (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime),
-            "latencies_b64": base64.b64encode(self.lat.tobytes()).decode(),
-        }
+        return self.report(connections, start_at, started_wall, self.spec.duration, ru0, ru1,
+                           statuses={"queued": self.items_ok})
 
 
 def _write_json(path: str, doc: object) -> None:
