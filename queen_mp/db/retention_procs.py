@@ -9,7 +9,7 @@ from typing import Any
 import psycopg
 
 __all__ = ["OTHER_TENANTS_LABEL", "RetentionStep", "dlq_depth", "reclaim_leases",
-           "retention_candidates", "retention_step", "try_lock", "unlock"]
+           "repair_ready", "retention_candidates", "retention_step", "try_lock", "unlock"]
 
 Conn = psycopg.AsyncConnection[Any]
 
@@ -50,6 +50,15 @@ async def retention_step(conn: Conn, partition_id: int, limit: int) -> Retention
     doc = row[0]
     return RetentionStep(int(doc.get("segments") or 0), int(doc.get("txns") or 0),
                          bool(doc.get("more")))
+
+
+async def repair_ready(conn: Conn) -> int:
+    """``log_ready_repair_v1`` (functions/groups.sql): rows of the ready index it had to add;
+    0 unless an older build ran against the database or a writer broke the protocol."""
+    cur = await conn.execute("SELECT queen.log_ready_repair_v1()")
+    row = await cur.fetchone()
+    assert row is not None
+    return int(row[0])
 
 
 async def reclaim_leases(conn: Conn, limit: int) -> int:

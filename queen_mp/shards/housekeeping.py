@@ -1,6 +1,6 @@
 """Housekeeping of one shard: time retention of segments, the transactionId sidecar's own
-clock, expired leases and expired KV keys (docs/api.md 4; issue "Operations"), and the DLQ depth
-gauge.
+clock, expired leases and expired KV keys (docs/api.md 4; issue "Operations"), the ready index's
+backstop (schema/002_ready_index.sql) and the DLQ depth gauge.
 
 Every shard runs one, each taking the partitions ``id % shards == index``, so the work is split
 without coordination. Every step is its own short transaction on one partition (one partition
@@ -78,7 +78,7 @@ class Housekeeping:
 
     async def _round(self, conn: Conn) -> dict[str, int]:
         step = self.db.step
-        done = {"segments": 0, "txns": 0, "leases": 0, "kv": 0, "skipped": 0}
+        done = {"segments": 0, "txns": 0, "leases": 0, "kv": 0, "ready": 0, "skipped": 0}
         if not await step(retention_procs.try_lock(conn, *self.lock_key)):
             done["skipped"] = 1
             await self._dlq_gauge(conn)
@@ -124,6 +124,12 @@ class Housekeeping:
                 done["kv"] += n
                 if n < _BATCH:
                     break
+            # NOTE(queen): the triggers keep the ready index true; a row this finds is a
+            # cursor that pops could not see (an older build's, or a bug's), so say so.
+            done["ready"] = await step(retention_procs.repair_ready(conn))
+            if done["ready"]:
+                log.warning("ready index: %d cursor rows or flags were missing and are "
+                            "repaired", done["ready"])
 
     async def _dlq_gauge(self, conn: Conn) -> None:
         """Every instance's shard 0 keeps its own gauge, whoever ran the round."""

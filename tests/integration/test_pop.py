@@ -1141,32 +1141,3 @@ def test_concurrent_auto_ack_consumers_get_every_message_exactly_once(broker):
     for p in range(5):
         mine = sorted(o for name, o in seen if name == f"p{p}")
         assert mine == list(range(1, 21))
-
-
-
-def test_a_generic_plan_of_the_pop_joins_no_candidate_to_the_cursors_it_creates(broker, db):
-    """The candidate statement of log_pop_v1 under a generic plan (what plpgsql settles on once
-    a connection has popped a few small queues) must not join the candidates with the cursor
-    rows the same statement creates: as a nested loop that join paired every candidate with
-    every new cursor, and a first pop of a 20,000-partition queue on such a connection took
-    14.3 s instead of 0.34 s (psql, the queue's first pop after 12 pops of a 10-partition
-    queue). The plan is read from auto_explain, not timed."""
-    q, g = uq("pop"), uq("g")
-    push(broker.client, [{"queue": q, "partition": f"p{p}", "payload": {"i": p}}
-                         for p in range(30)])
-    plans: list[str] = []
-    db.add_notice_handler(lambda diag: plans.append(diag.message_primary or ""))
-    with db.transaction(force_rollback=True):
-        db.execute("LOAD 'auto_explain'")
-        for name, value in (("plan_cache_mode", "force_generic_plan"),
-                            ("auto_explain.log_min_duration", "0"),
-                            ("auto_explain.log_nested_statements", "on"),
-                            ("auto_explain.log_level", "notice")):
-            db.execute("SELECT set_config(%s, %s, true)", (name, value))
-        rows = db.execute(
-            "SELECT partition_name FROM queen.log_pop_v1(%s, %s, NULL, NULL, NULL, %s, 1, 1,"
-            " true, 'all', NULL, NULL, 5000)", (uuid.UUID(int=0), q, g)).fetchall()
-    assert len(rows) == 1
-    candidates = [p for p in plans if "Insert on log_consumers" in p]
-    assert len(candidates) == 1, plans
-    assert "CTE Scan on created" not in candidates[0], candidates[0]

@@ -76,7 +76,9 @@ def one_per_push(client: httpx.Client, queue: str, partition: str, n: int) -> No
 def busy(broker, db):
     """Queue ``<ns>.jobs.<x>``: partition A (3 messages, one segment each), B (2 messages).
     Group g1 holds a live lease on A's offsets 1..2 (cursor 0); group g2 dead-lettered B's
-    offset 1 (cursor 1). Queue mode never popped."""
+    offset 1 (cursor 1). Queue mode never popped. Each group's first pop gave it a cursor on
+    both partitions at the log start (the ready index, schema/002): g1 at 0 on B, g2 at 0 on
+    A, so B's lowest cursor is g1's 0."""
     ns = uq("rns")
     q = f"{ns}.jobs.x"
     one_per_push(broker.client, q, "A", 3)
@@ -129,8 +131,8 @@ def test_queue_list_filters_and_paging(broker, db, busy):
                         "partitions", "messages"}
     assert isinstance(row["id"], str) and row["id"].isdigit()
     assert (row["namespace"], row["task"], row["partitions"]) == (ns, "jobs", 2)
-    # A: lowest cursor 0 -> 3; B: lowest cursor (g2) 1 -> 1. Processing: g1's 2 leased.
-    assert row["messages"] == {"total": 5, "pending": 4, "processing": 2, "deadLetter": 1}
+    # A: lowest cursor 0 -> 3; B: lowest cursor (g1) 0 -> 2. Processing: g1's 2 leased.
+    assert row["messages"] == {"total": 5, "pending": 5, "processing": 2, "deadLetter": 1}
     o = next(x for x in body["queues"] if x["name"] == other)
     assert (o["task"], o["priority"], o["partitions"]) == ("other", 5, 0)
     assert o["messages"] == {"total": 0, "pending": 0, "processing": 0, "deadLetter": 0}
@@ -166,16 +168,16 @@ def test_queue_detail(broker, db, busy):
         3, 1, 2, 1)
     assert ISO_MS_Z.match(a["createdAt"]) and ISO_MS_Z.match(a["lastWriteAt"])
     assert a["messages"] == {"total": 3, "pending": 3, "processing": 2}
-    assert b["messages"] == {"total": 2, "pending": 1, "processing": 0}
-    assert d["totals"] == {"partitions": 2, "messages": {"total": 5, "pending": 4,
+    assert b["messages"] == {"total": 2, "pending": 2, "processing": 0}
+    assert d["totals"] == {"partitions": 2, "messages": {"total": 5, "pending": 5,
                                                          "processing": 2, "deadLetter": 1}}
     groups = {g["name"]: g for g in d["consumerGroups"]}
     assert list(groups) == ["g1", "g2"]
-    # g1: A behind cursor 0 -> 3; B: no cursor, its first pop starts at the log start -> 2
-    assert groups["g1"]["partitions"] == 1
+    # g1: A behind cursor 0 -> 3; B: cursor at the log start (its first start) -> 2
+    assert groups["g1"]["partitions"] == 2
     assert (groups["g1"]["pending"], groups["g1"]["processing"], groups["g1"]["members"]) == (
         5, 2, 1)
-    # g2: B behind cursor 1 -> 1; A: no cursor -> 3
+    # g2: B behind cursor 1 -> 1; A: cursor at the log start -> 3
     assert (groups["g2"]["pending"], groups["g2"]["processing"]) == (4, 0)
     assert groups["g2"]["totalConsumed"] == 1
     assert groups["g2"]["subscriptionMode"] is not None
@@ -183,12 +185,14 @@ def test_queue_detail(broker, db, busy):
     # the status variant adds every group's cursors
     s = get(broker.client, f"/api/v1/status/queues/{q}")
     sg = {g["name"]: g for g in s["consumerGroups"]}
-    (c1,) = sg["g1"]["cursors"]
+    c1, c1b = sg["g1"]["cursors"]
     assert (c1["partition"], c1["committedOffset"], c1["lastOffset"], c1["pending"]) == (
         "A", 0, 3, 3)
+    assert (c1b["partition"], c1b["committedOffset"], c1b["pending"]) == ("B", 0, 2)
     assert c1["leaseActive"] is True and (c1["batchStart"], c1["batchEnd"]) == (1, 2)
     assert ISO_MS_Z.match(c1["leaseExpiresAt"])
-    (c2,) = sg["g2"]["cursors"]
+    c2a, c2 = sg["g2"]["cursors"]
+    assert (c2a["partition"], c2a["committedOffset"], c2a["leaseActive"]) == ("A", 0, False)
     assert (c2["partition"], c2["committedOffset"], c2["leaseActive"]) == ("B", 1, False)
 
     for path in (f"{R}/queues/{uq('nope')}", f"/api/v1/status/queues/{uq('nope')}",
@@ -203,10 +207,10 @@ def test_depth_with_and_without_group(broker, db, busy):
             "partitions"}
     d = get(broker.client, f"{R}/queues/{q}/depth")
     assert set(d) == keys
-    assert d == {"queue": q, "group": None, "pending": 4, "partitionsPending": 2,
-                 "conflation": False, "effectivePending": 4,
+    assert d == {"queue": q, "group": None, "pending": 5, "partitionsPending": 2,
+                 "conflation": False, "effectivePending": 5,
                  "partitions": [{"partition": "A", "pending": 3},
-                                {"partition": "B", "pending": 1}]}
+                                {"partition": "B", "pending": 2}]}
     g2 = get(broker.client, f"{R}/queues/{q}/depth", group="g2")
     assert (g2["group"], g2["pending"], g2["effectivePending"]) == ("g2", 4, 4)
     assert g2["partitions"] == [{"partition": "A", "pending": 3},
@@ -215,12 +219,12 @@ def test_depth_with_and_without_group(broker, db, busy):
     fresh = get(broker.client, f"{R}/queues/{q}/depth", group="never")
     assert (fresh["pending"], fresh["partitionsPending"]) == (5, 2)
 
-    # g1 completes its batch: A's only cursor (g1) moves to 2
+    # g1 completes its batch: A's g1 cursor moves to 2, g2's stays at 0 (A's lowest)
     for m in busy["leased"]["messages"]:
         ack(broker.client, m, "completed")
     d = get(broker.client, f"{R}/queues/{q}/depth")
-    assert d["partitions"] == [{"partition": "A", "pending": 1},
-                               {"partition": "B", "pending": 1}]
+    assert d["partitions"] == [{"partition": "A", "pending": 3},
+                               {"partition": "B", "pending": 2}]
     # a group whose subscription record starts after every message has nothing pending
     db.execute("INSERT INTO queen.consumer_groups_meta (queue_id, consumer_group,"
                " subscription_mode, subscription_from) SELECT id, 'late', 'timestamp',"
@@ -309,7 +313,7 @@ def test_queue_delete_removes_everything_under_it(broker, db, busy):
                " message_id) VALUES (%s, 'k1', now() + interval '1 hour', 't', %s)",
                (qid, uuid.uuid4()))
     before = _footprint(db, q, pids, qid)
-    assert before == {"queues": 1, "partitions": 2, "segments": 5, "txns": 5, "cursors": 2,
+    assert before == {"queues": 1, "partitions": 2, "segments": 5, "txns": 5, "cursors": 4,
                       "meta": 2, "dlq": 1, "timers": 1}
     r = broker.client.delete(f"{R}/queues/{q}")
     assert r.status_code == 200, r.text
@@ -400,7 +404,7 @@ def test_status_shape_and_exact_ingested(broker, db, busy):
     assert all(p["processed"] is None for p in s["throughput"])
     (row,) = s["queues"]
     assert row["name"] == q and row["partitions"] == 3
-    assert s["messages"] == row["messages"] == {"total": 9, "pending": 8, "processing": 2,
+    assert s["messages"] == row["messages"] == {"total": 9, "pending": 9, "processing": 2,
                                                 "deadLetter": 1}
     assert s["leases"] == {"active": 1, "partitionsWithLeases": 1}
     # the DLQ row was filed just now: outside [start, start + 10 min)
@@ -431,7 +435,7 @@ def test_status_queues_and_analytics(broker, db, busy):
     body = get(broker.client, "/api/v1/status/queues", namespace=ns, limit=5)
     assert body["total"] == 1 and body["pagination"] == {"limit": 5, "offset": 0}
     assert body["queues"][0]["name"] == q
-    assert body["queues"][0]["messages"]["pending"] == 4
+    assert body["queues"][0]["messages"]["pending"] == 5
 
     a = get(broker.client, "/api/v1/status/analytics", queue=q, interval="minute")
     assert set(a) == {"dataPoints", "interval", "from", "to"}
@@ -506,7 +510,7 @@ def test_the_26_client_admin_calls(broker, db, busy):
     out = asyncio.run(go())
     assert out["queues"]["total"] == 1 and out["queues"]["queues"][0]["name"] == q
     assert out["queue"]["name"] == q and len(out["queue"]["partitions"]) == 2
-    assert out["depth"]["pending"] == 4 and out["depth_g"]["pending"] == 5
+    assert out["depth"]["pending"] == 5 and out["depth_g"]["pending"] == 5
     assert out["partitions"]["total"] == 2
     assert out["status"]["queues"][0]["name"] == q
     assert out["stats"]["total"] == 1

@@ -29,6 +29,7 @@ from queen_mp.db.migrations import apply_migrations, load_sql_tree
 from tests.pgharness import SQL_DIR, drop_database, make_database
 
 LEGACY = Path(__file__).parent / "data" / "legacy_chain_bfc65e0.tar.gz"
+FUNCTIONS = 85  # functions and trigger functions the family files define
 
 
 @pytest.fixture(scope="module")
@@ -108,15 +109,18 @@ def test_an_old_chain_database_upgrades_to_exactly_a_fresh_one(legacy, two_dbs):
 
     tree = load_sql_tree(SQL_DIR)
     families = [f"functions/{f.filename}" for f in tree.functions]
-    assert apply_migrations(upgraded, SQL_DIR) == families  # adopted: no schema file runs
-    assert apply_migrations(fresh, SQL_DIR) == ["001_baseline.sql", *families]
+    # adopted: the old chain's end state is 001's, so only the later schema files run
+    later = [m.filename for m in tree.migrations[1:]]
+    assert apply_migrations(upgraded, SQL_DIR) == [*later, *families]
+    assert apply_migrations(fresh, SQL_DIR) == ["001_baseline.sql", *later, *families]
     assert apply_migrations(upgraded, SQL_DIR) == apply_migrations(fresh, SQL_DIR) == []
 
     old, new = snapshot(upgraded), snapshot(fresh)
     for key in new:
         assert old[key] == new[key], key
-    assert new["migrations"] == [(1, "001_baseline.sql", tree.migrations[0].checksum)]
-    assert before == (len(new["functions"]),) == (79,)  # type: ignore[arg-type]
+    assert new["migrations"] == [(m.version, m.filename, m.checksum) for m in tree.migrations]
+    assert before == (79,)  # the old chain's functions
+    assert len(new["functions"]) == FUNCTIONS  # type: ignore[arg-type]
 
 
 def test_a_database_stopped_inside_the_old_chain_is_refused(legacy, tmp_path, two_dbs):
@@ -161,7 +165,7 @@ def test_a_changed_family_file_is_reapplied_and_what_no_file_defines_is_dropped(
     extra.unlink()
     assert apply_migrations(dsn, root) == ["functions/zz_extra.sql"]
     assert not any(n.startswith("queen.extra_v1") for n in functions_of(dsn))
-    assert len(functions_of(dsn)) == 79
+    assert len(functions_of(dsn)) == FUNCTIONS
     assert apply_migrations(dsn, root) == []
 
 
@@ -199,5 +203,5 @@ def test_instances_starting_at_once_apply_everything_once(two_dbs):
     for proc in procs:
         proc.join(timeout=30)
     assert outcomes[:2] == [[], []]
-    assert outcomes[2][0] == "001_baseline.sql" and len(outcomes[2]) == 14
-    assert len(functions_of(two_dbs[0])) == 79
+    assert outcomes[2][0] == "001_baseline.sql" and len(outcomes[2]) == 15
+    assert len(functions_of(two_dbs[0])) == FUNCTIONS

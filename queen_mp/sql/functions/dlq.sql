@@ -18,15 +18,16 @@
 -- Tables touched:
 --   queen.log_dlq         read (list, find); DELETE (retry, delete)
 --   queen.queues          read only (tenant, name, encryption_enabled)
---   queen.log_partitions  read (list, find); SELECT ... FOR UPDATE and the allocator UPDATE
+--   queen.log_partitions  read (list, find); SELECT ... FOR NO KEY UPDATE and the allocator UPDATE
 --                         (retry only, through log_push_one_v1)
 --   queen.log_segments, queen.log_txns  INSERT one row each (retry only, log_push_one_v1)
 --
 -- Lock order (design.md invariant 4; schema/001_baseline.sql header):
---   dlq_retry_v1 locks exactly ONE log_partitions row, FIRST (SELECT ... FOR UPDATE OF the
+--   dlq_retry_v1 locks exactly ONE log_partitions row, FIRST (SELECT ... FOR NO KEY UPDATE OF the
 --   partition, before anything else), then deletes log_dlq rows, then calls log_push_one_v1,
---   which re-locks the row it already holds. No log_consumers row is ever locked here, so the
---   order partition -> consumer can never be inverted. log_dlq rows are outside the global
+--   which re-locks the row it already holds. Consumer rows are touched only by the allocator's
+--   statement trigger (ready_at, triggers.sql), after the partition row: the order
+--   partition -> consumer is kept. log_dlq rows are outside the global
 --   order: the ack path only INSERTs them (under a consumer row lock, never waiting on a
 --   log_dlq row lock), and dlq_delete_v1 locks log_dlq rows alone, so a retry waiting on a
 --   delete (or the other way round) cannot close a cycle. Two retries of the same rows
@@ -240,7 +241,7 @@ BEGIN
     FROM queen.log_partitions lp
     JOIN queen.queues q ON q.id = lp.queue_id
     WHERE lp.id = p_partition_id AND q.tenant = p_tenant
-    FOR UPDATE OF lp;
+    FOR NO KEY UPDATE OF lp;
 
     IF NOT FOUND THEN
         SELECT q.name INTO v_queue

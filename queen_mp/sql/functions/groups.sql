@@ -14,16 +14,22 @@
 --       cursor_rows): record a 'timestamp' start and move the cursors not consumed from yet.
 --   queen.group_seek_v1(uuid, text, text, text, timestamptz) -> int8: move every cursor of a
 --       queue to the log start, the log end or a time; NULL = unknown queue.
---   Calls queen.log_cursor_before_v1 (pop.sql).
+--   queen.group_start_v1(int8[], text) -> int8: the cursor rows of a group's start on some
+--       queues (every partition, at the recorded start); called by the pop and the repair.
+--   queen.log_ready_repair_v1() -> int8: cursor rows and ready flags an older build left
+--       missing (schema/002_ready_index.sql); run by the function families and housekeeping.
+--   Calls queen.log_cursor_before_v1 and queen.log_pending_at_v1 (pop.sql).
 --
 -- Tables touched:
---   queen.queues                read only (tenant, name -> id)
+--   queen.queues                read; FOR UPDATE in group_start_v1 (see lock order)
 --   queen.log_partitions        read only (last_offset, log_start_offset); see lock order
 --   queen.log_segments          read only (created_at of the first unconsumed message; the
 --                               segment at or after a time, through log_cursor_before_v1)
 --   queen.log_consumers         read; DELETE (group_delete_v1); UPDATE cursor/lease/retry
---                               columns (subscription, seek); INSERT missing rows (seek)
---   queen.consumer_groups_meta  read; DELETE (group_delete_v1); INSERT/UPDATE (subscription)
+--                               columns (subscription, seek); INSERT missing rows (seek,
+--                               group_start_v1, log_ready_repair_v1)
+--   queen.consumer_groups_meta  read; DELETE (group_delete_v1); INSERT/UPDATE (subscription);
+--                               UPDATE started (group_delete_v1 keeping the records, repair)
 --
 -- Lock order (design.md invariant 4; the same as log_pop_v1 in pop.sql, which records
 --   the group's consumer_groups_meta row before it creates or locks any cursor row):
@@ -32,11 +38,17 @@
 --      SELECT ... ORDER BY partition_id FOR UPDATE before the DELETE / UPDATE that changes
 --      them. group_seek_v1 first inserts the missing rows (ascending, ON CONFLICT DO NOTHING,
 --      as log_pop_v1 does), then locks all of them.
---   No log_partitions or queues row is locked explicitly. The only locks on them are the
---   FOR KEY SHARE locks of foreign key checks: seek's cursor inserts (-> log_partitions) and
---   subscription's record upsert (-> queues). Both run before this transaction holds any
---   existing consumer row, so a push holding its partition row (which never waits for a
---   consumer row) delays them at worst; UPDATE and DELETE of these rows take no such lock.
+--   queues rows come before everything: a first pop (and the repair) takes them FOR UPDATE
+--   (ascending id), then writes the records, then inserts cursor rows (group_start_v1);
+--   group_delete_v1 keeping the records takes queue rows and records FOR UPDATE before any
+--   cursor; subscription's upsert waits for the queue row (FOR KEY SHARE) before it writes
+--   the record. That FOR UPDATE and the FOR KEY SHARE that a partition's creation takes on
+--   its queue row (log_partitions_cursors, triggers.sql) exclude each other, so every
+--   partition created around a group's start gets its cursor.
+--   No log_partitions row is locked explicitly. The only locks on them are the FOR KEY SHARE
+--   locks of foreign key checks (cursor inserts -> log_partitions, record upserts -> queues)
+--   and the trigger's FOR SHARE SKIP LOCKED (never waits). A push holds its partition rows
+--   with FOR NO KEY UPDATE, which a FOR KEY SHARE does not wait for.
 --
 -- SQLSTATEs raised:
 --   22023  invalid_parameter_value: NULL group name; group_seek_v1 with a target other than
@@ -240,6 +252,24 @@ BEGIN
         RAISE EXCEPTION 'group_delete_v1: group name required' USING ERRCODE = '22023';
     END IF;
 
+    IF NOT p_delete_metadata THEN
+        -- The group keeps its recorded starts, no longer started: its next pop creates its
+        -- cursor rows from them again (group_start_v1). Queue rows, then the records, then
+        -- the cursors: the order a first pop takes them in.
+        PERFORM 1
+        FROM queen.consumer_groups_meta m
+        JOIN queen.queues q ON q.id = m.queue_id
+        WHERE q.tenant = p_tenant AND (p_queue IS NULL OR q.name = p_queue)
+          AND m.consumer_group = p_group
+        ORDER BY q.id
+        FOR UPDATE OF q, m;
+        UPDATE queen.consumer_groups_meta m SET started = false
+        FROM queen.queues q
+        WHERE q.id = m.queue_id AND q.tenant = p_tenant
+          AND (p_queue IS NULL OR q.name = p_queue)
+          AND m.consumer_group = p_group AND m.started;
+    END IF;
+
     IF p_delete_metadata THEN
         PERFORM 1
         FROM queen.consumer_groups_meta m
@@ -286,7 +316,8 @@ $$;
 --   2. log_consumers of those queues that the group has not consumed from yet
 --      (total_consumed = 0 and no live lease): committed_offset := log_cursor_before_v1(p_from);
 --      an expired lease there is released and the retry state reset (its batch is gone).
---      Partitions without a cursor row get their start from the record at their first pop.
+--      A record this call creates is not started (consumer_groups_meta.started): the group's
+--      next pop creates its cursor rows from p_from (group_start_v1).
 --   queues_found  1/0 for p_queue (0 = unknown queue, nothing done); with NULL the number of
 --                 queues the group has records for
 --   meta_rows     records inserted or updated; cursor_rows: cursor rows moved (also those whose
@@ -316,6 +347,9 @@ BEGIN
             RETURN QUERY SELECT 0::int8, 0::int8, 0::int8;
             RETURN;
         END IF;
+        -- The queue row before the record (a first pop holds it FOR UPDATE while it records
+        -- and starts the group: waiting here, not inside the upsert, keeps that acyclic).
+        PERFORM 1 FROM queen.queues q WHERE q.id = v_qids[1] FOR KEY SHARE;
         INSERT INTO queen.consumer_groups_meta AS m (queue_id, consumer_group,
                                                      subscription_mode, subscription_from)
         VALUES (v_qids[1], p_group, 'timestamp', p_from)
@@ -436,5 +470,123 @@ BEGIN
     WHERE lp.id = c.partition_id AND lp.queue_id = v_qid AND c.consumer_group = p_group;
     GET DIAGNOSTICS v_n = ROW_COUNT;
     RETURN v_n;
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- group_start_v1: the cursor rows of a group's start on some queues, one per partition, at the
+-- group's recorded start (consumer_groups_meta: NULL time = the log start, else the first
+-- message created at or after it), with ready_at set where something is pending. The ready
+-- index lists cursor rows only, so a started group must have one on every partition of its
+-- queue; partitions created later get theirs from log_partitions_cursors (triggers.sql). The
+-- caller marks the records started. Existing rows are left as they are. Returns the number of
+-- rows created.
+-- Locks: the queues rows FOR UPDATE, ascending (see the header), then speculative insertion
+-- locks on the new rows, ascending partition id.
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION queen.group_start_v1(p_queue_ids int8[], p_group text)
+RETURNS int8
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_n int8;
+BEGIN
+    PERFORM 1 FROM queen.queues q WHERE q.id = ANY (p_queue_ids) ORDER BY q.id FOR UPDATE;
+
+    INSERT INTO queen.log_consumers AS c (partition_id, consumer_group, committed_offset,
+                                          queue_id, ready_at)
+    SELECT s.id, p_group, s.start_c, s.queue_id,
+           CASE WHEN GREATEST(s.start_c + 1, s.log_start_offset) <= s.last_offset
+                THEN COALESCE(queen.log_pending_at_v1(
+                                  s.id, GREATEST(s.start_c + 1, s.log_start_offset)),
+                              clock_timestamp()) END
+    FROM (
+        SELECT lp.id, lp.queue_id, lp.last_offset, lp.log_start_offset,
+               CASE WHEN m.subscription_from IS NULL THEN lp.log_start_offset - 1
+                    ELSE queen.log_cursor_before_v1(lp.id, m.subscription_from) END AS start_c
+        FROM queen.consumer_groups_meta m
+        JOIN queen.log_partitions lp ON lp.queue_id = m.queue_id
+        WHERE m.queue_id = ANY (p_queue_ids) AND m.consumer_group = p_group
+          AND NOT EXISTS (SELECT 1 FROM queen.log_consumers x
+                          WHERE x.partition_id = lp.id AND x.consumer_group = p_group)
+        OFFSET 0
+    ) s
+    ORDER BY s.id
+    ON CONFLICT (partition_id, consumer_group) DO NOTHING;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    RETURN v_n;
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- log_ready_repair_v1: what the ready index needs and a broker of an older build (or a bug)
+-- left out: (1) `started` on records whose group has cursors (an older build's pops created
+-- them one by one); (2) the cursor rows of started groups on partitions they have none on
+-- (group_start_v1, at the recorded start); (3) queue_id where it is NULL; (4) ready_at on
+-- cursors that have something pending but no flag. It only ever adds rows and flags, so it is
+-- safe beside running pops, pushes and acks. Returns the number of rows created or set: 0
+-- when the triggers kept everything true (housekeeping logs anything else).
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION queen.log_ready_repair_v1()
+RETURNS int8
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_total int8 := 0;
+    v_n     int8;
+    r       record;
+BEGIN
+    -- (1) and (2), one record at a time, its queue row first (the lock order of the header)
+    FOR r IN
+        SELECT m.queue_id, m.consumer_group
+        FROM queen.consumer_groups_meta m
+        WHERE (NOT m.started
+               AND EXISTS (SELECT 1
+                           FROM queen.log_partitions lp
+                           JOIN queen.log_consumers c ON c.partition_id = lp.id
+                           WHERE lp.queue_id = m.queue_id
+                             AND c.consumer_group = m.consumer_group))
+           OR (m.started
+               AND EXISTS (SELECT 1 FROM queen.log_partitions lp
+                           WHERE lp.queue_id = m.queue_id
+                             AND NOT EXISTS (SELECT 1 FROM queen.log_consumers c
+                                             WHERE c.partition_id = lp.id
+                                               AND c.consumer_group = m.consumer_group)))
+        ORDER BY m.queue_id, m.consumer_group
+    LOOP
+        PERFORM 1 FROM queen.queues q WHERE q.id = r.queue_id FOR UPDATE;
+        UPDATE queen.consumer_groups_meta m SET started = true
+        WHERE m.queue_id = r.queue_id AND m.consumer_group = r.consumer_group
+          AND NOT m.started
+          AND EXISTS (SELECT 1
+                      FROM queen.log_partitions lp
+                      JOIN queen.log_consumers c ON c.partition_id = lp.id
+                      WHERE lp.queue_id = m.queue_id AND c.consumer_group = m.consumer_group);
+        GET DIAGNOSTICS v_n = ROW_COUNT;
+        v_total := v_total + v_n;
+        IF EXISTS (SELECT 1 FROM queen.consumer_groups_meta m
+                   WHERE m.queue_id = r.queue_id AND m.consumer_group = r.consumer_group
+                     AND m.started) THEN
+            v_total := v_total + queen.group_start_v1(ARRAY[r.queue_id], r.consumer_group);
+        END IF;
+    END LOOP;
+
+    UPDATE queen.log_consumers c
+    SET queue_id = lp.queue_id,
+        ready_at = CASE WHEN c.ready_at IS NULL
+                         AND GREATEST(c.committed_offset + 1, lp.log_start_offset)
+                             <= lp.last_offset
+                        THEN COALESCE(queen.log_pending_at_v1(
+                                          c.partition_id,
+                                          GREATEST(c.committed_offset + 1, lp.log_start_offset)),
+                                      clock_timestamp())
+                        ELSE c.ready_at END
+    FROM queen.log_partitions lp
+    WHERE lp.id = c.partition_id
+      AND (c.queue_id IS NULL
+           OR (c.ready_at IS NULL
+               AND GREATEST(c.committed_offset + 1, lp.log_start_offset) <= lp.last_offset));
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    RETURN v_total + v_n;
 END
 $$;

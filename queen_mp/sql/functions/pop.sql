@@ -4,7 +4,9 @@
 --   queen.log_cursor_before_v1(int8, timestamptz) -> int8
 --       the cursor value whose next delivery is the first message created at or after a time
 --       (NULL time = the log start): first starts, seeks and subscriptions share it.
---   queen.pop_scope_v1(uuid, text, text, text, text) -> table: the queues a pop may claim.
+--   queen.log_pending_at_v1(int8, int8) -> timestamptz
+--       created_at of the segment holding an offset (the ready index's and the claim's time).
+--   queen.pop_scope_v2(uuid, text, text, text, text) -> table: the queues a pop may claim.
 --   queen.log_pop_v1(uuid, text, text, text, text, text, int4, int4, boolean, text,
 --                    timestamptz, uuid, int4) -> SETOF rows (below)
 --       claim partitions for a group, lease (or auto-ack) them and return the covering
@@ -17,13 +19,18 @@
 --   queen.system_settings       read (pop_maintenance_mode)
 --   queen.log_partitions        read only (never locked: pops must not queue behind pushes)
 --   queen.consumer_groups_meta  INSERT ... ON CONFLICT DO NOTHING (the group's first start)
---   queen.log_consumers         INSERT missing cursor rows; SELECT ... FOR UPDATE SKIP LOCKED;
---                               UPDATE lease / cursor columns (HOT: only lease_id is indexed)
+--   queen.queues                FOR UPDATE of the queues where this pop records a first start
+--                               (group_start_v1, groups.sql), nothing otherwise
+--   queen.log_consumers         INSERT the cursor rows of a first start (group_start_v1);
+--                               read by the ready index; SELECT ... FOR UPDATE SKIP LOCKED;
+--                               UPDATE lease / cursor columns (ready_at kept by trigger)
 --   queen.log_segments          read (covering segments of each claim; delay cut-off)
 --
--- Lock order (design.md invariant 4): no log_partitions row lock at all. Missing cursor rows
---   are inserted first, in ascending partition id order (a speculative insertion may wait for
---   another transaction inserting the same key; the ascending order keeps those waits
+-- Lock order (design.md invariant 4): no log_partitions row lock, except the FOR SHARE ...
+--   SKIP LOCKED that the log_consumers trigger takes (never waits) when an autoAck claim or
+--   a settled flag finds the cursor caught up. A first start locks its queue rows, then
+--   inserts the cursor rows in ascending partition id order (a speculative insertion may wait
+--   for another transaction inserting the same key; the ascending order keeps those waits
 --   acyclic). Existing cursor rows are then locked with SKIP LOCKED, which never waits, so a
 --   pop can neither block another pop nor deadlock with an ack, a seek or a transaction.
 --
@@ -78,19 +85,35 @@ END
 $$;
 
 -- ---------------------------------------------------------------------------------------------
--- pop_scope_v1: the queues a pop may claim from, their options and the group's recorded start
--- (sub_mode NULL = not recorded yet). Plain SQL, so the planner inlines it into each caller.
+-- log_pending_at_v1: created_at of the segment holding p_offset (NULL if none is stored), one
+-- backward probe of the primary key. Its body is one scalar subquery, so the planner inlines
+-- it into the caller's statement (an SQL function planned on its own would be planned anew at
+-- every call). The ready index, the pop's next-message time and the group start share it.
 -- ---------------------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION queen.pop_scope_v1(p_tenant uuid, p_queue text, p_namespace text, p_task text,
+CREATE OR REPLACE FUNCTION queen.log_pending_at_v1(p_partition_id int8, p_offset int8)
+RETURNS timestamptz
+LANGUAGE sql STABLE PARALLEL SAFE
+AS $$
+    SELECT (SELECT s.created_at FROM queen.log_segments s
+            WHERE s.partition_id = p_partition_id AND s.base_offset <= p_offset
+            ORDER BY s.base_offset DESC LIMIT 1)
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- pop_scope_v2: the queues a pop may claim from, their options and the group's recorded start
+-- (sub_mode NULL = not recorded yet; started: its cursor rows exist, schema/002). Plain SQL, so
+-- the planner inlines it into each caller. (v1 had no `started`.)
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION queen.pop_scope_v2(p_tenant uuid, p_queue text, p_namespace text, p_task text,
                                    p_group text)
 RETURNS TABLE (id int8, name text, priority int4, lease_time int4, delayed int4, window_s int4,
-               encrypted boolean, sub_mode text, sub_from timestamptz)
+               encrypted boolean, sub_mode text, sub_from timestamptz, started boolean)
 LANGUAGE sql STABLE
 AS $$
     SELECT q.id, q.name, q.priority,
            CASE WHEN q.lease_time = 0 THEN 60 ELSE q.lease_time END,
            q.delayed_processing, q.window_buffer, q.encryption_enabled,
-           m.subscription_mode, m.subscription_from
+           m.subscription_mode, m.subscription_from, m.started
     FROM queen.queues q
     LEFT JOIN queen.consumer_groups_meta m ON m.queue_id = q.id AND m.consumer_group = p_group
     WHERE q.tenant = p_tenant
@@ -187,6 +210,22 @@ $$;
 -- before), and a plpgsql FOR loop runs such a statement to completion before its first row.
 -- A candidate whose row another pop created meanwhile is locked by the loop as usual.
 
+-- Revision (issue 26, schema/002_ready_index.sql): a pop walks the ready index instead of every
+-- partition of its queue.
+--
+-- Why: every statement above read every partition of the queue and its cursor to find the
+-- candidates, about 3.6 us a partition: 18 ms a pop at 5,000 partitions, 275 ms at 50,000
+-- (bench/partitions.py). Now a queue pop opens a cursor on log_consumers_ready_idx (queue,
+-- group, ready_at, partition): the candidates come in api.md 2.2's order (oldest pending
+-- message first) straight from the index, and the walk stops at its last claim, so a pop
+-- reads a few index entries whatever the queue's size. A discovery pop (namespace/task)
+-- orders the ready cursors of its queues (one sort over the pending partitions of the scope,
+-- not over every partition). The cursor rows exist from the group's first start on
+-- (group_start_v1, and the log_partitions insert trigger for partitions created later), so
+-- the pop no longer creates them as it finds data. The wake-up time of an answer with no
+-- claim comes from the same walk (it visits every ready cursor when it claims nothing).
+-- A listed cursor found caught up is settled (ready_at := NULL, which the trigger verifies).
+
 CREATE OR REPLACE FUNCTION queen.log_pop_v1(
     p_tenant         uuid,
     p_queue          text,
@@ -226,7 +265,11 @@ DECLARE
     v_claimed    int4 := 0;
     v_queue_id   int8;          -- a discovery pop serves one queue per answer
     v_wake       timestamptz;
+    v_started    int8[];        -- queues on which this pop recorded the group's first start
+    v_scope      record;        -- the one queue of a queue pop
+    v_cands      refcursor;
     v_cand       record;
+    v_part       record;
     v_cur        record;
     v_start      int8;
     v_end        int8;
@@ -262,87 +305,112 @@ BEGIN
         RETURN;
     END IF;
 
-    -- The group's first start on every matching queue, recorded once.
-    INSERT INTO queen.consumer_groups_meta AS m (queue_id, consumer_group, subscription_mode,
-                                                 subscription_from)
-    SELECT pq.id, p_group, p_sub_mode,
-           CASE p_sub_mode WHEN 'all' THEN NULL
-                           WHEN 'timestamp' THEN p_sub_from
-                           ELSE COALESCE(p_sub_from, v_now) END
-    FROM queen.pop_scope_v1(p_tenant, p_queue, p_namespace, p_task, p_group) pq
-    WHERE pq.sub_mode IS NULL
-    ORDER BY pq.id
-    ON CONFLICT (queue_id, consumer_group) DO NOTHING;
-    IF NOT FOUND AND NOT EXISTS (
-            SELECT 1 FROM queen.pop_scope_v1(p_tenant, p_queue, p_namespace, p_task, p_group)) THEN
-        RETURN QUERY SELECT NULL::text, NULL::int8, NULL::text, NULL::int8, NULL::int8,
-            NULL::int4, NULL::timestamptz, NULL::boolean, NULL::int8, NULL::timestamptz,
-            NULL::bytea, NULL::int8;
-        RETURN;
+    -- The group's first start on every matching queue, recorded once, and its cursor rows on
+    -- every partition of those queues (the ready index lists cursor rows only). A record that
+    -- a subscription call made, or a delete kept, is started here too, from its own time.
+    -- The queue rows first (group_start_v1's lock, taken before any record is written: the
+    -- lock order of groups.sql), so concurrent first pops of a group start it once.
+    SELECT array_agg(pq.id ORDER BY pq.id) INTO v_started
+    FROM queen.pop_scope_v2(p_tenant, p_queue, p_namespace, p_task, p_group) pq
+    WHERE pq.started IS NOT TRUE;
+    IF v_started IS NOT NULL THEN
+        PERFORM 1 FROM queen.queues q WHERE q.id = ANY (v_started) ORDER BY q.id FOR UPDATE;
+        INSERT INTO queen.consumer_groups_meta AS m (queue_id, consumer_group,
+                                                     subscription_mode, subscription_from)
+        SELECT pq.id, p_group, p_sub_mode,
+               CASE p_sub_mode WHEN 'all' THEN NULL
+                               WHEN 'timestamp' THEN p_sub_from
+                               ELSE COALESCE(p_sub_from, v_now) END
+        FROM queen.pop_scope_v2(p_tenant, p_queue, p_namespace, p_task, p_group) pq
+        WHERE pq.id = ANY (v_started) AND pq.sub_mode IS NULL
+        ORDER BY pq.id
+        ON CONFLICT (queue_id, consumer_group) DO NOTHING;
+        WITH flipped AS (
+            UPDATE queen.consumer_groups_meta m SET started = true
+            WHERE m.queue_id = ANY (v_started) AND m.consumer_group = p_group
+              AND NOT m.started
+            RETURNING m.queue_id
+        )
+        SELECT array_agg(f.queue_id ORDER BY f.queue_id) INTO v_started FROM flipped f;
+        IF v_started IS NOT NULL THEN
+            PERFORM queen.group_start_v1(v_started, p_group);
+        END IF;
     END IF;
 
-    -- Candidates: pending data, not leased, outside the window buffer; highest priority first,
-    -- then the oldest pending message first. Partitions with data that this group has never
-    -- seen get their cursor row at the group's start point (ascending partition id, see the
-    -- header's lock order) in the same statement, and are candidates too.
-    FOR v_cand IN
-        WITH cand AS MATERIALIZED (
-            SELECT lp.id AS pid, lp.name AS pname, lp.last_offset, lp.log_start_offset,
-                   lp.last_created_at, pq.id AS qid, pq.name AS qname, pq.priority,
-                   pq.lease_time, pq.delayed, pq.window_s, pq.encrypted,
-                   c.committed_offset, c.next_offset, c.next_created_at,
-                   CASE WHEN c.committed_offset IS NULL
-                        THEN queen.log_cursor_before_v1(lp.id, pq.sub_from) END AS start_c
-            FROM queen.pop_scope_v1(p_tenant, p_queue, p_namespace, p_task, p_group) pq
-            CROSS JOIN LATERAL (
-                SELECT lp.id, lp.name, lp.last_offset, lp.log_start_offset, lp.last_created_at
+    -- Candidates: the group's ready cursors (schema/002_ready_index.sql), oldest pending
+    -- message first; a queue pop walks the index in that order and reads no further than its
+    -- claims take it. A discovery pop orders the ready cursors of every matching queue
+    -- (highest priority first). Leased, windowed, delayed and caught-up candidates are
+    -- skipped below; every skip that can end by itself lowers the wake-up time.
+    IF p_queue IS NOT NULL THEN
+        SELECT pq.id, pq.name, pq.lease_time, pq.delayed, pq.window_s, pq.encrypted
+        INTO v_scope
+        FROM queen.pop_scope_v2(p_tenant, p_queue, p_namespace, p_task, p_group) pq;
+        IF NOT FOUND THEN
+            RETURN QUERY SELECT NULL::text, NULL::int8, NULL::text, NULL::int8, NULL::int8,
+                NULL::int4, NULL::timestamptz, NULL::boolean, NULL::int8, NULL::timestamptz,
+                NULL::bytea, NULL::int8;
+            RETURN;
+        END IF;
+        IF p_partition IS NOT NULL THEN
+            OPEN v_cands FOR
+                SELECT v_scope.id AS qid, v_scope.name AS qname, v_scope.lease_time AS lease_time,
+                       v_scope.delayed AS delayed, v_scope.window_s AS window_s,
+                       v_scope.encrypted AS encrypted, c.partition_id AS pid, c.lease_id,
+                       c.lease_expires_at
                 FROM queen.log_partitions lp
-                WHERE lp.queue_id = pq.id AND (p_partition IS NULL OR lp.name = p_partition)
-                OFFSET 0) lp
-            LEFT JOIN LATERAL (
-                SELECT c.committed_offset, c.lease_id, c.lease_expires_at, c.next_offset,
-                       c.next_created_at
+                JOIN queen.log_consumers c
+                  ON c.partition_id = lp.id AND c.consumer_group = p_group
+                WHERE lp.queue_id = v_scope.id AND lp.name = p_partition
+                  AND c.ready_at IS NOT NULL;
+        ELSE
+            OPEN v_cands FOR
+                SELECT v_scope.id AS qid, v_scope.name AS qname, v_scope.lease_time AS lease_time,
+                       v_scope.delayed AS delayed, v_scope.window_s AS window_s,
+                       v_scope.encrypted AS encrypted, c.partition_id AS pid, c.lease_id,
+                       c.lease_expires_at
                 FROM queen.log_consumers c
-                WHERE c.partition_id = lp.id AND c.consumer_group = p_group
-                OFFSET 0) c ON true
-            WHERE CASE WHEN c.committed_offset IS NULL THEN lp.last_offset > 0
-                       ELSE lp.last_offset > c.committed_offset
-                            AND (c.lease_id IS NULL OR c.lease_expires_at <= v_now) END
-        ), created AS (
-            -- NOTE(db): run to completion whether or not the query below reads it; nothing
-            -- joins it, so no plan (a generic one made on small queues included) can pair
-            -- every candidate with every created row
-            INSERT INTO queen.log_consumers AS c (partition_id, consumer_group, committed_offset)
-            SELECT cand.pid, p_group, cand.start_c
-            FROM cand
-            WHERE cand.committed_offset IS NULL
-            ORDER BY cand.pid
-            ON CONFLICT (partition_id, consumer_group) DO NOTHING
-        )
-        SELECT cand.pid, cand.pname, cand.last_offset, cand.log_start_offset,
-               cand.last_created_at, cand.qid, cand.qname, cand.lease_time, cand.delayed,
-               cand.window_s, cand.encrypted
-        FROM cand
-        ORDER BY cand.priority DESC,
-                 CASE WHEN cand.next_created_at IS NOT NULL
-                           AND cand.next_offset = GREATEST(cand.committed_offset + 1,
-                                                           cand.log_start_offset)
-                      THEN cand.next_created_at
-                      ELSE (SELECT s.created_at FROM queen.log_segments s
-                            WHERE s.partition_id = cand.pid
-                              AND s.base_offset <= GREATEST(
-                                    COALESCE(cand.committed_offset, cand.start_c) + 1,
-                                    cand.log_start_offset)
-                            ORDER BY s.base_offset DESC LIMIT 1) END ASC NULLS FIRST,
-                 cand.pid
+                WHERE c.queue_id = v_scope.id AND c.consumer_group = p_group
+                  AND c.ready_at IS NOT NULL
+                ORDER BY c.ready_at, c.partition_id;
+        END IF;
+    ELSE
+        OPEN v_cands FOR
+            SELECT pq.id AS qid, pq.name AS qname, pq.lease_time, pq.delayed, pq.window_s,
+                   pq.encrypted, c.partition_id AS pid, c.lease_id, c.lease_expires_at
+            FROM queen.pop_scope_v2(p_tenant, NULL, p_namespace, p_task, p_group) pq
+            CROSS JOIN LATERAL (
+                SELECT c.partition_id, c.ready_at, c.lease_id, c.lease_expires_at
+                FROM queen.log_consumers c
+                WHERE c.queue_id = pq.id AND c.consumer_group = p_group
+                  AND c.ready_at IS NOT NULL
+                  AND (p_partition IS NULL OR c.partition_id IN (
+                        SELECT lp.id FROM queen.log_partitions lp
+                        WHERE lp.queue_id = pq.id AND lp.name = p_partition))
+                OFFSET 0) c
+            ORDER BY pq.priority DESC, c.ready_at, c.partition_id;
+    END IF;
+
     LOOP
         EXIT WHEN v_claimed >= p_max_partitions OR v_left <= 0
                OR clock_timestamp() >= v_until;
+        FETCH v_cands INTO v_cand;
+        EXIT WHEN NOT FOUND;
         CONTINUE WHEN v_queue_id IS NOT NULL AND v_cand.qid <> v_queue_id;
+        IF v_cand.lease_id IS NOT NULL AND v_cand.lease_expires_at > v_now THEN
+            v_wake := LEAST(v_wake, v_cand.lease_expires_at);
+            CONTINUE;
+        END IF;
 
-        IF v_cand.window_s > 0 AND v_cand.last_created_at
+        SELECT lp.name, lp.last_offset, lp.log_start_offset, lp.last_created_at
+        INTO v_part
+        FROM queen.log_partitions lp
+        WHERE lp.id = v_cand.pid;
+        CONTINUE WHEN NOT FOUND;
+
+        IF v_cand.window_s > 0 AND v_part.last_created_at
                 > v_now - make_interval(secs => v_cand.window_s) THEN
-            v_wake := LEAST(v_wake, v_cand.last_created_at
+            v_wake := LEAST(v_wake, v_part.last_created_at
                                     + make_interval(secs => v_cand.window_s));
             CONTINUE;
         END IF;
@@ -359,11 +427,21 @@ BEGIN
             v_wake := LEAST(v_wake, clock_timestamp() + interval '50 milliseconds');
             CONTINUE;
         END IF;
-        CONTINUE WHEN v_cur.lease_id IS NOT NULL AND v_cur.lease_expires_at > v_now;
+        IF v_cur.lease_id IS NOT NULL AND v_cur.lease_expires_at > v_now THEN
+            v_wake := LEAST(v_wake, v_cur.lease_expires_at);
+            CONTINUE;
+        END IF;
 
-        v_start := GREATEST(v_cur.committed_offset + 1, v_cand.log_start_offset);
-        CONTINUE WHEN v_start > v_cand.last_offset;
-        v_end := LEAST(v_cand.last_offset, v_start + v_left - 1);
+        v_start := GREATEST(v_cur.committed_offset + 1, v_part.log_start_offset);
+        IF v_start > v_part.last_offset THEN
+            -- Listed but caught up (its flag was set while a push held the partition, or
+            -- retention removed what it had): the trigger clears the flag unless a push
+            -- holds the partition right now.
+            UPDATE queen.log_consumers c SET ready_at = NULL
+            WHERE c.partition_id = v_cand.pid AND c.consumer_group = p_group;
+            CONTINUE;
+        END IF;
+        v_end := LEAST(v_part.last_offset, v_start + v_left - 1);
 
         IF v_cand.delayed > 0 THEN
             SELECT s.base_offset + s.msg_count - 1 INTO v_cut
@@ -384,12 +462,8 @@ BEGIN
         END IF;
 
         v_next_at := NULL;
-        IF v_end < v_cand.last_offset THEN
-            SELECT s.created_at INTO v_next_at
-            FROM queen.log_segments s
-            WHERE s.partition_id = v_cand.pid AND s.base_offset <= v_end + 1
-            ORDER BY s.base_offset DESC
-            LIMIT 1;
+        IF v_end < v_part.last_offset THEN
+            v_next_at := queen.log_pending_at_v1(v_cand.pid, v_end + 1);
         END IF;
         v_attempt := CASE WHEN v_cur.batch_start = v_start AND v_cur.attempt_count > 0
                           THEN v_cur.attempt_count + 1 ELSE 1 END;
@@ -421,22 +495,12 @@ BEGIN
         v_attempts := v_attempts || v_attempt;
         v_expiries := v_expiries || v_expires;
     END LOOP;
+    CLOSE v_cands;
 
     IF v_claimed = 0 THEN
-        -- Nothing claimable: when does a leased partition with pending data free up?
-        SELECT LEAST(v_wake, min(c.lease_expires_at)) INTO v_wake
-        FROM queen.pop_scope_v1(p_tenant, p_queue, p_namespace, p_task, p_group) pq
-        CROSS JOIN LATERAL (
-            SELECT lp.id, lp.last_offset FROM queen.log_partitions lp
-            WHERE lp.queue_id = pq.id AND (p_partition IS NULL OR lp.name = p_partition)
-            OFFSET 0) lp
-        CROSS JOIN LATERAL (
-            SELECT c.lease_expires_at
-            FROM queen.log_consumers c
-            WHERE c.partition_id = lp.id AND c.consumer_group = p_group
-              AND lp.last_offset > c.committed_offset
-              AND c.lease_id IS NOT NULL AND c.lease_expires_at > v_now
-            OFFSET 0) c;
+        -- Nothing claimable. The walk above went through every ready cursor of the scope
+        -- (it stops early only on a claim or the deadline), so v_wake already holds the
+        -- earliest lease expiry, window close and delayed maturity among them.
         RETURN QUERY SELECT NULL::text, NULL::int8, NULL::text, NULL::int8, NULL::int8,
             NULL::int4, NULL::timestamptz, NULL::boolean, NULL::int8, NULL::timestamptz,
             NULL::bytea,
@@ -450,7 +514,7 @@ BEGIN
     FROM unnest(v_pids, v_starts, v_ends, v_attempts, v_expiries)
              WITH ORDINALITY AS cl(pid, s, e, a, x, n)
     JOIN queen.log_partitions lp ON lp.id = cl.pid
-    JOIN queen.pop_scope_v1(p_tenant, p_queue, p_namespace, p_task, p_group) pq
+    JOIN queen.pop_scope_v2(p_tenant, p_queue, p_namespace, p_task, p_group) pq
         ON pq.id = lp.queue_id
     LEFT JOIN LATERAL (
         SELECT s.base_offset, s.created_at, s.payload

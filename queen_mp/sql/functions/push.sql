@@ -11,7 +11,7 @@
 --
 -- Tables touched:
 --   queen.queues          read (tenant, name -> id, dedup_window); INSERT on provisioning only
---   queen.log_partitions  INSERT on provisioning only; SELECT ... FOR UPDATE; UPDATE (allocator:
+--   queen.log_partitions  INSERT on provisioning only; SELECT ... FOR NO KEY UPDATE; UPDATE (allocator:
 --                         last_offset, last_write_at quantised to 1 s, last_created_at) - HOT
 --   queen.log_txns        read (dedup probe, primary key range); INSERT one row per segment
 --   queen.log_segments    INSERT one row per segment; read by log_segment_at_v1
@@ -22,9 +22,13 @@
 --      INSERT log_partitions ... ORDER BY (queue_id, name) ON CONFLICT DO NOTHING
 --      (speculative insertion locks taken in key order, BEFORE any partition row lock);
 --   2. every partition row of the bundle in ONE statement, ORDER BY log_partitions.id
---      FOR UPDATE OF the partition (queues rows are read, never locked);
+--      FOR NO KEY UPDATE OF the partition (queues rows are read, never locked; NO KEY, so a
+--      cursor insert's foreign key check, FOR KEY SHARE, never waits for a push);
 --   3. per segment, ascending partition id: log_push_one_v1 re-locks its (already held) row.
---   No consumer row (log_consumers) is ever locked here.
+--   4. the allocator UPDATE's statement trigger (log_partitions_ready, triggers.sql) sets
+--      ready_at on the partitions' caught-up consumer rows: consumer rows after partition
+--      rows, the global order. A partition's creation inserts the cursor rows of its queue's
+--      recorded groups (log_partitions_cursors), new rows nobody else can hold.
 --   log_push_one_v1 alone locks exactly one log_partitions row; a caller that pushes to several
 --   partitions in one transaction must call it in ascending partition id order (or pre-lock).
 --
@@ -126,7 +130,7 @@ BEGIN
         SELECT lp.last_offset, lp.txns_start INTO v_last, v_txns_start
         FROM queen.log_partitions lp
         WHERE lp.id = p_pid
-        FOR UPDATE;
+        FOR NO KEY UPDATE;
         IF NOT FOUND THEN
             RAISE EXCEPTION 'log_push_one_v1: partition % does not exist', p_pid
                 USING ERRCODE = 'P0002';
@@ -289,7 +293,7 @@ COMMENT ON FUNCTION queen.log_push_one_v1(int8, int4, int4, bytea, int8, bytea, 
 -- seconds (the shard's dedup filter, queen_mp/shards/dedupfilter.py, forgets by it).
 --
 -- Tables touched, lock order and isolation: as in push.sql (provisioning
--- inserts ordered on their unique keys, then every partition row FOR UPDATE in ascending id in
+-- inserts ordered on their unique keys, then every partition row FOR NO KEY UPDATE in ascending id in
 -- one statement, then log_push_one_v1 per segment in ascending id).
 
 -- Revision (old migration 135_push_bundle_writes.sql): a push bundle writes its segments and sidecars with one
@@ -428,7 +432,7 @@ BEGIN
         JOIN queen.queues qu ON qu.id = lp.queue_id
         WHERE lp.id = ANY (v_pids)
         ORDER BY lp.id
-        FOR UPDATE OF lp
+        FOR NO KEY UPDATE OF lp
     ) l;
 
     IF v_locked <> n THEN

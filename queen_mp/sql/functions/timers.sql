@@ -24,7 +24,7 @@
 -- Tables touched:
 --   queen.queues          INSERT (provisioning only); read (tenant, name -> id, encryption)
 --   queen.timers          INSERT / UPDATE (apply, mark fired), DELETE (purge), read
---   queen.log_partitions  INSERT (claim: provisioning of the firing partitions), FOR UPDATE
+--   queen.log_partitions  INSERT (claim: provisioning of the firing partitions), FOR NO KEY UPDATE
 --   queen.system_settings read (maintenance_mode, timer_fired_retention_s); upsert of
 --                         timer_fired_retention_s (purge)
 --
@@ -425,7 +425,7 @@ BEGIN
     FROM queen.log_partitions lp
     JOIN unnest(v_qids, v_parts) AS d(dq, dp) ON lp.queue_id = d.dq AND lp.name = d.dp
     ORDER BY lp.id
-    FOR UPDATE OF lp;
+    FOR NO KEY UPDATE OF lp;
 
     -- (d) the timers of those partitions, skipping rows another transaction holds
     FOR r IN

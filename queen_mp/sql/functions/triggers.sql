@@ -68,3 +68,147 @@ $$;
 CREATE OR REPLACE TRIGGER log_partitions_cascade_truncate
     AFTER TRUNCATE ON queen.log_partitions
     FOR EACH STATEMENT EXECUTE FUNCTION queen.log_partitions_cascade_truncate();
+
+-- ---------------------------------------------------------------------------------------------
+-- The ready index (schema/002_ready_index.sql): log_consumers.ready_at is the created_at of the
+-- oldest message a cursor has not consumed, NULL when it has consumed everything. It may be
+-- set while nothing is pending (a pop that finds so settles it); it must never be NULL while
+-- something is, or the pop would not find the partition.
+--
+-- The protocol that makes NULL safe:
+--   1. NULL is written only by log_consumers_ready below, and only while it holds the
+--      partition row FOR SHARE (taken with SKIP LOCKED: never waits), having read last_offset
+--      from the row it locked (READ COMMITTED locks and returns the newest committed version).
+--   2. An allocator holds the partition row FOR UPDATE / FOR NO KEY UPDATE (both conflict
+--      with FOR SHARE) from before it writes offsets until it commits, and then, in a later
+--      statement of its own, log_partitions_ready sets ready_at on every cursor of the
+--      partition that is NULL and behind the new last_offset.
+--   So a NULL committed before the allocator took the row is seen by its later statement and
+--   set; a NULL cannot be committed while the allocator holds the row (1 skips, and writes a
+--   time instead); a cursor writer the allocator's UPDATE finds holding a NULL row is waited
+--   for and re-checked. Writers that do not move committed_offset leave the column alone.
+-- Lock order: log_partitions_ready waits for consumer rows while holding partition rows (the
+--   global order); log_consumers_ready holds a consumer row and never waits for a partition.
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION queen.log_consumers_ready() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_last int8;
+    v_from int8;
+    v_off  int8;
+BEGIN
+    IF NEW.queue_id IS NULL THEN
+        SELECT lp.queue_id INTO NEW.queue_id
+        FROM queen.log_partitions lp WHERE lp.id = NEW.partition_id;
+    END IF;
+    IF NEW.ready_at IS NOT NULL
+       AND (TG_OP = 'INSERT' OR NEW.ready_at IS DISTINCT FROM OLD.ready_at) THEN
+        RETURN NEW;  -- the writer computed it
+    END IF;
+
+    SELECT lp.last_offset, lp.log_start_offset INTO v_last, v_from
+    FROM queen.log_partitions lp WHERE lp.id = NEW.partition_id;
+    IF NOT FOUND THEN
+        RETURN NEW;  -- the partition is being deleted (its cursors go with it)
+    END IF;
+    v_off := GREATEST(NEW.committed_offset + 1, v_from);
+    IF v_off > v_last THEN
+        -- Caught up as far as this snapshot sees: NULL only under the partition's FOR SHARE.
+        SELECT lp.last_offset, lp.log_start_offset INTO v_last, v_from
+        FROM queen.log_partitions lp WHERE lp.id = NEW.partition_id
+        FOR SHARE SKIP LOCKED;
+        IF NOT FOUND THEN
+            -- An allocator holds it: data may be arriving. A pop settles the flag later.
+            NEW.ready_at := clock_timestamp();
+            RETURN NEW;
+        END IF;
+        v_off := GREATEST(NEW.committed_offset + 1, v_from);
+        IF v_off > v_last THEN
+            NEW.ready_at := NULL;
+            RETURN NEW;
+        END IF;
+    END IF;
+    IF NEW.next_offset = v_off AND NEW.next_created_at IS NOT NULL THEN
+        NEW.ready_at := NEW.next_created_at;  -- a claim recorded it (pop.sql, sql/130)
+    ELSE
+        NEW.ready_at := COALESCE(queen.log_pending_at_v1(NEW.partition_id, v_off),
+                                 clock_timestamp());
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+CREATE OR REPLACE TRIGGER log_consumers_ready_insert
+    BEFORE INSERT ON queen.log_consumers
+    FOR EACH ROW WHEN (NEW.ready_at IS NULL OR NEW.queue_id IS NULL)
+    EXECUTE FUNCTION queen.log_consumers_ready();
+
+CREATE OR REPLACE TRIGGER log_consumers_ready_update
+    BEFORE UPDATE ON queen.log_consumers
+    FOR EACH ROW WHEN (NEW.committed_offset IS DISTINCT FROM OLD.committed_offset
+                       OR (NEW.ready_at IS NULL AND OLD.ready_at IS NOT NULL))
+    EXECUTE FUNCTION queen.log_consumers_ready();
+
+-- The allocator's half: the caught-up cursors of every partition whose last_offset grew in
+-- this statement become ready at the first new message (the statement wrote one segment per
+-- partition, stamped last_created_at). Statement level: one call per push bundle.
+CREATE OR REPLACE FUNCTION queen.log_partitions_ready() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_ids  int8[];
+    v_lasts int8[];
+    v_ats  timestamptz[];
+BEGIN
+    SELECT array_agg(n.id ORDER BY n.id), array_agg(n.last_offset ORDER BY n.id),
+           array_agg(COALESCE(n.last_created_at, clock_timestamp()) ORDER BY n.id)
+    INTO v_ids, v_lasts, v_ats
+    FROM grown_new n JOIN grown_old o ON o.id = n.id
+    WHERE n.last_offset > o.last_offset;
+    IF v_ids IS NULL THEN
+        RETURN NULL;
+    END IF;
+    -- `= ANY` keeps it a primary key probe per partition whatever the plan cache holds
+    UPDATE queen.log_consumers c SET ready_at = g.at
+    FROM unnest(v_ids, v_lasts, v_ats) AS g(id, last, at)
+    WHERE c.partition_id = ANY (v_ids) AND c.partition_id = g.id
+      AND c.ready_at IS NULL AND c.committed_offset < g.last;
+    RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE TRIGGER log_partitions_ready
+    AFTER UPDATE ON queen.log_partitions
+    REFERENCING OLD TABLE AS grown_old NEW TABLE AS grown_new
+    FOR EACH STATEMENT EXECUTE FUNCTION queen.log_partitions_ready();
+
+-- A partition created after a group's start gets that group's cursor at its log start
+-- (api.md 2.2: the recorded start is "used for partitions created later too"; every message
+-- of a new partition comes after it). The queue rows are taken FOR KEY SHARE first, which
+-- group_start_v1's FOR UPDATE excludes: either the group start sees this partition or this
+-- statement sees the group.
+CREATE OR REPLACE FUNCTION queen.log_partitions_cursors() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM 1 FROM queen.queues q
+    WHERE q.id IN (SELECT n.queue_id FROM created_parts n)
+    ORDER BY q.id
+    FOR KEY SHARE;
+    INSERT INTO queen.log_consumers AS c (partition_id, consumer_group, committed_offset,
+                                          queue_id)
+    SELECT n.id, m.consumer_group, n.log_start_offset - 1, n.queue_id
+    FROM created_parts n
+    JOIN queen.consumer_groups_meta m ON m.queue_id = n.queue_id AND m.started
+    ORDER BY n.id, m.consumer_group
+    ON CONFLICT (partition_id, consumer_group) DO NOTHING;
+    RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE TRIGGER log_partitions_cursors
+    AFTER INSERT ON queen.log_partitions
+    REFERENCING NEW TABLE AS created_parts
+    FOR EACH STATEMENT EXECUTE FUNCTION queen.log_partitions_cursors();
+
+-- Whatever a broker of an older build left (cursor rows its pops would have created, flags it
+-- did not set), repaired in the transaction that installs the triggers above.
+SELECT queen.log_ready_repair_v1();

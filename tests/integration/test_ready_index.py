@@ -1,0 +1,332 @@
+"""The ready index (schema/002_ready_index.sql, issue 26): a pop finds its partition in
+``log_consumers_ready_idx`` instead of reading every partition of its queue, so the work of a
+pop does not grow with the partition count; and the index never misses a cursor that has
+something to deliver, whatever pushes, pops, acks, seeks, deletes and partition creations run
+at the same time (functions/triggers.sql states the protocol these tests attack).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+
+import httpx
+import psycopg
+import pytest
+
+from tests.integration.test_pop import (
+    QUEUE_MODE,
+    assert_204,
+    drain,
+    pop,
+    pop_ok,
+    push_n,
+    seen_keys,
+)
+from tests.integration.test_push_json import push, uq
+
+TENANT = uuid.UUID(int=0)
+
+#: cursors that have something to deliver and are not in the index: must always be none
+UNLISTED_SQL = """
+    SELECT count(*) FROM queen.log_consumers c
+    JOIN queen.log_partitions lp ON lp.id = c.partition_id
+    WHERE (c.ready_at IS NULL OR c.queue_id IS NULL)
+      AND GREATEST(c.committed_offset + 1, lp.log_start_offset) <= lp.last_offset"""
+
+#: (partition, group) pairs of a started group that have no cursor row: must always be none
+MISSING_SQL = """
+    SELECT count(*) FROM queen.consumer_groups_meta m
+    JOIN queen.log_partitions lp ON lp.queue_id = m.queue_id
+    WHERE m.started AND NOT EXISTS (
+        SELECT 1 FROM queen.log_consumers c
+        WHERE c.partition_id = lp.id AND c.consumer_group = m.consumer_group)"""
+
+
+def run_together(seconds: float, *loops: Callable[[threading.Event], None]) -> None:
+    """Each loop in a thread of its own until ``seconds`` have passed (or one of them failed);
+    re-raises the first failure."""
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def run(loop: Callable[[threading.Event], None]) -> None:
+        try:
+            loop(stop)
+        except BaseException as ex:
+            errors.append(ex)
+            stop.set()
+
+    threads = [threading.Thread(target=run, args=(loop,)) for loop in loops]
+    for t in threads:
+        t.start()
+    stop.wait(seconds)
+    stop.set()
+    for t in threads:
+        t.join(60)
+    if errors:
+        raise errors[0]
+
+
+def fill(client: httpx.Client, queue: str, partitions: int, prefix: str = "p") -> None:
+    """One message on each of ``partitions`` partitions, 1,000 items a request."""
+    for lo in range(0, partitions, 1000):
+        res = push(client, [{"queue": queue, "partition": f"{prefix}{p:05d}", "payload": {"p": p}}
+                            for p in range(lo, min(partitions, lo + 1000))])
+        assert all(r["status"] == "queued" for r in res)
+
+
+def reads_of_one_pop(db: psycopg.Connection, queue: str, group: str) -> tuple[list, dict]:
+    """One autoAck single-message pop (rolled back) and the rows it read of each table of the
+    pop path (counted, not timed: seq_tup_read + idx_tup_fetch of the transaction)."""
+    tables = ("log_consumers", "log_partitions", "log_segments", "queues")
+    sql = ("SELECT relname, seq_tup_read + COALESCE(idx_tup_fetch, 0)"
+           " FROM pg_stat_xact_user_tables WHERE schemaname = 'queen' AND relname = ANY(%s)")
+    with db.transaction(force_rollback=True):
+        before = dict(db.execute(sql, (list(tables),)).fetchall())
+        rows = db.execute(
+            "SELECT partition_name, start_off, end_off FROM queen.log_pop_v1(%s, %s, NULL, NULL,"
+            " NULL, %s, 1, 1, true, 'all', NULL, NULL, 5000)", (TENANT, queue, group)).fetchall()
+        after = dict(db.execute(sql, (list(tables),)).fetchall())
+    return rows, {t: after.get(t, 0) - before.get(t, 0) for t in tables}
+
+
+def test_a_pop_reads_as_few_rows_at_5000_partitions_as_at_10(broker, db):
+    """The issue's bound: at 5,000 partitions a pop reads the handful of rows it reads at 10
+    (it read every partition and cursor of its queue before: 10,000 rows here)."""
+    small, large = uq("ready"), uq("ready")
+    fill(broker.client, small, 10)
+    fill(broker.client, large, 5000)
+    # the group's first pop creates its cursor rows (once); every later pop walks the index
+    for q in (small, large):
+        pop_ok(broker.client, q, batch=1, autoAck=True)
+    assert db.execute("SELECT count(*) FROM queen.log_consumers c JOIN queen.queues q"
+                      " ON q.id = c.queue_id WHERE q.name = %s AND c.ready_at IS NOT NULL",
+                      (large,)).fetchone()[0] == 4999
+    rows_small, reads_small = reads_of_one_pop(db, small, QUEUE_MODE)
+    rows_large, reads_large = reads_of_one_pop(db, large, QUEUE_MODE)
+    assert len(rows_small) == len(rows_large) == 1
+    assert rows_large[0][1:] == (1, 1)
+    assert sum(reads_large.values()) <= 16, reads_large
+    assert sum(reads_large.values()) <= sum(reads_small.values()) + 2, (reads_small, reads_large)
+
+
+def test_pops_still_claim_the_oldest_pending_partition_first_through_the_index(broker, db):
+    q, g = uq("ready"), uq("g")
+    for name in ("c", "a", "b"):
+        push_n(broker.client, q, name, 1)
+    push_n(broker.client, q, "c", 1, start=1)
+    order = [seen_keys(pop_ok(broker.client, q, consumerGroup=g, batch=1, autoAck=True))[0]
+             for _ in range(4)]
+    assert order == [("c", 1), ("a", 1), ("b", 1), ("c", 2)]
+    assert_204(pop(broker.client, q, consumerGroup=g, autoAck=True))
+    assert db.execute(UNLISTED_SQL).fetchone()[0] == 0
+
+
+def test_the_candidate_walk_is_an_index_scan_in_claim_order_under_a_generic_plan(broker, db):
+    """What plpgsql settles on after a few pops (a generic plan) must still read the ready
+    index in its order and stop early: no sort and no scan of the queue's partitions. The plan
+    is read from auto_explain, not timed."""
+    q = uq("ready")
+    fill(broker.client, q, 30)
+    pop_ok(broker.client, q, batch=1, autoAck=True)
+    plans: list[str] = []
+    db.add_notice_handler(lambda diag: plans.append(diag.message_primary or ""))
+    with db.transaction(force_rollback=True):
+        db.execute("LOAD 'auto_explain'")
+        for name, value in (("plan_cache_mode", "force_generic_plan"),
+                            ("auto_explain.log_min_duration", "0"),
+                            ("auto_explain.log_nested_statements", "on"),
+                            ("auto_explain.log_level", "notice")):
+            db.execute("SELECT set_config(%s, %s, true)", (name, value))
+        for _ in range(2):
+            rows = db.execute(
+                "SELECT partition_name FROM queen.log_pop_v1(%s, %s, NULL, NULL, NULL, %s, 1,"
+                " 1, true, 'all', NULL, NULL, 5000)", (TENANT, q, QUEUE_MODE)).fetchall()
+            assert len(rows) == 1
+    walks = [p for p in plans if "log_consumers_ready_idx" in p]
+    assert walks, plans
+    for plan in walks:
+        assert "Sort" not in plan and "log_partitions" not in plan, plan
+
+
+def test_pushes_pops_and_acks_racing_on_few_partitions_never_unlist_a_pending_cursor(
+        broker, db_dsn):
+    """Four partitions, pushers, autoAck poppers and lease+ack consumers all at once: a
+    cursor is cleared (ready_at NULL) by an ack or a claim that catches up while a push to the
+    same partition is about to commit, over and over. The index must never miss a cursor with
+    something pending, at any committed state (checked continuously), and every message is
+    delivered to the group exactly once."""
+    q, g = uq("race"), uq("g")
+    parts = [f"r{i}" for i in range(4)]
+    pushed: list[str] = []
+    seen: Counter[str] = Counter()
+    lock = threading.Lock()
+    violations: list[int] = []
+
+    def pusher(stop: threading.Event) -> None:
+        with httpx.Client(base_url=broker.url, timeout=30) as c:
+            n = 0
+            while not stop.is_set():
+                items = [{"queue": q, "partition": parts[(n + k) % 4],
+                          "transactionId": f"{uuid.uuid4()}", "payload": {"n": n}}
+                         for k in range(2)]
+                res = push(c, items)
+                assert all(r["status"] == "queued" for r in res), res
+                with lock:
+                    pushed.extend(r["transactionId"] for r in res)
+                n += 1
+
+    def take(answer: dict) -> None:
+        with lock:
+            seen.update(m["transactionId"] for m in answer["messages"])
+
+    def auto_popper(stop: threading.Event) -> None:
+        with httpx.Client(base_url=broker.url, timeout=30) as c:
+            while not stop.is_set():
+                r = pop(c, q, consumerGroup=g, batch=1, autoAck=True)
+                if r.status_code == 200:
+                    take(r.json())
+
+    def acker(stop: threading.Event) -> None:
+        with httpx.Client(base_url=broker.url, timeout=30) as c:
+            while not stop.is_set():
+                r = pop(c, q, consumerGroup=g, batch=3)
+                if r.status_code != 200:
+                    continue
+                answer = r.json()
+                take(answer)
+                a = c.post("/api/v1/ack/batch", json={"consumerGroup": g, "acknowledgments": [
+                    {"transactionId": m["transactionId"], "partitionId": m["partitionId"],
+                     "leaseId": answer["leaseId"], "status": "completed"}
+                    for m in answer["messages"]]})
+                assert a.status_code == 200 and all(x["success"] for x in a.json()), a.text
+
+    def watcher(stop: threading.Event) -> None:
+        with psycopg.connect(db_dsn, autocommit=True) as conn:
+            while not stop.is_set():
+                n = conn.execute(UNLISTED_SQL).fetchone()[0]
+                if n:
+                    violations.append(n)
+                time.sleep(0.005)
+
+    run_together(8, pusher, pusher, auto_popper, auto_popper, acker, watcher)
+    assert violations == []
+    for m in drain(broker.client, q, g, batch=50, partitions=4):
+        seen[m["transactionId"]] += 1
+    assert len(pushed) > 200
+    assert set(seen) == set(pushed)
+    assert [t for t, n in seen.items() if n != 1] == []
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        assert conn.execute(UNLISTED_SQL).fetchone()[0] == 0
+        assert conn.execute("SELECT queen.log_ready_repair_v1()").fetchone()[0] == 0
+
+
+def test_partitions_created_while_groups_start_all_get_their_cursors(broker, db_dsn):
+    """A partition created while a group records its first start: either the start sees the
+    partition or the partition's creation sees the group (the queue row lock between them).
+    Groups start one after another while pushes create partitions; afterwards every started
+    group has a cursor on every partition and can pop every message."""
+    q = uq("grow")
+    push_n(broker.client, q, "seed", 1)
+    created: list[str] = []
+    groups: list[str] = []
+
+    def creator(stop: threading.Event) -> None:
+        with httpx.Client(base_url=broker.url, timeout=30) as c:
+            n = 0
+            while not stop.is_set():
+                names = [f"n{threading.get_ident()}-{n}-{k}" for k in range(3)]
+                res = push(c, [{"queue": q, "partition": p, "payload": {}} for p in names])
+                assert all(r["status"] == "queued" for r in res), res
+                created.extend(names)
+                n += 1
+                time.sleep(0.05)
+
+    def starter(stop: threading.Event) -> None:
+        with httpx.Client(base_url=broker.url, timeout=30) as c:
+            while not stop.is_set():
+                g = uq("g")
+                r = pop(c, q, consumerGroup=g, batch=1)
+                assert r.status_code in (200, 204), r.text
+                groups.append(g)
+
+    run_together(5, creator, creator, starter)
+    assert len(groups) > 10 and len(created) > 30
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        assert conn.execute(MISSING_SQL).fetchone()[0] == 0
+        assert conn.execute(UNLISTED_SQL).fetchone()[0] == 0
+    # the last group to start sees every partition, all messages but the one it leased
+    last = drain(broker.client, q, groups[-1], batch=100, partitions=100)
+    assert len(last) == 1 + len(created) - 1
+
+
+def test_delete_keeping_metadata_drops_the_cursors_and_the_next_pop_restarts(broker, db):
+    q, g = uq("ready"), uq("g")
+    push_n(broker.client, q, "a", 2)
+    push_n(broker.client, q, "b", 1)
+    assert len(drain(broker.client, q, g)) == 3
+    r = broker.client.delete(f"/api/v1/consumer-groups/{g}/queues/{q}",
+                             params={"deleteMetadata": "false"})
+    assert r.status_code == 200 and r.json()["deletedPartitions"] == 2, r.text
+    assert db.execute("SELECT count(*) FROM queen.log_consumers WHERE consumer_group = %s",
+                      (g,)).fetchone()[0] == 0
+    assert db.execute("SELECT subscription_mode, started FROM queen.consumer_groups_meta m"
+                      " JOIN queen.queues q ON q.id = m.queue_id"
+                      " WHERE q.name = %s AND m.consumer_group = %s",
+                      (q, g)).fetchone() == ("all", False)
+    again = drain(broker.client, q, g)  # from the recorded start: the log start
+    assert sorted((m["partition"], m["offset"]) for m in again) == [("a", 1), ("a", 2),
+                                                                    ("b", 1)]
+
+
+@pytest.mark.parametrize("damage", ["flag", "queue_id", "cursor", "unstarted"])
+def test_the_repair_restores_what_an_older_build_left(broker, db, damage):
+    """What a broker of the previous build writes during an upgrade (its pops create cursor
+    rows one by one without queue_id or flag, its pushes set no flag) is repaired by
+    log_ready_repair_v1 (run by the family files and by housekeeping); a pop finds the
+    partition afterwards. The damage and the repair share a transaction: the broker's own
+    housekeeping runs the same repair every round."""
+    q, g = uq("repair"), uq("g")
+    push_n(broker.client, q, "a", 1)
+    assert len(drain(broker.client, q, g)) == 1  # started, caught up
+    pid = db.execute("SELECT lp.id FROM queen.log_partitions lp JOIN queen.queues q"
+                     " ON q.id = lp.queue_id WHERE q.name = %s", (q,)).fetchone()[0]
+    with db.transaction():
+        db.execute("SET LOCAL session_replication_role = replica")  # no triggers: old build
+        db.execute("UPDATE queen.log_partitions SET last_offset = last_offset + 1"
+                   " WHERE id = %s", (pid,))  # (its segment below)
+        db.execute("INSERT INTO queen.log_segments (partition_id, base_offset, msg_count,"
+                   " created_at, payload) SELECT %s, 2, 1, now(), payload"
+                   " FROM queen.log_segments WHERE partition_id = %s AND base_offset = 1",
+                   (pid, pid))
+        db.execute("INSERT INTO queen.log_txns (partition_id, base_offset, msg_count,"
+                   " created_at, hashes) SELECT %s, 2, 1, now(), hashes"
+                   " FROM queen.log_txns WHERE partition_id = %s AND base_offset = 1",
+                   (pid, pid))
+        if damage == "queue_id":
+            db.execute("UPDATE queen.log_consumers SET queue_id = NULL, ready_at = now()"
+                       " WHERE partition_id = %s AND consumer_group = %s", (pid, g))
+        elif damage in ("cursor", "unstarted"):
+            db.execute("DELETE FROM queen.log_consumers WHERE partition_id = %s", (pid,))
+            if damage == "unstarted":  # an old pop made the record, and a cursor elsewhere
+                db.execute("UPDATE queen.consumer_groups_meta SET started = false"
+                           " WHERE consumer_group = %s", (g,))
+                db.execute("INSERT INTO queen.log_consumers (partition_id, consumer_group,"
+                           " committed_offset) VALUES (%s, %s, 1)", (pid, g))
+        # in the same transaction, so that no housekeeping round repairs it first
+        db.execute("SET LOCAL session_replication_role = origin")
+        assert db.execute(UNLISTED_SQL).fetchone()[0] + db.execute(MISSING_SQL).fetchone()[0] > 0
+        with db.transaction(force_rollback=True):  # a pop does not see it
+            assert db.execute(
+                "SELECT partition_id FROM queen.log_pop_v1(%s, %s, NULL, NULL, NULL, %s, 10, 1,"
+                " true, 'all', NULL, NULL, 5000)", (TENANT, q, g)).fetchall() == [(None,)]
+        assert db.execute("SELECT queen.log_ready_repair_v1()").fetchone()[0] > 0
+        assert db.execute(UNLISTED_SQL).fetchone()[0] == 0
+        assert db.execute(MISSING_SQL).fetchone()[0] == 0
+    got = drain(broker.client, q, g)
+    expected = [("a", 1), ("a", 2)] if damage == "cursor" else [("a", 2)]
+    assert [(m["partition"], m["offset"]) for m in got] == expected
+    assert db.execute("SELECT queen.log_ready_repair_v1()").fetchone()[0] == 0
