@@ -497,9 +497,13 @@ BEGIN
                                           queue_id, ready_at)
     SELECT s.id, p_group, s.start_c, s.queue_id,
            CASE WHEN GREATEST(s.start_c + 1, s.log_start_offset) <= s.last_offset
-                THEN COALESCE(queen.log_pending_at_v1(
-                                  s.id, GREATEST(s.start_c + 1, s.log_start_offset)),
-                              clock_timestamp()) END
+                THEN COALESCE(
+                    -- log_pending_at_v1, written out: a function call a row costs more
+                    (SELECT seg.created_at FROM queen.log_segments seg
+                     WHERE seg.partition_id = s.id
+                       AND seg.base_offset <= GREATEST(s.start_c + 1, s.log_start_offset)
+                     ORDER BY seg.base_offset DESC LIMIT 1),
+                    clock_timestamp()) END
     FROM (
         SELECT lp.id, lp.queue_id, lp.last_offset, lp.log_start_offset,
                CASE WHEN m.subscription_from IS NULL THEN lp.log_start_offset - 1

@@ -86,17 +86,20 @@ $$;
 
 -- ---------------------------------------------------------------------------------------------
 -- log_pending_at_v1: created_at of the segment holding p_offset (NULL if none is stored), one
--- backward probe of the primary key. Its body is one scalar subquery, so the planner inlines
--- it into the caller's statement (an SQL function planned on its own would be planned anew at
--- every call). The ready index, the pop's next-message time and the group start share it.
+-- backward probe of the primary key. plpgsql, so the probe's plan is cached per session (an
+-- SQL function with a subquery is not inlined, and was planned anew at every call: 30 us a
+-- row). The ready trigger and the pop's next-message time share it; set-based statements
+-- (group_start_v1, the repair) write the same probe as a LATERAL subquery.
 -- ---------------------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION queen.log_pending_at_v1(p_partition_id int8, p_offset int8)
 RETURNS timestamptz
-LANGUAGE sql STABLE PARALLEL SAFE
+LANGUAGE plpgsql STABLE PARALLEL SAFE
 AS $$
-    SELECT (SELECT s.created_at FROM queen.log_segments s
+BEGIN
+    RETURN (SELECT s.created_at FROM queen.log_segments s
             WHERE s.partition_id = p_partition_id AND s.base_offset <= p_offset
-            ORDER BY s.base_offset DESC LIMIT 1)
+            ORDER BY s.base_offset DESC LIMIT 1);
+END
 $$;
 
 -- ---------------------------------------------------------------------------------------------
@@ -508,14 +511,15 @@ BEGIN
         RETURN;
     END IF;
 
+    -- The claims' partitions and queue by primary key (a join with the scope would read
+    -- every partition of the queue).
     RETURN QUERY
-    SELECT pq.name::text, cl.pid, lp.name::text, cl.s, cl.e, cl.a, cl.x, pq.encrypted,
+    SELECT q.name::text, cl.pid, lp.name::text, cl.s, cl.e, cl.a, cl.x, q.encryption_enabled,
            seg.base_offset, seg.created_at, seg.payload, NULL::int8
     FROM unnest(v_pids, v_starts, v_ends, v_attempts, v_expiries)
              WITH ORDINALITY AS cl(pid, s, e, a, x, n)
     JOIN queen.log_partitions lp ON lp.id = cl.pid
-    JOIN queen.pop_scope_v2(p_tenant, p_queue, p_namespace, p_task, p_group) pq
-        ON pq.id = lp.queue_id
+    JOIN queen.queues q ON q.id = lp.queue_id
     LEFT JOIN LATERAL (
         SELECT s.base_offset, s.created_at, s.payload
         FROM queen.log_segments s
