@@ -152,15 +152,11 @@ def _targets_md(targets: list[Doc]) -> str:
     ceilings = any(t.get("edge_ceiling") is not None for t in targets)
     for t in targets:
         f = _x if "(x)" in t["target"] else _f1
-        bare = t.get("threshold") is None  # a comparison reported without a threshold
-        verdict = ("reported" if _num(t.get("value")) else "not measured") if bare else {
-            True: "**MET**", False: "**MISSED**"}.get(t.get("met"), "not measured")
+        verdict = {True: "**MET**", False: "**MISSED**"}.get(t.get("met"), "not measured")
         rows.append([t["target"], verdict, _fmt(t.get("value"), f),
-                     "-" if bare else f"{t['op']} {_fmt(t['threshold'], f)}",
+                     f"{t['op']} {_fmt(t['threshold'], f)}",
                      *([_fmt(t.get("edge_ceiling"), f)] if ceilings else [])])
-    scored = [t for t in targets if t.get("threshold") is not None]
-    met, unmeasured = (sum(t.get("met") is v for t in scored) for v in (True, None))
-    bare_n = len(targets) - len(scored)
+    met, unmeasured = (sum(t.get("met") is v for t in targets) for v in (True, None))
     head = ["target", "verdict", "value", "threshold"]
     note = ""
     if ceilings:
@@ -168,9 +164,7 @@ def _targets_md(targets: list[Doc]) -> str:
         note = ("\n\n*edge ceiling*: the same ratio for the edge arm, queen-mp's HTTP stack "
                 "doing only each request's JSON work (no database). No broker served by this "
                 "stack on this machine can pass a threshold the edge does not reach.")
-    tail = (f"; {bare_n} comparison(s) with the peers reported without a threshold"
-            if bare_n else "")
-    return (f"{met} of {len(scored)} targets met ({unmeasured} not measured{tail}).\n\n"
+    return (f"{met} of {len(targets)} targets met ({unmeasured} not measured).\n\n"
             + _table(head, rows, 2) + note)
 
 

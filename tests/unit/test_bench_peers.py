@@ -136,22 +136,27 @@ def _rows() -> list[dict]:
     return out
 
 
-def test_targets_report_the_issue_26_comparisons_without_thresholds() -> None:
-    suite = SimpleNamespace(args=SimpleNamespace(consume_batch=100), rss_peak=0.0)
+def test_targets_are_issue_26s_with_the_peer_comparisons_scored() -> None:
+    suite = SimpleNamespace(args=SimpleNamespace(consume_batch=100), rss_peak=0.0,
+                            pss_peak=140.0)
     got = targets(_rows(), suite)  # type: ignore[arg-type]
-    existing = [(t["target"], t["threshold"]) for t in got[:8]]
-    assert [th for _, th in existing] == [3.0, 8.0, 3.0, 0.6, 2.0, 20.0, 50.0, 300.0]
-    peer = {t["target"]: t for t in got[8:8 + len(PEER_TARGETS)]}
+    own = got[:9]
+    assert [t["threshold"] for t in own] == [2.0, 1.5, 8.0, 1.5, 0.8, 1.0, 10.0, 20.0, 150.0]
+    assert own[-1]["target"] == "peak PSS of all broker processes (MB)" and own[-1]["met"]
+    peer = {t["target"]: t for t in got[9:9 + len(PEER_TARGETS)]}
     assert list(peer) == [label for label, *_ in PEER_TARGETS]
     # the partition-scale targets follow; this suite ran no partitions section
-    scale = got[8 + len(PEER_TARGETS):]
+    scale = got[9 + len(PEER_TARGETS):]
     assert [(t["threshold"], t["value"], t["met"]) for t in scale] == [
         (1.5, None, None), (10.0, None, None), (100.0, None, None)]
     for t in peer.values():
-        assert t["threshold"] is None and t["met"] is None
+        assert t["threshold"] == 1.0
     assert peer["push 1-item JSON vs rabbitmq-quorum (x)"]["value"] == 2.0
+    assert peer["push 1-item JSON vs rabbitmq-quorum (x)"]["met"] is True
     assert peer["consume batch 100 vs nats (x)"]["value"] == 1.5
     assert peer["push 100-item JSON vs nats (x)"]["edge_ceiling"] == 3.0
+    # nats-fsync did not run: not measured, neither met nor missed
+    assert peer["push 100-item JSON vs nats-fsync (x)"]["met"] is None
 
 
 def test_ratios_to_a_peer_have_cpu_per_message_and_no_commits() -> None:
@@ -163,7 +168,8 @@ def test_ratios_to_a_peer_have_cpu_per_message_and_no_commits() -> None:
 
 def test_report_shows_the_peers_and_why_one_was_skipped(tmp_path: Path) -> None:
     rows = [{**r, "rounds": 1} for r in _rows()]
-    suite = SimpleNamespace(args=SimpleNamespace(consume_batch=100), rss_peak=0.0)
+    suite = SimpleNamespace(args=SimpleNamespace(consume_batch=100), rss_peak=0.0,
+                            pss_peak=0.0)
     doc = {"command": "python -m bench.suite --quick", "status": "ok",
            "summary": {"rows": rows, "ratios": ratios(rows),
                        "targets": targets(rows, suite)},  # type: ignore[arg-type]
@@ -175,7 +181,8 @@ def test_report_shows_the_peers_and_why_one_was_skipped(tmp_path: Path) -> None:
     text = report.render(doc, tmp_path / "plots")
     assert "## Peers" in text and "before fsync" in text
     assert "**skipped**: nats-server v2.9.10 rejects sync_interval" in text
-    assert "| push 1-item JSON vs rabbitmq-quorum (x) | reported | 2.00x | - | 4.00x |" in text
-    assert "5 comparison(s) with the peers reported without a threshold" in text
+    assert ("| push 1-item JSON vs rabbitmq-quorum (x) | **MET** | 2.00x | >= 1.00x | 4.00x |"
+            in text)
+    assert "| consume batch 100 vs nats-fsync (x) | not measured | - | >= 1.00x | - |" in text
     assert "queen-mp / rabbitmq-quorum" in text and "| CPU us/msg |" in text
     assert text.index("| nats |") < text.index("| nats-fsync |")
