@@ -47,6 +47,14 @@ def _children(pid: int) -> list[int]:
     return [int(x) for x in out.split()]
 
 
+def is_shard(pid: int) -> bool:
+    """Whether ``pid`` is a shard (queen_mp/processes/forked.py names it ``qmp-shard-I``)."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().startswith("qmp-shard-")
+    except FileNotFoundError:
+        return False
+
+
 def process_tree(pid: int) -> list[int]:
     todo, seen = [pid], []
     while todo:
@@ -72,25 +80,17 @@ class Broker:
         return self.log_path.read_text(errors="replace")
 
     def shard_pids(self) -> list[int]:
-        """Pids of the shard processes (children of the supervisor running the shard module)."""
-        pids = []
-        for pid in _children(self.proc.pid):
-            try:
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            except FileNotFoundError:
-                continue
-            if b"queen_mp.shards.process" in cmd:
-                pids.append(pid)
-        return pids
+        """Pids of the shard processes: forks of the supervisor named ``qmp-shard-I``."""
+        return [pid for pid in _children(self.proc.pid) if is_shard(pid)]
 
     def front_worker_pids(self) -> list[int]:
         """Pids of the front workers: the supervisor runs gunicorn's arbiter, so they are its
-        forks, children with its very command line."""
+        forks, children with its very command line (as the shards), not named as a shard."""
         own = Path(f"/proc/{self.proc.pid}/cmdline").read_bytes()
         pids = []
         for pid in _children(self.proc.pid):
             try:
-                if Path(f"/proc/{pid}/cmdline").read_bytes() == own:
+                if Path(f"/proc/{pid}/cmdline").read_bytes() == own and not is_shard(pid):
                     pids.append(pid)
             except FileNotFoundError:
                 continue

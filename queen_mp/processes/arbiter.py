@@ -12,20 +12,18 @@ options: the benchmark's naive broker is served by ``python -m gunicorn`` with i
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import sys
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import Any
 
 from gunicorn.app.base import BaseApplication
 from gunicorn.arbiter import Arbiter
 
 from queen_mp.config import Config
+from queen_mp.processes.forked import exit_now
 
-__all__ = ["FRONT_WORKER_ARGS", "FrontApplication", "FrontArbiter", "exit_status",
-           "front_argv"]
+__all__ = ["FRONT_WORKER_ARGS", "FrontApplication", "FrontArbiter", "front_argv"]
 
 log = logging.getLogger("queen_mp.front")
 
@@ -97,7 +95,7 @@ class FrontArbiter(Arbiter):  # type: ignore[misc]
         except BaseException as ex:
             if os.getpid() == arbiter:
                 raise
-            _exit_worker(ex)
+            exit_now(ex.code if isinstance(ex, SystemExit) else 1)
 
     def reap_workers(self) -> None:
         self.keep_shards()
@@ -122,20 +120,3 @@ class FrontArbiter(Arbiter):  # type: ignore[misc]
         log.warning("SIGTTIN/SIGTTOU ignored: the worker count is QUEEN_WORKERS")
 
     handle_ttou = handle_ttin
-
-
-def exit_status(code: object) -> int:
-    """The process status ``sys.exit(code)`` gives (None is 0, any other non-int is 1)."""
-    return 0 if code is None else code if isinstance(code, int) else 1
-
-
-def _exit_worker(ex: BaseException) -> NoReturn:
-    """End a forked front worker now, with the status ``sys.exit`` would give it."""
-    code = ex.code if isinstance(ex, SystemExit) else 1
-    if not (code is None or isinstance(code, int)):
-        print(code, file=sys.stderr)  # as sys.exit does with a message
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):
-            stream.flush()
-    os._exit(exit_status(code) & 0xFF)

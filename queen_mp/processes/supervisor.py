@@ -1,11 +1,13 @@
 """``queen-mp serve``: the supervisor process.
 
 Boot order: settings -> embedded PostgreSQL when no DSN -> migrations (in a child process, so
-that this one never loads psycopg) -> shared memory -> shard processes -> the front: gunicorn's
-arbiter, run in this process (queen_mp/processes/arbiter.py), forks the front workers. Stop
-order is the reverse, so that nothing accepted is lost: the arbiter stops accepting and lets
-in-flight requests finish, then shards flush and exit, then shared memory is unlinked and the
-embedded cluster stopped.
+that no connection, nor any libpq state it leaves, is ever made in the process that forks) ->
+shared memory -> preload (queen_mp/processes/preload.py: the children's modules, imported once
+here and shared by every fork) -> shard processes, forked (queen_mp/processes/forked.py) -> the
+front: gunicorn's arbiter, run in this process (queen_mp/processes/arbiter.py), forks the front
+workers. Stop order is the reverse, so that nothing accepted is lost: the arbiter stops
+accepting and lets in-flight requests finish, then shards flush and exit, then shared memory is
+unlinked and the embedded cluster stopped.
 
 During the boot, as in gunicorn's arbiter, signal handlers only enqueue the signal number;
 the arbiter's own handlers take over when the front starts, and its loop calls
@@ -24,6 +26,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from importlib import resources
 from pathlib import Path
 from types import FrameType
@@ -36,6 +39,8 @@ from queen_mp.db.embedded import EmbeddedPostgres
 from queen_mp.ipc import layout
 from queen_mp.ipc.heartbeat import HeartbeatBoard
 from queen_mp.metrics import Metrics
+from queen_mp.processes.forked import ForkedChild, exit_status
+from queen_mp.processes.preload import preload
 from queen_mp.runtime import Runtime
 
 __all__ = ["EXIT_BOOT_ERROR", "EXIT_OK", "HaltServer", "Supervisor", "sql_dir"]
@@ -70,7 +75,7 @@ def sql_dir() -> Path:
 @dataclass
 class ShardProc:
     index: int
-    proc: subprocess.Popen[bytes] | None = None
+    proc: ForkedChild | None = None
     started: float = 0.0
     fast_fails: int = 0
 
@@ -140,6 +145,7 @@ class Supervisor:
         # shards inherit it at spawn, front workers at fork.
         os.environ.update(cfg.to_env())
         os.environ.update(self.runtime.to_env())
+        preload()
         self.board = HeartbeatBoard.attach(self.runtime.heartbeat, self.runtime.shards)
         self.shards = [ShardProc(i) for i in range(self.runtime.shards)]
         for shard in self.shards:
@@ -147,7 +153,8 @@ class Supervisor:
 
     def migrate(self) -> list[str]:
         """Apply queen_mp/sql in a child process (queen_mp.db.migrations.main) and return what it
-        applied: psycopg, 21 MB of RSS, is thus never loaded into the supervisor."""
+        applied: the connections it makes, and whatever libpq keeps of them, end with it, and
+        never exist in the process that forks the shards and the front workers."""
         # NOTE(queen): own process group, like the shards: a terminal's Ctrl-C must not kill a
         # migration halfway; the supervisor stops after it, as when migrating in-process.
         done = subprocess.run([sys.executable, "-m", "queen_mp.db.migrations", str(sql_dir()),
@@ -159,17 +166,19 @@ class Supervisor:
         return done.stdout.splitlines()
 
     def spawn_shard(self, shard: ShardProc) -> None:
-        # NOTE(queen): own process group, so a terminal's Ctrl-C reaches only the supervisor,
-        # which then stops the children gracefully and in order.
-        shard.proc = subprocess.Popen([sys.executable, "-m", "queen_mp.shards.process",
-                                       str(shard.index)], process_group=0)
+        """Fork a shard (in its own process group, so a terminal's Ctrl-C reaches only the
+        supervisor, which then stops the children gracefully and in order)."""
+        from queen_mp.shards.process import main as shard_main
+
+        shard.proc = ForkedChild.start(partial(shard_main, shard.index),
+                                       name=f"qmp-shard-{shard.index}")
         shard.started = time.monotonic()
         log.info("shard %d started (pid %d)", shard.index, shard.proc.pid)
 
     def serve_front(self) -> int:
         """Run gunicorn's arbiter here until it stops (it has stopped its workers then); its
         exit status."""
-        from queen_mp.processes.arbiter import FrontApplication, FrontArbiter, exit_status
+        from queen_mp.processes.arbiter import FrontApplication, FrontArbiter
 
         arbiter = FrontArbiter(FrontApplication.for_config(self.config), self.keep_shards)
         try:
@@ -264,14 +273,14 @@ class Supervisor:
         log.info("stopped")
 
 
-def _stop(proc: subprocess.Popen[bytes], timeout: float, what: str) -> None:
+def _stop(proc: ForkedChild, timeout: float, what: str) -> None:
     if proc.poll() is not None:
         return
     with contextlib.suppress(ProcessLookupError):
         proc.terminate()
     try:
         proc.wait(timeout)
-    except subprocess.TimeoutExpired:
+    except TimeoutError:
         log.error("%s did not stop within %.0fs; killing it", what, timeout)
         with contextlib.suppress(ProcessLookupError):
             proc.kill()

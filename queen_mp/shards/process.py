@@ -1,4 +1,5 @@
-"""Entry point of a shard process: ``python -m queen_mp.shards.process INDEX``.
+"""A shard process: ``main(index)``, run in a fork of the supervisor
+(queen_mp/processes/forked.py).
 
 A shard owns the partitions that hash to it. It reads records from every worker slot's request
 ring when its doorbell rings, hands pushes to fusion, and writes verdicts to the reply ring of
@@ -13,7 +14,6 @@ import asyncio
 import logging
 import os
 import signal
-import sys
 from collections import deque
 
 import uvloop
@@ -241,9 +241,9 @@ class Shard:
         self.board.clear(self.index)
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv if argv is None else argv
-    index = int(argv[1])
+def main(index: int) -> int:
+    """Run shard ``index`` until it is told to stop; its exit status. Settings and instance
+    facts come from the environment the supervisor prepared."""
     config = Config.load()
     configure_logging(config.log_level)
     runtime = Runtime.from_env()
@@ -256,7 +256,3 @@ def main(argv: list[str] | None = None) -> int:
 
 async def _run(config: Config, runtime: Runtime, index: int) -> None:
     await Shard(config, runtime, index).run()
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -35,7 +35,7 @@ import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.brokerharness import Broker, process_tree, start_broker
+from tests.brokerharness import Broker, is_shard, process_tree, start_broker
 from tests.fuzz import targets as t
 from tests.fuzz.strategies import (
     DOC_SEEDS,
@@ -100,11 +100,9 @@ def _role(broker: Broker, pid: int) -> str:
         return "supervisor"
     if pid in broker.front_worker_pids():
         return "front"
-    try:
-        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except FileNotFoundError:
+    if not Path(f"/proc/{pid}").exists():
         return "gone"
-    return "shard" if b"queen_mp.shards.process" in cmd else "other"
+    return "shard" if is_shard(pid) else "other"
 
 
 def processes(broker: Broker) -> dict[int, Proc]:

@@ -1,15 +1,10 @@
 """The embedded arbiter gets the front's options from ``front_argv``, the command line the
-benchmark's naive broker is served with; its exits map to the statuses ``sys.exit`` gives."""
+benchmark's naive broker is served with."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
-import pytest
-
 from queen_mp.config import Config
-from queen_mp.processes.arbiter import FrontApplication, exit_status
+from queen_mp.processes.arbiter import FrontApplication
 
 
 def test_the_front_application_reads_every_option_of_front_argv():
@@ -27,11 +22,3 @@ def test_the_front_application_reads_every_option_of_front_argv():
     assert cfg.worker_class.__name__ == "BalancedUvicornWorker"
     assert not cfg.preload_app  # each worker builds its app after fork
 
-
-@pytest.mark.parametrize(("code", "status"), [(None, 0), (0, 0), (3, 3), (-1, -1),
-                                               ("halting: reason", 1), (True, True)])
-def test_exit_status_is_what_sys_exit_gives(code, status):
-    assert exit_status(code) == status
-    done = subprocess.run([sys.executable, "-c", f"import sys; sys.exit({code!r})"],
-                          capture_output=True)
-    assert done.returncode == status & 0xFF

@@ -2,8 +2,9 @@
 
 Each process's start is replayed in a fresh interpreter with default settings (no ``QUEEN_*``
 variable set): ``jwt`` and ``cryptography`` cost 12 MB and more of resident memory per process
-and are only needed with JWT auth or an encryption key; the supervisor needs no ``psycopg``
-(21 MB) at all, since its migrations run in a short-lived child process.
+and are only needed with JWT auth or an encryption key. Loading the supervisor brings no
+``psycopg``: its migrations run in a short-lived child process, and psycopg comes with the
+preload (queen_mp/processes/preload.py), imported once for all the children it then forks.
 """
 
 from __future__ import annotations

@@ -41,8 +41,8 @@ ROOT_LEAVES = frozenset({"config", "runtime", "metrics", "heap", "crypto", "auth
 #: what each layer may import (its own layer included); "root" is the leaf modules above
 #: and the package itself (``__version__``)
 MAY_IMPORT: dict[str, frozenset[str]] = {
-    "processes": frozenset({"processes", "http", "front", "models", "ipc", "db", "spool",
-                            "wire", "root"}),
+    "processes": frozenset({"processes", "http", "front", "shards", "models", "ipc", "db",
+                            "spool", "wire", "root"}),
     "http": frozenset({"http", "front", "models", "ipc", "db", "spool", "wire", "root"}),
     "front": frozenset({"front", "models", "ipc", "db", "spool", "wire", "root"}),
     "models": frozenset({"models", "ipc", "db", "spool", "wire", "root"}),

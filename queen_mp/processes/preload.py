@@ -1,0 +1,52 @@
+"""What the supervisor imports before it forks its children, so that they share it.
+
+Every front worker is a fork of the supervisor (gunicorn's arbiter runs in it) and so is every
+shard (``queen_mp/processes/forked.py``). A module imported after the fork is imported once per
+child, into memory of its own: psycopg, falcon, uvicorn, prometheus_client, numpy and the
+broker's own modules were 20-30 MB of private memory in each front worker and shard. Imported
+here, once, their pages are shared copy-on-write by every child, and ``gc.freeze`` keeps the
+children's collections from writing into them (a collection writes to the header of every
+object it walks, which would copy each page it touches).
+
+Nothing that may not cross a fork is made here: importing these modules opens no connection,
+starts no thread and no event loop (tests/unit/test_preload.py checks that the process still
+has one thread and no new descriptor). Two settings must be in place first:
+``PROMETHEUS_MULTIPROC_DIR`` (prometheus_client picks its value mode at import; the supervisor
+sets it at boot) and ``OPENBLAS_NUM_THREADS=1``, set here: numpy's OpenBLAS would otherwise
+start a thread pool at import, and the supervisor must stay single-threaded to fork (the
+broker calls no BLAS routine).
+
+New front workers (SIGHUP, a worker replaced) are forks of this same process, so they run the
+code it loaded: an upgrade is a restart of the service, as it already was for the shards and
+the supervisor.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+from queen_mp.heap import freeze_startup_objects
+
+__all__ = ["PRELOADED", "preload"]
+
+#: The entry modules of the children: the front worker's app and worker class, with what
+#: uvicorn imports when a worker boots (its lifespan, loop and websocket set-ups: the options
+#: ``auto`` and ``on`` of ``uvicorn.config``), and the shard's main loop.
+PRELOADED = (
+    "queen_mp.http.app",
+    "queen_mp.processes.uvworker",
+    "uvicorn.lifespan.on",
+    "uvicorn.loops.auto",
+    "uvicorn.loops.uvloop",
+    "uvicorn.protocols.websockets.auto",
+    "queen_mp.shards.process",
+)
+
+
+def preload() -> None:
+    """Import ``PRELOADED`` and freeze everything alive; run once, before the first fork."""
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    for name in PRELOADED:
+        importlib.import_module(name)
+    freeze_startup_objects()
