@@ -12,7 +12,6 @@ import contextlib
 import logging
 import os
 import uuid
-from collections import Counter
 
 from queen_mp.config import Config
 from queen_mp.crypto import PayloadCipher
@@ -175,7 +174,7 @@ class FrontWorker:
         """Count what acks consumed; wake pops parked on the caller's (``tenant``) queues
         where a lease was released."""
         if self.metrics is not None:
-            self.metrics.messages_acked.inc(sum(r.acked for r in results))
+            self.metrics.tally.inc(self.metrics.messages_acked, (), sum(r.acked for r in results))
         if self.waker is not None:
             self.waker.wake(bucket_of(tenant, r.queue) for r in results
                             if r.lease_released and r.queue)
@@ -217,13 +216,15 @@ class FrontWorker:
 
     def count_popped(self, n: int) -> None:
         if self.metrics is not None:
-            self.metrics.messages_popped.inc(n)
+            self.metrics.tally.inc(self.metrics.messages_popped, (), n)
 
     def count_pushed(self, results: list[ItemResult]) -> None:
         if self.metrics is not None:
-            counts = Counter(r.status for r in results)
+            counts: dict[str, int] = {}
+            for r in results:
+                counts[r.status] = counts.get(r.status, 0) + 1
             for status, n in counts.items():
-                self.metrics.messages_pushed.labels(status).inc(n)
+                self.metrics.tally.inc(self.metrics.messages_pushed, (status,), n)
 
     def shards_alive(self) -> int:
         return self._board.alive(SHARD_STALE_MS) if self._board is not None else 0

@@ -403,4 +403,4 @@ class Admission:
     def _gauge(self) -> None:
         metrics = self._metrics()
         if metrics is not None:
-            metrics.admission_bytes.set(self.budget.in_use)
+            metrics.tally.set(metrics.admission_bytes, self.budget.in_use)

@@ -83,8 +83,9 @@ class EdgeMiddleware:
         if metrics is None or req.method == "OPTIONS":
             return
         route = req.uri_template or "unmatched"
-        metrics.http_requests.labels(route, str(resp.status_code)).inc()
-        metrics.http_latency.labels(route).observe(time.perf_counter() - req.context.started)
+        metrics.tally.inc(metrics.http_requests, (route, str(resp.status_code)))
+        metrics.tally.observe(metrics.http_latency, (route,),
+                              time.perf_counter() - req.context.started)
 
 
 def _json_handlers() -> falcon.media.Handlers:
