@@ -44,7 +44,6 @@ log = logging.getLogger("queen_mp.worker")
 
 # A shard that has not beaten for this long is reported dead by /health.
 SHARD_STALE_MS = 3000
-_GRANT_TIMEOUT_S = 1.0
 _FLAGS_FIRST_READ_S = 2.0
 
 
@@ -179,16 +178,17 @@ class FrontWorker:
             self.waker.wake(bucket_of(tenant, r.queue) for r in results
                             if r.lease_released and r.queue)
 
-    async def grant_leases(self, tenant: bytes, lease_id: str, group: str,
-                           claims: list[Claim], hashes: dict[int, list[bytes]]) -> None:
+    def grant_leases(self, tenant: bytes, lease_id: str, group: str,
+                     claims: list[Claim], hashes: dict[int, list[bytes]]) -> None:
         """Tell each claim's ack shard what was delivered under the lease (the ack registry).
 
         Best effort: a grant that does not arrive only sends that batch's ack down the SQL path.
+        The grants leave at the end of the loop turn, before the pop's answer (written to its
+        socket at the end of the turn too, after them).
         """
         if not self.config.ack_registry or self.link is None:
             return
         lease = uuid.UUID(lease_id).bytes
-        deadline = asyncio.get_running_loop().time() + _GRANT_TIMEOUT_S
         for claim in claims:
             delivered = hashes.get(claim.partition_id)
             if not delivered or claim.lease_expires_at is None:
@@ -200,11 +200,7 @@ class FrontWorker:
             grant = LeaseGrant(tenant, lease, claim.partition_id, claim.end,
                                int(claim.lease_expires_at.timestamp() * 1000), group,
                                claim.queue, frozenset(delivered))
-            try:
-                await self.link.post(ack_shard(claim.partition_id, self.runtime.shards),
-                                     grant.pack(), deadline)
-            except TimeoutError:
-                log.warning("lease grant for partition %d not delivered", claim.partition_id)
+            self.link.post(ack_shard(claim.partition_id, self.runtime.shards), grant.pack())
 
     def after_transaction(self, tenant: bytes, queues: set[str], pushed: int) -> None:
         """A committed transaction of ``tenant``: count its pushes, wake pops parked on what

@@ -146,8 +146,8 @@ class PopResource:
         except Undeliverable as ex:
             raise Unavailable(f"cannot deliver: {ex}") from None
         if popped.lease_id is not None:
-            await worker.grant_leases(request.tenant, popped.lease_id, request.group,
-                                      popped.claims, hashes)
+            worker.grant_leases(request.tenant, popped.lease_id, request.group,
+                                popped.claims, hashes)
         resp.data = body
         resp.content_type = content_type
         worker.count_popped(sum(c.count for c in popped.claims))

@@ -14,6 +14,7 @@ from queen_mp.wire import (
     ITEM_QUEUED,
     KIND_PUSH_GROUP,
     KIND_PUSH_VERDICT,
+    KIND_RECORD_BATCH,
     PIECE_RAW,
     PIECE_ZSTD,
     VERDICT_ERROR,
@@ -23,6 +24,7 @@ from queen_mp.wire import (
     Piece,
     PushGroup,
     PushVerdict,
+    RecordBatch,
     RecordDecodeError,
     peek_kind,
     unpack_record,
@@ -183,6 +185,32 @@ def test_kind_dispatch() -> None:
         PushVerdict.unpack(_group().pack())
     with pytest.raises(RecordDecodeError, match="not a PushGroup"):
         PushGroup.unpack(_verdict().pack())
+
+
+@settings(max_examples=100, deadline=None)
+@given(groups=st.lists(push_groups(), max_size=5), verdicts=st.lists(push_verdicts, max_size=5))
+def test_a_record_batch_round_trips_to_its_records(groups: list[PushGroup],
+                                                   verdicts: list[PushVerdict]) -> None:
+    records = [*(g.pack() for g in groups), *(v.pack() for v in verdicts)]
+    packed = RecordBatch(tuple(records)).pack()
+    assert peek_kind(packed) == KIND_RECORD_BATCH
+    assert len(packed) == RecordBatch.packed_size(map(len, records))
+    batch = RecordBatch.unpack(packed)
+    assert [bytes(r) for r in batch.records] == records
+    assert [unpack_record(r) for r in batch.records] == [*groups, *verdicts]
+    assert unpack_record(packed) == batch
+
+
+def test_every_truncation_and_extension_of_a_batch_is_a_decode_error() -> None:
+    packed = RecordBatch((_group().pack(), b"", _verdict().pack())).pack()
+    for cut in range(len(packed)):
+        with pytest.raises(RecordDecodeError) as info:
+            RecordBatch.unpack(packed[:cut])
+        assert info.value.raw == packed[:cut]
+    with pytest.raises(RecordDecodeError, match="trailing"):
+        RecordBatch.unpack(packed + b"\x00")
+    with pytest.raises(RecordDecodeError, match="not a RecordBatch"):
+        RecordBatch.unpack(_verdict().pack())
 
 
 def test_error_verdict_without_items() -> None:
