@@ -15,6 +15,7 @@ import orjson
 
 from queen_mp.db.ack_procs import AckItem
 from queen_mp.db.errors import DatabaseError
+from queen_mp.front.acks import render_outcomes
 from queen_mp.front.worker import FrontWorker
 from queen_mp.http.authz import tenant_of
 from queen_mp.http.body import read_body
@@ -53,10 +54,10 @@ class _AckBase:
         except DatabaseError as ex:
             raise api_error(ex) from None
         self.worker.after_acks(tenant, results)
-        body = [o.to_json() for o in outcomes]
         failed = {o.error for o in outcomes if o.error in ("timeout", "outcome_unknown",
                                                             "unavailable")}
         if failed:
+            body = [o.to_json() for o in outcomes]
             if "outcome_unknown" in failed:
                 raise OutcomeUnknown("ack commit lost: outcome unknown; retry the call",
                                      results=body)
@@ -64,7 +65,7 @@ class _AckBase:
                 raise Timeout("ack timeout: retry the call", results=body)
             raise Unavailable("database connection lost during the ack; retry the call",
                               results=body)
-        resp.data = orjson.dumps(body)
+        resp.data = render_outcomes(outcomes)
         resp.content_type = JSON_UTF8
         resp.status = falcon.HTTP_200
 

@@ -19,7 +19,7 @@ from queen_mp.front.delivery import (
     Claim,
     Undeliverable,
     encode_qpf1,
-    message_json,
+    json_messages,
     unpack_messages,
 )
 from queen_mp.front.popper import Popped, PopRequest, TooManyParked
@@ -135,13 +135,13 @@ class PopResource:
                         hashes[claim.partition_id] = [
                             m.hash for m in unpack_messages(claim, None, limit, decrypt=False)]
             else:
-                messages: list[dict[str, Any]] = []
+                messages: list[bytes] = []
                 for claim in popped.claims:
                     delivered = hashes[claim.partition_id] = []
-                    for m in unpack_messages(claim, worker.cipher, limit):
-                        delivered.append(m.hash)
-                        messages.append(message_json(m, popped.lease_id, request.group))
-                body = orjson.dumps(_answer(popped, request.group, extra, messages))
+                    messages += json_messages(claim, popped.lease_id, request.group,
+                                              worker.cipher, limit, delivered)
+                body = orjson.dumps(_answer(popped, request.group, extra,
+                                            orjson.Fragment(b"[%s]" % b",".join(messages))))
                 content_type = JSON_UTF8
         except Undeliverable as ex:
             raise Unavailable(f"cannot deliver: {ex}") from None
@@ -166,7 +166,7 @@ class PopResource:
 
 
 def _answer(popped: Popped, group: str, extra: dict[str, Any],
-            messages: list[dict[str, Any]]) -> dict[str, Any]:
+            messages: orjson.Fragment) -> dict[str, Any]:
     first = popped.claims[0]
     return {
         "success": True,
