@@ -24,6 +24,7 @@ from queen_mp.front.delivery import (
 )
 from queen_mp.front.popper import Popped, PopRequest, TooManyParked
 from queen_mp.front.worker import FrontWorker
+from queen_mp.http.answer import Answer
 from queen_mp.http.authz import tenant_of
 from queen_mp.http.dbcall import api_error
 from queen_mp.http.errors import (
@@ -72,22 +73,25 @@ class PopResource:
         self.worker = worker
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
-        await self._pop(req, resp, None, None)
+        (await self.answer(req.query_string, tenant_of(req), None, None)).apply(resp)
 
     async def on_get_queue(self, req: falcon.asgi.Request, resp: falcon.asgi.Response,
                            queue: str) -> None:
-        check_queue_name(queue)
-        await self._pop(req, resp, queue, None)
+        (await self.answer(req.query_string, tenant_of(req), queue, None)).apply(resp)
 
     async def on_get_partition(self, req: falcon.asgi.Request, resp: falcon.asgi.Response,
                                queue: str, partition: str) -> None:
-        check_queue_name(queue)
-        check_partition_name(partition)
-        await self._pop(req, resp, queue, partition)
+        (await self.answer(req.query_string, tenant_of(req), queue, partition)).apply(resp)
 
-    async def _pop(self, req: falcon.asgi.Request, resp: falcon.asgi.Response,
-                   queue: str | None, partition: str | None) -> None:
-        q = Query(req)
+    async def answer(self, query_string: str, tenant: bytes, queue: str | None,
+                     partition: str | None) -> Answer:
+        """The answer to a pop by ``tenant`` from ``queue`` (None: namespace or task
+        discovery) and ``partition`` (None: any) with these query parameters."""
+        if queue is not None:
+            check_queue_name(queue)
+        if partition is not None:
+            check_partition_name(partition)
+        q = Query(query_string)
         namespace = task = None
         if queue is None:
             namespace, task = q.text("namespace") or None, q.text("task") or None
@@ -106,7 +110,7 @@ class PopResource:
             "partitions", 1, minimum=1, maximum=MAX_PARTITIONS)
         mode, start = _subscription(q)
         request = PopRequest(
-            tenant=tenant_of(req), queue=queue, partition=partition, namespace=namespace, task=task,
+            tenant=tenant, queue=queue, partition=partition, namespace=namespace, task=task,
             group=parse_group(q.text("consumerGroup")), batch=batch, partitions=partitions,
             wait=q.flag("wait", False),
             timeout_ms=q.integer("timeout", 30_000, minimum=0, maximum=MAX_TIMEOUT_MS),
@@ -115,8 +119,7 @@ class PopResource:
 
         popped = await self._run(request)
         if popped is None:
-            resp.status = falcon.HTTP_204
-            return
+            return Answer(204)
         extra: dict[str, Any] = {}
         if autopilot:
             extra["autopilot"] = {"partitions": partitions, "batch": batch,
@@ -148,9 +151,8 @@ class PopResource:
         if popped.lease_id is not None:
             worker.grant_leases(request.tenant, popped.lease_id, request.group,
                                 popped.claims, hashes)
-        resp.data = body
-        resp.content_type = content_type
         worker.count_popped(sum(c.count for c in popped.claims))
+        return Answer(200, body, content_type)
 
     async def _run(self, request: PopRequest) -> Popped | None:
         popper = self.worker.popper
