@@ -62,7 +62,7 @@ class Delivered:
 
 
 def _claimed_chunks(claim: Claim, max_chunk: int
-                    ) -> Iterator[tuple[int, datetime, bytes, int]]:
+                    ) -> Iterator[tuple[int, datetime, bytes | bytearray | memoryview, int]]:
     """Each decoded chunk that holds claimed offsets: (offset of its first frame taken, its
     segment's time, its frames, how many frames before that one to step over). The caller
     stops taking frames past ``claim.end``."""
