@@ -69,7 +69,7 @@ class Ingest:
         self.in_maintenance: Callable[[], bool] = lambda: False
 
     def shard_of(self, tenant: bytes, queue: str, partition: str) -> int:
-        return push_shard(tenant, queue, partition, self.shards)
+        return push_shard(tenant, queue, partition, self.shards) if self.shards > 1 else 0
 
     async def push(self, items: Sequence[PushItem], tenant: bytes,
                    chunks: Sequence[ClientChunk] = ()) -> list[ItemResult]:
@@ -140,7 +140,11 @@ class Ingest:
     async def encrypt(self, items: Sequence[PushItem], tenant: bytes, queues: set[str]) -> None:
         """Re-frame the payloads of encrypted queues (flag 4); their client chunks are then
         rebuilt by the shard's normal raw-frame path."""
-        secret = {q for q in queues if await self.flags.encrypted(tenant, q)}
+        # PERF(queen): the memo answers almost every push: no await per queue then
+        flags = self.flags
+        if not any(flags.known_encrypted(tenant, q) is not False for q in queues):
+            return
+        secret = {q for q in queues if await flags.encrypted(tenant, q)}
         if not secret:
             return
         if self.cipher is None:

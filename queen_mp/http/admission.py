@@ -123,13 +123,19 @@ class ByteBudget:
     def clamp(self, size: int) -> int:
         return max(0, min(size, self.capacity))
 
+    def try_acquire(self, size: int) -> bool:
+        """Take ``size`` (already clamped) bytes if that needs no wait."""
+        if size == 0 or (not self._waiters and size <= self.available):
+            self.available -= size
+            return True
+        return False
+
     async def acquire(self, size: int, timeout_s: float) -> bool:
         """Take ``size`` (already clamped) bytes; False if not granted within ``timeout_s``.
 
         A task cancelled while waiting leaves the queue (or gives back what it was granted).
         """
-        if size == 0 or (not self._waiters and size <= self.available):
-            self.available -= size
+        if self.try_acquire(size):
             return True
         if timeout_s <= 0:
             return False
@@ -352,29 +358,34 @@ class Admission:
         size = self.cost(content_length)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.hold_s()
-        if not await self.budget.acquire(size, deadline - loop.time()):
+        # PERF(http): what fits takes its permits without a coroutine; only a wait awaits
+        waited = not self.budget.try_acquire(size)
+        if waited and not await self.budget.acquire(size, deadline - loop.time()):
             self._reject(path, self._overloaded(self.budget))
         window = 0
         if self.window is not None and path in WINDOWED_PATHS:
             window = self.window.clamp(size)
-            try:
-                admitted = await self.window.acquire(window, deadline - loop.time())
-            except BaseException:  # cancelled while waiting: no grant holds ``size`` yet
-                self._released(size, 0)
-                raise
-            if not admitted:
-                self._released(size, 0)
-                self._reject(path, self._overloaded(self.window))
+            if not self.window.try_acquire(window):
+                waited = True
+                try:
+                    admitted = await self.window.acquire(window, deadline - loop.time())
+                except BaseException:  # cancelled while waiting: no grant holds ``size`` yet
+                    self._released(size, 0)
+                    raise
+                if not admitted:
+                    self._released(size, 0)
+                    self._reject(path, self._overloaded(self.window))
         grant = None
         if size:
             grant = Grant(self, size, window, deadline)
             self._gauge()
-        try:
-            self._check_disk(path)  # it may have filled while we waited (sampled: cheap)
-        except ApiError:
-            if grant is not None:
-                grant.release()
-            raise
+        if waited:
+            try:
+                self._check_disk(path)  # it may have filled while we waited (sampled: cheap)
+            except ApiError:
+                if grant is not None:
+                    grant.release()
+                raise
         return grant
 
     async def process_response(self, req: falcon.asgi.Request, resp: falcon.asgi.Response,

@@ -138,7 +138,7 @@ def _item_template(shared: Shared) -> bytes:
 
 def render_items(items: list[PushItem], results: list[ItemResult]) -> bytes:
     """The JSON answer of a push: one object per item, in request order."""
-    templates: dict[Shared, bytes] = {}
+    templates: dict[Shared, bytes | None] = {}
     parts: list[bytes] = []
     append = parts.append
     dumps = orjson.dumps
@@ -147,9 +147,14 @@ def render_items(items: list[PushItem], results: list[ItemResult]) -> bytes:
             append(dumps(render_item(i, item, r)))
             continue
         shared = (r.status, item.queue, item.partition, r.partition_id, r.created_us)
-        template = templates.get(shared)
-        if template is None:
-            template = templates[shared] = _item_template(shared)
+        template = templates.get(shared, b"")
+        if not template:
+            if template is None:  # PERF(http): a template pays from its group's 2nd item
+                template = templates[shared] = _item_template(shared)
+            else:
+                templates[shared] = None
+                append(dumps(render_item(i, item, r)))
+                continue
         mid = uuid_text(r.message_id).encode()
         txn = dumps(item.transaction_id)
         append(template % (i, mid, txn, b"null" if r.offset is None else b"%d" % r.offset,
