@@ -31,7 +31,7 @@ from queen_mp.ipc.routing import ack_shard
 from queen_mp.ipc.shardlink import ShardLink, verdicts_of
 from queen_mp.wire.hashing import txn_hash
 from queen_mp.wire.ids import ZERO_UUID
-from queen_mp.wire.records import ACK_COMMITTED, AckRequest, AckVerdict
+from queen_mp.wire.records import ACK_COMMITTED, AckRequest, AckVerdict, hash_set
 
 __all__ = ["AckOutcome", "Acker", "render_outcomes"]
 
@@ -148,7 +148,7 @@ class Acker:
             assert g.lease_id is not None
             req = AckRequest(link.generation, link.slot, request_id, index, tenant,
                              g.lease_id.bytes, g.partition_id, g.group,
-                             frozenset(txn_hash(o.item.transaction_id) for o in g.outcomes))
+                             hash_set([txn_hash(o.item.transaction_id) for o in g.outcomes]))
             calls.append(link.submit(ack_shard(g.partition_id, self.shards), request_id, index,
                                      req.pack(), deadline))
         answers: list[GroupAck | None] = []

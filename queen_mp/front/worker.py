@@ -36,7 +36,7 @@ from queen_mp.ipc.wakeup import WakeListener, Waker
 from queen_mp.metrics import Metrics, mark_process_dead
 from queen_mp.runtime import Runtime
 from queen_mp.spool import SpoolWriter
-from queen_mp.wire.records import LeaseGrant
+from queen_mp.wire.records import LeaseGrant, hash_set
 
 __all__ = ["SHARD_STALE_MS", "FrontWorker"]
 
@@ -193,13 +193,14 @@ class FrontWorker:
             delivered = hashes.get(claim.partition_id)
             if not delivered or claim.lease_expires_at is None:
                 continue
-            if len(set(delivered)) != len(delivered):
+            distinct = hash_set(delivered)
+            if len(distinct) != 16 * len(delivered):
                 # NOTE(queen): a transactionId delivered twice (dedup off): acking it resolves
                 # to its lowest offset only, which a set cannot express; the SQL path decides.
                 continue
             grant = LeaseGrant(tenant, lease, claim.partition_id, claim.end,
                                int(claim.lease_expires_at.timestamp() * 1000), group,
-                               claim.queue, frozenset(delivered))
+                               claim.queue, distinct)
             self.link.post(ack_shard(claim.partition_id, self.runtime.shards), grant.pack())
 
     def after_transaction(self, tenant: bytes, queues: set[str], pushed: int) -> None:

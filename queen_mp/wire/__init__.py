@@ -99,6 +99,7 @@ from queen_mp.wire.records import (
     Record,
     RecordBatch,
     blob_from_pieces,
+    hash_set,
     peek_kind,
     unpack_record,
 )
@@ -176,6 +177,7 @@ __all__ = [
     "hash_blob",
     "hash_hex",
     "hash_prefixes",
+    "hash_set",
     "is_uuid7",
     "iter_chunks",
     "iter_frames",

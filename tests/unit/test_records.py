@@ -20,12 +20,15 @@ from queen_mp.wire import (
     VERDICT_ERROR,
     VERDICT_OK,
     ZERO_UUID,
+    AckRequest,
     ItemVerdict,
+    LeaseGrant,
     Piece,
     PushGroup,
     PushVerdict,
     RecordBatch,
     RecordDecodeError,
+    hash_set,
     peek_kind,
     unpack_record,
 )
@@ -302,3 +305,29 @@ def test_a_queued_run_refuses_items_and_overflow() -> None:
         PushVerdict(**{**head, "queued_run": (0, 1)}).pack()
     with pytest.raises(ValueError, match="run"):
         PushVerdict(**{**head, "items": (), "queued_run": (2**63 - 1, 2)}).pack()
+
+
+_hashes = st.lists(st.binary(min_size=16, max_size=16), max_size=40)
+
+
+@settings(max_examples=100, deadline=None)
+@given(a=_hashes, b=_hashes)
+def test_hash_sets_are_equal_exactly_when_their_bytes_are(a: list[bytes],
+                                                          b: list[bytes]) -> None:
+    assert (hash_set(a) == hash_set(b)) == (set(a) == set(b))
+    assert len(hash_set(a)) == 16 * len(set(a))
+
+
+@settings(max_examples=100, deadline=None)
+@given(hashes=_hashes, group=st.text(max_size=20), queue=st.text(max_size=20), n=i64, u=u64)
+def test_grants_and_ack_requests_round_trip(hashes: list[bytes], group: str, queue: str,
+                                            n: int, u: int) -> None:
+    grant = LeaseGrant(bytes(16), b"\x01" * 16, n, n, u, group, queue, hash_set(hashes))
+    assert LeaseGrant.unpack(grant.pack()) == grant
+    req = AckRequest(3, 1, u, 2, bytes(16), b"\x01" * 16, n, group, hash_set(hashes))
+    assert AckRequest.unpack(req.pack()) == req
+    for record in (grant, req):
+        packed = record.pack()
+        for cut in (1, 16):
+            with pytest.raises(RecordDecodeError):
+                type(record).unpack(packed[:-cut] if hashes else packed + b"\x00" * cut)
