@@ -20,20 +20,18 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-import orjson
-
 from queen_mp.db import ack_procs
 from queen_mp.db.ack_procs import AckItem, DlqFiling, GroupAck
 from queen_mp.db.errors import DatabaseError, OutcomeUnknown, StatementTimeout
 from queen_mp.db.pooled import Pool, connection
 from queen_mp.front.delivery import Claim, Delivered, unpack_messages
 from queen_mp.ipc.routing import ack_shard
-from queen_mp.ipc.shardlink import ShardLink, verdicts_of
+from queen_mp.ipc.shardlink import ShardGone, ShardLink, verdicts_of
 from queen_mp.wire.hashing import txn_hash
 from queen_mp.wire.ids import ZERO_UUID
 from queen_mp.wire.records import ACK_COMMITTED, AckRequest, AckVerdict, hash_set
 
-__all__ = ["AckOutcome", "Acker", "render_outcomes"]
+__all__ = ["AckOutcome", "Acker"]
 
 _FAST_PATH_TIMEOUT_S = 5.0
 
@@ -52,24 +50,6 @@ class AckOutcome:
                 "partitionId": str(self.item.partition_id), "success": self.success,
                 "error": self.error, "leaseReleased": self.lease_released, "dlq": self.dlq,
                 "noop": self.noop}
-
-
-_JSON_BOOL = (b"false", b"true")
-# PERF(ack): the answer of a 100-message ack is one template fill per item, not a dict per
-# item serialised; the same keys, order and values as ``AckOutcome.to_json`` through orjson
-# (tests/unit/test_ack_render.py).
-_OUTCOME = (b'{"index":%d,"transactionId":%s,"partitionId":"%d","success":%s,"error":%s,'
-            b'"leaseReleased":%s,"dlq":%s,"noop":%s}')
-
-
-def render_outcomes(outcomes: list[AckOutcome]) -> bytes:
-    """The JSON array of the outcomes: ``orjson.dumps([o.to_json() for o in outcomes])``."""
-    dumps = orjson.dumps
-    return b"[%s]" % b",".join([
-        _OUTCOME % (o.item.index, dumps(o.item.transaction_id), o.item.partition_id,
-                    _JSON_BOOL[o.success], b"null" if o.error is None else dumps(o.error),
-                    _JSON_BOOL[o.lease_released], _JSON_BOOL[o.dlq], _JSON_BOOL[o.noop])
-        for o in outcomes])
 
 
 @dataclass
@@ -153,6 +133,9 @@ class Acker:
                                      req.pack(), deadline))
         answers: list[GroupAck | None] = []
         for g, verdict in zip(groups, await verdicts_of(calls), strict=True):
+            if isinstance(verdict, BaseException) and \
+                    not isinstance(verdict, ShardGone | TimeoutError):
+                raise verdict
             if not isinstance(verdict, AckVerdict) or verdict.status != ACK_COMMITTED:
                 answers.append(None)  # a miss, a rejection, ShardGone or a timeout
                 continue

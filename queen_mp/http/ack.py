@@ -15,7 +15,6 @@ import orjson
 
 from queen_mp.db.ack_procs import AckItem
 from queen_mp.db.errors import DatabaseError
-from queen_mp.front.acks import render_outcomes
 from queen_mp.front.worker import FrontWorker
 from queen_mp.http.answer import Answer
 from queen_mp.http.authz import tenant_of
@@ -57,10 +56,10 @@ class _AckBase:
         except DatabaseError as ex:
             raise api_error(ex) from None
         self.worker.after_acks(tenant, results)
+        body_items = [o.to_json() for o in outcomes]
         failed = {o.error for o in outcomes if o.error in ("timeout", "outcome_unknown",
                                                             "unavailable")}
         if failed:
-            body_items = [o.to_json() for o in outcomes]
             if "outcome_unknown" in failed:
                 raise OutcomeUnknown("ack commit lost: outcome unknown; retry the call",
                                      results=body_items)
@@ -68,7 +67,7 @@ class _AckBase:
                 raise Timeout("ack timeout: retry the call", results=body_items)
             raise Unavailable("database connection lost during the ack; retry the call",
                               results=body_items)
-        return Answer(200, render_outcomes(outcomes))
+        return Answer(200, orjson.dumps(body_items))
 
     def items(self, doc: Any) -> list[AckItem]:
         raise NotImplementedError
