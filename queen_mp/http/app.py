@@ -80,14 +80,17 @@ class App(falcon.asgi.App):
     hot: HotRoutes | None = None
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        version = scope.get("http_version", "1.1")
-        if scope["type"] != "http" or version in _HTTP_VERSIONS:
-            call = self.hot.match(scope) if self.hot is not None and \
-                scope["type"] == "http" else None
-            if call is not None:
-                await self.hot.serve(call, receive, send)  # type: ignore[union-attr]
-                return
+        if scope["type"] != "http":
             await super().__call__(scope, receive, send)
+            return
+        version = scope.get("http_version", "1.1")
+        if version in _HTTP_VERSIONS:
+            hot = self.hot
+            call = hot.match(scope) if hot is not None else None
+            if hot is not None and call is not None:
+                await hot.serve(call, receive, send)
+            else:
+                await super().__call__(scope, receive, send)
             return
         err = errors.InvalidRequest(f"HTTP/{version} is not supported (HTTP/1.0 or 1.1)")
         await send({"type": "http.response.start", "status": err.status,

@@ -12,8 +12,9 @@ failure mapped by ``errors.error_of``, the permits given back, the request count
 order (tests/fuzz: every request answered both ways compares equal, byte for byte).
 
 A request this module does not take goes to falcon whole: another method or route, a header
-read here (Content-Length, Content-Encoding, Authorization) that repeats, or a Content-Length
-that is not plain digits.
+read here (Content-Length, Content-Encoding, Authorization) that repeats, a Content-Length
+that is not plain digits, or a query string that is not UTF-8 (falcon's own answers to them
+stand), as do HTTP versions falcon refuses (``App.__call__``).
 """
 
 from __future__ import annotations
