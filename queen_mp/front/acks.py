@@ -26,10 +26,10 @@ from queen_mp.db.errors import DatabaseError, OutcomeUnknown, StatementTimeout
 from queen_mp.db.pooled import Pool, connection
 from queen_mp.front.delivery import Claim, Delivered, unpack_messages
 from queen_mp.ipc.routing import ack_shard
-from queen_mp.ipc.shardlink import ShardGone, ShardLink
+from queen_mp.ipc.shardlink import ShardGone, ShardLink, verdicts_of
 from queen_mp.wire.hashing import txn_hash
 from queen_mp.wire.ids import ZERO_UUID
-from queen_mp.wire.records import ACK_COMMITTED, AckRequest, AckVerdict
+from queen_mp.wire.records import ACK_COMMITTED, AckRequest, AckVerdict, hash_set
 
 __all__ = ["AckOutcome", "Acker"]
 
@@ -90,8 +90,7 @@ class Acker:
         if self.link is not None:
             fast = [k for k in keys if k[2] is not None
                     and all(o.item.status == "completed" for o in groups[k].outcomes)]
-            answers = await asyncio.gather(*(self._fast(tenant, groups[k], i)
-                                             for i, k in enumerate(fast)))
+            answers = await self._fast(tenant, [groups[k] for k in fast])
             done = {k for k, res in zip(fast, answers, strict=True) if res is not None}
             results.extend(res for res in answers if res is not None)
             keys = [k for k in keys if k not in done]
@@ -118,26 +117,33 @@ class Acker:
         results.extend(sql_results)
         return ordered, results
 
-    async def _fast(self, tenant: bytes, g: _Group, index: int) -> GroupAck | None:
-        """The registry + fusion path; None = take the SQL path for this group."""
+    async def _fast(self, tenant: bytes, groups: list[_Group]) -> list[GroupAck | None]:
+        """The registry + fusion path of each group; None = take the SQL path for it."""
         link = self.link
-        assert link is not None and g.lease_id is not None
+        assert link is not None
         request_id = link.next_request_id()
-        req = AckRequest(link.generation, link.slot, request_id, index, tenant, g.lease_id.bytes,
-                         g.partition_id, g.group,
-                         frozenset(txn_hash(o.item.transaction_id) for o in g.outcomes))
         deadline = asyncio.get_running_loop().time() + _FAST_PATH_TIMEOUT_S
-        try:
-            verdict = await link.call(ack_shard(g.partition_id, self.shards), request_id, index,
-                                      req.pack(), deadline)
-        except (ShardGone, TimeoutError):
-            return None
-        if not isinstance(verdict, AckVerdict) or verdict.status != ACK_COMMITTED:
-            return None
-        for o in g.outcomes:
-            o.success = o.lease_released = True
-        # the shard already woke the pops parked on the queue (no queue named here)
-        return GroupAck(True, None, verdict.new - verdict.old, True)
+        calls = []
+        for index, g in enumerate(groups):
+            assert g.lease_id is not None
+            req = AckRequest(link.generation, link.slot, request_id, index, tenant,
+                             g.lease_id.bytes, g.partition_id, g.group,
+                             hash_set([txn_hash(o.item.transaction_id) for o in g.outcomes]))
+            calls.append(link.submit(ack_shard(g.partition_id, self.shards), request_id, index,
+                                     req.pack(), deadline))
+        answers: list[GroupAck | None] = []
+        for g, verdict in zip(groups, await verdicts_of(calls), strict=True):
+            if isinstance(verdict, BaseException) and \
+                    not isinstance(verdict, ShardGone | TimeoutError):
+                raise verdict
+            if not isinstance(verdict, AckVerdict) or verdict.status != ACK_COMMITTED:
+                answers.append(None)  # a miss, a rejection, ShardGone or a timeout
+                continue
+            for o in g.outcomes:
+                o.success = o.lease_released = True
+            # the shard already woke the pops parked on the queue (no queue named here)
+            answers.append(GroupAck(True, None, verdict.new - verdict.old, True))
+        return answers
 
     async def _sql(self, conn: Any, tenant: bytes, groups: list[_Group], completed: bool
                    ) -> list[GroupAck]:

@@ -1,10 +1,10 @@
 """What a pop hands to its caller: claims and messages built from the stored segments.
 
 The claims of ``log_pop_v1`` (``queen_mp.db.pop_procs.Claim``, decoded there) carry their
-covering segments as stored (chunks of frames). JSON answers unpack the frames of the claimed
-offsets and splice each payload into ``data`` verbatim (``orjson.Fragment``: a stored payload
-is already JSON text); ``QPF1`` answers (docs/api.md 3.7) forward every chunk byte for byte as
-one record.
+covering segments as stored (chunks of frames). JSON answers render each message of the
+claimed offsets straight from its frame into the JSON object docs/api.md 2.2 shows, with the
+payload spliced into ``data`` verbatim (a stored payload is already JSON text); ``QPF1``
+answers (docs/api.md 3.7) forward every chunk byte for byte as one record.
 """
 
 from __future__ import annotations
@@ -19,9 +19,8 @@ import orjson
 
 from queen_mp.crypto import PayloadCipher
 from queen_mp.db.pop_procs import Claim
-from queen_mp.wire.frames import FLAG_ENCRYPTED, decode_chunk, iter_chunks, iter_frames
+from queen_mp.wire.frames import FLAG_ENCRYPTED, Frame, decode_chunk, iter_chunks, iter_frames
 from queen_mp.wire.hashing import txn_hash_bytes
-from queen_mp.wire.ids import uuid_text
 from queen_mp.wire.times import iso_ms
 
 __all__ = [
@@ -29,7 +28,7 @@ __all__ = [
     "Delivered",
     "Undeliverable",
     "encode_qpf1",
-    "message_json",
+    "json_messages",
     "unpack_messages",
 ]
 
@@ -62,61 +61,120 @@ class Delivered:
     encrypted: bool  # payload is still the stored ciphertext (unpacked with decrypt=False)
 
 
-def unpack_messages(claim: Claim, cipher: PayloadCipher | None, max_chunk: int, *,
-                    decrypt: bool = True) -> Iterator[Delivered]:
-    """The frames of the claimed offsets, in offset order (records may overhang the claim).
-
-    ``decrypt=False`` keeps encrypted payloads as stored (a DLQ snapshot)."""
+def _claimed_chunks(claim: Claim, max_chunk: int
+                    ) -> Iterator[tuple[int, datetime, bytes | bytearray | memoryview, int]]:
+    """Each decoded chunk that holds claimed offsets: (offset of its first frame taken, its
+    segment's time, its frames, how many frames before that one to step over). The caller
+    stops taking frames past ``claim.end``."""
     for base, created, blob in claim.segments:
         offset = base
         for chunk in iter_chunks(blob):
             if offset + chunk.count <= claim.start or offset > claim.end:
                 offset += chunk.count
                 continue
-            frames = decode_chunk(chunk.codec, chunk.data, max_size=max_chunk)
             before = max(0, claim.start - offset)
-            offset += before
-            for frame in iter_frames(frames, skip=before):
-                if offset > claim.end:
-                    break
+            yield (offset + before, created,
+                   decode_chunk(chunk.codec, chunk.data, max_size=max_chunk), before)
+            offset += chunk.count
+
+
+def _plain_payload(claim: Claim, offset: int, frame: Frame, cipher: PayloadCipher | None
+                   ) -> bytes:
+    """The frame's payload, decrypted when the frame is encrypted."""
+    payload = bytes(frame.payload)
+    if not frame.flags & FLAG_ENCRYPTED:
+        return payload
+    if cipher is None:
+        raise Undeliverable(
+            f"message at offset {offset} of partition {claim.partition_id}"
+            " is encrypted and no QUEEN_ENCRYPTION_KEY is set")
+    try:
+        return cipher.decrypt(payload)
+    except Exception as ex:
+        raise Undeliverable(
+            f"message at offset {offset} of partition "
+            f"{claim.partition_id} does not decrypt: {ex}") from ex
+
+
+def unpack_messages(claim: Claim, cipher: PayloadCipher | None, max_chunk: int, *,
+                    decrypt: bool = True) -> Iterator[Delivered]:
+    """The frames of the claimed offsets, in offset order (records may overhang the claim).
+
+    ``decrypt=False`` keeps encrypted payloads as stored (a DLQ snapshot)."""
+    for offset, created, frames, before in _claimed_chunks(claim, max_chunk):
+        for frame in iter_frames(frames, skip=before):
+            if offset > claim.end:
+                break
+            encrypted = bool(frame.flags & FLAG_ENCRYPTED)
+            if decrypt:
+                payload = _plain_payload(claim, offset, frame, cipher)
+                encrypted = False
+            else:
                 payload = bytes(frame.payload)
-                encrypted = bool(frame.flags & FLAG_ENCRYPTED)
-                if encrypted and decrypt:
-                    if cipher is None:
-                        raise Undeliverable(
-                            f"message at offset {offset} of partition {claim.partition_id}"
-                            " is encrypted and no QUEEN_ENCRYPTION_KEY is set")
-                    try:
-                        payload = cipher.decrypt(payload)
-                    except Exception as ex:
-                        raise Undeliverable(
-                            f"message at offset {offset} of partition "
-                            f"{claim.partition_id} does not decrypt: {ex}") from ex
-                    encrypted = False
-                yield Delivered(claim, offset, frame.message_id, frame.transaction_id,
-                                frame.trace_id, frame.producer_sub, payload, created,
-                                txn_hash_bytes(frame.transaction_id_bytes),
-                                encrypted)
-                offset += 1
+            yield Delivered(claim, offset, frame.message_id, frame.transaction_id,
+                            frame.trace_id, frame.producer_sub, payload, created,
+                            txn_hash_bytes(frame.transaction_id_bytes),
+                            encrypted)
+            offset += 1
 
 
-def message_json(m: Delivered, lease_id: str | None, group: str) -> dict[str, Any]:
-    claim = m.claim
-    return {
-        "id": uuid_text(m.message_id),
-        "transactionId": m.transaction_id,
-        "traceId": uuid_text(m.trace_id) if m.trace_id else None,
-        "data": orjson.Fragment(m.payload) if m.payload else None,
-        "producerSub": m.producer_sub,
-        "createdAt": iso_ms(m.created_at),
-        "queue": claim.queue,
-        "partitionId": str(claim.partition_id),
-        "partition": claim.partition,
-        "offset": m.offset,
-        "leaseId": lease_id,
-        "consumerGroup": group,
-        "deliveryAttempt": claim.attempt,
-    }
+def _templates(claim: Claim, lease_id: str | None, group: str) -> tuple[bytes, bytes]:
+    """A message object of the claim split around its segment's createdAt: ``%`` slots for
+    id, transactionId, traceId, data, producerSub (JSON values) before it, offset (an
+    integer) after it. Every constant is orjson's own rendering of the value the dict form
+    held."""
+    dumps = orjson.dumps
+
+    def const(*parts: bytes) -> bytes:
+        return b"".join(parts).replace(b"%", b"%%")
+
+    head = b'{"id":%s,"transactionId":%s,"traceId":%s,"data":%s,"producerSub":%s,"createdAt":'
+    tail = b"".join((
+        const(b',"queue":', dumps(claim.queue), b',"partitionId":',
+              dumps(str(claim.partition_id)), b',"partition":', dumps(claim.partition),
+              b',"offset":'),
+        b"%d",
+        const(b',"leaseId":', dumps(lease_id), b',"consumerGroup":', dumps(group),
+              b',"deliveryAttempt":', dumps(claim.attempt), b"}")))
+    return head, tail
+
+
+def _uuid_json(raw: bytes) -> bytes:
+    h = raw.hex().encode()
+    return b'"%s-%s-%s-%s-%s"' % (h[:8], h[8:12], h[12:16], h[16:20], h[20:])
+
+
+def json_messages(claim: Claim, lease_id: str | None, group: str, cipher: PayloadCipher | None,
+                  max_chunk: int, hashes: list[bytes]) -> list[bytes]:
+    """The JSON object of each claimed message, in offset order, byte for byte what orjson
+    makes of the docs/api.md 2.2 message (id, transactionId, traceId, data, producerSub,
+    createdAt, queue, partitionId, partition, offset, leaseId, consumerGroup,
+    deliveryAttempt); appends each message's transaction hash to ``hashes`` (the lease grant).
+
+    PERF(pop): filled into one template per chunk from the frame's fields: no message
+    record and no dict per message, and nothing serialised twice (about three times less
+    front CPU per message than building and dumping a dict).
+    """
+    out: list[bytes] = []
+    append, remember = out.append, hashes.append
+    dumps = orjson.dumps
+    end = claim.end
+    head, tail = _templates(claim, lease_id, group)
+    for offset, created, frames, before in _claimed_chunks(claim, max_chunk):
+        template = b"".join((head, dumps(iso_ms(created)).replace(b"%", b"%%"), tail))
+        for frame in iter_frames(frames, skip=before):
+            if offset > end:
+                break
+            payload = (_plain_payload(claim, offset, frame, cipher) if frame.flags
+                       else frame.payload)
+            remember(txn_hash_bytes(frame.transaction_id_bytes))
+            trace = frame.trace_id
+            append(template % (
+                _uuid_json(frame.message_id), dumps(frame.transaction_id),
+                _uuid_json(trace) if trace else b"null", payload if payload else b"null",
+                dumps(frame.producer_sub), offset))
+            offset += 1
+    return out
 
 
 def _str16(text: str) -> bytes:

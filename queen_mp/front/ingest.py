@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from queen_mp.crypto import PayloadCipher
 from queen_mp.front.queueflags import QueueFlags
 from queen_mp.ipc.routing import push_shard
-from queen_mp.ipc.shardlink import ShardGone, ShardLink
+from queen_mp.ipc.shardlink import ShardGone, ShardLink, verdicts_of
 from queen_mp.models.items import ClientChunk, PushItem
 from queen_mp.spool import SpoolItem, SpoolWriteError, SpoolWriter
 from queen_mp.wire.frames import iter_frames, pack_frame
@@ -69,7 +69,7 @@ class Ingest:
         self.in_maintenance: Callable[[], bool] = lambda: False
 
     def shard_of(self, tenant: bytes, queue: str, partition: str) -> int:
-        return push_shard(tenant, queue, partition, self.shards)
+        return push_shard(tenant, queue, partition, self.shards) if self.shards > 1 else 0
 
     async def push(self, items: Sequence[PushItem], tenant: bytes,
                    chunks: Sequence[ClientChunk] = ()) -> list[ItemResult]:
@@ -97,24 +97,24 @@ class Ingest:
                               results)
             return _fill_followers(items, results, leader_of)
         await self.encrypt(items, tenant, {q for q, _ in groups})
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.timeout_s
-        request_id = self.link.next_request_id()
+        link = self.link
+        deadline = asyncio.get_running_loop().time() + self.timeout_s
+        request_id = link.next_request_id()
         deadline_ms = int((time.time() + self.timeout_s) * 1000)
         calls = []
         members = list(groups.items())
         for gi, ((queue, partition), idx) in enumerate(members):
             # NOTE(memory): only the packed bytes outlive this line, until they are in the ring.
             record = PushGroup(
-                generation=self.link.generation, slot=self.link.slot, request_id=request_id,
+                generation=link.generation, slot=link.slot, request_id=request_id,
                 group_index=gi, tenant=tenant, queue=queue, partition=partition,
                 hashes=b"".join(txn_hash(items[i].transaction_id) for i in idx),
                 count=len(idx), pieces=pieces_of(items, idx, chunks),
                 deadline_ms=deadline_ms).pack()
-            calls.append(self.link.call(self.shard_of(tenant, queue, partition), request_id, gi,
-                                        record, deadline))
+            calls.append(link.submit(self.shard_of(tenant, queue, partition), request_id, gi,
+                                     record, deadline))
         del record
-        outcomes = await asyncio.gather(*calls, return_exceptions=True)
+        outcomes = await verdicts_of(calls)
         to_spool: list[int] = []
         for (_, idx), outcome in zip(members, outcomes, strict=True):
             if isinstance(outcome, TimeoutError):
@@ -140,7 +140,11 @@ class Ingest:
     async def encrypt(self, items: Sequence[PushItem], tenant: bytes, queues: set[str]) -> None:
         """Re-frame the payloads of encrypted queues (flag 4); their client chunks are then
         rebuilt by the shard's normal raw-frame path."""
-        secret = {q for q in queues if await self.flags.encrypted(tenant, q)}
+        # PERF(queen): the memo answers almost every push: no await per queue then
+        flags = self.flags
+        if not any(flags.known_encrypted(tenant, q) is not False for q in queues):
+            return
+        secret = {q for q in queues if await flags.encrypted(tenant, q)}
         if not secret:
             return
         if self.cipher is None:

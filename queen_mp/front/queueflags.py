@@ -27,11 +27,18 @@ class QueueFlags:
         self.pool = pool
         self._memo: dict[tuple[bytes, str], tuple[float, bool]] = {}
 
-    async def encrypted(self, tenant: bytes, queue: str) -> bool:
-        now = time.monotonic()
+    def known_encrypted(self, tenant: bytes, queue: str) -> bool | None:
+        """The memoised flag, None when the memo has none (or an expired one)."""
         hit = self._memo.get((tenant, queue))
-        if hit is not None and hit[0] > now:
+        if hit is not None and hit[0] > time.monotonic():
             return hit[1]
+        return None
+
+    async def encrypted(self, tenant: bytes, queue: str) -> bool:
+        known = self.known_encrypted(tenant, queue)
+        if known is not None:
+            return known
+        now = time.monotonic()
         try:
             async with connection(self.pool) as conn:
                 flags = await procs.queue_flags(conn, tenant, queue)

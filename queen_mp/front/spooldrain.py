@@ -54,7 +54,7 @@ from typing import Any
 from queen_mp.front.ingest import EncryptionUnavailable, Ingest, pieces_of
 from queen_mp.front.queueflags import FlagsUnavailable
 from queen_mp.ipc.flags import FlagsBoard
-from queen_mp.ipc.shardlink import ShardGone
+from queen_mp.ipc.shardlink import ShardGone, verdicts_of
 from queen_mp.models.items import PushItem
 from queen_mp.spool.spool import (
     SpoolBusyError,
@@ -346,10 +346,10 @@ class Drainer:
                 for n in idx:
                     self._fail(batch[n], f"cannot build the push group: {ex}")
                 continue
-            calls.append(link.call(self.ingest.shard_of(tenant, queue, partition), request_id,
-                                   len(members), record, deadline))
+            calls.append(link.submit(self.ingest.shard_of(tenant, queue, partition),
+                                     request_id, len(members), record, deadline))
             members.append(idx)
-        outcomes = await asyncio.gather(*calls, return_exceptions=True)
+        outcomes = await verdicts_of(calls)
         for idx, outcome in zip(members, outcomes, strict=True):
             self._settle(batch, idx, outcome)
         for e in batch:

@@ -12,7 +12,6 @@ import contextlib
 import logging
 import os
 import uuid
-from collections import Counter
 
 from queen_mp.config import Config
 from queen_mp.crypto import PayloadCipher
@@ -37,7 +36,7 @@ from queen_mp.ipc.wakeup import WakeListener, Waker
 from queen_mp.metrics import Metrics, mark_process_dead
 from queen_mp.runtime import Runtime
 from queen_mp.spool import SpoolWriter
-from queen_mp.wire.records import LeaseGrant
+from queen_mp.wire.records import LeaseGrant, hash_set
 
 __all__ = ["SHARD_STALE_MS", "FrontWorker"]
 
@@ -45,7 +44,6 @@ log = logging.getLogger("queen_mp.worker")
 
 # A shard that has not beaten for this long is reported dead by /health.
 SHARD_STALE_MS = 3000
-_GRANT_TIMEOUT_S = 1.0
 _FLAGS_FIRST_READ_S = 2.0
 
 
@@ -175,37 +173,35 @@ class FrontWorker:
         """Count what acks consumed; wake pops parked on the caller's (``tenant``) queues
         where a lease was released."""
         if self.metrics is not None:
-            self.metrics.messages_acked.inc(sum(r.acked for r in results))
+            self.metrics.tally.inc(self.metrics.messages_acked, (), sum(r.acked for r in results))
         if self.waker is not None:
             self.waker.wake(bucket_of(tenant, r.queue) for r in results
                             if r.lease_released and r.queue)
 
-    async def grant_leases(self, tenant: bytes, lease_id: str, group: str,
-                           claims: list[Claim], hashes: dict[int, list[bytes]]) -> None:
+    def grant_leases(self, tenant: bytes, lease_id: str, group: str,
+                     claims: list[Claim], hashes: dict[int, list[bytes]]) -> None:
         """Tell each claim's ack shard what was delivered under the lease (the ack registry).
 
         Best effort: a grant that does not arrive only sends that batch's ack down the SQL path.
+        The grants leave at the end of the loop turn, before the pop's answer (written to its
+        socket at the end of the turn too, after them).
         """
         if not self.config.ack_registry or self.link is None:
             return
         lease = uuid.UUID(lease_id).bytes
-        deadline = asyncio.get_running_loop().time() + _GRANT_TIMEOUT_S
         for claim in claims:
             delivered = hashes.get(claim.partition_id)
             if not delivered or claim.lease_expires_at is None:
                 continue
-            if len(set(delivered)) != len(delivered):
+            distinct = hash_set(delivered)
+            if len(distinct) != 16 * len(delivered):
                 # NOTE(queen): a transactionId delivered twice (dedup off): acking it resolves
                 # to its lowest offset only, which a set cannot express; the SQL path decides.
                 continue
             grant = LeaseGrant(tenant, lease, claim.partition_id, claim.end,
                                int(claim.lease_expires_at.timestamp() * 1000), group,
-                               claim.queue, frozenset(delivered))
-            try:
-                await self.link.post(ack_shard(claim.partition_id, self.runtime.shards),
-                                     grant.pack(), deadline)
-            except TimeoutError:
-                log.warning("lease grant for partition %d not delivered", claim.partition_id)
+                               claim.queue, distinct)
+            self.link.post(ack_shard(claim.partition_id, self.runtime.shards), grant.pack())
 
     def after_transaction(self, tenant: bytes, queues: set[str], pushed: int) -> None:
         """A committed transaction of ``tenant``: count its pushes, wake pops parked on what
@@ -217,13 +213,15 @@ class FrontWorker:
 
     def count_popped(self, n: int) -> None:
         if self.metrics is not None:
-            self.metrics.messages_popped.inc(n)
+            self.metrics.tally.inc(self.metrics.messages_popped, (), n)
 
     def count_pushed(self, results: list[ItemResult]) -> None:
         if self.metrics is not None:
-            counts = Counter(r.status for r in results)
+            counts: dict[str, int] = {}
+            for r in results:
+                counts[r.status] = counts.get(r.status, 0) + 1
             for status, n in counts.items():
-                self.metrics.messages_pushed.labels(status).inc(n)
+                self.metrics.tally.inc(self.metrics.messages_pushed, (status,), n)
 
     def shards_alive(self) -> int:
         return self._board.alive(SHARD_STALE_MS) if self._board is not None else 0

@@ -16,11 +16,11 @@ import orjson
 from queen_mp.db.ack_procs import AckItem
 from queen_mp.db.errors import DatabaseError
 from queen_mp.front.worker import FrontWorker
+from queen_mp.http.answer import Answer
 from queen_mp.http.authz import tenant_of
 from queen_mp.http.body import read_body
 from queen_mp.http.dbcall import api_error
 from queen_mp.http.errors import (
-    JSON_UTF8,
     InvalidRequest,
     OutcomeUnknown,
     Timeout,
@@ -28,10 +28,10 @@ from queen_mp.http.errors import (
 )
 from queen_mp.models.items import parse_ack_item
 
-__all__ = ["AckBatchResource", "AckResource"]
+__all__ = ["MAX_BODY", "AckBatchResource", "AckResource"]
 
 MAX_ACKS = 100_000
-_MAX_BODY = 64 << 20
+MAX_BODY = 64 << 20
 
 
 def _load(body: bytes) -> Any:
@@ -45,39 +45,41 @@ class _AckBase:
     def __init__(self, worker: FrontWorker) -> None:
         self.worker = worker
 
-    async def _apply(self, req: falcon.asgi.Request, resp: falcon.asgi.Response,
-                     items: list[AckItem]) -> None:
-        tenant = tenant_of(req)
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        (await self.answer(await read_body(req, MAX_BODY), tenant_of(req))).apply(resp)
+
+    async def answer(self, body: bytes, tenant: bytes) -> Answer:
+        """The answer to the ack ``body`` of ``tenant``."""
+        items = self.items(_load(body))
         try:
             outcomes, results = await self.worker.acker.ack(tenant, items)
         except DatabaseError as ex:
             raise api_error(ex) from None
         self.worker.after_acks(tenant, results)
-        body = [o.to_json() for o in outcomes]
+        body_items = [o.to_json() for o in outcomes]
         failed = {o.error for o in outcomes if o.error in ("timeout", "outcome_unknown",
                                                             "unavailable")}
         if failed:
             if "outcome_unknown" in failed:
                 raise OutcomeUnknown("ack commit lost: outcome unknown; retry the call",
-                                     results=body)
+                                     results=body_items)
             if "timeout" in failed:
-                raise Timeout("ack timeout: retry the call", results=body)
+                raise Timeout("ack timeout: retry the call", results=body_items)
             raise Unavailable("database connection lost during the ack; retry the call",
-                              results=body)
-        resp.data = orjson.dumps(body)
-        resp.content_type = JSON_UTF8
-        resp.status = falcon.HTTP_200
+                              results=body_items)
+        return Answer(200, orjson.dumps(body_items))
+
+    def items(self, doc: Any) -> list[AckItem]:
+        raise NotImplementedError
 
 
 class AckResource(_AckBase):
-    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
-        doc = _load(await read_body(req, _MAX_BODY))
-        await self._apply(req, resp, [parse_ack_item(doc, 0, None)])
+    def items(self, doc: Any) -> list[AckItem]:
+        return [parse_ack_item(doc, 0, None)]
 
 
 class AckBatchResource(_AckBase):
-    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
-        doc = _load(await read_body(req, _MAX_BODY))
+    def items(self, doc: Any) -> list[AckItem]:
         if not isinstance(doc, dict):
             raise InvalidRequest("the body must be an object with acknowledgments")
         acks = doc.get("acknowledgments")
@@ -90,5 +92,4 @@ class AckBatchResource(_AckBase):
         if group is not None and not isinstance(group, str):
             raise InvalidRequest("consumerGroup must be a string or null",
                                  field="consumerGroup")
-        items = [parse_ack_item(a, i, group) for i, a in enumerate(acks)]
-        await self._apply(req, resp, items)
+        return [parse_ack_item(a, i, group) for i, a in enumerate(acks)]

@@ -15,7 +15,7 @@ flight. So these two routes also take permits from a second, small FIFO budget, 
 beyond the window waits unread, like one beyond the budget, and answers the same 429 when the
 hold runs out. A body larger than the window takes all of it. A compressed body (QPB1 push,
 QTB1 transaction) weighs less than it becomes: once read, its grant is re-sized to what its zstd
-frame headers say it decodes to (``_Grant.rewindow``), before anything is decompressed.
+frame headers say it decodes to (``Grant.rewindow``), before anything is decompressed.
 
 Sizing. A request with ``Content-Length: n`` takes ``n`` bytes; one without (chunked) takes the
 body limit's worth (``QUEEN_MAX_BODY_MB``), as it may be that big; one declaring more than the
@@ -73,6 +73,7 @@ __all__ = [
     "WINDOWED_PATHS",
     "Admission",
     "ByteBudget",
+    "Grant",
     "disk_used_pct",
     "rewindow",
 ]
@@ -122,13 +123,19 @@ class ByteBudget:
     def clamp(self, size: int) -> int:
         return max(0, min(size, self.capacity))
 
+    def try_acquire(self, size: int) -> bool:
+        """Take ``size`` (already clamped) bytes if that needs no wait."""
+        if size == 0 or (not self._waiters and size <= self.available):
+            self.available -= size
+            return True
+        return False
+
     async def acquire(self, size: int, timeout_s: float) -> bool:
         """Take ``size`` (already clamped) bytes; False if not granted within ``timeout_s``.
 
         A task cancelled while waiting leaves the queue (or gives back what it was granted).
         """
-        if size == 0 or (not self._waiters and size <= self.available):
-            self.available -= size
+        if self.try_acquire(size):
             return True
         if timeout_s <= 0:
             return False
@@ -185,7 +192,7 @@ class ByteBudget:
             waiter.future.set_result(True)
 
 
-class _Grant:
+class Grant:
     """Permits held by one request (admission budget and work window); released once, by
     process_response or the backstop."""
 
@@ -204,7 +211,7 @@ class _Grant:
         self._finalizer = weakref.finalize(owner, _release_later, loop, self)
         self._finalizer.atexit = False
 
-    async def rewindow(self, req: falcon.asgi.Request, work: int) -> None:
+    async def rewindow(self, path: str, work: int) -> None:
         """Hold ``work`` bytes of the work window instead of the body's length, once the body
         says it becomes more than it weighs (compressed frames); a 429 past the request's hold
         (the one it was admitted under: a request never waits longer than one hold in all).
@@ -221,7 +228,7 @@ class _Grant:
         window.release(self.window)
         self.window = 0
         if not await window.acquire(size, self.deadline - asyncio.get_running_loop().time()):
-            admission._reject(req, admission._overloaded(window))
+            admission._reject(path, admission._overloaded(window))
         self.window = size
 
     def release(self) -> None:
@@ -234,15 +241,15 @@ class _Grant:
 
 
 async def rewindow(req: falcon.asgi.Request, work: int) -> None:
-    """``_Grant.rewindow`` of the request's grant: a compressed body (QPB1 push, QTB1
+    """``Grant.rewindow`` of the request's grant: a compressed body (QPB1 push, QTB1
     transaction) holds the work window for ``work``, what it decodes to. Nothing when the
     request holds no grant (admission took no permits for it)."""
-    grant: _Grant | None = getattr(req.context, "admission", None)
+    grant: Grant | None = getattr(req.context, "admission", None)
     if grant is not None:
-        await grant.rewindow(req, work)
+        await grant.rewindow(req.path, work)
 
 
-def _release_later(loop: asyncio.AbstractEventLoop, grant: _Grant) -> None:
+def _release_later(loop: asyncio.AbstractEventLoop, grant: Grant) -> None:
     # the finalizer may run from any thread's garbage collection
     if grant.size >= 0:
         log.warning("admission permits of %d bytes released by the backstop", grant.size)
@@ -339,33 +346,51 @@ class Admission:
             return
         # a 429/507 raised here happens before routing; label it with its route anyway
         req.uri_template = req.path
-        self._check_disk(req)
-        size = self.cost(req.content_length)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.hold_s()
-        if not await self.budget.acquire(size, deadline - loop.time()):
-            self._reject(req, self._overloaded(self.budget))
-        window = 0
-        if self.window is not None and req.path in WINDOWED_PATHS:
-            window = self.window.clamp(size)
-            try:
-                admitted = await self.window.acquire(window, deadline - loop.time())
-            except BaseException:  # cancelled while waiting: no grant holds ``size`` yet
-                self._released(size, 0)
-                raise
-            if not admitted:
-                self._released(size, 0)
-                self._reject(req, self._overloaded(self.window))
-        if size:
-            grant = _Grant(self, size, window, deadline)
+        grant = await self.admit(req.path, req.content_length)
+        if grant is not None:
             req.context.admission = grant
             grant.guard(req.context)
+
+    async def admit(self, path: str, content_length: int | None) -> Grant | None:
+        """Permits for a POST to ``path`` (one of ADMITTED_PATHS) declaring ``content_length``
+        bytes, or a 429/507 refusal; None when it takes none. The caller releases them."""
+        self._check_disk(path)
+        size = self.cost(content_length)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.hold_s()
+        # PERF(http): what fits takes its permits without a coroutine; only a wait awaits
+        waited = not self.budget.try_acquire(size)
+        if waited and not await self.budget.acquire(size, deadline - loop.time()):
+            self._reject(path, self._overloaded(self.budget))
+        window = 0
+        if self.window is not None and path in WINDOWED_PATHS:
+            window = self.window.clamp(size)
+            if not self.window.try_acquire(window):
+                waited = True
+                try:
+                    admitted = await self.window.acquire(window, deadline - loop.time())
+                except BaseException:  # cancelled while waiting: no grant holds ``size`` yet
+                    self._released(size, 0)
+                    raise
+                if not admitted:
+                    self._released(size, 0)
+                    self._reject(path, self._overloaded(self.window))
+        grant = None
+        if size:
+            grant = Grant(self, size, window, deadline)
             self._gauge()
-        self._check_disk(req)  # it may have filled while we waited (sampled: cheap)
+        if waited:
+            try:
+                self._check_disk(path)  # it may have filled while we waited (sampled: cheap)
+            except ApiError:
+                if grant is not None:
+                    grant.release()
+                raise
+        return grant
 
     async def process_response(self, req: falcon.asgi.Request, resp: falcon.asgi.Response,
                                resource: object, req_succeeded: bool) -> None:
-        grant: _Grant | None = getattr(req.context, "admission", None)
+        grant: Grant | None = getattr(req.context, "admission", None)
         if grant is not None:
             req.context.admission = None
             grant.release()
@@ -377,12 +402,12 @@ class Admission:
         self.budget.release(size)
         self._gauge()
 
-    def _check_disk(self, req: falcon.asgi.Request) -> None:
-        if req.path not in DISK_CHECKED_PATHS:
+    def _check_disk(self, path: str) -> None:
+        if path not in DISK_CHECKED_PATHS:
             return
         pct = self.disk_pct()
         if pct > self.disk_high_pct:
-            self._reject(req, StorageFull(
+            self._reject(path, StorageFull(
                 f"storage is {pct:.1f}% used, above the {self.disk_high_pct:g}% high-water "
                 "mark (QUEEN_DISK_HIGH_PCT); nothing was written"))
 
@@ -394,13 +419,13 @@ class Admission:
             f"happened, retry after {seconds} s", headers={"Retry-After": str(seconds)},
             retryAfter=seconds)
 
-    def _reject(self, req: falcon.asgi.Request, err: ApiError) -> None:
+    def _reject(self, path: str, err: ApiError) -> None:
         metrics = self._metrics()
         if metrics is not None:
             metrics.admission_rejected.labels(err.code).inc()
-        raise kv_error(err) if req.path in _KV_SHAPED else err
+        raise kv_error(err) if path in _KV_SHAPED else err
 
     def _gauge(self) -> None:
         metrics = self._metrics()
         if metrics is not None:
-            metrics.admission_bytes.set(self.budget.in_use)
+            metrics.tally.set(metrics.admission_bytes, self.budget.in_use)

@@ -8,7 +8,6 @@ worker builds its own app after fork.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import falcon
@@ -25,8 +24,10 @@ from queen_mp.http.admission import Admission
 from queen_mp.http.authz import Authz
 from queen_mp.http.configure import ConfigureResource
 from queen_mp.http.dlq import DlqResource, RetryResource
+from queen_mp.http.edge import EdgeMiddleware
 from queen_mp.http.errors import JSON_UTF8
 from queen_mp.http.health import HealthResource
+from queen_mp.http.hot import HotRoutes
 from queen_mp.http.kv import KvResource
 from queen_mp.http.leases import LeaseExtendResource
 from queen_mp.http.messages import MessageResource, MessagesResource, QueueMessagesResource
@@ -60,33 +61,6 @@ class Lifespan:
         await self.worker.stop()
 
 
-class EdgeMiddleware:
-    """CORS on every answer, OPTIONS as 204, and request accounting by route template."""
-
-    def __init__(self, worker: FrontWorker) -> None:
-        self.worker = worker
-
-    async def process_request(self, req: falcon.asgi.Request,
-                              resp: falcon.asgi.Response) -> None:
-        req.context.started = time.perf_counter()
-        if req.method == "OPTIONS":
-            resp.status = falcon.HTTP_204
-            resp.set_header("Access-Control-Allow-Methods", "GET, POST, PUT, DELETE, OPTIONS")
-            resp.set_header("Access-Control-Allow-Headers",
-                            req.get_header("Access-Control-Request-Headers") or "*")
-            resp.complete = True
-
-    async def process_response(self, req: falcon.asgi.Request, resp: falcon.asgi.Response,
-                               resource: object, req_succeeded: bool) -> None:
-        resp.set_header("Access-Control-Allow-Origin", "*")
-        metrics = self.worker.metrics
-        if metrics is None or req.method == "OPTIONS":
-            return
-        route = req.uri_template or "unmatched"
-        metrics.http_requests.labels(route, str(resp.status_code)).inc()
-        metrics.http_latency.labels(route).observe(time.perf_counter() - req.context.started)
-
-
 def _json_handlers() -> falcon.media.Handlers:
     json = falcon.media.JSONHandler(dumps=lambda o: orjson.dumps(o).decode(), loads=orjson.loads)
     return falcon.media.Handlers({falcon.MEDIA_JSON: json, JSON_UTF8: json})
@@ -102,10 +76,21 @@ class App(falcon.asgi.App):
     version other than 1.0, 1.1, 2, 3 before any handler runs, and uvicorn answers that with
     a bare 500 (found by tests/fuzz)."""
 
+    #: the hot routes, answered without falcon's request machinery (queen_mp/http/hot.py)
+    hot: HotRoutes | None = None
+
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        version = scope.get("http_version", "1.1")
-        if scope["type"] != "http" or version in _HTTP_VERSIONS:
+        if scope["type"] != "http":
             await super().__call__(scope, receive, send)
+            return
+        version = scope.get("http_version", "1.1")
+        if version in _HTTP_VERSIONS:
+            hot = self.hot
+            call = hot.match(scope) if hot is not None else None
+            if hot is not None and call is not None:
+                await hot.serve(call, receive, send)
+            else:
+                await super().__call__(scope, receive, send)
             return
         err = errors.InvalidRequest(f"HTTP/{version} is not supported (HTTP/1.0 or 1.1)")
         await send({"type": "http.response.start", "status": err.status,
@@ -120,9 +105,8 @@ def create_app(config: Config, runtime: Runtime, worker: FrontWorker | None = No
     # NOTE(auth): right after the edge (OPTIONS, CORS) and before admission, so a request
     # refused 401/403 never takes admission permits nor reads its body.
     authz = Authz(Verifier.from_config(config))
-    app = App(media_type=JSON_UTF8,
-              middleware=[Lifespan(worker), EdgeMiddleware(worker), authz,
-                          Admission.for_worker(worker)])
+    edge, admission = EdgeMiddleware(worker), Admission.for_worker(worker)
+    app = App(media_type=JSON_UTF8, middleware=[Lifespan(worker), edge, authz, admission])
     authz.bind(app)
     app.req_options.media_handlers = _json_handlers()
     app.resp_options.media_handlers = _json_handlers()
@@ -136,7 +120,8 @@ def create_app(config: Config, runtime: Runtime, worker: FrontWorker | None = No
     app.add_route("/metrics", MetricsJsonResource(worker))
     app.add_route("/metrics/prometheus", PrometheusResource(worker))
     app.add_route(OPENAPI_PATH, OpenApiResource())  # public, like /health
-    app.add_route("/api/v1/push", PushResource(worker))
+    push = PushResource(worker)
+    app.add_route("/api/v1/push", push)
     app.add_route("/api/v1/consumer-groups", groups.GroupsResource(worker))
     # the literal 'lagging' segment wins over {group} in falcon's router
     app.add_route("/api/v1/consumer-groups/lagging", groups.LaggingResource(worker))
@@ -153,8 +138,9 @@ def create_app(config: Config, runtime: Runtime, worker: FrontWorker | None = No
     app.add_route("/api/v1/pop/queue/{queue}/partition/{partition:path}", pop,
                   suffix="partition")
     app.add_route("/api/v1/lease/{lease_id}/extend", LeaseExtendResource(worker))
-    app.add_route("/api/v1/ack", AckResource(worker))
-    app.add_route("/api/v1/ack/batch", AckBatchResource(worker))
+    ack, ack_batch = AckResource(worker), AckBatchResource(worker)
+    app.add_route("/api/v1/ack", ack)
+    app.add_route("/api/v1/ack/batch", ack_batch)
     app.add_route("/api/v1/transaction", TransactionResource(worker))
     app.add_route("/api/v1/kv", KvResource(worker))
     app.add_route("/api/v1/timers", TimersResource(worker))
@@ -191,6 +177,8 @@ def create_app(config: Config, runtime: Runtime, worker: FrontWorker | None = No
     app.add_route("/api/v1/status/buffers", spool)
     app.add_route("/api/v1/system/spool/drain", SpoolDrainResource(worker))
     app.add_sink(_not_found, prefix="/")
+    app.hot = HotRoutes(app._router.find, app.req_options.strip_url_path_trailing_slash,
+                        edge, authz, admission, push, pop, ack, ack_batch)
     return app
 
 

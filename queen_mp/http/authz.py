@@ -112,17 +112,25 @@ class Authz:
         if template is not None:
             # a refusal is counted under its route (falcon sets this only after routing)
             req.uri_template = template
+        self._set(req, self.principal(req.method, req.path, template,
+                                      req.get_header("Authorization")))
+
+    def principal(self, method: str, path: str, template: str | None,
+                  authorization: str | None) -> Principal:
+        """Who calls ``method`` on ``path`` (the route ``template``) with this Authorization
+        header; 401 or 403 if they may not. Authentication on, not a public path."""
+        assert self.verifier is not None
         try:
-            principal = self.verifier.verify_header(req.get_header("Authorization"))
+            principal = self.verifier.verify_header(authorization)
         except AuthError as ex:
-            raise _shaped(req, Unauthorized(
+            raise _shaped(path, Unauthorized(
                 str(ex), headers={"WWW-Authenticate": 'Bearer error="invalid_token"'})) from None
-        need = required_role(req.method, template)
+        need = required_role(method, template)
         if principal.role < need:
-            raise _shaped(req, Forbidden(
-                f"{req.method} {template or req.path} needs the {need.label} role; the token "
+            raise _shaped(path, Forbidden(
+                f"{method} {template or path} needs the {need.label} role; the token "
                 f"has {principal.role.label}", role=principal.role.label, needed=need.label))
-        self._set(req, principal)
+        return principal
 
     @staticmethod
     def _set(req: falcon.asgi.Request, principal: Principal) -> None:
@@ -131,5 +139,5 @@ class Authz:
         req.context.role = principal.role
 
 
-def _shaped(req: falcon.asgi.Request, err: ApiError) -> ApiError:
-    return kv_error(err) if _kv_shaped(req.path) else err
+def _shaped(path: str, err: ApiError) -> ApiError:
+    return kv_error(err) if _kv_shaped(path) else err

@@ -9,25 +9,34 @@ encoding is ``415``.
 from __future__ import annotations
 
 import zlib
+from collections.abc import AsyncIterable
 
 import falcon.asgi
 import zstandard
 
 from queen_mp.http.errors import BodyTooLarge, InvalidRequest, UnsupportedEncoding
 
-__all__ = ["read_body"]
+__all__ = ["read_body", "read_stream"]
 
 _READ_CHUNK = 1 << 16
 
 
 async def read_body(req: falcon.asgi.Request, limit: int) -> bytes:
-    declared = req.content_length
+    """The body of a falcon request (``read_stream`` of its stream)."""
+    return await read_stream(req.content_length, req.stream, req.get_header("Content-Encoding"),
+                             limit)
+
+
+async def read_stream(declared: int | None, chunks: AsyncIterable[bytes], encoding: str | None,
+                      limit: int) -> bytes:
+    """A body of ``declared`` bytes (the Content-Length, None without one) from its chunks,
+    decoded per its Content-Encoding, within ``limit``."""
     if declared is not None and declared > limit:
         raise BodyTooLarge(f"body of {declared} bytes is over the {limit} byte limit",
                            limit=limit)
     parts: list[bytes] = []
     size = 0
-    async for chunk in req.stream:
+    async for chunk in chunks:
         size += len(chunk)
         if size > limit:
             raise BodyTooLarge(f"body is over the {limit} byte limit", limit=limit)
@@ -38,7 +47,7 @@ async def read_body(req: falcon.asgi.Request, limit: int) -> bytes:
         # on a truncated body as if it were whole.
         raise InvalidRequest(f"body of {size} bytes, but Content-Length said {declared}",
                              field="Content-Length")
-    encoding = (req.get_header("Content-Encoding") or "identity").strip().lower()
+    encoding = (encoding or "identity").strip().lower()
     if encoding in ("", "identity"):
         return body
     if encoding == "gzip":

@@ -127,7 +127,7 @@ class DlqResource:
         self.worker = worker
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
-        q = Query(req)
+        q = Query(req.query_string)
         queue = q.name("queue")
         group = q.name("consumerGroup")
         partition = q.name("partition", slash_ok=True)
@@ -162,7 +162,7 @@ class RetryResource:
                       partition_id: str, transaction_id: str) -> None:
         pid = path_partition_id(partition_id)
         txn = path_transaction_id(transaction_id)
-        group = Query(req).name("consumerGroup")
+        group = Query(req.query_string).name("consumerGroup")
         tenant = tenant_of(req)
         cipher = self.worker.cipher
 
@@ -214,7 +214,7 @@ class MessageResource:
                         partition_id: str, transaction_id: str) -> None:
         pid = path_partition_id(partition_id)
         txn = path_transaction_id(transaction_id)
-        group = Query(req).name("consumerGroup")
+        group = Query(req.query_string).name("consumerGroup")
         tenant = tenant_of(req)
         n = await call_db(self.worker.pool, lambda conn: dlq_procs.delete(conn, tenant, pid, txn,
                                                                    group))

@@ -1,11 +1,12 @@
 """API errors: one base class, one subclass per row of docs/api.md section 1.4, one renderer.
 
-The one place where a failure becomes an HTTP answer. Responders raise; ``handle_error``
-renders every failure as ``{"error", "code", ...}`` JSON: an ``ApiError`` as it is, a domain
-refusal of the request models (``queen_mp.models.errors.RequestError``) or of the wire
-decoders (``queen_mp.wire.errors.WireError``) as the ``ApiError`` of its code. Anything else
-(but a falcon routing error) is a bug: it is logged and answered ``500 internal``, and the
-worker goes on serving.
+The one place where a failure becomes an HTTP answer. Responders raise; ``error_of`` maps
+every failure to the ``ApiError`` rendered as ``{"error", "code", ...}`` JSON (by
+``handle_error`` in falcon, by queen_mp/http/hot.py on the hot routes): an ``ApiError`` as it
+is, a domain refusal of the request models (``queen_mp.models.errors.RequestError``) or of the
+wire decoders (``queen_mp.wire.errors.WireError``) as the ``ApiError`` of its code. Anything
+else (but a falcon routing error) is a bug: it is logged and answered ``500 internal``, and
+the worker goes on serving.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any, ClassVar
 import falcon
 import orjson
 
+from queen_mp.http.answer import JSON_UTF8, Answer
 from queen_mp.models.errors import RequestError
 from queen_mp.wire.errors import WireError
 
@@ -44,6 +46,8 @@ __all__ = [
     "Unsupported",
     "UnsupportedEncoding",
     "UnsupportedFlags",
+    "error_answer",
+    "error_of",
     "from_request",
     "from_wire",
     "handle_error",
@@ -51,8 +55,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("queen_mp.http")
-
-JSON_UTF8 = "application/json; charset=utf-8"  # docs/api.md 1.6
 
 
 class ApiError(Exception):
@@ -144,26 +146,27 @@ def _from_falcon(ex: falcon.HTTPError) -> ApiError:
     return Internal(ex.description or ex.title or "internal error")
 
 
-def render(resp: falcon.asgi.Response, err: ApiError) -> None:
-    resp.status = err.status
-    resp.content_type = JSON_UTF8
-    resp.data = orjson.dumps(err.to_dict())
-    for name, value in err.headers.items():
-        resp.set_header(name, value)
+def error_answer(err: ApiError) -> Answer:
+    """The answer of an API error: its JSON, then its own headers."""
+    return Answer(err.status, orjson.dumps(err.to_dict()), JSON_UTF8,
+                  tuple((name.lower(), str(value)) for name, value in err.headers.items()))
+
+
+def error_of(ex: BaseException, method: str, path: str) -> ApiError:
+    """API errors as they are, the rest mapped, or logged (a bug on ``method path``) as 500."""
+    if isinstance(ex, ApiError):
+        return ex
+    if isinstance(ex, RequestError):
+        return from_request(ex)
+    if isinstance(ex, WireError):
+        return from_wire(ex)
+    if isinstance(ex, falcon.HTTPError):
+        return _from_falcon(ex)
+    log.exception("unhandled error on %s %s", method, path, exc_info=ex)
+    return Internal(f"internal error: {type(ex).__name__}")
 
 
 async def handle_error(req: falcon.asgi.Request, resp: falcon.asgi.Response,
                        ex: BaseException, params: dict[str, Any]) -> None:
-    """The one error handler: API errors as they are, the rest mapped or logged as 500."""
-    if isinstance(ex, ApiError):
-        err = ex
-    elif isinstance(ex, RequestError):
-        err = from_request(ex)
-    elif isinstance(ex, WireError):
-        err = from_wire(ex)
-    elif isinstance(ex, falcon.HTTPError):
-        err = _from_falcon(ex)
-    else:
-        log.exception("unhandled error on %s %s", req.method, req.path)
-        err = Internal(f"internal error: {type(ex).__name__}")
-    render(resp, err)
+    """The one error handler of the falcon app (``error_of``, rendered)."""
+    error_answer(error_of(ex, req.method, req.path)).apply(resp)

@@ -133,7 +133,7 @@ async def _delete(worker: FrontWorker, req: falcon.asgi.Request, resp: falcon.as
     group = _group(group)
     if queue is not None:
         queue = _queue(queue)
-    delete_metadata = Query(req).flag("deleteMetadata", True)
+    delete_metadata = Query(req.query_string).flag("deleteMetadata", True)
     tenant = tenant_of(req)
     res = await call_db(worker.pool, lambda conn: group_procs.delete_group(
         conn, tenant, group, queue, delete_metadata))
@@ -166,7 +166,7 @@ class LaggingResource:
         self.worker = worker
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
-        min_lag = Query(req).integer("minLagSeconds", DEFAULT_MIN_LAG_S, minimum=0)
+        min_lag = Query(req.query_string).integer("minLagSeconds", DEFAULT_MIN_LAG_S, minimum=0)
         tenant = tenant_of(req)
         rows = await call_db(self.worker.pool,
                              lambda conn: group_procs.lagging(conn, tenant, min_lag))

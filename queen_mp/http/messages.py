@@ -120,7 +120,7 @@ class _Filters:
 
 
 def _filters(req: falcon.asgi.Request, queue: str | None = None) -> _Filters:
-    q = Query(req)
+    q = Query(req.query_string)
     if queue is None:
         queue = q.name("queue")
     status = q.text("status") or None
@@ -384,7 +384,7 @@ class MessageResource(dlq.MessageResource):
                      partition_id: str, transaction_id: str) -> None:
         pid = path_partition_id(partition_id)
         txn = path_transaction_id(transaction_id)
-        group = parse_group(Query(req).text("consumerGroup"))
+        group = parse_group(Query(req.query_string).text("consumerGroup"))
         tenant = tenant_of(req)
         max_chunk = self.worker.config.max_decompressed_mb << 20
         hit = await call_db(self.worker.pool,

@@ -19,11 +19,12 @@ from queen_mp.front.delivery import (
     Claim,
     Undeliverable,
     encode_qpf1,
-    message_json,
+    json_messages,
     unpack_messages,
 )
 from queen_mp.front.popper import Popped, PopRequest, TooManyParked
 from queen_mp.front.worker import FrontWorker
+from queen_mp.http.answer import Answer
 from queen_mp.http.authz import tenant_of
 from queen_mp.http.dbcall import api_error
 from queen_mp.http.errors import (
@@ -72,22 +73,25 @@ class PopResource:
         self.worker = worker
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
-        await self._pop(req, resp, None, None)
+        (await self.answer(req.query_string, tenant_of(req), None, None)).apply(resp)
 
     async def on_get_queue(self, req: falcon.asgi.Request, resp: falcon.asgi.Response,
                            queue: str) -> None:
-        check_queue_name(queue)
-        await self._pop(req, resp, queue, None)
+        (await self.answer(req.query_string, tenant_of(req), queue, None)).apply(resp)
 
     async def on_get_partition(self, req: falcon.asgi.Request, resp: falcon.asgi.Response,
                                queue: str, partition: str) -> None:
-        check_queue_name(queue)
-        check_partition_name(partition)
-        await self._pop(req, resp, queue, partition)
+        (await self.answer(req.query_string, tenant_of(req), queue, partition)).apply(resp)
 
-    async def _pop(self, req: falcon.asgi.Request, resp: falcon.asgi.Response,
-                   queue: str | None, partition: str | None) -> None:
-        q = Query(req)
+    async def answer(self, query_string: str, tenant: bytes, queue: str | None,
+                     partition: str | None) -> Answer:
+        """The answer to a pop by ``tenant`` from ``queue`` (None: namespace or task
+        discovery) and ``partition`` (None: any) with these query parameters."""
+        if queue is not None:
+            check_queue_name(queue)
+        if partition is not None:
+            check_partition_name(partition)
+        q = Query(query_string)
         namespace = task = None
         if queue is None:
             namespace, task = q.text("namespace") or None, q.text("task") or None
@@ -106,7 +110,7 @@ class PopResource:
             "partitions", 1, minimum=1, maximum=MAX_PARTITIONS)
         mode, start = _subscription(q)
         request = PopRequest(
-            tenant=tenant_of(req), queue=queue, partition=partition, namespace=namespace, task=task,
+            tenant=tenant, queue=queue, partition=partition, namespace=namespace, task=task,
             group=parse_group(q.text("consumerGroup")), batch=batch, partitions=partitions,
             wait=q.flag("wait", False),
             timeout_ms=q.integer("timeout", 30_000, minimum=0, maximum=MAX_TIMEOUT_MS),
@@ -115,8 +119,7 @@ class PopResource:
 
         popped = await self._run(request)
         if popped is None:
-            resp.status = falcon.HTTP_204
-            return
+            return Answer(204)
         extra: dict[str, Any] = {}
         if autopilot:
             extra["autopilot"] = {"partitions": partitions, "batch": batch,
@@ -135,22 +138,21 @@ class PopResource:
                         hashes[claim.partition_id] = [
                             m.hash for m in unpack_messages(claim, None, limit, decrypt=False)]
             else:
-                messages: list[dict[str, Any]] = []
+                messages: list[bytes] = []
                 for claim in popped.claims:
                     delivered = hashes[claim.partition_id] = []
-                    for m in unpack_messages(claim, worker.cipher, limit):
-                        delivered.append(m.hash)
-                        messages.append(message_json(m, popped.lease_id, request.group))
-                body = orjson.dumps(_answer(popped, request.group, extra, messages))
+                    messages += json_messages(claim, popped.lease_id, request.group,
+                                              worker.cipher, limit, delivered)
+                body = orjson.dumps(_answer(popped, request.group, extra,
+                                            orjson.Fragment(b"[%s]" % b",".join(messages))))
                 content_type = JSON_UTF8
         except Undeliverable as ex:
             raise Unavailable(f"cannot deliver: {ex}") from None
         if popped.lease_id is not None:
-            await worker.grant_leases(request.tenant, popped.lease_id, request.group,
-                                      popped.claims, hashes)
-        resp.data = body
-        resp.content_type = content_type
+            worker.grant_leases(request.tenant, popped.lease_id, request.group,
+                                popped.claims, hashes)
         worker.count_popped(sum(c.count for c in popped.claims))
+        return Answer(200, body, content_type)
 
     async def _run(self, request: PopRequest) -> Popped | None:
         popper = self.worker.popper
@@ -166,7 +168,7 @@ class PopResource:
 
 
 def _answer(popped: Popped, group: str, extra: dict[str, Any],
-            messages: list[dict[str, Any]]) -> dict[str, Any]:
+            messages: orjson.Fragment) -> dict[str, Any]:
     first = popped.claims[0]
     return {
         "success": True,

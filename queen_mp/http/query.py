@@ -8,8 +8,6 @@ import re
 from datetime import datetime
 from urllib.parse import parse_qsl
 
-import falcon.asgi
-
 from queen_mp.http.errors import InvalidRequest
 from queen_mp.wire.binary_push import check_name
 from queen_mp.wire.times import parse_iso
@@ -23,9 +21,9 @@ _FALSE = {"false", "0"}
 
 
 class Query:
-    def __init__(self, req: falcon.asgi.Request) -> None:
+    def __init__(self, query_string: str) -> None:
         self._values: dict[str, str] = {}
-        for name, value in parse_qsl(req.query_string, keep_blank_values=True):
+        for name, value in parse_qsl(query_string, keep_blank_values=True):
             self._values.setdefault(name, value)
 
     def __contains__(self, name: str) -> bool:

@@ -222,7 +222,7 @@ class QueuesResource(_Resource):
     """``GET /api/v1/resources/queues?namespace=&task=&limit=100&offset=0``."""
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
-        q = Query(req)
+        q = Query(req.query_string)
         namespace, task = _filter(q, "namespace"), _filter(q, "task")
         limit, offset = _paging(q)
         tenant = tenant_of(req)
@@ -264,7 +264,7 @@ class DepthResource(_Resource):
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response,
                      queue: str) -> None:
         queue = _queue(queue)
-        group = _filter(Query(req), "group", slash_ok=False)
+        group = _filter(Query(req.query_string), "group", slash_ok=False)
         tenant = tenant_of(req)
         rows = await call_db(self.worker.pool,
                              lambda conn: admin_procs.depth(conn, tenant, queue, group))
@@ -308,7 +308,7 @@ class PartitionsResource(_Resource):
     """``GET /api/v1/resources/partitions?queue=&limit=100&offset=0``."""
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
-        q = Query(req)
+        q = Query(req.query_string)
         queue = _filter(q, "queue", slash_ok=False)
         limit, offset = _paging(q)
         tenant = tenant_of(req)
@@ -330,7 +330,7 @@ class StatusResource(_Resource):
     """
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
-        q = Query(req)
+        q = Query(req.query_string)
         queue = _filter(q, "queue", slash_ok=False)
         namespace, task = _filter(q, "namespace"), _filter(q, "task")
         start, end = _time_range(q)
@@ -370,7 +370,7 @@ class StatusQueuesResource(_Resource):
     plus ``pagination``. ``from``/``to`` are checked but the counts are the current state."""
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
-        q = Query(req)
+        q = Query(req.query_string)
         namespace, task = _filter(q, "namespace"), _filter(q, "task")
         _time_range(q)
         limit, offset = _paging(q)
@@ -400,7 +400,7 @@ class AnalyticsResource(_Resource):
     ``queue``/``namespace``/``task`` filters of /status)."""
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
-        q = Query(req)
+        q = Query(req.query_string)
         interval = q.text("interval") or "minute"
         if interval not in _ANALYTICS_INTERVALS:
             raise InvalidRequest(f"interval={interval!r}: minute, hour or day",

@@ -173,7 +173,7 @@ class TimerQueueResource:
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response,
                      queue: str) -> None:
         timers.check_queue(queue)
-        q = Query(req)
+        q = Query(req.query_string)
         limit = q.integer("limit", DEFAULT_LIMIT, minimum=1, maximum=MAX_LIMIT)
         offset = q.integer("offset", 0, minimum=0, maximum=(1 << 63) - 1)
         tenant = tenant_of(req)

@@ -6,6 +6,15 @@ another generation belongs to a dead predecessor of this slot and is dropped. Wh
 process is replaced (its boot count on the heartbeat board changes) or stops beating, every
 request still waiting on it fails with ``ShardGone``: its outcome is unknown, so the caller
 spools it, and deduplication on replay keeps that idempotent.
+
+Batching. ``submit`` only queues a record and hands back a future: the records every request
+of one loop turn queued for a shard leave at the end of the turn as one ring record
+(``RecordBatch``) and one doorbell ring, and the turn's deadlines share one timer. A request
+costs a future and a dict entry, not a Task, a lock, a timeout context and a timer handle.
+While a shard is booting (no pid on the heartbeat board) its records wait here, so that each
+waiter is stamped with the boot count of the shard that reads it; one that is still here at
+its deadline fails with ``ShardGone`` (nothing was sent), one sent and unanswered with
+``TimeoutError``.
 """
 
 from __future__ import annotations
@@ -13,36 +22,70 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from queen_mp.ipc.doorbell import AsyncDoorbellWaiter, Doorbell
 from queen_mp.ipc.heartbeat import HeartbeatBoard
 from queen_mp.ipc.ring import Ring
 from queen_mp.runtime import Runtime
 from queen_mp.wire.errors import RecordDecodeError
-from queen_mp.wire.records import KIND_ACK_VERDICT, AckVerdict, PushVerdict, peek_kind
+from queen_mp.wire.records import (
+    KIND_ACK_VERDICT,
+    KIND_RECORD_BATCH,
+    AckVerdict,
+    PushVerdict,
+    RecordBatch,
+    peek_kind,
+)
 
 Verdict = PushVerdict | AckVerdict
+Key = tuple[int, int]  # (request id, group index)
 
-__all__ = ["ShardGone", "ShardLink"]
+__all__ = ["ShardGone", "ShardLink", "Verdict", "verdicts_of"]
 
 log = logging.getLogger("queen_mp.shardlink")
 
 _WATCH_EVERY_S = 0.2
 _SHARD_SILENT_MS = 5000
 _WRITE_POLL_S = 0.0005
+_BOOT_POLL_S = 0.05
+_EARLY_S = 0.001  # a deadline this close is due now (one timer serves a turn's requests)
 
 
 class ShardGone(Exception):
     """The shard holding a request died or was replaced before answering."""
 
 
-@dataclass
+@dataclass(slots=True, eq=False)
+class _Turn:
+    """Requests of one loop turn under one deadline timer (armed at the earliest of theirs);
+    the timer is cancelled once none of them waits any more."""
+
+    deadline: float
+    pending: int = 0
+    timer: asyncio.TimerHandle | None = None
+    keys: list[Key] = field(default_factory=list)
+
+
+@dataclass(slots=True)
 class _Waiter:
     future: asyncio.Future[Verdict]
     shard: int
-    boots: int
+    deadline: float
+    turn: _Turn
+    boots: int = -1  # the shard's boot count once the record went to its ring; -1 before
+
+
+@dataclass(slots=True)
+class _Outbox:
+    """One shard's records not yet in its ring, in order; None keys have no waiter."""
+
+    records: list[tuple[Key | None, bytes]] = field(default_factory=list)
+    # a record larger than the ring, or a full ring: the rest waits behind the pump
+    pump: asyncio.Task[None] | None = None
+    backlog: deque[bytes] = field(default_factory=deque)
 
 
 class ShardLink:
@@ -51,12 +94,14 @@ class ShardLink:
         self.slot = slot
         self.generation = generation
         self._ids = itertools.count(1)
-        self._waiters: dict[tuple[int, int], _Waiter] = {}
+        self._waiters: dict[Key, _Waiter] = {}
         self._requests: list[Ring] = []
         self._replies: list[Ring] = []
         self._bells: list[Doorbell] = []
-        self._locks: list[asyncio.Lock] = []
-        self._to_ring: set[int] = set()
+        self._outboxes: list[_Outbox] = []
+        self._flush_due = False
+        self._boot_retry: asyncio.TimerHandle | None = None
+        self._turn: _Turn | None = None  # this turn's deadline timer, while the turn lasts
         #: called whenever a shard rings this worker (a reply, or a commit that woke queues)
         self.on_ring: Callable[[], None] | None = None
         self._own_bell: Doorbell | None = None
@@ -71,7 +116,7 @@ class ShardLink:
                                               epoch=self.generation))
             self._replies.append(Ring.attach(rt.reply_ring(self.slot, shard)))
             self._bells.append(Doorbell.attach(rt.shard_doorbell(shard)))
-            self._locks.append(asyncio.Lock())
+            self._outboxes.append(_Outbox())
         self._board = HeartbeatBoard.attach(rt.heartbeat, rt.shards)
         self._own_bell = Doorbell.attach(rt.slot_doorbell(self.slot))
         self._waiter = AsyncDoorbellWaiter(self._own_bell, asyncio.get_running_loop(),
@@ -83,6 +128,11 @@ class ShardLink:
     async def stop(self) -> None:
         if self._watch is not None:
             self._watch.cancel()
+        if self._boot_retry is not None:
+            self._boot_retry.cancel()
+        for box in self._outboxes:
+            if box.pump is not None:
+                box.pump.cancel()
         if self._waiter is not None:
             self._waiter.stop()
         for waiter in self._waiters.values():
@@ -99,68 +149,140 @@ class ShardLink:
     def next_request_id(self) -> int:
         return next(self._ids)
 
-    async def call(self, shard: int, request_id: int, group_index: int, record: bytes,
-                   deadline: float) -> Verdict:
-        """Send one record and wait for its verdict until ``deadline`` (loop time)."""
-        assert self._board is not None
+    def submit(self, shard: int, request_id: int, group_index: int, record: bytes,
+               deadline: float) -> asyncio.Future[Verdict]:
+        """Queue one record for ``shard``; the future resolves to its verdict, or fails with
+        ``TimeoutError`` (sent, no verdict by ``deadline``, loop time) or ``ShardGone``."""
         loop = asyncio.get_running_loop()
         key = (request_id, group_index)
-        pid, _, boots = self._board.read(shard)
-        while not pid:  # the shard is (re)booting: wait for it rather than fail at once
-            if loop.time() > deadline:
-                raise ShardGone(f"shard {shard} is not running")
-            await asyncio.sleep(0.05)
-            pid, _, boots = self._board.read(shard)
-        waiter = _Waiter(loop.create_future(), shard, boots)
-        self._waiters[key] = waiter
-        try:
-            await self._send(shard, record, deadline)
-            # NOTE(memory): the ring holds its copy; a 1,000-item group would otherwise stay
-            # alive here (about 250 kB) until its verdict comes back.
-            del record
-            async with asyncio.timeout_at(deadline):
-                return await waiter.future
-        finally:
-            self._waiters.pop(key, None)
+        future: asyncio.Future[Verdict] = loop.create_future()
+        turn = self._turn
+        if turn is None or deadline < turn.deadline:
+            # PERF(ipc): one timer for the requests of this turn, at the earliest deadline;
+            # ``_expire`` re-arms for those with a later one.
+            turn = self._turn = _Turn(deadline)
+            turn.timer = loop.call_at(deadline, self._expire, turn)
+        turn.keys.append(key)
+        turn.pending += 1
+        self._waiters[key] = _Waiter(future, shard, deadline, turn)
+        self._outboxes[shard].records.append((key, record))
+        self._flush_soon(loop)
+        return future
 
-    async def post(self, shard: int, record: bytes, deadline: float) -> None:
-        """Send a record that has no verdict (a lease grant for the ack registry)."""
-        await self._send(shard, record, deadline)
+    def post(self, shard: int, record: bytes) -> None:
+        """Queue a record that has no verdict (a lease grant for the ack registry)."""
+        self._outboxes[shard].records.append((None, record))
+        self._flush_soon(asyncio.get_running_loop())
 
-    async def _send(self, shard: int, record: bytes, deadline: float) -> None:
+    # ------------------------------------------------------------------ sending
+    def _flush_soon(self, loop: asyncio.AbstractEventLoop) -> None:
+        if not self._flush_due:
+            self._flush_due = True
+            loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        """End of the turn: each shard's queued records into its ring, one ring each."""
+        self._flush_due = False
+        self._turn = None
+        board = self._board
+        assert board is not None
+        waiting = False
+        for shard, box in enumerate(self._outboxes):
+            if not box.records:
+                continue
+            pid, _, boots = board.read(shard)
+            if not pid:  # booting: keep them until it beats (each waiter has its deadline)
+                waiting = True
+                continue
+            batch: list[bytes] = []
+            for key, record in box.records:
+                if key is not None:
+                    waiter = self._waiters.get(key)
+                    if waiter is None:  # expired while queued here
+                        continue
+                    waiter.boots = boots
+                batch.append(record)
+            box.records = []
+            if batch:
+                self._send(shard, box, batch)
+        if waiting and self._boot_retry is None:
+            self._boot_retry = asyncio.get_running_loop().call_later(_BOOT_POLL_S,
+                                                                      self._retry_boot)
+
+    def _retry_boot(self) -> None:
+        self._boot_retry = None
+        self._flush()
+
+    def _send(self, shard: int, box: _Outbox, records: list[bytes]) -> None:
         ring = self._requests[shard]
-        async with self._locks[shard]:
-            if len(record) > ring.max_record or not ring.try_write(record):
-                # Full ring or a record larger than it: publish fragment by fragment as the
-                # shard drains, without blocking the event loop.
-                pending = ring.begin_write(record)
-                loop = asyncio.get_running_loop()
+        for payload in _batches(records, ring.max_record):
+            if box.pump is None and len(payload) <= ring.max_record \
+                    and ring.try_write(payload):
+                continue
+            box.backlog.append(payload)
+            if box.pump is None:
+                box.pump = asyncio.get_running_loop().create_task(self._pump(shard, box))
+        self._bells[shard].ring()
+
+    async def _pump(self, shard: int, box: _Outbox) -> None:
+        """Full ring or a record larger than it: publish fragment by fragment as the shard
+        drains, without blocking the event loop; later records wait behind, in order."""
+        ring, bell = self._requests[shard], self._bells[shard]
+        try:
+            while box.backlog:
+                pending = ring.begin_write(box.backlog[0])
                 try:
                     while not pending.pump():
-                        self._bells[shard].ring()
-                        if loop.time() > deadline:
-                            raise TimeoutError("request ring stayed full")
+                        bell.ring()
                         await asyncio.sleep(_WRITE_POLL_S)
                 finally:
                     if not pending.done:
                         pending.abandon()
-        self._ring_soon(shard)
+                box.backlog.popleft()
+                bell.ring()
+        finally:
+            box.pump = None
 
-    def _ring_soon(self, shard: int) -> None:
-        """Ring once per loop iteration, not once per record.
+    # ------------------------------------------------------------------ deadlines
+    def _expire(self, turn: _Turn) -> None:
+        loop = asyncio.get_running_loop()
+        due = loop.time() + _EARLY_S
+        later: _Turn | None = None
+        for key in turn.keys:
+            waiter = self._waiters.get(key)
+            if waiter is None or waiter.turn is not turn:
+                continue
+            if waiter.future.done():  # its caller went away
+                self._settle(key)
+                continue
+            if waiter.deadline > due:
+                if later is None:
+                    later = _Turn(waiter.deadline)
+                later.deadline = min(later.deadline, waiter.deadline)
+                later.keys.append(key)
+                later.pending += 1
+                waiter.turn = later
+                continue
+            self._settle(key)
+            if waiter.boots < 0:
+                waiter.future.set_exception(ShardGone(f"shard {waiter.shard} is not running"))
+            else:
+                waiter.future.set_exception(TimeoutError("no verdict before the deadline"))
+        if later is not None:
+            later.timer = loop.call_at(later.deadline, self._expire, later)
 
-        PERF(ipc): a ring is a futex wake and a thread switch in the shard; the requests that
-        arrive in one iteration of the loop (many, under load) share one.
-        """
-        if not self._to_ring:
-            asyncio.get_running_loop().call_soon(self._ring_pending)
-        self._to_ring.add(shard)
+    def _settle(self, key: Key) -> _Waiter | None:
+        """The waiter of ``key`` waits no more: out of the table, and its turn's timer
+        cancelled with the turn's last one."""
+        waiter = self._waiters.pop(key, None)
+        if waiter is not None:
+            turn = waiter.turn
+            turn.pending -= 1
+            if turn.pending <= 0 and turn.timer is not None:
+                turn.timer.cancel()
+        return waiter
 
-    def _ring_pending(self) -> None:
-        for shard in self._to_ring:
-            self._bells[shard].ring()
-        self._to_ring.clear()
-
+    # ------------------------------------------------------------------ replies
     def _drain_replies(self) -> None:
         more = False
         for ring in self._replies:
@@ -172,16 +294,21 @@ class ShardLink:
         if self.on_ring is not None:
             self.on_ring()
 
-    def _deliver(self, raw: bytes) -> None:
+    def _deliver(self, raw: bytes | memoryview) -> None:
         try:
-            verdict: Verdict = (AckVerdict.unpack(raw) if peek_kind(raw) == KIND_ACK_VERDICT
+            kind = peek_kind(raw)
+            if kind == KIND_RECORD_BATCH:
+                for record in RecordBatch.unpack(raw).records:
+                    self._deliver(record)
+                return
+            verdict: Verdict = (AckVerdict.unpack(raw) if kind == KIND_ACK_VERDICT
                                 else PushVerdict.unpack(raw))
         except RecordDecodeError:
             log.exception("undecodable reply record dropped")
             return
         if verdict.generation != self.generation:
             return
-        waiter = self._waiters.get((verdict.request_id, verdict.group_index))
+        waiter = self._settle((verdict.request_id, verdict.group_index))
         if waiter is not None and not waiter.future.done():
             waiter.future.set_result(verdict)
 
@@ -190,10 +317,47 @@ class ShardLink:
         while True:
             await asyncio.sleep(_WATCH_EVERY_S)
             for key, waiter in list(self._waiters.items()):
+                if waiter.boots < 0:
+                    continue  # not sent yet: its shard is booting
                 pid, _, boots = self._board.read(waiter.shard)
                 age = self._board.age_ms(waiter.shard)
                 gone = (boots != waiter.boots or not pid
                         or (age is not None and age > _SHARD_SILENT_MS))
-                if gone and not waiter.future.done():
-                    waiter.future.set_exception(ShardGone(f"shard {waiter.shard} restarted"))
-                    self._waiters.pop(key, None)
+                if gone:
+                    self._settle(key)
+                    if not waiter.future.done():
+                        waiter.future.set_exception(
+                            ShardGone(f"shard {waiter.shard} restarted"))
+
+
+async def verdicts_of(calls: list[asyncio.Future[Verdict]]
+                      ) -> list[Verdict | BaseException]:
+    """Each submitted record's verdict or exception, in order, as
+    ``gather(return_exceptions=True)`` gives them.
+
+    PERF(ipc): a request of one record, the common push and ack, awaits its future alone: no
+    gathering future and no done-callback per request."""
+    if len(calls) == 1:
+        try:
+            return [await calls[0]]
+        except Exception as ex:
+            return [ex]
+    return list(await asyncio.gather(*calls, return_exceptions=True))
+
+
+def _batches(records: list[bytes], max_record: int) -> list[bytes]:
+    """Ring records for ``records`` in order: runs that fit one ring record travel as a
+    ``RecordBatch`` (a run of one as itself); one larger than the ring travels alone."""
+    out: list[bytes] = []
+    run: list[bytes] = []
+    size = RecordBatch.packed_size(())
+    for record in records:
+        grown = size + 4 + len(record)
+        if run and grown > max_record:
+            out.append(run[0] if len(run) == 1 else RecordBatch(tuple(run)).pack())
+            run, grown = [], RecordBatch.packed_size(()) + 4 + len(record)
+        run.append(record)
+        size = grown
+    if run:
+        out.append(run[0] if len(run) == 1 else RecordBatch(tuple(run)).pack())
+    return out

@@ -21,7 +21,7 @@ __all__ = ["AckRegistry", "Granted"]
 
 _TTL_MARGIN_S = 10.0
 _SWEEP_EVERY_S = 5.0
-_ENTRY_OVERHEAD = 160  # dict slot, key tuple, dataclass, frozenset header (approximate)
+_ENTRY_OVERHEAD = 160  # dict slot, key tuple, dataclass, bytes header (approximate)
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +31,7 @@ class Granted:
     lease: bytes
     batch_end: int
     count: int
-    hashes: frozenset[bytes]
+    hashes: bytes  # wire.records.hash_set of the delivered transactionIds
     dies_at: float  # monotonic
     size: int
 
@@ -51,11 +51,11 @@ class AckRegistry:
     def grant(self, g: LeaseGrant) -> None:
         now = time.monotonic()
         ttl = max(0.0, g.expires_ms / 1000 - time.time()) + _TTL_MARGIN_S
-        size = _ENTRY_OVERHEAD + len(g.group) + len(g.queue) + 72 * len(g.hashes)
+        size = _ENTRY_OVERHEAD + len(g.group) + len(g.queue) + len(g.hashes)
         key = (g.partition_id, g.group)
         self._drop(key)
-        self._entries[key] = Granted(g.tenant, g.queue, g.lease, g.batch_end, len(g.hashes),
-                                     g.hashes, now + ttl, size)
+        self._entries[key] = Granted(g.tenant, g.queue, g.lease, g.batch_end,
+                                     len(g.hashes) // 16, g.hashes, now + ttl, size)
         self.bytes += size
         while self.bytes > self.max_bytes and self._entries:
             self._drop(next(iter(self._entries)))

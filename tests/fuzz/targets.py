@@ -178,14 +178,9 @@ def lease_body(data: bytes) -> None:
     _refused(lambda: leases_http._seconds(data))
 
 
-@dataclass
-class _QueryReq:
-    query_string: str
-
-
 def query_string(data: bytes) -> None:
     """Every typed read of api.md 1.1 on an arbitrary (ASCII, as h11 admits) query string."""
-    q = Query(_QueryReq(data.decode("latin-1").encode("ascii", "replace").decode()))  # type: ignore[arg-type]
+    q = Query(data.decode("latin-1").encode("ascii", "replace").decode())
     names = ["batch", "wait", "timeout", "from", "limit", "x", ""]
     for name in names:
         _refused(lambda n=name: q.flag(n, False))
@@ -487,16 +482,10 @@ def _parse_request(raw: bytes) -> tuple[h11.Request | None, list[bytes], bool, A
         return None, [], False, Answer(400, body=str(ex).encode(), layer="http")
 
 
-async def _call(app: Any, request: h11.Request, chunks: list[bytes], complete: bool) -> Answer:
-    raw_path, _, qs = request.target.partition(b"?")
-    scope = {
-        "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
-        "http_version": request.http_version.decode("ascii"), "server": ("127.0.0.1", 6632),
-        "client": ("127.0.0.1", 40000), "scheme": "http",
-        "method": request.method.decode("ascii"), "root_path": "",
-        "path": unquote(raw_path.decode("ascii")), "raw_path": raw_path, "query_string": qs,
-        "headers": [(k.lower(), v) for k, v in request.headers],
-    }
+async def _exchange(app: Any, scope: dict[str, Any], chunks: list[bytes],
+                    complete: bool) -> list[dict[str, Any]]:
+    """What the app sends for the request, its body in ``chunks`` (then the end of the body,
+    or the client gone when not ``complete``)."""
     events = [{"type": "http.request", "body": c, "more_body": True} for c in chunks]
     if complete:
         events.append({"type": "http.request", "body": b"", "more_body": False})
@@ -514,6 +503,28 @@ async def _call(app: Any, request: h11.Request, chunks: list[bytes], complete: b
         sent.append(message)
 
     await asyncio.wait_for(app(scope, receive, send), timeout=20)
+    return sent
+
+
+async def _call(app: Any, request: h11.Request, chunks: list[bytes], complete: bool) -> Answer:
+    raw_path, _, qs = request.target.partition(b"?")
+    scope = {
+        "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": request.http_version.decode("ascii"), "server": ("127.0.0.1", 6632),
+        "client": ("127.0.0.1", 40000), "scheme": "http",
+        "method": request.method.decode("ascii"), "root_path": "",
+        "path": unquote(raw_path.decode("ascii")), "raw_path": raw_path, "query_string": qs,
+        "headers": [(k.lower(), v) for k, v in request.headers],
+    }
+    sent = await _exchange(app, scope, chunks, complete)
+    if scope["type"] == "http" and app.hot.match(scope) is not None:
+        # NOTE(fuzz): a hot route (queen_mp/http/hot.py) must answer what falcon answers,
+        # byte for byte: the same request once more through falcon's machinery.
+        hot, app.hot = app.hot, None
+        try:
+            assert await _exchange(app, scope, chunks, complete) == sent, "hot != falcon"
+        finally:
+            app.hot = hot
     start = next((m for m in sent if m["type"] == "http.response.start"), None)
     if start is None:  # falcon answers nobody once the client has gone
         assert not complete, "a complete request got no answer"

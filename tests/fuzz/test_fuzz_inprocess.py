@@ -190,7 +190,7 @@ def _peak(fn) -> tuple[object, int]:
 
 
 _ZEROS = 65 << 20  # over every body limit: the in-process 1 MiB, and ack's fixed 64 MiB
-# NOTE(fuzz): the ack routes read up to a fixed 64 MiB (ack.py _MAX_BODY), not QUEEN_MAX_BODY_MB
+# NOTE(fuzz): the ack routes read up to a fixed 64 MiB (ack.py MAX_BODY), not QUEEN_MAX_BODY_MB
 _BODY_LIMIT = {"/api/v1/ack": 64 << 20}
 
 

@@ -23,7 +23,7 @@ from queen_mp.http.admission import (
     JITTER,
     Admission,
     ByteBudget,
-    _Grant,
+    Grant,
     disk_used_pct,
     rewindow,
 )
@@ -611,13 +611,10 @@ async def test_rewindow_waits_only_for_what_is_left_of_the_request_hold():
     assert await adm.budget.acquire(100, 1) and await adm.window.acquire(100, 1)
     assert await adm.window.acquire(600, 1)  # another request's share
     loop = asyncio.get_running_loop()
-    grant = _Grant(adm, 100, 100, loop.time() - 0.001)
-
-    class Req:
-        path = PUSH
+    grant = Grant(adm, 100, 100, loop.time() - 0.001)
 
     with pytest.raises(errors.Overloaded):
-        await asyncio.wait_for(grant.rewindow(Req(), 900), 5)  # type: ignore[arg-type]
+        await asyncio.wait_for(grant.rewindow(PUSH, 900), 5)
     assert adm.window.in_use == 600 and adm.window.waiting == 0
     grant.release()
     assert adm.budget.in_use == 0 and adm.window.in_use == 600

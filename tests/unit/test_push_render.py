@@ -25,10 +25,12 @@ def test_same_objects_as_the_dict_renderer() -> None:
                ItemResult("failed", MID, 0, None, 0, 'boom "quoted"'),
                ItemResult("duplicate", MID, 9, 3, 1_764_400_000_000_000),
                ItemResult("buffered", MID)]
-    got = orjson.loads(render_items(items, results))
+    rendered = render_items(items, results)
+    got = orjson.loads(rendered)
     want = [render_item(i, it, r) for i, (it, r) in enumerate(zip(items, results, strict=True))]
     assert got == want
     assert [list(o) for o in got] == [list(o) for o in want]  # same key order
+    assert rendered == orjson.dumps(want)  # and the same bytes, from a template or a dict
 
 
 def test_empty() -> None:

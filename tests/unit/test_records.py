@@ -14,16 +14,21 @@ from queen_mp.wire import (
     ITEM_QUEUED,
     KIND_PUSH_GROUP,
     KIND_PUSH_VERDICT,
+    KIND_RECORD_BATCH,
     PIECE_RAW,
     PIECE_ZSTD,
     VERDICT_ERROR,
     VERDICT_OK,
     ZERO_UUID,
+    AckRequest,
     ItemVerdict,
+    LeaseGrant,
     Piece,
     PushGroup,
     PushVerdict,
+    RecordBatch,
     RecordDecodeError,
+    hash_set,
     peek_kind,
     unpack_record,
 )
@@ -185,6 +190,32 @@ def test_kind_dispatch() -> None:
         PushGroup.unpack(_verdict().pack())
 
 
+@settings(max_examples=100, deadline=None)
+@given(groups=st.lists(push_groups(), max_size=5), verdicts=st.lists(push_verdicts, max_size=5))
+def test_a_record_batch_round_trips_to_its_records(groups: list[PushGroup],
+                                                   verdicts: list[PushVerdict]) -> None:
+    records = [*(g.pack() for g in groups), *(v.pack() for v in verdicts)]
+    packed = RecordBatch(tuple(records)).pack()
+    assert peek_kind(packed) == KIND_RECORD_BATCH
+    assert len(packed) == RecordBatch.packed_size(map(len, records))
+    batch = RecordBatch.unpack(packed)
+    assert [bytes(r) for r in batch.records] == records
+    assert [unpack_record(r) for r in batch.records] == [*groups, *verdicts]
+    assert unpack_record(packed) == batch
+
+
+def test_every_truncation_and_extension_of_a_batch_is_a_decode_error() -> None:
+    packed = RecordBatch((_group().pack(), b"", _verdict().pack())).pack()
+    for cut in range(len(packed)):
+        with pytest.raises(RecordDecodeError) as info:
+            RecordBatch.unpack(packed[:cut])
+        assert info.value.raw == packed[:cut]
+    with pytest.raises(RecordDecodeError, match="trailing"):
+        RecordBatch.unpack(packed + b"\x00")
+    with pytest.raises(RecordDecodeError, match="not a RecordBatch"):
+        RecordBatch.unpack(_verdict().pack())
+
+
 def test_error_verdict_without_items() -> None:
     verdict = PushVerdict(3, 1, 99, 0, VERDICT_ERROR, error="statement timeout")
     assert PushVerdict.unpack(verdict.pack()) == verdict
@@ -274,3 +305,29 @@ def test_a_queued_run_refuses_items_and_overflow() -> None:
         PushVerdict(**{**head, "queued_run": (0, 1)}).pack()
     with pytest.raises(ValueError, match="run"):
         PushVerdict(**{**head, "items": (), "queued_run": (2**63 - 1, 2)}).pack()
+
+
+_hashes = st.lists(st.binary(min_size=16, max_size=16), max_size=40)
+
+
+@settings(max_examples=100, deadline=None)
+@given(a=_hashes, b=_hashes)
+def test_hash_sets_are_equal_exactly_when_their_bytes_are(a: list[bytes],
+                                                          b: list[bytes]) -> None:
+    assert (hash_set(a) == hash_set(b)) == (set(a) == set(b))
+    assert len(hash_set(a)) == 16 * len(set(a))
+
+
+@settings(max_examples=100, deadline=None)
+@given(hashes=_hashes, group=st.text(max_size=20), queue=st.text(max_size=20), n=i64, u=u64)
+def test_grants_and_ack_requests_round_trip(hashes: list[bytes], group: str, queue: str,
+                                            n: int, u: int) -> None:
+    grant = LeaseGrant(bytes(16), b"\x01" * 16, n, n, u, group, queue, hash_set(hashes))
+    assert LeaseGrant.unpack(grant.pack()) == grant
+    req = AckRequest(3, 1, u, 2, bytes(16), b"\x01" * 16, n, group, hash_set(hashes))
+    assert AckRequest.unpack(req.pack()) == req
+    for record in (grant, req):
+        packed = record.pack()
+        for cut in (1, 16):
+            with pytest.raises(RecordDecodeError):
+                type(record).unpack(packed[:-cut] if hashes else packed + b"\x00" * cut)

@@ -1,0 +1,221 @@
+"""The hot routes served straight from ASGI: push, pop from a queue (or one of its
+partitions), ack and ack batch.
+
+PERF(http): falcon's request machinery (its Request and Response objects, the walk of the
+middleware hooks, each an awaited coroutine, the body stream, the rendering of the answer)
+costs a front worker about 23 us a request on these machines, next to 1 us for a bare ASGI
+callable; most requests a broker serves are these five routes. Here they take the same steps
+in falcon's order through the same code: falcon's own router on falcon's own path, the
+middleware's checks (``Authz.principal``, ``Admission.admit``), the responder's ``answer``, a
+failure mapped by ``errors.error_of``, the permits given back, the request counted
+(``EdgeMiddleware.account``), and the answer sent with the headers falcon sends, in falcon's
+order (tests/fuzz: every request answered both ways compares equal, byte for byte).
+
+A request this module does not take goes to falcon whole: another method or route, a header
+read here (Content-Length, Content-Encoding, Authorization) that repeats, a Content-Length
+that is not plain digits, or a query string that is not UTF-8 (falcon's own answers to them
+stand), as do HTTP versions falcon refuses (``App.__call__``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from queen_mp.auth import ANONYMOUS_ADMIN
+from queen_mp.http.ack import MAX_BODY as MAX_ACK_BODY
+from queen_mp.http.ack import AckBatchResource, AckResource
+from queen_mp.http.admission import ADMITTED_PATHS, Admission, Grant
+from queen_mp.http.answer import JSON_UTF8, Answer
+from queen_mp.http.authz import Authz
+from queen_mp.http.body import read_stream
+from queen_mp.http.edge import EdgeMiddleware
+from queen_mp.http.errors import error_answer, error_of
+from queen_mp.http.pop import PopResource
+from queen_mp.http.push import PushResource
+
+__all__ = ["HOT_ROUTES", "HotRoutes"]
+
+PUSH = "/api/v1/push"
+ACK = "/api/v1/ack"
+ACK_BATCH = "/api/v1/ack/batch"
+POP_QUEUE = "/api/v1/pop/queue/{queue}"
+POP_PARTITION = "/api/v1/pop/queue/{queue}/partition/{partition:path}"
+HOT_ROUTES = frozenset({("POST", PUSH), ("POST", ACK), ("POST", ACK_BATCH),
+                        ("GET", POP_QUEUE), ("GET", POP_PARTITION)})
+
+_READ_HEADERS = frozenset({b"content-length", b"content-encoding", b"authorization"})
+_BODILESS = frozenset({100, 101, 204, 304})  # falcon's: no Content-Length, no body
+_CORS = (b"access-control-allow-origin", b"*")
+_JSON_TYPE = (b"content-type", JSON_UTF8.encode())
+_EOF = {"type": "http.response.body"}
+
+Receive = Callable[[], Any]
+Send = Callable[[dict[str, Any]], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class HotCall:
+    """A request this module takes, as far as its scope tells."""
+
+    method: str
+    path: str
+    query_string: str
+    template: str
+    params: dict[str, str]
+    content_length: int | None
+    encoding: str | None
+    authorization: str | None
+
+
+class _Body:
+    """The body's chunks from the ASGI events, as falcon's stream yields them: at most
+    Content-Length bytes (the first event's included), until an event says no more body (a
+    disconnect says so too)."""
+
+    __slots__ = ("_buffer", "_left", "_receive")
+
+    def __init__(self, first: dict[str, Any], receive: Receive, declared: int | None) -> None:
+        self._receive = receive
+        chunk: bytes = first.get("body", b"")
+        if declared is None:
+            self._buffer, self._left = chunk, 1 << 63
+        else:
+            self._buffer = chunk[:declared] if len(chunk) > declared else chunk
+            self._left = declared - len(self._buffer)
+        if self._left and not first.get("more_body", False):
+            self._left = 0
+
+    def __aiter__(self) -> _Body:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._buffer:
+            chunk, self._buffer = self._buffer, b""
+            return chunk
+        while self._left > 0:
+            event = await self._receive()
+            chunk = event.get("body", b"")
+            if chunk:
+                if len(chunk) > self._left:
+                    chunk = chunk[:self._left]
+                self._left -= len(chunk)
+            if not event.get("more_body", False):
+                self._left = 0
+            if chunk:
+                return chunk
+        raise StopAsyncIteration
+
+
+class HotRoutes:
+    """``match`` tells whether a scope is one of HOT_ROUTES as falcon would route it;
+    ``serve`` answers it."""
+
+    def __init__(self, find: Callable[[str], Any], strip_trailing_slash: bool,
+                 edge: EdgeMiddleware, authz: Authz, admission: Admission, push: PushResource,
+                 pop: PopResource, ack: AckResource, ack_batch: AckBatchResource) -> None:
+        self._find = find
+        self._strip = strip_trailing_slash
+        self.edge = edge
+        self.authz = authz
+        self.admission = admission
+        self.push = push
+        self.pop = pop
+        self.acks = {ACK: ack, ACK_BATCH: ack_batch}
+
+    def match(self, scope: dict[str, Any]) -> HotCall | None:
+        method = scope["method"]
+        if method != "POST" and method != "GET":
+            return None
+        path = scope["path"] or "/"
+        if self._strip and len(path) != 1 and path.endswith("/"):
+            path = path[:-1]  # as falcon's Request does
+        found = self._find(path)
+        if found is None:
+            return None
+        template = found[3]
+        if (method, template) not in HOT_ROUTES:
+            return None
+        read: dict[bytes, bytes] = {}
+        for name, value in scope["headers"]:
+            if name in _READ_HEADERS:
+                if name in read:
+                    return None  # falcon joins or overrides repeats: let it
+                read[name] = value
+        raw_length = read.get(b"content-length")
+        length = None
+        if raw_length is not None:
+            if not (raw_length.isdigit() and raw_length.isascii()):
+                return None  # falcon's own 400 for it
+            length = int(raw_length)
+        try:
+            query_string = scope["query_string"].decode()
+        except UnicodeDecodeError:
+            return None  # falcon's Request raises it: let it
+        encoding = read.get(b"content-encoding")
+        authorization = read.get(b"authorization")
+        return HotCall(method, path, query_string, template, found[2], length,
+                       None if encoding is None else encoding.decode("latin1"),
+                       None if authorization is None else authorization.decode("latin1"))
+
+    async def serve(self, call: HotCall, receive: Receive, send: Send) -> None:
+        first = await receive()
+        if first["type"] == "http.disconnect":
+            return  # as falcon: nobody to answer
+        started = time.perf_counter()
+        grant: Grant | None = None
+        try:
+            try:
+                principal = (ANONYMOUS_ADMIN if self.authz.verifier is None else
+                             self.authz.principal(call.method, call.path, call.template,
+                                                  call.authorization))
+                if call.method == "POST" and call.path in ADMITTED_PATHS:
+                    grant = await self.admission.admit(call.path, call.content_length)
+                answer = await self._answer(call, first, receive, principal.tenant,
+                                            principal.sub, grant)
+            except Exception as ex:
+                answer = error_answer(error_of(ex, call.method, call.path))
+        finally:
+            if grant is not None:
+                grant.release()
+        self.edge.account(call.template, answer.status, started)
+        await _send(answer, send)
+
+    async def _answer(self, call: HotCall, first: dict[str, Any], receive: Receive,
+                      tenant: bytes, sub: str | None, grant: Grant | None) -> Answer:
+        if call.method == "GET":
+            return await self.pop.answer(call.query_string, tenant, call.params["queue"],
+                                         call.params.get("partition"))
+        limit = (self.push.worker.config.max_body_mb << 20) if call.path == PUSH \
+            else MAX_ACK_BODY
+        body = await read_stream(call.content_length, _Body(first, receive, call.content_length),
+                                 call.encoding, limit)
+        if call.path == PUSH:
+            return await self.push.answer(body, tenant, sub, grant)
+        return await self.acks[call.path].answer(body, tenant)
+
+
+async def _send(answer: Answer, send: Send) -> None:
+    """The answer with falcon's headers in falcon's order: the responder's (Content-Type,
+    then the error's own), the middleware's CORS header, then Content-Length; a media
+    answer gets its Content-Type when falcon renders it, after CORS."""
+    status = answer.status
+    if status in _BODILESS:
+        await send({"type": "http.response.start", "status": status, "headers": [_CORS]})
+        await send(_EOF)
+        return
+    if answer.data is not None:
+        body = answer.data
+        headers = [(b"content-type", answer.content_type.encode("latin1")),
+                   *((n.encode("latin1"), v.encode("latin1")) for n, v in answer.headers),
+                   _CORS]
+    else:
+        body = orjson.dumps(answer.media)
+        headers = [_CORS, _JSON_TYPE]
+    headers.append((b"content-length", str(len(body)).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,207 @@
+"""The hot routes (queen_mp/http/hot.py) answer every request byte for byte as falcon's
+machinery does (status, headers in order, body), on fake backends that answer: pushes
+queued (JSON answers and QPB1 counts), pops with messages (JSON, QPF1) or none, acks
+committed or lost, and the refusals of the middleware (401 with its header, 429, 413, 400).
+tests/fuzz runs the same comparison on hostile requests."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from queen.http import push_binary as client
+
+from queen_mp.config import Config
+from queen_mp.db.ack_procs import AckItem, GroupAck
+from queen_mp.front.acks import AckOutcome
+from queen_mp.front.delivery import Claim
+from queen_mp.front.ingest import ItemResult
+from queen_mp.front.popper import Popped, PopRequest
+from queen_mp.http.app import create_app
+from queen_mp.models.items import PushItem
+from queen_mp.wire import pack_chunk_raw, pack_frame
+
+T0 = datetime(2026, 12, 1, 21, 40, 18, 601000, tzinfo=UTC)
+
+
+class FakeIngest:
+    async def encrypt(self, *args: Any) -> None:
+        return None
+
+    async def push(self, items: list[PushItem], tenant: bytes, chunks: Any = ()
+                   ) -> list[ItemResult]:
+        return [ItemResult("queued", bytes([i]) * 16, 7, 100 + i, 1_700_000_000_000_000)
+                for i, _ in enumerate(items)]
+
+
+class FakePopper:
+    async def pop(self, r: PopRequest) -> Popped | None:
+        if r.queue == "empty":
+            return None
+        frames = b"".join(pack_frame(bytes([o]) * 16, f"t{o}".encode(), b'{"o":%d}' % o)
+                          for o in range(1, 4))
+        claim = Claim(r.queue or "q", 7, r.partition or "Default", 1, 3, 1, T0, False,
+                      [(1, T0, pack_chunk_raw(frames, 3))])
+        return Popped([claim], "0191a2b3-0000-7000-8000-000000000001")
+
+
+class FakeAcker:
+    async def ack(self, tenant: bytes, items: list[AckItem]
+                  ) -> tuple[list[AckOutcome], list[GroupAck]]:
+        lost = any(i.transaction_id == "lost" for i in items)
+        return ([AckOutcome(i, not lost, "outcome_unknown" if lost else None, not lost)
+                 for i in items], [])
+
+
+class FakeWorker:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.metrics = None
+        self.cipher = None
+        self.ingest = FakeIngest()
+        self.popper = FakePopper()
+        self.acker = FakeAcker()
+
+    def count_pushed(self, results: Any) -> None:
+        pass
+
+    def count_popped(self, n: int) -> None:
+        pass
+
+    def after_acks(self, tenant: bytes, results: Any) -> None:
+        pass
+
+    def grant_leases(self, *args: Any) -> None:
+        pass
+
+    def push_maintenance(self) -> bool:
+        return False
+
+
+async def _exchange(app: Any, method: str, target: str, body: bytes,
+                    headers: list[tuple[bytes, bytes]]) -> list[dict[str, Any]]:
+    path, _, qs = target.partition("?")
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
+             "http_version": "1.1", "server": ("127.0.0.1", 6632),
+             "client": ("127.0.0.1", 40000), "scheme": "http", "method": method,
+             "root_path": "", "path": path, "raw_path": path.encode(),
+             "query_string": qs.encode(), "headers": headers}
+    events = [{"type": "http.request", "body": body, "more_body": False}]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return events.pop(0) if events else {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    await app(scope, receive, send)
+    return sent
+
+
+def _both(app: Any, method: str, target: str, body: bytes = b"",
+          extra: list[tuple[bytes, bytes]] | None = None) -> list[dict[str, Any]]:
+    headers = [(b"host", b"x"), *(extra or [])]
+    if method == "POST":
+        headers.append((b"content-length", str(len(body)).encode()))
+    assert app.hot.match({"method": method, "path": target.partition("?")[0],
+                          "query_string": b"", "headers": headers}) is not None
+
+    async def go() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        hot = await _exchange(app, method, target, body, headers)
+        saved, app.hot = app.hot, None
+        try:
+            plain = await _exchange(app, method, target, body, headers)
+        finally:
+            app.hot = saved
+        return hot, plain
+
+    hot, plain = asyncio.run(go())
+    assert hot == plain
+    return hot
+
+
+def _app(tmp_path: Any, **env: str) -> Any:
+    config = Config.load(env={"QUEEN_DATA_DIR": str(tmp_path), "QUEEN_DISK_HIGH_PCT": "100",
+                              **env})
+    return create_app(config, None, FakeWorker(config))  # type: ignore[arg-type]
+
+
+def _push(n: int) -> bytes:
+    return json.dumps({"items": [{"queue": "q", "transactionId": f"t{i}", "payload": {"i": i}}
+                                 for i in range(n)]}).encode()
+
+
+def _acks(*txns: str) -> bytes:
+    lease = str(uuid.UUID(int=3))
+    return json.dumps({"acknowledgments": [{"transactionId": t, "partitionId": "7",
+                                            "leaseId": lease} for t in txns]}).encode()
+
+
+@pytest.mark.parametrize(("method", "target", "body", "status"), [
+    ("POST", "/api/v1/push", _push(3), 201),
+    ("POST", "/api/v1/push", client.encode_push_binary(
+        [client.PushBatch("q", "p", [b"1", b"2"], ["a", "b"])], counts=True), 201),
+    ("POST", "/api/v1/push", b"{not json", 400),
+    ("POST", "/api/v1/push", b"QTB1....", 400),
+    ("GET", "/api/v1/pop/queue/q?batch=3&consumerGroup=g", b"", 200),
+    ("GET", "/api/v1/pop/queue/q/partition/a/b?batch=3", b"", 200),
+    ("GET", "/api/v1/pop/queue/q?frames=true", b"", 200),
+    ("GET", "/api/v1/pop/queue/empty", b"", 204),
+    ("GET", "/api/v1/pop/queue/q?batch=0", b"", 400),
+    ("POST", "/api/v1/ack", json.dumps({"transactionId": "t1", "partitionId": 7}).encode(), 200),
+    ("POST", "/api/v1/ack/batch", _acks("t1", "t2"), 200),
+    ("POST", "/api/v1/ack/batch", _acks("t1", "lost"), 503),
+    ("POST", "/api/v1/ack/batch", b"[]", 400),
+])
+def test_a_hot_route_answers_what_falcon_answers(tmp_path: Any, method: str, target: str,
+                                                 body: bytes, status: int) -> None:
+    sent = _both(_app(tmp_path), method, target, body)
+    assert sent[0]["status"] == status
+
+
+def test_refusals_of_the_middleware_and_the_body_limit(tmp_path: Any) -> None:
+    # admission: the budget held by others, no hold: 429 with Retry-After
+    app = _app(tmp_path, QUEEN_ADMIT_HOLD_MS="0", QUEEN_MAX_BODY_MB="1")
+    budget = app.hot.admission.budget
+    asyncio.run(budget.acquire(budget.capacity, 1))
+    sent = _both(app, "POST", "/api/v1/push", _push(1))
+    assert sent[0]["status"] == 429
+    assert (b"retry-after", b"1") in sent[0]["headers"]
+    budget.release(budget.capacity)
+    # a body over its limit
+    sent = _both(app, "POST", "/api/v1/push", b" " * ((1 << 20) + 1))
+    assert sent[0]["status"] == 413
+
+
+def test_authentication_refusals(tmp_path: Any) -> None:
+    app = _app(tmp_path, QUEEN_JWT_ENABLED="1", QUEEN_JWT_SECRET="s" * 32)
+    sent = _both(app, "POST", "/api/v1/push", _push(1))
+    assert sent[0]["status"] == 401
+    assert any(name == b"www-authenticate" for name, _ in sent[0]["headers"])
+    sent = _both(app, "GET", "/api/v1/pop/queue/q", b"",
+                 [(b"authorization", b"Bearer not-a-token")])
+    assert sent[0]["status"] == 401
+
+
+def test_what_the_hot_routes_leave_to_falcon(tmp_path: Any) -> None:
+    hot = _app(tmp_path).hot
+
+    def match(method: str, path: str, headers: list[tuple[bytes, bytes]] | None = None,
+              query: bytes = b"") -> bool:
+        return hot.match({"method": method, "path": path, "query_string": query,
+                          "headers": headers or []}) is not None
+
+    assert match("POST", "/api/v1/push") and match("POST", "/api/v1/push/")
+    assert match("GET", "/api/v1/pop/queue/q/partition/p/q")
+    assert not match("HEAD", "/api/v1/pop/queue/q")
+    assert not match("GET", "/api/v1/pop")  # namespace discovery: falcon
+    assert not match("POST", "/api/v1/transaction")
+    assert not match("GET", "/api/v1/pop/queue/q", query=b"\xff")
+    assert not match("POST", "/api/v1/push", [(b"content-length", b" 1")])
+    assert not match("POST", "/api/v1/push", [(b"authorization", b"a"),
+                                              (b"authorization", b"b")])

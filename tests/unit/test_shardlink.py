@@ -1,0 +1,118 @@
+"""``ShardLink`` (queen_mp/ipc/shardlink.py) against real rings, with the test as the shard:
+a loop turn's records leave as one ring record and one doorbell ring, verdicts resolve their
+futures however they are batched, and deadlines fail what is left (``TimeoutError`` once
+sent, ``ShardGone`` while the shard boots)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from queen_mp.ipc import layout
+from queen_mp.ipc.doorbell import Doorbell
+from queen_mp.ipc.heartbeat import HeartbeatBoard
+from queen_mp.ipc.ring import Ring
+from queen_mp.ipc.shardlink import ShardGone, ShardLink, verdicts_of
+from queen_mp.runtime import Runtime
+from queen_mp.wire.records import (
+    KIND_RECORD_BATCH,
+    AckVerdict,
+    RecordBatch,
+    peek_kind,
+)
+
+SLOT, GENERATION = 1, 7
+
+
+@pytest.fixture
+def runtime(tmp_path) -> Iterator[Runtime]:
+    rt = Runtime(f"/qmpl{os.getpid():x}", 2, 2, 64 * 1024, 0.0, str(tmp_path))
+    layout.create_all(rt)
+    board = HeartbeatBoard.attach(rt.heartbeat, rt.shards)
+    for shard in range(rt.shards):
+        board.booted(shard, os.getpid())
+    board.close()
+    try:
+        yield rt
+    finally:
+        layout.unlink_all(rt)
+
+
+def _verdict(request_id: int, index: int, status: int = 0) -> bytes:
+    return AckVerdict(GENERATION, SLOT, request_id, index, status, 1, 2).pack()
+
+
+def test_a_turn_of_records_is_one_ring_record_and_one_ring(runtime: Runtime) -> None:
+    async def go() -> None:
+        link = ShardLink(runtime, SLOT, GENERATION)
+        await link.start()
+        requests = Ring.attach(runtime.request_ring(SLOT, 0))
+        bell = Doorbell.attach(runtime.shard_doorbell(0))
+        other = Ring.attach(runtime.request_ring(SLOT, 1))
+        try:
+            deadline = asyncio.get_running_loop().time() + 5
+            rid = link.next_request_id()
+            futures = [link.submit(0, rid, i, b"record-%d" % i, deadline) for i in range(3)]
+            link.post(0, b"grant")
+            alone = link.submit(1, rid, 3, b"to shard 1", deadline)
+            await asyncio.sleep(0)
+            assert bell.value == 1
+            raw = requests.read_many(10)
+            assert len(raw) == 1 and peek_kind(raw[0]) == KIND_RECORD_BATCH
+            assert [bytes(r) for r in RecordBatch.unpack(raw[0]).records] == [
+                b"record-0", b"record-1", b"record-2", b"grant"]
+            assert other.read_many(10) == [b"to shard 1"]  # a record alone travels as itself
+
+            # the verdicts come back batched or not, in any order
+            replies = Ring.attach(runtime.reply_ring(SLOT, 0))
+            replies.try_write(RecordBatch((_verdict(rid, 2), _verdict(rid, 0, 1))).pack())
+            replies.try_write(_verdict(rid, 1))
+            replies.try_write(_verdict(rid, 9))  # nobody waits for it: dropped
+            replies.try_write(AckVerdict(GENERATION + 1, SLOT, rid, 3, 0).pack())  # not ours
+            Doorbell.attach(runtime.slot_doorbell(SLOT)).ring()
+            got = await verdicts_of(futures)
+            assert [(v.group_index, v.status) for v in got] == [(0, 1), (1, 0), (2, 0)]
+            assert not alone.done()
+            replies.close()
+        finally:
+            for obj in (requests, other, bell):
+                obj.close()
+            await link.stop()
+        with pytest.raises(ShardGone):
+            alone.result()
+
+    asyncio.run(go())
+
+
+def test_deadlines_fail_what_is_left(runtime: Runtime) -> None:
+    async def go() -> None:
+        board = HeartbeatBoard.attach(runtime.heartbeat, runtime.shards)
+        board.clear(1)  # shard 1 is booting
+        link = ShardLink(runtime, SLOT, GENERATION)
+        await link.start()
+        booting = Ring.attach(runtime.request_ring(SLOT, 1))
+        try:
+            loop = asyncio.get_running_loop()
+            rid = link.next_request_id()
+            sent = link.submit(0, rid, 0, b"a", loop.time() + 0.05)
+            held = link.submit(1, rid, 1, b"b", loop.time() + 0.05)
+            late = link.submit(0, rid, 2, b"c", loop.time() + 5)  # same turn, later deadline
+            early = link.submit(0, rid, 3, b"d", loop.time() + 0.02)  # an earlier one
+            outcomes = await verdicts_of([sent, held, early])
+            assert isinstance(outcomes[0], TimeoutError)
+            assert isinstance(outcomes[1], ShardGone)  # never went to the booting shard
+            assert isinstance(outcomes[2], TimeoutError)
+            assert not late.done()
+            assert booting.read_many(10) == []
+            board.booted(1, os.getpid())
+            await asyncio.sleep(0.1)
+            assert booting.read_many(10) == []  # its record expired while held
+        finally:
+            booting.close()
+            board.close()
+            await link.stop()
+
+    asyncio.run(go())
