@@ -31,7 +31,7 @@
 --   * NOTE(ack): one exception, first touch only: a lease-less log_ack_by_hash_v1 on a
 --     (partition, group) that has no consumer row yet inserts it, after taking FOR KEY SHARE
 --     on the partition row: that keeps the partition from being deleted before the new row
---     commits (cursor rows have no foreign key: schema/003_cursors_cascade.sql), and taken
+--     commits (cursor rows have no foreign key: schema/007_cursors_cascade.sql), and taken
 --     BEFORE inserting, the order stays partition -> consumer (the global order). Taken after
 --     the insert it would be consumer -> partition, which can deadlock with a
 --     transaction-wire ack that holds the partition row and inserts the same consumer row.

@@ -432,7 +432,7 @@ BEGIN
     END IF;
 
     -- KEY SHARE of the queue row: its partitions (and so the cursor rows made below) cannot
-    -- be deleted before this commits (schema/003_cursors_cascade.sql).
+    -- be deleted before this commits (schema/007_cursors_cascade.sql).
     SELECT q.id INTO v_qid FROM queen.queues q WHERE q.tenant = p_tenant AND q.name = p_queue
     FOR KEY SHARE;
     IF NOT FOUND THEN

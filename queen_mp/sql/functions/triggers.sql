@@ -34,7 +34,7 @@ CREATE OR REPLACE TRIGGER queues_fill_derived
 
 -- ---------------------------------------------------------------------------------------------
 -- Cascade log_partitions -> log_segments, log_txns, log_consumers by trigger instead of a
--- FOREIGN KEY (cursor rows: schema/003_cursors_cascade.sql says why and who guarantees it).
+-- FOREIGN KEY (cursor rows: schema/007_cursors_cascade.sql says why and who guarantees it).
 -- Why: a foreign key costs the hot path two RI checks per pushed segment (an SPI query each,
 -- plus a FOR KEY SHARE lock on the freshly updated allocator row, i.e. an extra WAL record):
 -- measured ~25% of the per-segment cost of log_push_one_v1. The referential guarantee holds by

@@ -1,4 +1,4 @@
--- 003_cursors_cascade.sql: cursor rows lose their foreign key to their partition; the delete
+-- 007_cursors_cascade.sql: cursor rows lose their foreign key to their partition; the delete
 -- trigger of log_partitions removes them instead, as it does segments and transaction ids.
 --
 -- Tables: queen.log_consumers (drops log_consumers_partition_id_fkey).
