@@ -330,3 +330,56 @@ def test_the_repair_restores_what_an_older_build_left(broker, db, damage):
     expected = [("a", 1), ("a", 2)] if damage == "cursor" else [("a", 2)]
     assert [(m["partition"], m["offset"]) for m in got] == expected
     assert db.execute("SELECT queen.log_ready_repair_v1()").fetchone()[0] == 0
+
+
+def test_a_group_start_and_lease_less_acks_of_that_group_never_collide(broker, db_dsn):
+    """A group's start inserts its cursor rows without ON CONFLICT; the only other writer that
+    can create the same rows at the same time, a lease-less ack's first touch, takes the queue
+    row FOR KEY SHARE first, so one waits for the other. Each round starts a new group on 50
+    partitions while another transaction acks lease-less on all of them for that group and
+    holds its rows a moment: without that lock the start fails with a unique violation."""
+    q = uq("touch")
+    fill(broker.client, q, 50)
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        pids = [r[0] for r in conn.execute(
+            "SELECT lp.id FROM queen.log_partitions lp JOIN queen.queues q ON q.id = lp.queue_id"
+            " WHERE q.name = %s ORDER BY lp.id", (q,))]
+    assert len(pids) == 50
+    errors: list[str] = []
+
+    def start(group: str, go: threading.Barrier) -> None:
+        with psycopg.connect(db_dsn, autocommit=True) as conn:
+            go.wait()
+            try:
+                conn.execute("SELECT count(*) FROM queen.log_pop_v1(%s, %s, NULL, NULL, NULL,"
+                             " %s, 1, 1, true, 'all', NULL, gen_random_uuid(), 5000)",
+                             (uuid.UUID(int=0), q, group))
+            except psycopg.Error as ex:
+                errors.append(f"start: {ex}")
+
+    def touch(group: str, go: threading.Barrier) -> None:
+        with psycopg.connect(db_dsn) as conn:
+            go.wait()
+            try:
+                for pid in pids:
+                    conn.execute("SELECT queen.log_ack_by_hash_v1(%s, %s, %s, NULL,"
+                                 " ARRAY[decode(repeat('00', 16), 'hex')], ARRAY['completed'])",
+                                 (uuid.UUID(int=0), pid, group))
+                time.sleep(0.02)
+                conn.commit()
+            except psycopg.Error as ex:
+                errors.append(f"touch: {ex}")
+
+    for _ in range(8):
+        group, go = uq("g"), threading.Barrier(2)
+        threads = [threading.Thread(target=f, args=(group, go)) for f in (start, touch)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=30)
+        assert errors == []
+        with psycopg.connect(db_dsn, autocommit=True) as conn:
+            assert conn.execute("SELECT count(*) FROM queen.log_consumers"
+                                " WHERE consumer_group = %s", (group,)).fetchone()[0] == 50
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        assert conn.execute(UNLISTED_SQL).fetchone()[0] == 0

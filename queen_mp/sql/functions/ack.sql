@@ -30,11 +30,14 @@
 --     the push serializer (which locks partition rows only).
 --   * NOTE(ack): one exception, first touch only: a lease-less log_ack_by_hash_v1 on a
 --     (partition, group) that has no consumer row yet inserts it, after taking FOR KEY SHARE
---     on the partition row: that keeps the partition from being deleted before the new row
---     commits (cursor rows have no foreign key: schema/007_cursors_cascade.sql), and taken
---     BEFORE inserting, the order stays partition -> consumer (the global order). Taken after
---     the insert it would be consumer -> partition, which can deadlock with a
---     transaction-wire ack that holds the partition row and inserts the same consumer row.
+--     on its queue row (a group's start, FOR UPDATE of that row, then inserts cursor rows
+--     without ON CONFLICT: groups.sql) and on the partition row: that keeps the partition
+--     from being deleted before the new row commits (cursor rows have no foreign key:
+--     schema/007_cursors_cascade.sql), and taken BEFORE inserting, the order stays
+--     queue -> partition -> consumer (the global order). Taken after the insert it would be
+--     consumer -> partition, which can deadlock with a transaction-wire ack that holds the
+--     partition row and inserts the same consumer row. Neither KEY SHARE waits for a push
+--     (an allocator holds partition rows FOR NO KEY UPDATE and queue rows FOR KEY SHARE).
 --   * log_ack_multi_v1 locks its consumer rows one by one in ascending
 --     (partition_id, consumer_group COLLATE "C") order, the primary key order.
 --   A caller that runs several of these in one transaction must call them in that same order,
@@ -236,7 +239,11 @@ BEGIN
                                                'old', 0, 'new', 0, 'retryCount', 0);
         END IF;
         -- Lease-less first touch: create the row (cursor 0), then lock it. See the header for
-        -- why the partition row's FOR KEY SHARE is taken first.
+        -- why the queue row's and the partition row's FOR KEY SHARE are taken first.
+        PERFORM 1 FROM queen.queues q
+        WHERE q.id = (SELECT lp.queue_id FROM queen.log_partitions lp
+                      WHERE lp.id = p_partition_id)
+        FOR KEY SHARE;
         PERFORM 1 FROM queen.log_partitions lp WHERE lp.id = p_partition_id FOR KEY SHARE;
         INSERT INTO queen.log_consumers (partition_id, consumer_group, committed_offset)
         VALUES (p_partition_id, p_group, 0)
