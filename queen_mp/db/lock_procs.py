@@ -1,4 +1,4 @@
-"""Named calls into ``sql/functions/locks.sql`` (docs/api.md 2.13, ``POST /api/v1/locks``).
+"""Named calls into ``sql/functions/locks.sql`` (docs/api.md 2.14, ``POST /api/v1/locks``).
 
 ``apply`` runs one locks call: the ops (normalised by ``queen_mp.models.locks.parse_lock_ops``)
 in one transaction, answered index-aligned by ``queen.locks_apply_v1``. A call with a write

@@ -1,4 +1,4 @@
-"""Named calls into ``sql/functions/traces.sql`` (docs/api.md 2.12): record a trace event, and
+"""Named calls into ``sql/functions/traces.sql`` (docs/api.md 2.13): record a trace event, and
 the three reads of traces. Each is one autocommit statement; psycopg errors leave this module
 translated (``queen_mp.db.errors``).
 """

@@ -1,4 +1,4 @@
-"""``POST /api/v1/locks`` (docs/api.md 2.13): locks and semaphores kept as KV rows.
+"""``POST /api/v1/locks`` (docs/api.md 2.14): locks and semaphores kept as KV rows.
 
 Body ``{"operations": [op, ...]}``, ops of ``queen_mp.models.locks`` (acquire, renew, release,
 get), each on another lock. Answers:

@@ -1,4 +1,4 @@
-"""Message traces (docs/api.md 2.12): named events a consumer records on a message, and their reads.
+"""Message traces (docs/api.md 2.13): named events a consumer records on a message, and their reads.
 
 ==========================================================  =================================
 ``POST /api/v1/traces``                                     ``TracesResource``

@@ -1,4 +1,4 @@
-"""Lock ops (docs/api.md 2.13, ``POST /api/v1/locks``): validation and normalisation.
+"""Lock ops (docs/api.md 2.14, ``POST /api/v1/locks``): validation and normalisation.
 
 ``parse_lock_ops(raw)`` checks every op of a call before anything is applied and returns them
 in the normalised form ``queen.locks_apply_v1`` (``sql/functions/locks.sql``) takes as is, every

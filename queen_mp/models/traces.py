@@ -1,4 +1,4 @@
-"""A trace event (docs/api.md 2.12, ``POST /api/v1/traces``): the body, validated into a record.
+"""A trace event (docs/api.md 2.13, ``POST /api/v1/traces``): the body, validated into a record.
 
 Body (the queen-mq 2.6 consumer's ``msg.trace(...)`` sends exactly these)::
 

@@ -1,4 +1,4 @@
-"""Locks (docs/api.md 2.13, ``POST /api/v1/locks``; sql/functions/locks.sql) through the
+"""Locks (docs/api.md 2.14, ``POST /api/v1/locks``; sql/functions/locks.sql) through the
 published client queen-mq 2.6 (``client.lock``, ``client.semaphore``, ``client.locks``,
 ``.guard(lock)``), plus raw HTTP for every refusal.
 

@@ -1,4 +1,4 @@
-"""Message traces (docs/api.md 2.12; sql/functions/traces.sql) through the published client
+"""Message traces (docs/api.md 2.13; sql/functions/traces.sql) through the published client
 queen-mq 2.6: a consumer's handler calls ``await msg["trace"]({...})`` and the admin reads
 (``get_traces_for_message``, ``get_traces_by_name``, ``get_trace_names``) return the events in
 the order they were recorded; plus raw HTTP for every refusal and limit, the unknown message,

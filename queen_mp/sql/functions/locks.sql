@@ -1,4 +1,4 @@
--- locks.sql: locks and semaphores as KV rows (docs/api.md 2.13, POST /api/v1/locks).
+-- locks.sql: locks and semaphores as KV rows (docs/api.md 2.14, POST /api/v1/locks).
 --
 -- A permit is ONE row of queen.kv in the namespace 'queen-locks' of the caller's tenant: key
 -- '<name>#<slot>' (slot 0 for a lock, 0..limit-1 for a semaphore), value {"owner": owner|null},

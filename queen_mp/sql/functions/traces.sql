@@ -1,4 +1,4 @@
--- traces.sql: message traces (docs/api.md 2.12): named events a consumer records on a message,
+-- traces.sql: message traces (docs/api.md 2.13): named events a consumer records on a message,
 -- and the three reads of them. Tables: schema/003_traces.sql.
 --
 -- Functions:
