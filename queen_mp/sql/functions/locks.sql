@@ -125,6 +125,7 @@ DECLARE
     v_exp    timestamptz;
     v_live   boolean;
     v_res    jsonb;
+    v_lost   boolean;
 BEGIN
     IF p_ops IS NULL OR jsonb_typeof(p_ops) <> 'array' THEN
         RAISE EXCEPTION 'locks_apply_v1: p_ops must be a JSON array' USING ERRCODE = '22023';
@@ -140,6 +141,7 @@ BEGIN
         v_name := v_op ->> 'name';
         v_owner := v_op ->> 'owner';
         v_res := jsonb_build_object('index', v_i, 'op', v_kind, 'name', v_name);
+        v_lost := false;
         v_expire := v_now + make_interval(secs => COALESCE((v_op ->> 'ttlSeconds')::int8, 0));
 
         IF v_kind = 'get' THEN
@@ -231,11 +233,7 @@ BEGIN
                     'renewed', true, 'slot', v_slot, 'token', v_token,
                     'guard', queen.lock_guard_v1(v_key, v_token));
             ELSE
-                v_res := v_res || jsonb_build_object(
-                    'renewed', false, 'reason', 'lost', 'slot', v_slot,
-                    'holders', (SELECT COALESCE(jsonb_agg(h), '[]') FROM jsonb_array_elements(
-                                    queen.lock_holders_v1(p_tenant, v_name, NULL, false, v_now))
-                                    AS h WHERE (h ->> 'slot')::int4 = v_slot));
+                v_lost := true;
             END IF;
 
         ELSIF v_kind = 'release' THEN
@@ -248,16 +246,21 @@ BEGIN
             IF FOUND THEN
                 v_res := v_res || jsonb_build_object('released', true, 'slot', v_slot);
             ELSE
-                v_res := v_res || jsonb_build_object(
-                    'released', false, 'reason', 'lost', 'slot', v_slot,
-                    'holders', (SELECT COALESCE(jsonb_agg(h), '[]') FROM jsonb_array_elements(
-                                    queen.lock_holders_v1(p_tenant, v_name, NULL, false, v_now))
-                                    AS h WHERE (h ->> 'slot')::int4 = v_slot));
+                v_lost := true;
             END IF;
 
         ELSE
             RAISE EXCEPTION 'locks_apply_v1: unknown op % at index %', quote_literal(v_kind), v_i
                 USING ERRCODE = '22023';
+        END IF;
+        IF v_lost THEN
+            -- a renew or release whose token is not the live permit's: who holds the slot now
+            v_res := v_res || jsonb_build_object(
+                CASE v_kind WHEN 'renew' THEN 'renewed' ELSE 'released' END, false,
+                'reason', 'lost', 'slot', v_slot,
+                'holders', (SELECT COALESCE(jsonb_agg(h), '[]') FROM jsonb_array_elements(
+                                queen.lock_holders_v1(p_tenant, v_name, NULL, false, v_now))
+                                AS h WHERE (h ->> 'slot')::int4 = v_slot));
         END IF;
         v_out[v_i + 1] := v_res;
     END LOOP;
