@@ -207,6 +207,21 @@ def test_a_semaphore_never_grants_more_than_its_limit(broker, db):
     assert who["held"] is True and [h["owner"] for h in who["holders"]] == ["late"]
 
 
+def test_contenders_racing_for_a_lock_get_one_winner(broker, db):
+    name = uname("race")
+
+    async def race() -> list[dict]:
+        async with Queen(broker.url) as client:
+            return list(await asyncio.gather(*(
+                client.locks.acquire(name, ttl_seconds=30, owner=f"c{i}") for i in range(12))))
+
+    got = asyncio.run(race())
+    winners = [r for r in got if r["acquired"]]
+    assert len(winners) == 1, got
+    assert all(r["reason"] == "held" for r in got if not r["acquired"]), got
+    assert permit_rows(db, name)[0][2] == {"owner": winners[0]["owner"]}
+
+
 def test_a_call_answers_each_op_in_its_order(broker):
     a, b, c = uname("a"), uname("b"), uname("c")
     out = call(broker.client,
