@@ -28,10 +28,13 @@
 --   would. Anywhere else an unknown hash, partition, or another tenant's partition records
 --   nothing ({"recorded": false}).
 --
--- Tables touched: queen.log_partitions, queen.queues, queen.log_txns (read, no lock);
---   queen.message_traces, queen.message_trace_names (INSERT; reads).
--- Lock order: no row lock is taken (plain reads and inserts); the FK check of the insert
---   key-share-locks the queue row, which only configure and delete update.
+-- Tables touched: queen.queues (FOR KEY SHARE of the message's queue row), queen.log_partitions,
+--   queen.log_txns (read, no lock); queen.message_traces, queen.message_trace_names (INSERT;
+--   reads).
+-- Lock order: trace_record_v1 key-share-locks the queue row first (what the insert's foreign
+--   key would take anyway), so a queue delete running at the same time (queue_delete_v1: the
+--   queue row FOR UPDATE first) either waits for the trace, or goes first and the trace finds
+--   no such partition: never a foreign key error. No partition, consumer or kv row is locked.
 -- SQLSTATEs raised: 22023 on a NULL partition id or a hash that is not 16 bytes.
 
 CREATE OR REPLACE FUNCTION queen.trace_record_v1(
@@ -66,7 +69,8 @@ BEGIN
       INTO v_part
       FROM queen.log_partitions lp
       JOIN queen.queues q ON q.id = lp.queue_id
-     WHERE lp.id = p_partition_id AND q.tenant = p_tenant;
+     WHERE lp.id = p_partition_id AND q.tenant = p_tenant
+       FOR KEY SHARE OF q;
     IF NOT FOUND THEN
         RETURN jsonb_build_object('recorded', false);
     END IF;

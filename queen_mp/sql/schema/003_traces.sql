@@ -22,9 +22,9 @@
 --   partition_id deliberately has no foreign key (a trace insert would otherwise share-lock the
 --   partition allocator row that every push updates, as the baseline explains for segments).
 --
--- Lock order: DDL only. At runtime trace rows are written alone (trace_record_v1) and deleted
---   by retention after its partition row (one partition row, then that partition's traces),
---   outside the consumer and kv lock spaces.
+-- Lock order: DDL only. At runtime a trace is inserted under a key-share lock of its queue row
+--   (trace_record_v1, functions/traces.sql) and deleted by retention after its partition row
+--   (one partition row, then that partition's traces), outside the consumer and kv lock spaces.
 --
 -- SQLSTATEs raised: the usual constraint ones (23503, 23505, 23514).
 
