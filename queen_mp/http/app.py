@@ -157,10 +157,10 @@ def create_app(config: Config, runtime: Runtime, worker: FrontWorker | None = No
     app.add_route("/api/v1/locks", LocksResource(worker))
     app.add_route("/api/v1/traces", TracesResource(worker))
     # NOTE(traces): the literal 'names' and 'by-name' segments win over {partition_id}; a
-    # trace name keeps its '/' (the client quotes it with '/' left as is)
+    # trace name and a transactionId keep their '/' (the clients leave '/' unquoted)
     app.add_route("/api/v1/traces/names", TraceNamesResource(worker))
     app.add_route("/api/v1/traces/by-name/{name:path}", TracesByNameResource(worker))
-    app.add_route("/api/v1/traces/{partition_id}/{transaction_id}",
+    app.add_route("/api/v1/traces/{partition_id}/{transaction_id:path}",
                   MessageTracesResource(worker))
     app.add_route("/api/v1/dlq", DlqResource(worker))
     # NOTE(dlq): plain {transaction_id}: a path converter cannot be followed by /retry, and

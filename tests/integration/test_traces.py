@@ -118,6 +118,10 @@ def test_paging_and_limits_of_the_reads(broker):
     slash = f"{tag}/sub"
     assert c.post(TRACES, json=event(pid, "m", traceNames=slash)).status_code == 201
     assert c.get(f"{TRACES}/by-name/{slash}").json()["total"] == 1
+    # and so is a transactionId with one
+    push(c, queue, ["order/7"])
+    assert c.post(TRACES, json=event(pid, "order/7")).status_code == 201
+    assert len(c.get(f"{TRACES}/{pid}/order/7").json()["traces"]) == 1
 
 
 def test_an_unknown_message_is_404_and_records_nothing(broker, db):
