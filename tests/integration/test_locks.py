@@ -122,6 +122,29 @@ def test_an_expired_guard_taken_over_rolls_back_and_a_live_one_commits(broker, d
     assert pushed(db, queue) == 1  # the stale step pushed nothing
 
 
+def test_a_replaced_holder_s_guard_rolls_back_through_the_client_and_it_learns_so(broker, db):
+    name, queue = uname(), uname("lkq")
+
+    async def scenario() -> tuple[dict, bool, bool]:
+        async with Queen(broker.url) as client:
+            a = client.lock(name, ttl_seconds=30, owner="paused")
+            assert await a.acquire()
+            # the operator frees the permit (or it expired), and another owner takes it
+            await client.kv.delete("queen-locks", f"{name}#0")
+            b = client.lock(name, ttl_seconds=30, owner="next")
+            assert await b.acquire() and b.token > a.token
+            res = await client.transaction().guard(a).queue(queue).push(
+                [{"data": "from the paused holder"}]).commit()
+            lost = a.lost.is_set()
+            await b.release()
+            return res, lost, a.held
+
+    res, lost, held = asyncio.run(scenario())
+    assert res["success"] is False and res["reason"] == "kv_precondition", res
+    assert res["value"] == {"owner": "next"} and lost is True and held is False
+    assert pushed(db, queue) == 0
+
+
 def test_an_expired_guard_not_taken_over_rolls_back_too(broker):
     name = uname()
     got = one(broker.client, {"op": "acquire", "name": name, "ttlSeconds": 1})
