@@ -18,6 +18,7 @@ import uuid
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 from queen import Queen
 
@@ -243,6 +244,30 @@ def test_contenders_racing_for_a_lock_get_one_winner(broker, db):
     assert len(winners) == 1, got
     assert all(r["reason"] == "held" for r in got if not r["acquired"]), got
     assert permit_rows(db, name)[0][2] == {"owner": winners[0]["owner"]}
+
+
+def test_free_slots_all_taken_under_the_caller_are_contended(broker, db_dsn):
+    name, c = uname("cont"), broker.client
+    assert one(c, {"op": "acquire", "name": name, "ttlSeconds": 30, "limit": 2,
+                   "owner": "holder"})["acquired"]
+    held_slot = one(c, {"op": "get", "name": name})["holders"][0]["slot"]
+    free = 1 - held_slot
+    with psycopg.connect(db_dsn) as other:
+        # an expired permit in the free slot, its row locked by a call still running
+        other.execute("INSERT INTO queen.kv (tenant, ns, key, value, version, expires_at) "
+                      "VALUES (%s, %s, %s, '{\"owner\": \"gone\"}', 1, "
+                      "now() - interval '1 second')", (ZERO, NS, f"{name}#{free}"))
+        other.commit()
+        other.execute("SELECT 1 FROM queen.kv WHERE ns = %s AND key = %s FOR UPDATE",
+                      (NS, f"{name}#{free}"))
+        got = one(c, {"op": "acquire", "name": name, "ttlSeconds": 30, "limit": 2,
+                      "owner": "late"})
+        other.rollback()
+    assert got["acquired"] is False and got["reason"] == "contended", got
+    assert got["holders"] == [{"slot": held_slot, "owner": "holder"}]
+    late = one(c, {"op": "acquire", "name": name, "ttlSeconds": 30, "limit": 2,
+                   "owner": "late"})
+    assert late["acquired"] is True and late["slot"] == free
 
 
 def test_a_call_answers_each_op_in_its_order(broker):
