@@ -30,6 +30,7 @@ from queen_mp.http.health import HealthResource
 from queen_mp.http.hot import HotRoutes
 from queen_mp.http.kv import KvResource
 from queen_mp.http.leases import LeaseExtendResource
+from queen_mp.http.locks import LocksResource
 from queen_mp.http.messages import MessageResource, MessagesResource, QueueMessagesResource
 from queen_mp.http.metrics import MetricsJsonResource, PrometheusResource
 from queen_mp.http.openapi import OPENAPI_PATH, OpenApiResource
@@ -42,6 +43,12 @@ from queen_mp.http.system import (
     SpoolResource,
 )
 from queen_mp.http.timers import TimerQueueResource, TimerResource, TimersResource
+from queen_mp.http.traces import (
+    MessageTracesResource,
+    TraceNamesResource,
+    TracesByNameResource,
+    TracesResource,
+)
 from queen_mp.http.transaction import TransactionResource
 from queen_mp.runtime import Runtime
 
@@ -147,6 +154,14 @@ def create_app(config: Config, runtime: Runtime, worker: FrontWorker | None = No
     app.add_route("/api/v1/timers/{queue}", TimerQueueResource(worker))
     # NOTE(timers): the key is the rest of the path, so it keeps its '/'
     app.add_route("/api/v1/timers/{queue}/{timer_key:path}", TimerResource(worker))
+    app.add_route("/api/v1/locks", LocksResource(worker))
+    app.add_route("/api/v1/traces", TracesResource(worker))
+    # NOTE(traces): the literal 'names' and 'by-name' segments win over {partition_id}; a
+    # trace name and a transactionId keep their '/' (the clients leave '/' unquoted)
+    app.add_route("/api/v1/traces/names", TraceNamesResource(worker))
+    app.add_route("/api/v1/traces/by-name/{name:path}", TracesByNameResource(worker))
+    app.add_route("/api/v1/traces/{partition_id}/{transaction_id:path}",
+                  MessageTracesResource(worker))
     app.add_route("/api/v1/dlq", DlqResource(worker))
     # NOTE(dlq): plain {transaction_id}: a path converter cannot be followed by /retry, and
     # the two templates must agree at that level (so a transactionId with '/' is unroutable).

@@ -21,10 +21,10 @@ Roles per route (docs/api.md 1.5, 5): ``admin`` for ``/api/v1/system/*``, queue 
 (``DELETE /api/v1/resources/queues/{queue}``), consumer group delete (every ``DELETE`` under
 ``/api/v1/consumer-groups/``) and ``POST /api/v1/stats/refresh``;
 ``read-only`` for every other ``GET``/``HEAD`` except pops; ``read-write`` for the rest (pops,
-push, ack, transaction, lease extend, configure, KV, timers, DLQ retry and delete, seek,
-subscription).
+push, ack, transaction, lease extend, configure, KV, timers, locks, trace recording, DLQ retry
+and delete, seek, subscription).
 
-Errors are the docs/api.md 1.4 body; on the KV and timer routes they take that family's shape
+Errors are the docs/api.md 1.4 body; on the KV, timer and lock routes they take that family's shape
 (``error`` = code, ``reason``, ``detail``), as every other error there does.
 """
 
@@ -50,7 +50,7 @@ ADMIN_ROUTES = frozenset({("POST", "/api/v1/stats/refresh")})
 ADMIN_DELETE_TREES = ("/api/v1/resources/queues/", "/api/v1/consumer-groups/")
 _ADMIN_TREE = "/api/v1/system/"
 _POP_TREE = "/api/v1/pop"
-_KV_SHAPED = ("/api/v1/kv", "/api/v1/timers")
+_KV_SHAPED = ("/api/v1/kv", "/api/v1/timers", "/api/v1/locks")
 _READ_METHODS = frozenset({"GET", "HEAD"})
 
 

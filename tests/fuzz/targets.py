@@ -3,7 +3,8 @@
 Two kinds:
 
 - **parser targets** (``json_push``, ``qpb1_push``, ``transaction``, ``kv_ops``, ``timer_ops``,
-  ``ack_body``, ``lease_body``, ``query_string``, ``gzip_body``, ``zstd_body``): the bytes go
+  ``ack_body``, ``lease_body``, ``query_string``, ``gzip_body``, ``zstd_body``, ``lock_ops``,
+  ``trace_body``): the bytes go
   to one parser, which may accept them or refuse with an ``ApiError`` / ``RequestError`` /
   ``WireError`` of a 4xx status. Anything else escaping (``UnicodeEncodeError``,
   ``RecursionError``, ``TypeError``...) is the bug the target exists to find: the broker would
@@ -55,15 +56,18 @@ from queen_mp.front.transactions import Transactions
 from queen_mp.http import ack as ack_http
 from queen_mp.http import kv as kv_http
 from queen_mp.http import leases as leases_http
+from queen_mp.http import locks as locks_http
 from queen_mp.http.admission import Admission
 from queen_mp.http.body import read_body
 from queen_mp.http.errors import ApiError, from_request, from_wire
 from queen_mp.http.push import parse_binary, parse_json_push
 from queen_mp.http.query import Query
 from queen_mp.models.errors import RequestError
-from queen_mp.models.items import parse_ack_item
+from queen_mp.models.items import loads_json, parse_ack_item
 from queen_mp.models.kv import parse_kv_ops
+from queen_mp.models.locks import parse_lock_ops
 from queen_mp.models.timers import mint, parse_timer_ops
+from queen_mp.models.traces import parse_trace
 from queen_mp.models.transactions import parse_json, parse_qtb1
 from queen_mp.wire.errors import WireError
 
@@ -143,6 +147,23 @@ def kv_ops(data: bytes) -> None:
     ops = _refused(lambda: parse_kv_ops(kv_http._operations(data), in_transaction=False))
     if ops is not None:
         orjson.dumps(ops)  # what kv_procs.apply sends
+
+
+def lock_ops(data: bytes) -> None:
+    ops = _refused(lambda: parse_lock_ops(locks_http._operations(data)))
+    if ops is not None:
+        orjson.dumps(ops)  # what lock_procs.apply sends
+
+
+def trace_body(data: bytes) -> None:
+    try:
+        doc = loads_json(data)
+    except ValueError:
+        return  # the route refuses it (400 invalid_request) before the model
+    event = _refused(lambda: parse_trace(doc))
+    if event is not None:
+        adapt([event.transaction_id, event.consumer_group, event.event_type, event.data_json,
+               list(event.names)])
 
 
 def timer_ops(data: bytes) -> None:
@@ -231,6 +252,7 @@ PARSER_TARGETS: dict[str, Callable[[bytes], None]] = {
     "json_push": json_push, "qpb1_push": qpb1_push, "transaction": transaction,
     "kv_ops": kv_ops, "timer_ops": timer_ops, "ack_body": ack_body, "lease_body": lease_body,
     "query_string": query_string, "gzip_body": gzip_body, "zstd_body": zstd_body,
+    "lock_ops": lock_ops, "trace_body": trace_body,
 }
 
 
@@ -662,6 +684,17 @@ _KV = [
     b'"expect":0},{"op":"incr","ns":"n","key":"c","delta":1,"forever":true},'
     b'{"op":"putIfAbsent","ns":"n","key":"z","value":null,"forever":true,"required":true}]}',
 ]
+_LOCKS = [
+    b'{"operations":[{"op":"acquire","name":"job","ttlSeconds":30,"owner":"w-1","limit":3},'
+    b'{"op":"renew","name":"r","token":7,"ttlSeconds":30,"slot":1,"owner":"w-1"},'
+    b'{"op":"release","name":"x","token":9},{"op":"get","name":"g/1"}]}',
+]
+_TRACE = [
+    b'{"transactionId":"order-1","partitionId":"17","consumerGroup":"__QUEUE_MODE__",'
+    b'"traceNames":["flow","a/b"],"eventType":"step","data":{"k":[1,{"x":null}]}}',
+    b'{"transactionId":"t","partitionId":17,"consumerGroup":null,"traceNames":"one",'
+    b'"data":{}}',
+]
 _TIMERS = [
     b'{"operations":[{"op":"schedule","queue":"fz","timerKey":"a/b","partition":"p",'
     b'"payload":"eyJhIjoxfQ==","delayMs":2592000000,"txn":"t"},'
@@ -703,6 +736,8 @@ SEEDS: dict[str, list[bytes]] = {
     "qpb1_push": _qpb1_seeds(),
     "transaction": _TXN + _qtb1_seeds(),
     "kv_ops": _KV,
+    "lock_ops": _LOCKS,
+    "trace_body": _TRACE,
     "timer_ops": _TIMERS,
     "ack_body": _ACK,
     "lease_body": _LEASE,
@@ -723,6 +758,7 @@ BODY_ROUTES: list[tuple[str, str, str]] = [
     ("POST", "/api/v1/lease/0196f3a2-c000-7000-8000-000000000a0a/extend", "lease_body"),
     ("POST", "/api/v1/consumer-groups/g/queues/fz/seek", "groups_body"),
     ("POST", "/api/v1/consumer-groups/g/subscription", "groups_body"),
+    ("POST", "/api/v1/locks", "lock_ops"), ("POST", "/api/v1/traces", "trace_body"),
 ]
 # in-process only: on a real broker these would switch maintenance on (and spool pushes)
 SYSTEM_ROUTES: list[tuple[str, str, str]] = [

@@ -35,7 +35,7 @@ from tests.integration.test_push_json import uq
 PUBLIC = {"/health", "/metrics", "/metrics/prometheus", "/api/v1/openapi.json"}
 RANK = {"read-only": 1, "read-write": 2, "admin": 3}
 SAMPLE = {"queue": "authq", "group": "authg", "partition": "p1", "lease_id": str(uuid.uuid4()),
-          "partition_id": "1", "transaction_id": "t1", "timer_key": "k1"}
+          "partition_id": "1", "transaction_id": "t1", "timer_key": "k1", "name": "n1"}
 
 
 def needed(method: str, template: str) -> str | None:
@@ -89,8 +89,8 @@ def call(client: httpx.Client, method: str, path: str, headers: dict[str, str]
 def assert_error(r: httpx.Response, code: str, template: str) -> None:
     body = r.json()
     assert body["code"] == code, (template, r.text)
-    if template.startswith(("/api/v1/kv", "/api/v1/timers")):
-        # the KV/timer error shape (api.md 2.11)
+    if template.startswith(("/api/v1/kv", "/api/v1/timers", "/api/v1/locks")):
+        # the KV/timer/lock error shape (api.md 2.11)
         assert body["error"] == code and body["reason"] == code and body["detail"], r.text
     else:
         assert body["error"] and body["error"] != code, r.text

@@ -300,6 +300,32 @@ def test_write_answers_conform(live, api_schema):
           path_parameters={"group": "writer", "queue": "orders"})
     _call(api_schema, b, "DELETE", "/api/v1/resources/queues/{queue}",
           path_parameters={"queue": "receipts"})
+    # traces and locks: a recorded event and its three reads, every lock verdict
+    pid = seeded["partitionId"]
+    _call(api_schema, b, "POST", "/api/v1/traces", status=201, body={
+        "transactionId": "order-1002", "partitionId": pid, "consumerGroup": None,
+        "traceNames": ["order-flow", "a/b"], "eventType": "step", "data": {"n": 1}})
+    _call(api_schema, b, "POST", "/api/v1/traces", status=404, body={
+        "transactionId": "never", "partitionId": pid, "data": {}})
+    traces = _call(api_schema, b, "GET", "/api/v1/traces/{partitionId}/{transactionId}",
+                   path_parameters={"partitionId": pid, "transactionId": "order-1002"})
+    assert len(traces["traces"]) == 1, traces
+    _call(api_schema, b, "GET", "/api/v1/traces/by-name/{traceName}",
+          path_parameters={"traceName": "order-flow"})
+    assert _call(api_schema, b, "GET", "/api/v1/traces/names")["total"] >= 2
+    got = _call(api_schema, b, "POST", "/api/v1/locks", body={"operations": [
+        {"op": "acquire", "name": "report", "ttlSeconds": 30, "owner": "w-1"},
+        {"op": "acquire", "name": "gpu", "ttlSeconds": 30, "limit": 2}]})["results"]
+    taken = _call(api_schema, b, "POST", "/api/v1/locks", body={"operations": [
+        {"op": "acquire", "name": "report", "ttlSeconds": 30, "owner": "w-2"},
+        {"op": "renew", "name": "gpu", "token": got[1]["token"], "ttlSeconds": 30,
+         "slot": got[1]["slot"]},
+        {"op": "release", "name": "nothing", "token": 1}]})["results"]
+    assert [r.get("acquired", r.get("renewed", r.get("released")))
+            for r in taken] == [False, True, False], taken
+    held = _call(api_schema, b, "POST", "/api/v1/locks", body={"operations": [
+        {"op": "get", "name": "report"}]})["results"]
+    assert held[0]["held"] is True and held[0]["holders"][0]["owner"] == "w-1", held
 
 
 @schema.parametrize()

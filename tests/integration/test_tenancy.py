@@ -457,3 +457,29 @@ def test_metrics_never_name_another_tenants_queue(tb, two):
     # and the other tenant's name never shows in the route labels either
     c.get(f"/api/v1/resources/queues/{secret_q}", headers=a.ro)
     assert secret_q not in c.get("/metrics/prometheus").text
+
+
+def test_traces_and_locks_are_per_tenant(tb, two):
+    a, b = two
+    c = tb.client
+    q, tag, name = uq(), "tr-" + uuid.uuid4().hex[:8], "lk-" + uuid.uuid4().hex[:8]
+    pid = push(c, a, q, [1], transactionId="m-1")[0]["partitionId"]
+    trace = {"transactionId": "m-1", "partitionId": pid, "traceNames": [tag], "data": {"a": 1}}
+    # B may not trace A's message, nor read A's traces by any road
+    r = c.post("/api/v1/traces", headers=b.rw, json=trace)
+    assert r.status_code == 404 and r.json()["success"] is False, r.text
+    assert c.post("/api/v1/traces", headers=a.rw, json=trace).status_code == 201
+    assert c.get(f"/api/v1/traces/{pid}/m-1", headers=b.ro).json()["traces"] == []
+    assert c.get(f"/api/v1/traces/by-name/{tag}", headers=b.ro).json()["total"] == 0
+    assert tag not in {n["traceName"] for n in c.get(
+        "/api/v1/traces/names", headers=b.ro, params={"limit": 1000}).json()["traceNames"]}
+    assert len(c.get(f"/api/v1/traces/{pid}/m-1", headers=a.ro).json()["traces"]) == 1
+    assert c.get(f"/api/v1/traces/by-name/{tag}", headers=a.ro).json()["total"] == 1
+    # a lock of one name is another lock in each tenant
+    acquire = {"op": "acquire", "name": name, "ttlSeconds": 30, "owner": "x"}
+    for t in (a, b):
+        r = c.post("/api/v1/locks", headers=t.rw, json={"operations": [acquire]})
+        assert r.status_code == 200 and r.json()["results"][0]["acquired"] is True, r.text
+        assert "already" not in r.json()["results"][0]
+    r = c.post("/api/v1/locks", headers=b.ro, json={"operations": [{"op": "get", "name": name}]})
+    assert r.status_code == 403 and r.json()["reason"] == "forbidden", r.text

@@ -18,6 +18,8 @@
 --                         rows locked with SKIP LOCKED)
 --   queen.log_segments    DELETE below the computed offset (primary key range, bounded)
 --   queen.log_txns        DELETE below the computed offset (primary key range, bounded)
+--   queen.message_traces  DELETE of the traces below the new log start (with their names, by
+--                         cascade), when segments were deleted
 --
 -- Lock order (design.md invariant 4): retention_partition_v1 locks exactly one log_partitions
 --   row and no consumer row (cursors and leases are read, not locked), so it cannot form a cycle
@@ -130,6 +132,9 @@ BEGIN
         )
         SELECT count(*), COALESCE(max(next_off), v_log_start) INTO v_segs, v_log_start
         FROM gone;
+        -- the traces of the messages that went (schema/003_traces.sql)
+        DELETE FROM queen.message_traces t
+        WHERE t.partition_id = p_pid AND t."offset" < v_log_start;
     END IF;
 
     -- the sidecar: its own clock, a forward walk from txns_start
