@@ -26,6 +26,7 @@ from queen_mp.http.configure import ConfigureResource
 from queen_mp.http.dlq import DlqResource, RetryResource
 from queen_mp.http.edge import EdgeMiddleware
 from queen_mp.http.errors import JSON_UTF8
+from queen_mp.http.fetch import FetchResource
 from queen_mp.http.health import HealthResource
 from queen_mp.http.hot import HotRoutes
 from queen_mp.http.kv import KvResource
@@ -33,6 +34,7 @@ from queen_mp.http.leases import LeaseExtendResource
 from queen_mp.http.messages import MessageResource, MessagesResource, QueueMessagesResource
 from queen_mp.http.metrics import MetricsJsonResource, PrometheusResource
 from queen_mp.http.openapi import OPENAPI_PATH, OpenApiResource
+from queen_mp.http.partitions import PartitionsChangedResource
 from queen_mp.http.pop import PopResource
 from queen_mp.http.push import PushResource
 from queen_mp.http.system import (
@@ -147,6 +149,8 @@ def create_app(config: Config, runtime: Runtime, worker: FrontWorker | None = No
     app.add_route("/api/v1/timers/{queue}", TimerQueueResource(worker))
     # NOTE(timers): the key is the rest of the path, so it keeps its '/'
     app.add_route("/api/v1/timers/{queue}/{timer_key:path}", TimerResource(worker))
+    app.add_route("/api/v1/fetch", FetchResource(worker))
+    app.add_route("/api/v1/partitions/changed", PartitionsChangedResource(worker))
     app.add_route("/api/v1/dlq", DlqResource(worker))
     # NOTE(dlq): plain {transaction_id}: a path converter cannot be followed by /retry, and
     # the two templates must agree at that level (so a transactionId with '/' is unroutable).

@@ -29,7 +29,7 @@ from queen_mp.db.migrations import apply_migrations, load_sql_tree
 from tests.pgharness import SQL_DIR, drop_database, make_database
 
 LEGACY = Path(__file__).parent / "data" / "legacy_chain_bfc65e0.tar.gz"
-FUNCTIONS = 85  # functions and trigger functions the family files define
+FUNCTIONS = 88  # functions and trigger functions the family files define
 
 
 @pytest.fixture(scope="module")
@@ -203,5 +203,5 @@ def test_instances_starting_at_once_apply_everything_once(two_dbs):
     for proc in procs:
         proc.join(timeout=30)
     assert outcomes[:2] == [[], []]
-    assert outcomes[2][0] == "001_baseline.sql" and len(outcomes[2]) == 15
+    assert outcomes[2][0] == "001_baseline.sql" and len(outcomes[2]) == 17
     assert len(functions_of(two_dbs[0])) == FUNCTIONS
