@@ -18,12 +18,14 @@ import psycopg
 from queen_mp.db.errors import DatabaseError, translate
 from queen_mp.db.pop_procs import StoredChunks
 
-__all__ = ["ChangedPage", "ChangedPartition", "FetchedEntry", "changed", "fetch"]
+__all__ = ["GUARD_S", "ChangedPage", "ChangedPartition", "FetchedEntry", "changed", "fetch"]
 
 _FETCH = ("SELECT * FROM queen.log_fetch_v1(%s, %s::text[], %s::text[], %s::int8[], %s::int8[],"
           " %s::int8, %s::int4)")
 _CHANGED = ("SELECT queen.log_partitions_changed_v1(%s, %s, %s::timestamptz, %s::int8, %s::int4,"
-            " %s::int4, %s::int4)")
+            " %s::int4, %s::int4, %s::int4)")
+#: seconds safeTime stays below the database's now() at least (reads.sql says why)
+GUARD_S = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +99,7 @@ async def changed(conn: psycopg.AsyncConnection[Any], tenant: bytes, queue: str 
     statement of its own)."""
     try:
         cur = await conn.execute(_CHANGED, (
-            uuid.UUID(bytes=tenant), queue, since, after, limit, scan, floor_s))
+            uuid.UUID(bytes=tenant), queue, since, after, limit, scan, GUARD_S, floor_s))
         row = await cur.fetchone()
     except psycopg.Error as ex:
         raise translate(ex) from ex

@@ -8,7 +8,8 @@
 --       POST /api/v1/fetch: per entry (queue, partition, offset), the partition's bounds and
 --       the stored segments covering its records from that offset, within byte and record
 --       bounds. The broker decodes the frames (the SQL never does).
---   queen.log_partitions_changed_v1(uuid, text, timestamptz, int8, int4, int4, int4) -> jsonb
+--   queen.log_partitions_changed_v1(uuid, text, timestamptz, int8, int4, int4, int4, int4)
+--       -> jsonb
 --       POST /api/v1/partitions/changed, one entry: a page of the queue's partitions (all, or
 --       those written at or after a time) in creation order, and the page's safeTime.
 --
@@ -172,6 +173,7 @@ COMMENT ON FUNCTION queen.log_fetch_v1(uuid, text[], text[], int8[], int8[], int
 --   p_limit   partitions per page (1..1000, larger clamped)
 --   p_scan    partitions examined per page at most (a selective p_since over a large queue
 --             answers a short page with a cursor, instead of one long statement)
+--   p_guard_s seconds safeTime stays below now() at least (the broker passes 5)
 --   p_floor_s seconds below now() that safeTime falls back to when pg_stat_activity hides
 --             another role's sessions (their transactions cannot be seen, so only a floor
 --             longer than any write transaction is safe)
@@ -203,6 +205,7 @@ CREATE OR REPLACE FUNCTION queen.log_partitions_changed_v1(
     p_after   int8,
     p_limit   int4,
     p_scan    int4,
+    p_guard_s int4,
     p_floor_s int4
 ) RETURNS jsonb
 LANGUAGE plpgsql VOLATILE
@@ -228,7 +231,8 @@ BEGIN
           AND a.datname = current_database()
           AND (a.backend_type = 'client backend' OR a.backend_type IS NULL)
     )
-    SELECT LEAST(now() - interval '5 seconds', COALESCE((SELECT min(x.xact_start) FROM s x), now())),
+    SELECT LEAST(now() - make_interval(secs => GREATEST(COALESCE(p_guard_s, 5), 0)),
+                 COALESCE((SELECT min(x.xact_start) FROM s x), now())),
            (SELECT count(*) FROM s x WHERE x.state IS NULL AND x.xact_start IS NULL)
     INTO v_safe, v_masked;
     IF v_masked > 0 THEN
@@ -283,7 +287,8 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION queen.log_partitions_changed_v1(uuid, text, timestamptz, int8, int4, int4, int4) IS
+COMMENT ON FUNCTION queen.log_partitions_changed_v1(uuid, text, timestamptz, int8, int4, int4, int4,
+                                                     int4) IS
 'Partition discovery (POST /api/v1/partitions/changed), one page: the queue''s partitions '
 '(all, or written at or after p_since) by id after p_after, with the safeTime below which '
 'no later commit can write. Reads only; VOLATILE for its snapshots (see reads.sql).';
