@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -37,7 +37,7 @@ class FetchedEntry:
     error: str | None
     high: int
     log_start: int
-    segments: list[StoredChunks] = field(default_factory=list)
+    segments: list[StoredChunks]
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,18 +73,19 @@ async def fetch(conn: psycopg.AsyncConnection[Any], tenant: bytes, queues: list[
         rows = await cur.fetchall()
     except psycopg.Error as ex:
         raise translate(ex) from ex
-    out: list[FetchedEntry] = []
+    heads: list[tuple[str | None, int, int]] = []
+    segments: list[list[StoredChunks]] = []
     for k, error, high, log_start, base, _count, created, payload in rows:
-        if k != len(out):
-            if k != len(out) - 1:
-                raise DatabaseError(f"log_fetch_v1 answered entry {k} after {len(out)}")
-        else:
-            out.append(FetchedEntry(error, int(high), int(log_start)))
+        if k == len(heads):
+            heads.append((error, int(high), int(log_start)))
+            segments.append([])
+        elif k != len(heads) - 1:
+            raise DatabaseError(f"log_fetch_v1 answered entry {k} after {len(heads)}")
         if base is not None:
-            out[k].segments.append((int(base), created, bytes(payload)))
-    if len(out) != len(queues):
-        raise DatabaseError(f"log_fetch_v1 answered {len(out)} entries for {len(queues)}")
-    return out
+            segments[k].append((int(base), created, bytes(payload)))
+    if len(heads) != len(queues):
+        raise DatabaseError(f"log_fetch_v1 answered {len(heads)} entries for {len(queues)}")
+    return [FetchedEntry(e, h, s, segs) for (e, h, s), segs in zip(heads, segments, strict=True)]
 
 
 def _time(value: Any) -> dt.datetime | None:
