@@ -160,7 +160,9 @@ def test_safe_time_holds_back_for_a_write_in_flight(broker, db, db_dsn):
 def test_empty_call_still_answers_a_safe_time(broker):
     got = changed(broker)
     assert got["entries"] == [] and got["safeTimeDegraded"] is False
-    assert parse(got["safeTime"]) <= dt.datetime.now(dt.UTC) - dt.timedelta(seconds=4)
+    lag = dt.datetime.now(dt.UTC) - parse(got["safeTime"])
+    # the 5 s guard, and no session of an idle broker holds it back for long (measured 5.0 s)
+    assert dt.timedelta(seconds=4) <= lag < dt.timedelta(seconds=120)
     r = broker.client.post(CHANGED, json={})
     assert r.status_code == 200 and r.json()["entries"] == []
 
