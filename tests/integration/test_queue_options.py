@@ -4,7 +4,7 @@ counted as evicted (the queue's ``totals.evicted``, ``queen_messages_evicted_tot
 ``messages.evicted`` of ``GET /metrics``); consumed and leased messages are not counted or kept;
 ``ttl`` other than its default is refused with a 400 naming the options that act.
 
-One private broker for the module (housekeeping every second) on the session database; the
+The session broker (housekeeping every 5 s, so an eviction shows 2..7 s after the push); the
 queues are configured through the published 2.6 client.
 """
 
@@ -12,25 +12,21 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from queen import Queen
 
-from tests.brokerharness import Broker, start_broker
+from tests.brokerharness import Broker
 from tests.integration.test_push_json import uq
 
 WAIT_S = 2
 
 
-@pytest.fixture(scope="module")
-def hk(db_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
-    b = start_broker(Path(tmp_path_factory.mktemp("options")), db_dsn, QUEEN_HOUSEKEEPING_S="1")
-    yield b
-    assert b.stop() == 0, b.log()[-4000:]
+@pytest.fixture
+def hk(broker: Broker) -> Broker:
+    return broker
 
 
 def push(b: Broker, queue: str, n: int, partition: str = "p") -> None:
@@ -104,15 +100,23 @@ def test_messages_that_waited_too_long_are_evicted_and_counted(hk):
     assert [(m["offset"], m["data"]) for m in fresh] == [(4, {"n": 0})]
 
 
-def test_zero_waits_forever(hk):
-    q = uq("mw0")
-    r = hk.client.post("/api/v1/configure", json={"queue": q, "options": {
-        "maxWaitTimeSeconds": 0}})
-    assert r.status_code == 200, r.text
-    push(hk, q, 1)
-    time.sleep(1.5)  # a housekeeping round or more
-    assert [m["data"] for m in pop(hk, q)] == [{"n": 0}]
-    assert detail(hk, q)["totals"]["evicted"] == 0
+def test_zero_waits_forever_and_a_step_counts_what_it_evicts(hk, db):
+    """Segments an hour old, one retention step each (housekeeping may run it first: the
+    queue's count is the sum either way): 0 keeps them, 60 s evicts them."""
+    zero, sixty = uq("mw0"), uq("mw60")
+    for q, wait in ((zero, 0), (sixty, 60)):
+        r = hk.client.post("/api/v1/configure", json={"queue": q, "options": {
+            "maxWaitTimeSeconds": wait}})
+        assert r.status_code == 200, r.text
+        push(hk, q, 2)
+        pid = db.execute("SELECT lp.id FROM queen.log_partitions lp JOIN queen.queues qq"
+                         " ON qq.id = lp.queue_id WHERE qq.name = %s", (q,)).fetchone()[0]
+        db.execute("UPDATE queen.log_segments SET created_at = now() - interval '1 hour'"
+                   " WHERE partition_id = %s", (pid,))
+        db.execute("SELECT queen.retention_partition_v1(%s, 100)", (pid,))
+    assert [m["data"] for m in pop(hk, zero)] == [{"n": 0}, {"n": 1}]
+    assert detail(hk, zero)["totals"]["evicted"] == 0
+    assert pop(hk, sixty) == [] and detail(hk, sixty)["totals"]["evicted"] == 2
 
 
 def test_ttl_other_than_its_default_is_refused(hk):
