@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from queen import Queen
 
@@ -225,7 +226,13 @@ def test_more_than_1024_entries_is_refused(rb):
      "queue"),
 ])
 def test_bad_bodies_are_refused_naming_the_problem(rb, body, code, status, field):
-    r = rb.client.post(FETCH, content=body, headers={"content-type": "application/json"})
+    assert_refused(rb.client, FETCH, body, code, status, field)
+
+
+def assert_refused(client: httpx.Client, path: str, body: bytes, code: str, status: int,
+                   field: str | None) -> None:
+    """The body is refused with this status and code, naming the field at fault."""
+    r = client.post(path, content=body, headers={"content-type": "application/json"})
     assert r.status_code == status, r.text
     doc = r.json()
     assert doc["code"] == code and doc["error"], doc

@@ -16,6 +16,7 @@ import pytest
 import queen.reads.offset_reads as offset_reads
 from queen import Queen
 
+from tests.integration.test_fetch import assert_refused
 from tests.integration.test_push_json import uq
 
 CHANGED = "/api/v1/partitions/changed"
@@ -203,12 +204,7 @@ def test_more_than_64_entries_is_refused(broker):
     (b'{"entries": [{"queue": "' + b"q" * 256 + b'"}]}', "name_too_long", 413, "queue"),
 ])
 def test_bad_bodies_are_refused_naming_the_problem(broker, body, code, status, field):
-    r = broker.client.post(CHANGED, content=body, headers={"content-type": "application/json"})
-    assert r.status_code == status, r.text
-    doc = r.json()
-    assert doc["code"] == code and doc["error"], doc
-    if field is not None:
-        assert doc.get("field") == field, doc
+    assert_refused(broker.client, CHANGED, body, code, status, field)
 
 
 def test_only_post(broker):
