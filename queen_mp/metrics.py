@@ -183,6 +183,9 @@ class Metrics:
             "queen_messages_popped", "Messages delivered by pops.", **kw)
         self.messages_acked = Counter(
             "queen_messages_acked", "Messages whose cursor advanced by an ack.", **kw)
+        self.messages_evicted = Counter(
+            "queen_messages_evicted", "Messages deleted unconsumed by housekeeping because "
+            "they waited longer than their queue's maxWaitTimeSeconds.", **kw)
         self.ack_fusion_commits = Counter(
             "queen_ack_fusion_commits", "Ack fusion flushes committed.", **kw)
         self.ack_fusion_rows = Counter(

@@ -60,7 +60,7 @@ class Page:
 
 @dataclass(frozen=True, slots=True)
 class QueueDetail:
-    queue: dict[str, Any]  # admin_queue_v1 row (with ``options`` and ``dead_letter``)
+    queue: dict[str, Any]  # admin_queue_v1 row (``options``, ``dead_letter``), plus ``evicted``
     partitions: list[dict[str, Any]]  # admin_partition_stats_v1 rows
     groups: list[dict[str, Any]]  # admin_queue_groups_v1 rows
     cursors: list[dict[str, Any]]  # admin_queue_cursors_v1 rows ([] unless asked for)
@@ -140,9 +140,11 @@ async def queue_detail(conn: Conn, tenant: bytes, queue: str, *,
             cursors = (await fetch_rows(
                 conn, "SELECT * FROM queen.admin_queue_cursors_v1(%s, %s)", (t, qid))
                 if with_cursors else [])
+            evicted = await fetch_rows(
+                conn, "SELECT queen.queue_evicted_v1(%s, %s) AS evicted", (t, qid))
     except psycopg.Error as ex:
         raise translate(ex) from ex
-    return QueueDetail(head[0], parts, groups, cursors)
+    return QueueDetail({**head[0], "evicted": evicted[0]["evicted"]}, parts, groups, cursors)
 
 
 async def depth(conn: Conn, tenant: bytes, queue: str,

@@ -40,6 +40,7 @@ class RetentionStep:
     segments: int  # segments removed
     txns: int  # sidecar (log_txns) rows removed
     more: bool  # the step hit its limit: call again
+    evicted: int = 0  # unconsumed messages removed by the queue's maxWaitTimeSeconds
 
 
 async def retention_step(conn: Conn, partition_id: int, limit: int) -> RetentionStep:
@@ -49,7 +50,7 @@ async def retention_step(conn: Conn, partition_id: int, limit: int) -> Retention
     assert row is not None
     doc = row[0]
     return RetentionStep(int(doc.get("segments") or 0), int(doc.get("txns") or 0),
-                         bool(doc.get("more")))
+                         bool(doc.get("more")), int(doc.get("evicted") or 0))
 
 
 async def repair_ready(conn: Conn) -> int:

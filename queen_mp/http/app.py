@@ -26,6 +26,7 @@ from queen_mp.http.configure import ConfigureResource
 from queen_mp.http.dlq import DlqResource, RetryResource
 from queen_mp.http.edge import EdgeMiddleware
 from queen_mp.http.errors import JSON_UTF8
+from queen_mp.http.fetch import FetchResource
 from queen_mp.http.health import HealthResource
 from queen_mp.http.hot import HotRoutes
 from queen_mp.http.kv import KvResource
@@ -34,6 +35,7 @@ from queen_mp.http.locks import LocksResource
 from queen_mp.http.messages import MessageResource, MessagesResource, QueueMessagesResource
 from queen_mp.http.metrics import MetricsJsonResource, PrometheusResource
 from queen_mp.http.openapi import OPENAPI_PATH, OpenApiResource
+from queen_mp.http.partitions import PartitionsChangedResource
 from queen_mp.http.pop import PopResource
 from queen_mp.http.push import PushResource
 from queen_mp.http.system import (
@@ -162,6 +164,8 @@ def create_app(config: Config, runtime: Runtime, worker: FrontWorker | None = No
     app.add_route("/api/v1/traces/by-name/{name:path}", TracesByNameResource(worker))
     app.add_route("/api/v1/traces/{partition_id}/{transaction_id:path}",
                   MessageTracesResource(worker))
+    app.add_route("/api/v1/fetch", FetchResource(worker))
+    app.add_route("/api/v1/partitions/changed", PartitionsChangedResource(worker))
     app.add_route("/api/v1/dlq", DlqResource(worker))
     # NOTE(dlq): plain {transaction_id}: a path converter cannot be followed by /retry, and
     # the two templates must agree at that level (so a transactionId with '/' is unroutable).

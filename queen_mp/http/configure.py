@@ -7,6 +7,7 @@ keys are not an error, they come back in ``ignoredOptions``; a ``null`` value co
 A wrong type or a value out of range is ``400`` with ``field`` = the key as sent. A non-null
 ``namespace``/``task`` replaces the stored (first derived, §1.9) value; ``"task": ""`` removes
 the task. ``encryptionEnabled: true`` on a broker without ``QUEEN_ENCRYPTION_KEY`` is ``400``.
+``ttl`` other than its default 3600 is ``400`` (``FIXED``: no broker acts on it).
 
 Who sees a change when: pops and acks read the options in SQL on every call, so the next one
 after the ``200`` uses them. Pushes decide encryption from ``queen_mp.front.queueflags``, memoised
@@ -31,7 +32,7 @@ from queen_mp.http.dbcall import call_db
 from queen_mp.http.errors import InvalidRequest
 from queen_mp.wire.binary_push import check_name
 
-__all__ = ["OPTIONS", "ConfigureResource", "Option", "parse_options"]
+__all__ = ["FIXED", "OPTIONS", "ConfigureResource", "Option", "parse_options"]
 
 _INT4_MAX = (1 << 31) - 1
 _INT8_MAX = (1 << 63) - 1
@@ -67,6 +68,13 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     Option("retentionEnabled", "retention_enabled", bool),
 )}
 _BY_ALIAS = {o.alias: o for o in OPTIONS.values()}
+#: options kept for upstream compatibility that this broker cannot honour: only their stored
+#: value is accepted (a client echoing the options it read back still works), any other value
+#: is refused rather than silently kept (issue 27)
+FIXED: dict[str, tuple[int, str]] = {
+    "ttl": (3600, "upstream stores ttl and nothing acts on it; use maxWaitTimeSeconds (evicts "
+                  "messages that waited too long) or retentionSeconds (deletes old messages)"),
+}
 
 
 def _check(opt: Option, key: str, value: Any) -> Any:
@@ -80,6 +88,10 @@ def _check(opt: Option, key: str, value: Any) -> Any:
     if not opt.minimum <= value <= opt.maximum:
         raise InvalidRequest(f"option {key!r} = {value} is out of range "
                              f"{opt.minimum}..{opt.maximum}", field=key)
+    fixed = FIXED.get(opt.name)
+    if fixed is not None and value != fixed[0]:
+        raise InvalidRequest(f"option {key!r} = {value} is not supported (only {fixed[0]}, its "
+                             f"default, is accepted): {fixed[1]}", field=key)
     return value
 
 

@@ -60,6 +60,7 @@ class MetricsJsonResource:
             "messages": {"pushed": int(pushed),
                          "popped": int(t.get("queen_messages_popped_total", 0.0)),
                          "acked": int(t.get("queen_messages_acked_total", 0.0)),
+                         "evicted": int(t.get("queen_messages_evicted_total", 0.0)),
                          "pushRate": pushed / uptime},
             "database": {"poolSize": stats.get("pool_size", 0),
                          "idleConnections": stats.get("pool_available", 0),

@@ -48,16 +48,23 @@ MAX_TIMEOUT_MS = 300_000
 MAX_PARTITIONS = 10_000
 AUTOPILOT_BATCH = 200
 AUTOPILOT_WAIT_MS = 100
-_SUB_MODES = ("all", "new", "new-only")
+#: every subscriptionMode spelling upstream servers accept (case and surrounding blanks
+#: ignored, as there), with its meaning: start from the log start, or after the current end.
+#: ``timestamp`` is how a group's record names a start set by time; without subscriptionFrom
+#: it starts from the log start, as upstream reads any mode it does not call "new".
+SUB_MODES = {"": "all", "all": "all", "from_beginning": "all", "from-beginning": "all",
+             "frombeginning": "all", "beginning": "all", "timestamp": "all",
+             "new": "new", "new-only": "new-only", "new_only": "new-only", "newonly": "new-only"}
 # Beyond the caller's own deadline, how long a stuck database may hold the answer.
 _DB_GRACE_S = 5.0
 
 
 def _subscription(q: Query) -> tuple[str, Any]:
-    mode = q.text("subscriptionMode") or "all"
-    if mode not in _SUB_MODES:
-        raise InvalidRequest(f"subscriptionMode {mode!r} is not one of all, new, new-only",
-                             field="subscriptionMode")
+    given = q.text("subscriptionMode") or ""
+    mode = SUB_MODES.get(given.strip().lower())
+    if mode is None:
+        raise InvalidRequest(f"subscriptionMode {given!r} is not one of "
+                             f"{', '.join(m for m in SUB_MODES if m)}", field="subscriptionMode")
     start = q.text("subscriptionFrom")
     if start is None or start == "":
         return mode, None

@@ -174,7 +174,9 @@ def _detail(d: admin_procs.QueueDetail, *, cursors: bool) -> dict[str, Any]:
             "task": head["task"], "priority": head["priority"],
             "createdAt": iso_ms(head["created_at"]), "updatedAt": iso_ms(head["updated_at"]),
             "options": head["options"], "partitions": parts,
-            "totals": {"partitions": len(parts), "messages": totals},
+            # NOTE(reads): evicted = deleted unconsumed after waiting over maxWaitTimeSeconds
+            "totals": {"partitions": len(parts), "messages": totals,
+                       "evicted": int(head.get("evicted") or 0)},
             "consumerGroups": groups}
 
 

@@ -1,6 +1,7 @@
-"""Housekeeping of one shard: time retention of segments, the transactionId sidecar's own
-clock, expired leases and expired KV keys (docs/api.md 4; issue "Operations"), the ready index's
-backstop (schema/002_ready_index.sql) and the DLQ depth gauge.
+"""Housekeeping of one shard: time retention of segments (and the eviction of messages that
+waited longer than their queue's maxWaitTimeSeconds, counted in queen_messages_evicted_total),
+the transactionId sidecar's own clock, expired leases and expired KV keys (docs/api.md 4; issue
+"Operations"), the ready index's backstop (schema/002_ready_index.sql) and the DLQ depth gauge.
 
 Every shard runs one, each taking the partitions ``id % shards == index``, so the work is split
 without coordination. Every step is its own short transaction on one partition (one partition
@@ -78,7 +79,8 @@ class Housekeeping:
 
     async def _round(self, conn: Conn) -> dict[str, int]:
         step = self.db.step
-        done = {"segments": 0, "txns": 0, "leases": 0, "kv": 0, "ready": 0, "skipped": 0}
+        done = {"segments": 0, "txns": 0, "evicted": 0, "leases": 0, "kv": 0, "ready": 0,
+                "skipped": 0}
         if not await step(retention_procs.try_lock(conn, *self.lock_key)):
             done["skipped"] = 1
             await self._dlq_gauge(conn)
@@ -95,8 +97,10 @@ class Housekeeping:
                 await self.db.drop()
         await self._dlq_gauge(conn)
         if any(done.values()):
-            log.info("housekeeping removed segments=%d txns=%d leases=%d kv=%d",
-                     done["segments"], done["txns"], done["leases"], done["kv"])
+            log.info("housekeeping removed segments=%d txns=%d leases=%d kv=%d "
+                     "(evicted after maxWaitTimeSeconds: %d messages)",
+                     done["segments"], done["txns"], done["leases"], done["kv"],
+                     done["evicted"])
         return done
 
     async def _work(self, conn: Conn, done: dict[str, int]) -> None:
@@ -110,6 +114,10 @@ class Housekeeping:
                     res = await step(retention_procs.retention_step(conn, pid, _BATCH))
                     done["segments"] += res.segments
                     done["txns"] += res.txns
+                    if res.evicted:
+                        done["evicted"] += res.evicted
+                        if self.metrics is not None:
+                            self.metrics.messages_evicted.inc(res.evicted)
                     if not res.more:
                         break
             if len(pids) < _PARTITIONS_PER_QUERY:

@@ -206,6 +206,8 @@ DOC_SEEDS: dict[str, list[Any]] = {name: [orjson.loads(b) for b in SEEDS[name]
 DOC_SEEDS["lease_body"] = [{}, {"seconds": 30}]
 DOC_SEEDS["groups_body"] = [orjson.loads(b) for b in SEEDS["groups_body"]]
 DOC_SEEDS["system_body"] = [{"enabled": True}]
+DOC_SEEDS["fetch_body"] = [orjson.loads(b) for b in SEEDS["fetch_body"]]
+DOC_SEEDS["changed_body"] = [orjson.loads(b) for b in SEEDS["changed_body"]]
 
 
 @st.composite

@@ -4,7 +4,7 @@ Two kinds:
 
 - **parser targets** (``json_push``, ``qpb1_push``, ``transaction``, ``kv_ops``, ``timer_ops``,
   ``ack_body``, ``lease_body``, ``query_string``, ``gzip_body``, ``zstd_body``, ``lock_ops``,
-  ``trace_body``): the bytes go
+  ``trace_body``, ``fetch_body``, ``changed_body``): the bytes go
   to one parser, which may accept them or refuse with an ``ApiError`` / ``RequestError`` /
   ``WireError`` of a 4xx status. Anything else escaping (``UnicodeEncodeError``,
   ``RecursionError``, ``TypeError``...) is the bug the target exists to find: the broker would
@@ -66,6 +66,7 @@ from queen_mp.models.errors import RequestError
 from queen_mp.models.items import loads_json, parse_ack_item
 from queen_mp.models.kv import parse_kv_ops
 from queen_mp.models.locks import parse_lock_ops
+from queen_mp.models.reads import parse_changed, parse_fetch
 from queen_mp.models.timers import mint, parse_timer_ops
 from queen_mp.models.traces import parse_trace
 from queen_mp.models.transactions import parse_json, parse_qtb1
@@ -199,6 +200,22 @@ def lease_body(data: bytes) -> None:
     _refused(lambda: leases_http._seconds(data))
 
 
+def fetch_body(data: bytes) -> None:
+    """``POST /api/v1/fetch`` bodies (api.md 2.15): checked whole, every value typed."""
+    plan = _refused(lambda: parse_fetch(data))
+    if plan is not None:
+        for e in plan.entries:
+            adapt([e.queue, e.partition, e.offset, e.max_bytes])
+
+
+def changed_body(data: bytes) -> None:
+    """``POST /api/v1/partitions/changed`` bodies (api.md 2.15)."""
+    entries = _refused(lambda: parse_changed(data))
+    if entries is not None:
+        for e in entries:
+            adapt([e.queue, e.limit, e.after])
+
+
 def query_string(data: bytes) -> None:
     """Every typed read of api.md 1.1 on an arbitrary (ASCII, as h11 admits) query string."""
     q = Query(data.decode("latin-1").encode("ascii", "replace").decode())
@@ -253,6 +270,7 @@ PARSER_TARGETS: dict[str, Callable[[bytes], None]] = {
     "kv_ops": kv_ops, "timer_ops": timer_ops, "ack_body": ack_body, "lease_body": lease_body,
     "query_string": query_string, "gzip_body": gzip_body, "zstd_body": zstd_body,
     "lock_ops": lock_ops, "trace_body": trace_body,
+    "fetch_body": fetch_body, "changed_body": changed_body,
 }
 
 
@@ -718,6 +736,16 @@ _CONFIGURE = [
     b'{"queue":"fz","namespace":"ns","task":"t","options":{"leaseTime":30,"retryLimit":2,'
     b'"deadLetterQueue":true,"dedup_window":60,"priority":-3,"maxSize":0,"unknown":1}}',
 ]
+_FETCH = [
+    b'{"entries":[{"queue":"fz","partition":"p","offset":0,"maxBytes":1048576},'
+    b'{"queue":"fz","partition":3,"offset":17},{"queue":"fz.a","offset":1}],"maxBytes":8388608}',
+    b'{"entries":[]}',
+]
+_CHANGED = [
+    b'{"entries":[{"queue":"fz","limit":1000,"since":"2026-05-16T08:41:27.123Z","after":"17"},'
+    b'{"queue":"fz.a"},{"queue":"fz","limit":2,"after":null,"since":null}]}',
+    b'{"entries":[]}',
+]
 _QUERY = [b"batch=10&wait=true&timeout=100&consumerGroup=g&autoAck=1&partitions=2",
           b"subscriptionMode=new&subscriptionFrom=2026-05-16T08:41:27.123Z&frames=true",
           b"queue=fz&from=2026-01-01T00:00:00Z&to=now&limit=5&offset=1"]
@@ -745,6 +773,8 @@ SEEDS: dict[str, list[bytes]] = {
     "system_body": _SYSTEM,
     "configure": _CONFIGURE,
     "query_string": _QUERY,
+    "fetch_body": _FETCH,
+    "changed_body": _CHANGED,
     "gzip_body": [_gz(_JSON_PUSH[0]), _gz(b"") + _gz(b"{}"), _gz(b"\0" * 5000)],
     "zstd_body": [_zs(_JSON_PUSH[0]), _zs(b"a") + _zs(b"b"), _zs(b"\0" * 5000)],
 }
@@ -759,6 +789,7 @@ BODY_ROUTES: list[tuple[str, str, str]] = [
     ("POST", "/api/v1/consumer-groups/g/queues/fz/seek", "groups_body"),
     ("POST", "/api/v1/consumer-groups/g/subscription", "groups_body"),
     ("POST", "/api/v1/locks", "lock_ops"), ("POST", "/api/v1/traces", "trace_body"),
+    ("POST", "/api/v1/fetch", "fetch_body"), ("POST", "/api/v1/partitions/changed", "changed_body"),
 ]
 # in-process only: on a real broker these would switch maintenance on (and spool pushes)
 SYSTEM_ROUTES: list[tuple[str, str, str]] = [

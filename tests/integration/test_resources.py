@@ -170,7 +170,8 @@ def test_queue_detail(broker, db, busy):
     assert a["messages"] == {"total": 3, "pending": 3, "processing": 2}
     assert b["messages"] == {"total": 2, "pending": 2, "processing": 0}
     assert d["totals"] == {"partitions": 2, "messages": {"total": 5, "pending": 5,
-                                                         "processing": 2, "deadLetter": 1}}
+                                                         "processing": 2, "deadLetter": 1},
+                           "evicted": 0}
     groups = {g["name"]: g for g in d["consumerGroups"]}
     assert list(groups) == ["g1", "g2"]
     # g1: A behind cursor 0 -> 3; B: cursor at the log start (its first start) -> 2

@@ -371,8 +371,8 @@ def test_two_instances_housekeeping_rounds_of_one_shard_take_turns(fresh_db_dsn)
 
         out = asyncio.run(scenario())
         gone = {p: state(conn, p)[:3] for p in mine}
-    assert out["skipped"] == {"segments": 0, "txns": 0, "leases": 0, "kv": 0, "ready": 0,
-                              "skipped": 1}
+    assert out["skipped"] == {"segments": 0, "txns": 0, "evicted": 0, "leases": 0, "kv": 0,
+                              "ready": 0, "skipped": 1}
     assert out["untouched"] == {p: (1, 1, 2) for p in mine}  # both segments still there
     assert out["worked"]["skipped"] == 0 and out["worked"]["segments"] == len(mine), out
     assert gone == {p: (2, 1, 1) for p in mine}

@@ -483,3 +483,37 @@ def test_traces_and_locks_are_per_tenant(tb, two):
         assert "already" not in r.json()["results"][0]
     r = c.post("/api/v1/locks", headers=b.ro, json={"operations": [{"op": "get", "name": name}]})
     assert r.status_code == 403 and r.json()["reason"] == "forbidden", r.text
+
+
+# ---------------------------------------------------------------------------------- offset reads
+def test_offset_reads_and_partition_discovery_are_per_tenant(tb, two):
+    """api.md 2.15: another tenant's same-named queue reads exactly as an absent one; a
+    read-only token may not call them (POST, read-write, as pops)."""
+    a, b = two
+    c = tb.client
+    q = uq("tenread")
+    push(c, a, q, ["a1", "a2"], partition="pa")
+
+    def fetch(t: Tenant) -> dict:
+        r = c.post("/api/v1/fetch", headers=t.rw, json={"entries": [
+            {"queue": q, "partition": "pa", "offset": 0}]})
+        assert r.status_code == 200, r.text
+        return r.json()["entries"][0]
+
+    def changed(t: Tenant) -> dict:
+        r = c.post("/api/v1/partitions/changed", headers=t.rw, json={"entries": [{"queue": q}]})
+        assert r.status_code == 200, r.text
+        return r.json()["entries"][0]
+
+    assert [r["payload"] for r in fetch(a)["records"]] == ["a1", "a2"]
+    assert [p["name"] for p in changed(a)["partitions"]] == ["pa"]
+    absent = uq("tenread-none")
+    r = c.post("/api/v1/fetch", headers=b.rw, json={"entries": [
+        {"queue": absent, "partition": "pa", "offset": 0}]})
+    assert without(fetch(b), "queue") == without(r.json()["entries"][0], "queue")
+    assert fetch(b)["error"] == "UNKNOWN_TOPIC_OR_PARTITION"
+    assert changed(b) == {"queue": q, "error": "UNKNOWN_TOPIC_OR_PARTITION", "partitions": [],
+                          "next": None}
+    for path in ("/api/v1/fetch", "/api/v1/partitions/changed"):
+        assert c.post(path, headers=a.ro, json={"entries": []}).status_code == 403
+        assert c.post(path, json={"entries": []}).status_code == 401

@@ -6,6 +6,8 @@
 --       the next partitions (ascending id, one shard's share) that may have work
 --   queen.retention_partition_v1(int8, int4) -> jsonb
 --       one bounded step on one partition: old segments, old sidecar rows, log starts
+--   queen.queue_evicted_v1(uuid, int8) -> int8
+--       messages of the queue evicted after waiting longer than its maxWaitTimeSeconds
 --   queen.lease_reclaim_v1(int4) -> int4
 --   queen.dlq_depth_v1() -> (queue_name, depth): dead letters per queue, for the gauge
 --       clears expired leases (the pop already treats them as free; this keeps the lease
@@ -20,10 +22,13 @@
 --   queen.log_txns        DELETE below the computed offset (primary key range, bounded)
 --   queen.message_traces  DELETE of the traces below the new log start (with their names, by
 --                         cascade), when segments were deleted
+--   queen.queue_evictions INSERT ... ON CONFLICT DO UPDATE (the evicted count of the queue)
 --
 -- Lock order (design.md invariant 4): retention_partition_v1 locks exactly one log_partitions
 --   row and no consumer row (cursors and leases are read, not locked), so it cannot form a cycle
---   with pushes (partition rows ascending), acks (consumer rows only) or transactions.
+--   with pushes (partition rows ascending), acks (consumer rows only) or transactions; its
+--   last lock is the queue's queue_evictions row, which nothing else locks before a partition
+--   row.
 --   lease_reclaim_v1 locks consumer rows only, SKIP LOCKED (never waits).
 --
 -- SQLSTATEs raised: none of its own.
@@ -36,6 +41,13 @@
 --     a live lease): the cut stays below the lowest live batch_start;
 --   * log_txns rows older than GREATEST(dedupWindow, completedRetentionSeconds, 900 s), up to
 --     the first row that is younger (the sidecar is a forward walk: created_at is monotone).
+--   * maxWaitTimeSeconds > 0 (whatever retentionEnabled says, as upstream): segments whose
+--     messages waited longer than that, consumed or not, like retentionSeconds with its own
+--     clock; the messages among them that some group of the partition had not consumed yet
+--     (above the lowest cursor; all of them when the partition has no cursor) are EVICTED:
+--     counted in queen.queue_evictions (schema/004_reads.sql) and in the step's answer
+--     ("evicted"), which housekeeping adds to queen_messages_evicted_total. Never inside a
+--     live lease either: a leased message was delivered in time.
 --   log_start_offset / txns_start move to the first offset still covered; a cursor left below
 --   the log start resumes there (the pop reads GREATEST(committed + 1, log_start_offset)).
 
@@ -54,12 +66,14 @@ AS $$
                    WHERE t.partition_id = lp.id AND t.base_offset = lp.txns_start
                      AND t.created_at < now() - make_interval(secs => GREATEST(
                          q.dedup_window, q.completed_retention_seconds, 900)))
-           OR (GREATEST(q.retention_seconds, q.completed_retention_seconds) > 0
+           OR (GREATEST(q.retention_seconds, q.completed_retention_seconds,
+                        q.max_wait_time_seconds) > 0
                AND EXISTS (SELECT 1 FROM queen.log_segments s
                            WHERE s.partition_id = lp.id AND s.base_offset = lp.log_start_offset
                              AND s.created_at < now() - make_interval(secs => LEAST(
                                  NULLIF(q.retention_seconds, 0),
-                                 NULLIF(q.completed_retention_seconds, 0))))))
+                                 NULLIF(q.completed_retention_seconds, 0),
+                                 NULLIF(q.max_wait_time_seconds, 0))))))
     ORDER BY lp.id
     LIMIT p_limit
 $$;
@@ -72,6 +86,11 @@ DECLARE
     v_now        timestamptz := now();
     v_ret        int4;
     v_done_ret   int4;
+    v_wait       int4;
+    v_queue_id   int8;
+    v_kept_cut   int8;          -- the cut of the retention rules alone (no eviction)
+    v_floor      int8;          -- the lowest cursor of the partition (0 without one)
+    v_evicted    int8 := 0;
     v_window     int4;
     v_last       int8;
     v_log_start  int8;
@@ -85,14 +104,15 @@ DECLARE
     v_txns       int4 := 0;
 BEGIN
     SELECT q.retention_seconds, q.completed_retention_seconds, q.dedup_window,
+           q.max_wait_time_seconds, q.id,
            lp.last_offset, lp.log_start_offset, lp.txns_start
-    INTO v_ret, v_done_ret, v_window, v_last, v_log_start, v_txns_start
+    INTO v_ret, v_done_ret, v_window, v_wait, v_queue_id, v_last, v_log_start, v_txns_start
     FROM queen.log_partitions lp
     JOIN queen.queues q ON q.id = lp.queue_id
     WHERE lp.id = p_pid
     FOR UPDATE OF lp;
     IF NOT FOUND THEN
-        RETURN jsonb_build_object('segments', 0, 'txns', 0, 'gone', true);
+        RETURN jsonb_build_object('segments', 0, 'txns', 0, 'evicted', 0, 'gone', true);
     END IF;
 
     -- the lowest offset a live lease may still deliver: nothing at or above it goes
@@ -120,8 +140,22 @@ BEGIN
                   ORDER BY s.base_offset LIMIT p_limit) s;
         END IF;
     END IF;
+    v_kept_cut := v_cut;
+    IF v_wait > 0 THEN
+        SELECT GREATEST(v_cut, COALESCE(max(s.base_offset + s.msg_count - 1), 0)) INTO v_cut
+        FROM (SELECT s.base_offset, s.msg_count FROM queen.log_segments s
+              WHERE s.partition_id = p_pid AND s.base_offset >= v_log_start
+                AND s.created_at < v_now - make_interval(secs => v_wait)
+              ORDER BY s.base_offset LIMIT p_limit) s;
+    END IF;
     IF v_leased IS NOT NULL THEN
         v_cut := LEAST(v_cut, v_leased - 1);
+    END IF;
+    IF v_cut > v_kept_cut AND v_cut >= v_log_start THEN
+        -- the offsets only the wait rule removes, above what every group has consumed
+        SELECT COALESCE(min(c.committed_offset), 0) INTO v_floor
+        FROM queen.log_consumers c WHERE c.partition_id = p_pid;
+        v_evicted := GREATEST(v_cut - GREATEST(v_kept_cut, v_floor, v_log_start - 1), 0);
     END IF;
     IF v_cut >= v_log_start THEN
         WITH gone AS (
@@ -160,9 +194,29 @@ BEGIN
             txns_start = GREATEST(lp.txns_start, v_txns_start)
         WHERE lp.id = p_pid;
     END IF;
-    RETURN jsonb_build_object('segments', v_segs, 'txns', v_txns, 'gone', false,
-                              'more', v_segs >= p_limit OR v_txns >= p_limit);
+    IF v_evicted > 0 THEN
+        INSERT INTO queen.queue_evictions AS e (queue_id, evicted, last_evicted_at)
+        VALUES (v_queue_id, v_evicted, v_now)
+        ON CONFLICT (queue_id) DO UPDATE
+        SET evicted = e.evicted + EXCLUDED.evicted, last_evicted_at = EXCLUDED.last_evicted_at;
+    END IF;
+    RETURN jsonb_build_object('segments', v_segs, 'txns', v_txns, 'evicted', v_evicted,
+                              'gone', false, 'more', v_segs >= p_limit OR v_txns >= p_limit);
 END
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- queue_evicted_v1: how many messages of the queue housekeeping evicted so far (its
+-- maxWaitTimeSeconds); 0 when none or when the queue is not the tenant's.
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION queen.queue_evicted_v1(p_tenant uuid, p_queue_id int8)
+RETURNS int8
+LANGUAGE sql STABLE
+AS $$
+    SELECT COALESCE((SELECT e.evicted
+                     FROM queen.queue_evictions e
+                     JOIN queen.queues q ON q.id = e.queue_id
+                     WHERE e.queue_id = p_queue_id AND q.tenant = p_tenant), 0)::int8
 $$;
 
 CREATE OR REPLACE FUNCTION queen.lease_reclaim_v1(p_limit int4)

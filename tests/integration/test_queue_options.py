@@ -1,0 +1,139 @@
+"""Issue 27 ("what was found"): the upstream queue options ``maxWaitTimeSeconds`` and ``ttl``
+(api.md 4). A message that waited longer than ``maxWaitTimeSeconds`` is not delivered and is
+counted as evicted (the queue's ``totals.evicted``, ``queen_messages_evicted_total``,
+``messages.evicted`` of ``GET /metrics``); consumed and leased messages are not counted or kept;
+``ttl`` other than its default is refused with a 400 naming the options that act.
+
+The session broker (housekeeping every 5 s, so an eviction shows 2..7 s after the push); the
+queues are configured through the published 2.6 client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import httpx
+import pytest
+from queen import Queen
+
+from tests.brokerharness import Broker
+from tests.integration.test_push_json import uq
+
+WAIT_S = 2
+
+
+@pytest.fixture
+def hk(broker: Broker) -> Broker:
+    return broker
+
+
+def push(b: Broker, queue: str, n: int, partition: str = "p") -> None:
+    r = b.client.post("/api/v1/push", json={"items": [
+        {"queue": queue, "partition": partition, "payload": {"n": i}} for i in range(n)]})
+    assert r.status_code == 201 and {x["status"] for x in r.json()} == {"queued"}, r.text
+
+
+def pop(b: Broker, queue: str, **params: Any) -> list[dict]:
+    r = b.client.get(f"/api/v1/pop/queue/{queue}", params={"batch": 10, **params})
+    assert r.status_code in (200, 204), r.text
+    return [] if r.status_code == 204 else r.json()["messages"]
+
+
+def detail(b: Broker, queue: str) -> dict:
+    r = b.client.get(f"/api/v1/resources/queues/{queue}")
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def log_start(b: Broker, queue: str) -> int:
+    r = b.client.post("/api/v1/fetch", json={"entries": [
+        {"queue": queue, "partition": "p", "offset": 0}]})
+    assert r.status_code == 200, r.text
+    return r.json()["entries"][0]["logStartOffset"]
+
+
+def prometheus_evicted(b: Broker) -> float:
+    text = b.client.get("/metrics/prometheus").text
+    lines = [ln for ln in text.splitlines() if ln.startswith("queen_messages_evicted_total")]
+    return sum(float(ln.rsplit(" ", 1)[1]) for ln in lines)
+
+
+def test_messages_that_waited_too_long_are_evicted_and_counted(hk):
+    waiting, consumed, leased = uq("mw"), uq("mwc"), uq("mwl")
+
+    async def configure() -> None:
+        async with Queen(hk.url) as client:
+            for q in (waiting, consumed, leased):
+                await client.queue(q).config({"max_wait_time_seconds": WAIT_S,
+                                              "retention_enabled": True,
+                                              "lease_time": 60}).create()
+
+    asyncio.run(configure())
+    assert detail(hk, waiting)["options"]["maxWaitTimeSeconds"] == WAIT_S
+    before = prometheus_evicted(hk)
+    push(hk, waiting, 3)
+    push(hk, consumed, 2)
+    push(hk, leased, 1)
+    assert len(pop(hk, consumed, consumerGroup="g", autoAck="true")) == 2
+    held = pop(hk, leased)  # leased for 60 s: delivered in time, kept
+    assert len(held) == 1
+    deadline = time.monotonic() + WAIT_S + 12
+    while detail(hk, waiting)["totals"]["evicted"] < 3:
+        assert time.monotonic() < deadline, hk.log()[-3000:]
+        time.sleep(0.3)
+    assert pop(hk, waiting) == []  # never delivered
+    assert pop(hk, waiting, consumerGroup="late") == []
+    assert log_start(hk, waiting) == 4
+    # the consumed queue lost its old segments too, but nothing it had not delivered
+    while log_start(hk, consumed) < 3:
+        assert time.monotonic() < deadline
+        time.sleep(0.3)
+    assert detail(hk, consumed)["totals"]["evicted"] == 0
+    assert log_start(hk, leased) == 1 and detail(hk, leased)["totals"]["evicted"] == 0
+    assert prometheus_evicted(hk) - before >= 3
+    assert hk.client.get("/metrics").json()["messages"]["evicted"] >= 3
+    # what arrives after the eviction is delivered as usual
+    push(hk, waiting, 1)
+    fresh = pop(hk, waiting)
+    assert [(m["offset"], m["data"]) for m in fresh] == [(4, {"n": 0})]
+
+
+def test_zero_waits_forever_and_a_step_counts_what_it_evicts(hk, db):
+    """Segments an hour old, one retention step each (housekeeping may run it first: the
+    queue's count is the sum either way): 0 keeps them, 60 s evicts them."""
+    zero, sixty = uq("mw0"), uq("mw60")
+    for q, wait in ((zero, 0), (sixty, 60)):
+        r = hk.client.post("/api/v1/configure", json={"queue": q, "options": {
+            "maxWaitTimeSeconds": wait}})
+        assert r.status_code == 200, r.text
+        push(hk, q, 2)
+        pid = db.execute("SELECT lp.id FROM queen.log_partitions lp JOIN queen.queues qq"
+                         " ON qq.id = lp.queue_id WHERE qq.name = %s", (q,)).fetchone()[0]
+        db.execute("UPDATE queen.log_segments SET created_at = now() - interval '1 hour'"
+                   " WHERE partition_id = %s", (pid,))
+        db.execute("SELECT queen.retention_partition_v1(%s, 100)", (pid,))
+    assert [m["data"] for m in pop(hk, zero)] == [{"n": 0}, {"n": 1}]
+    assert detail(hk, zero)["totals"]["evicted"] == 0
+    assert pop(hk, sixty) == [] and detail(hk, sixty)["totals"]["evicted"] == 2
+
+
+def test_ttl_other_than_its_default_is_refused(hk):
+    q = uq("ttl")
+    r = hk.client.post("/api/v1/configure", json={"queue": q, "options": {"ttl": 60}})
+    assert r.status_code == 400, r.text
+    body = r.json()
+    assert body["code"] == "invalid_request" and body["field"] == "ttl"
+    assert "maxWaitTimeSeconds" in body["error"] and "retentionSeconds" in body["error"]
+    assert hk.client.get(f"/api/v1/resources/queues/{q}").status_code == 404  # nothing made
+    ok = hk.client.post("/api/v1/configure", json={"queue": q, "options": {"ttl": 3600}})
+    assert ok.status_code == 200 and ok.json()["options"]["ttl"] == 3600
+
+    async def through_the_client() -> None:
+        async with Queen(hk.url) as client:
+            await client.queue(q).config({"ttl": 5}).create()
+
+    with pytest.raises(Exception, match="ttl") as refused:
+        asyncio.run(through_the_client())
+    assert not isinstance(refused.value, httpx.TimeoutException)
