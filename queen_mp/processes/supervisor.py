@@ -127,6 +127,7 @@ class Supervisor:
         cfg.data_path.mkdir(parents=True, exist_ok=True)
         for line in cfg.describe():
             log.info("config %s=%s", *line)
+        boot_keys = self.plan_keys()
         metrics_dir = cfg.data_path / f"metrics-{os.getpid()}"
         shutil.rmtree(metrics_dir, ignore_errors=True)
         metrics_dir.mkdir(parents=True)
@@ -138,7 +139,6 @@ class Supervisor:
             dsn = self.embedded.start()
             log.info("embedded PostgreSQL running in %s", cfg.embedded_pg_path)
             cfg = self.config = cfg.replace(pg_dsn=dsn)
-        boot_keys = self.plan_keys()
         applied, registration = self.migrate(boot_keys)
         log.info("migrations: %s", ", ".join(applied) if applied else "up to date")
         self.settle_keys(boot_keys, registration)

@@ -110,5 +110,6 @@ def test_the_package_tree_has_one_live_body_per_function():
     assert len(homes) == 85
     for migration in tree.migrations:
         assert not create.search(migration.sql), migration.filename
-    assert [m.filename for m in tree.migrations] == ["001_baseline.sql", "002_ready_index.sql"]
+    assert [m.filename for m in tree.migrations] == ["001_baseline.sql", "002_ready_index.sql",
+                                                     "005_keys.sql"]
     assert len(tree.legacy) == 24
