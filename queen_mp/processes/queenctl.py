@@ -806,8 +806,7 @@ def keys_add(obj: Client, path: Path | None, standby: bool, key_stdin: bool) -> 
     path = _key_file(path)
     try:
         if key_stdin:
-            secret = keyring.parse_hex_key(click.get_text_stream("stdin").read().strip(),
-                                           "stdin")
+            secret = keyring.parse_hex_key(sys.stdin.read().strip(), "stdin")
             key = keyring.Key(keyring.key_id(secret), secret, keyring.new_key().created)
         else:
             key = keyring.new_key()
