@@ -214,13 +214,18 @@ def render_key_file(ring: Keyring) -> str:
 def write_key_file(path: Path, ring: Keyring, *, exclusive: bool = False) -> None:
     """Write the file atomically with mode 0600: a temporary file in the same directory,
     fsynced, then renamed over ``path`` (``exclusive``: linked, so an existing file is never
-    replaced, ``FileExistsError``)."""
+    replaced, ``FileExistsError``). A replaced file keeps its owner when we may set it (root
+    editing the broker user's file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         with os.fdopen(fd, "w") as f:
             os.fchmod(f.fileno(), 0o600)  # whatever the umask
+            with contextlib.suppress(OSError):
+                old = os.stat(path)
+                if (old.st_uid, old.st_gid) != (os.geteuid(), os.getegid()):
+                    os.fchown(f.fileno(), old.st_uid, old.st_gid)
             f.write(render_key_file(ring))
             f.flush()
             os.fsync(f.fileno())

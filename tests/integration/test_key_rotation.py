@@ -15,6 +15,7 @@ import stat
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
@@ -73,12 +74,16 @@ def client_push(b: Broker, queue: str, payloads: list[dict]) -> list[dict]:
     return asyncio.run(go())
 
 
-def client_pop(b: Broker, queue: str, n: int) -> list[dict]:
+def client_pop(b: Broker, queue: str, n: int, group: str | None = "g") -> list[dict]:
+    """``n`` messages in one pop of the published client, acked (``group`` None: queue mode)."""
     async def go() -> list[dict]:
         async with Queen(b.url) as client:
-            got = await client.queue(queue).group("g").batch(n).wait(True).pop()
+            builder = client.queue(queue)
+            if group is not None:
+                builder = builder.group(group)
+            got = await builder.batch(n).wait(True).pop()
             assert got
-            await client.ack(got, True, {"group": "g"})
+            await client.ack(got, True, {"group": group} if group else {})
             return got
 
     return asyncio.run(go())
@@ -92,77 +97,94 @@ def key_ids(dsn: str, queue: str) -> list[str | None]:
     return [stored_key_id(m.payload) for m in stored]
 
 
-def test_first_start_creates_a_key_file_then_rotation_keeps_old_payloads(
-        keys_db: str, node: Path, tmp_path: Path) -> None:
-    b = start_broker(tmp_path, keys_db, QUEEN_DATA_DIR=str(node))
-    key_file = node / "encryption-keys.json"
+@dataclass
+class Rotation:
+    """What the module's first instance did: first start, a push, ``queenctl keys add``, a
+    restart, a push, a pop of both."""
+
+    key_file: Path
+    queue: str
+    first_log: str
+    added: subprocess.CompletedProcess[str]
+    mode_after_add: int
+    second_log: str
+    stored_key_ids: list[str | None]
+    popped: list[dict]
+    read_back: list[tuple[int, object]]
+
+
+@pytest.fixture(scope="module")
+def rotation(keys_db: str, node: Path, tmp_path_factory: pytest.TempPathFactory) -> Rotation:
+    tmp = tmp_path_factory.mktemp("rotation")
+    key_file, q = node / "encryption-keys.json", uq("rot")
+    b = start_broker(tmp, keys_db, QUEEN_DATA_DIR=str(node))
     try:
-        assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
-        (key1,) = read_key_file(key_file).keys
-        created = [line for line in b.log().splitlines() if "created key file" in line]
-        assert len(created) == 1 and str(key_file) in created[0]
-        assert key1.id in created[0] and "losing it loses" in created[0]
-        q = uq("rot")
         assert encrypted_queue(b, q)["options"]["encryptionEnabled"] is True
         client_push(b, q, [{"secret": 1}])
     finally:
         assert b.stop() == 0, b.log()[-3000:]
-
+    first_log = b.log()
     added = queenctl("keys", "add", "--file", str(key_file))
-    assert added.returncode == 0, added.stderr
-    ring = read_key_file(key_file)
-    key2 = ring.current_key
-    assert [k.id for k in ring.keys] == [key1.id, key2.id] and key2.id != key1.id
-    assert f"added key {key2.id} (current)" in added.stdout
-    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
-
-    b = start_broker(tmp_path, keys_db, QUEEN_DATA_DIR=str(node))
+    mode = stat.S_IMODE(key_file.stat().st_mode)
+    b = start_broker(tmp, keys_db, QUEEN_DATA_DIR=str(node))
     try:
-        assert f"2 key(s) from {key_file}, current {key2.id}" in b.log()
         client_push(b, q, [{"secret": 2}])
-        assert key_ids(keys_db, q) == [key1.id, key2.id]
+        ids = key_ids(keys_db, q)
         got = client_pop(b, q, 2)
-        assert [m["data"] for m in got] == [{"secret": 1}, {"secret": 2}]
         # a message read by its ids decrypts under either key too
-        for m in got:
-            r = b.client.get(f"/api/v1/messages/{m['partitionId']}/{m['transactionId']}")
-            assert r.status_code == 200 and r.json()["data"] == m["data"], r.text
+        read = [(r.status_code, r.json().get("data")) for r in (
+            b.client.get(f"/api/v1/messages/{m['partitionId']}/{m['transactionId']}")
+            for m in got)]
     finally:
         assert b.stop() == 0, b.log()[-3000:]
+    return Rotation(key_file, q, first_log, added, mode, b.log(), ids, got, read)
+
+
+def test_first_start_creates_a_key_file_then_rotation_keeps_old_payloads(
+        rotation: Rotation) -> None:
+    key_file = rotation.key_file
+    key1, key2 = read_key_file(key_file).keys
+    created = [line for line in rotation.first_log.splitlines() if "created key file" in line]
+    assert len(created) == 1 and str(key_file) in created[0]
+    assert key1.id in created[0] and "losing it loses" in created[0]
+    assert rotation.added.returncode == 0, rotation.added.stderr
+    assert f"added key {key2.id} (current)" in rotation.added.stdout
+    assert read_key_file(key_file).current == key2.id != key1.id
+    assert rotation.mode_after_add == 0o600
+    assert f"2 key(s) from {key_file}, current {key2.id}" in rotation.second_log
+    assert rotation.stored_key_ids == [key1.id, key2.id]
+    assert [m["data"] for m in rotation.popped] == [{"secret": 1}, {"secret": 2}]
+    assert rotation.read_back == [(200, {"secret": 1}), (200, {"secret": 2})]
 
 
 def test_an_instance_without_the_database_keys_creates_none_and_says_so(
-        keys_db: str, node: Path, tmp_path: Path) -> None:
+        keys_db: str, rotation: Rotation, tmp_path: Path) -> None:
     """A second instance over the same database, with a data directory of its own: no new
     key (it would encrypt what the first cannot decrypt); given the first's file, it reads
-    the first's payloads."""
-    q = uq("two")
-    first = start_broker(tmp_path, keys_db, QUEEN_DATA_DIR=str(node))
-    try:
-        encrypted_queue(first, q)
-        client_push(first, q, [{"secret": "from the first"}])
-    finally:
-        assert first.stop() == 0
+    the first's payloads, under both keys."""
     other = tmp_path / "other"
     b = start_broker(tmp_path, keys_db, QUEEN_DATA_DIR=str(other))
     try:
+        assert stat.S_IMODE(rotation.key_file.stat().st_mode) == 0o600
         assert not (other / "encryption-keys.json").exists()
         log = b.log()
         assert "none was created: the database already knows key(s)" in log
-        for k in read_key_file(node / "encryption-keys.json").keys:
+        for k in read_key_file(rotation.key_file).keys:
             assert k.id in log
         r = b.client.post("/api/v1/configure", json={"queue": uq("two"), "options": {
             "encryptionEnabled": True}})
         assert r.status_code == 400 and r.json()["field"] == "encryptionEnabled", r.text
-        r = b.client.post("/api/v1/push", json={"items": [{"queue": q, "payload": 1}]})
+        r = b.client.post("/api/v1/push", json={"items": [{"queue": rotation.queue,
+                                                           "payload": 1}]})
         assert r.status_code == 503, r.text
     finally:
         assert b.stop() == 0, b.log()[-3000:]
     b = start_broker(tmp_path, keys_db, QUEEN_DATA_DIR=str(other),
-                     QUEEN_ENCRYPTION_KEY_FILE=str(node / "encryption-keys.json"))
+                     QUEEN_ENCRYPTION_KEY_FILE=str(rotation.key_file))
     try:
         assert "none was created" not in b.log() and "does not hold key" not in b.log()
-        assert [m["data"] for m in client_pop(b, q, 1)] == [{"secret": "from the first"}]
+        got = client_pop(b, rotation.queue, 2, group=None)
+        assert [m["data"] for m in got] == [{"secret": 1}, {"secret": 2}]
     finally:
         assert b.stop() == 0, b.log()[-3000:]
 
@@ -241,3 +263,36 @@ def test_an_unusable_key_file_stops_the_start_once_with_its_reason(
     assert "embedded PostgreSQL running" not in out and "shard 0 started" not in out
     assert key_file.read_text() == content  # left as it was
     shutil.rmtree(data)
+
+
+def test_the_registry_function(fresh_db_dsn: str) -> None:
+    """encryption_keys_register_v1 as key_procs calls it: a new key only into an empty
+    registry, current_by follows each instance's current key, a clashing fingerprint is not
+    overwritten."""
+    from queen_mp.db.key_procs import register
+
+    k1, k2 = "a" * 8, "b" * 8
+    facts = [{"id": k1, "fingerprint": "1" * 32, "current": True}]
+    with psycopg.connect(fresh_db_dsn, autocommit=True) as conn:
+        first = register(conn, "A:1", True, facts)
+        assert first == {"created": True, "known": []}
+        refused = register(conn, "B:1", True, [{"id": k2, "fingerprint": "2" * 32,
+                                                 "current": True}])
+        assert refused["created"] is False and [k["id"] for k in refused["known"]] == [k1]
+        assert conn.execute("SELECT count(*) FROM queen.encryption_keys").fetchone() == (1,)
+        # A rotates: both keys recorded, only the new one names A as its user
+        rotated = [{"id": k1, "fingerprint": "1" * 32, "current": False},
+                   {"id": k2, "fingerprint": "2" * 32, "current": True}]
+        assert register(conn, "A:1", False, rotated)["created"] is False
+        rows = conn.execute("SELECT key_id, current_by FROM queen.encryption_keys "
+                            "ORDER BY key_id").fetchall()
+        assert rows == [(k1, None), (k2, "A:1")]
+        # another key under a known id: the record is kept as it was, the caller compares
+        clash = register(conn, "C:1", False, [{"id": k1, "fingerprint": "3" * 32,
+                                               "current": True}])
+        assert {k["id"]: k["fingerprint"] for k in clash["known"]}[k1] == "1" * 32
+        assert conn.execute("SELECT fingerprint, current_by FROM queen.encryption_keys "
+                            "WHERE key_id = %s", (k1,)).fetchone() == ("1" * 32, None)
+        with pytest.raises(psycopg.errors.CheckViolation):
+            register(conn, "D:1", False, [{"id": "nothex!!", "fingerprint": "1" * 32,
+                                           "current": True}])

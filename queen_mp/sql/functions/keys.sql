@@ -14,7 +14,8 @@
 -- ({"id", "fingerprint", "registeredBy", "registeredAt", "currentBy", "currentSince"}, oldest
 -- first). With p_create and keys already known, nothing is recorded and "created" is false:
 -- the instance must not start a key of its own. Otherwise its keys are recorded (a key already
--- known is marked seen; with "current", current_by names this instance) and "created" is
+-- known is marked seen; with "current", current_by names this instance, and no other key
+-- keeps naming it) and "created" is
 -- p_create. A key whose id is known under another fingerprint is left as it is (the caller
 -- compares fingerprints and reports it).
 CREATE OR REPLACE FUNCTION queen.encryption_keys_register_v1(p_instance text, p_create boolean,
@@ -49,6 +50,12 @@ BEGIN
                                      AND e.current_since IS NOT NULL THEN e.current_since
                                 ELSE now() END
      WHERE e.fingerprint = EXCLUDED.fingerprint;
+    -- current_by names an instance only on the key it encrypts with now
+    UPDATE queen.encryption_keys
+       SET current_by = NULL, current_since = NULL
+     WHERE current_by = p_instance
+       AND key_id NOT IN (SELECT k.id FROM jsonb_to_recordset(COALESCE(p_keys, '[]'::jsonb))
+                                           AS k(id text, current boolean) WHERE k.current);
     RETURN jsonb_build_object('created', p_create, 'known', v_known);
 END;
 $$;
