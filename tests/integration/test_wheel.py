@@ -48,7 +48,7 @@ def shipped_data() -> set[str]:
 
 def test_the_wheel_and_the_sdist_carry_the_sql_and_the_api_document(built):
     sdist, wheel = built
-    assert len(shipped_data()) == 17
+    assert len(shipped_data()) == 19
     with zipfile.ZipFile(wheel) as whl:
         assert shipped_data() <= set(whl.namelist())
     with tarfile.open(sdist) as tar:
@@ -75,7 +75,8 @@ def test_a_pip_installed_wheel_serves_on_its_embedded_postgres(built):
         broker = start_broker(home, None, command=[str(venv / "bin" / "queen-mp"), "serve"],
                               cwd=home)
         try:
-            assert "migrations: 001_baseline.sql, 002_ready_index.sql, functions/" in broker.log()
+            assert ("migrations: 001_baseline.sql, 002_ready_index.sql, 005_keys.sql, "
+                    "functions/") in broker.log()
             document = broker.client.get("/api/v1/openapi.json")
             assert document.status_code == 200 and document.json()["openapi"].startswith("3.1")
             pushed = broker.client.post("/api/v1/push", json={"items": [
