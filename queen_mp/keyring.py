@@ -33,7 +33,8 @@ from typing import Any
 
 from queen_mp.config import Config
 
-__all__ = ["FORMAT", "BootKeys", "Key", "KeyFileError", "Keyring", "Review", "fingerprint",
+__all__ = ["FORMAT", "BootKeys", "Key", "KeyFileError", "Keyring", "KnownKey",
+           "Registration", "Review", "fingerprint",
            "for_process", "install", "key_file_path", "key_id", "new_key", "parse_hex_key",
            "parse_key_file", "plan_boot", "read_key_file", "render_key_file", "review",
            "write_key_file"]
@@ -307,20 +308,47 @@ class Review:
     warnings: tuple[str, ...] = ()
 
 
-def _who(k: dict[str, Any]) -> str:
-    return f"{k.get('id')} (recorded by {k.get('registeredBy')} at {k.get('registeredAt')})"
+@dataclass(frozen=True)
+class KnownKey:
+    """A key the database recorded (``encryption_keys_register_v1``): never the key itself."""
+
+    id: str
+    fingerprint: str
+    registered_by: str
+    registered_at: str
+    current_by: str | None = None
+    current_since: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.id} (recorded by {self.registered_by} at {self.registered_at})"
 
 
-def review(boot: BootKeys, answer: dict[str, Any], instance: str) -> Review:
-    """Compare this instance's keys with those the database knew before it started
-    (``encryption_keys_register_v1``'s answer) and say what disagrees, naming keys and
-    instances, never key material."""
-    known: list[dict[str, Any]] = list(answer.get("known") or [])
+@dataclass(frozen=True)
+class Registration:
+    """The database's answer to an instance's keys: whether it may keep a new key, and the
+    keys recorded before it asked."""
+
+    created: bool
+    known: tuple[KnownKey, ...]
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Registration:
+        return cls(bool(doc.get("created")), tuple(
+            KnownKey(str(k["id"]), str(k["fingerprint"]), str(k["registeredBy"]),
+                     str(k["registeredAt"]), k.get("currentBy"),
+                     None if k.get("currentSince") is None else str(k["currentSince"]))
+            for k in doc.get("known") or ()))
+
+
+def review(boot: BootKeys, answer: Registration, instance: str) -> Review:
+    """Compare this instance's keys with those the database knew before it started and say
+    what disagrees, naming keys and instances, never key material."""
+    known = answer.known
     where = ("QUEEN_ENCRYPTION_KEY" if boot.source == "env" else str(boot.path))
-    if boot.source == "new" and not answer.get("created"):
+    if boot.source == "new" and not answer.created:
         return Review(None, False, errors=(
             f"encryption: no key file at {boot.path}, and none was created: the database "
-            f"already knows key(s) {', '.join(_who(k) for k in known)}, so another instance "
+            f"already knows key(s) {', '.join(map(str, known))}, so another instance "
             "(or a lost key file) holds them. Copy that instance's key file to "
             f"{boot.path} (or point QUEEN_ENCRYPTION_KEY_FILE at it) and restart; until then "
             "this instance can neither encrypt nor decrypt payloads (pushes to encrypted "
@@ -333,35 +361,33 @@ def review(boot: BootKeys, answer: dict[str, Any], instance: str) -> Review:
             errors.append(
                 "encryption: this instance has no key (QUEEN_ENCRYPTION_KEY_CREATE=0 and no key "
                 f"file at {boot.path}) while the database knows key(s) "
-                f"{', '.join(_who(k) for k in known)}: it cannot decrypt their payloads")
+                f"{', '.join(map(str, known))}: it cannot decrypt their payloads")
         return Review(None, False, tuple(errors))
     mine = {f["id"]: f["fingerprint"] for f in ring.facts()}
-    clash = [k for k in known if k.get("id") in mine and k.get("fingerprint") != mine[k["id"]]]
+    clash = [k for k in known if k.id in mine and k.fingerprint != mine[k.id]]
     for k in clash:
-        errors.append(f"encryption: key {k['id']} of {where} is not the key {_who(k)}: two "
+        errors.append(f"encryption: key {k.id} of {where} is not the key {k}: two "
                       "different keys share one id; payloads under one of them will not "
                       "decrypt here")
-    missing = [k for k in known if k.get("id") not in mine]
+    missing = [k for k in known if k.id not in mine]
     if missing:
         errors.append(
             f"encryption: this instance does not hold key(s) "
-            f"{', '.join(_who(k) for k in missing)}: payloads encrypted with them cannot be "
+            f"{', '.join(map(str, missing))}: payloads encrypted with them cannot be "
             f"decrypted here; add them to {where} (copy the key file of an instance that "
             "holds them) unless no payload under them is left")
-    known_ids = {k.get("id") for k in known}
-    if known and ring.current not in known_ids:
+    if known and ring.current not in {k.id for k in known}:
         warnings.append(
             f"encryption: this instance's current key {ring.current} is new to the database: "
             "an instance that does not hold it cannot decrypt what this one encrypts from now "
             "on; give every instance the same key file (docs/operations.md, Encryption keys)")
-    others = sorted((k for k in known if k.get("currentBy") and k.get("currentBy") != instance
-                     and k.get("id") != ring.current),
-                    key=lambda k: str(k.get("currentSince")))
+    others = sorted((k for k in known if k.current_by and k.current_by != instance
+                     and k.id != ring.current), key=lambda k: str(k.current_since))
     if others:
         k = others[-1]
         warnings.append(
-            f"encryption: instance {k['currentBy']} encrypts with key {k['id']} (since "
-            f"{k.get('currentSince')}), this one with {ring.current}: each can decrypt the "
+            f"encryption: instance {k.current_by} encrypts with key {k.id} (since "
+            f"{k.current_since}), this one with {ring.current}: each can decrypt the "
             "other's payloads only if it holds the other's key")
     if boot.source == "file" and loose_mode(boot.path):
         warnings.append(f"encryption: {boot.path} may be read by group or others; "

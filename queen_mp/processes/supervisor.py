@@ -156,7 +156,7 @@ class Supervisor:
             self.spawn_shard(shard)
 
     def migrate(self, boot_keys: keyring.BootKeys | None = None
-                ) -> tuple[list[str], dict[str, Any]]:
+                ) -> tuple[list[str], keyring.Registration]:
         """Apply queen_mp/sql in a child process (queen_mp.db.migrations.main) and return what it
         applied, with the database's answer to this instance's keys (queen_mp/db/key_procs.py):
         the connections it makes, and whatever libpq keeps of them, end with it, and never exist
@@ -175,10 +175,10 @@ class Supervisor:
         if done.returncode != 0:
             reason = done.stdout.strip() or f"the migration process exited with {done.returncode}"
             raise HaltServer(f"migrations failed: {reason}")
-        applied, registration = [], {}
+        applied, registration = [], keyring.Registration(False, ())
         for line in done.stdout.splitlines():
             if line.startswith("keys "):
-                registration = json.loads(line[5:])
+                registration = keyring.Registration.from_json(json.loads(line[5:]))
             else:
                 applied.append(line)
         return applied, registration
@@ -191,7 +191,8 @@ class Supervisor:
         except keyring.KeyFileError as ex:
             raise HaltServer(f"encryption key file unusable: {ex}") from ex
 
-    def settle_keys(self, boot_keys: keyring.BootKeys, registration: dict[str, Any]) -> None:
+    def settle_keys(self, boot_keys: keyring.BootKeys,
+                    registration: keyring.Registration) -> None:
         """Write a new key file if the database agreed, say what disagrees, and hand the ring to
         the children (they are forks: ``keyring.for_process``)."""
         verdict = keyring.review(boot_keys, registration, self.config.instance_name)

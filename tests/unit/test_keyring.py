@@ -168,36 +168,42 @@ def _known(key: Key, by: str = "a:1", current: bool = False, fp: str | None = No
             else None, "currentSince": "2026-01-01" if current else None}
 
 
+def reg(doc: dict) -> keyring.Registration:
+    """The registry's answer as the migration child prints it (JSON), parsed."""
+    return keyring.Registration.from_json(json.loads(json.dumps(doc)))
+
+
 def test_review_against_the_registry(tmp_path: Path) -> None:
     k1, k2, k3 = keyring.new_key(), keyring.new_key(), keyring.new_key()
     path = tmp_path / "k.json"
     new = BootKeys(ring_of(k2), "new", path)
     # an empty database: the new key is kept and written
-    ok = keyring.review(new, {"created": True, "known": []}, "me:1")
+    ok = keyring.review(new, reg({"created": True, "known": []}), "me:1")
     assert ok == keyring.Review(new.ring, True)
     # keys known already: no new key, and the error names them and who recorded them
-    refused = keyring.review(new, {"created": False, "known": [_known(k1)]}, "me:1")
+    refused = keyring.review(new, reg({"created": False, "known": [_known(k1)]}), "me:1")
     assert refused.ring is None and not refused.write_file
     (error,) = refused.errors
     assert "none was created" in error and f"{k1.id} (recorded by a:1" in error
     assert str(path) in error
     # a file lacking a known key, with a current key the database does not know yet
     mine = BootKeys(ring_of(k1, k3), "file", path)
-    v = keyring.review(mine, {"known": [_known(k1), _known(k2, "b:2", current=True)]}, "me:1")
+    v = keyring.review(mine, reg({"known": [_known(k1), _known(k2, "b:2", current=True)]}),
+                       "me:1")
     assert v.ring == mine.ring and not v.write_file
     (error,) = v.errors
     assert f"does not hold key(s) {k2.id} (recorded by b:2" in error
     assert any(f"current key {k3.id} is new to the database" in w for w in v.warnings)
     assert any(f"instance b:2 encrypts with key {k2.id}" in w for w in v.warnings)
     # the same id under another fingerprint
-    clash = keyring.review(mine, {"known": [_known(k1, fp="0" * 32)]}, "me:1")
+    clash = keyring.review(mine, reg({"known": [_known(k1, fp="0" * 32)]}), "me:1")
     assert any("two different keys share one id" in e for e in clash.errors)
     # in agreement: nothing to say
-    same = keyring.review(mine, {"known": [_known(k1, "me:1"), _known(k3, "me:1", True)]},
+    same = keyring.review(mine, reg({"known": [_known(k1, "me:1"), _known(k3, "me:1", True)]}),
                           "me:1")
     assert same.errors == same.warnings == ()
     # no key on this instance while the database has some
-    none = keyring.review(BootKeys(None, "none", path), {"known": [_known(k1)]}, "me:1")
+    none = keyring.review(BootKeys(None, "none", path), reg({"known": [_known(k1)]}), "me:1")
     assert none.ring is None and "has no key" in none.errors[0]
 
 
@@ -206,7 +212,7 @@ def test_a_readable_key_file_is_warned_about(tmp_path: Path) -> None:
     ring = ring_of(keyring.new_key())
     keyring.write_key_file(path, ring)
     path.chmod(0o644)
-    v = keyring.review(BootKeys(ring, "file", path), {"known": []}, "me")
+    v = keyring.review(BootKeys(ring, "file", path), reg({"known": []}), "me")
     assert any("chmod 600" in w for w in v.warnings)
 
 
