@@ -33,6 +33,7 @@ from queen_mp.wire.ids import ZERO_UUID, uuid7, uuid_text
 from tests.brokerharness import REPO, Broker, start_broker
 from tests.integration.test_maintenance import pop_all, wait_for
 from tests.integration.test_push_json import stored_messages, uq
+from tests.integration.test_timers import post_ops, sched
 from tests.pgharness import drop_database, make_migrated_database
 
 
@@ -100,7 +101,7 @@ def key_ids(dsn: str, queue: str) -> list[str | None]:
 @dataclass
 class Rotation:
     """What the module's first instance did: first start, a push, ``queenctl keys add``, a
-    restart, a push, a pop of both."""
+    restart, a push, a pop of both, a timer fired into the queue."""
 
     key_file: Path
     queue: str
@@ -135,6 +136,11 @@ def rotation(keys_db: str, node: Path, tmp_path_factory: pytest.TempPathFactory)
         read = [(r.status_code, r.json().get("data")) for r in (
             b.client.get(f"/api/v1/messages/{m['partitionId']}/{m['transactionId']}")
             for m in got)]
+        # a timer fires from a shard, a fork of the supervisor too: under the new key
+        post_ops(b.client, [sched(q, "t", b'{"secret":3}')])
+        wait_for("the timer fired", lambda: len(key_ids(keys_db, q)) == 3)
+        ids = key_ids(keys_db, q)
+        got += client_pop(b, q, 1)
     finally:
         assert b.stop() == 0, b.log()[-3000:]
     return Rotation(key_file, q, first_log, added, mode, b.log(), ids, got, read)
@@ -152,8 +158,8 @@ def test_first_start_creates_a_key_file_then_rotation_keeps_old_payloads(
     assert read_key_file(key_file).current == key2.id != key1.id
     assert rotation.mode_after_add == 0o600
     assert f"2 key(s) from {key_file}, current {key2.id}" in rotation.second_log
-    assert rotation.stored_key_ids == [key1.id, key2.id]
-    assert [m["data"] for m in rotation.popped] == [{"secret": 1}, {"secret": 2}]
+    assert rotation.stored_key_ids == [key1.id, key2.id, key2.id]
+    assert [m["data"] for m in rotation.popped] == [{"secret": i} for i in (1, 2, 3)]
     assert rotation.read_back == [(200, {"secret": 1}), (200, {"secret": 2})]
 
 
