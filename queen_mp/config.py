@@ -179,7 +179,15 @@ SETTINGS: tuple[Setting, ...] = (
        "A push without every verdict by then answers 503 timeout.", minimum=100,
        maximum=3_600_000),
     _s("QUEEN_ENCRYPTION_KEY", str, "",
-       "AES-256-GCM key (64 hex chars) for queues with encryptionEnabled.", secret=True),
+       "AES-256-GCM key (64 hex chars) for queues with encryptionEnabled; set, it is the only "
+       "key and no key file is read.", secret=True),
+    _s("QUEEN_ENCRYPTION_KEY_FILE", str, "",
+       "Key file of queues with encryptionEnabled: several keys, one current "
+       "(docs/operations.md, Encryption keys; `queenctl keys`); empty = "
+       "$QUEEN_DATA_DIR/encryption-keys.json."),
+    _s("QUEEN_ENCRYPTION_KEY_CREATE", bool, True,
+       "Without QUEEN_ENCRYPTION_KEY and with no key file, create one (mode 0600) with a random "
+       "key at start, unless the database already knows keys of other instances."),
     # --- ack path
     _s("QUEEN_ACK_FUSION", bool, True, "Fold concurrent acks into one commit per shard."),
     _s("QUEEN_ACK_REGISTRY", bool, True,
@@ -267,6 +275,9 @@ class Config(_ConfigBase):  # type: ignore[misc, valid-type]
                 ok = False
             if not ok:
                 raise ConfigError("QUEEN_ENCRYPTION_KEY: must be 64 hex characters (32 bytes)")
+            if values["encryption_key_file"]:
+                raise ConfigError("QUEEN_ENCRYPTION_KEY and QUEEN_ENCRYPTION_KEY_FILE exclude "
+                                  "each other: set one")
         if values["jwt_enabled"] and not (values["jwt_secret"] or values["jwt_public_key_file"]
                                           or values["jwt_jwks_file"]):
             raise ConfigError("QUEEN_JWT_ENABLED=1 needs QUEEN_JWT_SECRET, "

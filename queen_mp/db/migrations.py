@@ -385,6 +385,10 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m queen_mp.db.migrations SQL_ROOT LOG_LEVEL``, the DSN on stdin (not in argv,
     where ``ps`` shows a password): the supervisor's migration step.
 
+    A second stdin line, if any, is the instance's key registration (queen_mp/db/key_procs.py),
+    done after the migrations in this same short-lived process; its answer is printed last as
+    ``keys <JSON>``.
+
     Logs to stderr; prints what it applied, one a line, and exits 0, or prints the error's
     class and message and exits 1.
     """
@@ -392,15 +396,23 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = sys.argv if argv is None else argv
     configure_logging(argv[2])
+    dsn, _, keys_request = sys.stdin.read().strip().partition("\n")
     try:
         # the logger's name as when imported: under -m, __name__ is "__main__"
-        applied = apply_migrations(sys.stdin.read().strip(), Path(argv[1]),
+        applied = apply_migrations(dsn.strip(), Path(argv[1]),
                                    log=logging.getLogger("queen_mp.db.migrations"))
+        keys = None
+        if keys_request.strip():
+            from queen_mp.db.key_procs import register_request
+
+            keys = register_request(dsn.strip(), keys_request)
     except DatabaseError as ex:
         print(f"{type(ex).__name__}: {ex}")
         return 1
     for name in applied:
         print(name)
+    if keys is not None:
+        print(f"keys {keys}")
     return 0
 
 

@@ -87,7 +87,7 @@ def _plain_payload(claim: Claim, offset: int, frame: Frame, cipher: PayloadCiphe
     if cipher is None:
         raise Undeliverable(
             f"message at offset {offset} of partition {claim.partition_id}"
-            " is encrypted and no QUEEN_ENCRYPTION_KEY is set")
+            " is encrypted and this broker has no key (no QUEEN_ENCRYPTION_KEY nor key file)")
     try:
         return cipher.decrypt(payload)
     except Exception as ex:

@@ -149,7 +149,8 @@ class Ingest:
             return
         if self.cipher is None:
             raise EncryptionUnavailable(
-                f"queue {sorted(secret)[0]!r} is encrypted but QUEEN_ENCRYPTION_KEY is not set")
+                f"queue {sorted(secret)[0]!r} is encrypted but this broker has no key "
+                "(QUEEN_ENCRYPTION_KEY, or the key file its start log names)")
         for it in items:
             if it.queue not in secret:
                 continue

@@ -13,6 +13,7 @@ import logging
 import os
 import uuid
 
+from queen_mp import keyring
 from queen_mp.config import Config
 from queen_mp.crypto import PayloadCipher
 from queen_mp.db.ack_procs import GroupAck
@@ -63,8 +64,8 @@ class FrontWorker:
         self._ingest: Ingest | None = None
         self._slots: SlotTable | None = None
         self._board: HeartbeatBoard | None = None
-        self.cipher = (PayloadCipher(config.encryption_key) if config.encryption_key
-                       else None)
+        ring = keyring.for_process(config)
+        self.cipher = PayloadCipher(ring) if ring is not None else None
         self._wake_board: WakeBoard | None = None
         self._popper: Popper | None = None
         self._transactions: Transactions | None = None

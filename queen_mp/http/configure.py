@@ -6,7 +6,8 @@ Option keys are the camelCase names of §4 or their snake_case aliases (``lease_
 keys are not an error, they come back in ``ignoredOptions``; a ``null`` value counts as absent.
 A wrong type or a value out of range is ``400`` with ``field`` = the key as sent. A non-null
 ``namespace``/``task`` replaces the stored (first derived, §1.9) value; ``"task": ""`` removes
-the task. ``encryptionEnabled: true`` on a broker without ``QUEEN_ENCRYPTION_KEY`` is ``400``.
+the task. ``encryptionEnabled: true`` on a broker without a key (``QUEEN_ENCRYPTION_KEY``, or
+the key file it creates at its first start: queen_mp/keyring.py) is ``400``.
 ``ttl`` other than its default 3600 is ``400`` (``FIXED``: no broker acts on it).
 
 Who sees a change when: pops and acks read the options in SQL on every call, so the next one
@@ -154,7 +155,8 @@ class ConfigureResource:
             raise InvalidRequest("'options' must be a JSON object", field="options")
         options, ignored = parse_options(raw)
         if options.get("encryptionEnabled") and self.worker.cipher is None:
-            raise InvalidRequest("encryptionEnabled needs QUEEN_ENCRYPTION_KEY on the broker",
+            raise InvalidRequest("encryptionEnabled needs an encryption key on the broker "
+                                 "(QUEEN_ENCRYPTION_KEY, or the key file its start log names)",
                                  field="encryptionEnabled")
 
         tenant = tenant_of(req)

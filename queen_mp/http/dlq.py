@@ -68,7 +68,7 @@ def _data(row: DlqRow, cipher: PayloadCipher | None) -> orjson.Fragment | None:
     if row.encrypted:
         if cipher is None:
             # NOTE(dlq): one undecryptable row must not fail the whole listing.
-            log.warning("DLQ row %d is encrypted and QUEEN_ENCRYPTION_KEY is not set", row.id)
+            log.warning("DLQ row %d is encrypted and this broker has no key", row.id)
             return None
         try:
             payload = cipher.decrypt(payload)
@@ -113,8 +113,8 @@ def _replay_payload(row: DlqRow, cipher: PayloadCipher | None) -> tuple[bytes, b
             return payload, True
     if row.queue_encrypted:
         if cipher is None:
-            raise Unavailable(f"queue {row.queue!r} is encrypted but QUEEN_ENCRYPTION_KEY is "
-                              "not set")
+            raise Unavailable(f"queue {row.queue!r} is encrypted but this broker has no key "
+                              "(QUEEN_ENCRYPTION_KEY, or the key file its start log names)")
         return cipher.encrypt(payload), True
     return payload, False
 

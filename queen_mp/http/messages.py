@@ -34,7 +34,7 @@ lives ``max(dedupWindow, completedRetentionSeconds, 900 s)`` (docs/api.md 4), se
 longer: for a message the sidecar no longer covers, the segments below the sidecar's start are
 decoded newest first, **bounded** (``FALLBACK_MAX_SEGMENTS`` segments or
 ``FALLBACK_MAX_MESSAGES`` messages); past the bound the answer is ``404``. ``data`` is decrypted;
-an encrypted payload that cannot be decrypted (no ``QUEEN_ENCRYPTION_KEY``, wrong key) is
+an encrypted payload that cannot be decrypted (no key, or not the key that encrypted it) is
 ``data: null`` with ``encrypted: true``. ``status``, ``leaseExpiresAt``, ``errorMessage`` and
 ``retryCount`` are ``consumerGroup``'s (default queue mode): the DLQ row's error and retry count,
 else no error and the failed acks charged to the message when it is its group's head.
@@ -357,7 +357,7 @@ def _data(m: Delivered, cipher: PayloadCipher | None) -> orjson.Fragment | None:
     payload = m.payload
     if m.encrypted:
         if cipher is None:
-            log.warning("message at %d/%d is encrypted and QUEEN_ENCRYPTION_KEY is not set",
+            log.warning("message at %d/%d is encrypted and this broker has no key",
                         m.claim.partition_id, m.offset)
             return None
         try:

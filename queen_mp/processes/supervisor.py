@@ -17,6 +17,7 @@ the arbiter's own handlers take over when the front starts, and its loop calls
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import queue
@@ -34,6 +35,7 @@ from typing import Any
 
 from gunicorn.errors import HaltServer as FrontHalt
 
+from queen_mp import keyring
 from queen_mp.config import Config
 from queen_mp.db.embedded import EmbeddedPostgres
 from queen_mp.ipc import layout
@@ -125,6 +127,7 @@ class Supervisor:
         cfg.data_path.mkdir(parents=True, exist_ok=True)
         for line in cfg.describe():
             log.info("config %s=%s", *line)
+        boot_keys = self.plan_keys()
         metrics_dir = cfg.data_path / f"metrics-{os.getpid()}"
         shutil.rmtree(metrics_dir, ignore_errors=True)
         metrics_dir.mkdir(parents=True)
@@ -136,8 +139,9 @@ class Supervisor:
             dsn = self.embedded.start()
             log.info("embedded PostgreSQL running in %s", cfg.embedded_pg_path)
             cfg = self.config = cfg.replace(pg_dsn=dsn)
-        applied = self.migrate()
+        applied, registration = self.migrate(boot_keys)
         log.info("migrations: %s", ", ".join(applied) if applied else "up to date")
+        self.settle_keys(boot_keys, registration)
         self.runtime = Runtime.new(slots=cfg.workers * 2, shards=cfg.v2_fusion_shards,
                                    ring_bytes=cfg.ring_kb * 1024, metrics_dir=str(metrics_dir))
         layout.create_all(self.runtime)
@@ -151,19 +155,68 @@ class Supervisor:
         for shard in self.shards:
             self.spawn_shard(shard)
 
-    def migrate(self) -> list[str]:
+    def migrate(self, boot_keys: keyring.BootKeys | None = None
+                ) -> tuple[list[str], keyring.Registration]:
         """Apply queen_mp/sql in a child process (queen_mp.db.migrations.main) and return what it
-        applied: the connections it makes, and whatever libpq keeps of them, end with it, and
-        never exist in the process that forks the shards and the front workers."""
+        applied, with the database's answer to this instance's keys (queen_mp/db/key_procs.py):
+        the connections it makes, and whatever libpq keeps of them, end with it, and never exist
+        in the process that forks the shards and the front workers."""
+        request = ""
+        if boot_keys is not None:
+            ring = boot_keys.ring
+            request = "\n" + json.dumps({"instance": self.config.instance_name,
+                                          "create": boot_keys.source == "new",
+                                          "keys": ring.facts() if ring is not None else []})
         # NOTE(queen): own process group, like the shards: a terminal's Ctrl-C must not kill a
         # migration halfway; the supervisor stops after it, as when migrating in-process.
         done = subprocess.run([sys.executable, "-m", "queen_mp.db.migrations", str(sql_dir()),
-                               self.config.log_level], input=self.config.pg_dsn, text=True,
-                              stdout=subprocess.PIPE, process_group=0, check=False)
+                               self.config.log_level], input=self.config.pg_dsn + request,
+                              text=True, stdout=subprocess.PIPE, process_group=0, check=False)
         if done.returncode != 0:
             reason = done.stdout.strip() or f"the migration process exited with {done.returncode}"
             raise HaltServer(f"migrations failed: {reason}")
-        return done.stdout.splitlines()
+        applied, registration = [], keyring.Registration(False, ())
+        for line in done.stdout.splitlines():
+            if line.startswith("keys "):
+                registration = keyring.Registration.from_json(json.loads(line[5:]))
+            else:
+                applied.append(line)
+        return applied, registration
+
+    def plan_keys(self) -> keyring.BootKeys:
+        """The payload keys (queen_mp/keyring.py); a key file that exists but cannot be used
+        halts the boot with its reason (a restart would not fix it)."""
+        try:
+            return keyring.plan_boot(self.config)
+        except keyring.KeyFileError as ex:
+            raise HaltServer(f"encryption key file unusable: {ex}") from ex
+
+    def settle_keys(self, boot_keys: keyring.BootKeys,
+                    registration: keyring.Registration) -> None:
+        """Write a new key file if the database agreed, say what disagrees, and hand the ring to
+        the children (they are forks: ``keyring.for_process``)."""
+        verdict = keyring.review(boot_keys, registration, self.config.instance_name)
+        for text in verdict.errors:
+            log.error("%s", text)
+        for text in verdict.warnings:
+            log.warning("%s", text)
+        ring = verdict.ring
+        if verdict.write_file and ring is not None:
+            try:
+                keyring.write_key_file(boot_keys.path, ring, exclusive=True)
+            except OSError as ex:
+                raise HaltServer(f"cannot create the encryption key file {boot_keys.path}: "
+                                 f"{ex}") from ex
+            log.warning("encryption: created key file %s (mode 0600) with a random key, id %s. "
+                        "Back it up and keep it secret: losing it loses every payload encrypted "
+                        "with it", boot_keys.path, ring.current)
+        elif ring is not None:
+            log.info("encryption: %d key(s) from %s, current %s", len(ring.keys),
+                     "QUEEN_ENCRYPTION_KEY" if boot_keys.source == "env" else boot_keys.path,
+                     ring.current)
+        else:
+            log.info("encryption: no key; queues with encryptionEnabled are refused")
+        keyring.install(ring)
 
     def spawn_shard(self, shard: ShardProc) -> None:
         """Fork a shard (in its own process group, so a terminal's Ctrl-C reaches only the

@@ -19,7 +19,9 @@ from itertools import islice
 
 import uvloop
 
+from queen_mp import keyring
 from queen_mp.config import Config
+from queen_mp.crypto import PayloadCipher
 from queen_mp.db.bundles import BundleWriter
 from queen_mp.heap import freeze_startup_objects
 from queen_mp.ipc.doorbell import AsyncDoorbellWaiter, Doorbell
@@ -103,7 +105,7 @@ class Shard:
         self.timers = TimerFirer(config.pg_dsn, self.wake_pops,
                                  name=f"queen-mp shard {index} timers",
                                  retention_s=config.timer_fired_retention_s,
-                                 encryption_key=config.encryption_key,
+                                 cipher=_cipher(config),
                                  max_decompressed=config.max_decompressed_mb << 20,
                                  statement_timeout_ms=config.pg_statement_timeout_ms)
 
@@ -261,6 +263,12 @@ class Shard:
         await self.waker.close()
         self.wake_board.close()
         self.board.clear(self.index)
+
+
+def _cipher(config: Config) -> PayloadCipher | None:
+    """The instance's keys (the supervisor's ring, inherited at fork), for the timers."""
+    ring = keyring.for_process(config)
+    return PayloadCipher(ring) if ring is not None else None
 
 
 def main(index: int) -> int:

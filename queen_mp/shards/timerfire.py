@@ -59,7 +59,7 @@ class TimerFirer:
 
     def __init__(self, dsn: str, wake: Wake, *, name: str, batch: int = BATCH,
                  interval_s: float = INTERVAL_S, retention_s: int = 3600,
-                 encryption_key: str = "", max_decompressed: int = 256 << 20,
+                 cipher: PayloadCipher | None = None, max_decompressed: int = 256 << 20,
                  statement_timeout_ms: int = 30_000, purge_every_s: float = PURGE_EVERY_S,
                  max_claim_bytes: int = MAX_CLAIM_BYTES,
                  max_round_bytes: int = MAX_ROUND_BYTES) -> None:
@@ -69,7 +69,7 @@ class TimerFirer:
         self.batch = batch
         self.interval_s = interval_s
         self.retention_s = retention_s
-        self.cipher = PayloadCipher(encryption_key) if encryption_key else None
+        self.cipher = cipher
         self.max_decompressed = max_decompressed
         self.statement_timeout_ms = statement_timeout_ms
         self.purge_every_s = purge_every_s

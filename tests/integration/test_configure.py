@@ -187,7 +187,9 @@ def test_bad_bodies_are_4xx_and_write_nothing(broker, db):
     assert stored(db, q) is None
 
 
-def test_encryption_without_a_key_is_400(broker, db):
+def test_encryption_without_a_key_is_400(make_broker, db_dsn, db):
+    # no key file and none created (a broker has a key by default: test_key_rotation.py)
+    broker = make_broker(db_dsn, QUEEN_ENCRYPTION_KEY_CREATE="0")
     q = uq("cfg")
     r = broker.client.post(CONFIGURE, json={"queue": q, "options": {
         "leaseTime": 10, "encryptionEnabled": True}})

@@ -1,4 +1,5 @@
-"""Queues with encryptionEnabled store AES-256-GCM payloads (frame flag 4)."""
+"""Queues with encryptionEnabled store AES-256-GCM payloads (frame flag 4) that name their key
+(key rotation, the key file and older payloads: test_key_rotation.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import uuid
 import orjson
 import psycopg
 
-from queen_mp.crypto import PayloadCipher
+from queen_mp.crypto import PayloadCipher, stored_key_id
+from queen_mp.keyring import Keyring
 from queen_mp.wire.frames import FLAG_ENCRYPTED, decode_chunk, iter_chunks, iter_frames
 from queen_mp.wire.ids import uuid_text
 
@@ -50,6 +52,7 @@ def test_encrypted_queue_stores_ciphertext(make_broker, db_dsn):
     for f, expected, answer in zip(frames, payloads, r.json()[:3], strict=True):
         assert f.flags & FLAG_ENCRYPTED
         assert b"4111" not in bytes(f.payload)
+        assert stored_key_id(bytes(f.payload)) == Keyring.single(KEY).current
         assert orjson.loads(cipher.decrypt(bytes(f.payload))) == expected
         assert uuid_text(f.message_id) == answer["messageId"]
     (open_frame,) = _stored_frames(db_dsn, plain)
@@ -58,7 +61,8 @@ def test_encrypted_queue_stores_ciphertext(make_broker, db_dsn):
 
 
 def test_encrypted_queue_without_a_key_is_503_and_stores_nothing(make_broker, db_dsn):
-    b = make_broker(db_dsn)
+    b = make_broker(db_dsn, QUEEN_ENCRYPTION_KEY_CREATE="0")
+    assert "encryption: no key" in b.log()
     secret = f"enc-{uuid.uuid4().hex[:8]}"
     _make_encrypted_queue(db_dsn, secret)
     r = b.client.post("/api/v1/push", json={"items": [{"queue": secret, "payload": 1}]})

@@ -226,7 +226,8 @@ def test_rejected_records_are_failed_and_retry_failed_requeues_them(make_broker,
     with SpoolWriter(spool_dir, "w8-434343", fsync=False) as writer:
         writer.append([b"not a spool item"])
 
-    a = make_broker(fresh_db_dsn, QUEEN_SPOOL_DIR=str(spool_dir))
+    a = make_broker(fresh_db_dsn, QUEEN_SPOOL_DIR=str(spool_dir),
+                    QUEEN_ENCRYPTION_KEY_CREATE="0")  # no key: the drain refuses
     set_maintenance(a, True)
     payloads = [{"card": "4111", "n": i} for i in range(3)]
     r = a.client.post(PUSH, json={"items": [{"queue": secret, "payload": p, "transactionId":
