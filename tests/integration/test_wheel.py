@@ -75,7 +75,8 @@ def test_a_pip_installed_wheel_serves_on_its_embedded_postgres(built):
         broker = start_broker(home, None, command=[str(venv / "bin" / "queen-mp"), "serve"],
                               cwd=home)
         try:
-            assert "migrations: 001_baseline.sql, 002_ready_index.sql, functions/" in broker.log()
+            assert "migrations: 001_baseline.sql, 002_ready_index.sql, " in broker.log()
+            assert "006_streams.sql, " in broker.log() and "functions/" in broker.log()
             document = broker.client.get("/api/v1/openapi.json")
             assert document.status_code == 200 and document.json()["openapi"].startswith("3.1")
             pushed = broker.client.post("/api/v1/push", json={"items": [
