@@ -81,14 +81,14 @@ async def until(what: str, check: Callable[[], bool], timeout: float = 20.0) -> 
 
 
 def run_stream(broker: Any, build: Callable[[Queen], Stream], query: str,
-               done: Callable[[], bool], **opts: Any) -> dict:
+               done: Callable[[], bool], timeout: float = 20.0, **opts: Any) -> dict:
     """Run the stream until ``done()``, then stop it; its metrics."""
     async def go() -> dict:
         async with Queen(broker.url) as q:
             runner = await build(q).run(query_id=query, url=broker.url,
                                         **{"max_wait_millis": 200, **opts})
             try:
-                await until(f"stream {query}", done)
+                await until(f"stream {query}", done, timeout)
             finally:
                 await runner.stop()
             return runner.metrics()
