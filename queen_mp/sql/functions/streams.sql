@@ -31,10 +31,12 @@
 --   function returns {"success": false, ...}.
 --
 -- Repeat safety (the client retries a cycle whose answer it lost, e.g. 503 outcome_unknown):
---   * a cycle with an ack names the lease it acks under; once committed, its answer is kept in
---     stream_cycles under (query, partition, lease) for an hour, and a repeat gets that answer
---     back with "repeat": true and changes nothing. A pop mints a new lease, so two different
---     cycles never share that key.
+--   * a cycle with an ack names the lease it acks under and the message it acks through; once
+--     committed, its answer is kept in stream_cycles under (query, partition, lease, acked
+--     message) for an hour, and a repeat gets that answer back with "repeat": true and changes
+--     nothing. A pop mints a new lease and the cursor only moves forward, so two different
+--     cycles never share that key (a partial ack and the rest of the batch ack different
+--     messages).
 --   * a cycle without an ack (the SDK's idle flush: the closed windows it read are deleted and
 --     their results pushed) is guarded by its deletes: every deleted key must still exist. All
 --     gone: the cycle already ran (or another flusher did it): "repeat": true, nothing applied.
@@ -220,7 +222,7 @@ BEGIN
         SELECT c.result INTO v_prev
         FROM queen.stream_cycles c
         WHERE c.query_id = p_query_id AND c.partition_id = p_partition_id
-          AND c.lease_id = p_lease;
+          AND c.lease_id = p_lease AND c.ack_hash = p_ack_hash;
         IF FOUND THEN
             RETURN v_prev || jsonb_build_object('repeat', true);
         END IF;
@@ -325,8 +327,8 @@ BEGIN
             DELETE FROM queen.stream_cycles c
             WHERE c.query_id = p_query_id AND c.partition_id = p_partition_id
               AND c.committed_at < now() - interval '1 hour';
-            INSERT INTO queen.stream_cycles (query_id, partition_id, lease_id, result)
-            VALUES (p_query_id, p_partition_id, p_lease, v_result);
+            INSERT INTO queen.stream_cycles (query_id, partition_id, lease_id, ack_hash, result)
+            VALUES (p_query_id, p_partition_id, p_lease, p_ack_hash, v_result);
         END IF;
     EXCEPTION WHEN SQLSTATE 'QS001' OR SQLSTATE 'QS002' THEN
         GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_msg = MESSAGE_TEXT;

@@ -8,7 +8,7 @@
 --                   reading state an older chain wrote)
 --   stream_state    one row per (query, source partition, key): an operator's JSON state
 --   stream_cycles   one row per committed cycle that acked its source under a lease, keyed by
---                   (query, partition, lease): a repeat of that cycle (the client retries after
+--                   (query, partition, lease, acked message): a repeat of that cycle (the client retries after
 --                   503 outcome_unknown or a lost answer) finds it and changes nothing
 --
 -- Functions: functions/streams.sql (stream_register_v1, stream_state_get_v1, stream_cycle_v1).
@@ -46,14 +46,17 @@ CREATE TABLE queen.stream_state (
     PRIMARY KEY (query_id, partition_id, key)
 );
 
--- result: the answer the cycle gave (without the repeat flag), given again to a repeat
+-- ack_hash: xxh3_128 of the acked message's transactionId (two cycles under one lease, a
+--   partial ack then the rest, ack different messages); result: the answer the cycle gave
+--   (without the repeat flag), given again to a repeat
 CREATE TABLE queen.stream_cycles (
     query_id     uuid        NOT NULL REFERENCES queen.stream_queries (id) ON DELETE CASCADE,
     partition_id int8        NOT NULL,
     lease_id     uuid        NOT NULL,
+    ack_hash     bytea       NOT NULL CHECK (octet_length(ack_hash) = 16),
     committed_at timestamptz NOT NULL DEFAULT now(),
     result       jsonb       NOT NULL,
-    PRIMARY KEY (query_id, partition_id, lease_id)
+    PRIMARY KEY (query_id, partition_id, lease_id, ack_hash)
 );
 -- the ledger's own purge (stream_cycle_v1 deletes a shard's rows past their retention)
 CREATE INDEX stream_cycles_age_idx ON queen.stream_cycles (query_id, partition_id, committed_at);
