@@ -13,7 +13,6 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
 import psycopg
 
 from queen_mp.db.errors import translate
@@ -68,11 +67,12 @@ async def state_get(conn: Conn, tenant: bytes, query_id: uuid.UUID, partition_id
 
 
 async def cycle(conn: Conn, tenant: bytes, query_id: uuid.UUID, partition_id: int, group: str,
-                state_ops: list[dict[str, Any]], seg: Segments, ack: CycleAck | None
+                state_ops_json: str, seg: Segments, ack: CycleAck | None
                 ) -> dict[str, Any]:
-    """``stream_cycle_v1``: the cycle's verdict (success, or a refusal reason)."""
-    params = (uuid.UUID(bytes=tenant), query_id, partition_id, group,
-              orjson.dumps(state_ops).decode(), seg.queues, seg.partitions, seg.counts,
+    """``stream_cycle_v1``: the cycle's verdict (success, or a refusal reason).
+    ``state_ops_json``: the JSON array of the normalised state ops."""
+    params = (uuid.UUID(bytes=tenant), query_id, partition_id, group, state_ops_json,
+              seg.queues, seg.partitions, seg.counts,
               seg.hashes, seg.blobs, ack.lease if ack else None,
               ack.txn_hash if ack else None, ack.release if ack else None,
               ack.count if ack else None)

@@ -67,8 +67,8 @@ class Streams:
                                         req.release_lease, req.ack.count)
         async with connection(self.pool, commit_sent=True) as conn:
             res = await stream_procs.cycle(conn, tenant, req.query_id, req.partition_id,
-                                           req.consumer_group, list(req.state_ops), segments,
-                                           ack)
+                                           req.consumer_group, req.state_ops_json,
+                                           segments, ack)
         base = {"query_id": str(req.query_id), "partition_id": str(req.partition_id)}
         if not res["success"]:
             return CycleOutcome({"success": False, **base, "reason": res["reason"],

@@ -18,6 +18,7 @@ from queen_mp.models.errors import InvalidRequest, InvalidStatus, NameTooLong
 from queen_mp.models.items import (
     MAX_ITEMS,
     PushItem,
+    dumps_json,
     loads_json,
     parse_group,
     parse_json_item,
@@ -78,6 +79,7 @@ class CycleRequest:
     partition_id: int
     consumer_group: str
     state_ops: tuple[dict[str, Any], ...]  # {"type", "key", "value"?}, normalised
+    state_ops_json: str  # the same, as the JSON text SQL takes
     push_items: tuple[PushItem, ...]
     ack: CycleAckSpec | None
     release_lease: bool
@@ -153,7 +155,7 @@ def parse_register(body: bytes) -> RegisterRequest:
     doc = _doc(body)
     name = _string(doc, "name")
     assert name is not None
-    check_name(name, "name")
+    check_name(name, "name", slash_ok=True)
     source = _string(doc, "source_queue")
     assert source is not None
     check_queue_name(source)
@@ -210,13 +212,31 @@ def _state_ops(raw: Any) -> tuple[dict[str, Any], ...]:
         key = _state_key(op.get("key"), "key", i)
         if kind == "upsert":
             # NOTE(streams): an upsert without a value stores {} (upstream's default)
-            ops.append({"type": "upsert", "key": key, "value": op.get("value", {})})
+            value = op.get("value", {})
+            _storable(value, i)
+            ops.append({"type": "upsert", "key": key, "value": value})
         elif kind == "delete":
             ops.append({"type": "delete", "key": key})
         else:
             raise InvalidRequest(f"state_ops[{i}].type must be upsert or delete", field="type",
                                  index=i)
     return tuple(ops)
+
+
+def _storable(value: Any, index: int) -> None:
+    """A state value PostgreSQL's jsonb can hold: no NUL in any string or key (22P05)."""
+    todo = [value]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, str):
+            if "\x00" in v:
+                raise InvalidRequest(f"state_ops[{index}].value holds a NUL character",
+                                     field="value", index=index)
+        elif isinstance(v, dict):
+            todo.extend(v.keys())
+            todo.extend(v.values())
+        elif isinstance(v, list):
+            todo.extend(v)
 
 
 def _ack(raw: Any) -> CycleAckSpec | None:
@@ -278,8 +298,11 @@ def parse_cycle(body: bytes, producer_sub: str | None = None) -> CycleRequest:
     group = doc.get("consumer_group")
     if group is not None and not isinstance(group, str):
         raise InvalidRequest("consumer_group must be a string", field="consumer_group")
+    if group:
+        check_name(group, "consumer_group")
     ack = _ack(doc.get("ack"))
     ops = _state_ops(doc.get("state_ops"))
     items = _push_items(doc.get("push_items"), producer_sub, query_id, partition_id, ack)
-    return CycleRequest(query_id, partition_id, parse_group(group), ops, items, ack,
+    return CycleRequest(query_id, partition_id, parse_group(group), ops,
+                        dumps_json(list(ops)).decode(), items, ack,
                         _bool(doc, "release_lease", True))

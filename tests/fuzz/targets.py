@@ -3,7 +3,8 @@
 Two kinds:
 
 - **parser targets** (``json_push``, ``qpb1_push``, ``transaction``, ``kv_ops``, ``timer_ops``,
-  ``ack_body``, ``lease_body``, ``query_string``, ``gzip_body``, ``zstd_body``): the bytes go
+  ``ack_body``, ``lease_body``, ``query_string``, ``gzip_body``, ``zstd_body``,
+  ``streams_register``, ``streams_state``, ``streams_cycle``): the bytes go
   to one parser, which may accept them or refuse with an ``ApiError`` / ``RequestError`` /
   ``WireError`` of a 4xx status. Anything else escaping (``UnicodeEncodeError``,
   ``RecursionError``, ``TypeError``...) is the bug the target exists to find: the broker would
@@ -63,6 +64,7 @@ from queen_mp.http.query import Query
 from queen_mp.models.errors import RequestError
 from queen_mp.models.items import parse_ack_item
 from queen_mp.models.kv import parse_kv_ops
+from queen_mp.models.streams import parse_cycle, parse_register, parse_state_get
 from queen_mp.models.timers import mint, parse_timer_ops
 from queen_mp.models.transactions import parse_json, parse_qtb1
 from queen_mp.wire.errors import WireError
@@ -227,10 +229,27 @@ def zstd_body(data: bytes) -> None:
     _read_body(data, "zstd")
 
 
+def streams_register(data: bytes) -> None:
+    _refused(lambda: parse_register(data))
+
+
+def streams_state(data: bytes) -> None:
+    _refused(lambda: parse_state_get(data))
+
+
+def streams_cycle(data: bytes) -> None:
+    """A cycle body; an accepted one's state ops must be storable JSON text (jsonb)."""
+    req = _refused(lambda: parse_cycle(data))
+    if req is not None:
+        adapt(req.state_ops_json)
+
+
 PARSER_TARGETS: dict[str, Callable[[bytes], None]] = {
     "json_push": json_push, "qpb1_push": qpb1_push, "transaction": transaction,
     "kv_ops": kv_ops, "timer_ops": timer_ops, "ack_body": ack_body, "lease_body": lease_body,
     "query_string": query_string, "gzip_body": gzip_body, "zstd_body": zstd_body,
+    "streams_register": streams_register, "streams_state": streams_state,
+    "streams_cycle": streams_cycle,
 }
 
 
@@ -677,6 +696,24 @@ _ACK = [
     b'{"transactionId":"u","partitionId":"18","status":"dlq","leaseId":"x"}],'
     b'"consumerGroup":"g"}',
 ]
+_STREAMS_REGISTER = [
+    b'{"name":"fz.q","source_queue":"fz","sink_queue":"fz.out","config_hash":"ab12",'
+    b'"reset":false}',
+]
+_STREAMS_STATE = [
+    b'{"query_id":"0196f3a2-c000-7000-8000-000000000a0a","partition_id":"17","keys":["a"],'
+    b'"key_prefix":"tumb:1\\u001f","ripe_at_or_before":1717000000000}',
+]
+_STREAMS_CYCLE = [
+    b'{"query_id":"0196f3a2-c000-7000-8000-000000000a0a","partition_id":"17",'
+    b'"consumer_group":"streams.fz","state_ops":[{"type":"upsert","key":"k","value":{"acc":1,'
+    b'"windowEnd":1000}},{"type":"delete","key":"j"}],"push_items":[{"queue":"fz.out",'
+    b'"partition":"p","payload":{"count":2}}],"ack":{"transactionId":"t","leaseId":'
+    b'"0196f3a2-c000-7000-8000-000000000a0b","status":"completed","count":2},'
+    b'"release_lease":false}',
+    b'{"query_id":"0196f3a2-c000-7000-8000-000000000a0a","partition_id":17,"ack":null,'
+    b'"state_ops":[{"type":"delete","key":"w"}],"push_items":[]}',
+]
 _LEASE = [b"", b"{}", b'{"seconds":30}']
 _GROUPS = [b'{"toBeginning":true}', b'{"toEnd":true}', b'{"timestamp":"2026-05-16T08:41:27.123Z"}',
            b'{"subscriptionTimestamp":"2026-05-16T08:41:27.123Z","queue":"fz"}']
@@ -706,6 +743,9 @@ SEEDS: dict[str, list[bytes]] = {
     "timer_ops": _TIMERS,
     "ack_body": _ACK,
     "lease_body": _LEASE,
+    "streams_register": _STREAMS_REGISTER,
+    "streams_state": _STREAMS_STATE,
+    "streams_cycle": _STREAMS_CYCLE,
     "groups_body": _GROUPS,
     "system_body": _SYSTEM,
     "configure": _CONFIGURE,
@@ -723,6 +763,9 @@ BODY_ROUTES: list[tuple[str, str, str]] = [
     ("POST", "/api/v1/lease/0196f3a2-c000-7000-8000-000000000a0a/extend", "lease_body"),
     ("POST", "/api/v1/consumer-groups/g/queues/fz/seek", "groups_body"),
     ("POST", "/api/v1/consumer-groups/g/subscription", "groups_body"),
+    ("POST", "/streams/v1/queries", "streams_register"),
+    ("POST", "/streams/v1/state/get", "streams_state"),
+    ("POST", "/streams/v1/cycle", "streams_cycle"),
 ]
 # in-process only: on a real broker these would switch maintenance on (and spool pushes)
 SYSTEM_ROUTES: list[tuple[str, str, str]] = [
