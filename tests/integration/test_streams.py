@@ -158,7 +158,8 @@ def test_tumbling_window_count_counts_every_message_once(broker, db):
 
 def test_key_by_reduce_and_foreach(broker, db):
     src, query = uq("ss"), uq("q")
-    push(broker.client, src, "p1", [{"user": f"u{n % 3}", "v": n} for n in range(30)])
+    push(broker.client, src, "p1", [{"user": f"u{n % 3}", "v": n, "ts": 1000 + n}
+                                    for n in range(30)] + [{"user": "zz", "v": 0, "ts": 500_000}])
     seen: list[tuple[str, Any]] = []
 
     run_stream(
@@ -166,18 +167,17 @@ def test_key_by_reduce_and_foreach(broker, db):
         lambda q: Stream.from_(q.queue(src))
         .flat_map(lambda m: [m["data"], m["data"]] if m["data"]["v"] % 10 == 0 else [m["data"]])
         .key_by(lambda m: m["data"]["user"])
-        .window_tumbling(seconds=60, idle_flush_ms=200)
+        .window_tumbling(seconds=60, event_time=lambda m: m["data"]["ts"], idle_flush_ms=200)
         .reduce(lambda acc, v: acc + v["v"], 0)
         .foreach(lambda value, ctx: seen.append((ctx["key"], value))),
-        query,
-        lambda: cursor(db, src, f"streams.{query}") == 30 and len(state_rows(db, query)) == 3)
-    rows = state_rows(db, query)
-    # one open window per user key, holding the sum of its values (v = 0, 10, 20 twice)
-    by_user = {k.split("\x1f")[2]: v["acc"] for k, v in rows.items()}
+        query, lambda: cursor(db, src, f"streams.{query}") == 31 and len(seen) == 3)
+    # each user's window sum (v = 0, 10, 20 counted twice by the flat_map), once
     expect = {f"u{u}": sum(n for n in range(30) if n % 3 == u) for u in range(3)}
-    for u in expect:
-        expect[u] += sum(n for n in (0, 10, 20) if f"u{n % 3}" == u)
-    assert by_user == expect and seen == []
+    for n in (0, 10, 20):
+        expect[f"u{n % 3}"] += n
+    assert sorted(seen) == sorted(expect.items())
+    # the closing event's window is still open; the watermark is kept
+    assert {k.split("\x1f")[-1] for k in state_rows(db, query)} == {"zz", "__wm__"}
 
 
 def test_registration_is_idempotent_and_guards_the_config_hash(broker):
@@ -504,16 +504,18 @@ def test_the_dsl_retries_a_cycle_whose_answer_was_lost(broker, db, monkeypatch):
     c, src, sink, query = broker.client, uq("ss"), uq("sk"), uq("q")
     push(c, src, "p1", [{"n": i} for i in range(60)])
     original = httpx.AsyncClient.post
-    lost: list[str] = []
+    lost: list[Any] = []  # the bodies whose first answer was lost (the SDK resends the object)
     repeats: list[bool] = []
 
     async def post(self: httpx.AsyncClient, url: Any, *args: Any, **kwargs: Any
                    ) -> httpx.Response:
         resp = await original(self, url, *args, **kwargs)
         if str(url).endswith(CYCLE):
-            key = str(kwargs.get("json"))
-            if key not in lost:
-                lost.append(key)
+            # NOTE(streams): by identity: two flushes of a window that filled up again can
+            # carry equal bodies, and the second is a new cycle, not a repeat
+            body = kwargs.get("json")
+            if not any(b is body for b in lost):
+                lost.append(body)
                 raise httpx.ReadError("answer lost after the commit")
             repeats.append(resp.json().get("repeat"))
         return resp

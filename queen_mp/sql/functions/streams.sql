@@ -33,7 +33,7 @@
 -- Repeat safety (the client retries a cycle whose answer it lost, e.g. 503 outcome_unknown):
 --   * a cycle with an ack names the lease it acks under and the message it acks through; once
 --     committed, its answer is kept in stream_cycles under (query, partition, lease, acked
---     message) for an hour, and a repeat gets that answer back with "repeat": true and changes
+--     message) for ten minutes, and a repeat gets that answer back with "repeat": true and changes
 --     nothing. A pop mints a new lease and the cursor only moves forward, so two different
 --     cycles never share that key (a partial ack and the rest of the batch ack different
 --     messages).
@@ -326,7 +326,7 @@ BEGIN
         IF p_lease IS NOT NULL THEN
             DELETE FROM queen.stream_cycles c
             WHERE c.query_id = p_query_id AND c.partition_id = p_partition_id
-              AND c.committed_at < now() - interval '1 hour';
+              AND c.committed_at < now() - interval '10 minutes';
             INSERT INTO queen.stream_cycles (query_id, partition_id, lease_id, ack_hash, result)
             VALUES (p_query_id, p_partition_id, p_lease, p_ack_hash, v_result);
         END IF;
