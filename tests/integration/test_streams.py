@@ -80,10 +80,12 @@ async def until(what: str, check: Callable[[], bool], timeout: float = 20.0) -> 
 
 
 def run_stream(broker: Any, build: Callable[[Queen], Stream], query: str,
-               done: Callable[[], bool], timeout: float = 20.0, **opts: Any) -> dict:
-    """Run the stream until ``done()``, then stop it; its metrics."""
+               done: Callable[[], bool], timeout: float = 20.0,
+               client: dict[str, Any] | None = None, **opts: Any) -> dict:
+    """Run the stream until ``done()``, then stop it; its metrics. ``client``: options of the
+    Queen client whose queue builders the stream pops with (``framed_pop``...)."""
     async def go() -> dict:
-        async with Queen(broker.url) as q:
+        async with Queen(broker.url, **(client or {})) as q:
             runner = await build(q).run(query_id=query, url=broker.url,
                                         **{"max_wait_millis": 200, **opts})
             try:
@@ -117,7 +119,8 @@ def cycle_body(query_id: str, msgs: list[dict], group: str, **extra: Any) -> dic
 
 
 # ------------------------------------------------------------------- the DSL, end to end
-def test_map_filter_to_a_sink_through_the_dsl(broker, db):
+@pytest.mark.parametrize("client", [{}, {"framed_pop": True}], ids=["json", "framed"])
+def test_map_filter_to_a_sink_through_the_dsl(broker, db, client):
     src, sink, query = uq("ss"), uq("sk"), uq("q")
     push(broker.client, src, "p1", [{"n": n} for n in range(20)])
     push(broker.client, src, "p2", [{"n": n} for n in range(20, 30)])
@@ -128,7 +131,7 @@ def test_map_filter_to_a_sink_through_the_dsl(broker, db):
         .filter(lambda m: m["data"]["n"] % 2 == 0)
         .map(lambda m: {"doubled": m["data"]["n"] * 2})
         .to(q.queue(sink)),
-        query, lambda: cursor(db, src, f"streams.{query}") == 30)
+        query, lambda: cursor(db, src, f"streams.{query}") == 30, client=client)
     assert metrics["errorsTotal"] == 0, metrics
     out = drain(broker.client, sink)
     assert sorted(m["data"]["doubled"] for m in out) == [n * 2 for n in range(0, 30, 2)]
@@ -194,8 +197,19 @@ def test_registration_is_idempotent_and_guards_the_config_hash(broker):
     assert body["code"] == "conflict" and body["success"] is False
     assert "config_hash mismatch" in body["error"] and body["query_id"] == first["query_id"]
 
+    # state written under hash-a ...
+    push(c, src, "p1", [1])
+    pid = pop(c, src, "g")["partitionId"]
+    r = c.post(CYCLE, json={"query_id": first["query_id"], "partition_id": pid,
+                            "state_ops": [{"type": "upsert", "key": "old", "value": 1}]})
+    assert r.json()["success"] is True
+    got = c.post(STATE, json={"query_id": first["query_id"], "partition_id": pid})
+    assert [x["key"] for x in got.json()["rows"]] == ["old"]
+    # ... is wiped by the reset that takes hash-b
     reset = register(c, name, src, "hash-b", reset=True)
     assert reset["reset"] is True and reset["query_id"] == first["query_id"]
+    got = c.post(STATE, json={"query_id": first["query_id"], "partition_id": pid})
+    assert got.json()["rows"] == []
     assert register(c, name, src, "hash-b")["reset"] is False
 
 
