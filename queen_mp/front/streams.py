@@ -73,29 +73,33 @@ class Streams:
         if not res["success"]:
             return CycleOutcome({"success": False, **base, "reason": res["reason"],
                                  "error": res["error"]}, 0, frozenset())
-        results: list[dict[str, Any] | None] = [None] * len(pushes)
+        ack_res = res.get("ack")
+        ack_body = None if not ack_res else {
+            "success": True, "count": ack_res["count"],
+            "lease_released": bool(ack_res["leaseReleased"]), "dlq": False}
+        if res.get("repeat"):
+            # NOTE(streams): a repeat applied nothing now; its ack_result is the original's,
+            # its push results are not given again (this body's message ids were never stored)
+            return CycleOutcome({"success": True, **base, "repeat": True,
+                                 "state_ops_applied": 0, "push_results": [],
+                                 "ack_result": ack_body}, 0, frozenset())
+        results: list[dict[str, Any]] = []
         for seg in res["push"]:
             (queue, partition), idx = members[int(seg["i"])]
             for pos, i in enumerate(idx):
                 it = pushes[i]
-                results[i] = {"index": i, "status": "queued", "queue": queue,
-                              "queueName": queue, "partition": partition,
-                              "partitionId": str(seg["pid"]), "offset": int(seg["base"]) + pos,
-                              "messageId": uuid_text(it.message_id),
-                              "transactionId": it.transaction_id,
-                              "createdAt": iso_from_us(int(seg["ts"]))}
-        ack_res = res.get("ack")
+                results.append({"index": i, "status": "queued", "queue": queue,
+                                "queueName": queue, "partition": partition,
+                                "partitionId": str(seg["pid"]),
+                                "offset": int(seg["base"]) + pos,
+                                "messageId": uuid_text(it.message_id),
+                                "transactionId": it.transaction_id,
+                                "createdAt": iso_from_us(int(seg["ts"]))})
+        results.sort(key=lambda r: r["index"])
         woken = set(res.get("sinkQueues") or [])
         if ack_res and ack_res.get("leaseReleased") and res.get("queue"):
             woken.add(res["queue"])
-        repeat = bool(res.get("repeat"))
-        # NOTE(streams): a repeat applied nothing now; its ack_result is the original's
-        body = {"success": True, **base, "repeat": repeat,
-                "state_ops_applied": 0 if repeat else int(res["stateOpsApplied"]),
-                "push_results": [] if repeat else [r for r in results if r is not None],
-                "ack_result": None if not ack_res else {
-                    "success": True, "count": ack_res["count"],
-                    "lease_released": bool(ack_res["leaseReleased"]), "dlq": False}}
-        if repeat:
-            return CycleOutcome(body, 0, frozenset())
+        body = {"success": True, **base, "repeat": False,
+                "state_ops_applied": int(res["stateOpsApplied"]), "push_results": results,
+                "ack_result": ack_body}
         return CycleOutcome(body, len(pushes), frozenset(woken))

@@ -26,6 +26,7 @@ from queen_mp.models.items import (
 )
 from queen_mp.wire.binary_push import check_name, check_queue_name
 from queen_mp.wire.frames import MAX_TXN_BYTES
+from queen_mp.wire.hashing import txn_hash
 
 __all__ = [
     "MAX_STATE_KEYS",
@@ -280,12 +281,15 @@ def _push_items(raw: Any, sub: str | None, query_id: uuid.UUID, partition_id: in
         raise InvalidRequest(f"over {MAX_ITEMS} push_items", field="push_items",
                              limit=MAX_ITEMS)
     items = []
+    # NOTE(streams): a leased cycle's sink messages get transactionIds of their own, from what
+    # identifies the cycle (the lease, unique per pop, and the message acked through), so a
+    # repeat that got past the cycle ledger would still be refused by push dedup instead of
+    # stored twice.
+    cycle = (f"qs:{query_id}:{partition_id}:{ack.lease_id}:"
+             f"{txn_hash(ack.transaction_id).hex()[:16]}" if ack is not None else None)
     for i, it in enumerate(raw):
-        if isinstance(it, dict) and not it.get("transactionId") and ack is not None:
-            # NOTE(streams): a leased cycle's sink messages get transactionIds of their own
-            # (the lease is unique per pop), so a repeat that got past the cycle ledger would
-            # still be refused by push dedup instead of stored twice.
-            it = {**it, "transactionId": f"qs:{query_id}:{partition_id}:{ack.lease_id}:{i}"}
+        if isinstance(it, dict) and not it.get("transactionId") and cycle is not None:
+            it = {**it, "transactionId": f"{cycle}:{i}"}
         items.append(parse_json_item(it, i, sub))
     return tuple(items)
 

@@ -20,6 +20,7 @@ from queen_mp.models.streams import (
 )
 from queen_mp.wire.errors import InvalidName, NameTooLong
 from queen_mp.wire.frames import iter_frames
+from queen_mp.wire.hashing import txn_hash
 
 QID = "0196f3a2-c000-7000-8000-000000000a0a"
 LEASE = "0196f3a2-c000-7000-8000-000000000a0b"
@@ -124,7 +125,7 @@ def test_a_cycle_as_the_sdk_sends_it():
     assert c.ack.lease_id == uuid.UUID(LEASE) and c.release_lease is False
     first, second = c.push_items
     # a leased cycle's sink items get transactionIds of their own: a repeat dedups
-    assert first.transaction_id == f"qs:{QID}:17:{LEASE}:0"
+    assert first.transaction_id == f"qs:{QID}:17:{LEASE}:{txn_hash('t-9').hex()[:16]}:0"
     assert second.transaction_id == "mine"
     assert first.partition == "p" and second.partition == "Default"
     assert bytes(next(iter_frames(first.frame)).payload) == b'{"count":2}'
