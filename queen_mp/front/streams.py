@@ -77,6 +77,10 @@ class Streams:
         ack_body = None if not ack_res else {
             "success": True, "count": ack_res["count"],
             "lease_released": bool(ack_res["leaseReleased"]), "dlq": False}
+        if res.get("deferred"):
+            return CycleOutcome({"success": True, **base, "repeat": False, "deferred": True,
+                                 "state_ops_applied": 0, "push_results": [],
+                                 "ack_result": None}, 0, frozenset())
         if res.get("repeat"):
             # NOTE(streams): a repeat applied nothing now; its ack_result is the original's,
             # its push results are not given again (this body's message ids were never stored)

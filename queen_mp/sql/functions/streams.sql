@@ -41,7 +41,9 @@
 --     their results pushed) is guarded by its deletes: every deleted key must still exist. All
 --     gone: the cycle already ran (or another flusher did it): "repeat": true, nothing applied.
 --     Some gone: the state moved under it: refused "state_changed", nothing applied; the next
---     flush reads the state again.
+--     flush reads the state again. While a batch of the partition is leased to the cycle's
+--     group, a cycle without an ack is deferred ("deferred": true, nothing applied): the
+--     lease holder's cycle read that state and will write it.
 
 -- ---------------------------------------------------------------------------------------------
 -- stream_register_v1: register (tenant, name). Result:
@@ -154,7 +156,8 @@ $$;
 --                  false: only up to the acked message, the lease is kept (a gate's partial ack)
 --   p_count        messages acked, as the client counts them (informational)
 -- Result:
---   {"success": true, "repeat": bool, "stateOpsApplied": n, "push": [log_push_multi_v1
+--   {"success": true, "repeat": bool, "deferred"?: true, "stateOpsApplied": n,
+--    "push": [log_push_multi_v1
 --    segment results], "ack": null | {"count", "leaseReleased", "old", "new"},
 --    "queue": the source queue, "sinkQueues": [names]}
 --   {"success": false, "reason": "unknown_query" | "unknown_partition" | "lease_lost" |
@@ -227,6 +230,18 @@ BEGIN
             RETURN v_prev || jsonb_build_object('repeat', true);
         END IF;
     ELSE
+        -- a batch of this partition is leased to the group: its cycle read the state and will
+        -- write it; a flush now could emit a window that cycle then emits again (two runners
+        -- of one query: one flushing, the other holding the partition). Deferred: nothing
+        -- applied, the rows stay, the next flush finds them.
+        PERFORM 1 FROM queen.log_consumers c
+        WHERE c.partition_id = p_partition_id AND c.consumer_group = p_group
+          AND c.lease_id IS NOT NULL AND c.lease_expires_at > now();
+        IF FOUND THEN
+            RETURN jsonb_build_object('success', true, 'repeat', false, 'deferred', true,
+                                      'stateOpsApplied', 0, 'push', '[]'::jsonb, 'ack', NULL,
+                                      'queue', v_queue, 'sinkQueues', '[]'::jsonb);
+        END IF;
         SELECT count(DISTINCT o ->> 'key'), count(DISTINCT s.key)
         INTO v_deletes, v_present
         FROM jsonb_array_elements(COALESCE(p_state_ops, '[]'::jsonb)) AS o
