@@ -42,8 +42,9 @@
 --     gone: the cycle already ran (or another flusher did it): "repeat": true, nothing applied.
 --     Some gone: the state moved under it: refused "state_changed", nothing applied; the next
 --     flush reads the state again. While a batch of the partition is leased to the cycle's
---     group, a cycle without an ack is deferred ("deferred": true, nothing applied): the
---     lease holder's cycle read that state and will write it.
+--     group, and for 2 s after a leased cycle of the shard committed, a cycle without an ack
+--     is deferred ("deferred": true, nothing applied): the lease holder's cycle read that
+--     state and will write it, or may just have written it after the flush read it.
 
 -- ---------------------------------------------------------------------------------------------
 -- stream_register_v1: register (tenant, name). Result:
@@ -234,9 +235,19 @@ BEGIN
         -- write it; a flush now could emit a window that cycle then emits again (two runners
         -- of one query: one flushing, the other holding the partition). Deferred: nothing
         -- applied, the rows stay, the next flush finds them.
+        -- NOTE(streams): nor may a flush land right after a leased cycle: it may have read the
+        -- state before that cycle wrote it (another runner's), and would delete the newer
+        -- window while emitting the older one. A flush commits only once the shard has been
+        -- quiet for STREAM_FLUSH_QUIET (2 s): longer than a flush takes from its read to its
+        -- commit, so the final windows of a quiet partition are emitted 2 s later, no more.
         PERFORM 1 FROM queen.log_consumers c
         WHERE c.partition_id = p_partition_id AND c.consumer_group = p_group
           AND c.lease_id IS NOT NULL AND c.lease_expires_at > now();
+        IF NOT FOUND THEN
+            PERFORM 1 FROM queen.stream_cycles c
+            WHERE c.query_id = p_query_id AND c.partition_id = p_partition_id
+              AND c.committed_at > now() - interval '2 seconds';
+        END IF;
         IF FOUND THEN
             RETURN jsonb_build_object('success', true, 'repeat', false, 'deferred', true,
                                       'stateOpsApplied', 0, 'push', '[]'::jsonb, 'ack', NULL,
