@@ -231,15 +231,14 @@ BEGIN
             RETURN v_prev || jsonb_build_object('repeat', true);
         END IF;
     ELSE
-        -- a batch of this partition is leased to the group: its cycle read the state and will
-        -- write it; a flush now could emit a window that cycle then emits again (two runners
-        -- of one query: one flushing, the other holding the partition). Deferred: nothing
-        -- applied, the rows stay, the next flush finds them.
-        -- NOTE(streams): nor may a flush land right after a leased cycle: it may have read the
-        -- state before that cycle wrote it (another runner's), and would delete the newer
-        -- window while emitting the older one. A flush commits only once the shard has been
-        -- quiet for STREAM_FLUSH_QUIET (2 s): longer than a flush takes from its read to its
-        -- commit, so the final windows of a quiet partition are emitted 2 s later, no more.
+        -- NOTE(streams): two runners of one query, one flushing a partition the other
+        -- holds. While a batch of it is leased to the group, the holder's cycle has read the
+        -- state and will write it: a flush now could emit a window that cycle emits again.
+        -- Right after a leased cycle committed, the flush may have read the state before that
+        -- cycle wrote it, and would delete the newer window while emitting the older one. So
+        -- a flush applies only when no lease is live and the shard's last leased cycle is 2 s
+        -- old (far longer than a flush's read-to-commit); else it is deferred: nothing
+        -- applied, the rows stay for the next flush.
         PERFORM 1 FROM queen.log_consumers c
         WHERE c.partition_id = p_partition_id AND c.consumer_group = p_group
           AND c.lease_id IS NOT NULL AND c.lease_expires_at > now();
