@@ -579,6 +579,33 @@ def _short_lease(db: psycopg.Connection, queue: str) -> None:
     db.execute("UPDATE queen.queues SET lease_time = 1 WHERE name = %s", (queue,))
 
 
+@dataclass
+class Calm:
+    """Two instances on a database of their own whose housekeeping never runs during the
+    tests: its lease reclaim would clear an expired lease between the expiry and the stale
+    ack these tests send (a race that failed 1 run in ~20)."""
+    dsn: str
+    broker: Broker
+    other: Broker
+    db: psycopg.Connection
+
+
+@pytest.fixture(scope="module")
+def calm(pg_server_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    dsn = make_migrated_database(pg_server_dsn)
+    started: list[Broker] = []
+    try:
+        for name in ("calm-a", "calm-b"):
+            started.append(start_broker(tmp_path_factory.mktemp(name), dsn,
+                                        QUEEN_HOUSEKEEPING_S="3600"))
+        with psycopg.connect(dsn, autocommit=True) as db:
+            yield Calm(dsn, started[0], started[1], db)
+    finally:
+        for b in started:
+            b.stop()
+        drop_database(pg_server_dsn, dsn)
+
+
 def _wait_expired(db: psycopg.Connection, queue: str, group: str) -> None:
     """Until PostgreSQL's now() is past the (still recorded) lease's expiry."""
     deadline = time.monotonic() + 10
@@ -606,7 +633,8 @@ def _done(answer: list[dict[str, Any]], n: int) -> None:
         == [(True, None, True, False)] * n, answer
 
 
-def test_expired_lease_nobody_repopped_the_stale_hit_is_refused(broker, db):
+def test_expired_lease_nobody_repopped_the_stale_hit_is_refused(calm):
+    broker, db = calm.broker, calm.db
     q, g = uq("ax"), "g"
     _push(broker.client, q, 3)
     _short_lease(db, q)
@@ -629,7 +657,8 @@ def test_expired_lease_nobody_repopped_the_stale_hit_is_refused(broker, db):
     assert consumer_row(db, q, g)[:2] == (3, None)
 
 
-def test_expired_lease_repopped_by_another_consumer_old_ack_is_refused(broker, db):
+def test_expired_lease_repopped_by_another_consumer_old_ack_is_refused(calm):
+    broker, db = calm.broker, calm.db
     q, g = uq("ar"), "g"
     _push(broker.client, q, 3)
     _short_lease(db, q)
@@ -649,12 +678,11 @@ def test_expired_lease_repopped_by_another_consumer_old_ack_is_refused(broker, d
     assert row[:3] == (3, None, uuid.UUID(new["leaseId"])), row
 
 
-def test_stale_registry_hit_of_a_lease_reassigned_by_another_instance(broker, db, db_dsn,
-                                                                      make_broker):
+def test_stale_registry_hit_of_a_lease_reassigned_by_another_instance(calm):
     """The exact stale hit of ack-internals: instance A's registry still holds lease 1 (it
     served the pop) while instance B re-leased the batch. A's fast path fires, PostgreSQL
     refuses the advance, the SQL fallback answers lease_invalid; B's holder then acks."""
-    other = make_broker(db_dsn)  # a second instance on the same database
+    broker, db, other = calm.broker, calm.db, calm.other  # two instances, one database
     q, g = uq("am"), "g"
     _push(broker.client, q, 3)
     _short_lease(db, q)

@@ -111,5 +111,5 @@ def test_the_package_tree_has_one_live_body_per_function():
     for migration in tree.migrations:
         assert not create.search(migration.sql), migration.filename
     assert [m.filename for m in tree.migrations] == ["001_baseline.sql", "002_ready_index.sql",
-                                                     "006_streams.sql"]
+                                                      "006_streams.sql", "007_cursors_cascade.sql"]
     assert len(tree.legacy) == 24

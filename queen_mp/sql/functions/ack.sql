@@ -29,11 +29,12 @@
 --     log_partitions row lock is ever held by the ack path, so an ack cannot form a cycle with
 --     the push serializer (which locks partition rows only).
 --   * NOTE(ack): one exception, first touch only: a lease-less log_ack_by_hash_v1 on a
---     (partition, group) that has no consumer row yet inserts it. The foreign key check of that
---     insert takes FOR KEY SHARE on the partition row anyway; we take that same lock explicitly
---     BEFORE inserting, so the order stays partition -> consumer (the global order). Taken after
---     the insert (by the FK trigger) it would be consumer -> partition, which can deadlock with
---     a transaction-wire ack that holds the partition row and inserts the same consumer row.
+--     (partition, group) that has no consumer row yet inserts it, after taking FOR KEY SHARE
+--     on the partition row: that keeps the partition from being deleted before the new row
+--     commits (cursor rows have no foreign key: schema/007_cursors_cascade.sql), and taken
+--     BEFORE inserting, the order stays partition -> consumer (the global order). Taken after
+--     the insert it would be consumer -> partition, which can deadlock with a
+--     transaction-wire ack that holds the partition row and inserts the same consumer row.
 --   * log_ack_multi_v1 locks its consumer rows one by one in ascending
 --     (partition_id, consumer_group COLLATE "C") order, the primary key order.
 --   A caller that runs several of these in one transaction must call them in that same order,

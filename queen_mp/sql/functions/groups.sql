@@ -431,16 +431,17 @@ BEGIN
             USING ERRCODE = '22023';
     END IF;
 
-    SELECT q.id INTO v_qid FROM queen.queues q WHERE q.tenant = p_tenant AND q.name = p_queue;
+    -- KEY SHARE of the queue row: its partitions (and so the cursor rows made below) cannot
+    -- be deleted before this commits (schema/007_cursors_cascade.sql).
+    SELECT q.id INTO v_qid FROM queen.queues q WHERE q.tenant = p_tenant AND q.name = p_queue
+    FOR KEY SHARE;
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
 
-    -- 1. Missing cursor rows, ascending partition id, before any existing row is locked: the
-    --    foreign key check of each insert takes FOR KEY SHARE on its log_partitions row, and
-    --    no consumer row of another transaction may be held while waiting for that. A new row
-    --    is invisible to others until commit, so only a concurrent insert of the same key (a
-    --    pop's, also ascending) can wait on it.
+    -- 1. Missing cursor rows, ascending partition id, before any existing row is locked. A
+    --    new row is invisible to others until commit, so only a concurrent insert of the same
+    --    key (a pop's, also ascending) can wait on it.
     INSERT INTO queen.log_consumers AS c (partition_id, consumer_group)
     SELECT lp.id, p_group
     FROM queen.log_partitions lp

@@ -33,7 +33,8 @@ CREATE OR REPLACE TRIGGER queues_fill_derived
     FOR EACH ROW EXECUTE FUNCTION queen.queues_fill_derived();
 
 -- ---------------------------------------------------------------------------------------------
--- Cascade log_partitions -> log_segments, log_txns by trigger instead of a FOREIGN KEY.
+-- Cascade log_partitions -> log_segments, log_txns, log_consumers by trigger instead of a
+-- FOREIGN KEY (cursor rows: schema/007_cursors_cascade.sql says why and who guarantees it).
 -- Why: a foreign key costs the hot path two RI checks per pushed segment (an SPI query each,
 -- plus a FOR KEY SHARE lock on the freshly updated allocator row, i.e. an extra WAL record):
 -- measured ~25% of the per-segment cost of log_push_one_v1. The referential guarantee holds by
@@ -48,6 +49,7 @@ LANGUAGE plpgsql AS $$
 BEGIN
     DELETE FROM queen.log_segments s USING gone g WHERE s.partition_id = g.id;
     DELETE FROM queen.log_txns t USING gone g WHERE t.partition_id = g.id;
+    DELETE FROM queen.log_consumers c USING gone g WHERE c.partition_id = g.id;
     RETURN NULL;
 END
 $$;
@@ -60,7 +62,7 @@ CREATE OR REPLACE TRIGGER log_partitions_cascade_delete
 CREATE OR REPLACE FUNCTION queen.log_partitions_cascade_truncate() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    TRUNCATE queen.log_segments, queen.log_txns;
+    TRUNCATE queen.log_segments, queen.log_txns, queen.log_consumers;
     RETURN NULL;
 END
 $$;

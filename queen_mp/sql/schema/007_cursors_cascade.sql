@@ -1,0 +1,15 @@
+-- 007_cursors_cascade.sql: cursor rows lose their foreign key to their partition; the delete
+-- trigger of log_partitions removes them instead, as it does segments and transaction ids.
+--
+-- Tables: queen.log_consumers (drops log_consumers_partition_id_fkey).
+--
+-- Why: a consumer group's first pop creates a cursor row on every partition of its queue
+-- (group_start_v1). The foreign key checked each row with its own query and FOR KEY SHARE
+-- lock of the partition row: at 5,000 partitions about a third of the insert (issue 26's
+-- "first group pop under 100 ms"). The reference holds by construction instead: every writer
+-- of a new cursor row holds a lock that a partition's deletion (only ever by its queue's
+-- deletion) conflicts with, taken before it reads the partition: the queue row (group_start_v1,
+-- the seek, the repair, a new partition's trigger) or the partition row FOR KEY SHARE (an ack's
+-- lease-less first touch). functions/triggers.sql deletes and truncates the rows with their
+-- partitions.
+ALTER TABLE queen.log_consumers DROP CONSTRAINT log_consumers_partition_id_fkey;
