@@ -21,6 +21,7 @@ from queen_mp.db import ack_procs, txn_procs
 from queen_mp.db.pooled import Pool, connection
 from queen_mp.front.delivery import Claim, unpack_messages
 from queen_mp.front.ingest import Ingest, pieces_of
+from queen_mp.models.items import ClientChunk, PushItem
 from queen_mp.models.timers import queues_to_provision
 from queen_mp.models.transactions import TxnPlan
 from queen_mp.wire.hashing import txn_hash
@@ -28,9 +29,29 @@ from queen_mp.wire.ids import uuid7, uuid_text
 from queen_mp.wire.records import blob_from_pieces
 from queen_mp.wire.times import iso_from_us
 
-__all__ = ["Transactions"]
+__all__ = ["Members", "Transactions", "segments_of"]
 
 _SNAPSHOT_ROUNDS = 3
+
+
+Members = list[tuple[tuple[str, str], list[int]]]
+
+
+def segments_of(pushes: list[PushItem], chunks: list[ClientChunk]
+                ) -> tuple[Members, txn_procs.Segments]:
+    """The pushes as one segment per (queue, partition), first-seen order: each group's item
+    indexes, and the segments as log_transaction_wire_v1 takes them (also the streams cycle's
+    sink pushes, queen_mp.front.streams)."""
+    groups: dict[tuple[str, str], list[int]] = {}
+    for i, it in enumerate(pushes):
+        groups.setdefault((it.queue, it.partition), []).append(i)
+    members = list(groups.items())
+    return members, txn_procs.Segments(
+        queues=[q for (q, _), _ in members], partitions=[p for (_, p), _ in members],
+        counts=[len(idx) for _, idx in members],
+        hashes=[b"".join(txn_hash(pushes[i].transaction_id) for i in idx)
+                for _, idx in members],
+        blobs=[blob_from_pieces(pieces_of(pushes, idx, chunks)) for _, idx in members])
 
 
 def _rollback(reason: str, error: str, failed: int | None, **extra: Any) -> dict[str, Any]:
@@ -54,17 +75,7 @@ class Transactions:
                                  "in this transaction", flat), set()
         if plan.pushes:
             await self.ingest.encrypt(plan.pushes, tenant, {it.queue for it in plan.pushes})
-        groups: dict[tuple[str, str], list[int]] = {}
-        for i, it in enumerate(plan.pushes):
-            groups.setdefault((it.queue, it.partition), []).append(i)
-        members = list(groups.items())
-        segments = txn_procs.Segments(
-            queues=[q for (q, _), _ in members], partitions=[p for (_, p), _ in members],
-            counts=[len(idx) for _, idx in members],
-            hashes=[b"".join(txn_hash(plan.pushes[i].transaction_id) for i in idx)
-                    for _, idx in members],
-            blobs=[blob_from_pieces(pieces_of(plan.pushes, idx, plan.chunks))
-                   for _, idx in members])
+        members, segments = segments_of(plan.pushes, plan.chunks)
         acks = [item for _, item in plan.acks]
         snapshots: list[dict[str, Any]] = []
         timer_queues = queues_to_provision(plan.timers)

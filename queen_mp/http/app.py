@@ -38,6 +38,7 @@ from queen_mp.http.openapi import OPENAPI_PATH, OpenApiResource
 from queen_mp.http.partitions import PartitionsChangedResource
 from queen_mp.http.pop import PopResource
 from queen_mp.http.push import PushResource
+from queen_mp.http.streams import CycleResource, QueriesResource, StateGetResource
 from queen_mp.http.system import (
     MaintenanceResource,
     PopMaintenanceResource,
@@ -195,6 +196,9 @@ def create_app(config: Config, runtime: Runtime, worker: FrontWorker | None = No
     app.add_route("/api/v1/system/spool", spool)
     app.add_route("/api/v1/status/buffers", spool)
     app.add_route("/api/v1/system/spool/drain", SpoolDrainResource(worker))
+    app.add_route("/streams/v1/queries", QueriesResource(worker))
+    app.add_route("/streams/v1/state/get", StateGetResource(worker))
+    app.add_route("/streams/v1/cycle", CycleResource(worker))
     app.add_sink(_not_found, prefix="/")
     app.hot = HotRoutes(app._router.find, app.req_options.strip_url_path_trailing_slash,
                         edge, authz, admission, push, pop, ack, ack_batch)

@@ -201,7 +201,9 @@ DOC_SEEDS: dict[str, list[Any]] = {name: [orjson.loads(b) for b in SEEDS[name]
                                           if b[:1] == b"{"]
                                    for name in ("json_push", "transaction", "kv_ops",
                                                 "timer_ops", "ack_body", "configure",
-                                                "lock_ops", "trace_body")}
+                                                "lock_ops", "trace_body",
+                                                "streams_register", "streams_state",
+                                                "streams_cycle")}
 # NOTE(fuzz): DOC_SEEDS keys name corpora of targets.SEEDS
 DOC_SEEDS["lease_body"] = [{}, {"seconds": 30}]
 DOC_SEEDS["groups_body"] = [orjson.loads(b) for b in SEEDS["groups_body"]]

@@ -4,7 +4,8 @@ Two kinds:
 
 - **parser targets** (``json_push``, ``qpb1_push``, ``transaction``, ``kv_ops``, ``timer_ops``,
   ``ack_body``, ``lease_body``, ``query_string``, ``gzip_body``, ``zstd_body``, ``lock_ops``,
-  ``trace_body``, ``fetch_body``, ``changed_body``): the bytes go
+  ``trace_body``, ``fetch_body``, ``changed_body``, ``streams_register``, ``streams_state``,
+  ``streams_cycle``): the bytes go
   to one parser, which may accept them or refuse with an ``ApiError`` / ``RequestError`` /
   ``WireError`` of a 4xx status. Anything else escaping (``UnicodeEncodeError``,
   ``RecursionError``, ``TypeError``...) is the bug the target exists to find: the broker would
@@ -67,6 +68,7 @@ from queen_mp.models.items import loads_json, parse_ack_item
 from queen_mp.models.kv import parse_kv_ops
 from queen_mp.models.locks import parse_lock_ops
 from queen_mp.models.reads import parse_changed, parse_fetch
+from queen_mp.models.streams import parse_cycle, parse_register, parse_state_get
 from queen_mp.models.timers import mint, parse_timer_ops
 from queen_mp.models.traces import parse_trace
 from queen_mp.models.transactions import parse_json, parse_qtb1
@@ -265,12 +267,29 @@ def zstd_body(data: bytes) -> None:
     _read_body(data, "zstd")
 
 
+def streams_register(data: bytes) -> None:
+    _refused(lambda: parse_register(data))
+
+
+def streams_state(data: bytes) -> None:
+    _refused(lambda: parse_state_get(data))
+
+
+def streams_cycle(data: bytes) -> None:
+    """A cycle body; an accepted one's state ops must be storable JSON text (jsonb)."""
+    req = _refused(lambda: parse_cycle(data))
+    if req is not None:
+        adapt(req.state_ops_json)
+
+
 PARSER_TARGETS: dict[str, Callable[[bytes], None]] = {
     "json_push": json_push, "qpb1_push": qpb1_push, "transaction": transaction,
     "kv_ops": kv_ops, "timer_ops": timer_ops, "ack_body": ack_body, "lease_body": lease_body,
     "query_string": query_string, "gzip_body": gzip_body, "zstd_body": zstd_body,
     "lock_ops": lock_ops, "trace_body": trace_body,
     "fetch_body": fetch_body, "changed_body": changed_body,
+    "streams_register": streams_register, "streams_state": streams_state,
+    "streams_cycle": streams_cycle,
 }
 
 
@@ -728,6 +747,24 @@ _ACK = [
     b'{"transactionId":"u","partitionId":"18","status":"dlq","leaseId":"x"}],'
     b'"consumerGroup":"g"}',
 ]
+_STREAMS_REGISTER = [
+    b'{"name":"fz.q","source_queue":"fz","sink_queue":"fz.out","config_hash":"ab12",'
+    b'"reset":false}',
+]
+_STREAMS_STATE = [
+    b'{"query_id":"0196f3a2-c000-7000-8000-000000000a0a","partition_id":"17","keys":["a"],'
+    b'"key_prefix":"tumb:1\\u001f","ripe_at_or_before":1717000000000}',
+]
+_STREAMS_CYCLE = [
+    b'{"query_id":"0196f3a2-c000-7000-8000-000000000a0a","partition_id":"17",'
+    b'"consumer_group":"streams.fz","state_ops":[{"type":"upsert","key":"k","value":{"acc":1,'
+    b'"windowEnd":1000}},{"type":"delete","key":"j"}],"push_items":[{"queue":"fz.out",'
+    b'"partition":"p","payload":{"count":2}}],"ack":{"transactionId":"t","leaseId":'
+    b'"0196f3a2-c000-7000-8000-000000000a0b","status":"completed","count":2},'
+    b'"release_lease":false}',
+    b'{"query_id":"0196f3a2-c000-7000-8000-000000000a0a","partition_id":17,"ack":null,'
+    b'"state_ops":[{"type":"delete","key":"w"}],"push_items":[]}',
+]
 _LEASE = [b"", b"{}", b'{"seconds":30}']
 _GROUPS = [b'{"toBeginning":true}', b'{"toEnd":true}', b'{"timestamp":"2026-05-16T08:41:27.123Z"}',
            b'{"subscriptionTimestamp":"2026-05-16T08:41:27.123Z","queue":"fz"}']
@@ -769,6 +806,9 @@ SEEDS: dict[str, list[bytes]] = {
     "timer_ops": _TIMERS,
     "ack_body": _ACK,
     "lease_body": _LEASE,
+    "streams_register": _STREAMS_REGISTER,
+    "streams_state": _STREAMS_STATE,
+    "streams_cycle": _STREAMS_CYCLE,
     "groups_body": _GROUPS,
     "system_body": _SYSTEM,
     "configure": _CONFIGURE,
@@ -790,6 +830,9 @@ BODY_ROUTES: list[tuple[str, str, str]] = [
     ("POST", "/api/v1/consumer-groups/g/subscription", "groups_body"),
     ("POST", "/api/v1/locks", "lock_ops"), ("POST", "/api/v1/traces", "trace_body"),
     ("POST", "/api/v1/fetch", "fetch_body"), ("POST", "/api/v1/partitions/changed", "changed_body"),
+    ("POST", "/streams/v1/queries", "streams_register"),
+    ("POST", "/streams/v1/state/get", "streams_state"),
+    ("POST", "/streams/v1/cycle", "streams_cycle"),
 ]
 # in-process only: on a real broker these would switch maintenance on (and spool pushes)
 SYSTEM_ROUTES: list[tuple[str, str, str]] = [

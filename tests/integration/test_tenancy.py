@@ -517,3 +517,61 @@ def test_offset_reads_and_partition_discovery_are_per_tenant(tb, two):
     for path in ("/api/v1/fetch", "/api/v1/partitions/changed"):
         assert c.post(path, headers=a.ro, json={"entries": []}).status_code == 403
         assert c.post(path, json={"entries": []}).status_code == 401
+
+
+# ---------------------------------------------------------------------------------- streams
+def test_streams_are_per_tenant(tb, two, db):
+    """A query name, its id, its state and the partitions a cycle names are the caller's
+    tenant's; another tenant's answer as unknown ones (404), a read-only token is 403, and
+    the published client's Stream DSL runs with a token."""
+    import asyncio
+
+    from queen import Queen, Stream
+
+    a, b = two
+    c, src, sink, name = tb.client, uq("tenstream"), uq("tenstream-out"), uq("tq")
+    reg = {"name": name, "source_queue": src, "config_hash": "h-a"}
+    qa = c.post("/streams/v1/queries", headers=a.rw, json=reg).json()
+    qb = c.post("/streams/v1/queries", headers=b.rw, json={**reg, "config_hash": "h-b"})
+    assert qb.status_code == 200 and qb.json()["fresh"] is True  # not a's name: no conflict
+    assert qb.json()["query_id"] != qa["query_id"]
+    for path in ("/streams/v1/queries", "/streams/v1/state/get", "/streams/v1/cycle"):
+        r = c.post(path, headers=a.ro, json={})
+        assert r.status_code == 403 and r.json()["code"] == "forbidden", (path, r.text)
+
+    push(c, a, src, [{"n": 1}])
+    m = pop(c, a, src, group="g")["messages"][0]
+    pid = m["partitionId"]
+    r = c.post("/streams/v1/state/get", headers=b.rw,
+               json={"query_id": qa["query_id"], "partition_id": pid})
+    assert r.status_code == 404
+    r = c.post("/streams/v1/cycle", headers=b.rw, json={
+        "query_id": qa["query_id"], "partition_id": pid, "consumer_group": "g",
+        "state_ops": [{"type": "upsert", "key": "k", "value": 1}],
+        "ack": {"transactionId": m["transactionId"], "leaseId": m["leaseId"]}})
+    assert r.status_code == 404 and r.json()["reason"] == "unknown_query"
+    # b's own query cannot name a's partition either
+    r = c.post("/streams/v1/cycle", headers=b.rw, json={
+        "query_id": qb.json()["query_id"], "partition_id": pid, "consumer_group": "g",
+        "state_ops": [{"type": "upsert", "key": "k", "value": 1}]})
+    assert r.status_code == 404 and r.json()["reason"] == "unknown_partition"
+    assert db.execute("SELECT count(*) FROM queen.stream_state WHERE query_id IN (%s, %s)",
+                      (qa["query_id"], qb.json()["query_id"])).fetchone() == (0,)
+
+    tok = a.rw["Authorization"].split(" ", 1)[1]
+
+    async def go() -> None:
+        async with Queen(tb.url, bearer_token=tok) as q:
+            runner = await (Stream.from_(q.queue(src)).map(lambda m: m["data"])
+                            .to(q.queue(sink))
+                            .run(query_id=uq("tq-dsl"), url=tb.url, bearer_token=tok,
+                                 max_wait_millis=100))
+            try:
+                deadline = time.monotonic() + 20
+                while pop(c, a, sink, group="check") is None:
+                    assert time.monotonic() < deadline, runner.metrics()
+                    await asyncio.sleep(0.05)
+            finally:
+                await runner.stop()
+    asyncio.run(go())
+    assert queue_tenants(db, sink) == {a.uuid}
