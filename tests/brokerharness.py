@@ -104,6 +104,22 @@ class Broker:
                 f"front worker {pid} ready" in self.log() for pid in pids):
             time.sleep(0.1)
 
+    def wait_all_started(self, timeout: float = 10.0) -> None:
+        """Until every front worker and shard the settings ask for runs and every worker
+        logged that it is ready: /health answers once ONE worker serves, while the arbiter may
+        not have forked the next one yet (a test counting processes then saw one worker)."""
+        workers = int(self.env.get("QUEEN_WORKERS", "2"))
+        shards = int(self.env.get("QUEEN_V2_FUSION_SHARDS", "1"))
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            pids = self.front_worker_pids()
+            if len(pids) == workers and len(self.shard_pids()) == shards:
+                self.wait_workers_ready(pids, max(0.0, deadline - time.monotonic()))
+                return
+            time.sleep(0.05)
+        print(f"wait_all_started: gave up: workers {self.front_worker_pids()} shards "
+              f"{self.shard_pids()} (want {workers}, {shards})", file=sys.stderr)
+
     def wait_healthy(self, timeout: float = 60.0) -> dict:
         deadline = time.monotonic() + timeout
         last = None
@@ -157,6 +173,7 @@ def start_broker(tmp: Path, dsn: str | None, *, command: list[str] | None = None
     broker = Broker(f"http://127.0.0.1:{port}", proc, data, log_path, env)
     try:
         broker.wait_healthy()
+        broker.wait_all_started()
     except BaseException:
         broker.stop()
         raise
