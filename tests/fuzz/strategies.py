@@ -200,7 +200,8 @@ def hostile_doc(draw: Any, seed: Any) -> bytes:
 DOC_SEEDS: dict[str, list[Any]] = {name: [orjson.loads(b) for b in SEEDS[name]
                                           if b[:1] == b"{"]
                                    for name in ("json_push", "transaction", "kv_ops",
-                                                "timer_ops", "ack_body", "configure")}
+                                                "timer_ops", "ack_body", "configure",
+                                                "eph_push", "eph_ack", "eph_configure")}
 # NOTE(fuzz): DOC_SEEDS keys name corpora of targets.SEEDS
 DOC_SEEDS["lease_body"] = [{}, {"seconds": 30}]
 DOC_SEEDS["groups_body"] = [orjson.loads(b) for b in SEEDS["groups_body"]]
