@@ -91,11 +91,15 @@ async def pop(conn: Conn, tenant: bytes, queue: str, partition: str | None, grou
 
 
 async def ack(conn: Conn, tenant: bytes, queue: str, group: str, ids: tuple[str, ...],
-              statuses: tuple[str, ...]) -> AckOutcome:
-    row = await _one(conn, "SELECT queen.eph_ack_v1(%s, %s, %s, %s, %s)::text",
-                     (_tenant(tenant), queue, group, list(ids), list(statuses)), writes=True)
-    doc = orjson.loads(row[0])
-    return AckOutcome(doc["results"], int(doc["redelivered"]))
+              statuses: tuple[str, ...], epochs: list[str | None], seqs: list[int | None],
+              attempts: list[int | None]) -> AckOutcome:
+    """``ids`` parsed by ``models.ephemeral.parse_id`` into ``epochs``, ``seqs``, ``attempts``."""
+    row = await _one(conn, "SELECT outcomes, redelivered "
+                           "FROM queen.eph_ack_v1(%s, %s, %s, %s, %s, %s, %s)",
+                     (_tenant(tenant), queue, group, epochs, seqs, attempts, list(statuses)),
+                     writes=True)
+    return AckOutcome([{"id": i, "outcome": o} for i, o in zip(ids, row[0], strict=True)],
+                      int(row[1]))
 
 
 async def reset(conn: Conn, tenant: bytes, queue: str) -> int:

@@ -18,23 +18,13 @@ import orjson
 from queen_mp.auth import Verifier
 from queen_mp.config import Config
 from queen_mp.front.worker import FrontWorker
-from queen_mp.http import errors, groups, resources
+from queen_mp.http import ephemeral, errors, groups, resources
 from queen_mp.http.ack import AckBatchResource, AckResource
 from queen_mp.http.admission import Admission
 from queen_mp.http.authz import Authz
 from queen_mp.http.configure import ConfigureResource
 from queen_mp.http.dlq import DlqResource, RetryResource
 from queen_mp.http.edge import EdgeMiddleware
-from queen_mp.http.ephemeral import (
-    EphAckResource,
-    EphConfigureResource,
-    EphDepthResource,
-    EphPopResource,
-    EphPushResource,
-    EphQueueResource,
-    EphQueuesResource,
-    EphResetResource,
-)
 from queen_mp.http.errors import JSON_UTF8
 from queen_mp.http.health import HealthResource
 from queen_mp.http.hot import HotRoutes
@@ -157,14 +147,7 @@ def create_app(config: Config, runtime: Runtime, worker: FrontWorker | None = No
     app.add_route("/api/v1/timers/{queue}", TimerQueueResource(worker))
     # NOTE(timers): the key is the rest of the path, so it keeps its '/'
     app.add_route("/api/v1/timers/{queue}/{timer_key:path}", TimerResource(worker))
-    app.add_route("/api/v1/ephemeral/configure", EphConfigureResource(worker))
-    app.add_route("/api/v1/ephemeral/reset", EphResetResource(worker))
-    app.add_route("/api/v1/ephemeral/queue/{queue}", EphQueueResource(worker))
-    app.add_route("/api/v1/ephemeral/push", EphPushResource(worker))
-    app.add_route("/api/v1/ephemeral/pop", EphPopResource(worker))
-    app.add_route("/api/v1/ephemeral/ack", EphAckResource(worker))
-    app.add_route("/api/v1/ephemeral/queues", EphQueuesResource(worker))
-    app.add_route("/api/v1/ephemeral/queues/{queue}/depth", EphDepthResource(worker))
+    ephemeral.add_routes(app, worker)  # /api/v1/ephemeral/*
     app.add_route("/api/v1/dlq", DlqResource(worker))
     # NOTE(dlq): plain {transaction_id}: a path converter cannot be followed by /retry, and
     # the two templates must agree at that level (so a transactionId with '/' is unroutable).

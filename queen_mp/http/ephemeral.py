@@ -42,7 +42,7 @@ from queen_mp.wire.binary_push import check_queue_name
 
 __all__ = ["EphAckResource", "EphConfigureResource", "EphDepthResource", "EphPopResource",
            "EphPushResource", "EphQueueResource", "EphQueuesResource", "EphResetResource",
-           "QueueFull", "QueueNotFound"]
+           "QueueFull", "QueueNotFound", "add_routes"]
 
 
 class QueueNotFound(ApiError):
@@ -74,9 +74,37 @@ async def _json(req: falcon.asgi.Request, worker: FrontWorker) -> Any:
         raise InvalidRequest(f"malformed JSON body: {ex}") from None
 
 
-class _Resource:
+class _Shared:
+    """What the resources of one app share: the worker and its one ``EphemeralPopper``."""
+
     def __init__(self, worker: FrontWorker) -> None:
         self.worker = worker
+        self._service: EphemeralPopper | None = None
+
+    def service(self) -> EphemeralPopper:
+        if self._service is None:  # the worker's parking lot exists once it started
+            self._service = EphemeralPopper(self.worker.pool, self.worker.popper.lot,
+                                            self.worker.config.max_parked_pops)
+        return self._service
+
+
+def add_routes(app: falcon.asgi.App, worker: FrontWorker) -> None:
+    """Registers every ``/api/v1/ephemeral/*`` route on ``app``."""
+    shared = _Shared(worker)
+    app.add_route("/api/v1/ephemeral/configure", EphConfigureResource(shared))
+    app.add_route("/api/v1/ephemeral/reset", EphResetResource(shared))
+    app.add_route("/api/v1/ephemeral/queue/{queue}", EphQueueResource(shared))
+    app.add_route("/api/v1/ephemeral/push", EphPushResource(shared))
+    app.add_route("/api/v1/ephemeral/pop", EphPopResource(shared))
+    app.add_route("/api/v1/ephemeral/ack", EphAckResource(shared))
+    app.add_route("/api/v1/ephemeral/queues", EphQueuesResource(shared))
+    app.add_route("/api/v1/ephemeral/queues/{queue}/depth", EphDepthResource(shared))
+
+
+class _Resource:
+    def __init__(self, shared: _Shared) -> None:
+        self.worker = shared.worker
+        self.service = shared.service
 
     def wake(self, tenant: bytes, queue: str) -> None:
         """Wake pops parked on ``queue``: here at once, elsewhere through the board."""
@@ -127,8 +155,9 @@ class EphPushResource(_Resource):
         push = model.parse_push(await _json(req, self.worker))
         tenant = tenant_of(req)
         try:
-            pushed = await call_db(self.worker.pool, lambda conn: ephemeral_procs.push(
-                conn, tenant, push.queue, push.partition, push.payloads))
+            async with self.service().gate(tenant, push.queue):
+                pushed = await call_db(self.worker.pool, lambda conn: ephemeral_procs.push(
+                    conn, tenant, push.queue, push.partition, push.payloads))
         except ephemeral_procs.QueueFull as ex:
             raise QueueFull(f"the ephemeral queue is full: {ex}", queue=push.queue) from None
         if pushed:
@@ -138,16 +167,6 @@ class EphPushResource(_Resource):
 
 class EphPopResource(_Resource):
     """``GET /api/v1/ephemeral/pop``."""
-
-    def __init__(self, worker: FrontWorker) -> None:
-        super().__init__(worker)
-        self._popper: EphemeralPopper | None = None
-
-    def popper(self) -> EphemeralPopper:
-        if self._popper is None:  # the worker's parking lot exists once it started
-            self._popper = EphemeralPopper(self.worker.pool, self.worker.popper.lot,
-                                           self.worker.config.max_parked_pops)
-        return self._popper
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         q = Query(req.query_string)
@@ -160,7 +179,7 @@ class EphPopResource(_Resource):
             q.flag("autoAck", False))
         tenant = tenant_of(req)
         try:
-            popped = await self.popper().pop(tenant, request)
+            popped = await self.service().pop(tenant, request)
         except TooManyParked as ex:
             raise Overloaded(str(ex), headers={"Retry-After": "1"}) from None
         except DatabaseError as ex:
@@ -179,8 +198,11 @@ class EphAckResource(_Resource):
         if not ack.ids:
             _answer(resp, falcon.HTTP_200, {"results": []})
             return
-        out = await call_db(self.worker.pool, lambda conn: ephemeral_procs.ack(
-            conn, tenant, ack.queue, ack.group, ack.ids, ack.statuses))
+        epochs, seqs, attempts = ack.parsed()
+        async with self.service().gate(tenant, ack.queue):
+            out = await call_db(self.worker.pool, lambda conn: ephemeral_procs.ack(
+                conn, tenant, ack.queue, ack.group, ack.ids, ack.statuses, epochs, seqs,
+                attempts))
         if out.redelivered:
             self.wake(tenant, ack.queue)
         _answer(resp, falcon.HTTP_200, {"results": out.results})

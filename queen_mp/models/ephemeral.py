@@ -37,6 +37,7 @@ __all__ = [
     "Window",
     "parse_ack",
     "parse_configure",
+    "parse_id",
     "parse_options",
     "parse_push",
     "parse_queue_body",
@@ -130,6 +131,22 @@ class Ack:
     group: str
     ids: tuple[str, ...]
     statuses: tuple[str, ...]  # one of ACK_STATUSES per id
+
+    def parsed(self) -> tuple[list[str | None], list[int | None], list[int | None]]:
+        """The ids' epochs, seqs and attempts (``parse_id``), None where not a message id."""
+        parts = [parse_id(i) for i in self.ids]
+        return ([p[0] if p else None for p in parts], [p[1] if p else None for p in parts],
+                [p[2] if p else None for p in parts])
+
+
+_ID = re.compile(r"([0-9a-f]{16})-([0-9]{1,18})-([0-9]{1,9})")
+
+
+def parse_id(message_id: str) -> tuple[str, int, int] | None:
+    """A message id ``<epoch>-<seq>-<attempts>`` as minted by ``queen.eph_pop_v1`` (the queue's
+    incarnation, the message, its delivery), or None when it is not one."""
+    m = _ID.fullmatch(message_id)
+    return (m[1], int(m[2]), int(m[3])) if m else None
 
 
 def _object(doc: Any, what: str) -> dict[str, Any]:

@@ -26,7 +26,8 @@
 --   queen.eph_push_v1(uuid, text, text, text[]) -> int4   append; QE001 when full (policy reject)
 --   queen.eph_pop_v1(uuid, text, text, text, int4, boolean)
 --       -> (messages text, claimed int4, wake_in_ms int8)
---   queen.eph_ack_v1(uuid, text, text, text[], text[]) -> jsonb
+--   queen.eph_ack_v1(uuid, text, text, text[], int8[], int4[], text[])
+--       -> (outcomes text[], redelivered int4)
 --   queen.eph_reset_v1(uuid, text) -> int8                dropped messages
 --   queen.eph_delete_v1(uuid, text) -> jsonb              {deleted, declared}
 --   queen.eph_list_v1(uuid, int4) -> jsonb                {queues, count, truncated}
@@ -132,13 +133,18 @@ AS $$
 DECLARE
     v_n int8;
     v_bytes int8;
+    v_lo int8;
+    v_hi int8;
 BEGIN
     IF p_seqs IS NULL OR cardinality(p_seqs) = 0 THEN
         RETURN;
     END IF;
+    SELECT min(x), max(x) INTO v_lo, v_hi FROM unnest(p_seqs) AS u(x);
+    -- the seq range makes the primary key the access path whatever the statistics say
     WITH d AS (
         DELETE FROM queen.eph_messages m
-         WHERE m.tenant = p_tenant AND m.queue = p_queue AND m.seq = ANY (p_seqs)
+         WHERE m.tenant = p_tenant AND m.queue = p_queue
+           AND m.seq BETWEEN v_lo AND v_hi AND m.seq = ANY (p_seqs)
            AND NOT EXISTS (SELECT 1 FROM queen.eph_leases l
                             WHERE l.tenant = p_tenant AND l.queue = p_queue AND l.seq = m.seq)
            AND NOT EXISTS (SELECT 1 FROM queen.eph_groups g
@@ -280,7 +286,7 @@ BEGIN
     -- 1. expired leases: redeliver, or drop after retryLimit redeliveries
     FOR r IN SELECT l.seq, l.partition, l.attempts FROM queen.eph_leases l
               WHERE l.tenant = p_tenant AND l.queue = p_queue AND l.grp = p_group
-                AND l.lease_until <= clock_timestamp()
+                AND l.lease_until <= now()  -- stable: an index condition of the due index
                 AND (p_partition IS NULL OR l.partition = p_partition)
               ORDER BY l.seq LIMIT p_batch LOOP
         IF r.attempts > v_retry THEN
@@ -351,16 +357,18 @@ BEGIN
         END LOOP;
     END IF;
 
-    -- compact JSON, built as text: the stored payload text goes out as it is
+    -- compact JSON, built as text: the stored payload text goes out as it is. One primary
+    -- key lookup per message: the tables are often younger than their statistics, and a
+    -- join here was planned as a scan of the whole queue.
     SELECT '[' || coalesce(string_agg(
                '{"id":"' || v_q.epoch || '-' || s.seq || '-' || s.att
                || '","partition":' || to_json(s.part)::text
-               || ',"attempts":' || s.att || ',"payload":' || m.payload || '}',
+               || ',"attempts":' || s.att || ',"payload":'
+               || (SELECT m.payload FROM queen.eph_messages m
+                    WHERE m.tenant = p_tenant AND m.queue = p_queue AND m.seq = s.seq) || '}',
                ',' ORDER BY s.ord), '') || ']'
       INTO messages
-      FROM unnest(v_seqs, v_parts, v_atts) WITH ORDINALITY AS s(seq, part, att, ord)
-      JOIN queen.eph_messages m
-        ON m.tenant = p_tenant AND m.queue = p_queue AND m.seq = s.seq;
+      FROM unnest(v_seqs, v_parts, v_atts) WITH ORDINALITY AS s(seq, part, att, ord);
     PERFORM queen.eph_settle_v1(p_tenant, p_queue, v_settle);
     claimed := cardinality(v_seqs);
     IF claimed = 0 THEN
@@ -374,69 +382,82 @@ BEGIN
 END;
 $$;
 
--- One outcome per id, in order: acked | redelivered | stale | unknown (api.md). A 'failed' or
--- 'retry' status makes the message claimable again at once, or drops it (counted) when it
--- was already delivered 1 + retryLimit times: that settles it, and answers 'acked'.
--- redelivered counts the 'redelivered' outcomes (the caller wakes parked pops).
+-- One outcome per id, in order: acked | redelivered | stale | unknown (api.md). The ids come
+-- parsed (queen_mp/models/ephemeral.py parse_id): p_epochs, p_seqs, p_atts, NULL for an id that
+-- is not one of ours. A 'failed' or 'retry' status makes the message claimable again at once,
+-- or drops it (counted) when it was already delivered 1 + retryLimit times: that settles it,
+-- and answers 'acked'. An id given twice in one call is answered for its first occurrence;
+-- the others are 'unknown'. redelivered counts the 'redelivered' outcomes (the caller wakes
+-- parked pops). Set-based: one DELETE and one UPDATE of the leases, whatever the count.
 CREATE OR REPLACE FUNCTION queen.eph_ack_v1(p_tenant uuid, p_queue text, p_group text,
-                                            p_ids text[], p_statuses text[])
-RETURNS jsonb
+                                            p_epochs text[], p_seqs int8[], p_atts int4[],
+                                            p_statuses text[],
+                                            OUT outcomes text[], OUT redelivered int4)
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 AS $$
 DECLARE
     v_q queen.eph_queues;
     v_retry int4;
-    v_out jsonb := '[]'::jsonb;
+    v_i int8[];
+    v_seq int8[];
+    v_att int4[];
+    v_st text[];
+    v_lo int8;
+    v_hi int8;
+    v_acked int8[] := '{}';
     v_settle int8[] := '{}';
-    v_redelivered int4 := 0;
+    v_red int8[] := '{}';
     v_dropped int8 := 0;
-    v_m text[];
-    v_outcome text;
-    v_seq int8;
-    v_att int4;
-    i int4;
 BEGIN
     SELECT * INTO v_q FROM queen.eph_queues
      WHERE tenant = p_tenant AND queue = p_queue FOR UPDATE;
     v_retry := (queen.eph_options_v1(p_tenant, p_queue) ->> 'retryLimit')::int4;
-    FOR i IN 1 .. coalesce(cardinality(p_ids), 0) LOOP
-        v_m := regexp_match(p_ids[i], '^([0-9a-f]{16})-([0-9]{1,18})-([0-9]{1,9})$');
-        IF v_m IS NULL THEN
-            v_outcome := 'unknown';
-        ELSIF v_q.epoch IS NULL OR v_m[1] <> v_q.epoch THEN
-            v_outcome := 'stale';
-        ELSE
-            v_seq := v_m[2]::int8;
-            SELECT l.attempts INTO v_att FROM queen.eph_leases l
+    -- the ids of this incarnation, first occurrence of each message
+    SELECT array_agg(x.i), array_agg(x.seq), array_agg(x.att), array_agg(x.st),
+           min(x.seq), max(x.seq)
+      INTO v_i, v_seq, v_att, v_st, v_lo, v_hi
+      FROM (SELECT DISTINCT ON (u.seq) u.i, u.seq, u.att, u.st
+              FROM unnest(p_epochs, p_seqs, p_atts, p_statuses)
+                   WITH ORDINALITY AS u(ep, seq, att, st, i)
+             WHERE u.ep = v_q.epoch AND u.seq IS NOT NULL AND u.att IS NOT NULL
+             ORDER BY u.seq, u.i) AS x;
+    IF v_i IS NOT NULL THEN
+        -- the seq range keeps the primary key the access path whatever the statistics say
+        WITH d AS (
+            DELETE FROM queen.eph_leases l
+             USING unnest(v_i, v_seq, v_att, v_st) AS p(i, seq, att, st)
              WHERE l.tenant = p_tenant AND l.queue = p_queue AND l.grp = p_group
-               AND l.seq = v_seq;
-            IF NOT FOUND OR v_att <> v_m[3]::int4 THEN
-                v_outcome := 'unknown';
-            ELSIF p_statuses[i] = 'completed' OR v_att > v_retry THEN
-                DELETE FROM queen.eph_leases l
-                 WHERE l.tenant = p_tenant AND l.queue = p_queue AND l.grp = p_group
-                   AND l.seq = v_seq;
-                v_settle := v_settle || v_seq;
-                IF p_statuses[i] <> 'completed' THEN
-                    v_dropped := v_dropped + 1;
-                END IF;
-                v_outcome := 'acked';
-            ELSE
-                UPDATE queen.eph_leases l SET lease_until = '-infinity'
-                 WHERE l.tenant = p_tenant AND l.queue = p_queue AND l.grp = p_group
-                   AND l.seq = v_seq;
-                v_redelivered := v_redelivered + 1;
-                v_outcome := 'redelivered';
-            END IF;
-        END IF;
-        v_out := v_out || jsonb_build_object('id', p_ids[i], 'outcome', v_outcome);
-    END LOOP;
+               AND l.seq BETWEEN v_lo AND v_hi AND l.seq = p.seq AND l.attempts = p.att
+               AND (p.st = 'completed' OR l.attempts > v_retry)
+            RETURNING p.i, p.seq, p.st)
+        SELECT coalesce(array_agg(d.i), '{}'), coalesce(array_agg(d.seq), '{}'),
+               count(*) FILTER (WHERE d.st <> 'completed')
+          INTO v_acked, v_settle, v_dropped
+          FROM d;
+        WITH r AS (
+            UPDATE queen.eph_leases l SET lease_until = '-infinity'
+              FROM unnest(v_i, v_seq, v_att, v_st) AS p(i, seq, att, st)
+             WHERE l.tenant = p_tenant AND l.queue = p_queue AND l.grp = p_group
+               AND l.seq BETWEEN v_lo AND v_hi AND l.seq = p.seq AND l.attempts = p.att
+               AND p.st <> 'completed' AND l.attempts <= v_retry
+            RETURNING p.i)
+        SELECT coalesce(array_agg(r.i), '{}') INTO v_red FROM r;
+    END IF;
+    SELECT coalesce(array_agg(
+               CASE WHEN a.i IS NOT NULL THEN 'acked'
+                    WHEN d.i IS NOT NULL THEN 'redelivered'
+                    WHEN u.ep IS NOT NULL AND u.ep IS DISTINCT FROM v_q.epoch THEN 'stale'
+                    ELSE 'unknown' END ORDER BY u.i), '{}')
+      INTO outcomes
+      FROM unnest(p_epochs) WITH ORDINALITY AS u(ep, i)
+      LEFT JOIN unnest(v_acked) AS a(i) ON a.i = u.i
+      LEFT JOIN unnest(v_red) AS d(i) ON d.i = u.i;
     IF v_dropped > 0 THEN
         UPDATE queen.eph_queues SET drops_retry = drops_retry + v_dropped
          WHERE tenant = p_tenant AND queue = p_queue;
     END IF;
     PERFORM queen.eph_settle_v1(p_tenant, p_queue, v_settle);
-    RETURN jsonb_build_object('results', v_out, 'redelivered', v_redelivered);
+    redelivered := cardinality(v_red);
 END;
 $$;
 
