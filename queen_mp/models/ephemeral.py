@@ -13,9 +13,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
-from queen_mp.models.errors import InvalidRequest
+from queen_mp.models.errors import InvalidRequest, RequestError
+from queen_mp.models.items import dumps_json
 from queen_mp.wire.binary_push import check_name, check_partition_name, check_queue_name
 
 __all__ = [
@@ -255,7 +254,11 @@ def parse_push(doc: Any) -> Push:
             extra = sorted(k for k in message if k != "payload")
             raise InvalidRequest(f"message {i}: unknown field(s) {', '.join(extra)} (an "
                                  "ephemeral message is {payload})", field="messages", index=i)
-        payloads.append(orjson.dumps(message["payload"]).decode())
+        try:
+            payloads.append(dumps_json(message["payload"]).decode())
+        except RequestError as ex:  # nested deeper than a JSON writer can go
+            raise InvalidRequest(f"message {i}: {ex.message}", field="messages",
+                                 index=i) from None
     return Push(queue, partition, tuple(payloads))
 
 

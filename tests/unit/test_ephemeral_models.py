@@ -37,6 +37,14 @@ def test_push_keeps_payloads_as_json_text_and_defaults_the_partition():
         m.parse_push({"queue": "q", "messages": [{"payload": 1}] * (m.MAX_MESSAGES + 1)})
     with pytest.raises((RequestError, WireError)):
         m.parse_push({"queue": "a/b", "messages": []})
+    deep: list = []
+    for _ in range(600):  # beyond orjson's writer, within the stdlib's: stored
+        deep = [deep]
+    assert len(m.parse_push({"queue": "q", "messages": [{"payload": deep}]}).payloads[0]) == 1202
+    for _ in range(2000):  # beyond both: a 400, never a 500 (found by tests/fuzz)
+        deep = [deep]
+    with pytest.raises(InvalidRequest, match="nested too deeply"):
+        m.parse_push({"queue": "q", "messages": [{"payload": deep}]})
 
 
 def test_pop_parameters():
