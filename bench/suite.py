@@ -31,9 +31,11 @@ pre-filled with 40,000 messages over 100 partitions drained by 4 consumer groups
 each at once; msgs/s = deliveries of all groups / time until the last group acked them all;
 naive and pgmq have no consumer groups, and a copy of the queue per group would be another
 design, not the same workload), ``e2e`` (latency at 1,000 msg/s), ``wake`` (1,000 parked
-pops), ``partitions`` (bench/partitions.py: a pop's cost against its queue's partition
-count). Every cell alternates the arms (A B C D, A B C D, ...) and every figure is the median
-of the rounds; queen-mp's figures are also given as ratios to each other arm of the same run.
+pops), ``ephemeral`` (bench/ephemeral.py: push and pop/ack msgs/s of ephemeral queues
+beside durable ones on one broker), ``partitions`` (bench/partitions.py: a pop's cost against
+its queue's partition count). Every cell alternates the arms (A B C D, A B C D, ...) and
+every figure is the median of the rounds; queen-mp's figures are also given as ratios to each
+other arm of the same run.
 The queen-mp messages of ``push``, ``mixed`` and ``fanout`` go through the zero-loss ledger
 (bench/ledger.py): any loss fails the run.
 """
@@ -58,8 +60,8 @@ from typing import Any
 import psycopg
 
 from bench import consume as cons
+from bench import ephemeral, partitions, report
 from bench import ledger as ledgers
-from bench import partitions, report
 from bench.loadgen import LoadRun, LoadSpec, payload, percentiles
 from bench.peers import (
     CODE,
@@ -109,7 +111,7 @@ PUSH_ARMS = ("queen-mp", "naive", "queen-mp-qpb1", "pgmq", "physical", "edge", *
 PG_ARMS = ("queen-mp", "queen-mp-qpb1", "naive", "pgmq", "physical")
 HTTP_SERVER = {"queen-mp": "queen-mp", "queen-mp-qpb1": "queen-mp", "naive": "baseline",
                "edge": "edge"}
-SECTIONS = ("push", "consume", "mixed", "fanout", "e2e", "wake", "partitions")
+SECTIONS = ("push", "consume", "mixed", "fanout", "e2e", "wake", "partitions", "ephemeral")
 STATS_LAG_S = 11.0  # idle backends publish pg_stat_database counters up to 10 s late
 
 
@@ -1183,7 +1185,27 @@ class Suite(cons.Bench):
             await self.run_wake_cell()
         if "partitions" in a.sections and "queen-mp" in a.arms:
             await asyncio.to_thread(self.run_partitions)
+        if "ephemeral" in a.sections and "queen-mp" in a.arms:
+            await asyncio.to_thread(self.run_ephemeral)
         print(f"[{self.clock()}] done", flush=True)
+
+    # -------------------------------------------------------------- ephemeral
+    def run_ephemeral(self) -> None:
+        """bench/ephemeral.py on a broker and a database of its own: push and pop/ack msgs/s
+        of ephemeral queues beside durable ones, in the same run (issue 27 item 4). Rows of
+        section ``ephemeral``, arms ``queen-mp`` (durable) and ``queen-mp-ephemeral``."""
+        a = self.args
+        print(f"[{self.clock()}] ephemeral: push and pop/ack, durable and ephemeral queues",
+              flush=True)
+        cells = ephemeral.run(ephemeral.parse_args(
+            ["--server-dsn", a.server_dsn, *(["--quick"] if a.quick else [])]))
+        for c in cells:
+            self.record({"section": "ephemeral", "variant": f"{c.op}, batch {c.batch}",
+                         "arm": "queen-mp" if c.kind == "durable" else "queen-mp-ephemeral",
+                         "round": 1, "msgs": c.msgs, "msgs_per_s": c.msgs_per_s,
+                         "p50_ms": c.p50_ms, "p99_ms": c.p99_ms,
+                         "wal_bytes_per_msg": c.wal_bytes_per_msg, "errors": c.errors})
+        print(ephemeral.render(cells), flush=True)
 
     # -------------------------------------------------------------- partitions
     def run_partitions(self) -> None:

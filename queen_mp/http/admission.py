@@ -1,7 +1,8 @@
 """Admission of write requests (docs/api.md 1.8): a per-worker byte budget, 429 and 507 at the edge.
 
-``POST /api/v1/push``, ``/transaction``, ``/kv`` and ``/timers`` take permits worth their
-``Content-Length`` from the front worker's budget (``QUEEN_ADMIT_MAX_MB``) in ``process_request``,
+``POST /api/v1/push``, ``/transaction``, ``/kv``, ``/timers`` and ``/ephemeral/push`` take permits
+worth their ``Content-Length`` from the front worker's budget (``QUEEN_ADMIT_MAX_MB``) in
+``process_request``,
 before the responder reads a byte of the body, and give them back in ``process_response``.
 Falcon calls ``process_response`` of every middleware also when a responder (or a
 ``process_request``) raised, so the permits come back on every error; a finalizer on the
@@ -81,7 +82,7 @@ __all__ = [
 log = logging.getLogger("queen_mp.http.admission")
 
 ADMITTED_PATHS = frozenset({"/api/v1/push", "/api/v1/transaction", "/api/v1/kv",
-                            "/api/v1/timers"})
+                            "/api/v1/timers", "/api/v1/ephemeral/push"})
 DISK_CHECKED_PATHS = frozenset({"/api/v1/push", "/api/v1/transaction"})
 WINDOWED_PATHS = DISK_CHECKED_PATHS  # bodies that become items awaiting verdicts
 _KV_SHAPED = frozenset({"/api/v1/kv", "/api/v1/timers"})  # docs/api.md 2.11 error shape

@@ -18,7 +18,7 @@ import orjson
 from queen_mp.auth import Verifier
 from queen_mp.config import Config
 from queen_mp.front.worker import FrontWorker
-from queen_mp.http import errors, groups, resources
+from queen_mp.http import ephemeral, errors, groups, resources
 from queen_mp.http.ack import AckBatchResource, AckResource
 from queen_mp.http.admission import Admission
 from queen_mp.http.authz import Authz
@@ -167,6 +167,7 @@ def create_app(config: Config, runtime: Runtime, worker: FrontWorker | None = No
                   MessageTracesResource(worker))
     app.add_route("/api/v1/fetch", FetchResource(worker))
     app.add_route("/api/v1/partitions/changed", PartitionsChangedResource(worker))
+    ephemeral.add_routes(app, worker)  # /api/v1/ephemeral/*
     app.add_route("/api/v1/dlq", DlqResource(worker))
     # NOTE(dlq): plain {transaction_id}: a path converter cannot be followed by /retry, and
     # the two templates must agree at that level (so a transactionId with '/' is unroutable).

@@ -18,11 +18,13 @@ leaves it with ``req.context.tenant`` (16 bytes), ``req.context.sub`` (str or No
   weaker rule. A path that matches no route needs ``read-only`` (it then answers 404).
 
 Roles per route (docs/api.md 1.5, 5): ``admin`` for ``/api/v1/system/*``, queue delete
-(``DELETE /api/v1/resources/queues/{queue}``), consumer group delete (every ``DELETE`` under
+(``DELETE /api/v1/resources/queues/{queue}``), ephemeral queue delete
+(``DELETE /api/v1/ephemeral/queue/{queue}``), consumer group delete (every ``DELETE`` under
 ``/api/v1/consumer-groups/``) and ``POST /api/v1/stats/refresh``;
-``read-only`` for every other ``GET``/``HEAD`` except pops; ``read-write`` for the rest (pops,
-push, ack, transaction, lease extend, configure, KV, timers, locks, trace recording, DLQ retry
-and delete, seek, subscription).
+``read-only`` for every other ``GET``/``HEAD`` except pops (``/api/v1/pop...`` and
+``/api/v1/ephemeral/pop``); ``read-write`` for the rest (pops, push, ack, transaction,
+lease extend, configure, KV, timers, locks, trace recording, DLQ retry and delete, seek,
+subscription).
 
 Errors are the docs/api.md 1.4 body; on the KV, timer and lock routes they take that family's shape
 (``error`` = code, ``reason``, ``detail``), as every other error there does.
@@ -47,9 +49,12 @@ ADMIN_ROUTES = frozenset({("POST", "/api/v1/stats/refresh")})
 #: Every DELETE under these is admin: queue delete and consumer group delete. A tree, not a
 #: list of templates: ``DELETE /api/v1/consumer-groups/lagging`` deletes the group named
 #: "lagging" (the literal route shadows ``{group}``), and a template added later is covered.
-ADMIN_DELETE_TREES = ("/api/v1/resources/queues/", "/api/v1/consumer-groups/")
+ADMIN_DELETE_TREES = ("/api/v1/resources/queues/", "/api/v1/consumer-groups/",
+                      "/api/v1/ephemeral/queue/")
 _ADMIN_TREE = "/api/v1/system/"
 _POP_TREE = "/api/v1/pop"
+#: GETs that consume (a pop moves a cursor): read-write, like the durable pops.
+_CONSUMING_GETS = frozenset({"/api/v1/ephemeral/pop"})
 _KV_SHAPED = ("/api/v1/kv", "/api/v1/timers", "/api/v1/locks")
 _READ_METHODS = frozenset({"GET", "HEAD"})
 
@@ -63,7 +68,8 @@ def required_role(method: str, template: str | None) -> Role:
             or (method == "DELETE" and template.startswith(ADMIN_DELETE_TREES)):
         return Role.ADMIN
     if method in _READ_METHODS and not (template == _POP_TREE
-                                        or template.startswith(_POP_TREE + "/")):
+                                        or template.startswith(_POP_TREE + "/")
+                                        or template in _CONSUMING_GETS):
         return Role.READ_ONLY
     return Role.READ_WRITE
 

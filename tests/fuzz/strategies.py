@@ -203,7 +203,8 @@ DOC_SEEDS: dict[str, list[Any]] = {name: [orjson.loads(b) for b in SEEDS[name]
                                                 "timer_ops", "ack_body", "configure",
                                                 "lock_ops", "trace_body",
                                                 "streams_register", "streams_state",
-                                                "streams_cycle")}
+                                                "streams_cycle", "eph_push", "eph_ack",
+                                                "eph_configure")}
 # NOTE(fuzz): DOC_SEEDS keys name corpora of targets.SEEDS
 DOC_SEEDS["lease_body"] = [{}, {"seconds": 30}]
 DOC_SEEDS["groups_body"] = [orjson.loads(b) for b in SEEDS["groups_body"]]

@@ -5,7 +5,7 @@ Two kinds:
 - **parser targets** (``json_push``, ``qpb1_push``, ``transaction``, ``kv_ops``, ``timer_ops``,
   ``ack_body``, ``lease_body``, ``query_string``, ``gzip_body``, ``zstd_body``, ``lock_ops``,
   ``trace_body``, ``fetch_body``, ``changed_body``, ``streams_register``, ``streams_state``,
-  ``streams_cycle``): the bytes go
+  ``streams_cycle``, ``eph_push``, ``eph_ack``, ``eph_configure``): the bytes go
   to one parser, which may accept them or refuse with an ``ApiError`` / ``RequestError`` /
   ``WireError`` of a 4xx status. Anything else escaping (``UnicodeEncodeError``,
   ``RecursionError``, ``TypeError``...) is the bug the target exists to find: the broker would
@@ -63,6 +63,7 @@ from queen_mp.http.body import read_body
 from queen_mp.http.errors import ApiError, from_request, from_wire
 from queen_mp.http.push import parse_binary, parse_json_push
 from queen_mp.http.query import Query
+from queen_mp.models import ephemeral as eph_model
 from queen_mp.models.errors import RequestError
 from queen_mp.models.items import loads_json, parse_ack_item
 from queen_mp.models.kv import parse_kv_ops
@@ -218,6 +219,34 @@ def changed_body(data: bytes) -> None:
             adapt([e.queue, e.limit, e.after])
 
 
+def _eph(parse: Callable[[Any], Any], data: bytes) -> Any:
+    """An ephemeral body: malformed JSON is the route's 400, the rest the model's."""
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    return _refused(lambda: parse(doc))
+
+
+def eph_push(data: bytes) -> None:
+    push = _eph(eph_model.parse_push, data)
+    if push is not None:
+        for text in push.payloads:
+            orjson.loads(text)  # stored as JSON text and sent back as is
+
+
+def eph_ack(data: bytes) -> None:
+    ack = _eph(eph_model.parse_ack, data)
+    if ack is not None:
+        assert all("\x00" not in i for i in ack.ids)  # text[] refuses NUL
+
+
+def eph_configure(data: bytes) -> None:
+    spec = _eph(eph_model.parse_configure, data)
+    if spec is not None:
+        orjson.dumps(spec.options)  # what ephemeral_procs.configure sends
+
+
 def query_string(data: bytes) -> None:
     """Every typed read of api.md 1.1 on an arbitrary (ASCII, as h11 admits) query string."""
     q = Query(data.decode("latin-1").encode("ascii", "replace").decode())
@@ -290,6 +319,7 @@ PARSER_TARGETS: dict[str, Callable[[bytes], None]] = {
     "fetch_body": fetch_body, "changed_body": changed_body,
     "streams_register": streams_register, "streams_state": streams_state,
     "streams_cycle": streams_cycle,
+    "eph_push": eph_push, "eph_ack": eph_ack, "eph_configure": eph_configure,
 }
 
 
@@ -783,6 +813,13 @@ _CHANGED = [
     b'{"queue":"fz.a"},{"queue":"fz","limit":2,"after":null,"since":null}]}',
     b'{"entries":[]}',
 ]
+_EPH_PUSH = [b'{"queue":"fz","partition":"p/1","messages":[{"payload":{"a":[1,2.5,null]}},'
+             b'{"payload":"x"},{"payload":null}]}', b'{"queue":"fz","messages":[]}']
+_EPH_ACK = [b'{"queue":"fz","group":"g","acks":[{"id":"0123456789abcdef-1-1","status":"retry",'
+            b'"error":"e"},{"id":"x"}]}']
+_EPH_CONFIGURE = [b'{"queue":"fz","options":{"maxBytes":1024,"maxLength":10,"policy":"dropOldest",'
+                  b'"ttlSeconds":5,"leaseSeconds":2,"retryLimit":1,'
+                  b'"windowBuffer":{"ms":10,"count":2}}}']
 _QUERY = [b"batch=10&wait=true&timeout=100&consumerGroup=g&autoAck=1&partitions=2",
           b"subscriptionMode=new&subscriptionFrom=2026-05-16T08:41:27.123Z&frames=true",
           b"queue=fz&from=2026-01-01T00:00:00Z&to=now&limit=5&offset=1"]
@@ -815,6 +852,9 @@ SEEDS: dict[str, list[bytes]] = {
     "query_string": _QUERY,
     "fetch_body": _FETCH,
     "changed_body": _CHANGED,
+    "eph_push": _EPH_PUSH,
+    "eph_ack": _EPH_ACK,
+    "eph_configure": _EPH_CONFIGURE,
     "gzip_body": [_gz(_JSON_PUSH[0]), _gz(b"") + _gz(b"{}"), _gz(b"\0" * 5000)],
     "zstd_body": [_zs(_JSON_PUSH[0]), _zs(b"a") + _zs(b"b"), _zs(b"\0" * 5000)],
 }
@@ -833,6 +873,8 @@ BODY_ROUTES: list[tuple[str, str, str]] = [
     ("POST", "/streams/v1/queries", "streams_register"),
     ("POST", "/streams/v1/state/get", "streams_state"),
     ("POST", "/streams/v1/cycle", "streams_cycle"),
+    ("POST", "/api/v1/ephemeral/push", "eph_push"), ("POST", "/api/v1/ephemeral/ack", "eph_ack"),
+    ("POST", "/api/v1/ephemeral/configure", "eph_configure"),
 ]
 # in-process only: on a real broker these would switch maintenance on (and spool pushes)
 SYSTEM_ROUTES: list[tuple[str, str, str]] = [

@@ -45,8 +45,11 @@ def needed(method: str, template: str) -> str | None:
     if template.startswith("/api/v1/system/"):
         return "admin"
     if method == "DELETE" and template.startswith(("/api/v1/resources/queues/",
-                                                   "/api/v1/consumer-groups/")):
+                                                   "/api/v1/consumer-groups/",
+                                                   "/api/v1/ephemeral/queue/")):
         return "admin"
+    if (method, template) == ("GET", "/api/v1/ephemeral/pop"):  # consumes, like a pop
+        return "read-write"
     if (method, template) == ("POST", "/api/v1/stats/refresh"):
         return "admin"
     if method == "GET" and not template.startswith("/api/v1/pop"):

@@ -267,8 +267,11 @@ def expected_role(method: str, template: str) -> Role | None:
     if template.startswith("/api/v1/system/"):
         return Role.ADMIN
     if method == "DELETE" and (template.startswith("/api/v1/resources/queues/")
-                               or template.startswith("/api/v1/consumer-groups/")):
+                               or template.startswith("/api/v1/consumer-groups/")
+                               or template.startswith("/api/v1/ephemeral/queue/")):
         return Role.ADMIN
+    if (method, template) == ("GET", "/api/v1/ephemeral/pop"):  # consumes, like a pop
+        return Role.READ_WRITE
     if (method, template) == ("POST", "/api/v1/stats/refresh"):
         return Role.ADMIN
     if method == "GET" and not template.startswith("/api/v1/pop"):

@@ -1,0 +1,290 @@
+"""Ephemeral queues beside durable ones: push and pop/ack msgs/s on one broker, in one run.
+
+Issue 27 item 4 wants ephemeral queues "far cheaper than durable queues". Both kinds are driven
+the same way on the same broker and database, one after the other, with the suite's 200-byte
+JSON payload:
+
+- ``push``: ``--connections`` clients (8) push batches of ``--batch`` messages (1 and 100) for
+  ``--duration`` seconds (10); msgs/s, p50/p99 of a request, WAL bytes per message.
+- ``pop/ack``: the same clients pop batches of ``--pop-batch`` (100) from what the push cells
+  stored and acknowledge each batch with one call, until the queue is empty or the duration
+  is over; msgs/s acknowledged and WAL bytes per message.
+
+Durable: ``POST /api/v1/push`` and ``GET /api/v1/pop/queue/{q}`` + ``POST /api/v1/ack/batch``.
+Ephemeral: ``POST /api/v1/ephemeral/push``, ``GET /api/v1/ephemeral/pop`` and ``POST
+/api/v1/ephemeral/ack``. WAL is read with ``pg_current_wal_lsn()`` around each cell (the whole
+cluster's: run it on a server nothing else writes to); with ``fsync`` and
+``synchronous_commit`` on, the durable cells pay one WAL flush per commit, the ephemeral ones
+none (UNLOGGED tables).
+
+``python -m bench.ephemeral --server-dsn DSN`` prints a Markdown table (``--quick``: 3 s cells);
+the suite runs it as its ``ephemeral`` section.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import psycopg
+
+from bench.push import LOCAL_DSN, Server, create_database, db_name, drop_database, start_queen
+
+_PAD = "x" * 160
+
+
+@dataclass(frozen=True)
+class Cell:
+    kind: str  # durable | ephemeral
+    op: str  # push | pop/ack
+    batch: int
+    connections: int
+    msgs: int
+    seconds: float
+    msgs_per_s: float
+    p50_ms: float
+    p99_ms: float
+    wal_bytes_per_msg: float
+    errors: int
+
+
+def _payload(producer: int, seq: int) -> dict[str, Any]:
+    return {"producer": producer, "seq": seq, "pad": _PAD}
+
+
+class _Kind:
+    """The HTTP calls of one kind of queue."""
+
+    def __init__(self, kind: str, queue: str) -> None:
+        self.kind, self.queue = kind, queue
+
+    def push_request(self, producer: int, start: int, batch: int) -> tuple[str, bytes]:
+        if self.kind == "durable":
+            return "/api/v1/push", orjson.dumps({"items": [
+                {"queue": self.queue, "partition": f"p{producer}",
+                 "payload": _payload(producer, start + i)} for i in range(batch)]})
+        return "/api/v1/ephemeral/push", orjson.dumps({
+            "queue": self.queue, "partition": f"p{producer}",
+            "messages": [{"payload": _payload(producer, start + i)} for i in range(batch)]})
+
+    def pushed(self, r: httpx.Response, batch: int) -> int:
+        if self.kind == "durable":
+            if r.status_code != 201:
+                return 0
+            return sum(1 for x in r.json() if x.get("status") == "queued")
+        return int(r.json()["pushed"]) if r.status_code == 201 else 0
+
+    async def pop_ack(self, http: httpx.AsyncClient, batch: int) -> tuple[int, bool]:
+        """(messages acknowledged, ok) of one pop and its ack."""
+        if self.kind == "durable":
+            r = await http.get(f"/api/v1/pop/queue/{self.queue}",
+                               params={"batch": str(batch), "wait": "false"})
+            if r.status_code == 204:
+                return 0, True
+            if r.status_code != 200:
+                return 0, False
+            msgs = r.json()["messages"]
+            a = await http.post("/api/v1/ack/batch", content=orjson.dumps({"acknowledgments": [
+                {"transactionId": m["transactionId"], "partitionId": m["partitionId"],
+                 "leaseId": m["leaseId"], "status": "completed"} for m in msgs]}),
+                headers={"content-type": "application/json"})
+            return (len(msgs), True) if a.status_code == 200 else (0, False)
+        r = await http.get("/api/v1/ephemeral/pop",
+                           params={"queue": self.queue, "batch": str(batch)})
+        if r.status_code != 200:
+            return 0, False
+        msgs = r.json()["messages"]
+        if not msgs:
+            return 0, True
+        a = await http.post("/api/v1/ephemeral/ack", content=orjson.dumps({
+            "queue": self.queue, "acks": [{"id": m["id"]} for m in msgs]}),
+            headers={"content-type": "application/json"})
+        if a.status_code != 200:
+            return 0, False
+        return sum(1 for x in a.json()["results"] if x["outcome"] == "acked"), True
+
+
+class _Wal:
+    def __init__(self, dsn: str) -> None:
+        self.conn = psycopg.connect(dsn, autocommit=True)
+
+    def lsn(self) -> str:
+        row = self.conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+        assert row is not None
+        return str(row[0])
+
+    def since(self, lsn: str) -> int:
+        row = self.conn.execute("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s::pg_lsn)",
+                                (lsn,)).fetchone()
+        assert row is not None
+        return int(row[0])
+
+
+async def _push_cell(url: str, kind: _Kind, batch: int, connections: int, duration: float,
+                     wal: _Wal) -> Cell:
+    times: list[float] = []
+    counts = [0] * connections
+    errors = 0
+    stop = time.monotonic() + duration
+
+    async def producer(i: int) -> None:
+        nonlocal errors
+        seq = 0
+        async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+            while time.monotonic() < stop:
+                path, body = kind.push_request(i, seq, batch)
+                t0 = time.perf_counter()
+                r = await http.post(path, content=body,
+                                    headers={"content-type": "application/json"})
+                times.append(time.perf_counter() - t0)
+                got = kind.pushed(r, batch)
+                errors += batch - got
+                counts[i] += got
+                seq += batch
+
+    lsn = wal.lsn()
+    t0 = time.monotonic()
+    await asyncio.gather(*(producer(i) for i in range(connections)))
+    seconds = time.monotonic() - t0
+    msgs = sum(counts)
+    return _cell(kind.kind, "push", batch, connections, msgs, seconds, times,
+                 wal.since(lsn), errors)
+
+
+async def _pop_cell(url: str, kind: _Kind, batch: int, connections: int, duration: float,
+                    wal: _Wal) -> Cell:
+    times: list[float] = []
+    counts = [0] * connections
+    errors = 0
+    stop = time.monotonic() + duration
+
+    async def consumer(i: int) -> None:
+        nonlocal errors
+        empty = 0
+        async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+            while time.monotonic() < stop and empty < 2:
+                t0 = time.perf_counter()
+                got, ok = await kind.pop_ack(http, batch)
+                times.append(time.perf_counter() - t0)
+                errors += 0 if ok else 1
+                counts[i] += got
+                empty = empty + 1 if got == 0 else 0
+
+    lsn = wal.lsn()
+    t0 = time.monotonic()
+    await asyncio.gather(*(consumer(i) for i in range(connections)))
+    seconds = time.monotonic() - t0
+    return _cell(kind.kind, "pop/ack", batch, connections, sum(counts), seconds, times,
+                 wal.since(lsn), errors)
+
+
+def _cell(kind: str, op: str, batch: int, connections: int, msgs: int, seconds: float,
+          times: list[float], wal_bytes: int, errors: int) -> Cell:
+    times = sorted(times) or [0.0]
+    return Cell(kind, op, batch, connections, msgs, seconds, msgs / seconds if seconds else 0.0,
+                statistics.median(times) * 1e3, times[int(len(times) * 0.99)] * 1e3,
+                wal_bytes / msgs if msgs else 0.0, errors)
+
+
+async def _run(url: str, dsn: str, args: argparse.Namespace) -> list[Cell]:
+    wal = _Wal(dsn)
+    cells: list[Cell] = []
+    tag = uuid.uuid4().hex[:6]
+    async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+        for kind in ("durable", "ephemeral"):
+            queue = f"bench-{kind}-{tag}"
+            if kind == "ephemeral":
+                r = await http.post("/api/v1/ephemeral/configure", json={
+                    "queue": queue, "options": {"maxLength": 10_000_000, "maxBytes": 1 << 30}})
+                r.raise_for_status()
+            k = _Kind(kind, queue)
+            for batch in args.batches:
+                cell = await _push_cell(url, k, batch, args.connections, args.duration, wal)
+                cells.append(cell)
+                print(f"  {kind:>9} push  batch {batch:>4}: {cell.msgs_per_s:>9,.0f} msgs/s "
+                      f"p50 {cell.p50_ms:.1f} ms, {cell.wal_bytes_per_msg:,.0f} WAL B/msg",
+                      file=sys.stderr, flush=True)
+            cell = await _pop_cell(url, k, args.pop_batch, args.connections, args.duration,
+                                   wal)
+            cells.append(cell)
+            print(f"  {kind:>9} pop/ack batch {args.pop_batch:>4}: {cell.msgs_per_s:>9,.0f} "
+                  f"msgs/s, {cell.wal_bytes_per_msg:,.0f} WAL B/msg", file=sys.stderr,
+                  flush=True)
+    wal.conn.close()
+    return cells
+
+
+def run(args: argparse.Namespace) -> list[Cell]:
+    """One broker over a fresh database of ``--server-dsn``'s server, both kinds measured."""
+    dsn = create_database(args.server_dsn, f"queen_bench_{uuid.uuid4().hex[:8]}_eph")
+    try:
+        with tempfile.TemporaryDirectory(prefix="queen-bench-eph-") as tmp:
+            server: Server = start_queen(Path(tmp), dsn, workers=args.workers, shards=1)
+            try:
+                server.wait_ready()
+                return asyncio.run(_run(server.url, dsn, args))
+            finally:
+                server.stop()
+    finally:
+        drop_database(args.server_dsn, db_name(dsn))
+
+
+def render(cells: list[Cell]) -> str:
+    lines = ["| queue | op | batch | conns | msgs | msgs/s | p50 ms | p99 ms | WAL B/msg "
+             "| errors |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for c in cells:
+        lines.append(f"| {c.kind} | {c.op} | {c.batch} | {c.connections} | {c.msgs:,} | "
+                     f"{c.msgs_per_s:,.0f} | {c.p50_ms:.1f} | {c.p99_ms:.1f} | "
+                     f"{c.wal_bytes_per_msg:,.0f} | {c.errors} |")
+    by = {(c.kind, c.op, c.batch): c for c in cells}
+    lines.append("")
+    for (kind, op, batch), c in by.items():
+        if kind != "ephemeral":
+            continue
+        d = by.get(("durable", op, batch))
+        if d is not None and d.msgs_per_s:
+            lines.append(f"- {op} batch {batch}: ephemeral {c.msgs_per_s / d.msgs_per_s:.2f}x "
+                         f"the durable msgs/s")
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m bench.ephemeral", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--server-dsn", default=LOCAL_DSN)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--connections", type=int, default=8)
+    ap.add_argument("--batches", default="1,100", help="push batch sizes (1,100)")
+    ap.add_argument("--pop-batch", type=int, default=100)
+    ap.add_argument("--duration", type=float, default=10.0, help="seconds per cell (10)")
+    ap.add_argument("--quick", action="store_true", help="3 s cells")
+    ap.add_argument("--json", type=Path, help="also write the cells here")
+    args = ap.parse_args(argv)
+    args.batches = [int(x) for x in str(args.batches).split(",") if x]
+    if args.quick:
+        args.duration = 3.0
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    cells = run(args)
+    print(render(cells))
+    if args.json:
+        args.json.write_text(json.dumps([asdict(c) for c in cells], indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

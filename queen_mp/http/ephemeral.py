@@ -1,0 +1,232 @@
+"""``/api/v1/ephemeral/*`` (docs/api.md "Ephemeral queues"): RAM-class queues on UNLOGGED tables.
+
+Routes and answers (the published client's shapes, queen-mq 2.6 ``client.ephemeral``):
+
+- ``POST configure {queue, options?}`` -> ``201 {queue, tier, configured, options}`` (the
+  effective options: the declared ones over the defaults)
+- ``POST reset {queue}`` -> ``200 {queue, dropped}``; ``DELETE queue/{queue}`` ->
+  ``200 {queue, deleted, declared}`` (a miss is ``dropped: 0`` / ``deleted: false``, never 404)
+- ``POST push {queue, partition?, messages: [{payload}]}`` -> ``201 {pushed}``, all or nothing;
+  ``429 queue_full`` when the queue is at its bounds and its policy is ``reject``
+- ``GET pop?queue=&partition=&batch=&wait=&timeout=&group=&autoAck=`` ->
+  ``200 {queue, messages: [{id, partition, attempts, payload}]}`` (empty array on timeout)
+- ``POST ack {queue, group?, acks: [{id, status?, error?}]}`` ->
+  ``200 {results: [{id, outcome}]}``, outcome ``acked | redelivered | stale | unknown``
+- ``GET queues`` -> ``{queues, count, truncated}``; ``GET queues/{queue}/depth`` -> the gauges,
+  ``404 ephemeral_queue_not_found`` when the queue has neither messages nor a declaration.
+
+Errors are docs/api.md 1.4's ``{"error", "code", ...}``. Every name, list and number is
+bounded (queen_mp/models/ephemeral.py). The tenant is the caller's (``tenant_of``); a queue of
+another tenant is another queue.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import falcon
+import falcon.asgi
+import orjson
+
+from queen_mp.db import ephemeral_procs
+from queen_mp.db.errors import DatabaseError
+from queen_mp.front.ephemeral import EphemeralPopper, TooManyParked, wake_bucket
+from queen_mp.front.worker import FrontWorker
+from queen_mp.http.authz import tenant_of
+from queen_mp.http.body import read_body
+from queen_mp.http.dbcall import api_error, call_db
+from queen_mp.http.errors import JSON_UTF8, ApiError, InvalidRequest, Overloaded
+from queen_mp.http.query import Query
+from queen_mp.models import ephemeral as model
+from queen_mp.wire.binary_push import check_queue_name
+
+__all__ = ["EphAckResource", "EphConfigureResource", "EphDepthResource", "EphPopResource",
+           "EphPushResource", "EphQueueResource", "EphQueuesResource", "EphResetResource",
+           "QueueFull", "QueueNotFound", "add_routes"]
+
+
+class QueueNotFound(ApiError):
+    """The depth read of a queue that has neither messages nor a declaration."""
+
+    status = 404
+    code = "ephemeral_queue_not_found"
+
+
+class QueueFull(ApiError):
+    """The queue is at maxLength/maxBytes and its policy is reject (or the push alone is
+    larger than the queue): backpressure, nothing was written."""
+
+    status = 429
+    code = "queue_full"
+
+
+def _answer(resp: falcon.asgi.Response, status: str, body: Any) -> None:
+    resp.data = body if isinstance(body, bytes) else orjson.dumps(body)
+    resp.content_type = JSON_UTF8
+    resp.status = status
+
+
+async def _json(req: falcon.asgi.Request, worker: FrontWorker) -> Any:
+    raw = await read_body(req, worker.config.max_body_mb << 20)
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as ex:
+        raise InvalidRequest(f"malformed JSON body: {ex}") from None
+
+
+class _Shared:
+    """What the resources of one app share: the worker and its one ``EphemeralPopper``."""
+
+    def __init__(self, worker: FrontWorker) -> None:
+        self.worker = worker
+        self._service: EphemeralPopper | None = None
+
+    def service(self) -> EphemeralPopper:
+        if self._service is None:  # the worker's parking lot exists once it started
+            self._service = EphemeralPopper(self.worker.pool, self.worker.popper.lot,
+                                            self.worker.config.max_parked_pops)
+        return self._service
+
+
+def add_routes(app: falcon.asgi.App, worker: FrontWorker) -> None:
+    """Registers every ``/api/v1/ephemeral/*`` route on ``app``."""
+    shared = _Shared(worker)
+    app.add_route("/api/v1/ephemeral/configure", EphConfigureResource(shared))
+    app.add_route("/api/v1/ephemeral/reset", EphResetResource(shared))
+    app.add_route("/api/v1/ephemeral/queue/{queue}", EphQueueResource(shared))
+    app.add_route("/api/v1/ephemeral/push", EphPushResource(shared))
+    app.add_route("/api/v1/ephemeral/pop", EphPopResource(shared))
+    app.add_route("/api/v1/ephemeral/ack", EphAckResource(shared))
+    app.add_route("/api/v1/ephemeral/queues", EphQueuesResource(shared))
+    app.add_route("/api/v1/ephemeral/queues/{queue}/depth", EphDepthResource(shared))
+
+
+class _Resource:
+    def __init__(self, shared: _Shared) -> None:
+        self.worker = shared.worker
+        self.service = shared.service
+
+    def wake(self, tenant: bytes, queue: str) -> None:
+        """Wake pops parked on ``queue``: here at once, elsewhere through the board."""
+        waker = self.worker.waker
+        if waker is not None:
+            waker.wake([wake_bucket(tenant, queue)])
+            self.worker.popper.lot.poke()
+
+
+class EphConfigureResource(_Resource):
+    """``POST /api/v1/ephemeral/configure``."""
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        spec = model.parse_configure(await _json(req, self.worker))
+        tenant = tenant_of(req)
+        out = await call_db(self.worker.pool, lambda conn: ephemeral_procs.configure(
+            conn, tenant, spec.queue, spec.options))
+        _answer(resp, falcon.HTTP_201, out)
+
+
+class EphResetResource(_Resource):
+    """``POST /api/v1/ephemeral/reset``."""
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        queue = model.parse_queue_body(await _json(req, self.worker))
+        tenant = tenant_of(req)
+        dropped = await call_db(self.worker.pool,
+                                lambda conn: ephemeral_procs.reset(conn, tenant, queue))
+        _answer(resp, falcon.HTTP_200, {"queue": queue, "dropped": dropped})
+
+
+class EphQueueResource(_Resource):
+    """``DELETE /api/v1/ephemeral/queue/{queue}``."""
+
+    async def on_delete(self, req: falcon.asgi.Request, resp: falcon.asgi.Response,
+                        queue: str) -> None:
+        check_queue_name(queue)
+        tenant = tenant_of(req)
+        out = await call_db(self.worker.pool,
+                            lambda conn: ephemeral_procs.delete(conn, tenant, queue))
+        _answer(resp, falcon.HTTP_200, out)
+
+
+class EphPushResource(_Resource):
+    """``POST /api/v1/ephemeral/push``."""
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        push = model.parse_push(await _json(req, self.worker))
+        tenant = tenant_of(req)
+        try:
+            async with self.service().gate(tenant, push.queue):
+                pushed = await call_db(self.worker.pool, lambda conn: ephemeral_procs.push(
+                    conn, tenant, push.queue, push.partition, push.payloads))
+        except ephemeral_procs.QueueFull as ex:
+            raise QueueFull(f"the ephemeral queue is full: {ex}", queue=push.queue) from None
+        if pushed:
+            self.wake(tenant, push.queue)
+        _answer(resp, falcon.HTTP_201, {"pushed": pushed})
+
+
+class EphPopResource(_Resource):
+    """``GET /api/v1/ephemeral/pop``."""
+
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        q = Query(req.query_string)
+        wait = q.flag("wait", False)
+        request = model.pop_request(
+            q.text("queue"), q.text("partition"), q.text("group"),
+            q.integer("batch", 1, minimum=1, maximum=model.MAX_BATCH + 1), wait,
+            q.integer("timeout", 30_000 if wait else 0, minimum=0,
+                      maximum=model.MAX_TIMEOUT_MS + 1),
+            q.flag("autoAck", False))
+        tenant = tenant_of(req)
+        try:
+            popped = await self.service().pop(tenant, request)
+        except TooManyParked as ex:
+            raise Overloaded(str(ex), headers={"Retry-After": "1"}) from None
+        except DatabaseError as ex:
+            raise api_error(ex) from None
+        self.worker.count_popped(popped.count)
+        _answer(resp, falcon.HTTP_200, b'{"queue":%s,"messages":%s}'
+                % (orjson.dumps(request.queue), popped.messages))
+
+
+class EphAckResource(_Resource):
+    """``POST /api/v1/ephemeral/ack``."""
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        ack = model.parse_ack(await _json(req, self.worker))
+        tenant = tenant_of(req)
+        if not ack.ids:
+            _answer(resp, falcon.HTTP_200, {"results": []})
+            return
+        epochs, seqs, attempts = ack.parsed()
+        async with self.service().gate(tenant, ack.queue):
+            out = await call_db(self.worker.pool, lambda conn: ephemeral_procs.ack(
+                conn, tenant, ack.queue, ack.group, ack.ids, ack.statuses, epochs, seqs,
+                attempts))
+        if out.redelivered:
+            self.wake(tenant, ack.queue)
+        _answer(resp, falcon.HTTP_200, {"results": out.results})
+
+
+class EphQueuesResource(_Resource):
+    """``GET /api/v1/ephemeral/queues``."""
+
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        tenant = tenant_of(req)
+        out = await call_db(self.worker.pool, lambda conn: ephemeral_procs.list_queues(
+            conn, tenant, model.MAX_LIST))
+        _answer(resp, falcon.HTTP_200, out)
+
+
+class EphDepthResource(_Resource):
+    """``GET /api/v1/ephemeral/queues/{queue}/depth``."""
+
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response,
+                     queue: str) -> None:
+        check_queue_name(queue)
+        tenant = tenant_of(req)
+        out = await call_db(self.worker.pool, lambda conn: ephemeral_procs.depth(
+            conn, tenant, queue, model.MAX_LIST))
+        if out is None:
+            raise QueueNotFound(f'no ephemeral queue "{queue}" exists', queue=queue)
+        _answer(resp, falcon.HTTP_200, out)

@@ -1,0 +1,89 @@
+"""queen_mp/models/ephemeral.py: what the ephemeral routes accept, normalise and refuse."""
+
+from __future__ import annotations
+
+import pytest
+
+from queen_mp.models import ephemeral as m
+from queen_mp.models.errors import InvalidRequest, RequestError
+from queen_mp.wire.errors import WireError
+
+
+def test_options_are_normalised_and_zero_means_default_where_it_should():
+    assert m.parse_options(None) == {}
+    got = m.parse_options({"maxBytes": 0, "maxLength": 5, "policy": "dropOldest",
+                           "ttlSeconds": 0, "leaseSeconds": 0, "retryLimit": 0,
+                           "windowBuffer": {"ms": 10}})
+    # 0 bytes/length/lease = the default (dropped); 0 ttl = off and 0 retries = none (kept)
+    assert got == {"maxLength": 5, "ttlSeconds": 0, "retryLimit": 0, "policy": "dropOldest",
+                   "windowBuffer": {"ms": 10, "count": 0}}
+
+
+@pytest.mark.parametrize("options", [
+    {"maxLength": -1}, {"maxLength": 10_000_001}, {"maxBytes": 1.0}, {"retryLimit": True},
+    {"ttlSeconds": "5"}, {"policy": "drop_oldest"}, {"windowBuffer": []},
+    {"windowBuffer": {"size": 1}}, {"windowBuffer": {"ms": 60_001}}, {"ttl_seconds": 5}, [],
+])
+def test_bad_options_are_refused(options):
+    with pytest.raises(InvalidRequest):
+        m.parse_options(options)
+
+
+def test_push_keeps_payloads_as_json_text_and_defaults_the_partition():
+    push = m.parse_push({"queue": "q", "messages": [{"payload": {"b": 1, "a": [None]}},
+                                                    {"payload": None}]})
+    assert push == m.Push("q", "Default", ('{"b":1,"a":[null]}', "null"))
+    with pytest.raises(InvalidRequest):
+        m.parse_push({"queue": "q", "messages": [{"payload": 1}] * (m.MAX_MESSAGES + 1)})
+    with pytest.raises((RequestError, WireError)):
+        m.parse_push({"queue": "a/b", "messages": []})
+    deep: list = []
+    for _ in range(600):  # beyond orjson's writer, within the stdlib's: stored
+        deep = [deep]
+    assert len(m.parse_push({"queue": "q", "messages": [{"payload": deep}]}).payloads[0]) == 1202
+    for _ in range(2000):  # beyond both: a 400, never a 500 (found by tests/fuzz)
+        deep = [deep]
+    with pytest.raises(InvalidRequest, match="nested too deeply"):
+        m.parse_push({"queue": "q", "messages": [{"payload": deep}]})
+
+
+def test_pop_parameters():
+    r = m.pop_request("q", "", "", 5, True, 100, False)
+    assert (r.partition, r.group) == (None, m.QUEUE_MODE)
+    for batch, timeout in ((0, 0), (m.MAX_BATCH + 1, 0), (1, m.MAX_TIMEOUT_MS + 1), (1, -1)):
+        with pytest.raises(InvalidRequest):
+            m.pop_request("q", None, None, batch, True, timeout, False)
+    with pytest.raises(InvalidRequest):
+        m.pop_request(None, None, None, 1, False, 0, False)
+
+
+def test_ack_ids_parse_and_statuses_default_to_completed():
+    ack = m.parse_ack({"queue": "q", "acks": [
+        {"id": "0123456789abcdef-42-2", "status": "retry", "error": "x"},
+        {"id": "garbage"}, {"id": "0123456789ABCDEF-1-1"}, {"id": "0123456789abcdef-1-1-1"}]})
+    assert ack.group == m.QUEUE_MODE
+    assert ack.statuses == ("retry", "completed", "completed", "completed")
+    assert ack.parsed() == (["0123456789abcdef", None, None, None], [42, None, None, None],
+                            [2, None, None, None])
+    for bad in ({"id": "x\x00"}, {"id": ""}, {"id": "x" * 65}, {"id": "x", "status": "ok"},
+                {"id": "x", "error": 5}, "x"):
+        with pytest.raises(InvalidRequest):
+            m.parse_ack({"queue": "q", "acks": [bad]})
+
+
+@pytest.mark.parametrize(("window", "held", "batch", "waited", "ready"), [
+    (m.Window(), 0, 10, 0, False),
+    (m.Window(), 1, 10, 0, True),  # no window: anything answers
+    (m.Window(ms=100, count=3), 2, 10, 50, False),
+    (m.Window(ms=100, count=3), 3, 10, 0, True),
+    (m.Window(ms=100, count=3), 2, 10, 100, True),
+    (m.Window(ms=0, count=5), 4, 10, 10_000, False),  # count only: until the pop's timeout
+    (m.Window(ms=100, count=50), 10, 10, 0, True),  # a full batch always answers
+])
+def test_window_readiness(window, held, batch, waited, ready):
+    assert window.ready(held, batch, waited) is ready
+
+
+def test_window_from_effective_options():
+    assert m.Window.of({"windowBuffer": {"ms": 5, "count": 2}}) == m.Window(5, 2)
+    assert m.Window.of({}) == m.Window() and not m.Window().enabled
