@@ -48,7 +48,7 @@ def shipped_data() -> set[str]:
 
 def test_the_wheel_and_the_sdist_carry_the_sql_and_the_api_document(built):
     sdist, wheel = built
-    assert len(shipped_data()) == 17
+    assert len(shipped_data()) == 19
     with zipfile.ZipFile(wheel) as whl:
         assert shipped_data() <= set(whl.namelist())
     with tarfile.open(sdist) as tar:
