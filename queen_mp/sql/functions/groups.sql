@@ -514,7 +514,10 @@ BEGIN
                     ELSE queen.log_cursor_before_v1(lp.id, m.subscription_from) END AS start_c
         FROM queen.consumer_groups_meta m
         JOIN queen.log_partitions lp ON lp.queue_id = m.queue_id
-        WHERE m.queue_id = ANY (p_queue_ids) AND m.consumer_group = p_group
+        -- lp's own condition too: the planner does not carry m's ANY over the join, and
+        -- without it may read every partition of the database (a hash join after ANALYZE)
+        WHERE m.queue_id = ANY (p_queue_ids) AND lp.queue_id = ANY (p_queue_ids)
+          AND m.consumer_group = p_group
           AND NOT EXISTS (SELECT 1 FROM queen.log_consumers x
                           WHERE x.partition_id = lp.id AND x.consumer_group = p_group)
         OFFSET 0
