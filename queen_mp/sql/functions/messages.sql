@@ -251,14 +251,66 @@ END
 $$;
 
 -- ---------------------------------------------------------------------------------------------
+-- msg_txn_offset_v1: the newest offset of a partition whose transactionId hash is p_hash, as
+-- the sidecar (queen.log_txns) records it, in its rows at or above p_from (the log start: rows
+-- still backed by segments) and at offsets below p_before (NULL = any); NULL = none. The rows
+-- are scanned newest first; in each, `position` finds the hash and a hit counts only on a
+-- 16-byte boundary ((pos - 1) % 16 = 0: the hash at byte 16*k is offset base_offset + k); the
+-- LAST aligned hit of the first row holding one is the newest occurrence. msg_find_v1 (a
+-- message by transactionId) and trace_record_v1 (traces.sql) find their message with it.
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION queen.msg_txn_offset_v1(
+    p_partition_id int8,
+    p_hash         bytea,
+    p_from         int8,
+    p_before       int8
+)
+RETURNS int8
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v_row   record;
+    v_at    int4;
+    v_pos   int4;
+    v_abs   int4;
+    v_found int8;
+BEGIN
+    -- `|| '\x'` detoasts each stored blob once (not once per position call)
+    FOR v_row IN
+        SELECT t.base_offset AS base, t.hashes || '\x'::bytea AS hashes
+        FROM queen.log_txns t
+        WHERE t.partition_id = p_partition_id
+          AND t.base_offset >= p_from
+          AND (p_before IS NULL OR t.base_offset < p_before)
+        ORDER BY t.base_offset DESC
+    LOOP
+        v_at := 1;
+        LOOP
+            v_pos := position(p_hash IN substr(v_row.hashes, v_at));
+            EXIT WHEN v_pos = 0;
+            v_abs := v_at + v_pos - 1;            -- 1-based byte position in the row's blob
+            IF (v_abs - 1) % 16 = 0 THEN
+                IF p_before IS NULL OR v_row.base + (v_abs - 1) / 16 < p_before THEN
+                    v_found := v_row.base + (v_abs - 1) / 16;
+                END IF;
+                v_at := v_abs + 16;
+            ELSE
+                v_at := v_abs + 1;                -- straddles two hashes: look further
+            END IF;
+        END LOOP;
+        EXIT WHEN v_found IS NOT NULL;
+    END LOOP;
+    RETURN v_found;
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------------
 -- msg_find_v1: the newest occurrence of a transactionId hash in one partition of the tenant.
 --   p_hash     xxh3_128(transactionId), 16 bytes big-endian
 --   p_before   only occurrences at offsets below it (NULL = any): the broker's next call when
 --              the frame it decoded carries another transactionId (a hash collision)
 -- The sidecar rows (log_txns) still backed by a segment (base_offset >= log_start_offset) are
--- scanned newest first; in each, `position` finds the hash and a hit counts only on a 16-byte
--- boundary ((pos - 1) % 16 = 0: the hash at byte 16*k is offset base_offset + k); the LAST
--- aligned hit of the first row holding one is the newest occurrence.
+-- searched by msg_txn_offset_v1 (above).
 -- Result: no row = no such partition for the tenant. Otherwise one row: the queue and
 -- partition, log_start_offset, txns_start (the sidecar covers offsets >= txns_start only: an
 -- occurrence below it is not findable here, see msg_segments_below_v1), last_offset, and
@@ -292,10 +344,6 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_part  record;
-    v_row   record;
-    v_at    int4;
-    v_pos   int4;
-    v_abs   int4;
     v_found int8;
 BEGIN
     IF p_partition_id IS NULL OR p_hash IS NULL OR octet_length(p_hash) <> 16 THEN
@@ -313,31 +361,7 @@ BEGIN
         RETURN;
     END IF;
 
-    -- `|| '\x'` detoasts each stored blob once (not once per position call)
-    FOR v_row IN
-        SELECT t.base_offset AS base, t.hashes || '\x'::bytea AS hashes
-        FROM queen.log_txns t
-        WHERE t.partition_id = p_partition_id
-          AND t.base_offset >= v_part.log_start
-          AND (p_before IS NULL OR t.base_offset < p_before)
-        ORDER BY t.base_offset DESC
-    LOOP
-        v_at := 1;
-        LOOP
-            v_pos := position(p_hash IN substr(v_row.hashes, v_at));
-            EXIT WHEN v_pos = 0;
-            v_abs := v_at + v_pos - 1;            -- 1-based byte position in the row's blob
-            IF (v_abs - 1) % 16 = 0 THEN
-                IF p_before IS NULL OR v_row.base + (v_abs - 1) / 16 < p_before THEN
-                    v_found := v_row.base + (v_abs - 1) / 16;
-                END IF;
-                v_at := v_abs + 16;
-            ELSE
-                v_at := v_abs + 1;                -- straddles two hashes: look further
-            END IF;
-        END LOOP;
-        EXIT WHEN v_found IS NOT NULL;
-    END LOOP;
+    v_found := queen.msg_txn_offset_v1(p_partition_id, p_hash, v_part.log_start, p_before);
 
     RETURN QUERY
     SELECT v_part.qname, v_part.qns, v_part.qtask, v_part.pname, v_part.log_start,

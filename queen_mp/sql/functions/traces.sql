@@ -52,10 +52,6 @@ LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     v_part  record;
-    v_row   record;
-    v_at    int4;
-    v_pos   int4;
-    v_abs   int4;
     v_found int8;
     v_seq   int8;
     v_id    uuid := gen_random_uuid();
@@ -75,27 +71,8 @@ BEGIN
         RETURN jsonb_build_object('recorded', false);
     END IF;
 
-    -- the newest aligned occurrence of the hash (msg_find_v1's walk, without the segment)
-    FOR v_row IN
-        SELECT t.base_offset AS base, t.hashes || '\x'::bytea AS hashes
-          FROM queen.log_txns t
-         WHERE t.partition_id = p_partition_id AND t.base_offset >= v_part.log_start
-         ORDER BY t.base_offset DESC
-    LOOP
-        v_at := 1;
-        LOOP
-            v_pos := position(p_hash IN substr(v_row.hashes, v_at));
-            EXIT WHEN v_pos = 0;
-            v_abs := v_at + v_pos - 1;
-            IF (v_abs - 1) % 16 = 0 THEN
-                v_found := v_row.base + (v_abs - 1) / 16;
-                v_at := v_abs + 16;
-            ELSE
-                v_at := v_abs + 1;
-            END IF;
-        END LOOP;
-        EXIT WHEN v_found IS NOT NULL;
-    END LOOP;
+    -- the newest occurrence of the hash (messages.sql)
+    v_found := queen.msg_txn_offset_v1(p_partition_id, p_hash, v_part.log_start, NULL);
     IF v_found IS NULL THEN
         IF v_part.log_start >= v_part.txns THEN
             RETURN jsonb_build_object('recorded', false);
