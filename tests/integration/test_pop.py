@@ -423,7 +423,8 @@ def test_queue_mode_and_an_explicit_group_are_independent(broker, db):
     assert cursor(db, q, "Default", QUEUE_MODE)[0] == 3
 
 
-def pop_counting_reads(db, queue: str, group: str, table: str) -> tuple[list, int]:
+def pop_counting_reads(db, queue: str | None, group: str, table: str,
+                       namespace: str | None = None) -> tuple[list, int]:
     """One log_pop_v1 call (rolled back) and the rows it read of ``table`` (counted, not
     timed: seq_tup_read + idx_tup_fetch of the transaction)."""
     fetched_sql = ("SELECT seq_tup_read + COALESCE(idx_tup_fetch, 0) FROM pg_stat_xact_user_tables"
@@ -431,9 +432,9 @@ def pop_counting_reads(db, queue: str, group: str, table: str) -> tuple[list, in
     with db.transaction(force_rollback=True):
         before = db.execute(fetched_sql, (table,)).fetchone()[0]
         rows = db.execute(
-            "SELECT partition_name, start_off, end_off FROM queen.log_pop_v1(%s, %s, NULL, NULL,"
+            "SELECT partition_name, start_off, end_off FROM queen.log_pop_v1(%s, %s, NULL, %s,"
             " NULL, %s, 10, 1, false, 'all', NULL, gen_random_uuid(), 5000)",
-            (uuid.UUID(int=0), queue, group)).fetchall()
+            (uuid.UUID(int=0), queue, namespace, group)).fetchall()
         return rows, db.execute(fetched_sql, (table,)).fetchone()[0] - before
 
 
@@ -468,6 +469,24 @@ def test_a_pop_reads_its_own_queues_partitions_by_index_after_analyze(broker, db
     rows, fetched = pop_counting_reads(db, small, g, "log_partitions")
     assert {(r[0], r[1], r[2]) for r in rows} == {("a", 1, 2)}
     assert fetched < 20, (fetched, total)  # a few lookups of the one partition, not `total`
+
+
+def test_a_pop_reads_only_the_queue_rows_of_its_scope(broker, db):
+    """log_pop_v1 runs cached generic plans (issue 26): its scope is found by one key lookup
+    per kind of scope, so a queue pop and a namespace pop of a tenant with 150 more queues
+    read a handful of queue rows (counted, not timed); one statement with every filter
+    optional would read every queue of the tenant in its generic plan."""
+    ns, other = f"ns{uuid.uuid4().hex[:10]}", f"ns{uuid.uuid4().hex[:10]}"
+    push(broker.client, [{"queue": f"{other}.q{i}", "partition": "p", "payload": {"i": i}}
+                         for i in range(150)])
+    push_n(broker.client, f"{ns}.a", "p", 2)
+    g = uq("g")
+    for queue, namespace in ((f"{ns}.a", None), (None, ns)):
+        for _ in range(7):  # past the plan cache's first five (custom) executions
+            pop_counting_reads(db, queue, g, "queues", namespace=namespace)
+        rows, fetched = pop_counting_reads(db, queue, g, "queues", namespace=namespace)
+        assert {(r[0], r[1], r[2]) for r in rows} == {("p", 1, 2)}, (queue, namespace)
+        assert fetched < 10, (queue, namespace, fetched)
 
 
 def test_a_pop_orders_claimed_partitions_without_reading_their_segments(broker, db):
