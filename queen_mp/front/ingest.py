@@ -7,7 +7,9 @@ group is sent to the shard owning ``hash(tenant, queue, partition)``, and the re
 when every group has its verdict. A group whose shard failed or vanished is written to the disk
 spool and reported ``buffered`` (``failed`` if the spool write fails too). While push
 maintenance is on (``in_maintenance``, the flags board), every leader goes to the spool before
-anything is routed: no shard and no PostgreSQL connection is touched.
+anything is routed: no shard and no PostgreSQL connection is touched. So does every leader of a
+request whose queues' encryption flags PostgreSQL cannot tell (an outage, and a queue this
+worker has not seen): the drain resolves them.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from queen_mp.crypto import PayloadCipher
-from queen_mp.front.queueflags import QueueFlags
+from queen_mp.front.queueflags import FlagsUnavailable, QueueFlags
 from queen_mp.ipc.routing import push_shard
 from queen_mp.ipc.shardlink import ShardGone, ShardLink, verdicts_of
 from queen_mp.models.items import ClientChunk, PushItem
@@ -96,7 +98,13 @@ class Ingest:
             await self._spool(items, [i for idx in groups.values() for i in idx], tenant,
                               results)
             return _fill_followers(items, results, leader_of)
-        await self.encrypt(items, tenant, {q for q, _ in groups})
+        try:
+            await self.encrypt(items, tenant, {q for q, _ in groups})
+        except FlagsUnavailable as ex:
+            log.warning("push spooled: %s", ex)
+            await self._spool(items, [i for idx in groups.values() for i in idx], tenant,
+                              results)
+            return _fill_followers(items, results, leader_of)
         link = self.link
         deadline = asyncio.get_running_loop().time() + self.timeout_s
         request_id = link.next_request_id()

@@ -3,10 +3,16 @@
 A 1000-item push over three queues asks PostgreSQL at most three times, and not again for a
 few seconds; a queue's flags change rarely (configure), and a stale answer only affects pushes
 made within the memo's lifetime after the change.
+
+When PostgreSQL does not answer within ``READ_TIMEOUT_S`` (an outage: the pool cannot connect),
+the last value this worker saw is used however old it is; a queue it never saw raises
+``FlagsUnavailable``, and the push path then spools the request (its flags are resolved when
+the spool drains), so an outage answers ``buffered``, not 503.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from queen_mp.db import procs
@@ -16,6 +22,7 @@ from queen_mp.db.pooled import Pool, connection
 __all__ = ["FlagsUnavailable", "QueueFlags"]
 
 _TTL_S = 5.0
+READ_TIMEOUT_S = 2.0  # well under the pool's own timeout (5 s): an outage is spooled quickly
 
 
 class FlagsUnavailable(Exception):
@@ -40,9 +47,12 @@ class QueueFlags:
             return known
         now = time.monotonic()
         try:
-            async with connection(self.pool) as conn:
+            async with asyncio.timeout(READ_TIMEOUT_S), connection(self.pool) as conn:
                 flags = await procs.queue_flags(conn, tenant, queue)
-        except DatabaseError as ex:
+        except (DatabaseError, TimeoutError) as ex:
+            stale = self._memo.get((tenant, queue))
+            if stale is not None:
+                return stale[1]
             cause = ex.__cause__ or ex  # named as psycopg named it (PoolTimeout, ...)
             raise FlagsUnavailable(
                 f"queue flags unreadable: {type(cause).__name__}: {cause}") from ex

@@ -13,7 +13,6 @@ import falcon.asgi
 import orjson
 
 from queen_mp.front.ingest import EncryptionUnavailable, ItemResult
-from queen_mp.front.queueflags import FlagsUnavailable
 from queen_mp.front.worker import FrontWorker
 from queen_mp.http.admission import Grant
 from queen_mp.http.answer import Answer
@@ -200,7 +199,7 @@ class PushResource:
         del body
         try:
             results = await self.worker.ingest.push(items, tenant, chunks)
-        except (EncryptionUnavailable, FlagsUnavailable) as ex:
+        except EncryptionUnavailable as ex:
             raise Unavailable(str(ex)) from None
         except TimeoutError:
             raise Timeout("push deadline passed before every verdict; outcome unknown, "

@@ -145,6 +145,48 @@ def test_postgres_outage_buffers_recovers_and_drains(make_broker, private_pg):
     assert spool_status(b)["failed"] == 0
 
 
+def test_an_outage_spools_pushes_whose_queue_flags_postgres_cannot_tell(make_broker,
+                                                                        private_pg):
+    """Issue 29, fault 3: with PostgreSQL stopped, a push to a queue pushed a moment earlier,
+    to a new queue and to an encrypted queue each answer 201 ``buffered`` (the encryption flag
+    lookup used to answer 503 "queue flags unreadable: PoolTimeout" after 5 s); the drain
+    stores each once, the encrypted queue's payload encrypted."""
+    dsn = make_database(private_pg.dsn)
+    b = make_broker(dsn, QUEEN_PUSH_TIMEOUT_MS="4000")
+    known, new, secret = uq("known"), uq("new"), uq("secret")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO queen.queues (name, encryption_enabled) VALUES (%s, true)",
+                     (secret,))
+    for q in (known, secret):
+        r = b.client.post(PUSH, json={"items": [{"queue": q, "transactionId": "before",
+                                                  "payload": {"q": q}}]})
+        assert r.status_code == 201 and r.json()[0]["status"] == "queued", r.text
+    private_pg.stop(mode="immediate")
+    try:
+        answered = {}
+        for q in (known, new, secret):
+            r = b.client.post(PUSH, json={"items": [{"queue": q, "transactionId": "during",
+                                                      "payload": {"q": q}}]}, timeout=30)
+            assert r.status_code == 201, (q, r.status_code, r.text)
+            assert r.json()[0]["status"] == "buffered", (q, r.text)
+            answered[q] = r.json()[0]["messageId"]
+    finally:
+        private_pg.start()
+    b.wait_healthy(60)
+    wait_drained(b, timeout=90)
+    for q, message_id in answered.items():
+        stored = [m for m in stored_messages_now(dsn, q) if m.transaction_id == "during"]
+        assert [m.message_id for m in stored] == [message_id], (q, stored)
+        encrypted = bool(stored[0].flags & FLAG_ENCRYPTED)
+        assert encrypted == (q == secret), (q, stored[0].flags)
+        if not encrypted:
+            assert orjson.loads(stored[0].payload) == {"q": q}
+    got = pop_all(b.client, secret, 2)
+    assert sorted(m["transactionId"] for m in got) == ["before", "during"]
+    assert all(m["data"] == {"q": secret} for m in got)
+    assert spool_status(b)["failed"] == 0
+
+
 # ------------------------------------------------------------------------ torn spool file
 def test_a_torn_last_record_is_skipped_without_error(make_broker, fresh_db_dsn, tmp_path):
     spool_dir = tmp_path / "spool"
