@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: run test unit integration bench bench-quick lint clean pg-deps readme-config api-doc
+.PHONY: run test unit integration bench bench-quick lint clean pg-deps readme-config api-doc chaos
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -48,6 +48,13 @@ fuzz: $(STAMP) pg-deps
 	QUEEN_SCHEMATHESIS_EXAMPLES=$(SCHEMATHESIS_EXAMPLES) $(BIN)/python -m pytest \
 		tests/integration/test_openapi_schemathesis.py -o timeout=0 $(PYTEST_ARGS)
 	$(BIN)/python -m tests.fuzz.targets --seconds $(FUZZ_SECONDS)
+
+# The full fault matrix (issue 29, docs/reliability.md): every fault of tests/chaos/matrix.py
+# three times under load, each judged by the per-message ledger; make test runs one round of
+# the reduced set (tests/chaos/test_matrix.py).
+CHAOS_ROUNDS ?= 3
+chaos: $(STAMP) pg-deps
+	$(BIN)/python -m tests.chaos.matrix --rounds $(CHAOS_ROUNDS) --docs docs/reliability.md
 
 bench: $(STAMP) pg-deps
 	$(BIN)/pip install --quiet -e '.[test,bench]'

@@ -58,6 +58,10 @@ def own_listeners(inherited: list[Any], backlog: int) -> list[socket.socket]:
     return out
 
 
+#: how long a graceful stop keeps an idle keep-alive connection open for a request in flight
+IDLE_GRACE_S = 0.25
+
+
 class CorkedTransport:
     """A transport whose writes of one loop step leave together, at the end of the step.
 
@@ -92,11 +96,39 @@ class CorkedTransport:
 
 class CorkedHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol writing through a ``CorkedTransport`` (flow control still
-    watches the real transport, which ``super().connection_made`` hands it)."""
+    watches the real transport, which ``super().connection_made`` hands it), and closing idle
+    keep-alive connections gracefully on a stop.
+
+    uvicorn closes an idle keep-alive connection the moment a graceful stop begins. A request a
+    client had just sent on it is then unread, and the close resets it: the client sees its
+    request cut off with no answer (the fault matrix's SIGTERM row, issue 29). Here an idle
+    connection stays open ``IDLE_GRACE_S`` more: what arrives meanwhile is served and answered
+    with ``Connection: close``; then it closes.
+    """
+
+    _stopping = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self.transport = CorkedTransport(transport, self.loop)  # type: ignore[assignment]
+
+    def shutdown(self) -> None:
+        self._stopping = True
+        if self.cycle is None or self.cycle.response_complete:
+            self.loop.call_later(IDLE_GRACE_S, self._close_when_idle)
+        else:
+            self.cycle.keep_alive = False  # closed after this answer
+
+    def _close_when_idle(self) -> None:
+        if self.cycle is None or self.cycle.response_complete:
+            self.transport.close()
+        else:
+            self.cycle.keep_alive = False
+
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()
+        if self._stopping and self.cycle is not None:
+            self.cycle.keep_alive = False
 
 
 class QuietExitServer(Server):

@@ -1,0 +1,208 @@
+"""The fault matrix's load: producers that retry with the same transactionIds, consumers of two
+groups (manual acks and autoAck), and what each of them saw, for the ledger.
+
+Threads and a blocking HTTP client: the load is small (a few hundred messages a second) and
+the point is what each request was answered, not speed. Every request either gets an HTTP
+answer or fails at the socket; each failure is recorded by kind and the producer retries the
+same body (same transactionIds, so the broker deduplicates) until an answer accepts every item
+or the run's grace period ends.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+__all__ = ["ACCEPTED", "Consumer", "Delivery", "Producer", "Pushed", "error_kind"]
+
+PUSH = "/api/v1/push"
+ACK = "/api/v1/ack/batch"
+ACCEPTED = frozenset({"queued", "duplicate", "buffered"})
+#: an exception that happened after the request was (maybe) sent: its outcome is unknown
+_CUT = (httpx.ReadError, httpx.RemoteProtocolError, httpx.ReadTimeout, httpx.WriteError)
+
+
+def error_kind(ex: BaseException | None = None, response: httpx.Response | None = None) -> str:
+    """A client's error as the ledger counts it: ``503 unavailable``, ``ConnectError``..."""
+    if response is not None:
+        try:
+            code = response.json().get("code")
+        except ValueError:
+            code = None
+        return f"{response.status_code} {code or '-'}"
+    assert ex is not None
+    return type(ex).__name__
+
+
+@dataclass
+class Pushed:
+    """One item's final answer (its last attempt's), and how many requests it took."""
+
+    producer: str
+    seq: int
+    partition: str
+    status: str  # queued | duplicate | buffered | failed | unanswered (gave up)
+    message_id: str | None
+    attempts: int
+
+
+@dataclass(frozen=True)
+class Delivery:
+    group: str
+    transaction_id: str
+    message_id: str
+    partition_id: str
+    offset: int
+    attempt: int
+    lease_id: str | None
+
+
+@dataclass
+class _Shared:
+    stop: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    errors: Counter[str] = field(default_factory=Counter)
+    #: requests whose answer never came (socket cut after sending), by route
+    cut: Counter[str] = field(default_factory=Counter)
+
+    def error(self, route: str, kind: str, cut: bool) -> None:
+        with self.lock:
+            self.errors[f"{route} {kind}"] += 1
+            if cut:
+                self.cut[route] += 1
+
+
+class Producer(threading.Thread):
+    """Pushes ``items`` items a request to ``queue`` over ``partitions`` partitions until
+    stopped; retries every failed request with its own body until ``give_up_at``."""
+
+    def __init__(self, url: str, queue: str, name: str, shared: _Shared, *, items: int = 3,
+                 partitions: int = 50, pause_s: float = 0.01) -> None:
+        super().__init__(name=f"producer-{name}", daemon=True)
+        self.url, self.queue, self.producer = url, queue, name
+        self.shared, self.items, self.partitions, self.pause_s = shared, items, partitions, pause_s
+        self.pushed: list[Pushed] = []
+        self.give_up_at = float("inf")
+        self.first_ok_after: float | None = None  # set by the runner: a fault's start
+        self.recovered_at: float | None = None  # the first all-queued answer sent after it
+
+    def run(self) -> None:
+        seq = 0
+        with httpx.Client(base_url=self.url, timeout=30) as http:
+            while not self.shared.stop.is_set():
+                batch = []
+                for _ in range(self.items):
+                    part = f"p{(hash((self.producer, seq)) & 0x7fffffff) % self.partitions}"
+                    batch.append((seq, part))
+                    seq += 1
+                body = {"items": [{"queue": self.queue, "partition": p,
+                                   "transactionId": f"{self.producer}-{s}",
+                                   "payload": {"producer": self.producer, "seq": s}}
+                                  for s, p in batch]}
+                self._send(http, body, batch)
+                time.sleep(self.pause_s)
+
+    def _send(self, http: httpx.Client, body: dict[str, Any],
+              batch: list[tuple[int, str]]) -> None:
+        attempts = 0
+        while True:
+            attempts += 1
+            sent = time.monotonic()
+            try:
+                r = http.post(PUSH, json=body)
+            except httpx.HTTPError as ex:
+                self.shared.error("push", error_kind(ex), isinstance(ex, _CUT))
+                answer = None
+            else:
+                answer = r.json() if r.status_code == 201 else None
+                if answer is None:
+                    self.shared.error("push", error_kind(response=r), False)
+                elif any(a["status"] not in ACCEPTED for a in answer):
+                    self.shared.error("push", "201 item " + ",".join(sorted(
+                        {a["status"] for a in answer if a["status"] not in ACCEPTED})), False)
+                    answer = None
+            if answer is not None:
+                for (s, p), a in zip(batch, answer, strict=True):
+                    self.pushed.append(Pushed(self.producer, s, p, a["status"],
+                                              a.get("messageId"), attempts))
+                if self.first_ok_after is not None and self.recovered_at is None \
+                        and sent >= self.first_ok_after \
+                        and all(a["status"] == "queued" for a in answer):
+                    self.recovered_at = time.monotonic()
+                return
+            if time.monotonic() >= self.give_up_at:
+                for s, p in batch:
+                    self.pushed.append(Pushed(self.producer, s, p, "unanswered", None,
+                                              attempts))
+                return
+            time.sleep(0.1)
+
+
+class Consumer(threading.Thread):
+    """Pops ``group`` (long poll, 10 a pop) and, unless ``auto_ack``, acks each answer with one
+    batch ack; records every delivery. Runs until stopped and then until ``idle_s`` passes
+    without a message (the drain)."""
+
+    def __init__(self, url: str, queue: str, group: str, shared: _Shared, *,
+                 auto_ack: bool = False, idle_s: float = 3.0) -> None:
+        super().__init__(name=f"consumer-{group}", daemon=True)
+        self.url, self.queue, self.group, self.shared = url, queue, group, shared
+        self.auto_ack, self.idle_s = auto_ack, idle_s
+        self.deliveries: list[Delivery] = []
+        self.ack_failures: Counter[str] = Counter()
+        #: (transactionId, leaseId) of every delivery whose ack answered success
+        self.acked: set[tuple[str, str]] = set()
+        self.draining = threading.Event()  # set once the load and the faults are over
+
+    def run(self) -> None:
+        params = {"consumerGroup": self.group, "batch": 10, "wait": "true", "timeout": 1000,
+                  "autoAck": "true" if self.auto_ack else "false"}
+        last_message = time.monotonic()
+        with httpx.Client(base_url=self.url, timeout=15) as http:
+            while True:
+                if self.draining.is_set() and time.monotonic() - last_message > self.idle_s:
+                    return
+                try:
+                    r = http.get(f"/api/v1/pop/queue/{self.queue}", params=params)
+                except httpx.HTTPError as ex:
+                    self.shared.error(f"pop/{self.group}", error_kind(ex), isinstance(ex, _CUT))
+                    time.sleep(0.1)
+                    continue
+                if r.status_code == 204:
+                    continue
+                if r.status_code != 200:
+                    self.shared.error(f"pop/{self.group}", error_kind(response=r), False)
+                    time.sleep(0.1)
+                    continue
+                messages = r.json()["messages"]
+                last_message = time.monotonic()
+                self.deliveries.extend(
+                    Delivery(self.group, m["transactionId"], m["id"], m["partitionId"],
+                             m["offset"], m["deliveryAttempt"], m.get("leaseId"))
+                    for m in messages)
+                if not self.auto_ack and messages:
+                    self._ack(http, messages)
+
+    def _ack(self, http: httpx.Client, messages: list[dict[str, Any]]) -> None:
+        body = {"consumerGroup": self.group, "acknowledgments": [
+            {"transactionId": m["transactionId"], "partitionId": m["partitionId"],
+             "leaseId": m["leaseId"], "status": "completed"} for m in messages]}
+        try:
+            r = http.post(ACK, json=body)
+        except httpx.HTTPError as ex:
+            # the lease expires and the messages come again: the ledger explains it
+            self.shared.error(f"ack/{self.group}", error_kind(ex), isinstance(ex, _CUT))
+            return
+        if r.status_code != 200:
+            self.shared.error(f"ack/{self.group}", error_kind(response=r), False)
+            return
+        for m, res in zip(messages, r.json(), strict=True):  # one outcome per acknowledgment
+            if res["success"]:
+                self.acked.add((m["transactionId"], str(m["leaseId"])))
+            else:
+                self.ack_failures[str(res.get("error"))] += 1
