@@ -46,22 +46,31 @@ LEASE_S = 2
 
 @dataclass
 class Rig:
-    """The broker under test and the cluster under it; faults replace ``broker``."""
+    """The broker instances under test (one, or two over the same database) and the cluster
+    under them; faults replace what they restart."""
 
-    broker: Broker
+    brokers: list[Broker]
     pg: EmbeddedPostgres
     dsn: str
 
-    def restart(self) -> None:
+    @property
+    def broker(self) -> Broker:
+        return self.brokers[0]
+
+    @property
+    def urls(self) -> list[str]:
+        return [b.url for b in self.brokers]
+
+    def restart(self, index: int = 0) -> None:
         """The same command, environment (port, data dir, spool) and log as before."""
-        old = self.broker
+        old = self.brokers[index]
         with open(old.log_path, "ab") as out:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "queen_mp.processes.cli", "serve"], cwd=REPO,
                 env=old.env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        self.broker = Broker(old.url, proc, old.data_dir, old.log_path, old.env)
-        self.broker.wait_healthy(60)
-        self.broker.wait_all_started()
+        new = self.brokers[index] = Broker(old.url, proc, old.data_dir, old.log_path, old.env)
+        new.wait_healthy(60)
+        new.wait_all_started()
 
 
 # ------------------------------------------------------------------------------------ faults
@@ -73,12 +82,19 @@ def kill_shard(rig: Rig, quick: bool) -> None:
     os.kill(rig.broker.shard_pids()[0], signal.SIGKILL)  # the supervisor restarts it
 
 
-def kill_broker(rig: Rig, quick: bool) -> None:
-    for pid in reversed(process_tree(rig.broker.proc.pid)):
+def kill_broker(rig: Rig, quick: bool, index: int = 0) -> None:
+    victim = rig.brokers[index]
+    for pid in reversed(process_tree(victim.proc.pid)):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    rig.broker.proc.wait()
-    rig.restart()
+    victim.proc.wait()
+    rig.restart(index)
+
+
+def kill_second_instance(rig: Rig, quick: bool) -> None:
+    """Fault 5: the survivor serves meanwhile, acks of the dead one's leases included."""
+    assert len(rig.brokers) == 2, "this fault needs a rig of two instances"
+    kill_broker(rig, quick, index=1)
 
 
 def sigterm_broker(rig: Rig, quick: bool) -> None:
@@ -112,7 +128,11 @@ FAULTS: dict[str, tuple[str, Callable[[Rig, bool], None]]] = {
     "pg-outage": ("PostgreSQL stopped 10 s (4 s quick, immediate), started again",
                   postgres_outage),
     "maintenance": ("push maintenance on and off three times", maintenance_toggles),
+    "kill-instance": ("two instances, round-robin clients: kill -9 of one, restarted",
+                      kill_second_instance),
 }
+#: faults that need a rig of two instances
+TWO_INSTANCES = frozenset({"kill-instance"})
 #: the reduced matrix of `make test` (issue 29: faults 1, 2, 3 and 8)
 QUICK = ("kill-worker", "kill-shard", "kill-broker", "sigterm", "pg-outage", "maintenance")
 
@@ -145,15 +165,15 @@ def run_fault(rig: Rig, fault: str, *, quick: bool = True) -> Row:
     what, action = FAULTS[fault]
     queue = f"chaos-{fault}-{uuid.uuid4().hex[:6]}"
     shared = _Shared()
-    url = rig.broker.url
+    urls = rig.urls
     # NOTE(queen): a pop whose answer a fault cut leaves its lease to expire before the
     # messages come again: short leases, and a drain that waits longer than one.
-    with httpx.Client(base_url=url, timeout=30) as http:
+    with httpx.Client(base_url=urls[0], timeout=30) as http:
         http.post(CONFIGURE, json={"queue": queue, "options": {"leaseTime": LEASE_S}}
                   ).raise_for_status()
-    producers = [Producer(url, queue, f"{fault}-{k}", shared) for k in range(3)]
-    consumers = [Consumer(url, queue, "manual", shared, idle_s=LEASE_S + 2.0),
-                 Consumer(url, queue, "auto", shared, auto_ack=True, idle_s=LEASE_S + 2.0)]
+    producers = [Producer(urls, queue, f"{fault}-{k}", shared) for k in range(3)]
+    consumers = [Consumer(urls, queue, "manual", shared, idle_s=LEASE_S + 2.0),
+                 Consumer(urls, queue, "auto", shared, auto_ack=True, idle_s=LEASE_S + 2.0)]
     for t in (*producers, *consumers):
         t.start()
     time.sleep(before_s)
@@ -168,7 +188,8 @@ def run_fault(rig: Rig, fault: str, *, quick: bool = True) -> Row:
     for p in producers:
         p.join(60)
         assert not p.is_alive(), f"{p.name} hung"
-    _wait_drained(rig.broker.url)
+    for b in rig.brokers:
+        _wait_drained(b.url)
     for c in consumers:
         c.draining.set()
     for c in consumers:
@@ -183,18 +204,21 @@ def run_fault(rig: Rig, fault: str, *, quick: bool = True) -> Row:
 
 
 @contextlib.contextmanager
-def rig(tmp: Path) -> Iterator[Rig]:
-    """A private cluster and a broker on it; both gone afterwards."""
+def rig(tmp: Path, instances: int = 1) -> Iterator[Rig]:
+    """A private cluster and ``instances`` brokers on it; all gone afterwards."""
     base = make_temp_dir("queen-chaos-")
     pg = EmbeddedPostgres(base / "pg", fsync=False)
     pg.start()
     try:
         dsn = make_database(pg.dsn)
-        r = Rig(start_broker(tmp, dsn, QUEEN_PUSH_TIMEOUT_MS="4000"), pg, dsn)
+        r = Rig([], pg, dsn)
         try:
+            for _ in range(instances):
+                r.brokers.append(start_broker(tmp, dsn, QUEEN_PUSH_TIMEOUT_MS="4000"))
             yield r
         finally:
-            r.broker.stop()
+            for b in r.brokers:
+                b.stop()
     finally:
         with contextlib.suppress(Exception):
             pg.stop(mode="immediate")
@@ -227,15 +251,20 @@ def main() -> int:
     ap.add_argument("--docs", default=None, help="write the table into this markdown file")
     a = ap.parse_args()
     rows: list[Row] = []
+    faults = a.faults.split(",")
     tmp = make_temp_dir("queen-chaos-broker-")
     try:
-        with rig(tmp) as r:
-            for _ in range(a.rounds):
-                for fault in a.faults.split(","):
-                    row = run_fault(r, fault, quick=False)
-                    print(f"{fault}: {'OK' if row.verdict.ok else 'FAILED'} "
-                          f"{row.verdict.summary()}", flush=True)
-                    rows.append(row)
+        for instances in (1, 2):
+            todo = [f for f in faults if (f in TWO_INSTANCES) == (instances == 2)]
+            if not todo:
+                continue
+            with rig(tmp, instances) as r:
+                for _ in range(a.rounds):
+                    for fault in todo:
+                        row = run_fault(r, fault, quick=False)
+                        print(f"{fault}: {'OK' if row.verdict.ok else 'FAILED'} "
+                              f"{row.verdict.summary()}", flush=True)
+                        rows.append(row)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(table(rows))

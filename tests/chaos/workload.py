@@ -62,6 +62,24 @@ class Delivery:
     lease_id: str | None
 
 
+class _RoundRobin:
+    """One keep-alive client per broker instance, taken in turn request by request (a client
+    spreading its load over several instances over one database)."""
+
+    def __init__(self, urls: list[str], timeout: float) -> None:
+        self._clients = [httpx.Client(base_url=u, timeout=timeout) for u in urls]
+        self._next = 0
+
+    def take(self) -> httpx.Client:
+        client = self._clients[self._next]
+        self._next = (self._next + 1) % len(self._clients)
+        return client
+
+    def close(self) -> None:
+        for c in self._clients:
+            c.close()
+
+
 @dataclass
 class _Shared:
     stop: threading.Event = field(default_factory=threading.Event)
@@ -81,10 +99,10 @@ class Producer(threading.Thread):
     """Pushes ``items`` items a request to ``queue`` over ``partitions`` partitions until
     stopped; retries every failed request with its own body until ``give_up_at``."""
 
-    def __init__(self, url: str, queue: str, name: str, shared: _Shared, *, items: int = 3,
+    def __init__(self, urls: list[str], queue: str, name: str, shared: _Shared, *, items: int = 3,
                  partitions: int = 50, pause_s: float = 0.01) -> None:
         super().__init__(name=f"producer-{name}", daemon=True)
-        self.url, self.queue, self.producer = url, queue, name
+        self.urls, self.queue, self.producer = urls, queue, name
         self.shared, self.items, self.partitions, self.pause_s = shared, items, partitions, pause_s
         self.pushed: list[Pushed] = []
         self.give_up_at = float("inf")
@@ -93,7 +111,8 @@ class Producer(threading.Thread):
 
     def run(self) -> None:
         seq = 0
-        with httpx.Client(base_url=self.url, timeout=30) as http:
+        http = _RoundRobin(self.urls, 30)
+        try:
             while not self.shared.stop.is_set():
                 batch = []
                 for _ in range(self.items):
@@ -106,15 +125,17 @@ class Producer(threading.Thread):
                                   for s, p in batch]}
                 self._send(http, body, batch)
                 time.sleep(self.pause_s)
+        finally:
+            http.close()
 
-    def _send(self, http: httpx.Client, body: dict[str, Any],
+    def _send(self, http: _RoundRobin, body: dict[str, Any],
               batch: list[tuple[int, str]]) -> None:
         attempts = 0
         while True:
             attempts += 1
             sent = time.monotonic()
             try:
-                r = http.post(PUSH, json=body)
+                r = http.take().post(PUSH, json=body)
             except httpx.HTTPError as ex:
                 self.shared.error("push", error_kind(ex), isinstance(ex, _CUT))
                 answer = None
@@ -148,10 +169,10 @@ class Consumer(threading.Thread):
     batch ack; records every delivery. Runs until stopped and then until ``idle_s`` passes
     without a message (the drain)."""
 
-    def __init__(self, url: str, queue: str, group: str, shared: _Shared, *,
+    def __init__(self, urls: list[str], queue: str, group: str, shared: _Shared, *,
                  auto_ack: bool = False, idle_s: float = 3.0) -> None:
         super().__init__(name=f"consumer-{group}", daemon=True)
-        self.url, self.queue, self.group, self.shared = url, queue, group, shared
+        self.urls, self.queue, self.group, self.shared = urls, queue, group, shared
         self.auto_ack, self.idle_s = auto_ack, idle_s
         self.deliveries: list[Delivery] = []
         self.ack_failures: Counter[str] = Counter()
@@ -163,12 +184,13 @@ class Consumer(threading.Thread):
         params = {"consumerGroup": self.group, "batch": 10, "wait": "true", "timeout": 1000,
                   "autoAck": "true" if self.auto_ack else "false"}
         last_message = time.monotonic()
-        with httpx.Client(base_url=self.url, timeout=15) as http:
+        http = _RoundRobin(self.urls, 15)
+        try:
             while True:
                 if self.draining.is_set() and time.monotonic() - last_message > self.idle_s:
                     return
                 try:
-                    r = http.get(f"/api/v1/pop/queue/{self.queue}", params=params)
+                    r = http.take().get(f"/api/v1/pop/queue/{self.queue}", params=params)
                 except httpx.HTTPError as ex:
                     self.shared.error(f"pop/{self.group}", error_kind(ex), isinstance(ex, _CUT))
                     time.sleep(0.1)
@@ -187,17 +209,27 @@ class Consumer(threading.Thread):
                     for m in messages)
                 if not self.auto_ack and messages:
                     self._ack(http, messages)
+        finally:
+            http.close()
 
-    def _ack(self, http: httpx.Client, messages: list[dict[str, Any]]) -> None:
+    def _ack(self, http: _RoundRobin, messages: list[dict[str, Any]]) -> None:
+        """One batch ack; an instance that refuses the connection (nothing was sent) passes
+        it to the next one, as a client of several instances does."""
         body = {"consumerGroup": self.group, "acknowledgments": [
             {"transactionId": m["transactionId"], "partitionId": m["partitionId"],
              "leaseId": m["leaseId"], "status": "completed"} for m in messages]}
-        try:
-            r = http.post(ACK, json=body)
-        except httpx.HTTPError as ex:
-            # the lease expires and the messages come again: the ledger explains it
-            self.shared.error(f"ack/{self.group}", error_kind(ex), isinstance(ex, _CUT))
-            return
+        for attempt in range(len(self.urls)):
+            try:
+                r = http.take().post(ACK, json=body)
+                break
+            except httpx.ConnectError as ex:
+                self.shared.error(f"ack/{self.group}", error_kind(ex), False)
+                if attempt == len(self.urls) - 1:
+                    return
+            except httpx.HTTPError as ex:
+                # the lease expires and the messages come again: the ledger explains it
+                self.shared.error(f"ack/{self.group}", error_kind(ex), isinstance(ex, _CUT))
+                return
         if r.status_code != 200:
             self.shared.error(f"ack/{self.group}", error_kind(response=r), False)
             return
