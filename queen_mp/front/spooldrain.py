@@ -230,7 +230,11 @@ class Drainer:
                     not_before = 0.0
                 if loop.time() < not_before:
                     continue
-                forced = first or requested
+                # NOTE(spool): this worker's own file, once drained to its end, is sealed, and
+                # the pass below deletes it: its space comes back without waiting for a
+                # rotation (a full disk refuses the pushes that would rotate it).
+                released = await self._in_io(self.writer.release_if_drained)
+                forced = first or requested or released
                 if not forced and stats.pending == 0:
                     continue
                 result, _ = await self.drain_once()

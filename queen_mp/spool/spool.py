@@ -481,6 +481,21 @@ class SpoolWriter:
             self._closed = True
             self._seal()
 
+    def release_if_drained(self) -> bool:
+        """Seal the current file once the drain has replayed every record of it, so that the
+        drain's next pass deletes it; True if it did. Without this a drained file keeps its
+        disk space until it rotates at ``max_file_bytes``, and a spool that filled its disk
+        stays full: pushes answer 507 before they can append (issue 29, fault 6). The next
+        append opens a new file."""
+        with self._mutex:
+            if self._fd is None or self._path is None or self._size <= _FILE_HEADER_SIZE:
+                return False
+            done = _read_done(self._path)
+            if done is None or done[0] < self._size:
+                return False
+            self._seal()
+            return True
+
     def __enter__(self) -> Self:
         return self
 

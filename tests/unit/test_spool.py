@@ -233,6 +233,30 @@ def test_live_file_is_drained_but_kept_until_sealed(tmp_path: Path) -> None:
     assert not list(tmp_path.glob("*.done"))
 
 
+def test_a_writer_releases_its_file_once_drained_to_its_end(tmp_path: Path) -> None:
+    """release_if_drained: a live file gives its space back as soon as the drain has replayed
+    all of it (issue 29, fault 6), never before; the next append opens a new file."""
+    writer = SpoolWriter(tmp_path, "w0-1", fsync=False)
+    assert not writer.release_if_drained()  # no file yet
+    writer.append([b"a", b"b"])
+    with SpoolReader(tmp_path, fsync=False) as reader:
+        got = list(reader.iter_pending())
+        reader.mark_done(got[0][0])
+        assert not writer.release_if_drained()  # b is not replayed yet
+        reader.mark_done(got[1][0])
+        writer.append([b"c"])
+        assert not writer.release_if_drained()  # c came after the drain
+        [(pos, _)] = list(reader.iter_pending())
+        reader.mark_done(pos)
+        assert writer.release_if_drained()
+        assert writer.path is None
+        assert list(reader.iter_pending()) == []  # sealed and fully drained: deleted
+        assert _logs(tmp_path) == []
+        writer.append([b"d"])
+        assert [p for _, p in reader.iter_pending()] == [b"d"]
+    writer.close()
+
+
 def test_uncommitted_append_is_invisible_to_the_drain(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
