@@ -2,9 +2,10 @@
 
 Failures (any one fails the run):
 - LOST: an accepted item (``queued``, ``duplicate`` or ``buffered``) never delivered to a
-  group; in the autoAck group, only beyond what its pops whose answer was cut can explain (an
-  autoAck pop commits its cursor before answering: a cut answer takes up to a batch with it,
-  the documented at-most-once meaning of autoAck);
+  group; in the autoAck group, only beyond what its pops of unknown outcome can explain (an
+  answer cut, or ``503 timeout``/``outcome_unknown``: an autoAck pop commits its cursor before
+  answering, so such a pop may take up to a batch with it, the documented at-most-once
+  meaning of autoAck);
 - DUPLICATED: a message delivered again after a successful ack of its earlier delivery (manual
   group), or delivered twice at all (autoAck group);
 - WRONG ID: delivered under another messageId than its push answer gave;

@@ -28,11 +28,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+from psycopg.conninfo import make_conninfo
 
 from bench.ledger import check_offsets
 from queen_mp.db.embedded import EmbeddedPostgres
 from tests.brokerharness import REPO, Broker, process_tree, start_broker
 from tests.chaos.ledger import Verdict, judge
+from tests.chaos.netproxy import NetProxy
 from tests.chaos.workload import Consumer, Producer, _Shared
 from tests.pgharness import make_database, make_temp_dir
 
@@ -51,7 +53,8 @@ class Rig:
 
     brokers: list[Broker]
     pg: EmbeddedPostgres
-    dsn: str
+    dsn: str  # direct, for the ledger's checks
+    proxy: NetProxy | None = None  # between the brokers and PostgreSQL, for fault 7
 
     @property
     def broker(self) -> Broker:
@@ -109,6 +112,16 @@ def postgres_outage(rig: Rig, quick: bool) -> None:
     rig.pg.start()
 
 
+def network_fault(rig: Rig, quick: bool, mode: str) -> None:
+    """Fault 7: statements past their deadline are cancelled out of band and their
+    connections quarantined; clients hear 503 timeout / outcome_unknown or buffered."""
+    assert rig.proxy is not None, "this fault needs a proxied rig"
+    rig.proxy.delay_s = 0.3
+    rig.proxy.mode = mode
+    time.sleep(4.0 if quick else 8.0)
+    rig.proxy.mode = "pass"
+
+
 def maintenance_toggles(rig: Rig, quick: bool) -> None:
     seconds = 0.5 if quick else 1.0
     with httpx.Client(base_url=rig.broker.url, timeout=30) as http:
@@ -130,9 +143,17 @@ FAULTS: dict[str, tuple[str, Callable[[Rig, bool], None]]] = {
     "maintenance": ("push maintenance on and off three times", maintenance_toggles),
     "kill-instance": ("two instances, round-robin clients: kill -9 of one, restarted",
                       kill_second_instance),
+    "net-blackhole": ("network to PostgreSQL drops everything 8 s (4 s quick)",
+                      lambda rig, quick: network_fault(rig, quick, "blackhole")),
+    "net-delay": ("network to PostgreSQL delays every packet 300 ms for 8 s (4 s quick)",
+                  lambda rig, quick: network_fault(rig, quick, "delay")),
 }
 #: faults that need a rig of two instances
 TWO_INSTANCES = frozenset({"kill-instance"})
+#: faults that need the broker's connections to go through the rig's NetProxy
+PROXIED = frozenset({"net-blackhole", "net-delay"})
+#: the statement deadline of a proxied rig: short, so a fault drives the cancel and quarantine
+PROXIED_STATEMENT_TIMEOUT_MS = 1500
 #: the reduced matrix of `make test` (issue 29: faults 1, 2, 3 and 8)
 QUICK = ("kill-worker", "kill-shard", "kill-broker", "sigterm", "pg-outage", "maintenance")
 
@@ -204,21 +225,30 @@ def run_fault(rig: Rig, fault: str, *, quick: bool = True) -> Row:
 
 
 @contextlib.contextmanager
-def rig(tmp: Path, instances: int = 1) -> Iterator[Rig]:
-    """A private cluster and ``instances`` brokers on it; all gone afterwards."""
+def rig(tmp: Path, instances: int = 1, proxied: bool = False) -> Iterator[Rig]:
+    """A private cluster and ``instances`` brokers on it (through a NetProxy when
+    ``proxied``); all gone afterwards."""
     base = make_temp_dir("queen-chaos-")
     pg = EmbeddedPostgres(base / "pg", fsync=False)
     pg.start()
     try:
         dsn = make_database(pg.dsn)
         r = Rig([], pg, dsn)
+        settings = {"QUEEN_PUSH_TIMEOUT_MS": "4000"}
+        broker_dsn = dsn
+        if proxied:
+            r.proxy = NetProxy("127.0.0.1", pg.port)
+            broker_dsn = make_conninfo(dsn, host="127.0.0.1", port=r.proxy.port)
+            settings["QUEEN_PG_STATEMENT_TIMEOUT_MS"] = str(PROXIED_STATEMENT_TIMEOUT_MS)
         try:
             for _ in range(instances):
-                r.brokers.append(start_broker(tmp, dsn, QUEEN_PUSH_TIMEOUT_MS="4000"))
+                r.brokers.append(start_broker(tmp, broker_dsn, **settings))
             yield r
         finally:
             for b in r.brokers:
                 b.stop()
+            if r.proxy is not None:
+                r.proxy.close()
     finally:
         with contextlib.suppress(Exception):
             pg.stop(mode="immediate")
@@ -248,12 +278,14 @@ LEGEND = """\
 Columns: *accepted*, items answered `queued`, `duplicate` or `buffered` (each producer retries a
 request that failed with the same transactionIds until every item is accepted); *delivered*,
 distinct messages each consumer group received; *lost*, accepted and never delivered (autoAck
-messages taken by a pop whose answer a fault cut are counted apart: at-most-once is what
-autoAck means); *duplicated*, delivered again after a successful ack (or twice under autoAck);
+messages taken by a pop whose outcome is unknown, its answer cut or a 503 timeout, are counted
+apart: at-most-once is what autoAck means); *duplicated*, delivered again after a successful
+ack (or twice under autoAck);
 *unanswered*, items still not accepted when the run gave up (30 s after the load stopped);
 *redelivered*, deliveries again after an ack that did not succeed (the lease expired);
 *client errors*, what the clients saw, by route and kind (ConnectError: refused, nothing sent;
-ReadError and RemoteProtocolError: the answer was cut); *recovery s*, from the fault's start to
+ReadError and RemoteProtocolError: the answer was cut; 503 timeout and outcome_unknown: the
+broker does not know whether it applied); *recovery s*, from the fault's start to
 the first push answered `queued` that was sent after it. Offsets are checked to tile every
 partition without gap or overlap. Any loss, duplicate or offset problem fails the run.
 """
@@ -265,8 +297,9 @@ OUTSIDE = """\
 - The spool's disk filling up (fault 6) is tests/integration/test_spool_full.py: a tmpfs of
   8 MiB under the spool, pushes answer 507 above the high-water mark, every `buffered` item is
   stored once after the drain, and pushes are taken again once the drain has freed the disk.
-- Not covered yet: a PostgreSQL failover under pg_auto_failover (fault 4) and a network that
-  drops or delays packets between the broker and PostgreSQL (fault 7).
+- The network faults (7) are made by a TCP proxy of the test's own between the broker and
+  PostgreSQL (tests/chaos/netproxy.py): these machines' kernels have no netem.
+- Not covered yet: a PostgreSQL failover under pg_auto_failover (fault 4).
 """
 
 
@@ -296,11 +329,12 @@ def main() -> int:
     faults = a.faults.split(",")
     tmp = make_temp_dir("queen-chaos-broker-")
     try:
-        for instances in (1, 2):
-            todo = [f for f in faults if (f in TWO_INSTANCES) == (instances == 2)]
+        for instances, proxied in ((1, False), (2, False), (1, True)):
+            todo = [f for f in faults if (f in TWO_INSTANCES) == (instances == 2)
+                    and (f in PROXIED) == proxied]
             if not todo:
                 continue
-            with rig(tmp, instances) as r:
+            with rig(tmp, instances, proxied) as r:
                 for _ in range(a.rounds):
                     for fault in todo:
                         row = run_fault(r, fault, quick=False)

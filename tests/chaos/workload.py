@@ -27,6 +27,10 @@ ACCEPTED = frozenset({"queued", "duplicate", "buffered"})
 _CUT = (httpx.ReadError, httpx.RemoteProtocolError, httpx.ReadTimeout, httpx.WriteError)
 
 
+#: answers that do not say whether the request applied (api.md 1.4): counted as cut
+UNKNOWN_OUTCOME = ("503 timeout", "503 outcome_unknown")
+
+
 def error_kind(ex: BaseException | None = None, response: httpx.Response | None = None) -> str:
     """A client's error as the ledger counts it: ``503 unavailable``, ``ConnectError``..."""
     if response is not None:
@@ -85,13 +89,14 @@ class _Shared:
     stop: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
     errors: Counter[str] = field(default_factory=Counter)
-    #: requests whose answer never came (socket cut after sending), by route
+    #: requests whose outcome is unknown (socket cut after sending, or an answer saying so),
+    #: by route
     cut: Counter[str] = field(default_factory=Counter)
 
     def error(self, route: str, kind: str, cut: bool) -> None:
         with self.lock:
             self.errors[f"{route} {kind}"] += 1
-            if cut:
+            if cut or kind in UNKNOWN_OUTCOME:
                 self.cut[route] += 1
 
 
