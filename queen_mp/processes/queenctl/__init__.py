@@ -48,8 +48,10 @@ from queen_mp.processes.queenctl import (  # noqa: F401  (each registers its com
     dlq,
     groups,
     keys,
+    messages,
     ops,
     queues,
+    top,
 )
 from queen_mp.processes.queenctl.base import (
     EXIT_ERROR,

@@ -21,7 +21,7 @@ from queen_mp.processes.queenctl.base import (
 )
 
 # --- queues
-queues = subgroup("queues", "List, inspect, configure and delete queues.")
+queues = subgroup("queues", "List, inspect, configure, purge and delete queues.")
 
 
 def _render_queue_list(body: Any) -> str:
@@ -145,3 +145,31 @@ def queues_delete(obj: Client, queue: str, yes: bool) -> None:
         return f"deleted queue {queue}"
 
     emit(obj, body, render)
+
+
+def _render_purge(body: Any) -> str:
+    if not isinstance(body, dict):
+        return generic(body)
+    text = (f"purged queue {body.get('queue')}: {body.get('purged')} message(s) removed from "
+            f"{body.get('partitions')} partition(s)")
+    if body.get("kept"):
+        text += (f"\n{body['kept']} message(s) kept: inside a live lease or after one in its "
+                 "partition; purge again once they are acknowledged")
+    return text
+
+
+@command(queues, "purge")
+@click.argument("queue")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+def queues_purge(obj: Client, queue: str, yes: bool) -> None:
+    """Remove every message of QUEUE and keep the queue (role admin; exit 4 if unknown).
+
+    Unlike `delete`, its options, partitions, consumer groups and subscriptions stay and
+    offsets go on where they were; every group's backlog drops to 0. Messages inside a live
+    lease stay (with the later ones of their partition), as do dead-letter rows (`dlq
+    delete`) and deduplication of recent transactionIds.
+    """
+    if not yes:
+        click.confirm(f"Remove every message of queue {queue!r}?", abort=True, err=True)
+    emit(obj, obj.require("POST", f"/api/v1/resources/queues/{seg(queue)}/purge"),
+         _render_purge)
