@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
+import pty
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -31,6 +35,7 @@ from queen_mp.processes.queenctl.top import CLEAR
 from tests.brokerharness import Broker, free_port
 from tests.integration.authkit import start_auth_broker, token
 from tests.integration.test_queenctl import ack, ctl, ctl_json, pop, push, uq
+from tests.pgharness import REPO_ROOT
 
 
 def fetch(client: httpx.Client, queue: str, partition: str = "Default") -> list[dict]:
@@ -235,6 +240,34 @@ def test_top_once_and_iterations(broker):
     assert r.exit_code == EXIT_USAGE
     r = ctl(f"http://127.0.0.1:{free_port()}", "top", "--once")
     assert r.exit_code == EXIT_UNREACHABLE and r.stderr.startswith("error: unreachable: ")
+
+
+def test_top_redraws_in_place_on_a_terminal(broker):
+    """On a TTY every frame starts with the home-and-clear codes; the process is the console
+    entry point's, its stdout a pseudo-terminal."""
+    main_fd, tty_fd = pty.openpty()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "queen_mp.processes.queenctl", "--url", broker.url, "top",
+             "--iterations", "2", "--interval", "0.2"],
+            stdout=tty_fd, stderr=subprocess.PIPE, cwd=REPO_ROOT)
+        os.close(tty_fd)
+        out = b""
+        while True:
+            try:
+                chunk = os.read(main_fd, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not chunk:
+                break
+            out += chunk
+        assert proc.wait(timeout=60) == EXIT_OK, proc.stderr.read() if proc.stderr else ""
+    finally:
+        os.close(main_fd)
+    text = out.decode()
+    assert text.count(CLEAR) == 2, text[:500]
+    assert text.startswith(CLEAR + "queenctl top  ")
+    assert "rates (since start)" in text and "rates (last 0." in text
 
 
 def test_top_counts_a_push_between_frames(broker):
