@@ -378,6 +378,10 @@ def test_roles_under_jwt(auth_broker):
     assert [x["queue"] for x in frame["queues"]] == [q]  # the tenant's queues only
     r = as_role(b, None, "messages", "browse", q)
     assert r.exit_code == EXIT_ERROR and r.stderr.startswith("error: unauthorized: ")
+    for args in (["queues", "purge", q, "--yes"], ["messages", "browse", q],
+                 ["messages", "peek", q]):  # another tenant's queue is an unknown one
+        r = as_role(b, "admin", *args, tenant="ctl-other")
+        assert r.exit_code == EXIT_NOT_FOUND, (args, r.output)
     r = as_role(b, "admin", "queues", "purge", q, "--yes", "--json")
     assert r.exit_code == EXIT_OK, r.output
     assert json.loads(r.stdout)["purged"] == 1

@@ -59,8 +59,8 @@ DEFAULT_URL = "http://127.0.0.1:6632"
 _EXIT_HELP = """\b
 Exit codes:
   0  success (health: the broker is healthy)
-  1  the broker answered an error, or is unhealthy
-  2  usage error
+  1  the broker answered an error (403: the token's role is too low), or is unhealthy
+  2  usage error, or input that is not JSON (nothing was sent)
   3  broker unreachable
   4  not found (404)"""
 
@@ -304,7 +304,7 @@ def _run(func: Any) -> Any:
     return wrapper
 
 
-_JSON_HELP = "Machine-readable output: the broker's JSON answer (as the global --json)."
+_JSON_HELP = "Machine-readable output, JSON (as the global --json)."
 
 
 def command(group: click.Group, name: str | None = None, **kw: Any) -> Any:

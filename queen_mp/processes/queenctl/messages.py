@@ -149,8 +149,8 @@ def _die(obj: Client, code: int, kind: str, text: str, body: Any = None) -> NoRe
 @click.option("--partition", "-p", metavar="NAME", default="Default", show_default=True,
               help="The partition to read.")
 @click.option("--offset", type=click.IntRange(min=0), default=None,
-              help="First offset to show (partition offsets start at 1; 0 = the oldest kept) "
-                   "[default: 0].")
+              help="First offset to show (a partition's offsets start at 1) [default: the "
+                   "oldest one retention and purges kept].")
 @click.option("--from", "from_", metavar="ISO",
               help="Start at the first message created at or after this time instead.")
 @click.option("--limit", "-n", type=click.IntRange(1, 10000), default=20, show_default=True,
@@ -164,7 +164,9 @@ def messages_peek(obj: Client, queue: str, partition: str, offset: int | None,
     lease is taken and no cursor moves (POST /api/v1/fetch, role read-write).
 
     Exit 4 if QUEUE is unknown, 1 if the offset is outside the log (retention removed it, or
-    it is beyond the last message).
+    it is beyond the last message). With --json: the partition's entry of the fetch answer
+    (queue, partition, logStartOffset, highWatermark, records) and `more`, true when records
+    beyond the last one shown exist.
     """
     if offset is not None and from_ is not None:
         raise click.UsageError("give --offset or --from, not both")

@@ -180,8 +180,10 @@ def top(obj: Client, interval: float, iterations: int | None, once: bool, top_n:
     """A live view of push/pop/ack rates, backlog per queue and lag per consumer group.
 
     On a terminal the screen is redrawn in place every --interval; piped, frames are printed
-    one after the other; with --json each frame is one JSON object on its own line. Needs
-    role read-only (the metrics and health routes are public).
+    one after the other; with --json each frame is one JSON object on its own line (time,
+    windowSeconds: null on the first frame, whose rates are averages since the broker started;
+    rates, broker, totals, queues, groups). IN/S is the growth of a queue's stored messages
+    between two frames. Needs role read-only (the metrics and health routes are public).
     """
     if once and iterations is not None:
         raise click.UsageError("give --once or --iterations, not both")
