@@ -35,9 +35,9 @@ error answer ``{"error", "code"}`` is printed to stderr as ``error: <code>: <tex
 Exit codes:
 
 - 0: success (``health``: the broker is healthy)
-- 1: the broker answered an error (4xx other than 404, 5xx), or is unhealthy; a push with an
-  item not stored; an aborted confirmation; a bad input file
-- 2: usage error (bad options or arguments)
+- 1: the broker answered an error (4xx other than 404, 403 for a token's role included, 5xx),
+  or is unhealthy; a push with an item not stored; an aborted confirmation
+- 2: usage error (bad options or arguments; a payload or file that is not JSON: nothing sent)
 - 3: the broker is unreachable (connection refused, DNS, timeout)
 - 4: not found (the broker answered 404: unknown queue, group, DLQ row or route)
 """
