@@ -21,7 +21,9 @@ def sample(at: float, pushed: int, queues: dict[str, tuple[int, int]], *, uptime
               "shards": {"alive": 2, "total": 2}}
     rows = [{"name": n, "messages": {"pending": p, "processing": 0, "deadLetter": 0,
                                      "total": t}} for n, (p, t) in queues.items()]
-    return Sample(at, metrics, health, rows, groups or [])
+    overview = {"queues": len(queues), "messages": {
+        "pending": sum(p for p, _ in queues.values()), "deadLetter": 0}}
+    return Sample(at, metrics, health, overview, rows, groups or [])
 
 
 def test_first_frame_averages_since_start_then_differences():

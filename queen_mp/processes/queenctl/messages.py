@@ -175,7 +175,7 @@ def messages_peek(obj: Client, queue: str, partition: str, offset: int | None,
         found = _first_offset_since(obj, queue, partition, from_)
         if found is None:  # nothing since then: show the bounds and no record
             entry = _fetch(obj, queue, partition, None, 1)
-            entry["records"] = []
+            entry["records"], entry["more"] = [], False
             emit(obj, entry, _render_peek(None if full else 100))
             return
         start = found

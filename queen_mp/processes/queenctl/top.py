@@ -1,8 +1,10 @@
 """``queenctl top``: a live terminal view of a broker's rates, backlog and consumer lag.
 
-Each frame reads four routes: ``GET /health`` (maintenance, shards), ``GET /metrics`` (counters
-since start, docs/api.md 2.12), ``GET /api/v1/resources/queues`` (backlog per queue) and
-``GET /api/v1/consumer-groups`` (lag per group). Rates are the counters' differences between two
+Each frame reads five routes: ``GET /health`` (maintenance, shards), ``GET /metrics`` (counters
+since start, docs/api.md 2.12), ``GET /api/v1/resources/overview`` (the tenant's totals),
+``GET /api/v1/resources/queues`` (backlog per queue: its first page of 1,000 queues, by name, so
+a tenant with more sees the busiest among those) and ``GET /api/v1/consumer-groups`` (lag per
+group). Rates are the counters' differences between two
 frames over the time between them; the first frame, having no earlier one, shows the averages
 since the broker started. On a terminal each frame redraws the screen in place (ANSI home and
 clear); anywhere else (a pipe, a file, a test) frames follow one another, and ``--json`` writes
@@ -35,6 +37,7 @@ class Sample:
     at: float
     metrics: dict[str, Any]
     health: dict[str, Any]
+    overview: dict[str, Any]
     queues: list[dict[str, Any]]
     groups: list[dict[str, Any]]
 
@@ -62,9 +65,11 @@ def _poll(obj: Client) -> Sample:
     if not isinstance(health.body, dict) or "status" not in health.body:
         obj.fail(health)
     metrics = obj.require("GET", "/metrics")
+    overview = obj.require("GET", "/api/v1/resources/overview")
     queues = obj.require("GET", "/api/v1/resources/queues", query={"limit": 1000})
     groups = obj.require("GET", "/api/v1/consumer-groups")
     return Sample(time.monotonic(), metrics, health.body,
+                  overview if isinstance(overview, dict) else {},
                   queues.get("queues", []) if isinstance(queues, dict) else [],
                   groups if isinstance(groups, list) else [])
 
@@ -113,9 +118,10 @@ def build_frame(now: Sample, before: Sample | None, top_n: int) -> Frame:
               "parkedPops": now.metrics.get("parkedPops"),
               "segmentsPerCommit": fusion.get("segmentsPerCommit"),
               "database": now.metrics.get("database")}
-    totals = {"queues": len(now.queues),
-              "pending": sum(int(r["pending"] or 0) for r in queues),
-              "deadLetter": sum(int(r["deadLetter"] or 0) for r in queues),
+    counts = now.overview.get("messages") or {}
+    totals = {"queues": int(now.overview.get("queues") or 0),
+              "pending": int(counts.get("pending") or 0),
+              "deadLetter": int(counts.get("deadLetter") or 0),
               "groupLag": sum(int(g["lag"] or 0) for g in groups)}
     return Frame(dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), window,
                  {k: round(v, 3) for k, v in rates.items()}, broker, queues[:top_n],
