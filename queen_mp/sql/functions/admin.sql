@@ -415,14 +415,16 @@ BEGIN
             WHERE t.partition_id = v_part.id AND t."offset" < v_start;
             UPDATE queen.log_partitions lp SET log_start_offset = v_start
             WHERE lp.id = v_part.id;
-            -- no live lease is below the cut: a cursor below it holds none (an expired one
-            -- goes, as a seek clears it)
+            -- every live batch starts above the cut, so a cursor below the new start holds
+            -- no live lease (the condition says it again); an expired one goes, as a seek
+            -- clears it
             UPDATE queen.log_consumers c
             SET committed_offset = v_start - 1,
                 released_lease_id = COALESCE(c.lease_id, c.released_lease_id),
                 lease_id = NULL, worker_id = NULL, lease_expires_at = NULL,
                 attempt_count = 0, batch_retry_count = 0
-            WHERE c.partition_id = v_part.id AND c.committed_offset < v_start - 1;
+            WHERE c.partition_id = v_part.id AND c.committed_offset < v_start - 1
+              AND NOT (c.lease_id IS NOT NULL AND c.lease_expires_at > v_now);
             v_purged := v_purged + (v_start - v_part.log_start_offset);
         END IF;
         v_kept := v_kept + GREATEST(v_part.last_offset - v_start + 1, 0);
