@@ -33,6 +33,7 @@ __all__ = [
     "namespaces",
     "overview",
     "partitions_page",
+    "purge_queue",
     "queue_detail",
     "queues_page",
     "tasks",
@@ -104,6 +105,12 @@ async def delete_queue(conn: Conn, tenant: bytes, queue: str) -> bool:
     """``queue_delete_v1``: True when the queue existed (and is now gone)."""
     return bool(await _value(conn, "SELECT queen.queue_delete_v1(%s, %s)",
                              (tenant_uuid(tenant), queue), write=True))
+
+
+async def purge_queue(conn: Conn, tenant: bytes, queue: str) -> dict[str, int] | None:
+    """``queue_purge_v1``: counts of what went and what live leases kept; None = no queue."""
+    return await _value(conn, "SELECT queen.queue_purge_v1(%s, %s)",
+                        (tenant_uuid(tenant), queue), write=True)
 
 
 # ------------------------------------------------------------------------------------- reads

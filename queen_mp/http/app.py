@@ -182,6 +182,7 @@ def create_app(config: Config, runtime: Runtime, worker: FrontWorker | None = No
     app.add_route("/api/v1/resources/queues", resources.QueuesResource(worker))
     app.add_route("/api/v1/resources/queues/{queue}", resources.QueueResource(worker))
     app.add_route("/api/v1/resources/queues/{queue}/depth", resources.DepthResource(worker))
+    app.add_route("/api/v1/resources/queues/{queue}/purge", resources.PurgeResource(worker))
     app.add_route("/api/v1/resources/namespaces", resources.NamespacesResource(worker))
     app.add_route("/api/v1/resources/tasks", resources.TasksResource(worker))
     app.add_route("/api/v1/resources/partitions", resources.PartitionsResource(worker))

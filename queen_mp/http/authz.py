@@ -20,7 +20,8 @@ leaves it with ``req.context.tenant`` (16 bytes), ``req.context.sub`` (str or No
 Roles per route (docs/api.md 1.5, 5): ``admin`` for ``/api/v1/system/*``, queue delete
 (``DELETE /api/v1/resources/queues/{queue}``), ephemeral queue delete
 (``DELETE /api/v1/ephemeral/queue/{queue}``), consumer group delete (every ``DELETE`` under
-``/api/v1/consumer-groups/``) and ``POST /api/v1/stats/refresh``;
+``/api/v1/consumer-groups/``), queue purge (``POST /api/v1/resources/queues/{queue}/purge``)
+and ``POST /api/v1/stats/refresh``;
 ``read-only`` for every other ``GET``/``HEAD`` except pops (``/api/v1/pop...`` and
 ``/api/v1/ephemeral/pop``); ``read-write`` for the rest (pops, push, ack, transaction,
 lease extend, configure, KV, timers, locks, trace recording, DLQ retry and delete, seek,
@@ -45,7 +46,8 @@ __all__ = ["ADMIN_DELETE_TREES", "ADMIN_ROUTES", "PUBLIC_PATHS", "Authz", "requi
 #: ``/api/v1/openapi.json`` describes the API and holds no data (queen_mp/http/openapi.py).
 PUBLIC_PATHS = frozenset({"/health", "/metrics", "/metrics/prometheus", "/api/v1/openapi.json"})
 #: (method, uri template) of the admin routes outside the ``/api/v1/system/`` tree.
-ADMIN_ROUTES = frozenset({("POST", "/api/v1/stats/refresh")})
+ADMIN_ROUTES = frozenset({("POST", "/api/v1/stats/refresh"),
+                          ("POST", "/api/v1/resources/queues/{queue}/purge")})
 #: Every DELETE under these is admin: queue delete and consumer group delete. A tree, not a
 #: list of templates: ``DELETE /api/v1/consumer-groups/lagging`` deletes the group named
 #: "lagging" (the literal route shadows ``{group}``), and a template added later is covered.

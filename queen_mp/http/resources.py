@@ -9,6 +9,7 @@ cached (so ``POST /stats/refresh`` has nothing to recompute and only answers):
 ``GET    /api/v1/resources/queues``                  ``QueuesResource``
 ``GET    /api/v1/resources/queues/{queue}``          ``QueueResource`` (404 when absent)
 ``DELETE /api/v1/resources/queues/{queue}``          ``QueueResource`` (200, ``existed``)
+``POST   /api/v1/resources/queues/{queue}/purge``    ``PurgeResource`` (404 when absent)
 ``GET    /api/v1/resources/queues/{queue}/depth``    ``DepthResource`` (404 when absent)
 ``GET    /api/v1/resources/namespaces``              ``NamespacesResource``
 ``GET    /api/v1/resources/tasks``                   ``TasksResource``
@@ -60,6 +61,7 @@ __all__ = [
     "NamespacesResource",
     "OverviewResource",
     "PartitionsResource",
+    "PurgeResource",
     "QueueResource",
     "QueuesResource",
     "StatsRefreshResource",
@@ -258,6 +260,26 @@ class QueueResource(_Resource):
         existed = await call_db(self.worker.pool,
                                 lambda conn: admin_procs.delete_queue(conn, tenant, queue))
         resp.media = {"deleted": True, "queue": queue, "existed": existed}
+
+
+class PurgeResource(_Resource):
+    """``POST /api/v1/resources/queues/{queue}/purge``: remove the messages, keep the queue.
+
+    Unlike the delete, the queue's options, partitions (their offsets go on), consumer groups
+    and subscriptions stay, so producers and consumers carry on; messages inside live leases
+    stay too (``kept``), as retention leaves them.
+    """
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response,
+                      queue: str) -> None:
+        queue = _queue(queue)
+        tenant = tenant_of(req)
+        got = await call_db(self.worker.pool,
+                            lambda conn: admin_procs.purge_queue(conn, tenant, queue))
+        if got is None:
+            raise NotFound(f"queue {queue!r} does not exist", field="queue")
+        resp.media = {"queue": queue, "partitions": int(got["partitions"]),
+                      "purged": int(got["purged"]), "kept": int(got["kept"])}
 
 
 class DepthResource(_Resource):

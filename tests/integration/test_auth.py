@@ -50,7 +50,8 @@ def needed(method: str, template: str) -> str | None:
         return "admin"
     if (method, template) == ("GET", "/api/v1/ephemeral/pop"):  # consumes, like a pop
         return "read-write"
-    if (method, template) == ("POST", "/api/v1/stats/refresh"):
+    if (method, template) in (("POST", "/api/v1/stats/refresh"),
+                              ("POST", "/api/v1/resources/queues/{queue}/purge")):
         return "admin"
     if method == "GET" and not template.startswith("/api/v1/pop"):
         return "read-only"

@@ -299,6 +299,11 @@ def test_write_answers_conform(live, api_schema):
           body={"retryFailed": True})
     _call(api_schema, b, "DELETE", "/api/v1/consumer-groups/{group}/queues/{queue}",
           path_parameters={"group": "writer", "queue": "orders"})
+    purged = _call(api_schema, b, "POST", "/api/v1/resources/queues/{queue}/purge",
+                   path_parameters={"queue": "receipts"})
+    assert purged["purged"] >= 1 and purged["kept"] == 0, purged
+    _call(api_schema, b, "POST", "/api/v1/resources/queues/{queue}/purge", status=404,
+          path_parameters={"queue": "no-such-queue"})
     _call(api_schema, b, "DELETE", "/api/v1/resources/queues/{queue}",
           path_parameters={"queue": "receipts"})
     # traces and locks: a recorded event and its three reads, every lock verdict

@@ -347,6 +347,51 @@ def test_queue_delete_waits_for_a_partition_lock(broker, db, db_dsn):
                       (pid,)).fetchone()[0] == 0
 
 
+def test_queue_purge_keeps_the_queue_and_what_live_leases_cover(broker, db, busy):
+    """A's messages are under g1's live lease from offset 1: all kept. B's go; its cursors move
+    to the new log start; the DLQ row, the sidecar, cursors and groups stay."""
+    q = busy["queue"]
+    qid = int(get(broker.client, f"{R}/queues/{q}")["id"])
+    pids = [pid_of(db, q, "A"), pid_of(db, q, "B")]
+    r = broker.client.post(f"{R}/queues/{q}/purge")
+    assert r.status_code == 200, r.text
+    assert r.json() == {"queue": q, "partitions": 2, "purged": 2, "kept": 3}
+    assert _footprint(db, q, pids, qid) == {"queues": 1, "partitions": 2, "segments": 3,
+                                            "txns": 5, "cursors": 4, "meta": 2, "dlq": 1,
+                                            "timers": 0}
+    cursors = dict(db.execute("SELECT consumer_group, committed_offset FROM queen.log_consumers"
+                              " WHERE partition_id = %s", (pids[1],)).fetchall())
+    assert cursors == {"g1": 2, "g2": 2}
+    assert get(broker.client, f"{R}/queues/{q}/depth", group="g2")["pending"] == 3
+
+    for m in busy["leased"]["messages"]:  # the lease holder acks as if nothing happened
+        assert ack(broker.client, m, "completed")["success"]
+    r = broker.client.post(f"{R}/queues/{q}/purge")
+    assert r.status_code == 200, r.text
+    assert r.json() == {"queue": q, "partitions": 2, "purged": 3, "kept": 0}
+    detail = get(broker.client, f"{R}/queues/{q}")
+    assert [(p["name"], p["logStartOffset"], p["lastOffset"], p["messages"]["total"])
+            for p in detail["partitions"]] == [("A", 4, 3, 0), ("B", 3, 2, 0)]
+    assert get(broker.client, f"{R}/queues/{q}/depth", group="g2")["pending"] == 0
+    assert_error(broker.client.post(f"{R}/queues/{uq('nope')}/purge"), 404, "not_found")
+
+
+def test_queue_purge_waits_for_a_partition_lock(broker, db, db_dsn):
+    """The purge takes the partition rows' locks, so an in-flight push commits first."""
+    q = uq("plock")
+    push_payloads(broker.client, q, [1, 2], partition="P")
+    pid = pid_of(db, q, "P")
+    with psycopg.connect(db_dsn) as holder, cf.ThreadPoolExecutor(1) as ex, \
+            httpx.Client(base_url=broker.url, timeout=30) as c:
+        holder.execute("SELECT 1 FROM queen.log_partitions WHERE id = %s FOR UPDATE", (pid,))
+        fut = ex.submit(c.post, f"{R}/queues/{q}/purge")
+        time.sleep(0.8)
+        assert not fut.done()
+        holder.commit()
+        r = fut.result(timeout=20)
+    assert r.status_code == 200 and r.json()["purged"] == 2, r.text
+
+
 def test_parked_pop_on_a_deleted_queue_answers_204_at_its_deadline(broker, db):
     q = uq("park")
     configure(broker.client, q)

@@ -272,7 +272,8 @@ def expected_role(method: str, template: str) -> Role | None:
         return Role.ADMIN
     if (method, template) == ("GET", "/api/v1/ephemeral/pop"):  # consumes, like a pop
         return Role.READ_WRITE
-    if (method, template) == ("POST", "/api/v1/stats/refresh"):
+    if (method, template) in (("POST", "/api/v1/stats/refresh"),
+                              ("POST", "/api/v1/resources/queues/{queue}/purge")):
         return Role.ADMIN
     if method == "GET" and not template.startswith("/api/v1/pop"):
         return Role.READ_ONLY

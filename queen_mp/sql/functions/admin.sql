@@ -8,6 +8,9 @@
 --       create the queue if needed and update ONLY the options present (api.md 2.7).
 --   queen.queue_delete_v1(uuid, text) -> boolean
 --       delete a queue with everything under it; true = it existed.
+--   queen.queue_purge_v1(uuid, text) -> jsonb | NULL
+--       remove a queue's messages and keep the queue (options, partitions and their offsets,
+--       consumer groups); NULL = no such queue.
 --   queen.admin_scope_v1(uuid, text, text, text) -> SETOF queen.queues
 --       the tenant's queues, filtered by name / namespace / task (NULL = any).
 --   queen.admin_partition_stats_v1(uuid, int8) -> table: per partition of one queue its
@@ -39,7 +42,10 @@
 --   queen.log_partitions        read; SELECT ... FOR UPDATE and DELETE by cascade (delete)
 --   queen.log_consumers         read; SELECT ... FOR UPDATE and DELETE by cascade (delete)
 --   queen.log_segments, queen.log_txns   read (segments: throughput); DELETE by the
---                               log_partitions statement trigger (delete)
+--                               log_partitions statement trigger (delete); log_segments
+--                               DELETE below the cut (purge)
+--   queen.log_partitions        also UPDATE log_start_offset (purge)
+--   queen.message_traces        DELETE below the new log start (purge)
 --   queen.consumer_groups_meta, queen.log_dlq, queen.timers   read; DELETE by cascade (delete)
 --
 -- Lock order (design.md invariant 4; schema/001_baseline.sql header):
@@ -64,6 +70,15 @@
 --     DLQ filing does (consumer row, then log_dlq insert). Racing a delete of the same queue,
 --     PostgreSQL's deadlock detector aborts one of the two with 40P01 (nothing committed;
 --     the broker retries a delete that lost, see queen_mp/http/dbcall.py).
+--   queue_purge_v1 takes, in this order:
+--     1. the queues row, FOR KEY SHARE (tier 1): a delete of the queue waits for the purge (or
+--        the purge finds it gone); configure (FOR NO KEY UPDATE) and the FK checks of pushes
+--        do not conflict with it;
+--     2. every log_partitions row of the queue, ascending by id, FOR UPDATE (tier 2), as the
+--        delete: in-flight pushes commit first and their messages are purged too;
+--     3. every log_consumers row of the queue, ascending by (partition_id, consumer_group),
+--        FOR UPDATE (tier 3), as the delete, before any row is changed. The races the delete
+--        may lose with 40P01 (its note above) it may lose too, and is retried alike.
 --   Every other function here is read-only and takes no row lock.
 --
 -- SQLSTATEs raised:
@@ -75,7 +90,7 @@
 --   40001  serialization_failure: configure found its queue deleted three times in a row by
 --          concurrent deletes (nothing committed; retryable).
 --   40P01 / 55P03 are not raised here but may reach the caller through the row locks of
---          queue_delete_v1 (nothing committed; a retry is safe).
+--          queue_delete_v1 and queue_purge_v1 (nothing committed; a retry is safe).
 --
 -- Isolation: READ COMMITTED; each function is one statement of the caller (autocommit), or a
 -- part of a REPEATABLE READ read-only transaction when the broker wants several reads to share
@@ -315,6 +330,106 @@ BEGIN
     -- 4. the row; cascades do the rest (schema/001_baseline.sql "Ownership of data")
     DELETE FROM queen.queues q WHERE q.id = v_id;
     RETURN true;
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- queue_purge_v1: the messages of a queue go, the queue stays (api.md 5.1, queenctl queues purge).
+--   Per partition, every segment up to the last offset is deleted and log_start_offset moves
+--   past it, as retention does: offsets are never reused (a new push continues the sequence,
+--   offset readers see the log start move); a cursor below the new log start moves to just
+--   before it (where a seek to the beginning puts it), so every group's lag drops to 0; groups,
+--   subscriptions and options are untouched. What stays:
+--   * a live lease's batch and everything after its first offset (the log is contiguous from
+--     its start): retention never deletes inside a live lease either; `kept` counts them;
+--   * dead-letter rows (api.md 2.8 deletes them) and the transactionId sidecar, so a message
+--     pushed again inside dedupWindow is still a duplicate, as after retention.
+-- Result: {"partitions": n, "purged": messages removed, "kept": messages left in leases}.
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION queen.queue_purge_v1(p_tenant uuid, p_queue text) RETURNS jsonb
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_id     int8;
+    v_now    timestamptz := now();
+    v_part   record;
+    v_cut    int8;
+    v_leased int8;
+    v_start  int8;
+    v_parts  int4 := 0;
+    v_purged int8 := 0;
+    v_kept   int8 := 0;
+BEGIN
+    IF p_tenant IS NULL OR p_queue IS NULL THEN
+        RAISE EXCEPTION 'queue_purge_v1: tenant and queue name required'
+            USING ERRCODE = '22023';
+    END IF;
+
+    -- 1. the queue row
+    SELECT q.id INTO v_id FROM queen.queues q
+    WHERE q.tenant = p_tenant AND q.name = p_queue
+    FOR KEY SHARE;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+
+    -- 2. its partition rows, ascending (waits for in-flight pushes to commit)
+    PERFORM 1 FROM queen.log_partitions lp
+    WHERE lp.queue_id = v_id
+    ORDER BY lp.id
+    FOR UPDATE;
+
+    -- 3. its cursor rows, ascending
+    PERFORM 1 FROM queen.log_consumers c
+    JOIN queen.log_partitions lp ON lp.id = c.partition_id
+    WHERE lp.queue_id = v_id
+    ORDER BY c.partition_id, c.consumer_group
+    FOR UPDATE OF c;
+
+    FOR v_part IN
+        SELECT lp.id, lp.last_offset, lp.log_start_offset FROM queen.log_partitions lp
+        WHERE lp.queue_id = v_id
+        ORDER BY lp.id
+    LOOP
+        v_parts := v_parts + 1;
+        SELECT min(c.batch_start) INTO v_leased
+        FROM queen.log_consumers c
+        WHERE c.partition_id = v_part.id AND c.lease_id IS NOT NULL
+          AND c.lease_expires_at > v_now;
+        v_cut := v_part.last_offset;
+        IF v_leased IS NOT NULL THEN
+            v_cut := LEAST(v_cut, v_leased - 1);
+        END IF;
+        v_start := v_part.log_start_offset;
+        IF v_cut >= v_start THEN
+            WITH gone AS (
+                DELETE FROM queen.log_segments s
+                WHERE s.partition_id = v_part.id AND s.base_offset >= v_part.log_start_offset
+                  AND s.base_offset + s.msg_count - 1 <= v_cut
+                RETURNING s.base_offset + s.msg_count AS next_off
+            )
+            SELECT COALESCE(max(next_off), v_start) INTO v_start FROM gone;
+        END IF;
+        IF v_start > v_part.log_start_offset THEN
+            DELETE FROM queen.message_traces t
+            WHERE t.partition_id = v_part.id AND t."offset" < v_start;
+            UPDATE queen.log_partitions lp SET log_start_offset = v_start
+            WHERE lp.id = v_part.id;
+            -- every live batch starts above the cut, so a cursor below the new start holds
+            -- no live lease (the condition says it again); an expired one goes, as a seek
+            -- clears it
+            UPDATE queen.log_consumers c
+            SET committed_offset = v_start - 1,
+                released_lease_id = COALESCE(c.lease_id, c.released_lease_id),
+                lease_id = NULL, worker_id = NULL, lease_expires_at = NULL,
+                attempt_count = 0, batch_retry_count = 0
+            WHERE c.partition_id = v_part.id AND c.committed_offset < v_start - 1
+              AND NOT (c.lease_id IS NOT NULL AND c.lease_expires_at > v_now);
+            v_purged := v_purged + (v_start - v_part.log_start_offset);
+        END IF;
+        v_kept := v_kept + GREATEST(v_part.last_offset - v_start + 1, 0);
+    END LOOP;
+    RETURN jsonb_build_object('partitions', v_parts, 'purged', v_purged, 'kept', v_kept);
 END
 $$;
 
