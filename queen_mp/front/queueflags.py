@@ -22,7 +22,7 @@ from queen_mp.db.pooled import Pool, connection
 __all__ = ["FlagsUnavailable", "QueueFlags"]
 
 _TTL_S = 5.0
-READ_TIMEOUT_S = 2.0  # well under the pool's own timeout (5 s): an outage is spooled quickly
+READ_TIMEOUT_S = 3.0  # under the pool's own timeout (5 s): an outage is spooled sooner
 
 
 class FlagsUnavailable(Exception):
