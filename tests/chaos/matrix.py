@@ -303,9 +303,12 @@ OUTSIDE = """\
 """
 
 
-def report(rows: list[Row], rounds: int) -> str:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
-                            capture_output=True, text=True).stdout.strip() or "unknown"
+def head_commit() -> str:
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
+                          capture_output=True, text=True).stdout.strip() or "unknown"
+
+
+def report(rows: list[Row], rounds: int, commit: str) -> str:
     return (
         "# Reliability: the fault matrix\n\n"
         f"`make chaos` (`python -m tests.chaos.matrix --rounds {rounds} --docs "
@@ -325,6 +328,7 @@ def main() -> int:
     a = ap.parse_args()
     # a stopped run still stops its brokers and cluster (the finally blocks below)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    commit = head_commit()  # the code that runs, whatever lands meanwhile
     rows: list[Row] = []
     faults = a.faults.split(",")
     tmp = make_temp_dir("queen-chaos-broker-")
@@ -345,7 +349,7 @@ def main() -> int:
         shutil.rmtree(tmp, ignore_errors=True)
     print(table(rows))
     if a.docs:
-        Path(a.docs).write_text(report(rows, a.rounds))
+        Path(a.docs).write_text(report(rows, a.rounds, commit))
     return 0 if all(r.verdict.ok for r in rows) else 1
 
 
