@@ -187,13 +187,12 @@ def timed_pop(b: Broker, queue: str, **params: Any) -> tuple[list[dict], float]:
     return got, time.monotonic() - t0
 
 
-@pytest.mark.parametrize("status", ["failed", "retry"])
-def test_a_nacked_batch_is_redelivered_retry_delay_later(hk, status):
+def test_a_nacked_batch_is_redelivered_retry_delay_later(hk):
     q = uq("rdelay")
     configure(hk, q, retryDelay=1500, retryLimit=5)
     push(hk, q, 2)
     (m,) = pop(hk, q, batch=1)
-    assert ack(hk, m, status)["leaseReleased"] is True
+    assert ack(hk, m, "failed")["leaseReleased"] is True
     assert pop(hk, q) == []  # not at once
     got, took = timed_pop(hk, q, timeout=6000, batch=1)
     # the parked pop wakes when the delay ends (the pop's own wake-up time), not at its timeout
@@ -217,6 +216,16 @@ def test_an_expired_lease_is_redelivered_retry_delay_after_it_expired(hk):
     assert [(x["offset"], x["deliveryAttempt"]) for x in got] == [(1, 2)], got
     assert got[0]["leaseId"] != m["leaseId"]
     assert 2.7 <= waited < 6.5, waited  # leaseTime 1 s + retryDelay 2 s
+
+
+def test_a_retry_ack_hands_back_at_once(hk):
+    """`retry` is how the clients give back what they will not process: no delay."""
+    q = uq("rdback")
+    configure(hk, q, retryDelay=60_000)
+    push(hk, q, 1)
+    (m,) = pop(hk, q)
+    assert ack(hk, m, "retry")["leaseReleased"] is True
+    assert [(x["offset"], x["deliveryAttempt"]) for x in pop(hk, q)] == [(1, 2)]
 
 
 def test_retry_delay_zero_redelivers_at_once(hk):

@@ -273,7 +273,7 @@ def test_retry_releases_without_a_charge(db):
     assert res["ok"] and (res["old"], res["new"]) == (0, 0)
     assert (res["signal"], res["leaseReleased"], res["retryCount"]) == ("retry", True, 2)
     row = consumer(db, p.pid)
-    assert_released(row, lid, redeliver=True)
+    assert_released(row, lid)  # a hand-back: no retryDelay
     assert (row["batch_retry_count"], row["attempt_count"]) == (2, 1)
 
 

@@ -85,10 +85,10 @@
 --   live lease      lease_id IS NOT NULL AND lease_expires_at > now(); worker_id = lease_id::text
 --   release         released_lease_id := lease_id; lease_id, worker_id := NULL;
 --                   lease_expires_at := NULL, or now() when the release is FOR REDELIVERY (a
---                   leased `failed` with budget left, or `retry`): the pop claims the cursor
---                   again only lease_expires_at + the queue's retryDelay later (pop.sql), as it
---                   does after a lease expired; batch_start, batch_end, leased_at and
---                   attempt_count are kept
+--                   leased `failed` with budget left; not `retry`, a hand-back): the pop
+--                   claims the cursor again only lease_expires_at + the queue's retryDelay
+--                   later (pop.sql), as it does after a lease expired; batch_start,
+--                   batch_end, leased_at and attempt_count are kept
 --   attempt_count   reset to 0 when a batch completes (cursor reaches batch_end), on DLQ filing
 --                   and on a dropped poison
 --   batch_retry_count  explicit `failed` acks of the head (committed_offset + 1). When a call
@@ -113,7 +113,7 @@
 --     failed, count >= limit, DLQ on    as dlq (keep the lease, dlq: true)
 --     failed, count >= limit, DLQ off   new = signal eff (poison dropped), count 0,
 --                                       attempt_count 0, release, dropped: true
---     retry                             advance, release for redelivery, no charge
+--     retry                             advance, release (at once: a hand-back), no charge
 --     none, new >= batch_end            advance, release, attempt_count 0, count 0
 --     none, partial                     advance, keep the lease
 --   lease-less (p_lease_id NULL): same decision over the span up to last_offset, but lease
@@ -398,8 +398,9 @@ BEGIN
             v_release := true;
         END IF;
     ELSIF v_sig_s = 'retry' THEN
+        -- NOTE(ack): a hand-back, not a failure (the clients release what they will not
+        -- process with it): no retryDelay, as no budget is charged
         v_release := true;
-        v_redeliver := true;
     ELSIF p_lease_id IS NOT NULL AND v_new >= v_span_end THEN
         -- no signal, leased batch complete
         v_release := true;
