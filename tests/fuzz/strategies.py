@@ -7,7 +7,8 @@
   wrong types), keys dropped or added; ``encode`` writes it, lone surrogates and integers beyond
   64 bits included (which no JSON library would write for us);
 - ``refused_doc(route)``: a VALID document of a route with exactly one known-bad change at a
-  random place, so the route must answer 4xx and store nothing;
+  random place, so the route must answer 4xx and store nothing (``refusal_cases()`` lists
+  every such change of the issue 27 routes once, for a deterministic sweep);
 - ``hostile_target(...)``, ``hostile_query()``: request targets with hostile path segments and
   query strings.
 """
@@ -40,6 +41,7 @@ __all__ = [
     "hostile_text",
     "hostile_value",
     "qtb1_hostile_head",
+    "refusal_cases",
     "refused_doc",
 ]
 
@@ -278,7 +280,148 @@ _BAD_OPTION = {"leaseTime": [-1, 1 << 31, "30", 1.5, True],
                "retryLimit": [-1, "2", []],
                "deadLetterQueue": ["true", 1, 0],
                "priority": [1 << 31, -(1 << 31) - 1, "1"],
-               "maxSize": [-1, 1 << 63]}
+               # maxSize: only 0 (no cap) is accepted; ttl: only its default (issue 27)
+               "maxSize": [-1, 1 << 63, 5, 10**12],
+               "ttl": [60, 0, "3600"],
+               "retryDelay": [-1, 1 << 31, "1000", 1.5],
+               "maxWaitTimeSeconds": [-1, "10", True]}
+
+# ---- the routes of issue 27: a valid body of n parts, the parts one of which is broken
+_QID = "0196f3a2-c000-7000-8000-000000000a0a"
+_BAD_LOCK = {
+    "op": ["nope", "", None, 5, "ACQUIRE"],
+    "name": ["", "a#b", "a\x00b", "n" * 300, 5, None, "\ud800"],
+    "ttlSeconds": [0, -1, "30", 1.5, True, None],
+    "owner": ["", 5, "o\x01", "o" * 300],
+    "limit": [0, -1, "3", 1 << 20, 1.5],
+    "forever": [True],
+    "tenant": ["someone-else"],
+}
+_BAD_TRACE = {
+    "transactionId": ["", None, 5, "t" * 1025],
+    "partitionId": ["abc", -1, 0, None, True, "1.5", 1 << 63],
+    "consumerGroup": ["g\x00", "g" * 256, 5],
+    "traceNames": [5, [5], ["n" * 300]],
+    "data": [Deep(1030)],
+}
+_BAD_FETCH = {
+    "queue": ["", None, 5, "q\x00"],
+    "offset": [-1, "1", 1.5, True, 1 << 63],
+    "maxBytes": [-1, "1", 1.5, True],
+}
+_BAD_CHANGED = {
+    "queue": ["", None, 5, "q\x00"],
+    "limit": [0, -1, "1", 1.5, True],  # a larger one is clamped to 1,000 (api.md 2.15)
+    "since": ["not a time", 5, "2026-13-45T99:99:99Z"],
+}
+_BAD_STREAMS_REGISTER = {
+    "name": ["", None, 5, "n" * 300, "n\x00"],
+    "source_queue": ["", None, 5, "q\x00"],
+    "config_hash": [None, 5, []],
+    "reset": ["yes", 1, []],
+}
+_BAD_STREAMS_STATE = {
+    "query_id": ["nope", None, 5, ""],
+    "partition_id": ["abc", None, -1, True, "1.5"],
+    "keys": [5, [5], "a", [None]],
+}
+_BAD_STREAMS_CYCLE = {
+    "query_id": ["nope", None, 5],
+    "partition_id": ["abc", None, -1, True],
+    "state_ops": [5, [5], [{"type": "nope", "key": "k"}], [{"type": "upsert"}],
+                  [{"type": "upsert", "key": 5, "value": 1}]],
+    "push_items": [5, [5], [{"queue": "", "payload": 1}], [{"queue": "q\x00", "payload": 1}]],
+    "ack": [5, "x", {"transactionId": "t", "leaseId": _QID, "status": "nope"}],
+    "release_lease": ["yes", 1],
+}
+_BAD_EPH_PUSH = {
+    "queue": ["", None, 5, "q\x00"],
+    "partition": [5, [], "p\x00"],
+    "messages": [None, 5, [5], "x"],
+}
+_BAD_EPH_ACK = {
+    "queue": ["", None, 5, "q\x00"],
+    "group": [5, [], "g\x00"],
+    "acks": [None, 5, [5], [{"status": "completed"}], [{"id": "x", "status": "nope"}]],
+}
+_BAD_EPH_OPTION = {
+    "maxLength": [-1, "10", 1.5, 10**8, True],
+    "maxBytes": [-1, "1", 1.5],
+    "policy": ["nope", 5, ""],  # null counts as absent
+    "ttlSeconds": [-1, 10**9, "5"],
+    "leaseSeconds": [-1, 10**9, "5"],
+    "retryLimit": [-1, "1"],
+    "windowBuffer": [5, "x", {"ms": -1}, {"count": "2"}],
+}
+_BAD_27: dict[str, dict[str, list[Any]]] = {
+    "locks": _BAD_LOCK, "traces": _BAD_TRACE, "fetch": _BAD_FETCH, "changed": _BAD_CHANGED,
+    "streams_register": _BAD_STREAMS_REGISTER, "streams_state": _BAD_STREAMS_STATE,
+    "streams_cycle": _BAD_STREAMS_CYCLE, "eph_push": _BAD_EPH_PUSH, "eph_ack": _BAD_EPH_ACK,
+    "eph_configure": _BAD_EPH_OPTION,
+}
+
+
+def _doc_27(route: str, n: int, tag: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """(a valid body of ``route`` with n parts where it has parts, the objects that
+    ``_BAD_27[route]`` may break: one of them gets one bad value)."""
+    if route == "locks":
+        ops = [{"op": "acquire", "name": f"fz-{tag}-{i}", "ttlSeconds": 30, "owner": "w-1"}
+               for i in range(n)]
+        return {"operations": ops}, ops
+    if route == "traces":
+        doc = {"transactionId": f"{tag}-t", "partitionId": "17",
+               "consumerGroup": "__QUEUE_MODE__", "traceNames": ["flow"],
+               "eventType": "info", "data": {"k": 1}}
+        return doc, [doc]
+    if route == "fetch":
+        entries = [{"queue": f"fz-{tag}", "partition": "p", "offset": i, "maxBytes": 65536}
+                   for i in range(n)]
+        return {"entries": entries, "maxBytes": 1 << 20}, entries
+    if route == "changed":
+        entries = [{"queue": f"fz-{tag}-{i}", "limit": 10} for i in range(n)]
+        return {"entries": entries}, entries
+    if route == "streams_register":
+        doc = {"name": f"fz.{tag}", "source_queue": f"fz-{tag}", "sink_queue": f"fz-{tag}.out",
+               "config_hash": "ab12", "reset": False}
+        return doc, [doc]
+    if route == "streams_state":
+        doc = {"query_id": _QID, "partition_id": "17", "keys": [f"k{i}" for i in range(n)]}
+        return doc, [doc]
+    if route == "streams_cycle":
+        doc = {"query_id": _QID, "partition_id": "17", "consumer_group": f"streams.{tag}",
+               "state_ops": [{"type": "upsert", "key": f"k{i}", "value": {"acc": i}}
+                             for i in range(n)],
+               "push_items": [{"queue": f"fz-{tag}.out", "partition": "p", "payload": {"n": 1}}],
+               "ack": {"transactionId": "t", "leaseId": _QID, "status": "completed",
+                       "count": n},
+               "release_lease": True}
+        return doc, [doc]
+    if route == "eph_push":
+        doc = {"queue": f"fz-{tag}", "partition": "p",
+               "messages": [{"payload": {"n": i}} for i in range(n)]}
+        return doc, [doc]
+    if route == "eph_ack":
+        doc = {"queue": f"fz-{tag}", "group": "g",
+               "acks": [{"id": f"0123456789abcdef-1-{i}", "status": "completed"}
+                        for i in range(n)]}
+        return doc, [doc]
+    if route == "eph_configure":
+        options = {"maxLength": 10 * n, "policy": "reject", "ttlSeconds": 5}
+        return {"queue": f"fz-{tag}", "options": options}, [options]
+    raise AssertionError(route)
+
+
+def refusal_cases(tag: str = "sweep") -> list[tuple[str, str, Any, bytes]]:
+    """Every (route, field, bad value, body) of the issue 27 routes: a valid body of two
+    parts with that one value in the first, for a deterministic sweep of ``_BAD_27``."""
+    cases = []
+    for route, bad in sorted(_BAD_27.items()):
+        for field, values in sorted(bad.items()):
+            for value in values:
+                doc, parts = _doc_27(route, 2, tag)
+                parts[0][field] = value
+                cases.append((route, field, value, encode(doc)))
+    return cases
 
 
 def _break(draw: Any, target: dict[str, Any], bad: dict[str, list[Any]]) -> None:
@@ -336,12 +479,22 @@ def refused_doc(draw: Any, route: str, tag: str = "r") -> bytes:
                                              {"type": "push", "items": []},
                                              {"type": "ack", "partitionId": "1"}])))
         return encode({"operations": ops, "kv": kv, "timers": timers})
+    if route in _BAD_27:
+        doc, parts = _doc_27(route, n, tag)
+        _break(draw, parts[draw(st.integers(0, len(parts) - 1))], _BAD_27[route])
+        return encode(doc)
     raise AssertionError(route)
 
 
 REFUSED_ROUTES = {"push": "/api/v1/push", "kv": "/api/v1/kv", "timers": "/api/v1/timers",
                   "ack": "/api/v1/ack/batch", "configure": "/api/v1/configure",
-                  "transaction": "/api/v1/transaction"}
+                  "transaction": "/api/v1/transaction", "locks": "/api/v1/locks",
+                  "traces": "/api/v1/traces", "fetch": "/api/v1/fetch",
+                  "changed": "/api/v1/partitions/changed",
+                  "streams_register": "/streams/v1/queries",
+                  "streams_state": "/streams/v1/state/get", "streams_cycle": "/streams/v1/cycle",
+                  "eph_push": "/api/v1/ephemeral/push", "eph_ack": "/api/v1/ephemeral/ack",
+                  "eph_configure": "/api/v1/ephemeral/configure"}
 
 
 # ------------------------------------------------------------------------- targets, queries
@@ -371,6 +524,10 @@ _TEMPLATES = [
     "/api/v1/messages/{}/{}", "/api/v1/messages/{}/{}/retry", "/api/v1/resources/queues/{}",
     "/api/v1/resources/queues/{}/depth", "/api/v1/status/queues/{}", "/api/v1/{}", "/{}",
     "/api/v1/push/{}", "/health/{}",
+    # issue 27's routes with path parameters
+    "/api/v1/traces/{}/{}", "/api/v1/traces/by-name/{}", "/api/v1/traces/{}",
+    "/api/v1/ephemeral/queue/{}", "/api/v1/ephemeral/queues/{}/depth",
+    "/api/v1/ephemeral/{}", "/streams/v1/{}",
 ]
 
 
@@ -385,7 +542,7 @@ def hostile_target(draw: Any) -> tuple[str, str]:
 _QUERY_KEYS = ["batch", "wait", "timeout", "partitions", "consumerGroup", "autoAck", "frames",
                "subscriptionMode", "subscriptionFrom", "namespace", "task", "conflation",
                "autopilot", "queue", "partition", "from", "to", "limit", "offset",
-               "minLagSeconds", "deleteMetadata", "status"]
+               "minLagSeconds", "deleteMetadata", "status", "group", "search"]
 _QUERY_VALUES = ["", "true", "false", "1", "0", "TRUE", "yes", "-1", "10001", "300001",
                  "99999999999999999999999", "1e3", "0x10", " 1", "1 ", "+1", "%D9%A1", "now",
                  "beginning", "2026-05-16T08:41:27.123Z", "2026-13-45T99:99:99Z", "null",

@@ -817,6 +817,7 @@ _EPH_PUSH = [b'{"queue":"fz","partition":"p/1","messages":[{"payload":{"a":[1,2.
              b'{"payload":"x"},{"payload":null}]}', b'{"queue":"fz","messages":[]}']
 _EPH_ACK = [b'{"queue":"fz","group":"g","acks":[{"id":"0123456789abcdef-1-1","status":"retry",'
             b'"error":"e"},{"id":"x"}]}']
+_EPH_RESET = [b'{"queue":"fz"}', b'{"queue":"fz/x","extra":[1]}', b"{}"]
 _EPH_CONFIGURE = [b'{"queue":"fz","options":{"maxBytes":1024,"maxLength":10,"policy":"dropOldest",'
                   b'"ttlSeconds":5,"leaseSeconds":2,"retryLimit":1,'
                   b'"windowBuffer":{"ms":10,"count":2}}}']
@@ -855,6 +856,7 @@ SEEDS: dict[str, list[bytes]] = {
     "eph_push": _EPH_PUSH,
     "eph_ack": _EPH_ACK,
     "eph_configure": _EPH_CONFIGURE,
+    "eph_reset": _EPH_RESET,
     "gzip_body": [_gz(_JSON_PUSH[0]), _gz(b"") + _gz(b"{}"), _gz(b"\0" * 5000)],
     "zstd_body": [_zs(_JSON_PUSH[0]), _zs(b"a") + _zs(b"b"), _zs(b"\0" * 5000)],
 }
@@ -875,6 +877,7 @@ BODY_ROUTES: list[tuple[str, str, str]] = [
     ("POST", "/streams/v1/cycle", "streams_cycle"),
     ("POST", "/api/v1/ephemeral/push", "eph_push"), ("POST", "/api/v1/ephemeral/ack", "eph_ack"),
     ("POST", "/api/v1/ephemeral/configure", "eph_configure"),
+    ("POST", "/api/v1/ephemeral/reset", "eph_reset"),
 ]
 # in-process only: on a real broker these would switch maintenance on (and spool pushes)
 SYSTEM_ROUTES: list[tuple[str, str, str]] = [

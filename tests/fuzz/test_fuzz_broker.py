@@ -59,7 +59,11 @@ SELECT (SELECT count(*) FROM queen.queues), (SELECT count(*) FROM queen.log_part
        (SELECT count(*) FROM queen.kv), (SELECT coalesce(sum(version), 0) FROM queen.kv),
        (SELECT count(*) FROM queen.timers), (SELECT count(*) FROM queen.log_dlq),
        (SELECT count(*) FROM queen.log_consumers),
-       (SELECT count(*) FROM queen.consumer_groups_meta)
+       (SELECT count(*) FROM queen.consumer_groups_meta),
+       (SELECT count(*) FROM queen.message_traces), (SELECT count(*) FROM queen.stream_queries),
+       (SELECT count(*) FROM queen.stream_state), (SELECT count(*) FROM queen.stream_cycles),
+       (SELECT count(*) FROM queen.eph_config), (SELECT count(*) FROM queen.eph_queues),
+       (SELECT count(*) FROM queen.eph_messages)
 """
 # what only a request can change while earlier accepted mutations settle (leases expire,
 # retention and purges run): queues, partitions, the log's offsets, KV writes
@@ -283,7 +287,10 @@ def test_mutated_timer_bodies_never_5xx(fz, data, as_doc):
 _QUERIED = ["/api/v1/pop/queue/fz", "/api/v1/pop/queue/fz/partition/p", "/api/v1/pop",
             "/api/v1/dlq", "/api/v1/consumer-groups", "/api/v1/consumer-groups/lagging",
             "/api/v1/consumer-groups/g", "/api/v1/timers/fz", "/api/v1/resources/queues",
-            "/api/v1/resources/partitions", "/api/v1/status/queues", "/api/v1/messages/1/t"]
+            "/api/v1/resources/partitions", "/api/v1/status/queues", "/api/v1/messages/1/t",
+            "/api/v1/traces/names", "/api/v1/traces/by-name/fz", "/api/v1/traces/1/t",
+            "/api/v1/ephemeral/pop", "/api/v1/ephemeral/queues",
+            "/api/v1/ephemeral/queues/fz/depth"]
 
 
 def _raw(fz: Fuzzed, method: str, target: str, body: bytes = b"", **kw) -> t.Answer:

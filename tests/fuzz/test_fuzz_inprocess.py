@@ -37,6 +37,7 @@ from tests.fuzz.strategies import (
     hostile_query,
     hostile_target,
     qtb1_hostile_head,
+    refusal_cases,
     refused_doc,
 )
 
@@ -137,6 +138,21 @@ def test_app_refuses_a_body_with_one_bad_field_before_any_backend(route, data):
     assert 400 <= answer.status < 500, answer
 
 
+_SWEEP = refusal_cases()
+
+
+@pytest.mark.parametrize(("route", "field", "value", "body"), _SWEEP,
+                         ids=[f"{r}-{f}-{i}" for i, (r, f, _, _) in enumerate(_SWEEP)])
+def test_issue_27_routes_refuse_each_listed_bad_value_before_any_backend(route, field, value,
+                                                                         body):
+    """Every known-bad value of the bodies of issue 27's routes (locks, traces, fetch,
+    partitions/changed, streams queries/state/cycle, ephemeral push/ack/configure), one at a
+    time in an otherwise valid body: a 4xx naming a code, decided before any backend."""
+    answer = post(REFUSED_ROUTES[route], body)
+    t.check_answer(answer, allow_reached=False)
+    assert 400 <= answer.status < 500, (route, field, value, answer)
+
+
 @fuzz(200)
 @given(method=st.sampled_from(["GET", "POST", "DELETE", "PUT", "PATCH", "OPTIONS", "HEAD",
                                "FOO"]),
@@ -151,7 +167,9 @@ def test_app_answers_hostile_paths_and_query_strings(method, target, query, body
 _POP_AND_LISTS = ["/api/v1/pop/queue/fz", "/api/v1/pop/queue/fz/partition/p/q", "/api/v1/pop",
                   "/api/v1/dlq", "/api/v1/consumer-groups/lagging", "/api/v1/timers/fz",
                   "/api/v1/consumer-groups/g", "/api/v1/resources/queues",
-                  "/api/v1/status/queues", "/api/v1/messages/1/t"]
+                  "/api/v1/status/queues", "/api/v1/messages/1/t", "/api/v1/traces/names",
+                  "/api/v1/traces/by-name/fz", "/api/v1/traces/1/t", "/api/v1/ephemeral/pop",
+                  "/api/v1/ephemeral/queues", "/api/v1/ephemeral/queues/fz/depth"]
 
 
 @fuzz(200)

@@ -576,7 +576,9 @@ def _grant_settles() -> None:
 
 
 def _short_lease(db: psycopg.Connection, queue: str) -> None:
-    db.execute("UPDATE queen.queues SET lease_time = 1 WHERE name = %s", (queue,))
+    """A 1 s lease, redelivered at once when it expires (no retryDelay: api.md 4)."""
+    db.execute("UPDATE queen.queues SET lease_time = 1, retry_delay = 0 WHERE name = %s",
+               (queue,))
 
 
 @dataclass

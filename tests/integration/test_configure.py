@@ -106,11 +106,11 @@ def test_configure_creates_a_queue_with_defaults_plus_the_given_options(broker, 
 def test_configure_updates_only_the_options_present(broker, db):
     q = uq("cfg")
     push_payloads(broker.client, q, [{"n": 1}])  # the push created it with the defaults
-    first = configure(broker.client, q, {"retryLimit": 7, "priority": -2, "maxSize": 10**12,
-                                         "deadLetterQueue": False})
+    first = configure(broker.client, q, {"retryLimit": 7, "priority": -2, "maxSize": 0,
+                                         "retryDelay": 250, "deadLetterQueue": False})
     assert first["created"] is False
     second = configure(broker.client, q, {"leaseTime": 45, "retentionEnabled": True})
-    expected = {**DEFAULTS, "retryLimit": 7, "priority": -2, "maxSize": 10**12,
+    expected = {**DEFAULTS, "retryLimit": 7, "priority": -2, "retryDelay": 250,
                 "deadLetterQueue": False, "leaseTime": 45, "retentionEnabled": True}
     assert second["options"] == expected
     assert options_of(stored(db, q)) == expected
@@ -152,6 +152,8 @@ BAD_OPTIONS = [
     ({"priority": -(2**31) - 1}, "priority"),
     ({"maxSize": -1}, "maxSize"),
     ({"maxSize": 2**63}, "maxSize"),
+    ({"maxSize": 10**12}, "maxSize"),  # in range, but no cap is enforced: refused (FIXED)
+    ({"max_size": 1}, "max_size"),
     ({"delayed_processing": []}, "delayed_processing"),
     ({"windowBuffer": {"s": 1}}, "windowBuffer"),
     ({"retryDelay": -5}, "retryDelay"),
@@ -296,7 +298,7 @@ def test_lease_time_change_is_used_by_the_next_pop(broker, db):
 def test_retry_limit_is_honoured_by_a_nack_flow(broker, db):
     q, g = uq("nack"), "workers"
     push_payloads(broker.client, q, [{"n": 1}])
-    configure(broker.client, q, {"retryLimit": 1})
+    configure(broker.client, q, {"retryLimit": 1, "retryDelay": 0})
     for attempt in (1, 2):
         got = pop(broker.client, q, g)
         assert got is not None

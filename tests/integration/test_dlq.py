@@ -141,7 +141,8 @@ def test_retry_limit_then_dlq_row(broker, db):
     q, g = uq("dlq-rl"), "workers"
     payloads = [{"n": 1, "text": "first"}, {"n": 2}, {"n": 3}]
     pushed = push(broker.client, q, payloads)
-    set_options(db, q, retry_limit=2, dead_letter_queue=True, dlq_after_max_retries=True)
+    set_options(db, q, retry_limit=2, dead_letter_queue=True, dlq_after_max_retries=True,
+                retry_delay=0)
     for attempt in (1, 2, 3):
         got = pop(broker.client, q, g, batch=3)
         assert got is not None
@@ -176,7 +177,8 @@ def test_retry_limit_then_dlq_row(broker, db):
 def test_exhausted_poison_dropped_when_dlq_disabled(broker, db):
     q, g = uq("dlq-off"), "workers"
     push(broker.client, q, [{"n": 1}, {"n": 2}])
-    set_options(db, q, retry_limit=1, dead_letter_queue=False, dlq_after_max_retries=False)
+    set_options(db, q, retry_limit=1, dead_letter_queue=False, dlq_after_max_retries=False,
+                retry_delay=0)
     first = pop(broker.client, q, g)["messages"][0]
     item = ack(broker.client, first, "failed", "boom 1")
     assert item["success"] and not item["dlq"] and item["leaseReleased"]

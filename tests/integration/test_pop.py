@@ -514,7 +514,7 @@ def test_oldest_pending_first_after_an_ack_and_after_a_lease_expiry(broker, db):
     push_n(broker.client, q, "a", 1)  # a:1, oldest
     push_n(broker.client, q, "b", 1)  # b:1
     push_n(broker.client, q, "a", 1, start=1)  # a:2, newest
-    configure(db, q, lease_time=1)
+    configure(db, q, lease_time=1, retry_delay=0)  # redelivered at expiry
     first = pop_ok(broker.client, q, consumerGroup=g, batch=1)
     assert seen_keys(first) == [("a", 1)]
     time.sleep(1.3)  # the lease expires unacked: a:1 is pending again, and still the oldest
@@ -531,7 +531,7 @@ def test_oldest_pending_first_after_an_ack_and_after_a_lease_expiry(broker, db):
 def test_lease_blocks_the_group_not_other_groups_and_expiry_redelivers(broker, db):
     q, g, other = uq("pop"), uq("g"), uq("g-other")
     res = push_n(broker.client, q, "Default", 5)
-    configure(db, q, lease_time=1)
+    configure(db, q, lease_time=1, retry_delay=0)  # redelivered at expiry
     first = pop_ok(broker.client, q, consumerGroup=g, batch=3)
     assert offsets(first) == [1, 2, 3]
     assert first["claims"][0]["deliveryAttempt"] == 1
@@ -739,7 +739,7 @@ def test_timeout_zero_still_claims_like_wait_false(broker):
 def test_parked_pop_is_woken_by_a_lease_expiry(broker, db):
     q, g = uq("pop"), uq("g")
     push_n(broker.client, q, "Default", 2)
-    configure(db, q, lease_time=1)
+    configure(db, q, lease_time=1, retry_delay=0)  # woken at the expiry itself
     first = pop_ok(broker.client, q, consumerGroup=g, batch=2)
     expires = parse_time(first["leaseExpiresAt"])
     r, t0, t1 = timed_pop(broker.client, q, consumerGroup=g, wait=True, timeout=5000, batch=2)

@@ -1,8 +1,10 @@
-"""Issue 27 ("what was found"): the upstream queue options ``maxWaitTimeSeconds`` and ``ttl``
-(api.md 4). A message that waited longer than ``maxWaitTimeSeconds`` is not delivered and is
-counted as evicted (the queue's ``totals.evicted``, ``queen_messages_evicted_total``,
-``messages.evicted`` of ``GET /metrics``); consumed and leased messages are not counted or kept;
-``ttl`` other than its default is refused with a 400 naming the options that act.
+"""Issue 27 ("what was found"): the upstream queue options ``maxWaitTimeSeconds``, ``ttl``,
+``retryDelay`` and ``maxSize`` (api.md 4). A message that waited longer than
+``maxWaitTimeSeconds`` is not delivered, even before housekeeping evicts it, and is counted as
+evicted (the queue's ``totals.evicted``, ``queen_messages_evicted_total``, ``messages.evicted``
+of ``GET /metrics``); consumed and leased messages are not counted or kept. A batch nacked or
+whose lease expired is redelivered ``retryDelay`` ms later, not before. ``ttl`` other than its
+default and ``maxSize`` other than 0 are refused with a 400 naming what acts instead.
 
 The session broker (housekeeping every 5 s, so an eviction shows 2..7 s after the push); the
 queues are configured through the published 2.6 client.
@@ -15,6 +17,7 @@ import time
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 from queen import Queen
 
@@ -137,3 +140,121 @@ def test_ttl_other_than_its_default_is_refused(hk):
     with pytest.raises(Exception, match="ttl") as refused:
         asyncio.run(through_the_client())
     assert not isinstance(refused.value, httpx.TimeoutException)
+
+
+def test_max_size_other_than_zero_is_refused(hk):
+    q = uq("maxsize")
+    r = hk.client.post("/api/v1/configure", json={"queue": q, "options": {"maxSize": 10}})
+    assert r.status_code == 400, r.text
+    body = r.json()
+    assert body["code"] == "invalid_request" and body["field"] == "maxSize"
+    assert "retentionSeconds" in body["error"] and "maxWaitTimeSeconds" in body["error"]
+    assert hk.client.get(f"/api/v1/resources/queues/{q}").status_code == 404  # nothing made
+
+    async def through_the_client(options: dict[str, Any]) -> None:
+        async with Queen(hk.url) as client:
+            await client.queue(q).config(options).create()
+
+    asyncio.run(through_the_client({"retryLimit": 2}))  # the client's defaults send maxSize 0
+    assert detail(hk, q)["options"]["maxSize"] == 0
+    with pytest.raises(Exception, match="maxSize") as refused:
+        asyncio.run(through_the_client({"max_size": 5}))
+    assert not isinstance(refused.value, httpx.TimeoutException)
+    assert detail(hk, q)["options"]["maxSize"] == 0
+
+
+# ------------------------------------------------------------------------------ retryDelay
+def configure(b: Broker, queue: str, **options: Any) -> None:
+    r = b.client.post("/api/v1/configure", json={"queue": queue, "options": options})
+    assert r.status_code == 200, r.text
+
+
+def ack(b: Broker, m: dict, status: str, group: str | None = None) -> dict:
+    body = {"transactionId": m["transactionId"], "partitionId": m["partitionId"],
+            "leaseId": m["leaseId"], "status": status}
+    if group is not None:
+        body["consumerGroup"] = group
+    r = b.client.post("/api/v1/ack", json=body)
+    assert r.status_code == 200, r.text
+    (item,) = r.json()
+    return item
+
+
+def timed_pop(b: Broker, queue: str, **params: Any) -> tuple[list[dict], float]:
+    """A long-poll pop and how long it took to answer."""
+    t0 = time.monotonic()
+    got = pop(b, queue, wait="true", **params)
+    return got, time.monotonic() - t0
+
+
+def test_a_nacked_batch_is_redelivered_retry_delay_later(hk):
+    q = uq("rdelay")
+    configure(hk, q, retryDelay=1500, retryLimit=5)
+    push(hk, q, 2)
+    (m,) = pop(hk, q, batch=1)
+    assert ack(hk, m, "failed")["leaseReleased"] is True
+    assert pop(hk, q) == []  # not at once
+    got, took = timed_pop(hk, q, timeout=6000, batch=1)
+    # the parked pop wakes when the delay ends (the pop's own wake-up time), not at its timeout
+    assert [(x["offset"], x["deliveryAttempt"]) for x in got] == [(1, 2)], got
+    assert 0.9 <= took < 4.5, took
+    # a completed batch holds nothing back: the next message comes at once
+    assert ack(hk, got[0], "completed")["leaseReleased"] is True
+    assert [x["offset"] for x in pop(hk, q, batch=1)] == [2]
+
+
+def test_an_expired_lease_is_redelivered_retry_delay_after_it_expired(hk):
+    q, g = uq("rdexp"), "workers"
+    configure(hk, q, retryDelay=2000, leaseTime=1)
+    push(hk, q, 1)
+    (m,) = pop(hk, q, consumerGroup=g)
+    t_pop = time.monotonic()
+    time.sleep(1.3)  # the lease expired; the delay has not run out
+    assert pop(hk, q, consumerGroup=g) == []
+    got = pop(hk, q, consumerGroup=g, wait="true", timeout=8000)
+    waited = time.monotonic() - t_pop
+    assert [(x["offset"], x["deliveryAttempt"]) for x in got] == [(1, 2)], got
+    assert got[0]["leaseId"] != m["leaseId"]
+    assert 2.7 <= waited < 6.5, waited  # leaseTime 1 s + retryDelay 2 s
+
+
+def test_a_retry_ack_hands_back_at_once(hk):
+    """`retry` is how the clients give back what they will not process: no delay."""
+    q = uq("rdback")
+    configure(hk, q, retryDelay=60_000)
+    push(hk, q, 1)
+    (m,) = pop(hk, q)
+    assert ack(hk, m, "retry")["leaseReleased"] is True
+    assert [(x["offset"], x["deliveryAttempt"]) for x in pop(hk, q)] == [(1, 2)]
+
+
+def test_retry_delay_zero_redelivers_at_once(hk):
+    q = uq("rd0")
+    configure(hk, q, retryDelay=0)
+    push(hk, q, 1)
+    (m,) = pop(hk, q)
+    ack(hk, m, "failed")
+    assert [(x["offset"], x["deliveryAttempt"]) for x in pop(hk, q)] == [(1, 2)]
+
+
+# ------------------------------------------------------------- maxWaitTimeSeconds, strict
+def test_an_overdue_message_is_not_delivered_before_housekeeping_evicts_it(make_broker,
+                                                                            db_dsn):
+    """Housekeeping off: only the pop stands between an overdue message and a consumer."""
+    b = make_broker(db_dsn, QUEEN_HOUSEKEEPING_S="3600")
+    q = uq("mwstrict")
+    configure(b, q, maxWaitTimeSeconds=60, retryDelay=0)
+    push(b, q, 2)
+    with psycopg.connect(db_dsn, autocommit=True) as db:
+        pid = db.execute("SELECT lp.id FROM queen.log_partitions lp JOIN queen.queues qq"
+                         " ON qq.id = lp.queue_id WHERE qq.name = %s", (q,)).fetchone()[0]
+        db.execute("UPDATE queen.log_segments SET created_at = now() - interval '61 seconds'"
+                   " WHERE partition_id = %s", (pid,))
+        assert pop(b, q) == [] and pop(b, q, consumerGroup="g") == []
+        assert detail(b, q)["totals"]["evicted"] == 0  # not evicted yet: only withheld
+        push(b, q, 1)  # a fresh message behind the overdue ones waits for the eviction
+        assert pop(b, q) == []
+        db.execute("SELECT queen.retention_partition_v1(%s, 100)", (pid,))
+    assert detail(b, q)["totals"]["evicted"] == 2
+    assert [(m["offset"], m["data"]) for m in pop(b, q)] == [(3, {"n": 0})]
+    assert [m["offset"] for m in pop(b, q, consumerGroup="g")] == [3]

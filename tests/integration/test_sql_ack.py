@@ -16,6 +16,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 import psycopg
 import pytest
@@ -187,9 +188,14 @@ def assert_live(row: dict, lid: uuid.UUID) -> None:
     assert row["lease_expires_at"] is not None
 
 
-def assert_released(row: dict, lid: uuid.UUID) -> None:
+def assert_released(row: dict, lid: uuid.UUID, *, redeliver: bool = False) -> None:
+    """Released; a release for redelivery keeps its time in lease_expires_at (retryDelay)."""
     assert row["lease_id"] is None and row["worker_id"] is None
-    assert row["lease_expires_at"] is None
+    if redeliver:
+        assert row["lease_expires_at"] is not None
+        assert row["lease_expires_at"] <= datetime.now(UTC)
+    else:
+        assert row["lease_expires_at"] is None
     assert row["released_lease_id"] == lid
 
 
@@ -221,7 +227,7 @@ def test_failed_with_budget_releases_and_charges_once(db):
     assert res["leaseReleased"] is True and res["retryCount"] == 1
     assert res["clamped"] == [2]  # the second mention of the signal position is not acted on
     row = consumer(db, p.pid)
-    assert_released(row, lid)
+    assert_released(row, lid, redeliver=True)
     assert row["committed_offset"] == 1 and row["batch_retry_count"] == 1
     # attempt_count and the batch are kept on release (the pop counts redeliveries with them)
     assert (row["attempt_count"], row["batch_start"], row["batch_end"]) == (2, 1, 5)
@@ -267,7 +273,7 @@ def test_retry_releases_without_a_charge(db):
     assert res["ok"] and (res["old"], res["new"]) == (0, 0)
     assert (res["signal"], res["leaseReleased"], res["retryCount"]) == ("retry", True, 2)
     row = consumer(db, p.pid)
-    assert_released(row, lid)
+    assert_released(row, lid)  # a hand-back: no retryDelay
     assert (row["batch_retry_count"], row["attempt_count"]) == (2, 1)
 
 

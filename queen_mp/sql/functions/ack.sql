@@ -83,8 +83,12 @@
 --
 -- Lease conventions (shared with the pop path):
 --   live lease      lease_id IS NOT NULL AND lease_expires_at > now(); worker_id = lease_id::text
---   release         released_lease_id := lease_id; lease_id, worker_id, lease_expires_at := NULL;
---                   batch_start, batch_end, leased_at and attempt_count are kept
+--   release         released_lease_id := lease_id; lease_id, worker_id := NULL;
+--                   lease_expires_at := NULL, or now() when the release is FOR REDELIVERY (a
+--                   leased `failed` with budget left; not `retry`, a hand-back): the pop
+--                   claims the cursor again only lease_expires_at + the queue's retryDelay
+--                   later (pop.sql), as it does after a lease expired; batch_start,
+--                   batch_end, leased_at and attempt_count are kept
 --   attempt_count   reset to 0 when a batch completes (cursor reaches batch_end), on DLQ filing
 --                   and on a dropped poison
 --   batch_retry_count  explicit `failed` acks of the head (committed_offset + 1). When a call
@@ -105,11 +109,11 @@
 --             clamped    eff >= signal eff, except the signal item itself (redelivers)
 --   branches  (leased = a live p_lease_id was supplied)
 --     dlq                               advance, keep the lease, dlq: true, poison = signal eff
---     failed, count < retry_limit       advance, charge +1, release
+--     failed, count < retry_limit       advance, charge +1, release for redelivery
 --     failed, count >= limit, DLQ on    as dlq (keep the lease, dlq: true)
 --     failed, count >= limit, DLQ off   new = signal eff (poison dropped), count 0,
 --                                       attempt_count 0, release, dropped: true
---     retry                             advance, release, no charge
+--     retry                             advance, release (at once: a hand-back), no charge
 --     none, new >= batch_end            advance, release, attempt_count 0, count 0
 --     none, partial                     advance, keep the lease
 --   lease-less (p_lease_id NULL): same decision over the span up to last_offset, but lease
@@ -178,6 +182,7 @@ DECLARE
     v_dlq          boolean := false;
     v_poison       int8;
     v_dropped      boolean := false;
+    v_redeliver    boolean := false;  -- a leased release for redelivery (retryDelay applies)
 BEGIN
     -- 1. Input guards: a misaligned call would apply statuses to the wrong items.
     IF COALESCE(cardinality(p_statuses), 0) <> n THEN
@@ -380,6 +385,7 @@ BEGIN
         IF v_count < v_retry_limit THEN
             v_count := v_count + 1;
             v_release := true;
+            v_redeliver := true;
         ELSIF v_dlq_on THEN
             v_dlq := true;
             v_poison := v_sig_eff;
@@ -392,6 +398,8 @@ BEGIN
             v_release := true;
         END IF;
     ELSIF v_sig_s = 'retry' THEN
+        -- NOTE(ack): a hand-back, not a failure (the clients release what they will not
+        -- process with it): no retryDelay, as no budget is charged
         v_release := true;
     ELSIF p_lease_id IS NOT NULL AND v_new >= v_span_end THEN
         -- no signal, leased batch complete
@@ -403,6 +411,7 @@ BEGIN
     IF p_lease_id IS NULL THEN
         -- Lease-less: only a live lease whose batch this call completed is released.
         v_release := v_live AND v_batch_end IS NOT NULL AND v_new >= v_batch_end;
+        v_redeliver := false;
         IF v_release THEN
             v_reset_att := true;
             -- keep only this call's own charge (failed with budget left)
@@ -424,7 +433,10 @@ BEGIN
             released_lease_id = CASE WHEN v_release THEN c.lease_id ELSE c.released_lease_id END,
             lease_id          = CASE WHEN v_release THEN NULL ELSE c.lease_id END,
             worker_id         = CASE WHEN v_release THEN NULL ELSE c.worker_id END,
-            lease_expires_at  = CASE WHEN v_release THEN NULL ELSE c.lease_expires_at END
+            -- NOTE(ack): the release time of a redelivery is what the pop's retryDelay
+            -- counts from (pop.sql); no live-lease test reads lease_expires_at without lease_id
+            lease_expires_at  = CASE WHEN v_redeliver THEN now()
+                                     WHEN v_release THEN NULL ELSE c.lease_expires_at END
         WHERE c.partition_id = p_partition_id AND c.consumer_group = p_group;
     END IF;
 

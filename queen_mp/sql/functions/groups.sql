@@ -63,7 +63,9 @@
 -- Cursor semantics (schema/001_baseline.sql): committed_offset = every offset <= it is consumed. A live
 -- lease is lease_id IS NOT NULL AND lease_expires_at > now(). Releasing a lease:
 -- released_lease_id := lease_id (kept as it was when there is no lease), lease_id, worker_id,
--- lease_expires_at := NULL. Resetting retry state: attempt_count, batch_retry_count := 0.
+-- lease_expires_at := NULL (a seek or reset redelivers at once; only an ack's release for
+-- redelivery keeps a time there, which the pop's retryDelay counts from: ack.sql, pop.sql).
+-- Resetting retry state: attempt_count, batch_retry_count := 0.
 
 -- ---------------------------------------------------------------------------------------------
 -- group_cursors_v1: every cursor of the tenant (of one group, or of all with p_group NULL).

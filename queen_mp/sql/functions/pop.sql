@@ -7,7 +7,7 @@
 --   queen.log_pending_at_v1(int8, int8) -> timestamptz
 --       created_at of the segment holding an offset (the ready index's and the claim's time).
 --   queen.pop_scope_ids_v1(uuid, text, text, text) -> int8[]: the queues a pop may claim.
---   queen.pop_scope_v3(int8[], text) -> table: those queues' options and the group's start.
+--   queen.pop_scope_v4(int8[], text) -> table: those queues' options and the group's start.
 --   queen.log_pop_v1(uuid, text, text, text, text, text, int4, int4, boolean, text,
 --                    timestamptz, uuid, int4) -> SETOF rows (below)
 --       claim partitions for a group, lease (or auto-ack) them and return the covering
@@ -138,20 +138,25 @@ END
 $$;
 
 -- ---------------------------------------------------------------------------------------------
--- pop_scope_v3: the options of the queues pop_scope_ids_v1 found, and the group's recorded
+-- pop_scope_v4: the options of the queues pop_scope_ids_v1 found, and the group's recorded
 -- start on each (sub_mode NULL = not recorded yet; started: its cursor rows exist, schema/002).
 -- Plain SQL, so the planner inlines it into each caller. (v2 took the scope's filters and
--- applied them here.)
+-- applied them here; v3 had no retry delay and no max wait: issue 27, both read from the queue
+-- row the pop reads anyway.)
 -- ---------------------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION queen.pop_scope_v3(p_ids int8[], p_group text)
+CREATE OR REPLACE FUNCTION queen.pop_scope_v4(p_ids int8[], p_group text)
 RETURNS TABLE (id int8, name text, priority int4, lease_time int4, delayed int4, window_s int4,
-               encrypted boolean, sub_mode text, sub_from timestamptz, started boolean)
+               encrypted boolean, sub_mode text, sub_from timestamptz, started boolean,
+               retry_delay interval, max_wait interval)
 LANGUAGE sql STABLE
 AS $$
     SELECT q.id, q.name, q.priority,
            CASE WHEN q.lease_time = 0 THEN 60 ELSE q.lease_time END,
            q.delayed_processing, q.window_buffer, q.encryption_enabled,
-           m.subscription_mode, m.subscription_from, m.started
+           m.subscription_mode, m.subscription_from, m.started,
+           make_interval(secs => GREATEST(q.retry_delay, 0) / 1000.0),
+           CASE WHEN q.max_wait_time_seconds > 0
+                THEN make_interval(secs => q.max_wait_time_seconds) END
     FROM queen.queues q
     LEFT JOIN queen.consumer_groups_meta m ON m.queue_id = q.id AND m.consumer_group = p_group
     WHERE q.id = ANY (p_ids)
@@ -268,7 +273,8 @@ $$;
 -- A one-message autoAck pop of a 10-partition queue cost its backend 1.26 ms of CPU, 0.70 ms
 -- with generic plans (the same pop over psycopg, /proc CPU of the backend, a loaded machine).
 -- The scope's queues are now found first by pop_scope_ids_v1, one key lookup per kind of
--- scope, so no generic plan reads every queue of a tenant; pop_scope_v3 takes their ids.
+-- scope, so no generic plan reads every queue of a tenant; pop_scope_v3 (now v4) takes their
+-- ids.
 
 CREATE OR REPLACE FUNCTION queen.log_pop_v1(
     p_tenant         uuid,
@@ -358,7 +364,7 @@ BEGIN
     -- lock order of groups.sql), so concurrent first pops of a group start it once.
     v_scope_ids := queen.pop_scope_ids_v1(p_tenant, p_queue, p_namespace, p_task);
     SELECT array_agg(pq.id ORDER BY pq.id) INTO v_started
-    FROM queen.pop_scope_v3(v_scope_ids, p_group) pq
+    FROM queen.pop_scope_v4(v_scope_ids, p_group) pq
     WHERE pq.started IS NOT TRUE;
     IF v_started IS NOT NULL THEN
         PERFORM 1 FROM queen.queues q WHERE q.id = ANY (v_started) ORDER BY q.id FOR UPDATE;
@@ -368,7 +374,7 @@ BEGIN
                CASE p_sub_mode WHEN 'all' THEN NULL
                                WHEN 'timestamp' THEN p_sub_from
                                ELSE COALESCE(p_sub_from, v_now) END
-        FROM queen.pop_scope_v3(v_started, p_group) pq
+        FROM queen.pop_scope_v4(v_started, p_group) pq
         WHERE pq.sub_mode IS NULL
         ORDER BY pq.id
         ON CONFLICT (queue_id, consumer_group) DO NOTHING;
@@ -390,9 +396,10 @@ BEGIN
     -- (highest priority first). Leased, windowed, delayed and caught-up candidates are
     -- skipped below; every skip that can end by itself lowers the wake-up time.
     IF p_queue IS NOT NULL THEN
-        SELECT pq.id, pq.name, pq.lease_time, pq.delayed, pq.window_s, pq.encrypted
+        SELECT pq.id, pq.name, pq.lease_time, pq.delayed, pq.window_s, pq.encrypted,
+               pq.retry_delay, pq.max_wait
         INTO v_scope
-        FROM queen.pop_scope_v3(v_scope_ids, p_group) pq;
+        FROM queen.pop_scope_v4(v_scope_ids, p_group) pq;
         IF NOT FOUND THEN
             RETURN QUERY SELECT NULL::text, NULL::int8, NULL::text, NULL::int8, NULL::int8,
                 NULL::int4, NULL::timestamptz, NULL::boolean, NULL::int8, NULL::timestamptz,
@@ -403,8 +410,9 @@ BEGIN
             OPEN v_cands FOR
                 SELECT v_scope.id AS qid, v_scope.name AS qname, v_scope.lease_time AS lease_time,
                        v_scope.delayed AS delayed, v_scope.window_s AS window_s,
-                       v_scope.encrypted AS encrypted, c.partition_id AS pid, c.lease_id,
-                       c.lease_expires_at
+                       v_scope.encrypted AS encrypted, v_scope.retry_delay AS retry_delay,
+                       v_scope.max_wait AS max_wait, c.partition_id AS pid, c.lease_id,
+                       c.lease_expires_at, c.ready_at
                 FROM queen.log_partitions lp
                 JOIN queen.log_consumers c
                   ON c.partition_id = lp.id AND c.consumer_group = p_group
@@ -414,8 +422,9 @@ BEGIN
             OPEN v_cands FOR
                 SELECT v_scope.id AS qid, v_scope.name AS qname, v_scope.lease_time AS lease_time,
                        v_scope.delayed AS delayed, v_scope.window_s AS window_s,
-                       v_scope.encrypted AS encrypted, c.partition_id AS pid, c.lease_id,
-                       c.lease_expires_at
+                       v_scope.encrypted AS encrypted, v_scope.retry_delay AS retry_delay,
+                       v_scope.max_wait AS max_wait, c.partition_id AS pid, c.lease_id,
+                       c.lease_expires_at, c.ready_at
                 FROM queen.log_consumers c
                 WHERE c.queue_id = v_scope.id AND c.consumer_group = p_group
                   AND c.ready_at IS NOT NULL
@@ -424,8 +433,9 @@ BEGIN
     ELSE
         OPEN v_cands FOR
             SELECT pq.id AS qid, pq.name AS qname, pq.lease_time, pq.delayed, pq.window_s,
-                   pq.encrypted, c.partition_id AS pid, c.lease_id, c.lease_expires_at
-            FROM queen.pop_scope_v3(v_scope_ids, p_group) pq
+                   pq.encrypted, pq.retry_delay, pq.max_wait, c.partition_id AS pid,
+                   c.lease_id, c.lease_expires_at, c.ready_at
+            FROM queen.pop_scope_v4(v_scope_ids, p_group) pq
             CROSS JOIN LATERAL (
                 SELECT c.partition_id, c.ready_at, c.lease_id, c.lease_expires_at
                 FROM queen.log_consumers c
@@ -444,8 +454,12 @@ BEGIN
         FETCH v_cands INTO v_cand;
         EXIT WHEN NOT FOUND;
         CONTINUE WHEN v_queue_id IS NOT NULL AND v_cand.qid <> v_queue_id;
-        IF v_cand.lease_id IS NOT NULL AND v_cand.lease_expires_at > v_now THEN
-            v_wake := LEAST(v_wake, v_cand.lease_expires_at);
+        -- A live lease, or one that expired or was released for redelivery (a `failed` ack
+        -- with budget left: lease_expires_at then holds the release time, ack.sql) less than
+        -- the queue's retryDelay ago: not claimable before lease_expires_at + retryDelay. A
+        -- completed batch leaves lease_expires_at NULL, so the next one is not held back.
+        IF v_cand.lease_expires_at + v_cand.retry_delay > v_now THEN
+            v_wake := LEAST(v_wake, v_cand.lease_expires_at + v_cand.retry_delay);
             CONTINUE;
         END IF;
 
@@ -474,8 +488,8 @@ BEGIN
             v_wake := LEAST(v_wake, clock_timestamp() + interval '50 milliseconds');
             CONTINUE;
         END IF;
-        IF v_cur.lease_id IS NOT NULL AND v_cur.lease_expires_at > v_now THEN
-            v_wake := LEAST(v_wake, v_cur.lease_expires_at);
+        IF v_cur.lease_expires_at + v_cand.retry_delay > v_now THEN
+            v_wake := LEAST(v_wake, v_cur.lease_expires_at + v_cand.retry_delay);
             CONTINUE;
         END IF;
 
@@ -489,6 +503,18 @@ BEGIN
             CONTINUE;
         END IF;
         v_end := LEAST(v_part.last_offset, v_start + v_left - 1);
+
+        -- maxWaitTimeSeconds (api.md 4): a message that waited longer is never delivered. The
+        -- head is the oldest message of the claim (created_at is monotone in offset order), so
+        -- only its age matters. PERF: ready_at (read with the candidate) is never younger than
+        -- the head, so a queue without overdue messages pays no probe; an overdue head leaves
+        -- the partition to housekeeping's eviction (deleted and counted, retention.sql), which
+        -- comes within one QUEEN_HOUSEKEEPING_S round: look again in a second.
+        IF v_cand.max_wait IS NOT NULL AND v_cand.ready_at < v_now - v_cand.max_wait
+           AND queen.log_pending_at_v1(v_cand.pid, v_start) < v_now - v_cand.max_wait THEN
+            v_wake := LEAST(v_wake, clock_timestamp() + interval '1 second');
+            CONTINUE;
+        END IF;
 
         IF v_cand.delayed > 0 THEN
             SELECT s.base_offset + s.msg_count - 1 INTO v_cut

@@ -232,7 +232,10 @@ AS $$
         FOR UPDATE SKIP LOCKED
     ), cleared AS (
         UPDATE queen.log_consumers c
-        SET lease_id = NULL, worker_id = NULL, lease_expires_at = NULL
+        -- NOTE(retention): lease_expires_at is kept: the pop redelivers an expired lease's
+        -- batch only the queue's retryDelay after it (pop.sql); no live-lease test reads it
+        -- without lease_id
+        SET lease_id = NULL, worker_id = NULL
         FROM expired e
         WHERE c.partition_id = e.partition_id AND c.consumer_group = e.consumer_group
           AND c.lease_id IS NOT NULL AND c.lease_expires_at <= now()
