@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from queen_mp.config import SETTINGS
-from queen_mp.metrics import Metrics
+from queen_mp.metrics import QUEUE_GAUGES, Metrics
 
 OPS = Path(__file__).resolve().parents[2] / "ops"
 DASHBOARD = OPS / "grafana" / "queen-mp.json"
@@ -46,6 +46,10 @@ def exported_series() -> dict[str, set[str]]:
             out[f"{name}_count"] = labels
         else:
             out[name] = labels
+    # the per-queue gauges come from shard 0's snapshot, not from per-process samples
+    for name, (_, labels) in QUEUE_GAUGES.items():
+        out[name] = set(labels)
+    out["queen_queue_gauges_timestamp_seconds"] = set()
     return out
 
 
