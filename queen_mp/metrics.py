@@ -63,6 +63,7 @@ FUSION_ERROR_REASONS = ("Unavailable", "OutcomeUnknown", "StatementTimeout", "Co
                         "MaintenanceOn", "StatementError", "DatabaseError")
 _PUSH_STATUSES = ("queued", "duplicate", "buffered", "failed")
 _ADMISSION_CODES = ("overloaded", "storage_full")
+_SCRAPE_ROUTE = "/metrics/prometheus"
 
 #: Label of the per-queue series beyond ``QUEEN_METRICS_QUEUE_CAP`` (summed, or the worst of
 #: them for ages), and of every tenant's but the default one's: ``/metrics/prometheus`` is
@@ -293,6 +294,10 @@ class Metrics:
                 (self.pg_pool_connections, ("in_use", "idle"))):
             for value in values:
                 counter.labels(value)
+        # NOTE(queen): routes are counted when answered, so the very first scrape of an idle
+        # broker would miss the request families it itself is about to add
+        self.http_requests.labels(_SCRAPE_ROUTE, "200")
+        self.http_latency.labels(_SCRAPE_ROUTE)
 
     def db_event(self, event: str) -> None:
         """A database event (queen_mp/db/errors.py ``on_event``): counted at the turn's end."""

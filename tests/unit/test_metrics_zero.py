@@ -103,5 +103,7 @@ def test_a_fresh_process_writes_its_labelled_children_at_zero(tmp_path):
                  'queen_fusion_bundle_errors_total{reason="Unavailable"} 0.0',
                  'queen_admission_rejected_total{code="storage_full"} 0.0',
                  'queen_pg_cancels_total{result="sent"} 0.0',
-                 'queen_dlq_depth{queue="(other)"} 0.0'):
+                 'queen_dlq_depth{queue="(other)"} 0.0',
+                 'queen_http_requests_total{route="/metrics/prometheus",status="200"} 0.0',
+                 'queen_http_request_duration_seconds_count{route="/metrics/prometheus"} 0.0'):
         assert line in text, line
