@@ -1,6 +1,7 @@
 # queen-mp: `make run` starts the broker on 127.0.0.1:6632, `make test` runs the whole suite.
 # Both work on a fresh machine: they create .venv, install the package, and (tests) install
-# PostgreSQL from Debian's packages when no server binaries are present.
+# PostgreSQL from Debian's packages when no server binaries are present, and promtool (Debian's
+# prometheus package) for the alert rule tests; without it those tests skip and say why.
 SHELL := /bin/bash
 PY ?= python3
 VENV := .venv
@@ -8,7 +9,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: run test unit integration bench bench-quick lint clean pg-deps readme-config api-doc chaos
+.PHONY: run test unit integration bench bench-quick lint clean pg-deps promtool-deps \
+	readme-config api-doc chaos
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -22,10 +24,14 @@ $(STAMP): $(BIN)/python setup.cfg pyproject.toml
 pg-deps:
 	@bash ops/ensure-postgres.sh
 
+# not fatal: tests/unit/test_alert_rules.py skips (saying why) when promtool is missing
+promtool-deps:
+	@bash ops/ensure-promtool.sh || echo "promtool not installed: the alert rule tests will skip" >&2
+
 run: $(STAMP) pg-deps
 	$(BIN)/queen-mp serve
 
-test: $(STAMP) pg-deps
+test: $(STAMP) pg-deps promtool-deps
 	$(BIN)/ruff check queen_mp tests bench
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 

@@ -144,6 +144,15 @@ SETTINGS: tuple[Setting, ...] = (
     _s("QUEEN_HOUSEKEEPING_S", int, 5,
        "Seconds between housekeeping rounds of each shard: segment retention, the "
        "transactionId sidecar purge, expired leases and KV keys.", minimum=1, maximum=3600),
+    _s("QUEEN_METRICS_QUEUE_S", int, 15,
+       "Seconds between refreshes of the per-queue gauges of /metrics/prometheus (depth, "
+       "oldest unconsumed age, lag per consumer group, DLQ depth): one SQL call by shard 0 "
+       "of each instance, read by every scrape.", minimum=1, maximum=3600),
+    _s("QUEEN_METRICS_QUEUE_CAP", int, 100,
+       "Series per per-queue gauge named by queue (by queue and group for the lag): the "
+       "highest values; the rest are summed (ages: the highest) under queue=\"(other)\", "
+       "and every tenant's but the default one's under \"(other tenants)\".",
+       minimum=1, maximum=100_000),
     _s("QUEEN_DISK_HIGH_PCT", int, 85,
        "Push and transaction answer 507 above this filesystem use of the spool.",
        minimum=1, maximum=100),

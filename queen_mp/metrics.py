@@ -9,11 +9,15 @@ time, and are not registered in the default registry: the scrape endpoint collec
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from bisect import bisect_left
+from collections.abc import Iterable, Iterator
 from typing import Any
 
-__all__ = ["Metrics", "Tally", "mark_process_dead", "render_latest"]
+__all__ = ["FUSION_ERROR_REASONS", "OTHER_QUEUES_LABEL", "OTHER_TENANTS_LABEL", "QUEUE_GAUGES",
+           "QUEUE_SNAPSHOT", "Metrics", "QueueGaugeCollector", "QueueRow", "Tally",
+           "mark_process_dead", "render_latest", "write_queue_snapshot"]
 
 _FUSION_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384)
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
@@ -49,6 +53,46 @@ def _use_cached_pid() -> None:
 
 
 Labels = tuple[str, ...]
+
+#: The label values every labelled family is created with at zero, so that a fresh broker's
+#: first scrape already has each series a dashboard or an alert names (an absent series is a
+#: blank panel and an alert that cannot fire). Fusion errors are labelled by the class name of
+#: the failure: the database errors of queen_mp/db/errors.py (tests/unit/test_metrics_zero.py
+#: checks the names), anything else is labelled as it comes.
+FUSION_ERROR_REASONS = ("Unavailable", "OutcomeUnknown", "StatementTimeout", "Conflict",
+                        "MaintenanceOn", "StatementError", "DatabaseError")
+_PUSH_STATUSES = ("queued", "duplicate", "buffered", "failed")
+_ADMISSION_CODES = ("overloaded", "storage_full")
+_SCRAPE_ROUTE = "/metrics/prometheus"
+
+#: Label of the per-queue series beyond ``QUEEN_METRICS_QUEUE_CAP`` (summed, or the worst of
+#: them for ages), and of every tenant's but the default one's: ``/metrics/prometheus`` is
+#: public, so it never names another tenant's queue or group (docs/api.md 1.5).
+OTHER_QUEUES_LABEL = "(other)"
+OTHER_TENANTS_LABEL = "(other tenants)"
+
+#: The per-queue gauges (name -> help, labels). Not per-process samples: shard 0 of each
+#: instance computes them every ``QUEEN_METRICS_QUEUE_S`` with one SQL call
+#: (``queen.queue_gauges_v1``, bounded to the cap by the database) and writes them to
+#: ``QUEUE_SNAPSHOT`` in the metrics directory; every scrape reads that file.
+QUEUE_GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "queen_queue_depth": (
+        "Messages not yet consumed by every group (docs/api.md 5, pending without a group).",
+        ("queue",)),
+    "queen_queue_oldest_unconsumed_age_seconds": (
+        "Age of the oldest message some group (or, with no group, anyone) has not consumed; "
+        "0 when none.", ("queue",)),
+    "queen_consumer_lag_messages": (
+        "Messages a consumer group has not consumed yet, over the queue's partitions.",
+        ("queue", "group")),
+    "queen_consumer_lag_seconds": (
+        "Age of the oldest message a consumer group has not consumed yet; 0 when caught up.",
+        ("queue", "group")),
+    "queen_dlq_depth": ("Dead-letter rows per queue.", ("queue",)),
+}
+#: File name of the per-queue gauges' snapshot inside the metrics directory (prometheus_client
+#: reads only its ``*.db`` files there).
+QUEUE_SNAPSHOT = "queue-gauges.json"
 
 
 class Tally:
@@ -174,6 +218,30 @@ class Metrics:
         self.dedup_read_backs = Counter(
             "queen_dedup_read_backs", "Partitions whose stored transaction hashes a shard read "
             "back into its dedup filter, by result (ok, failed).", ["result"], **kw)
+        self.pg_statement_timeouts = Counter(
+            "queen_pg_statement_timeouts", "Statements past QUEEN_PG_STATEMENT_TIMEOUT_MS or "
+            "cancelled by the server (SQLSTATE 57014).", **kw)
+        self.pg_cancels = Counter(
+            "queen_pg_cancels", "Out-of-band cancel requests sent for a statement past its "
+            "deadline, by result (sent, failed).", ["result"], **kw)
+        self.pg_quarantines = Counter(
+            "queen_pg_quarantines", "Connections closed and replaced because a statement "
+            "overran its deadline (never reused while the server may still run it).", **kw)
+        self.pg_pool_connections = Gauge(
+            "queen_pg_pool_connections", "Front workers' pooled PostgreSQL connections by "
+            "state (in_use, idle).", ["state"], multiprocess_mode="livesum", **kw)
+        self.pg_pool_max = Gauge(
+            "queen_pg_pool_max", "Front workers' pool capacity (QUEEN_PG_POOL_SIZE each).",
+            multiprocess_mode="livesum", **kw)
+        self.pg_pool_waiting = Gauge(
+            "queen_pg_pool_waiting", "Requests waiting for a pooled PostgreSQL connection.",
+            multiprocess_mode="livesum", **kw)
+        self.disk_used_percent = Gauge(
+            "queen_disk_used_percent", "Use of the filesystems of the spool (and of the "
+            "embedded cluster), as admission measures it.", multiprocess_mode="livemax", **kw)
+        self.disk_high_percent = Gauge(
+            "queen_disk_high_percent", "QUEEN_DISK_HIGH_PCT: above it pushes answer 507.",
+            multiprocess_mode="livemax", **kw)
         self.dedup_filter_entries = Gauge(
             "queen_dedup_filter_entries", "Transaction hashes the shards' dedup filters hold.",
             multiprocess_mode="livesum", **kw)
@@ -202,9 +270,6 @@ class Metrics:
         self.parked_pops = Gauge(
             "queen_parked_pops", "Long polls parked in front workers.",
             multiprocess_mode="livesum", **kw)
-        self.dlq_depth = Gauge(
-            "queen_dlq_depth", "Dead-letter rows per queue.", ["queue"],
-            multiprocess_mode="max", **kw)
         self.shard_restarts = Counter(
             "queen_shard_restarts", "Shard processes restarted by the supervisor.", **kw)
         self.admission_bytes = Gauge(
@@ -213,15 +278,109 @@ class Metrics:
         self.admission_rejected = Counter(
             "queen_admission_rejected", "Write requests refused at admission, by code "
             "(overloaded, storage_full).", ["code"], **kw)
+        self._zero_labels()
+
+    def _zero_labels(self) -> None:
+        """Create every known child at zero (``FUSION_ERROR_REASONS``): a multiprocess child
+        is written to this process's file when it is made, so it is scraped from now on."""
+        for counter, values in (
+                (self.fusion_errors, FUSION_ERROR_REASONS),
+                (self.dedup_read_backs, ("ok", "failed")),
+                (self.ack_registry, ("hit", "miss")),
+                (self.messages_pushed, _PUSH_STATUSES),
+                (self.admission_rejected, _ADMISSION_CODES),
+                (self.pg_cancels, ("sent", "failed")),
+                (self.maintenance_mode, ("push", "pop")),
+                (self.pg_pool_connections, ("in_use", "idle"))):
+            for value in values:
+                counter.labels(value)
+        # NOTE(queen): routes are counted when answered, so the very first scrape of an idle
+        # broker would miss the request families it itself is about to add
+        self.http_requests.labels(_SCRAPE_ROUTE, "200")
+        self.http_latency.labels(_SCRAPE_ROUTE)
+
+    def db_event(self, event: str) -> None:
+        """A database event (queen_mp/db/errors.py ``on_event``): counted at the turn's end."""
+        if event == "statement_timeout":
+            self.tally.inc(self.pg_statement_timeouts)
+        elif event == "quarantine":
+            self.tally.inc(self.pg_quarantines)
+        elif event in ("cancel_sent", "cancel_failed"):
+            self.tally.inc(self.pg_cancels, (event.removeprefix("cancel_"),))
+
+
+#: one per-queue series: (gauge, queue label, group label or None, value)
+QueueRow = tuple[str, str, str | None, float]
+
+
+def write_queue_snapshot(directory: str, rows: Iterable[QueueRow], at: float) -> None:
+    """Replace the per-queue gauges' snapshot (atomically: a scrape reads the old or the new)."""
+    path = os.path.join(directory, QUEUE_SNAPSHOT)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump({"at": at, "rows": [list(r) for r in rows]}, f, separators=(",", ":"))
+    os.replace(tmp, path)
+
+
+class QueueGaugeCollector:
+    """The per-queue gauges from the snapshot shard 0 wrote. Before the first snapshot (and for
+    a family without rows) each family still shows its ``OTHER_QUEUES_LABEL`` series at zero,
+    so nothing that queries it is blank; ``queen_queue_gauges_timestamp_seconds`` says when the
+    snapshot was taken (0: not yet)."""
+
+    def __init__(self, directory: str) -> None:
+        self.path = os.path.join(directory, QUEUE_SNAPSHOT)
+
+    def _read(self) -> tuple[float, list[Any]]:
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                doc = json.load(f)
+            return float(doc["at"]), list(doc["rows"])
+        except FileNotFoundError:
+            return 0.0, []
+        except (OSError, ValueError, KeyError, TypeError):
+            return 0.0, []  # a torn or foreign file: the zeros until the next snapshot
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        at, rows = self._read()
+        families = {name: GaugeMetricFamily(name, text, labels=list(labels))
+                    for name, (text, labels) in QUEUE_GAUGES.items()}
+        seen: dict[str, set[tuple[str, ...]]] = {name: set() for name in QUEUE_GAUGES}
+        for row in rows:
+            try:
+                name, queue, group, value = row
+                family = families[name]
+            except (KeyError, ValueError, TypeError):
+                continue
+            labels = (str(queue),) if group is None else (str(queue), str(group))
+            if len(labels) != len(QUEUE_GAUGES[name][1]) or labels in seen[name]:
+                continue
+            seen[name].add(labels)
+            family.add_metric(list(labels), float(value))
+        for name, family in families.items():
+            other = (OTHER_QUEUES_LABEL,) * len(QUEUE_GAUGES[name][1])
+            if other not in seen[name]:
+                family.add_metric(list(other), 0.0)
+            yield family
+        stamp = GaugeMetricFamily(
+            "queen_queue_gauges_timestamp_seconds",
+            "When shard 0 last computed the per-queue gauges (Unix time; 0 = not yet).")
+        stamp.add_metric([], at)
+        yield stamp
 
 
 def render_latest(multiproc_dir: str | None = None) -> bytes:
-    """Collect every process's samples: the body of ``/metrics/prometheus``."""
+    """Collect every process's samples and the per-queue gauges: the body of
+    ``/metrics/prometheus``."""
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.multiprocess import MultiProcessCollector
 
+    directory = multiproc_dir or os.environ["PROMETHEUS_MULTIPROC_DIR"]
     registry = CollectorRegistry()
-    MultiProcessCollector(registry, path=multiproc_dir or os.environ["PROMETHEUS_MULTIPROC_DIR"])
+    MultiProcessCollector(registry, path=directory)
+    registry.register(QueueGaugeCollector(directory))
     return generate_latest(registry)
 
 

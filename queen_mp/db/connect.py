@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from queen_mp.db.errors import NotDurable, StatementTimeout, translate
+from queen_mp.db.errors import NotDurable, StatementTimeout, emit, translate
 
 if TYPE_CHECKING:
     from psycopg_pool import AsyncConnectionPool
@@ -278,6 +278,7 @@ class Dedicated:
             raise self._timed_out("statement") from ex
 
     def _timed_out(self, what: str) -> StatementTimeout:
+        emit("statement_timeout")
         if self.timeout_s is None:  # a socket timeout of psycopg's own, no deadline of ours
             return StatementTimeout(f"{what} timed out")
         return StatementTimeout(f"{what} exceeded {self.timeout_s:.1f}s")
@@ -287,9 +288,12 @@ class Dedicated:
         conn, self._conn = self._conn, None
         if conn is None:
             return
+        emit("quarantine")
         try:
             await asyncio.wait_for(conn.cancel_safe(), 5)
+            emit("cancel_sent")
         except Exception as ex:
+            emit("cancel_failed")
             log.warning("%s: cancel request failed: %s", self.application_name, ex)
         with contextlib.suppress(Exception):
             await conn.close()

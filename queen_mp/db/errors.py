@@ -20,9 +20,18 @@ psycopg errors never leave `queen_mp/db`: the boundary turns them into this tree
 A server-reported error (one with a SQLSTATE) means the server answered, so the transaction is
 known not to have committed; only a silent connection loss, or a shutdown of the backend, after
 COMMIT was sent leaves the outcome open. Callers say which case they are in with `commit_sent`.
+
+The events an operator counts (issue 28: `queen_pg_statement_timeouts_total`,
+`queen_pg_cancels_total`, `queen_pg_quarantines_total`) are reported where they happen, to
+the process's listener (`on_event`; a process with metrics sets it): "statement_timeout" when a
+`StatementTimeout` is made (a client-side deadline, or SQLSTATE 57014 from the server),
+"cancel_sent" / "cancel_failed" and "quarantine" from `queen_mp.db.connect.Dedicated.quarantine`.
 """
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
 
 __all__ = [
     "Conflict",
@@ -36,8 +45,27 @@ __all__ = [
     "StatementError",
     "StatementTimeout",
     "Unavailable",
+    "emit",
+    "on_event",
     "translate",
 ]
+
+_listener: Callable[[str], None] | None = None
+
+
+def on_event(listener: Callable[[str], None] | None) -> None:
+    """Report this process's database events (module docstring) to ``listener``."""
+    global _listener
+    _listener = listener
+
+
+def emit(event: str) -> None:
+    """Tell the listener (if any) that ``event`` happened; never raises into the caller."""
+    listener = _listener
+    if listener is not None:
+        # NOTE(db): a metrics failure must not turn into (or hide) a database error
+        with contextlib.suppress(Exception):
+            listener(event)
 
 
 class DatabaseError(Exception):
@@ -127,6 +155,7 @@ def translate(exc: BaseException, *, commit_sent: bool = False) -> DatabaseError
                 return Unavailable(message)
             return StatementError(message)
         if isinstance(exc, psycopg.errors.QueryCanceled):
+            emit("statement_timeout")
             return StatementTimeout(message, sqlstate=sqlstate)
         if sqlstate in _CONFLICTS:
             return Conflict(message, sqlstate=sqlstate)

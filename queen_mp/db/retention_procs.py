@@ -1,5 +1,5 @@
-"""Calls into ``sql/functions/retention.sql`` (housekeeping: retention, sidecar purge, leases) and
-``sql/functions/retention.sql`` (the DLQ depth gauge)."""
+"""Calls into ``sql/functions/retention.sql``: housekeeping (retention, sidecar purge, leases)
+and the per-queue gauges of ``/metrics/prometheus``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from typing import Any
 
 import psycopg
 
-__all__ = ["OTHER_TENANTS_LABEL", "RetentionStep", "dlq_depth", "reclaim_leases",
+from queen_mp.metrics import OTHER_TENANTS_LABEL, QueueRow
+
+__all__ = ["OTHER_TENANTS_LABEL", "RetentionStep", "queue_gauges", "reclaim_leases",
            "repair_ready", "retention_candidates", "retention_step", "try_lock", "unlock"]
 
 Conn = psycopg.AsyncConnection[Any]
@@ -69,17 +71,9 @@ async def reclaim_leases(conn: Conn, limit: int) -> int:
     return int(row[0])
 
 
-#: The queen_dlq_depth label of every queue outside the default tenant (docs/api.md 1.5: /metrics
-#: is public, so it never names another tenant's queue).
-OTHER_TENANTS_LABEL = "(other tenants)"
-
-
-async def dlq_depth(conn: Conn) -> dict[str, int]:
-    """Dead letters per gauge label: the default tenant's queues by name, every other
-    tenant's rows summed under ``OTHER_TENANTS_LABEL``."""
-    cur = await conn.execute("SELECT * FROM queen.dlq_depth_v2()")
-    out: dict[str, int] = {}
-    for tenant, name, n in await cur.fetchall():
-        label = name if tenant.int == 0 else OTHER_TENANTS_LABEL
-        out[label] = out.get(label, 0) + int(n)
-    return out
+async def queue_gauges(conn: Conn, cap: int) -> list[QueueRow]:
+    """The per-queue gauges as (gauge, queue label, group label or None, value), at most
+    ``cap`` named series per gauge plus the folded ones (``queen.queue_gauges_v1``: other
+    tenants' names never leave the database)."""
+    cur = await conn.execute("SELECT * FROM queen.queue_gauges_v1(%s)", (cap,))
+    return [(g, q, grp, float(v)) for g, q, grp, v in await cur.fetchall()]

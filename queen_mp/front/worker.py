@@ -12,10 +12,12 @@ import contextlib
 import logging
 import os
 import uuid
+from collections.abc import Callable
 
 from queen_mp import keyring
 from queen_mp.config import Config
 from queen_mp.crypto import PayloadCipher
+from queen_mp.db import errors as dberrors
 from queen_mp.db.ack_procs import GroupAck
 from queen_mp.db.pooled import Pool, failover_pool
 from queen_mp.front.acks import Acker
@@ -46,6 +48,9 @@ log = logging.getLogger("queen_mp.worker")
 # A shard that has not beaten for this long is reported dead by /health.
 SHARD_STALE_MS = 3000
 _FLAGS_FIRST_READ_S = 2.0
+#: how often a front worker writes its pool and disk gauges (a scrape also refreshes the
+#: answering worker's first); the other workers' values are at most this old
+GAUGES_EVERY_S = 1.0
 
 
 class FrontWorker:
@@ -74,9 +79,16 @@ class FrontWorker:
         self._listener: WakeListener | None = None
         self._flags: FlagsBoard | None = None
         self._drainer: Drainer | None = None
+        #: percent used of the storage admission protects; the HTTP app hands its sampler in
+        #: (http/admission.py measures the disk), None: not measured
+        self.disk_used: Callable[[], float] | None = None
+        self._gauges: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         self.metrics = Metrics(self.config.instance_name)
+        dberrors.on_event(self.metrics.db_event)
+        self.metrics.disk_high_percent.set(self.config.disk_high_pct)
+        self.metrics.pg_pool_max.set(self.config.pg_pool_size)
         self._slots = SlotTable.attach(self.runtime.slot_table)
         self.slot, self.generation = self._slots.claim(os.getpid())
         self._board = HeartbeatBoard.attach(self.runtime.heartbeat, self.runtime.shards)
@@ -112,11 +124,16 @@ class FrontWorker:
         self._drainer = Drainer(self.config.spool_path, self._ingest, self._flags, self.spool,
                                 f"f{self.slot}-{os.getpid()}", metrics=self.metrics)
         self._drainer.start()
+        self._gauges = asyncio.get_running_loop().create_task(self._gauge_loop())
         freeze_startup_objects()
         log.info("front worker %d ready in slot %d (generation %d)", os.getpid(), self.slot,
                  self.generation)
 
     async def stop(self) -> None:
+        if self._gauges is not None:
+            self._gauges.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._gauges
         if self._drainer is not None:
             await self._drainer.stop()
         if self._popper is not None:
@@ -140,6 +157,28 @@ class FrontWorker:
             self._slots.release(self.slot, os.getpid())
             self._slots.close()
         mark_process_dead(os.getpid())
+
+    async def _gauge_loop(self) -> None:
+        while True:
+            try:
+                self.refresh_gauges()
+            except Exception:
+                log.exception("pool and disk gauges not written")
+            await asyncio.sleep(GAUGES_EVERY_S)
+
+    def refresh_gauges(self) -> None:
+        """Write this worker's pool gauges (connections in use and idle, requests waiting for
+        one) and the disk use; cheap: the pool's counters and admission's sampled figure."""
+        m = self.metrics
+        if m is None:
+            return
+        stats = self.pool.get_stats()
+        size, idle = stats.get("pool_size", 0), stats.get("pool_available", 0)
+        m.pg_pool_connections.labels("in_use").set(max(size - idle, 0))
+        m.pg_pool_connections.labels("idle").set(idle)
+        m.pg_pool_waiting.set(stats.get("requests_waiting", 0))
+        if self.disk_used is not None:
+            m.disk_used_percent.set(self.disk_used())
 
     @property
     def flags(self) -> FlagsBoard:

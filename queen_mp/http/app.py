@@ -116,6 +116,7 @@ def create_app(config: Config, runtime: Runtime, worker: FrontWorker | None = No
     # refused 401/403 never takes admission permits nor reads its body.
     authz = Authz(Verifier.from_config(config))
     edge, admission = EdgeMiddleware(worker), Admission.for_worker(worker)
+    worker.disk_used = admission.disk_pct  # the disk gauge shows what admission sees
     app = App(media_type=JSON_UTF8, middleware=[Lifespan(worker), edge, authz, admission])
     authz.bind(app)
     app.req_options.media_handlers = _json_handlers()

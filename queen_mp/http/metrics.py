@@ -20,6 +20,7 @@ class PrometheusResource:
         self.worker = worker
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        self.worker.refresh_gauges()  # this worker's pool and disk figures as of now
         # PERF(queen): collecting reads one file per process; keep it off the event loop.
         body = await asyncio.to_thread(render_latest, self.worker.runtime.metrics_dir)
         resp.content_type = "text/plain; version=0.0.4; charset=utf-8"

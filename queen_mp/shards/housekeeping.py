@@ -1,7 +1,8 @@
 """Housekeeping of one shard: time retention of segments (and the eviction of messages that
 waited longer than their queue's maxWaitTimeSeconds, counted in queen_messages_evicted_total),
 the transactionId sidecar's own clock, expired leases and expired KV keys (docs/api.md 4; issue
-"Operations"), the ready index's backstop (schema/002_ready_index.sql) and the DLQ depth gauge.
+"Operations") and the ready index's backstop (schema/002_ready_index.sql). (The DLQ depth gauge,
+set here once, is one of the per-queue gauges now: queen_mp/shards/queuegauges.py.)
 
 Every shard runs one, each taking the partitions ``id % shards == index``, so the work is split
 without coordination. Every step is its own short transaction on one partition (one partition
@@ -12,7 +13,7 @@ Several broker instances over one database (docs/operations.md) each run these r
 first takes a session advisory lock on its housekeeping connection, ``pg_try_advisory_lock(
 ROUND_LOCK_KEY, shards << 16 | index)``, and releases it when the round ends, so one instance at
 a time works a share of the table: a round that finds the lock held by another instance skips
-its share (the other one is doing it) and only refreshes the DLQ gauge. Instances configured
+its share (the other one is doing it). Instances configured
 with another shard count split the table differently and take other keys; their rounds may
 overlap, which costs work, never correctness (every step locks its partition row). A lock whose
 connection dies is released by PostgreSQL with the session.
@@ -46,7 +47,6 @@ class Housekeeping:
                  statement_timeout_ms: int | None = None) -> None:
         self.dsn = dsn
         self.metrics = metrics
-        self._dlq_queues: set[str] = set()
         self.shards = shards
         self.index = index
         self.every_s = every_s
@@ -83,7 +83,6 @@ class Housekeeping:
                 "skipped": 0}
         if not await step(retention_procs.try_lock(conn, *self.lock_key)):
             done["skipped"] = 1
-            await self._dlq_gauge(conn)
             return done
         try:
             await self._work(conn, done)
@@ -95,7 +94,6 @@ class Housekeeping:
                 # would lock the other instances out of this share for good.
                 log.warning("housekeeping lock release failed (%s); reconnecting", ex)
                 await self.db.drop()
-        await self._dlq_gauge(conn)
         if any(done.values()):
             log.info("housekeeping removed segments=%d txns=%d leases=%d kv=%d "
                      "(evicted after maxWaitTimeSeconds: %d messages)",
@@ -138,17 +136,6 @@ class Housekeeping:
             if done["ready"]:
                 log.warning("ready index: %d cursor rows or flags were missing and are "
                             "repaired", done["ready"])
-
-    async def _dlq_gauge(self, conn: Conn) -> None:
-        """Every instance's shard 0 keeps its own gauge, whoever ran the round."""
-        if self.index != 0 or self.metrics is None:
-            return
-        depth = await self.db.step(retention_procs.dlq_depth(conn))
-        for queue in self._dlq_queues - depth.keys():
-            self.metrics.dlq_depth.labels(queue).set(0)
-        for queue, n in depth.items():
-            self.metrics.dlq_depth.labels(queue).set(n)
-        self._dlq_queues = set(depth)
 
     async def close(self) -> None:
         await self.db.drop()

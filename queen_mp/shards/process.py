@@ -22,6 +22,7 @@ import uvloop
 from queen_mp import keyring
 from queen_mp.config import Config
 from queen_mp.crypto import PayloadCipher
+from queen_mp.db import errors as dberrors
 from queen_mp.db.bundles import BundleWriter
 from queen_mp.heap import freeze_startup_objects
 from queen_mp.ipc.doorbell import AsyncDoorbellWaiter, Doorbell
@@ -35,6 +36,7 @@ from queen_mp.runtime import Runtime
 from queen_mp.shards.ackfusion import AckFusion, AckRow
 from queen_mp.shards.fusion import PushFusion
 from queen_mp.shards.housekeeping import Housekeeping
+from queen_mp.shards.queuegauges import QueueGauges
 from queen_mp.shards.registry import AckRegistry
 from queen_mp.shards.timerfire import TimerFirer
 from queen_mp.wire.errors import RecordDecodeError
@@ -80,6 +82,7 @@ class Shard:
         self.flush_scheduled: set[int] = set()  # slots whose flush_outbox is due this iteration
         self.wake_slots: set[int] = set()  # slots to ring at that flush even with nothing sent
         self.metrics = Metrics(config.instance_name)
+        dberrors.on_event(self.metrics.db_event)
         self.writer = BundleWriter(config.pg_dsn, config.v2_fusion_max_inflight,
                                    config.pg_statement_timeout_ms,
                                    f"queen-mp shard {index}")
@@ -108,6 +111,13 @@ class Shard:
                                  cipher=_cipher(config),
                                  max_decompressed=config.max_decompressed_mb << 20,
                                  statement_timeout_ms=config.pg_statement_timeout_ms)
+        # one process per instance computes the per-queue gauges (shards/queuegauges.py)
+        self.queue_gauges = (QueueGauges(config.pg_dsn, directory=runtime.metrics_dir,
+                                         every_s=config.metrics_queue_s,
+                                         cap=config.metrics_queue_cap,
+                                         name=f"queen-mp shard {index} queue gauges",
+                                         statement_timeout_ms=config.pg_statement_timeout_ms)
+                             if index == 0 else None)
 
     # ------------------------------------------------------------------ inbound
     def drain_requests(self) -> None:
@@ -240,6 +250,8 @@ class Shard:
         tasks = [loop.create_task(self.heartbeat()), loop.create_task(self.fusion.hold_tick()),
                  loop.create_task(self.timers.run()),
                  loop.create_task(self.housekeeping.run())]
+        if self.queue_gauges is not None:
+            tasks.append(loop.create_task(self.queue_gauges.run()))
         self.drain_requests()
         freeze_startup_objects()
         log.info("shard %d up (pid %d, epoch %d)", self.index, os.getpid(), self.epoch)
@@ -258,6 +270,8 @@ class Shard:
         for task in tasks:
             task.cancel()
         await self.housekeeping.close()
+        if self.queue_gauges is not None:
+            await self.queue_gauges.close()
         await self.acks.close()
         await self.writer.close()
         await self.waker.close()

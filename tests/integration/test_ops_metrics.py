@@ -1,5 +1,6 @@
-"""The two dashboard metrics that no request path sets: the DLQ depth gauge (set by shard 0's
-housekeeping) and the shard restart counter (set by the supervisor)."""
+"""The two dashboard metrics that no request path sets: the DLQ depth gauge (one of the
+per-queue gauges shard 0 computes, shards/queuegauges.py) and the shard restart counter (set by
+the supervisor)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def _wait_for(fetch, until: float):
 
 
 def test_dlq_depth_gauge_and_shard_restarts(make_broker, db_dsn, db):
-    b = make_broker(db_dsn, QUEEN_HOUSEKEEPING_S="1")
+    b = make_broker(db_dsn, QUEEN_HOUSEKEEPING_S="1", QUEEN_METRICS_QUEUE_S="1")
     q = uq("dq")
     assert b.client.post("/api/v1/push", json={"items": [
         {"queue": q, "transactionId": "p1", "payload": 1}]}).status_code == 201

@@ -52,7 +52,8 @@ def make_tenant(claim: str | None, sub: str | None) -> Tenant:
 
 @pytest.fixture(scope="module")
 def tb(db_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
-    b = start_auth_broker(tmp_path_factory.mktemp("tenancy"), db_dsn, QUEEN_HOUSEKEEPING_S="1")
+    b = start_auth_broker(tmp_path_factory.mktemp("tenancy"), db_dsn, QUEEN_HOUSEKEEPING_S="1",
+                          QUEEN_METRICS_QUEUE_S="1")
     yield b
     assert b.stop() == 0, b.log()[-4000:]
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from queen_mp.config import SETTINGS
-from queen_mp.metrics import Metrics
+from queen_mp.metrics import QUEUE_GAUGES, Metrics
 
 OPS = Path(__file__).resolve().parents[2] / "ops"
 DASHBOARD = OPS / "grafana" / "queen-mp.json"
@@ -46,6 +46,10 @@ def exported_series() -> dict[str, set[str]]:
             out[f"{name}_count"] = labels
         else:
             out[name] = labels
+    # the per-queue gauges come from shard 0's snapshot, not from per-process samples
+    for name, (_, labels) in QUEUE_GAUGES.items():
+        out[name] = set(labels)
+    out["queen_queue_gauges_timestamp_seconds"] = set()
     return out
 
 
@@ -149,8 +153,39 @@ def test_dashboard_queries_only_exported_metrics_and_labels():
                  "queen_ack_fusion_rows_total", "queen_ack_fusion_commits_total",
                  "queen_ack_registry_lookups_total", "queen_spool_pending",
                  "queen_maintenance_mode", "queen_parked_pops", "queen_shard_restarts_total",
-                 "queen_dlq_depth", "queen_dedup_filter_entries", "queen_dedup_read_backs_total"):
+                 "queen_dlq_depth", "queen_dedup_filter_entries", "queen_dedup_read_backs_total",
+                 "queen_queue_depth", "queen_queue_oldest_unconsumed_age_seconds",
+                 "queen_consumer_lag_messages", "queen_consumer_lag_seconds",
+                 "queen_pg_pool_connections", "queen_pg_pool_waiting",
+                 "queen_pg_statement_timeouts_total", "queen_pg_cancels_total",
+                 "queen_pg_quarantines_total", "queen_disk_used_percent"):
         assert name in seen, f"no panel queries {name}"
+
+
+def test_dashboard_has_a_row_per_queue_and_links_the_console():
+    dash = load_dashboard()
+    variables = {v["name"]: v for v in dash["templating"]["list"]}
+    queue = variables["queue"]
+    assert queue["type"] == "query" and queue["multi"] and queue["includeAll"]
+    assert "label_values(queen_queue_depth{" in queue["query"]["query"]
+    all_panels = dash["panels"]
+    (repeated,) = [i for i, p in enumerate(all_panels) if p.get("repeat") == "queue"]
+    assert all_panels[repeated]["type"] == "row" and not all_panels[repeated]["collapsed"]
+    # a row that is not collapsed owns the panels up to the next row
+    owned = []
+    for p in all_panels[repeated + 1:]:
+        if p["type"] == "row":
+            break
+        owned.append(p)
+    exprs = [t["expr"] for p in owned for t in p["targets"]]
+    assert exprs and all('queue="$queue"' in e for e in exprs), exprs
+    for name in ("queen_queue_depth", "queen_queue_oldest_unconsumed_age_seconds",
+                 "queen_consumer_lag_messages", "queen_consumer_lag_seconds",
+                 "queen_dlq_depth"):
+        assert any(name in e for e in exprs), name
+    links = [link["url"] for link in dash["links"]]
+    assert any(url.endswith("/console") for url in links), links
+    assert variables["broker"]["type"] == "textbox"
 
 
 def test_dashboard_selects_job_and_instance_everywhere():
