@@ -2,7 +2,7 @@
 // depth, traffic (messages in per second, measured between polls), processing and DLQ.
 import { api, h, num, rate, replace, table, when } from '../lib.js';
 
-const POLL_MS = 5000;
+const POLL_MS = 3000;
 
 export async function render(main, _args, life) {
   const search = h('input', { type: 'search', placeholder: 'Search queues', 'aria-label': 'Search queues', id: 'queue-search' });
