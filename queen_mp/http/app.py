@@ -201,6 +201,7 @@ def create_app(config: Config, runtime: Runtime, worker: FrontWorker | None = No
     app.add_route("/api/v1/status/queues/{queue}", resources.StatusQueueResource(worker))
     app.add_route("/api/v1/status/queues/{queue}/messages", QueueMessagesResource(worker))
     app.add_route("/api/v1/status/analytics", resources.AnalyticsResource(worker))
+    app.add_route("/api/v1/status/system", resources.StatusSystemResource(worker))
     app.add_route("/api/v1/stats/refresh", resources.StatsRefreshResource(worker))
     app.add_route("/api/v1/system/maintenance", MaintenanceResource(worker))
     app.add_route("/api/v1/system/maintenance/pop", PopMaintenanceResource(worker))

@@ -101,6 +101,9 @@ def test_push_maintenance_from_the_system_page_buffers_pushes(broker, console):
     page = tab.open("system")
     push = page.locator('[data-testid="push-maintenance"]')
     expect(push).to_contain_text("off")
+    # the supervisor, the front worker and the shard, from /api/v1/status/system
+    expect(page.locator('tr[data-testid="process"]')).to_have_count(3)
+    expect(page.locator("main")).to_contain_text("no replica")
     try:
         push.get_by_role("button", name="Turn on").click()
         expect(push.locator(".badge")).to_have_text("on")
