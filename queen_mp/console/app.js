@@ -7,6 +7,7 @@ const PAGES = {
   queue: () => import('./pages/queue.js'),
   groups: () => import('./pages/groups.js'),
   dlq: () => import('./pages/dlq.js'),
+  traces: () => import('./pages/traces.js'),
   system: () => import('./pages/system.js'),
 };
 

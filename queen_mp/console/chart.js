@@ -21,7 +21,7 @@ const short = (v) => (v >= 1e6 ? `${+(v / 1e6).toFixed(1)}M` : v >= 1e3 ? `${+(v
 
 // series: [{name, cls}] ; each push() adds one point per series (null = a gap).
 export class LineChart {
-  constructor(title, series, { points = 90, unit = '' } = {}) {
+  constructor(title, series, { points = 60, unit = '' } = {}) {
     this.series = series.map((s) => ({ ...s, data: [] }));
     this.points = points;
     this.unit = unit;

@@ -32,8 +32,10 @@ TIMEOUT_MS = 15_000
 VIEWPORT = {"width": 1280, "height": 860}
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def chromium() -> Iterator[playwright_api.Browser]:
+    """Per module, not per session: while Playwright's sync API runs, its event loop is the
+    thread's running loop, and the in-process asyncio of later test modules would fail."""
     path = shutil.which(CHROMIUM) or CHROMIUM
     assert Path(path).exists(), (f"no Chromium at {CHROMIUM}: run ops/ensure-chromium.sh "
                                  "(or set QUEEN_CHROMIUM)")
@@ -68,6 +70,21 @@ class Watched:
     page: playwright_api.Page
     base: str
     problems: list[str] = field(default_factory=list)
+    #: a reload the test asked for aborts the polls in flight: those aborts are not problems
+    reloading: bool = False
+
+    def reload(self) -> None:
+        self.reloading = True
+        try:
+            self.page.reload()
+        finally:
+            self.reloading = False
+
+    def failed(self, request: playwright_api.Request) -> None:
+        if self.reloading and request.failure == "net::ERR_ABORTED":
+            return
+        self.problems.append(f"request failed: {request.method} {request.url}: "
+                             f"{request.failure}")
 
     def open(self, route: str) -> playwright_api.Page:
         """``route`` is the part after ``#/`` (``queues/orders``)."""
@@ -75,6 +92,7 @@ class Watched:
         return self.page
 
     def shot(self, name: str) -> None:
+        """Write ``name``.png when asked to (QUEEN_CONSOLE_SHOTS)."""
         if SHOTS:
             Path(SHOTS).mkdir(parents=True, exist_ok=True)
             self.page.screenshot(path=str(Path(SHOTS) / f"{name}.png"), full_page=False)
@@ -93,8 +111,7 @@ def console(chromium: playwright_api.Browser) -> Iterator[Callable[..., Watched]
         page.on("console", lambda m: m.type == "error" and w.problems.append(
             f"console error: {m.text} at {m.location}"))
         page.on("pageerror", lambda e: w.problems.append(f"uncaught: {e}"))
-        page.on("requestfailed", lambda r: w.problems.append(
-            f"request failed: {r.method} {r.url}: {r.failure}"))
+        page.on("requestfailed", w.failed)
         page.on("response", lambda r: r.status >= 400 and w.problems.append(
             f"answer {r.status}: {r.request.method} {r.url}"))
         page.on("dialog", lambda d: d.accept())

@@ -46,13 +46,13 @@ def test_the_page_asks_for_a_token_and_keeps_it_for_the_tab(broker, console):
     tab = console(broker)
     page = tab.open("overview")
     expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
+    tab.shot("login")
     page.fill("#token", token("read-only", sub="olivia"))
     page.get_by_role("button", name="Sign in").click()
     expect(page.locator("main h1")).to_have_text("Overview")
     expect(page.locator('[data-testid="role"]')).to_have_text("olivia · read-only")
-    page.reload()  # the same tab: the token is still there
+    tab.reload()  # the same tab: the token is still there
     expect(page.locator("main h1")).to_have_text("Overview")
-    tab.shot("login")
     page.get_by_role("button", name="Sign out").click()
     expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
 

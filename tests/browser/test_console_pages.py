@@ -13,7 +13,7 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.brokerharness import Broker
-from tests.browser.conftest import api, make_dead_letter, private_broker
+from tests.browser.conftest import SHOTS, api, make_dead_letter, private_broker
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +50,15 @@ def test_a_pushed_queue_appears_in_the_list_and_the_overview(broker, console):
     expect(page.get_by_role("link", name="browser.orders")).to_be_visible()
     # the rate charts draw from the second reading on
     expect(page.locator('[data-testid="push-rate"] .card-value')).not_to_have_text("—")
+    if SHOTS:  # a picture with traffic in it
+        with api(broker) as c:
+            for i in range(40):
+                c.post("/api/v1/push", json={"items": [
+                    {"queue": "browser.orders", "partition": f"p{j % 3}", "payload": {"n": j}}
+                    for j in range(5 + i % 7)]})
+                c.get("/api/v1/pop/queue/browser.orders",
+                      params={"wait": "false", "batch": 4, "autoAck": "true"})
+                time.sleep(0.25)
     tab.shot("overview")
 
 
@@ -155,3 +164,28 @@ def test_the_watch_catches_a_refused_request_and_the_page_says_why(broker, conso
     assert any(p.startswith("answer 404: GET") for p in tab.problems), tab.problems
     assert any(p.startswith("console error:") for p in tab.problems), tab.problems
     tab.problems.clear()  # expected here; any other test with these fails
+
+
+def test_traces_by_name_and_by_message(broker, console):
+    with api(broker) as c:
+        r = c.post("/api/v1/push", json={"items": [
+            {"queue": "browser.traced", "transactionId": "tr-1", "payload": {"k": 1}}]})
+        assert r.status_code == 201, r.text
+        pid = r.json()[0]["partitionId"]
+        for step in ("received", "charged"):
+            r = c.post("/api/v1/traces", json={
+                "transactionId": "tr-1", "partitionId": pid, "traceNames": ["checkout"],
+                "eventType": "info", "data": {"step": step}})
+            assert r.status_code == 201, r.text
+    tab = console(broker)
+    page = tab.open("traces")
+    page.get_by_role("button", name="checkout").click()
+    expect(page.locator('tr[data-testid="trace"]')).to_have_count(2)
+    expect(page.locator("main")).to_contain_text('"step": "charged"')
+    expect(page.locator("main")).to_contain_text("browser.traced")
+    tab.shot("traces")
+    page.fill('input[name="partitionId"]', pid)
+    page.fill('input[name="transactionId"]', "tr-1")
+    page.get_by_role("button", name="Show the message's events").click()
+    expect(page.get_by_role("heading", name="Message tr-1")).to_be_visible()
+    expect(page.locator('tr[data-testid="trace"]')).to_have_count(2)

@@ -24,7 +24,7 @@ export async function render(main, _args, life) {
     { name: 'push', cls: 's1' }, { name: 'pop', cls: 's2' }, { name: 'ack', cls: 's3' }]);
   const latency = new LineChart('Request latency', [
     { name: 'mean', cls: 's1' }, { name: 'p99 ≤', cls: 's4' }], { unit: ' ms' });
-  const backlog = new LineChart('Backlog and dead letters', [
+  const backlog = new LineChart('Backlog', [
     { name: 'pending', cls: 's2' }, { name: 'processing', cls: 's3' }, { name: 'DLQ', cls: 's4' }]);
   const top = h('div');
   main.append(h('h1', 'Overview'), cards, h('div.charts', rates.el, latency.el, backlog.el),
@@ -73,7 +73,7 @@ export async function render(main, _args, life) {
       card('Spool', num(m.spool.pending), { kind: m.spool.pending ? 'warn' : '', title: 'pushes buffered on disk' }),
       card('Push maintenance', maint(health.maintenanceMode), { testid: 'maintenance' }),
       card('Pop maintenance', maint(health.popMaintenanceMode)),
-      card('Queues', `${num(ov.queues)} · ${num(ov.partitions)} partitions`));
+      card('Queues · partitions', `${num(ov.queues)} · ${num(ov.partitions)}`));
 
     const rows = queues.queues.map((qu) => {
       if (!seen.has(qu.name)) seen.set(qu.name, [t, qu.messages.total]);
