@@ -1,11 +1,19 @@
-// Overview: live rates and latency (from /metrics and /metrics/prometheus, differenced between
-// polls), backlog and DLQ depth (/api/v1/resources/overview), maintenance (/health), spool, and
+// Overview: live rates, latency, fusion and spool (from /metrics/prometheus, differenced
+// between polls), backlog and DLQ depth (/api/v1/resources/overview), maintenance (/health), and
 // the queues with the most backlog or traffic (/api/v1/resources/queues).
+// PERF(console): the counters come from the Prometheus text only; GET /metrics renders that same
+// text and parses it again on the broker, which doubled the broker's CPU per poll.
 import { LineChart } from '../chart.js';
 import { api, badge, card, h, num, promTotals, rate, replace, section, table } from '../lib.js';
 
 const POLL_MS = 2000;
 const LATENCY = 'queen_http_request_duration_seconds';
+const PUSHED = 'queen_batch_items_fired_total';
+const POPPED = 'queen_messages_popped_total';
+const ACKED = 'queen_messages_acked_total';
+const COMMITS = 'queen_fusion_commits_total';
+const SEGMENTS = 'queen_fusion_segments_total';
+const SPOOL = 'queen_spool_pending';
 
 // The quantile q of the requests between two readings of the summed histogram buckets.
 function quantile(prev, now, q) {
@@ -34,11 +42,12 @@ export async function render(main, _args, life) {
   const seen = new Map(); // queue -> [t, total] of the first reading
   life.every(POLL_MS, async () => {
     const t = performance.now() / 1000;
-    const [m, prom, health, ov, queues] = await Promise.all([
-      api('/metrics'), api('/metrics/prometheus', { text: true }), api('/health'),
+    const [prom, health, ov, queues] = await Promise.all([
+      api('/metrics/prometheus', { text: true }), api('/health'),
       api('/api/v1/resources/overview'), api('/api/v1/resources/queues?limit=1000')]);
-    const p = promTotals(prom, [LATENCY]);
-    const now = { t, m, p };
+    const p = promTotals(prom, [LATENCY, PUSHED, POPPED, ACKED, COMMITS, SEGMENTS, SPOOL]);
+    const v = (name) => p[name] || 0;
+    const now = { t, p };
     let push = null;
     let pop = null;
     let ack = null;
@@ -46,10 +55,10 @@ export async function render(main, _args, life) {
     let p99 = null;
     if (prev) {
       const dt = Math.max(0.001, t - prev.t);
-      const d = (f) => Math.max(0, f(m) - f(prev.m)) / dt;
-      push = d((x) => x.messages.pushed);
-      pop = d((x) => x.messages.popped);
-      ack = d((x) => x.messages.acked);
+      const d = (name) => Math.max(0, v(name) - (prev.p[name] || 0)) / dt;
+      push = d(PUSHED);
+      pop = d(POPPED);
+      ack = d(ACKED);
       const n = (p[`${LATENCY}_count`] || 0) - (prev.p[`${LATENCY}_count`] || 0);
       mean = n > 0 ? (1000 * ((p[`${LATENCY}_sum`] || 0) - (prev.p[`${LATENCY}_sum`] || 0))) / n : 0;
       const q99 = quantile(prev.p, p, 0.99);
@@ -66,11 +75,11 @@ export async function render(main, _args, life) {
       card('Pop /s', rate(pop)),
       card('Ack /s', rate(ack)),
       card('Latency', mean === null ? '—' : `${num(mean, 1)} ms`, { title: 'mean over the last poll' }),
-      card('Segments / commit', num(m.fusion.segmentsPerCommit, 2), { title: 'fusion: segments written per PostgreSQL commit' }),
+      card('Segments / commit', v(COMMITS) ? num(v(SEGMENTS) / v(COMMITS), 2) : '—', { title: 'fusion since start: segments written per PostgreSQL commit' }),
       card('Backlog', num(msgs.pending), { testid: 'backlog' }),
       card('Processing', num(msgs.processing)),
       card('Dead letters', num(msgs.deadLetter), { kind: msgs.deadLetter ? 'warn' : '', testid: 'dlq-depth' }),
-      card('Spool', num(m.spool.pending), { kind: m.spool.pending ? 'warn' : '', title: 'pushes buffered on disk' }),
+      card('Spool', num(v(SPOOL)), { kind: v(SPOOL) ? 'warn' : '', title: 'pushes buffered on disk' }),
       card('Push maintenance', maint(health.maintenanceMode), { testid: 'maintenance' }),
       card('Pop maintenance', maint(health.popMaintenanceMode)),
       card('Queues · partitions', `${num(ov.queues)} · ${num(ov.partitions)}`));
