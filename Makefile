@@ -1,7 +1,8 @@
 # queen-mp: `make run` starts the broker on 127.0.0.1:6632, `make test` runs the whole suite.
 # Both work on a fresh machine: they create .venv, install the package, and (tests) install
-# PostgreSQL from Debian's packages when no server binaries are present, and promtool (Debian's
-# prometheus package) for the alert rule tests; without it those tests skip and say why.
+# PostgreSQL and Chromium (the console's browser tests) from Debian's packages when missing, and
+# promtool (Debian's prometheus package) for the alert rule tests; without it those tests skip
+# and say why.
 SHELL := /bin/bash
 PY ?= python3
 VENV := .venv
@@ -9,8 +10,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: run test unit integration bench bench-quick lint clean pg-deps promtool-deps \
-	readme-config api-doc chaos
+.PHONY: run test unit integration browser console-shots bench bench-quick lint clean pg-deps \
+	promtool-deps browser-deps readme-config api-doc chaos
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -28,10 +29,13 @@ pg-deps:
 promtool-deps:
 	@bash ops/ensure-promtool.sh || echo "promtool not installed: the alert rule tests will skip" >&2
 
+browser-deps:
+	@bash ops/ensure-chromium.sh
+
 run: $(STAMP) pg-deps
 	$(BIN)/queen-mp serve
 
-test: $(STAMP) pg-deps promtool-deps
+test: $(STAMP) pg-deps promtool-deps browser-deps
 	$(BIN)/ruff check queen_mp tests bench
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
@@ -40,6 +44,13 @@ unit: $(STAMP)
 
 integration: $(STAMP) pg-deps
 	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)
+
+# The console in Chromium (tests/browser); console-shots also rewrites docs/console/*.png
+browser: $(STAMP) pg-deps browser-deps
+	$(BIN)/python -m pytest tests/browser $(PYTEST_ARGS)
+
+console-shots: $(STAMP) pg-deps browser-deps
+	QUEEN_CONSOLE_SHOTS=docs/console $(BIN)/python -m pytest tests/browser $(PYTEST_ARGS)
 
 # The long fuzz run (README "Fuzzing"): tests/fuzz with FUZZ_EXAMPLES hypothesis examples per
 # test (make test runs them with a few dozen), schemathesis over the API document with

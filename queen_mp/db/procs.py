@@ -17,7 +17,7 @@ import psycopg
 from psycopg import sql
 
 __all__ = ["QueueSwitches", "health", "listen", "maintenance_flags", "notify", "queue_flags",
-           "set_maintenance", "wake_peers"]
+           "server_info", "set_maintenance", "wake_peers"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +31,14 @@ class QueueSwitches:
 
 async def health(conn: psycopg.AsyncConnection[Any]) -> dict[str, Any]:
     cur = await conn.execute("SELECT queen.health_v1()")
+    row = await cur.fetchone()
+    assert row is not None
+    return row[0]
+
+
+async def server_info(conn: psycopg.AsyncConnection[Any]) -> dict[str, Any]:
+    """``queen.server_info_v1()``: the PostgreSQL server as the console's System page shows it."""
+    cur = await conn.execute("SELECT queen.server_info_v1()")
     row = await cur.fetchone()
     assert row is not None
     return row[0]

@@ -37,6 +37,7 @@ from queen_mp.ipc.slots import SlotTable
 from queen_mp.ipc.wakeboard import WakeBoard, bucket_of
 from queen_mp.ipc.wakeup import WakeListener, Waker
 from queen_mp.metrics import Metrics, mark_process_dead
+from queen_mp.models.system import ShardState, WorkerState
 from queen_mp.runtime import Runtime
 from queen_mp.spool import SpoolWriter
 from queen_mp.wire.records import LeaseGrant, hash_set
@@ -265,3 +266,19 @@ class FrontWorker:
 
     def shards_alive(self) -> int:
         return self._board.alive(SHARD_STALE_MS) if self._board is not None else 0
+
+    def processes(self) -> tuple[list[WorkerState], list[ShardState]]:
+        """The instance's front worker slots ever claimed and its shards, as shared memory
+        tells them (lock-free reads: a slot being taken over may show either owner)."""
+        workers: list[WorkerState] = []
+        if self._slots is not None:
+            for slot in range(self._slots.nslots):
+                generation = self._slots.generation(slot)
+                if generation:
+                    workers.append(WorkerState(slot, self._slots.owner(slot), generation))
+        shards: list[ShardState] = []
+        if self._board is not None:
+            for index in range(self._board.size):
+                pid, _beat, boots = self._board.read(index)
+                shards.append(ShardState(index, pid, self._board.age_ms(index), boots))
+        return workers, shards

@@ -23,6 +23,13 @@ from queen_mp.http.ack import AckBatchResource, AckResource
 from queen_mp.http.admission import Admission
 from queen_mp.http.authz import Authz
 from queen_mp.http.configure import ConfigureResource
+from queen_mp.http.console import (
+    CONSOLE_PATH,
+    ConsoleAssetResource,
+    ConsoleResource,
+    RootResource,
+    load_assets,
+)
 from queen_mp.http.dlq import DlqResource, RetryResource
 from queen_mp.http.edge import EdgeMiddleware
 from queen_mp.http.errors import JSON_UTF8
@@ -131,6 +138,10 @@ def create_app(config: Config, runtime: Runtime, worker: FrontWorker | None = No
     app.add_route("/metrics", MetricsJsonResource(worker))
     app.add_route("/metrics/prometheus", PrometheusResource(worker))
     app.add_route(OPENAPI_PATH, OpenApiResource())  # public, like /health
+    assets = load_assets(config)  # public too: the files hold no data (docs/console.md)
+    app.add_route("/", RootResource())
+    app.add_route(CONSOLE_PATH, ConsoleResource(assets))
+    app.add_route(CONSOLE_PATH + "/{asset:path}", ConsoleAssetResource(assets))
     push = PushResource(worker)
     app.add_route("/api/v1/push", push)
     app.add_route("/api/v1/consumer-groups", groups.GroupsResource(worker))
@@ -192,6 +203,7 @@ def create_app(config: Config, runtime: Runtime, worker: FrontWorker | None = No
     app.add_route("/api/v1/status/queues/{queue}", resources.StatusQueueResource(worker))
     app.add_route("/api/v1/status/queues/{queue}/messages", QueueMessagesResource(worker))
     app.add_route("/api/v1/status/analytics", resources.AnalyticsResource(worker))
+    app.add_route("/api/v1/status/system", resources.StatusSystemResource(worker))
     app.add_route("/api/v1/stats/refresh", resources.StatsRefreshResource(worker))
     app.add_route("/api/v1/system/maintenance", MaintenanceResource(worker))
     app.add_route("/api/v1/system/maintenance/pop", PopMaintenanceResource(worker))

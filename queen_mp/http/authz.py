@@ -9,7 +9,8 @@ leaves it with ``req.context.tenant`` (16 bytes), ``req.context.sub`` (str or No
 - Authentication off: every request is the default tenant's, without a subject, with every
   role; the ``Authorization`` header is not even looked at.
 - Public, whatever the setting: ``/health``, ``/metrics``, ``/metrics/prometheus``,
-  ``/api/v1/openapi.json``, and every
+  ``/api/v1/openapi.json``, the console's files (``/``, ``/console``, ``/console/*``: they
+  hold no data; its pages call the API with the operator's token), and every
   ``OPTIONS`` (answered ``204`` by ``EdgeMiddleware``).
 - Authentication on, anything else: a missing or unacceptable token is ``401 unauthorized``
   (with ``WWW-Authenticate: Bearer``); a role below the route's is ``403 forbidden``. The
@@ -40,11 +41,14 @@ import falcon.asgi
 from queen_mp.auth import ANONYMOUS_ADMIN, DEFAULT_TENANT, AuthError, Principal, Role, Verifier
 from queen_mp.http.errors import ApiError, Forbidden, Unauthorized, kv_error
 
-__all__ = ["ADMIN_DELETE_TREES", "ADMIN_ROUTES", "PUBLIC_PATHS", "Authz", "required_role", "sub_of",
-           "tenant_of"]
+__all__ = ["ADMIN_DELETE_TREES", "ADMIN_ROUTES", "PUBLIC_PATHS", "PUBLIC_TREES", "Authz",
+           "is_public", "required_role", "sub_of", "tenant_of"]
 
 #: ``/api/v1/openapi.json`` describes the API and holds no data (queen_mp/http/openapi.py).
-PUBLIC_PATHS = frozenset({"/health", "/metrics", "/metrics/prometheus", "/api/v1/openapi.json"})
+PUBLIC_PATHS = frozenset({"/health", "/metrics", "/metrics/prometheus", "/api/v1/openapi.json",
+                          "/", "/console"})
+#: Every path under these is public: the console's static files (queen_mp/http/console.py).
+PUBLIC_TREES = ("/console/",)
 #: (method, uri template) of the admin routes outside the ``/api/v1/system/`` tree.
 ADMIN_ROUTES = frozenset({("POST", "/api/v1/stats/refresh"),
                           ("POST", "/api/v1/resources/queues/{queue}/purge")})
@@ -74,6 +78,11 @@ def required_role(method: str, template: str | None) -> Role:
                                         or template in _CONSUMING_GETS):
         return Role.READ_ONLY
     return Role.READ_WRITE
+
+
+def is_public(path: str) -> bool:
+    """Whether ``path`` (a request path or a route template) is answered without a token."""
+    return path in PUBLIC_PATHS or path.startswith(PUBLIC_TREES)
 
 
 def tenant_of(req: falcon.asgi.Request) -> bytes:
@@ -113,7 +122,7 @@ class Authz:
         if self.verifier is None:
             self._set(req, ANONYMOUS_ADMIN)
             return
-        if req.method == "OPTIONS" or req.path in PUBLIC_PATHS:
+        if req.method == "OPTIONS" or is_public(req.path):
             self._set(req, Principal(Role.NONE, DEFAULT_TENANT, None))
             return
         template = self.template(req)

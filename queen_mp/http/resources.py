@@ -19,6 +19,7 @@ cached (so ``POST /stats/refresh`` has nothing to recompute and only answers):
 ``GET    /api/v1/status/queues/{queue}``             ``StatusQueueResource`` (404 when absent)
 ``GET    /api/v1/status/analytics``                  ``AnalyticsResource``
 ``POST   /api/v1/stats/refresh``                     ``StatsRefreshResource``
+``GET    /api/v1/status/system``                     ``StatusSystemResource``
 ==================================================  ============================================
 
 Message counts (defined in the sql/functions/admin.sql header): ``total`` = messages retained in the
@@ -39,14 +40,16 @@ answer ``204`` at their deadline (docs/api.md 1.9).
 from __future__ import annotations
 
 import datetime as dt
+import os
 from typing import Any
 
 import falcon
 import falcon.asgi
 import orjson
 
-from queen_mp.db import admin_procs
-from queen_mp.front.worker import FrontWorker
+from queen_mp import __version__
+from queen_mp.db import admin_procs, procs
+from queen_mp.front.worker import SHARD_STALE_MS, FrontWorker
 from queen_mp.http.authz import tenant_of
 from queen_mp.http.body import read_body
 from queen_mp.http.dbcall import call_db
@@ -68,6 +71,7 @@ __all__ = [
     "StatusQueueResource",
     "StatusQueuesResource",
     "StatusResource",
+    "StatusSystemResource",
     "TasksResource",
 ]
 
@@ -450,3 +454,41 @@ class StatsRefreshResource(_Resource):
     async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         await _optional_json(req, self.worker)
         resp.media = {"success": True, "refreshedAt": iso_ms(dt.datetime.now(dt.UTC))}
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class StatusSystemResource(_Resource):
+    """``GET /api/v1/status/system``: this instance's processes (from shared memory: pids,
+    restarts, shard beats) and its PostgreSQL server (version, connections, size,
+    replication). Instance-wide like ``/health``, so no tenant's data is in it."""
+
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        w = self.worker
+        server = await call_db(w.pool, procs.server_info)
+        workers, shards = w.processes()
+        resp.media = {
+            "instance": w.config.instance_name, "version": __version__,
+            "startedAt": iso_ms(dt.datetime.fromtimestamp(w.runtime.started_at, dt.UTC)),
+            "uptimeSeconds": int(dt.datetime.now(dt.UTC).timestamp() - w.runtime.started_at),
+            "supervisorPid": os.getppid(),
+            "answeredBy": {"slot": w.slot, "pid": os.getpid()},
+            "frontWorkers": [{"slot": x.slot, "pid": x.pid, "alive": _pid_alive(x.pid),
+                              "generation": x.generation, "restarts": x.restarts}
+                             for x in workers],
+            "shards": [{"index": s.index, "pid": s.pid,
+                        "alive": s.beat_age_ms is not None and s.beat_age_ms <= SHARD_STALE_MS,
+                        "lastBeatMsAgo": s.beat_age_ms, "boots": s.boots,
+                        "restarts": s.restarts} for s in shards],
+            "postgres": server,
+        }

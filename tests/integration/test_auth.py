@@ -32,10 +32,12 @@ from tests.integration.authkit import (
 )
 from tests.integration.test_push_json import uq
 
-PUBLIC = {"/health", "/metrics", "/metrics/prometheus", "/api/v1/openapi.json"}
+PUBLIC = {"/health", "/metrics", "/metrics/prometheus", "/api/v1/openapi.json", "/", "/console",
+          "/console/{asset:path}"}
 RANK = {"read-only": 1, "read-write": 2, "admin": 3}
 SAMPLE = {"queue": "authq", "group": "authg", "partition": "p1", "lease_id": str(uuid.uuid4()),
-          "partition_id": "1", "transaction_id": "t1", "timer_key": "k1", "name": "n1"}
+          "partition_id": "1", "transaction_id": "t1", "timer_key": "k1", "name": "n1",
+          "asset": "app.js"}
 
 
 def needed(method: str, template: str) -> str | None:

@@ -165,6 +165,7 @@ _SEEDED_READS = [
     ("GET", "/api/v1/status", {}, {}),
     ("GET", "/api/v1/status/queues", {}, {}),
     ("GET", "/api/v1/status/analytics", {}, {"interval": "minute"}),
+    ("GET", "/api/v1/status/system", {}, {}),
     ("GET", "/api/v1/status/queues/{queue}/messages", {"queue": "orders"}, {}),
     ("GET", "/api/v1/messages", {}, {"consumerGroup": "billing"}),
     ("GET", "/api/v1/messages/{partitionId}/{transactionId}", {"transactionId": "order-1001"},

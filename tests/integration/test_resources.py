@@ -565,3 +565,21 @@ def test_the_26_client_admin_calls(broker, db, busy):
     assert out["refresh"]["success"] is True
     assert out["overview"]["queues"] >= 1
     assert any(t["task"] == "jobs" for t in out["tasks"]["tasks"])
+
+
+def test_status_system_names_the_processes_and_the_server(broker):
+    body = get(broker.client, "/api/v1/status/system")
+    workers = {w["pid"]: w for w in body["frontWorkers"]}
+    assert set(workers) == set(broker.front_worker_pids())
+    assert all(w["alive"] and w["restarts"] == w["generation"] - 1 for w in workers.values())
+    assert body["answeredBy"]["pid"] in workers
+    assert body["supervisorPid"] == broker.proc.pid
+    assert sorted(s["pid"] for s in body["shards"]) == sorted(broker.shard_pids())
+    assert all(s["alive"] and s["boots"] >= 1 and s["lastBeatMsAgo"] < 3000
+               for s in body["shards"])
+    pg = body["postgres"]
+    assert pg["versionNum"] >= 140000 and pg["version"].split(".")[0] == str(
+        pg["versionNum"] // 10000)
+    assert pg["inRecovery"] is False and pg["databaseBytes"] > 0
+    assert 1 <= pg["connections"]["queenMp"] <= pg["connections"]["total"] <= pg["maxConnections"]
+    assert pg["replication"] == []

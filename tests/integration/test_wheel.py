@@ -41,15 +41,17 @@ def built(tmp_path_factory) -> tuple[Path, Path]:
 
 
 def shipped_data() -> set[str]:
-    """The files besides modules that the broker reads at run time."""
+    """The files besides modules that the broker reads at run time (the console's included)."""
     package = SQL_DIR.parent
     sql = {p for p in SQL_DIR.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
-    return {str(p.relative_to(package.parent)) for p in sql | {package / "http/openapi.json"}}
+    console = {p for p in (package / "console").rglob("*") if p.is_file()}
+    return {str(p.relative_to(package.parent))
+            for p in sql | console | {package / "http/openapi.json"}}
 
 
 def test_the_wheel_and_the_sdist_carry_the_sql_and_the_api_document(built):
     sdist, wheel = built
-    assert len(shipped_data()) == 29
+    assert len(shipped_data()) == 42  # 28 SQL files, openapi.json, 13 console files
     with zipfile.ZipFile(wheel) as whl:
         assert shipped_data() <= set(whl.namelist())
     with tarfile.open(sdist) as tar:
@@ -80,6 +82,10 @@ def test_a_pip_installed_wheel_serves_on_its_embedded_postgres(built):
             assert f"migrations: {schema}, functions/" in broker.log()
             document = broker.client.get("/api/v1/openapi.json")
             assert document.status_code == 200 and document.json()["openapi"].startswith("3.1")
+            page = broker.client.get("/console")
+            assert page.status_code == 200 and b'src="/console/app.js"' in page.content
+            for name in ("app.js", "pages/queue.js", "console.css"):
+                assert broker.client.get(f"/console/{name}").status_code == 200, name
             pushed = broker.client.post("/api/v1/push", json={"items": [
                 {"queue": "wheel.q", "partition": "p1", "payload": {"n": 1},
                  "transactionId": "wheel-1"}]})

@@ -262,7 +262,8 @@ def test_config_errors(tmp_path, rsa_key):
 # ------------------------------------------------------------------------------ route roles
 def expected_role(method: str, template: str) -> Role | None:
     """api.md 1.5 and 5, written out independently of queen_mp.http.authz."""
-    if template in ("/health", "/metrics", "/metrics/prometheus", "/api/v1/openapi.json"):
+    if template in ("/health", "/metrics", "/metrics/prometheus", "/api/v1/openapi.json", "/",
+                    "/console", "/console/{asset:path}"):
         return None
     if template.startswith("/api/v1/system/"):
         return Role.ADMIN
@@ -303,6 +304,16 @@ def test_every_registered_route_has_the_role_api_md_gives_it():
     assert required_role("DELETE", "/api/v1/consumer-groups/lagging") == Role.ADMIN
     assert required_role("DELETE", "/api/v1/timers/{queue}/{timer_key:path}") == Role.READ_WRITE
     assert required_role("GET", None) == Role.READ_ONLY
+
+
+def test_only_the_console_files_are_public_beside_the_probes():
+    from queen_mp.http.authz import is_public
+
+    for path in ("/", "/console", "/console/app.js", "/console/pages/queue.js", "/health"):
+        assert is_public(path), path
+    for path in ("/consoles", "/console.js", "/api/v1/console", "/api/v1/dlq", "/api/v1/system/x",
+                 "//console/app.js"):
+        assert not is_public(path), path
 
 
 # ------------------------------------------------------------------------------ producerSub

@@ -147,3 +147,46 @@ AS $$
         WHERE application_name LIKE 'queen-mp wake listener %'
           AND application_name <> left('queen-mp wake listener ' || p_instance, 63))
 $$;
+
+-- server_info_v1: what the console's System page and GET /api/v1/status/system show of the
+-- PostgreSQL server the broker uses (docs/api.md 5.2).
+--
+-- Functions: queen.server_info_v1() -> jsonb
+--   {"version", "versionNum", "startedAt", "inRecovery", "database", "databaseBytes",
+--    "maxConnections", "connections": {"total", "active", "idle", "idleInTransaction",
+--    "queenMp"}, "replication": [{"name", "clientAddr", "state", "syncState",
+--    "replayLagSeconds"}]}
+--   Connections are the server's client backends (every database); "queenMp" those whose
+--   application_name the broker set ('queen-mp ...', queen_mp/db/pooled.py). Replication lists
+--   pg_stat_replication: empty on a standby or without replicas, and without a
+--   superuser or pg_monitor role the address and lag read as null.
+-- Tables touched: pg_stat_activity, pg_stat_replication (read). Lock order: none.
+-- SQLSTATEs raised: none.
+
+CREATE OR REPLACE FUNCTION queen.server_info_v1()
+RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object(
+        'version', current_setting('server_version'),
+        'versionNum', current_setting('server_version_num')::int,
+        'startedAt', pg_postmaster_start_time(),
+        'inRecovery', pg_is_in_recovery(),
+        'database', current_database(),
+        'databaseBytes', pg_database_size(current_database()),
+        'maxConnections', current_setting('max_connections')::int,
+        'connections', (
+            SELECT jsonb_build_object(
+                'total', count(*),
+                'active', count(*) FILTER (WHERE state = 'active'),
+                'idle', count(*) FILTER (WHERE state = 'idle'),
+                'idleInTransaction', count(*) FILTER (WHERE state LIKE 'idle in transaction%'),
+                'queenMp', count(*) FILTER (WHERE application_name LIKE 'queen-mp%'))
+            FROM pg_stat_activity WHERE backend_type = 'client backend'),
+        'replication', COALESCE((
+            SELECT jsonb_agg(jsonb_build_object(
+                'name', application_name, 'clientAddr', host(client_addr), 'state', state,
+                'syncState', sync_state,
+                'replayLagSeconds', extract(epoch FROM replay_lag)::float8)
+                ORDER BY application_name)
+            FROM pg_stat_replication), '[]'::jsonb));
+$$;

@@ -1,0 +1,80 @@
+// Dead letters (/api/v1/dlq): filter by queue and group, see the error, attempts and payload,
+// retry (replay to the tail of the partition) or delete one row or every row of the page.
+import { act, api, badge, button, h, num, q, replace, seg, table, toast, when } from '../lib.js';
+
+const PAGE = 100;
+
+const rowPath = (r) => `/api/v1/messages/${seg(r.partitionId)}/${seg(r.transactionId)}${q({ consumerGroup: r.consumerGroup })}`;
+const retryPath = (r) => `/api/v1/messages/${seg(r.partitionId)}/${seg(r.transactionId)}/retry${q({ consumerGroup: r.consumerGroup })}`;
+
+export async function render(main, args) {
+  const queues = await api('/api/v1/resources/queues?limit=1000');
+  const queue = h('select', { name: 'queue', 'aria-label': 'Queue' }, h('option', { value: '' }, 'every queue'),
+    queues.queues.filter((x) => x.messages.deadLetter > 0 || x.name === args[0])
+      .map((x) => h('option', { value: x.name }, `${x.name} (${x.messages.deadLetter})`)));
+  if (args[0]) queue.value = args[0];
+  const group = h('input', { type: 'search', name: 'consumerGroup', placeholder: 'consumer group', 'aria-label': 'Consumer group' });
+  const list = h('div');
+  const pager = h('div.pager');
+  const bulk = h('div.actions');
+  let offset = 0;
+  let rows = [];
+  const each = (label, path, method) => async (btn) => {
+    if (!window.confirm(`${label}: ${rows.length} dead letters of this page?`)) return;
+    await act(btn, `${label}: done`, async () => {
+      for (const r of rows) {
+        // a transactionId's rows go together: a later row of the same one is already gone
+        await api(path(r), { method }).catch((err) => { if (err.status !== 404) throw err; });
+      }
+      await load();
+    });
+  };
+  replace(bulk, button('read-write', 'Retry every row shown', each('Retry', retryPath, 'POST')),
+    button('read-write', 'Delete every row shown', each('Delete', rowPath, 'DELETE'), 'danger'));
+
+  const detail = (r) => h('tr.detail', h('td', { colSpan: 8 },
+    h('pre.payload', JSON.stringify(r.data, null, 2)),
+    h('p.muted', `message id ${r.id} · producer ${r.producerSub || '—'} · created ${r.createdAt}`)));
+
+  async function load() {
+    const page = await api(`/api/v1/dlq${q({ queue: queue.value, consumerGroup: group.value.trim(), limit: PAGE, offset })}`);
+    rows = page.messages;
+    const t = table([
+      { label: 'Queue', value: (r) => h('a', { href: `#/queues/${encodeURIComponent(r.queue)}` }, r.queue) },
+      { label: 'Partition', value: (r) => r.partition },
+      { label: 'Offset', num: true, value: (r) => num(r.offset) },
+      { label: 'Group', value: (r) => (r.consumerGroup === '__QUEUE_MODE__' ? 'queue mode' : r.consumerGroup) },
+      { label: 'Error', value: (r) => h('span.error-text', r.errorMessage || '—') },
+      { label: 'Attempts', num: true, value: (r) => num(r.retryCount + 1) },
+      { label: 'Failed', value: (r) => when(r.failedAt) },
+      { label: '', value: (r) => h('span.actions',
+        h('button.link', { type: 'button', on: { click: (e) => {
+          const tr = e.currentTarget.closest('tr');
+          if (tr.nextSibling && tr.nextSibling.classList.contains('detail')) tr.nextSibling.remove();
+          else tr.after(detail(r));
+        } } }, 'Payload'),
+        button('read-write', 'Retry', (btn) => act(btn, 'Dead letter replayed', async () => {
+          await api(retryPath(r), { method: 'POST' });
+          await load();
+        })),
+        button('read-write', 'Delete', (btn) => {
+          if (!window.confirm('Delete this dead letter? The log keeps the message.')) return;
+          act(btn, 'Dead letter deleted', async () => {
+            await api(rowPath(r), { method: 'DELETE' });
+            await load();
+          });
+        }, 'danger')) },
+    ], rows, { empty: 'No dead letter.', rowAttrs: (r) => ({ dataset: { testid: 'dlq-row', txn: r.transactionId } }) });
+    replace(list, t);
+    replace(pager, `${num(page.total)} dead letters `, page.total ? badge(`page ${offset / PAGE + 1}`) : '',
+      h('button', { type: 'button', disabled: offset === 0, on: { click: () => { offset = Math.max(0, offset - PAGE); load(); } } }, 'Previous'),
+      h('button', { type: 'button', disabled: offset + PAGE >= page.total, on: { click: () => { offset += PAGE; load(); } } }, 'Next'));
+    bulk.hidden = !rows.length;
+  }
+  const refresh = () => { offset = 0; load().catch((e) => toast(e.message, 'error')); };
+  queue.addEventListener('change', refresh);
+  group.addEventListener('change', refresh);
+  main.append(h('h1', 'Dead letters'), h('div.toolbar', queue, group,
+    h('button', { type: 'button', on: { click: refresh } }, 'Refresh')), list, pager, bulk);
+  await load();
+}
