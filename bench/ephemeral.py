@@ -6,9 +6,14 @@ JSON payload:
 
 - ``push``: ``--connections`` clients (8) push batches of ``--batch`` messages (1 and 100) for
   ``--duration`` seconds (10); msgs/s, p50/p99 of a request, WAL bytes per message.
-- ``pop/ack``: the same clients pop batches of ``--pop-batch`` (100) from what the push cells
-  stored and acknowledge each batch with one call, until the queue is empty or the duration
-  is over; msgs/s acknowledged and WAL bytes per message.
+- ``pop/ack``: the queue is topped up to ``--pop-backlog`` messages (40,000; unmeasured), then
+  ``--consumers`` (1, then 4) concurrent consumers pop batches of ``--pop-batch`` (100) and
+  acknowledge each batch with one call, until the queue is empty or the duration is over;
+  msgs/s acknowledged and WAL bytes per message. Several consumers of one queue is where a
+  queue-wide lock would show.
+
+Every cell also splits its CPU per message by role: the broker's process tree, the
+PostgreSQL cluster, and this process (the load client).
 
 Durable: ``POST /api/v1/push`` and ``GET /api/v1/pop/queue/{q}`` + ``POST /api/v1/ack/batch``.
 Ephemeral: ``POST /api/v1/ephemeral/push``, ``GET /api/v1/ephemeral/pop`` and ``POST
@@ -17,8 +22,9 @@ cluster's: run it on a server nothing else writes to); with ``fsync`` and
 ``synchronous_commit`` on, the durable cells pay one WAL flush per commit, the ephemeral ones
 none (UNLOGGED tables).
 
-``python -m bench.ephemeral --server-dsn DSN`` prints a Markdown table (``--quick``: 3 s cells);
-the suite runs it as its ``ephemeral`` section.
+``python -m bench.ephemeral`` prints a Markdown table (``--quick``: 3 s cells) from a private
+PostgreSQL cluster started for the run (``--server-dsn DSN``: that server instead); the suite
+runs it as its ``ephemeral`` section.
 """
 
 from __future__ import annotations
@@ -39,7 +45,15 @@ import httpx
 import orjson
 import psycopg
 
-from bench.push import LOCAL_DSN, Server, create_database, db_name, drop_database, start_queen
+from bench.push import (
+    RoleCpu,
+    Server,
+    create_database,
+    db_name,
+    drop_database,
+    private_server,
+    start_queen,
+)
 
 _PAD = "x" * 160
 
@@ -57,6 +71,9 @@ class Cell:
     p99_ms: float
     wal_bytes_per_msg: float
     errors: int
+    cpu_broker_us_per_msg: float | None = None
+    cpu_pg_us_per_msg: float | None = None
+    cpu_client_us_per_msg: float | None = None
 
 
 def _payload(producer: int, seq: int) -> dict[str, Any]:
@@ -132,7 +149,7 @@ class _Wal:
 
 
 async def _push_cell(url: str, kind: _Kind, batch: int, connections: int, duration: float,
-                     wal: _Wal) -> Cell:
+                     wal: _Wal, cpu: RoleCpu) -> Cell:
     times: list[float] = []
     counts = [0] * connections
     errors = 0
@@ -153,17 +170,37 @@ async def _push_cell(url: str, kind: _Kind, batch: int, connections: int, durati
                 counts[i] += got
                 seq += batch
 
-    lsn = wal.lsn()
+    lsn, c0 = wal.lsn(), cpu.snap()
     t0 = time.monotonic()
     await asyncio.gather(*(producer(i) for i in range(connections)))
     seconds = time.monotonic() - t0
     msgs = sum(counts)
     return _cell(kind.kind, "push", batch, connections, msgs, seconds, times,
-                 wal.since(lsn), errors)
+                 wal.since(lsn), errors, cpu.since(c0))
+
+
+async def _fill(url: str, kind: _Kind, n: int, connections: int) -> int:
+    """Pushes about ``n`` messages (100 per request, unmeasured); how many were stored."""
+    counts = [0] * connections
+    per = -(-n // connections)
+
+    async def producer(i: int) -> None:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+            while counts[i] < per:
+                path, body = kind.push_request(i, 1_000_000_000 + counts[i], 100)
+                r = await http.post(path, content=body,
+                                    headers={"content-type": "application/json"})
+                got = kind.pushed(r, 100)
+                if not got:
+                    raise RuntimeError(f"filling {kind.kind}: {r.status_code} {r.text[:300]}")
+                counts[i] += got
+
+    await asyncio.gather(*(producer(i) for i in range(connections)))
+    return sum(counts)
 
 
 async def _pop_cell(url: str, kind: _Kind, batch: int, connections: int, duration: float,
-                    wal: _Wal) -> Cell:
+                    wal: _Wal, cpu: RoleCpu) -> Cell:
     times: list[float] = []
     counts = [0] * connections
     errors = 0
@@ -181,23 +218,25 @@ async def _pop_cell(url: str, kind: _Kind, batch: int, connections: int, duratio
                 counts[i] += got
                 empty = empty + 1 if got == 0 else 0
 
-    lsn = wal.lsn()
+    lsn, c0 = wal.lsn(), cpu.snap()
     t0 = time.monotonic()
     await asyncio.gather(*(consumer(i) for i in range(connections)))
     seconds = time.monotonic() - t0
     return _cell(kind.kind, "pop/ack", batch, connections, sum(counts), seconds, times,
-                 wal.since(lsn), errors)
+                 wal.since(lsn), errors, cpu.since(c0))
 
 
 def _cell(kind: str, op: str, batch: int, connections: int, msgs: int, seconds: float,
-          times: list[float], wal_bytes: int, errors: int) -> Cell:
+          times: list[float], wal_bytes: int, errors: int, cpu_s: dict[str, float]) -> Cell:
     times = sorted(times) or [0.0]
+    per = 1e6 / msgs if msgs else None
     return Cell(kind, op, batch, connections, msgs, seconds, msgs / seconds if seconds else 0.0,
                 statistics.median(times) * 1e3, times[int(len(times) * 0.99)] * 1e3,
-                wal_bytes / msgs if msgs else 0.0, errors)
+                wal_bytes / msgs if msgs else 0.0, errors,
+                *((cpu_s[k] * per if per else None) for k in ("broker", "pg", "client")))
 
 
-async def _run(url: str, dsn: str, args: argparse.Namespace) -> list[Cell]:
+async def _run(url: str, dsn: str, args: argparse.Namespace, cpu: RoleCpu) -> list[Cell]:
     wal = _Wal(dsn)
     cells: list[Cell] = []
     tag = uuid.uuid4().hex[:6]
@@ -210,70 +249,93 @@ async def _run(url: str, dsn: str, args: argparse.Namespace) -> list[Cell]:
                 r.raise_for_status()
             k = _Kind(kind, queue)
             for batch in args.batches:
-                cell = await _push_cell(url, k, batch, args.connections, args.duration, wal)
+                cell = await _push_cell(url, k, batch, args.connections, args.duration, wal,
+                                        cpu)
                 cells.append(cell)
                 print(f"  {kind:>9} push  batch {batch:>4}: {cell.msgs_per_s:>9,.0f} msgs/s "
                       f"p50 {cell.p50_ms:.1f} ms, {cell.wal_bytes_per_msg:,.0f} WAL B/msg",
                       file=sys.stderr, flush=True)
-            cell = await _pop_cell(url, k, args.pop_batch, args.connections, args.duration,
-                                   wal)
-            cells.append(cell)
-            print(f"  {kind:>9} pop/ack batch {args.pop_batch:>4}: {cell.msgs_per_s:>9,.0f} "
-                  f"msgs/s, {cell.wal_bytes_per_msg:,.0f} WAL B/msg", file=sys.stderr,
-                  flush=True)
+            stored = sum(c.msgs for c in cells if c.kind == kind)
+            for consumers in args.consumers:
+                if stored < args.pop_backlog:  # every pop cell starts from the same backlog
+                    stored += await _fill(url, k, args.pop_backlog - stored, args.connections)
+                cell = await _pop_cell(url, k, args.pop_batch, consumers, args.duration, wal,
+                                       cpu)
+                stored -= cell.msgs
+                cells.append(cell)
+                print(f"  {kind:>9} pop/ack batch {args.pop_batch:>4}, {consumers} consumers: "
+                      f"{cell.msgs_per_s:>9,.0f} msgs/s, {cell.wal_bytes_per_msg:,.0f} WAL "
+                      "B/msg", file=sys.stderr, flush=True)
     wal.conn.close()
     return cells
 
 
 def run(args: argparse.Namespace) -> list[Cell]:
-    """One broker over a fresh database of ``--server-dsn``'s server, both kinds measured."""
-    dsn = create_database(args.server_dsn, f"queen_bench_{uuid.uuid4().hex[:8]}_eph")
-    try:
-        with tempfile.TemporaryDirectory(prefix="queen-bench-eph-") as tmp:
-            server: Server = start_queen(Path(tmp), dsn, workers=args.workers, shards=1)
-            try:
-                server.wait_ready()
-                return asyncio.run(_run(server.url, dsn, args))
-            finally:
-                server.stop()
-    finally:
-        drop_database(args.server_dsn, db_name(dsn))
+    """One broker over a fresh database of ``--server-dsn``'s server (or of a private
+    cluster), both kinds measured."""
+    with private_server(args.server_dsn) as server_dsn:
+        dsn = create_database(server_dsn, f"queen_bench_{uuid.uuid4().hex[:8]}_eph")
+        try:
+            with tempfile.TemporaryDirectory(prefix="queen-bench-eph-") as tmp:
+                server: Server = start_queen(Path(tmp), dsn, workers=args.workers, shards=1)
+                try:
+                    server.wait_ready()
+                    cpu = RoleCpu(server.proc.pid, dsn)
+                    return asyncio.run(_run(server.url, dsn, args, cpu))
+                finally:
+                    server.stop()
+        finally:
+            drop_database(server_dsn, db_name(dsn))
 
 
 def render(cells: list[Cell]) -> str:
+    def us(v: float | None) -> str:
+        return f"{v:,.0f}" if v is not None else "-"
+
     lines = ["| queue | op | batch | conns | msgs | msgs/s | p50 ms | p99 ms | WAL B/msg "
-             "| errors |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| broker us/msg | PG us/msg | client us/msg | errors |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for c in cells:
         lines.append(f"| {c.kind} | {c.op} | {c.batch} | {c.connections} | {c.msgs:,} | "
                      f"{c.msgs_per_s:,.0f} | {c.p50_ms:.1f} | {c.p99_ms:.1f} | "
-                     f"{c.wal_bytes_per_msg:,.0f} | {c.errors} |")
-    by = {(c.kind, c.op, c.batch): c for c in cells}
+                     f"{c.wal_bytes_per_msg:,.0f} | {us(c.cpu_broker_us_per_msg)} | "
+                     f"{us(c.cpu_pg_us_per_msg)} | {us(c.cpu_client_us_per_msg)} | "
+                     f"{c.errors} |")
+    by = {(c.kind, c.op, c.batch, c.connections): c for c in cells}
     lines.append("")
-    for (kind, op, batch), c in by.items():
+    for (kind, op, batch, conns), c in by.items():
         if kind != "ephemeral":
             continue
-        d = by.get(("durable", op, batch))
+        d = by.get(("durable", op, batch, conns))
         if d is not None and d.msgs_per_s:
-            lines.append(f"- {op} batch {batch}: ephemeral {c.msgs_per_s / d.msgs_per_s:.2f}x "
-                         f"the durable msgs/s")
+            lines.append(f"- {op} batch {batch}, {conns} connections: ephemeral "
+                         f"{c.msgs_per_s / d.msgs_per_s:.2f}x the durable msgs/s")
     return "\n".join(lines) + "\n"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench.ephemeral", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--server-dsn", default=LOCAL_DSN)
+    ap.add_argument("--server-dsn", default=None,
+                    help="PostgreSQL server to create the database on (default: a private "
+                         "cluster started for the run)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--connections", type=int, default=8)
     ap.add_argument("--batches", default="1,100", help="push batch sizes (1,100)")
     ap.add_argument("--pop-batch", type=int, default=100)
+    ap.add_argument("--consumers", default="1,4", help="consumer counts of pop/ack (1,4)")
+    ap.add_argument("--pop-backlog", type=int, default=None,
+                    help="messages stored when a pop/ack cell starts (40000; --quick: 15000)")
     ap.add_argument("--duration", type=float, default=10.0, help="seconds per cell (10)")
     ap.add_argument("--quick", action="store_true", help="3 s cells")
     ap.add_argument("--json", type=Path, help="also write the cells here")
     args = ap.parse_args(argv)
     args.batches = [int(x) for x in str(args.batches).split(",") if x]
+    args.consumers = [int(x) for x in str(args.consumers).split(",") if x]
     if args.quick:
         args.duration = 3.0
+    if args.pop_backlog is None:
+        args.pop_backlog = 15_000 if args.quick else 40_000
     return args
 
 

@@ -29,6 +29,7 @@ import json
 import os
 import platform
 import re
+import resource
 import secrets
 import shutil
 import signal
@@ -40,7 +41,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from bench.baseline_app import SCHEMA_SQL
 from bench.loadgen import LoadRun, LoadSpec
+from queen_mp.db.embedded import EmbeddedPostgres
 from queen_mp.processes.arbiter import front_argv
 
 REPO = Path(__file__).resolve().parent.parent
@@ -265,6 +267,51 @@ def drop_database(server_dsn: str, name: str) -> None:
     with psycopg.connect(server_dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
             sql.Identifier(name)))
+
+
+@contextlib.contextmanager
+def private_server(server_dsn: str | None) -> Iterator[str]:
+    """``server_dsn`` as it is, or (None) the DSN of a private PostgreSQL cluster (fsync on)
+    started for the run and removed after it: a section run on its own then measures nobody
+    else's load and uses none of the shared server's connections."""
+    if server_dsn is not None:
+        yield server_dsn
+        return
+    root = Path(tempfile.mkdtemp(prefix="queen-bench-pg-", dir="/tmp"))
+    root.chmod(0o755)
+    pg = EmbeddedPostgres(root / "pg", fsync=True)
+    try:
+        yield pg.start()
+    finally:
+        with contextlib.suppress(Exception):
+            pg.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+class RoleCpu:
+    """CPU seconds per process role between a ``snap`` and ``since``: the broker's process
+    tree, the PostgreSQL cluster of its database (every backend and auxiliary process) and
+    this process, the load client. The per-message split the other sections report."""
+
+    def __init__(self, broker_pid: int, dsn: str) -> None:
+        with psycopg.connect(dsn) as conn:
+            row = conn.execute("SELECT pg_backend_pid()").fetchone()
+        assert row is not None
+        self.broker_pid, self.postmaster = broker_pid, ppid_of(row[0])
+
+    @staticmethod
+    def _client_s() -> float:
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime
+
+    def snap(self) -> tuple[dict[int, int], dict[int, int], float]:
+        return (cpu_ticks(process_tree(self.broker_pid)), cpu_ticks(process_tree(self.postmaster)),
+                self._client_s())
+
+    def since(self, snap: tuple[dict[int, int], dict[int, int], float]) -> dict[str, float]:
+        now = self.snap()
+        return {"broker": delta_cpu_s(snap[0], now[0]), "pg": delta_cpu_s(snap[1], now[1]),
+                "client": now[2] - snap[2]}
 
 
 class Monitor:

@@ -32,10 +32,12 @@ each at once; msgs/s = deliveries of all groups / time until the last group acke
 naive and pgmq have no consumer groups, and a copy of the queue per group would be another
 design, not the same workload), ``e2e`` (latency at 1,000 msg/s), ``wake`` (1,000 parked
 pops), ``ephemeral`` (bench/ephemeral.py: push and pop/ack msgs/s of ephemeral queues
-beside durable ones on one broker), ``partitions`` (bench/partitions.py: a pop's cost against
-its queue's partition count). Every cell alternates the arms (A B C D, A B C D, ...) and
-every figure is the median of the rounds; queen-mp's figures are also given as ratios to each
-other arm of the same run.
+beside durable ones on one broker, pop/ack with 1 and 4 consumers), ``partitions``
+(bench/partitions.py: a pop's cost against its queue's partition count), ``streams``
+(bench/streams.py: events/s through a tumbling-window count run by the published client's
+Stream DSL, and the p50/p99 of its ``/streams/v1/cycle`` calls). Every cell alternates the
+arms (A B C D, A B C D, ...) and every figure is the median of the rounds; queen-mp's
+figures are also given as ratios to each other arm of the same run.
 The queen-mp messages of ``push``, ``mixed`` and ``fanout`` go through the zero-loss ledger
 (bench/ledger.py): any loss fails the run.
 """
@@ -60,7 +62,7 @@ from typing import Any
 import psycopg
 
 from bench import consume as cons
-from bench import ephemeral, partitions, report
+from bench import ephemeral, partitions, report, streams
 from bench import ledger as ledgers
 from bench.loadgen import LoadRun, LoadSpec, payload, percentiles
 from bench.peers import (
@@ -111,7 +113,8 @@ PUSH_ARMS = ("queen-mp", "naive", "queen-mp-qpb1", "pgmq", "physical", "edge", *
 PG_ARMS = ("queen-mp", "queen-mp-qpb1", "naive", "pgmq", "physical")
 HTTP_SERVER = {"queen-mp": "queen-mp", "queen-mp-qpb1": "queen-mp", "naive": "baseline",
                "edge": "edge"}
-SECTIONS = ("push", "consume", "mixed", "fanout", "e2e", "wake", "partitions", "ephemeral")
+SECTIONS = ("push", "consume", "mixed", "fanout", "e2e", "wake", "partitions", "ephemeral",
+            "streams")
 STATS_LAG_S = 11.0  # idle backends publish pg_stat_database counters up to 10 s late
 
 
@@ -1187,6 +1190,8 @@ class Suite(cons.Bench):
             await asyncio.to_thread(self.run_partitions)
         if "ephemeral" in a.sections and "queen-mp" in a.arms:
             await asyncio.to_thread(self.run_ephemeral)
+        if "streams" in a.sections and "queen-mp" in a.arms:
+            await asyncio.to_thread(self.run_streams)
         print(f"[{self.clock()}] done", flush=True)
 
     # -------------------------------------------------------------- ephemeral
@@ -1200,12 +1205,42 @@ class Suite(cons.Bench):
         cells = ephemeral.run(ephemeral.parse_args(
             ["--server-dsn", a.server_dsn, *(["--quick"] if a.quick else [])]))
         for c in cells:
-            self.record({"section": "ephemeral", "variant": f"{c.op}, batch {c.batch}",
+            who = f", {c.connections} consumer{'' if c.connections == 1 else 's'}" if (
+                c.op == "pop/ack") else ""
+            self.record({"section": "ephemeral", "variant": f"{c.op}, batch {c.batch}{who}",
                          "arm": "queen-mp" if c.kind == "durable" else "queen-mp-ephemeral",
                          "round": 1, "msgs": c.msgs, "msgs_per_s": c.msgs_per_s,
                          "p50_ms": c.p50_ms, "p99_ms": c.p99_ms,
-                         "wal_bytes_per_msg": c.wal_bytes_per_msg, "errors": c.errors})
+                         "wal_bytes_per_msg": c.wal_bytes_per_msg, "errors": c.errors,
+                         "cpu_broker_us_per_msg": c.cpu_broker_us_per_msg,
+                         "cpu_pg_us_per_msg": c.cpu_pg_us_per_msg,
+                         "cpu_client_us_per_msg": c.cpu_client_us_per_msg})
         print(ephemeral.render(cells), flush=True)
+
+    # -------------------------------------------------------------- streams
+    def run_streams(self) -> None:
+        """bench/streams.py on a broker and a database of its own: a tumbling-window count
+        through the published client's Stream DSL (issue 27). One row of section ``streams``:
+        msgs/s = events/s, p50/p99 = the ``/streams/v1/cycle`` calls, CPU per event by role.
+        A run whose window counts do not add up to the events pushed fails the suite."""
+        a = self.args
+        print(f"[{self.clock()}] streams: tumbling-window count through the Stream DSL",
+              flush=True)
+        f = streams.run_in_child(["--server-dsn", a.server_dsn, *(["--quick"] if a.quick else [])])
+        self.record({"section": "streams",
+                     "variant": f"tumbling count, {f.events:,} events, batch {f.batch_size}",
+                     "arm": "queen-mp", "round": 1, "msgs": f.events,
+                     "msgs_per_s": f.events_per_s, "requests_per_s": f.cycles / f.seconds,
+                     "p50_ms": f.cycle_p50_ms, "p99_ms": f.cycle_p99_ms,
+                     "max_ms": f.cycle_max_ms, "errors": f.errors,
+                     "missing": f.events - f.counted,
+                     "cpu_broker_us_per_msg": f.cpu_broker_us_per_event,
+                     "cpu_pg_us_per_msg": f.cpu_pg_us_per_event,
+                     "cpu_client_us_per_msg": f.cpu_client_us_per_event})
+        print(streams.render(f), flush=True)
+        if not f.ok:
+            raise RuntimeError(f"streams: the windows counted {f.counted:,} of {f.events:,} "
+                               f"events ({f.errors} runner errors)")
 
     # -------------------------------------------------------------- partitions
     def run_partitions(self) -> None:

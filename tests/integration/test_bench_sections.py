@@ -1,0 +1,46 @@
+"""Smoke runs of the suite's streams and ephemeral sections (bench/streams.py,
+bench/ephemeral.py) against the test broker, with tiny sizes: the figures they report are
+there and consistent, and the streams run's window counts add up to the events pushed."""
+
+from __future__ import annotations
+
+import asyncio
+
+from bench import ephemeral, streams
+from bench.push import RoleCpu
+
+
+def test_the_streams_section_counts_every_event_and_times_its_cycles(broker, db_dsn):
+    args = streams.parse_args(["--events", "300", "--partitions", "2", "--batch-size", "50",
+                               "--timeout", "90"])
+    f = streams.measure(broker, db_dsn, args)
+    assert f.ok, f
+    assert f.counted == f.events == 300
+    assert f.cycles >= 300 // 50  # at least one cycle per batch, plus the window flushes
+    assert 0 < f.cycle_p50_ms <= f.cycle_p99_ms <= f.cycle_max_ms
+    assert f.events_per_s > 0
+    assert f.cpu_broker_us_per_event > 0 and f.cpu_pg_us_per_event > 0
+    assert "| 300 | 2 | 50 |" in streams.render(f)
+
+
+def test_the_ephemeral_section_measures_both_kinds_and_each_consumer_count(broker, db_dsn):
+    args = ephemeral.parse_args(["--duration", "0.5", "--batches", "10", "--connections", "2",
+                                 "--consumers", "1,2", "--pop-batch", "20",
+                                 "--pop-backlog", "300"])
+    cells = asyncio.run(ephemeral._run(broker.url, db_dsn, args, RoleCpu(broker.proc.pid,
+                                                                          db_dsn)))
+    assert [(c.kind, c.op, c.connections) for c in cells] == [
+        (k, op, n) for k in ("durable", "ephemeral")
+        for op, n in (("push", 2), ("pop/ack", 1), ("pop/ack", 2))]
+    assert all(c.errors == 0 for c in cells), cells
+    assert all(c.msgs > 0 for c in cells), cells  # the backlog gives every pop cell work
+    assert all(c.cpu_pg_us_per_msg is not None for c in cells if c.msgs)
+    assert "| ephemeral | pop/ack | 20 | 2 |" in ephemeral.render(cells)
+
+
+def test_the_suite_runs_the_streams_section_in_a_process_of_its_own(pg_server_dsn):
+    """The client's Queen installs signal handlers (main thread only): the suite's thread
+    gets the figures from a child process, which drops its database after."""
+    f = streams.run_in_child(["--server-dsn", pg_server_dsn, "--events", "200",
+                              "--partitions", "2", "--batch-size", "50", "--timeout", "90"])
+    assert f.ok and f.counted == f.events == 200, f
