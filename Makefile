@@ -37,7 +37,7 @@ run: $(STAMP) pg-deps
 
 test: $(STAMP) pg-deps promtool-deps browser-deps
 	$(BIN)/ruff check queen_mp tests bench
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest --durations=25 $(PYTEST_ARGS)
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)

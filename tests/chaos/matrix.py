@@ -43,7 +43,7 @@ __all__ = ["FAULTS", "QUICK", "Rig", "Row", "run_fault"]
 SPOOL = "/api/v1/system/spool"
 MAINT = "/api/v1/system/maintenance"
 CONFIGURE = "/api/v1/configure"
-LEASE_S = 2
+LEASE_S = 1
 
 
 @dataclass
@@ -108,7 +108,7 @@ def sigterm_broker(rig: Rig, quick: bool) -> None:
 
 def postgres_outage(rig: Rig, quick: bool) -> None:
     rig.pg.stop(mode="immediate")
-    time.sleep(4.0 if quick else 10.0)
+    time.sleep(3.0 if quick else 10.0)
     rig.pg.start()
 
 
@@ -138,7 +138,7 @@ FAULTS: dict[str, tuple[str, Callable[[Rig, bool], None]]] = {
     "kill-shard": ("kill -9 of one shard", kill_shard),
     "kill-broker": ("kill -9 of the whole broker, restarted", kill_broker),
     "sigterm": ("SIGTERM of the broker under load, restarted", sigterm_broker),
-    "pg-outage": ("PostgreSQL stopped 10 s (4 s quick, immediate), started again",
+    "pg-outage": ("PostgreSQL stopped 10 s (3 s quick, immediate), started again",
                   postgres_outage),
     "maintenance": ("push maintenance on and off three times", maintenance_toggles),
     "kill-instance": ("two instances, round-robin clients: kill -9 of one, restarted",
@@ -182,19 +182,19 @@ def _wait_drained(url: str, timeout: float = 90.0) -> None:
 def run_fault(rig: Rig, fault: str, *, quick: bool = True) -> Row:
     """One fault under its own queue's load, judged; ``quick``: the reduced matrix's
     timings."""
-    before_s, after_s = (1.5, 2.5) if quick else (3.0, 5.0)
+    before_s, after_s = (0.8, 1.2) if quick else (3.0, 5.0)
     what, action = FAULTS[fault]
     queue = f"chaos-{fault}-{uuid.uuid4().hex[:6]}"
     shared = _Shared()
     urls = rig.urls
     # NOTE(queen): a pop whose answer a fault cut leaves its lease to expire before the
-    # messages come again: short leases, and a drain that waits longer than one.
+    # messages come again: short leases, redelivered at once, and a drain that waits longer.
     with httpx.Client(base_url=urls[0], timeout=30) as http:
-        http.post(CONFIGURE, json={"queue": queue, "options": {"leaseTime": LEASE_S}}
-                  ).raise_for_status()
+        http.post(CONFIGURE, json={"queue": queue, "options": {
+            "leaseTime": LEASE_S, "retryDelay": 0}}).raise_for_status()
     producers = [Producer(urls, queue, f"{fault}-{k}", shared) for k in range(3)]
-    consumers = [Consumer(urls, queue, "manual", shared, idle_s=LEASE_S + 2.0),
-                 Consumer(urls, queue, "auto", shared, auto_ack=True, idle_s=LEASE_S + 2.0)]
+    consumers = [Consumer(urls, queue, "manual", shared, idle_s=LEASE_S + 1.5),
+                 Consumer(urls, queue, "auto", shared, auto_ack=True, idle_s=LEASE_S + 1.5)]
     for t in (*producers, *consumers):
         t.start()
     time.sleep(before_s)
