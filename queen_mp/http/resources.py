@@ -55,6 +55,7 @@ from queen_mp.http.body import read_body
 from queen_mp.http.dbcall import call_db
 from queen_mp.http.errors import InvalidRequest, NotFound
 from queen_mp.http.query import Query
+from queen_mp.ipc.slots import pid_exists
 from queen_mp.wire.binary_push import check_name
 from queen_mp.wire.times import iso_ms
 
@@ -456,18 +457,6 @@ class StatsRefreshResource(_Resource):
         resp.media = {"success": True, "refreshedAt": iso_ms(dt.datetime.now(dt.UTC))}
 
 
-def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 class StatusSystemResource(_Resource):
     """``GET /api/v1/status/system``: this instance's processes (from shared memory: pids,
     restarts, shard beats) and its PostgreSQL server (version, connections, size,
@@ -483,7 +472,7 @@ class StatusSystemResource(_Resource):
             "uptimeSeconds": int(dt.datetime.now(dt.UTC).timestamp() - w.runtime.started_at),
             "supervisorPid": os.getppid(),
             "answeredBy": {"slot": w.slot, "pid": os.getpid()},
-            "frontWorkers": [{"slot": x.slot, "pid": x.pid, "alive": _pid_alive(x.pid),
+            "frontWorkers": [{"slot": x.slot, "pid": x.pid, "alive": pid_exists(x.pid),
                               "generation": x.generation, "restarts": x.restarts}
                              for x in workers],
             "shards": [{"index": s.index, "pid": s.pid,

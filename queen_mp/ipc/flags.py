@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import contextlib
 import mmap
-import os
 import time
 from typing import NamedTuple
 
 import posix_ipc
+
+from queen_mp.ipc.slots import pid_exists
 
 __all__ = ["Flags", "FlagsBoard"]
 
@@ -130,16 +131,7 @@ class FlagsBoard:
 
     def draining(self) -> bool:
         """A live process is draining the spool now."""
-        pid = self._q[_W_DRAINER]
-        if not pid:
-            return False
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
+        return pid_exists(self._q[_W_DRAINER])
 
     @property
     def last_drain_ms(self) -> int:

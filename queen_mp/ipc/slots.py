@@ -26,7 +26,7 @@ from collections.abc import Iterator
 
 import posix_ipc
 
-__all__ = ["NoFreeSlot", "SlotTable"]
+__all__ = ["NoFreeSlot", "SlotTable", "pid_exists"]
 
 _MAGIC = 0x31544F4C53504D51  # b"QMPSLOT1" read as a little-endian u64
 _HEADER = struct.Struct("<QQQ")
@@ -62,9 +62,9 @@ def _start_time(pid: int) -> int:
     return 0 if stat is None else stat[1]
 
 
-def _is_alive(pid: int, start_time: int) -> bool:
-    """Whether ``pid`` is still the live process that claimed a slot at ``start_time``."""
-    if pid == 0:
+def pid_exists(pid: int) -> bool:
+    """A process ``pid`` exists (signal 0; one owned by another user counts)."""
+    if pid <= 0:
         return False
     try:
         os.kill(pid, 0)
@@ -72,6 +72,13 @@ def _is_alive(pid: int, start_time: int) -> bool:
         return False
     except PermissionError:
         pass  # exists, owned by another user
+    return True
+
+
+def _is_alive(pid: int, start_time: int) -> bool:
+    """Whether ``pid`` is still the live process that claimed a slot at ``start_time``."""
+    if not pid_exists(pid):
+        return False
     if not _HAVE_PROC:
         return True
     stat = _proc_stat(pid)
