@@ -152,6 +152,16 @@ class Broker:
         return self.proc.returncode
 
 
+def launch(env: dict[str, str], log_path: Path, *, command: list[str] | None = None,
+           cwd: Path | None = None, append: bool = True) -> subprocess.Popen[bytes]:
+    """The broker process: the checkout's ``queen-mp serve`` (or ``command``), its output into
+    ``log_path`` (appended: a restart keeps the log of the run before)."""
+    command = command or [sys.executable, "-m", "queen_mp.processes.cli", "serve"]
+    with open(log_path, "ab" if append else "wb") as out:
+        return subprocess.Popen(command, cwd=cwd or REPO, env=env, stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+
 def start_broker(tmp: Path, dsn: str | None, *, command: list[str] | None = None,
                  cwd: Path | None = None, **settings: str) -> Broker:
     """A broker process: the checkout's ``queen-mp serve``, or ``command`` (an installed one)."""
@@ -166,10 +176,7 @@ def start_broker(tmp: Path, dsn: str | None, *, command: list[str] | None = None
         env["QUEEN_PG_DSN"] = dsn
     env.update(settings)
     log_path = data / "broker.log"
-    command = command or [sys.executable, "-m", "queen_mp.processes.cli", "serve"]
-    with open(log_path, "wb") as out:
-        proc = subprocess.Popen(command, cwd=cwd or REPO, env=env, stdout=out,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    proc = launch(env, log_path, command=command, cwd=cwd, append=False)
     broker = Broker(f"http://127.0.0.1:{port}", proc, data, log_path, env)
     try:
         broker.wait_healthy()

@@ -32,16 +32,15 @@ from psycopg.conninfo import make_conninfo
 
 from bench.ledger import check_offsets
 from queen_mp.db.embedded import EmbeddedPostgres
-from tests.brokerharness import REPO, Broker, process_tree, start_broker
+from tests.brokerharness import REPO, Broker, launch, process_tree, start_broker
 from tests.chaos.ledger import Verdict, judge
 from tests.chaos.netproxy import NetProxy
 from tests.chaos.workload import Consumer, Producer, _Shared
+from tests.integration.test_maintenance import set_maintenance, wait_drained
 from tests.pgharness import make_database, make_temp_dir
 
 __all__ = ["FAULTS", "QUICK", "Rig", "Row", "run_fault"]
 
-SPOOL = "/api/v1/system/spool"
-MAINT = "/api/v1/system/maintenance"
 CONFIGURE = "/api/v1/configure"
 LEASE_S = 1
 
@@ -67,10 +66,7 @@ class Rig:
     def restart(self, index: int = 0) -> None:
         """The same command, environment (port, data dir, spool) and log as before."""
         old = self.brokers[index]
-        with open(old.log_path, "ab") as out:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "queen_mp.processes.cli", "serve"], cwd=REPO,
-                env=old.env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        proc = launch(old.env, old.log_path)
         new = self.brokers[index] = Broker(old.url, proc, old.data_dir, old.log_path, old.env)
         new.wait_healthy(60)
         new.wait_all_started()
@@ -124,12 +120,10 @@ def network_fault(rig: Rig, quick: bool, mode: str) -> None:
 
 def maintenance_toggles(rig: Rig, quick: bool) -> None:
     seconds = 0.5 if quick else 1.0
-    with httpx.Client(base_url=rig.broker.url, timeout=30) as http:
-        for _ in range(3):
-            for enabled in (True, False):
-                r = http.post(MAINT, json={"enabled": enabled})
-                r.raise_for_status()
-                time.sleep(seconds)
+    for _ in range(3):
+        for enabled in (True, False):
+            set_maintenance(rig.broker, enabled)
+            time.sleep(seconds)
 
 
 #: what each fault does (``quick``: the reduced matrix's shorter outage and maintenance)
@@ -167,18 +161,6 @@ class Row:
     cut_pushes: int  # push requests whose answer never came
 
 
-def _wait_drained(url: str, timeout: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout
-    with httpx.Client(base_url=url, timeout=10) as http:
-        while time.monotonic() < deadline:
-            with contextlib.suppress(httpx.HTTPError, ValueError):
-                s = http.get(SPOOL).json()
-                if s["pending"] == 0 and not s["draining"]:
-                    return
-            time.sleep(0.2)
-    raise AssertionError("the spool did not drain")
-
-
 def run_fault(rig: Rig, fault: str, *, quick: bool = True) -> Row:
     """One fault under its own queue's load, judged; ``quick``: the reduced matrix's
     timings."""
@@ -210,7 +192,7 @@ def run_fault(rig: Rig, fault: str, *, quick: bool = True) -> Row:
         p.join(60)
         assert not p.is_alive(), f"{p.name} hung"
     for b in rig.brokers:
-        _wait_drained(b.url)
+        wait_drained(b, timeout=90)
     for c in consumers:
         c.draining.set()
     for c in consumers:
