@@ -11,6 +11,8 @@
 --   queen.queue_purge_v1(uuid, text) -> jsonb | NULL
 --       remove a queue's messages and keep the queue (options, partitions and their offsets,
 --       consumer groups); NULL = no such queue.
+--   queen.queue_lock_log_v1(int8) -> void
+--       steps 2 and 3 of the delete's and the purge's lock order (below).
 --   queen.admin_scope_v1(uuid, text, text, text) -> SETOF queen.queues
 --       the tenant's queues, filtered by name / namespace / task (NULL = any).
 --   queen.admin_partition_stats_v1(uuid, int8) -> table: per partition of one queue its
@@ -291,6 +293,28 @@ END
 $$;
 
 -- ---------------------------------------------------------------------------------------------
+-- queue_lock_log_v1: a queue's partition rows, ascending by id, FOR UPDATE (a push in flight
+-- commits first), then its cursor rows, ascending by (partition_id, consumer_group), FOR
+-- UPDATE: steps 2 and 3 of queue_delete_v1's and queue_purge_v1's lock order (header), which
+-- hold the queue row already.
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION queen.queue_lock_log_v1(p_queue_id int8) RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+    PERFORM 1 FROM queen.log_partitions lp
+    WHERE lp.queue_id = p_queue_id
+    ORDER BY lp.id
+    FOR UPDATE;
+    PERFORM 1 FROM queen.log_consumers c
+    JOIN queen.log_partitions lp ON lp.id = c.partition_id
+    WHERE lp.queue_id = p_queue_id
+    ORDER BY c.partition_id, c.consumer_group
+    FOR UPDATE OF c;
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------------
 -- queue_delete_v1: the queue and everything under it (segments, sidecar, cursors and leases,
 -- subscription records, DLQ rows, timers). Lock order in the header. false = no such queue of
 -- this tenant (nothing done).
@@ -314,18 +338,8 @@ BEGIN
         RETURN false;
     END IF;
 
-    -- 2. its partition rows, ascending (waits for in-flight pushes to commit)
-    PERFORM 1 FROM queen.log_partitions lp
-    WHERE lp.queue_id = v_id
-    ORDER BY lp.id
-    FOR UPDATE;
-
-    -- 3. its cursor rows, ascending
-    PERFORM 1 FROM queen.log_consumers c
-    JOIN queen.log_partitions lp ON lp.id = c.partition_id
-    WHERE lp.queue_id = v_id
-    ORDER BY c.partition_id, c.consumer_group
-    FOR UPDATE OF c;
+    -- 2. its partition rows, 3. its cursor rows
+    PERFORM queen.queue_lock_log_v1(v_id);
 
     -- 4. the row; cascades do the rest (schema/001_baseline.sql "Ownership of data")
     DELETE FROM queen.queues q WHERE q.id = v_id;
@@ -373,18 +387,8 @@ BEGIN
         RETURN NULL;
     END IF;
 
-    -- 2. its partition rows, ascending (waits for in-flight pushes to commit)
-    PERFORM 1 FROM queen.log_partitions lp
-    WHERE lp.queue_id = v_id
-    ORDER BY lp.id
-    FOR UPDATE;
-
-    -- 3. its cursor rows, ascending
-    PERFORM 1 FROM queen.log_consumers c
-    JOIN queen.log_partitions lp ON lp.id = c.partition_id
-    WHERE lp.queue_id = v_id
-    ORDER BY c.partition_id, c.consumer_group
-    FOR UPDATE OF c;
+    -- 2. its partition rows, 3. its cursor rows
+    PERFORM queen.queue_lock_log_v1(v_id);
 
     FOR v_part IN
         SELECT lp.id, lp.last_offset, lp.log_start_offset FROM queen.log_partitions lp
