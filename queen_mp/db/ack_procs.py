@@ -10,6 +10,7 @@ from typing import Any
 import psycopg
 
 from queen_mp.db.calls import Segment
+from queen_mp.db.cursors import fetch_one
 
 __all__ = ["STATUSES", "AckItem", "Advance", "DlqFiling", "GroupAck", "ack_at", "ack_by_hash",
            "ack_by_hash_many", "ack_multi", "file_dlq", "segment_at"]
@@ -97,10 +98,9 @@ class DlqFiling:
 async def ack_by_hash(conn: Conn, tenant: bytes, partition_id: int, group: str,
                       lease_id: uuid.UUID | None, hashes: list[bytes],
                       statuses: list[str]) -> GroupAck:
-    cur = await conn.execute(
-        _ACK_BY_HASH, (uuid.UUID(bytes=tenant), partition_id, group, lease_id, hashes,
-                       statuses), prepare=True)
-    row = await cur.fetchone()
+    row = await fetch_one(
+        conn, _ACK_BY_HASH, (uuid.UUID(bytes=tenant), partition_id, group, lease_id, hashes,
+                             statuses), prepare=True)
     assert row is not None
     return _group_ack(row[0])
 
@@ -149,11 +149,10 @@ async def file_dlq(conn: Conn, tenant: bytes, partition_id: int, group: str,
 async def ack_at(conn: Conn, tenant: bytes, partition_id: int, group: str, lease_id: bytes,
                  batch_end: int, count: int) -> Advance:
     """One positional whole-batch advance (the registry fast path without fusion)."""
-    cur = await conn.execute(
-        "SELECT queen.log_ack_at_v1(%s, %s, %s, %s, %s, %s)",
+    row = await fetch_one(
+        conn, "SELECT queen.log_ack_at_v1(%s, %s, %s, %s, %s, %s)",
         (uuid.UUID(bytes=tenant), partition_id, group, uuid.UUID(bytes=lease_id), batch_end,
          count), prepare=True)
-    row = await cur.fetchone()
     assert row is not None
     return _advance(row[0])
 
@@ -162,11 +161,10 @@ async def ack_multi(conn: Conn, tenant: bytes, partition_ids: list[int], groups:
                     lease_ids: list[bytes], batch_ends: list[int], counts: list[int]
                     ) -> list[Advance]:
     """Many positional advances in one transaction (ack fusion); results in input order."""
-    cur = await conn.execute(
-        "SELECT queen.log_ack_multi_v1(%s, %b::int8[], %b::text[], %b::uuid[], %b::int8[],"
+    row = await fetch_one(
+        conn, "SELECT queen.log_ack_multi_v1(%s, %b::int8[], %b::text[], %b::uuid[], %b::int8[],"
         " %b::int4[])",
         (uuid.UUID(bytes=tenant), partition_ids, groups,
          [uuid.UUID(bytes=b) for b in lease_ids], batch_ends, counts), prepare=True)
-    row = await cur.fetchone()
     assert row is not None
     return [_advance(r) for r in sorted(row[0], key=lambda r: r["i"])]

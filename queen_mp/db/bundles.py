@@ -31,6 +31,7 @@ from psycopg.types.json import set_json_loads
 
 from queen_mp.db.calls import PUSH_MULTI, Segment, SegmentVerdict, segment_verdicts
 from queen_mp.db.connect import Conn, Dedicated
+from queen_mp.db.cursors import fetch_one
 from queen_mp.db.errors import DatabaseError
 
 __all__ = ["BundleWriter", "PushBundle", "Segment", "SegmentVerdict", "StoredHashes"]
@@ -97,8 +98,7 @@ class BundleWriter:
         n = len(params[0])
 
         async def work(conn: Conn) -> list[SegmentVerdict]:
-            cur = await conn.execute(PUSH_MULTI, params, prepare=True)
-            row = await cur.fetchone()
+            row = await fetch_one(conn, PUSH_MULTI, params, prepare=True)
             if row is None:
                 raise DatabaseError("log_push_multi_v1 returned no row")
             return segment_verdicts(row[0], n)

@@ -9,6 +9,8 @@ from typing import Any
 
 import psycopg
 
+from queen_mp.db.cursors import fetch_all
+
 __all__ = ["Claim", "ClaimResult", "PopRequest", "StoredChunks", "claim", "renew_lease"]
 
 _POP = ("SELECT * FROM queen.log_pop_v1(%s, %s, %s, %s, %s, %s, %s::int4, %s::int4, %s, %s,"
@@ -68,11 +70,10 @@ async def claim(conn: psycopg.AsyncConnection[Any], r: PopRequest, lease_id: uui
                 claim_ms: int) -> ClaimResult:
     """``log_pop_v1``: one row per (claim, covering segment), a claim's rows together; one row
     with no partition when nothing was claimed."""
-    cur = await conn.execute(_POP, (
+    records = await fetch_all(conn, _POP, (
         uuid.UUID(bytes=r.tenant), r.queue, r.partition, r.namespace, r.task, r.group, r.batch,
         r.partitions, r.auto_ack, r.sub_mode, r.sub_from, lease_id, claim_ms),
         prepare=True, binary=True)  # PERF(queen): payloads as stored, not hex text
-    records = await cur.fetchall()
     if len(records) == 1 and records[0][1] is None:
         return ClaimResult([], records[0][11])
     claims: list[Claim] = []

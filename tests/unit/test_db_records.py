@@ -64,14 +64,24 @@ def test_a_malformed_answer_fails_the_whole_bundle(answer: Any) -> None:
 
 
 class _Cursor:
-    def __init__(self, rows: list[tuple[Any, ...]]) -> None:
-        self.rows = rows
+    """The part of a psycopg cursor that queen_mp.db.cursors uses."""
+
+    closed = False
+
+    def __init__(self, conn: _Conn) -> None:
+        self.conn = conn
+
+    async def execute(self, query: str, params: Any = (), **kw: Any) -> None:
+        self.conn.params = params
 
     async def fetchall(self) -> list[tuple[Any, ...]]:
-        return self.rows
+        return self.conn.rows
 
     async def fetchone(self) -> tuple[Any, ...] | None:
-        return self.rows[0] if self.rows else None
+        return self.conn.rows[0] if self.conn.rows else None
+
+    def _reset(self) -> None:
+        pass
 
 
 class _Conn:
@@ -79,9 +89,8 @@ class _Conn:
         self.rows = rows
         self.params: Any = None
 
-    async def execute(self, query: str, params: Any = (), **kw: Any) -> _Cursor:
-        self.params = params
-        return _Cursor(self.rows)
+    def cursor(self, binary: bool = False) -> _Cursor:
+        return _Cursor(self)
 
 
 REQUEST = pop_procs.PopRequest(
