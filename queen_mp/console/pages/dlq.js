@@ -1,8 +1,12 @@
 // Dead letters (/api/v1/dlq): filter by queue and group, see the error, attempts and payload,
-// retry (replay to the tail of the partition) or delete one row or every row of the page.
+// retry (replay to the tail of the partition) or delete one row, or every row the filter
+// matches, server side (POST /api/v1/dlq/retry, DELETE /api/v1/dlq), not only the page shown.
 import { act, api, badge, button, h, num, q, replace, seg, table, toast, when } from '../lib.js';
 
 const PAGE = 100;
+// rows one by-filter call may act on (the API's most), and calls one click makes at most
+const BULK_LIMIT = 1000;
+const BULK_CALLS = 100;
 
 const rowPath = (r) => `/api/v1/messages/${seg(r.partitionId)}/${seg(r.transactionId)}${q({ consumerGroup: r.consumerGroup })}`;
 const retryPath = (r) => `/api/v1/messages/${seg(r.partitionId)}/${seg(r.transactionId)}/retry${q({ consumerGroup: r.consumerGroup })}`;
@@ -18,19 +22,28 @@ export async function render(main, args) {
   const pager = h('div.pager');
   const bulk = h('div.actions');
   let offset = 0;
-  let rows = [];
-  const each = (label, path, method) => async (btn) => {
-    if (!window.confirm(`${label}: ${rows.length} dead letters of this page?`)) return;
-    await act(btn, `${label}: done`, async () => {
-      for (const r of rows) {
-        // a transactionId's rows go together: a later row of the same one is already gone
-        await api(path(r), { method }).catch((err) => { if (err.status !== 404) throw err; });
+  let total = 0;
+  // Every row the filter matches, a bounded batch per call, until none is left or a call
+  // does nothing (rows whose partition is gone stay: the broker skips them).
+  const every = (label, path, method, count) => async (btn) => {
+    const filter = { queue: queue.value, consumerGroup: group.value.trim() };
+    const scope = filter.queue || filter.consumerGroup ? 'matching this filter' : 'of every queue';
+    if (!window.confirm(`${label} all ${num(total)} dead letters ${scope}?`)) return;
+    const n = await act(btn, `${label}: done`, async () => {
+      let done = 0;
+      for (let i = 0; i < BULK_CALLS; i += 1) {
+        const out = await api(`${path}${q({ ...filter, all: filter.queue || filter.consumerGroup ? '' : 'true', limit: BULK_LIMIT })}`, { method });
+        done += count(out);
+        if (!out.remaining || !count(out)) break;
       }
+      offset = 0;
       await load();
+      return done;
     });
+    if (n !== undefined) toast(`${label}: ${num(n)} dead letters`);
   };
-  replace(bulk, button('read-write', 'Retry every row shown', each('Retry', retryPath, 'POST')),
-    button('read-write', 'Delete every row shown', each('Delete', rowPath, 'DELETE'), 'danger'));
+  replace(bulk, button('read-write', 'Retry all matching', every('Retry', '/api/v1/dlq/retry', 'POST', (o) => o.replayed)),
+    button('read-write', 'Delete all matching', every('Delete', '/api/v1/dlq', 'DELETE', (o) => o.deleted), 'danger'));
 
   const detail = (r) => h('tr.detail', h('td', { colSpan: 8 },
     h('pre.payload', JSON.stringify(r.data, null, 2)),
@@ -38,7 +51,8 @@ export async function render(main, args) {
 
   async function load() {
     const page = await api(`/api/v1/dlq${q({ queue: queue.value, consumerGroup: group.value.trim(), limit: PAGE, offset })}`);
-    rows = page.messages;
+    const rows = page.messages;
+    total = page.total;
     const t = table([
       { label: 'Queue', value: (r) => h('a', { href: `#/queues/${encodeURIComponent(r.queue)}` }, r.queue) },
       { label: 'Partition', value: (r) => r.partition },

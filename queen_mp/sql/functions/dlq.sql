@@ -396,19 +396,10 @@ BEGIN
         RAISE EXCEPTION 'dlq_delete_matching_v1: limit must be >= 1 (got %)', p_limit
             USING ERRCODE = '22023';
     END IF;
+    -- the rows dlq_match_v1 would hand a retry, in its order (one filter, written once)
     DELETE FROM queen.log_dlq d
-    WHERE d.id IN (
-        SELECT d0.id
-        FROM queen.log_dlq d0
-        JOIN queen.queues q ON q.id = d0.queue_id
-        WHERE d0.tenant = p_tenant AND q.tenant = p_tenant
-          AND (p_queue IS NULL OR q.name = p_queue)
-          AND (p_group IS NULL OR d0.consumer_group = p_group)
-          AND (p_partition IS NULL OR d0.partition_name = p_partition)
-          AND (p_from IS NULL OR d0.created_at >= p_from)
-          AND (p_to IS NULL OR d0.created_at <= p_to)
-        ORDER BY d0.created_at, d0.partition_id, d0."offset", d0.consumer_group, d0.id
-        LIMIT p_limit)
+    WHERE d.id IN (SELECT m.id FROM queen.dlq_match_v1(p_tenant, p_queue, p_group, p_partition,
+                                                       p_from, p_to, p_limit) m)
       AND d.tenant = p_tenant;
     GET DIAGNOSTICS v_n = ROW_COUNT;
     RETURN v_n;
