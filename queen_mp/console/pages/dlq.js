@@ -1,4 +1,5 @@
-// Dead letters (/api/v1/dlq): filter by queue and group, see the error, attempts and payload,
+// Dead letters (/api/v1/dlq): filter by queue, group, partition and failure time, see the
+// error, attempts and payload,
 // retry (replay to the tail of the partition) or delete one row, or every row the filter
 // matches, server side (POST /api/v1/dlq/retry, DELETE /api/v1/dlq), not only the page shown.
 import { act, api, badge, button, h, num, q, replace, seg, table, toast, when } from '../lib.js';
@@ -18,6 +19,13 @@ export async function render(main, args) {
       .map((x) => h('option', { value: x.name }, `${x.name} (${x.messages.deadLetter})`)));
   if (args[0]) queue.value = args[0];
   const group = h('input', { type: 'search', name: 'consumerGroup', placeholder: 'consumer group', 'aria-label': 'Consumer group' });
+  const partition = h('input', { type: 'search', name: 'partition', placeholder: 'partition', 'aria-label': 'Partition' });
+  const since = h('input', { type: 'datetime-local', name: 'from', 'aria-label': 'Failed from' });
+  const until = h('input', { type: 'datetime-local', name: 'to', 'aria-label': 'Failed until' });
+  const iso = (input) => (Number.isNaN(new Date(input.value).getTime()) ? '' : new Date(input.value).toISOString());
+  // the listing's filters, which the by-filter actions take as they are ('' = none)
+  const filter = () => ({ queue: queue.value, consumerGroup: group.value.trim(), partition: partition.value.trim(),
+    from: iso(since), to: iso(until) });
   const list = h('div');
   const pager = h('div.pager');
   const bulk = h('div.actions');
@@ -26,13 +34,13 @@ export async function render(main, args) {
   // Every row the filter matches, a bounded batch per call, until none is left or a call
   // does nothing (rows whose partition is gone stay: the broker skips them).
   const every = (label, path, method, count) => async (btn) => {
-    const filter = { queue: queue.value, consumerGroup: group.value.trim() };
-    const scope = filter.queue || filter.consumerGroup ? 'matching this filter' : 'of every queue';
-    if (!window.confirm(`${label} all ${num(total)} dead letters ${scope}?`)) return;
+    const f = filter();
+    const any = Object.values(f).some((v) => v);
+    if (!window.confirm(`${label} all ${num(total)} dead letters ${any ? 'matching this filter' : 'of every queue'}?`)) return;
     const n = await act(btn, `${label}: done`, async () => {
       let done = 0;
       for (let i = 0; i < BULK_CALLS; i += 1) {
-        const out = await api(`${path}${q({ ...filter, all: filter.queue || filter.consumerGroup ? '' : 'true', limit: BULK_LIMIT })}`, { method });
+        const out = await api(`${path}${q({ ...f, all: any ? '' : 'true', limit: BULK_LIMIT })}`, { method });
         done += count(out);
         if (!out.remaining || !count(out)) break;
       }
@@ -49,8 +57,11 @@ export async function render(main, args) {
     h('pre.payload', JSON.stringify(r.data, null, 2)),
     h('p.muted', `message id ${r.id} · producer ${r.producerSub || '—'} · created ${r.createdAt}`)));
 
+  let latest = 0; // the newest load: an older answer arriving after it is dropped
   async function load() {
-    const page = await api(`/api/v1/dlq${q({ queue: queue.value, consumerGroup: group.value.trim(), limit: PAGE, offset })}`);
+    const mine = ++latest;
+    const page = await api(`/api/v1/dlq${q({ ...filter(), limit: PAGE, offset })}`);
+    if (mine !== latest) return;
     const rows = page.messages;
     total = page.total;
     const t = table([
@@ -86,9 +97,9 @@ export async function render(main, args) {
     bulk.hidden = !rows.length;
   }
   const refresh = () => { offset = 0; load().catch((e) => toast(e.message, 'error')); };
-  queue.addEventListener('change', refresh);
-  group.addEventListener('change', refresh);
-  main.append(h('h1', 'Dead letters'), h('div.toolbar', queue, group,
+  for (const input of [queue, group, partition, since, until]) input.addEventListener('change', refresh);
+  main.append(h('h1', 'Dead letters'), h('div.toolbar', queue, group, partition,
+    h('label.muted', 'failed from ', since), h('label.muted', 'until ', until),
     h('button', { type: 'button', on: { click: refresh } }, 'Refresh')), list, pager, bulk);
   await load();
 }

@@ -113,9 +113,11 @@ function browser(name, detail) {
   const pager = h('div.pager');
   let offset = 0;
   let anchor = new Date();
+  let latest = 0; // the newest load
   const load = async () => {
     fromTime.hidden = range.value !== FROM_TIME;
     fromOffset.hidden = range.value !== FROM_OFFSET;
+    const mine = ++latest;
     const win = windowOf(range, fromTime, fromOffset, partition, anchor);
     if (win.missing) {
       replace(list, h('p.muted.empty', win.missing));
@@ -124,6 +126,7 @@ function browser(name, detail) {
     }
     const page = await api(`/api/v1/status/queues/${seg(name)}/messages${q({
       partition: partition.value, status: status.value, ...win, limit: PAGE, offset })}`);
+    if (mine !== latest) return; // an older answer arriving after a newer load
     replace(list, table([
       { label: 'Partition', value: (m) => m.partition },
       { label: 'Offset', num: true, value: (m) => num(m.offset) },
