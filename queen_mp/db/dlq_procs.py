@@ -18,7 +18,8 @@ import psycopg
 from queen_mp.db.calls import fetch_rows, tenant_uuid
 from queen_mp.db.errors import translate
 
-__all__ = ["DlqPage", "DlqRow", "RetryResult", "delete", "find", "list_page", "retry"]
+__all__ = ["DlqFilter", "DlqPage", "DlqRow", "RetryResult", "delete", "delete_matching", "find",
+           "list_page", "match", "retry"]
 
 Conn = psycopg.AsyncConnection[Any]
 
@@ -44,6 +45,22 @@ class DlqRow:
     created_at: dt.datetime | None  # the original message's createdAt
     failed_at: dt.datetime  # when the row was filed
     queue_encrypted: bool = False  # the queue's flag NOW (dlq_find_v1 only)
+
+
+@dataclass(frozen=True, slots=True)
+class DlqFilter:
+    """The listing's filters (GET /api/v1/dlq), also what the by-filter retry and delete act
+    on. None = any; ``since``/``until`` bound failedAt, both inclusive."""
+
+    queue: str | None
+    group: str | None
+    partition: str | None
+    since: dt.datetime | None
+    until: dt.datetime | None
+
+    def params(self, tenant: bytes) -> tuple[Any, ...]:
+        return (tenant_uuid(tenant), self.queue, self.group, self.partition, self.since,
+                self.until)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,12 +104,11 @@ async def _write(conn: Conn, query: str, params: Sequence[Any]) -> Any:
     return row[0]
 
 
-async def list_page(conn: Conn, tenant: bytes, *, queue: str | None, group: str | None,
-                    partition: str | None, since: dt.datetime | None,
-                    until: dt.datetime | None, limit: int, offset: int) -> DlqPage:
+async def list_page(conn: Conn, tenant: bytes, where: DlqFilter, *, limit: int,
+                    offset: int) -> DlqPage:
     """``dlq_list_v1``: one page in (failedAt, partitionId, offset) order, and the total."""
     rows = await fetch_rows(conn, "SELECT * FROM queen.dlq_list_v1(%s, %s, %s, %s, %s, %s, %s, %s)",
-                       (tenant_uuid(tenant), queue, group, partition, since, until, limit, offset))
+                            (*where.params(tenant), limit, offset))
     total = int(rows[0]["total"]) if rows else 0
     # NOTE(dlq): an empty page is one row whose columns but `total` are NULL.
     return DlqPage(total, [_row(r) for r in rows if r["id"] is not None])
@@ -121,3 +137,17 @@ async def delete(conn: Conn, tenant: bytes, partition_id: int, transaction_id: s
     """``dlq_delete_v1``: rows deleted (0 = none matched)."""
     return int(await _write(conn, "SELECT queen.dlq_delete_v1(%s, %s, %s, %s)",
                             (tenant_uuid(tenant), partition_id, transaction_id, group)))
+
+
+async def match(conn: Conn, tenant: bytes, where: DlqFilter, limit: int) -> list[DlqRow]:
+    """``dlq_match_v1``: the first ``limit`` matching rows in list order, as ``find`` shapes
+    them (with the queue's current encryption flag): what a retry by filter replays."""
+    rows = await fetch_rows(conn, "SELECT * FROM queen.dlq_match_v1(%s, %s, %s, %s, %s, %s, %s)",
+                            (*where.params(tenant), limit))
+    return [_row(r) for r in rows]
+
+
+async def delete_matching(conn: Conn, tenant: bytes, where: DlqFilter, limit: int) -> int:
+    """``dlq_delete_matching_v1``: rows deleted, the first ``limit`` matches in list order."""
+    return int(await _write(conn, "SELECT queen.dlq_delete_matching_v1(%s, %s, %s, %s, %s, %s, %s)",
+                            (*where.params(tenant), limit)))

@@ -108,13 +108,14 @@ async def snapshot(conn: Conn) -> AsyncIterator[Conn]:
 async def list_page(conn: Conn, tenant: bytes, *, queue: str | None, partition: str | None,
                     namespace: str | None, task: str | None, group: str, status: str | None,
                     since: dt.datetime | None, until: dt.datetime | None, limit: int,
-                    offset: int) -> ListPage | None:
+                    offset: int, from_offset: int | None = None) -> ListPage | None:
     """``msg_list_v1``: the page's segments in list order and the total; None when ``queue``
-    names no queue of the tenant. ``since`` None = one hour before ``until`` (or now)."""
+    names no queue of the tenant. ``since`` None = one hour before ``until`` (or now), or no
+    lower bound with ``from_offset`` (offsets below it are not counted nor listed)."""
     rows = await fetch_rows(
-        conn, "SELECT * FROM queen.msg_list_v1(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+        conn, "SELECT * FROM queen.msg_list_v1(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
         (tenant_uuid(tenant), queue, partition, namespace, task, group, status, since, until,
-         limit, offset))
+         limit, offset, from_offset))
     if not rows:
         return None
     segments = [

@@ -30,7 +30,7 @@ from queen_mp.http.console import (
     RootResource,
     load_assets,
 )
-from queen_mp.http.dlq import DlqResource, RetryResource
+from queen_mp.http.dlq import DlqResource, DlqRetryResource, RetryResource
 from queen_mp.http.edge import EdgeMiddleware
 from queen_mp.http.errors import JSON_UTF8
 from queen_mp.http.fetch import FetchResource
@@ -181,6 +181,7 @@ def create_app(config: Config, runtime: Runtime, worker: FrontWorker | None = No
     app.add_route("/api/v1/partitions/changed", PartitionsChangedResource(worker))
     ephemeral.add_routes(app, worker)  # /api/v1/ephemeral/*
     app.add_route("/api/v1/dlq", DlqResource(worker))
+    app.add_route("/api/v1/dlq/retry", DlqRetryResource(worker))
     # NOTE(dlq): plain {transaction_id}: a path converter cannot be followed by /retry, and
     # the two templates must agree at that level (so a transactionId with '/' is unroutable).
     app.add_route("/api/v1/messages", MessagesResource(worker))

@@ -1,10 +1,19 @@
 """The dead-letter queue (docs/api.md 2.8): list, replay and delete rows filed by the ack path.
 
-=======================================================================  =======================
+=====================================================================  =======================
 ``GET    /api/v1/dlq?queue=&consumerGroup=&partition=&from=&to=&limit=&offset=``  ``DlqResource``
+``DELETE /api/v1/dlq?<the filters>&all=&limit=``                         ``DlqResource``
+``POST   /api/v1/dlq/retry?<the filters>&all=&limit=``                   ``DlqRetryResource``
 ``POST   /api/v1/messages/{partitionId}/{transactionId}/retry?consumerGroup=``  ``RetryResource``
 ``DELETE /api/v1/messages/{partitionId}/{transactionId}?consumerGroup=``  ``MessageResource``
-=======================================================================  =======================
+=====================================================================  =======================
+
+The by-filter routes (``DELETE /api/v1/dlq``, ``POST /api/v1/dlq/retry``) act on the rows the
+listing would show with the same filters, the first ``limit`` (1..1000, default 100) in list
+order per call, server side: an operator clears thousands of rows without paging through them.
+No filter at all needs ``all=true`` (one mistyped call must not empty every queue's DLQ). The
+answer's ``remaining`` counts the matches left; a caller repeats while it is above 0 and the
+call still did something.
 
 A row keeps the payload **snapshot** exactly as the frame stored it (ciphertext on an encrypted
 queue); the listing decrypts it into ``data``. A replay is a re-push, not a revival
@@ -33,12 +42,13 @@ import orjson
 
 from queen_mp.crypto import PayloadCipher
 from queen_mp.db import dlq_procs
-from queen_mp.db.dlq_procs import DlqRow, RetryResult
+from queen_mp.db.dlq_procs import DlqFilter, DlqRow, RetryResult
 from queen_mp.front.worker import FrontWorker
 from queen_mp.http.authz import tenant_of
 from queen_mp.http.dbcall import call_db
 from queen_mp.http.errors import (
     JSON_UTF8,
+    InvalidRequest,
     NotFound,
     Unavailable,
 )
@@ -50,7 +60,7 @@ from queen_mp.wire.hashing import txn_hash
 from queen_mp.wire.ids import uuid7, uuid_text
 from queen_mp.wire.times import iso_ms
 
-__all__ = ["DlqResource", "MessageResource", "RetryResource"]
+__all__ = ["DlqResource", "DlqRetryResource", "MessageResource", "RetryResource"]
 
 log = logging.getLogger("queen_mp.http.dlq")
 
@@ -119,31 +129,130 @@ def _replay_payload(row: DlqRow, cipher: PayloadCipher | None) -> tuple[bytes, b
     return payload, False
 
 
+def _filter(q: Query) -> DlqFilter:
+    return DlqFilter(queue=q.name("queue"), group=q.name("consumerGroup"),
+                     partition=q.name("partition", slash_ok=True), since=q.time("from"),
+                     until=q.time("to"))
+
+
+def _bulk_filter(q: Query) -> tuple[DlqFilter, int]:
+    """The filter and the row limit of a by-filter retry or delete; 400 for no filter without
+    ``all=true``, and for ``from`` after ``to`` (a range that can match nothing is a mistake
+    here, not an empty page)."""
+    where = _filter(q)
+    everything = q.flag("all", False)
+    if not everything and where == DlqFilter(None, None, None, None, None):
+        raise InvalidRequest("no filter: give queue, consumerGroup, partition, from or to, or "
+                             "all=true to act on every dead letter", field="all")
+    if where.since is not None and where.until is not None and where.since > where.until:
+        raise InvalidRequest("'from' must not be after 'to'", field="from")
+    return where, q.integer("limit", DEFAULT_LIMIT, minimum=1, maximum=MAX_LIMIT)
+
+
+async def _remaining(pool: Any, tenant: bytes, where: DlqFilter) -> int:
+    page = await call_db(pool, lambda conn: dlq_procs.list_page(conn, tenant, where, limit=1,
+                                                                offset=0))
+    return page.total
+
+
+async def _replay(conn: Any, tenant: bytes, row: DlqRow, group: str | None,
+                  payload: tuple[bytes, bool]) -> tuple[bytes, RetryResult]:
+    """Replay ``row`` with ``payload`` (``_replay_payload``'s) at the tail of its partition
+    (``dlq_retry_v1``): the rows of its (partition, transactionId, offset), of ``group`` or of
+    every group, go with it."""
+    message_id = uuid7()
+    new_txn = uuid_text(message_id)
+    payload, encrypted = payload
+    frame = pack_frame(message_id, new_txn.encode("ascii"), payload, trace_id=row.trace_id,
+                       producer_sub=row.producer_sub, encrypted=encrypted)
+    res = await dlq_procs.retry(conn, tenant, row.partition_id, row.transaction_id, row.offset,
+                                group, pack_chunk_zstd(frame, 1), txn_hash(new_txn))
+    return message_id, res
+
+
+def _answer(resp: falcon.asgi.Response, body: dict[str, Any]) -> None:
+    resp.data = orjson.dumps(body)
+    resp.content_type = JSON_UTF8
+    resp.status = falcon.HTTP_200
+
+
 # --------------------------------------------------------------------------------- resources
 class DlqResource:
-    """``GET /api/v1/dlq``: one page of dead letters and the total count of matches."""
+    """``GET /api/v1/dlq``: one page of dead letters and the total count of matches.
+    ``DELETE /api/v1/dlq``: delete the first ``limit`` matches of the same filters."""
 
     def __init__(self, worker: FrontWorker) -> None:
         self.worker = worker
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         q = Query(req.query_string)
-        queue = q.name("queue")
-        group = q.name("consumerGroup")
-        partition = q.name("partition", slash_ok=True)
-        since, until = q.time("from"), q.time("to")
+        where = _filter(q)
         limit = q.integer("limit", DEFAULT_LIMIT, minimum=1, maximum=MAX_LIMIT)
         offset = q.integer("offset", 0, minimum=0, maximum=(1 << 63) - 1)
         tenant = tenant_of(req)
         page = await call_db(self.worker.pool, lambda conn: dlq_procs.list_page(
-            conn, tenant, queue=queue, group=group, partition=partition, since=since,
-            until=until, limit=limit, offset=offset))
+            conn, tenant, where, limit=limit, offset=offset))
         cipher = self.worker.cipher
         body = {"messages": [_render(r, cipher) for r in page.rows], "total": page.total,
                 "pagination": {"limit": limit, "offset": offset}}
-        resp.data = orjson.dumps(body)
-        resp.content_type = JSON_UTF8
-        resp.status = falcon.HTTP_200
+        _answer(resp, body)
+
+    async def on_delete(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        where, limit = _bulk_filter(Query(req.query_string))
+        tenant = tenant_of(req)
+        n = await call_db(self.worker.pool, lambda conn: dlq_procs.delete_matching(
+            conn, tenant, where, limit))
+        _answer(resp, {"success": True, "deleted": n,
+                       "remaining": await _remaining(self.worker.pool, tenant, where)})
+
+
+class DlqRetryResource:
+    """``POST /api/v1/dlq/retry``: replay the first ``limit`` matches of the listing's filters.
+
+    Each (partition, transactionId, offset) is one replay, its own transaction, as the single
+    retry makes it: with ``consumerGroup`` the replay takes that group's row, without it every
+    group's row at that offset (one message replayed, not one per group). A replay that cannot
+    happen (its partition is gone, a concurrent call took it, a plain snapshot on a queue
+    encrypted since and no key) is counted in ``skipped`` and the rest go on. The body, if
+    any, is ignored.
+    """
+
+    def __init__(self, worker: FrontWorker) -> None:
+        self.worker = worker
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        where, limit = _bulk_filter(Query(req.query_string))
+        tenant = tenant_of(req)
+        cipher = self.worker.cipher
+        pool = self.worker.pool
+        rows = await call_db(pool, lambda conn: dlq_procs.match(conn, tenant, where, limit))
+        firsts: dict[tuple[int, str, int], DlqRow] = {}
+        for row in rows:  # list order; a snapshot row before one filed without (dlq_find_v1)
+            key = (row.partition_id, row.transaction_id, row.offset)
+            if key not in firsts or (firsts[key].payload is None and row.payload is not None):
+                firsts[key] = row
+        retried = replayed = skipped = 0
+        woken: set[str] = set()
+        for row in firsts.values():
+            try:
+                payload = _replay_payload(row, cipher)
+            except Unavailable as ex:
+                log.warning("DLQ row %d not replayed: %s", row.id, ex)
+                skipped += 1
+                continue
+            _, res = await call_db(pool, lambda conn, row=row, payload=payload: _replay(
+                conn, tenant, row, where.group, payload))
+            if not res.ok:
+                skipped += 1
+                continue
+            retried += res.retried
+            replayed += 1
+            if res.queue:
+                woken.add(res.queue)
+        if self.worker.waker is not None and woken:
+            self.worker.waker.wake([bucket_of(tenant, q) for q in sorted(woken)])
+        _answer(resp, {"success": True, "replayed": replayed, "retried": retried,
+                       "skipped": skipped, "remaining": await _remaining(pool, tenant, where)})
 
 
 class RetryResource:
@@ -170,16 +279,7 @@ class RetryResource:
             rows = await dlq_procs.find(conn, tenant, pid, txn, group)
             if not rows:
                 return None
-            row = rows[0]
-            message_id = uuid7()
-            new_txn = uuid_text(message_id)
-            payload, encrypted = _replay_payload(row, cipher)
-            frame = pack_frame(message_id, new_txn.encode("ascii"), payload,
-                               trace_id=row.trace_id, producer_sub=row.producer_sub,
-                               encrypted=encrypted)
-            res = await dlq_procs.retry(conn, tenant, pid, txn, row.offset, group,
-                                        pack_chunk_zstd(frame, 1), txn_hash(new_txn))
-            return message_id, res
+            return await _replay(conn, tenant, rows[0], group, _replay_payload(rows[0], cipher))
 
         done = await call_db(self.worker.pool, replay)
         if done is None or not done[1].ok:

@@ -7,8 +7,10 @@
 ==========================================================  ===================================
 
 List filters (both list routes; the queue route takes its queue from the path): ``queue``,
-``partition``, ``namespace``, ``task``, ``consumerGroup``, ``status``, ``from``, ``to``, ``limit``
-(1..1000, default 200, larger clamped), ``offset``. The single message takes ``consumerGroup``.
+``partition``, ``namespace``, ``task``, ``consumerGroup``, ``status``, ``from``, ``to``,
+``fromOffset`` (with ``partition``: browse a partition from an offset; without ``from`` the
+window then has no lower time bound), ``limit`` (1..1000, default 200, larger clamped),
+``offset``. The single message takes ``consumerGroup``.
 
 Messages live inside stored segments (docs/api.md 3.1-3.2) that SQL cannot decode. The listing
 (``msg_list_v1``, sql/functions/messages.sql) finds the segments created in the window, counts the
@@ -117,6 +119,7 @@ class _Filters:
     until: dt.datetime | None
     limit: int
     offset: int
+    from_offset: int | None  # only offsets >= it (one partition's, ``partition`` required)
 
 
 def _filters(req: falcon.asgi.Request, queue: str | None = None) -> _Filters:
@@ -129,8 +132,15 @@ def _filters(req: falcon.asgi.Request, queue: str | None = None) -> _Filters:
     since, until = q.time("from"), q.time("to")
     if since is not None and until is not None and since > until:
         raise InvalidRequest("'from' must not be after 'to'", field="from")
+    partition = q.name("partition", slash_ok=True)
+    from_offset = None
+    if "fromOffset" in q:
+        from_offset = q.integer("fromOffset", 1, minimum=1, maximum=MAX_OFFSET)
+        if partition is None:
+            raise InvalidRequest("fromOffset needs a partition: offsets are per partition",
+                                 field="fromOffset")
     return _Filters(
-        queue=queue, partition=q.name("partition", slash_ok=True),
+        queue=queue, partition=partition, from_offset=from_offset,
         namespace=q.name("namespace", slash_ok=True), task=q.name("task", slash_ok=True),
         group=parse_group(q.text("consumerGroup")), status=status, since=since, until=until,
         limit=q.integer("limit", DEFAULT_LIMIT, minimum=1, maximum=MAX_LIMIT),
@@ -138,10 +148,13 @@ def _filters(req: falcon.asgi.Request, queue: str | None = None) -> _Filters:
 
 
 # ------------------------------------------------------------------------------- the listing
-def _runs(seg: PageSegment, status: str | None) -> tuple[list[tuple[int, int]], tuple[int, ...]]:
-    """The offsets of ``seg`` matching ``status``: inclusive ranges, minus the excluded set."""
-    first, last = seg.base_offset, seg.base_offset + seg.msg_count - 1
-    dead = seg.dlq_offsets
+def _runs(seg: PageSegment, status: str | None,
+          from_offset: int | None) -> tuple[list[tuple[int, int]], tuple[int, ...]]:
+    """The offsets of ``seg`` matching ``status`` (from ``from_offset`` on, when given):
+    inclusive ranges, minus the excluded set."""
+    first = max(seg.base_offset, from_offset or 0)
+    last = seg.base_offset + seg.msg_count - 1
+    dead = tuple(o for o in seg.dlq_offsets if o >= first)
     if status is None:
         return [(first, last)], ()
     if status == "dead_letter":
@@ -205,7 +218,7 @@ def _page_messages(page: message_procs.ListPage, f: _Filters,
                    max_chunk: int) -> list[dict[str, Any]]:
     messages: list[dict[str, Any]] = []
     for seg in page.segments:
-        runs, excluded = _runs(seg, f.status)
+        runs, excluded = _runs(seg, f.status, f.from_offset)
         count, offsets = _select(runs, excluded, max(0, f.offset - seg.skip),
                                  f.offset + f.limit - seg.skip)
         if count != seg.matched:
@@ -250,7 +263,7 @@ class _Listing:
         page = await call_db(self.worker.pool, lambda conn: message_procs.list_page(
             conn, tenant, queue=f.queue, partition=f.partition, namespace=f.namespace,
             task=f.task, group=f.group, status=f.status, since=f.since, until=f.until,
-            limit=f.limit, offset=f.offset))
+            limit=f.limit, offset=f.offset, from_offset=f.from_offset))
         if page is None:
             if queue_route:
                 raise NotFound(f"queue {f.queue!r} does not exist", field="queue")

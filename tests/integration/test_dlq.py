@@ -10,6 +10,7 @@ every test uses its own queue names.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import datetime as dt
 import time
 import uuid
 from typing import Any
@@ -487,6 +488,136 @@ def test_encrypted_snapshot(make_broker, db_dsn):
     assert got["messages"][1]["data"] == payload
 
 
+# ------------------------------------------------------------------------------ by filter
+#: the by-filter routes (method -> path, answer keys besides success and remaining)
+BULK = {"POST": (f"{DLQ}/retry", {"replayed", "retried", "skipped"}),
+        "DELETE": (DLQ, {"deleted"})}
+
+
+def bulk(client: httpx.Client, method: str, **params: Any) -> dict:
+    path, keys = BULK[method]
+    r = client.request(method, path, params={k: str(v) for k, v in params.items()})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert set(body) == {"success", "remaining"} | keys, body
+    return body
+
+
+def bulk_retry(client: httpx.Client, **params: Any) -> dict:
+    return bulk(client, "POST", **params)
+
+
+def bulk_delete(client: httpx.Client, **params: Any) -> dict:
+    return bulk(client, "DELETE", **params)
+
+
+def test_retry_by_filter_replays_the_matches_in_list_order_a_batch_at_a_time(broker, db):
+    q, other = uq("dlq-bulk"), uq("dlq-bulk-other")
+    push(broker.client, q, [{"a": i} for i in range(1, 6)], partition="A")
+    push(broker.client, q, [{"b": 1}], partition="B")
+    push(broker.client, other, [{"o": 1}])
+    for _ in range(5):
+        dead_letter(broker.client, q, "g", partition="A")
+    dead_letter(broker.client, q, "g", partition="B")
+    dead_letter(broker.client, other, "g")
+    first = [r["offset"] for r in dlq(broker.client, queue=q, partition="A")["messages"]]
+    assert first == [1, 2, 3, 4, 5]
+    body = bulk_retry(broker.client, queue=q, partition="A", limit=2)
+    assert body == {"success": True, "replayed": 2, "retried": 2, "skipped": 0, "remaining": 3}
+    assert [r["offset"] for r in dlq(broker.client, queue=q, partition="A")["messages"]] == [
+        3, 4, 5]
+    body = bulk_retry(broker.client, queue=q, partition="A")
+    assert body == {"success": True, "replayed": 3, "retried": 3, "skipped": 0, "remaining": 0}
+    # replayed at the tail of A, in the listing's order; B and the other queue untouched
+    got = pop(broker.client, q, "g", partition="A", batch=10)
+    assert [m["offset"] for m in got["messages"]] == [6, 7, 8, 9, 10]
+    assert [m["data"] for m in got["messages"]] == [{"a": i} for i in range(1, 6)]
+    assert dlq(broker.client, queue=q)["total"] == 1
+    assert dlq(broker.client, queue=other)["total"] == 1
+    # nothing left to match: a call does nothing
+    assert bulk_retry(broker.client, queue=q, partition="A")["replayed"] == 0
+
+
+def test_retry_by_filter_one_replay_per_offset_or_one_group(broker, db):
+    q = uq("dlq-bulk-groups")
+    push(broker.client, q, [{"k": 1}, {"k": 2}])
+    for g in ("ga", "gb"):
+        dead_letter(broker.client, q, g)
+        dead_letter(broker.client, q, g)
+    assert dlq(broker.client, queue=q)["total"] == 4
+    # one group: its two rows, two replays; gb's rows stay
+    assert bulk_retry(broker.client, queue=q, consumerGroup="ga") == {
+        "success": True, "replayed": 2, "retried": 2, "skipped": 0, "remaining": 0}
+    assert {r["consumerGroup"] for r in dlq(broker.client, queue=q)["messages"]} == {"gb"}
+    # a row of another group at the same offset goes with its replay when no group is given
+    dead_letter(broker.client, q, "gc")  # offset 1 for gc
+    assert bulk_retry(broker.client, queue=q, limit=1) == {
+        "success": True, "replayed": 1, "retried": 2, "skipped": 0, "remaining": 1}
+    (left,) = dlq(broker.client, queue=q)["messages"]
+    assert (left["consumerGroup"], left["offset"]) == ("gb", 2)
+    assert [s.offset for s in stored_messages(db, q)] == [1, 2, 3, 4, 5]
+
+
+def test_delete_by_filter_deletes_the_rows_only(broker, db):
+    q, other = uq("dlq-bulk-del"), uq("dlq-bulk-del-other")
+    push(broker.client, q, [1, 2, 3])
+    push(broker.client, other, [1])
+    for _ in range(3):
+        dead_letter(broker.client, q, "g")
+    dead_letter(broker.client, other, "g")
+    before = log_state(db, q)
+    rows = dlq(broker.client, queue=q)["messages"]
+    assert bulk_delete(broker.client, queue=q, limit=2) == {
+        "success": True, "deleted": 2, "remaining": 1}
+    assert dlq(broker.client, queue=q)["messages"] == rows[2:]  # the first two in list order
+    # a failedAt range: only what it holds
+    t = dt.datetime.fromisoformat(rows[2]["failedAt"])  # milliseconds, truncated
+    assert bulk_delete(broker.client, queue=q, to="2000-01-01T00:00:00Z")["deleted"] == 0
+    assert bulk_delete(broker.client, queue=q, **{
+        "from": t.isoformat(), "to": (t + dt.timedelta(milliseconds=1)).isoformat()}) == {
+        "success": True, "deleted": 1, "remaining": 0}
+    assert log_state(db, q) == before  # the log and the cursors are not edited
+    assert dlq(broker.client, queue=other)["total"] == 1
+    # all=true with a filter is the filter
+    assert bulk_delete(broker.client, queue=other, all="true")["deleted"] == 1
+
+
+def test_by_filter_bad_filters_are_400_and_change_nothing(broker):
+    q = uq("dlq-bulk-bad")
+    push(broker.client, q, [1])
+    dead_letter(broker.client, q)
+    for call in (lambda p: broker.client.request("DELETE", DLQ, params=p),
+                 lambda p: broker.client.request("POST", f"{DLQ}/retry", params=p)):
+        body = assert_error(call({}), 400, "invalid_request")
+        assert body["field"] == "all", body
+        assert_error(call({"all": "false"}), 400, "invalid_request")
+        assert_error(call({"queue": ""}), 400, "invalid_request")  # empty is no filter
+        assert_error(call({"all": "yes"}), 400, "invalid_request")
+        for params in ({"queue": q, "limit": "0"}, {"queue": q, "limit": "x"},
+                       {"queue": q, "from": "yesterday"},
+                       {"queue": q, "from": "2026-01-02T00:00:00Z",
+                        "to": "2026-01-01T00:00:00Z"}):
+            assert_error(call(params), 400, "invalid_request")
+        assert_error(call({"queue": "a/b"}), 400, "invalid_name")
+        assert_error(call({"consumerGroup": "g" * 256}), 413, "name_too_long")
+    assert dlq(broker.client, queue=q)["total"] == 1
+    # above 1000 is clamped, not refused
+    assert bulk_delete(broker.client, queue=q, limit=5000)["deleted"] == 1
+
+
+def test_by_filter_encrypted_queue_without_its_key_is_skipped(make_broker, db_dsn):
+    """A plain snapshot on a queue encrypted since, on a broker without a key: the replay
+    cannot encrypt it; it is skipped and counted, its row kept."""
+    b = make_broker(db_dsn)
+    q = uq("dlq-bulk-enc")
+    push(b.client, q, [{"n": 1}, {"n": 2}])
+    dead_letter(b.client, q)
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute("UPDATE queen.queues SET encryption_enabled = true WHERE name = %s", (q,))
+    assert bulk_retry(b.client, queue=q) == {
+        "success": True, "replayed": 0, "retried": 0, "skipped": 1, "remaining": 1}
+
+
 # ----------------------------------------------------------------------------------- tenancy
 def test_other_tenant_sees_nothing(broker, db):
     q = uq("dlq-tenant")
@@ -503,6 +634,10 @@ def test_other_tenant_sees_nothing(broker, db):
     assert res["ok"] is False and res["error"] == "not_found" and res["queue"] is None
     assert db.execute("SELECT queen.dlq_delete_v1(%s, %s, %s, NULL)",
                       (OTHER_TENANT, pid, txn)).fetchone()[0] == 0
+    assert db.execute("SELECT count(*) FROM queen.dlq_match_v1(%s, NULL, NULL, NULL, NULL, "
+                      "NULL, 1000)", (OTHER_TENANT,)).fetchone()[0] == 0
+    assert db.execute("SELECT queen.dlq_delete_matching_v1(%s, NULL, NULL, NULL, NULL, NULL, "
+                      "1000)", (OTHER_TENANT,)).fetchone()[0] == 0
     assert dlq(broker.client, queue=q)["total"] == 1
     last = db.execute("SELECT last_offset FROM queen.log_partitions WHERE id = %s",
                       (pid,)).fetchone()[0]

@@ -296,12 +296,53 @@ def test_time_window(broker, db):
                                               "to": "2000-01-02T00:00:00Z"})["total"] == 0
 
 
+def test_from_offset_browses_a_partition_exactly(broker, db, staged):
+    """fromOffset cuts inside segments (3+3+4 messages): totals, statuses and pages are those
+    of the whole list with the offsets below it removed, for every status filter."""
+    q, params = staged["queue"], {"consumerGroup": "g", "partition": "P"}
+    everything = listing(broker.client, queue=q, **params)["messages"]
+    assert [m["offset"] for m in everything] == list(range(1, 11))
+    for start in range(1, 12):
+        for status in ("pending", "dead_letter", "completed", "processing", None):
+            extra = {"status": status} if status else {}
+            whole = [m for m in everything
+                     if m["offset"] >= start and status in (None, m["status"])]
+            got = listing(broker.client, queue=q, **params, **extra, fromOffset=start)
+            assert got["messages"] == whole and got["total"] == len(whole), (start, status)
+            for offset in range(len(whole) + 1):
+                page = listing(broker.client, queue=q, **params, **extra, fromOffset=start,
+                               limit=2, offset=offset)
+                assert page["messages"] == whole[offset:offset + 2], (start, status, offset)
+    # the queue route takes it too
+    assert keys(listing(broker.client, f"/api/v1/status/queues/{q}/messages", **params,
+                        fromOffset=9)) == [("P", 9), ("P", 10)]
+
+
+def test_from_offset_has_no_default_time_window(broker, db):
+    q = uq("moff")
+    push(broker.client, q, [1, 2, 3], partition="old")
+    push(broker.client, q, [4], partition="old")
+    backdate(db, q, "old", dt.timedelta(days=3))
+    assert listing(broker.client, queue=q, partition="old")["total"] == 0  # the last hour
+    assert keys(listing(broker.client, queue=q, partition="old", fromOffset=2)) == [
+        ("old", 2), ("old", 3), ("old", 4)]
+    # with a time bound as well, both apply
+    now = dt.datetime.now(dt.UTC)
+    assert listing(broker.client, queue=q, partition="old", fromOffset=2,
+                   **{"from": iso(now - dt.timedelta(days=1))})["total"] == 0
+    # past the end: nothing, not an error
+    assert listing(broker.client, queue=q, partition="old", fromOffset=99)["total"] == 0
+
+
 def test_bad_parameters(broker):
     for params in ({"limit": "0"}, {"limit": "-1"}, {"limit": "ten"}, {"offset": "-1"},
                    {"offset": "1.5"}, {"status": "done"}, {"status": "DLQ"},
                    {"from": "yesterday"}, {"to": "2026-13-01T00:00:00Z"},
                    {"from": "2026-01-01T00:00:00"},
-                   {"from": "2026-01-02T00:00:00Z", "to": "2026-01-01T00:00:00Z"}):
+                   {"from": "2026-01-02T00:00:00Z", "to": "2026-01-01T00:00:00Z"},
+                   {"fromOffset": "3"}, {"fromOffset": "0", "partition": "P"},
+                   {"fromOffset": "x", "partition": "P"},
+                   {"fromOffset": "", "partition": "P"}):
         assert_error(broker.client.get(MESSAGES, params=params), 400, "invalid_request")
     assert_error(broker.client.get(MESSAGES, params={"queue": "a/b"}), 400, "invalid_name")
     assert_error(broker.client.get(MESSAGES, params={"consumerGroup": "a/b"}), 400,

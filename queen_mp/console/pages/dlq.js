@@ -1,8 +1,13 @@
-// Dead letters (/api/v1/dlq): filter by queue and group, see the error, attempts and payload,
-// retry (replay to the tail of the partition) or delete one row or every row of the page.
+// Dead letters (/api/v1/dlq): filter by queue, group, partition and failure time, see the
+// error, attempts and payload,
+// retry (replay to the tail of the partition) or delete one row, or every row the filter
+// matches, server side (POST /api/v1/dlq/retry, DELETE /api/v1/dlq), not only the page shown.
 import { act, api, badge, button, h, num, q, replace, seg, table, toast, when } from '../lib.js';
 
 const PAGE = 100;
+// rows one by-filter call may act on (the API's most), and calls one click makes at most
+const BULK_LIMIT = 1000;
+const BULK_CALLS = 100;
 
 const rowPath = (r) => `/api/v1/messages/${seg(r.partitionId)}/${seg(r.transactionId)}${q({ consumerGroup: r.consumerGroup })}`;
 const retryPath = (r) => `/api/v1/messages/${seg(r.partitionId)}/${seg(r.transactionId)}/retry${q({ consumerGroup: r.consumerGroup })}`;
@@ -14,31 +19,51 @@ export async function render(main, args) {
       .map((x) => h('option', { value: x.name }, `${x.name} (${x.messages.deadLetter})`)));
   if (args[0]) queue.value = args[0];
   const group = h('input', { type: 'search', name: 'consumerGroup', placeholder: 'consumer group', 'aria-label': 'Consumer group' });
+  const partition = h('input', { type: 'search', name: 'partition', placeholder: 'partition', 'aria-label': 'Partition' });
+  const since = h('input', { type: 'datetime-local', name: 'from', 'aria-label': 'Failed from' });
+  const until = h('input', { type: 'datetime-local', name: 'to', 'aria-label': 'Failed until' });
+  const iso = (input) => (Number.isNaN(new Date(input.value).getTime()) ? '' : new Date(input.value).toISOString());
+  // the listing's filters, which the by-filter actions take as they are ('' = none)
+  const filter = () => ({ queue: queue.value, consumerGroup: group.value.trim(), partition: partition.value.trim(),
+    from: iso(since), to: iso(until) });
   const list = h('div');
   const pager = h('div.pager');
   const bulk = h('div.actions');
   let offset = 0;
-  let rows = [];
-  const each = (label, path, method) => async (btn) => {
-    if (!window.confirm(`${label}: ${rows.length} dead letters of this page?`)) return;
-    await act(btn, `${label}: done`, async () => {
-      for (const r of rows) {
-        // a transactionId's rows go together: a later row of the same one is already gone
-        await api(path(r), { method }).catch((err) => { if (err.status !== 404) throw err; });
+  let total = 0;
+  // Every row the filter matches, a bounded batch per call, until none is left or a call
+  // does nothing (rows whose partition is gone stay: the broker skips them).
+  const every = (label, path, method, count) => async (btn) => {
+    const f = filter();
+    const any = Object.values(f).some((v) => v);
+    if (!window.confirm(`${label} all ${num(total)} dead letters ${any ? 'matching this filter' : 'of every queue'}?`)) return;
+    const n = await act(btn, `${label}: done`, async () => {
+      let done = 0;
+      for (let i = 0; i < BULK_CALLS; i += 1) {
+        const out = await api(`${path}${q({ ...f, all: any ? '' : 'true', limit: BULK_LIMIT })}`, { method });
+        done += count(out);
+        if (!out.remaining || !count(out)) break;
       }
+      offset = 0;
       await load();
+      return done;
     });
+    if (n !== undefined) toast(`${label}: ${num(n)} dead letters`);
   };
-  replace(bulk, button('read-write', 'Retry every row shown', each('Retry', retryPath, 'POST')),
-    button('read-write', 'Delete every row shown', each('Delete', rowPath, 'DELETE'), 'danger'));
+  replace(bulk, button('read-write', 'Retry all matching', every('Retry', '/api/v1/dlq/retry', 'POST', (o) => o.replayed)),
+    button('read-write', 'Delete all matching', every('Delete', '/api/v1/dlq', 'DELETE', (o) => o.deleted), 'danger'));
 
   const detail = (r) => h('tr.detail', h('td', { colSpan: 8 },
     h('pre.payload', JSON.stringify(r.data, null, 2)),
     h('p.muted', `message id ${r.id} · producer ${r.producerSub || '—'} · created ${r.createdAt}`)));
 
+  let latest = 0; // the newest load: an older answer arriving after it is dropped
   async function load() {
-    const page = await api(`/api/v1/dlq${q({ queue: queue.value, consumerGroup: group.value.trim(), limit: PAGE, offset })}`);
-    rows = page.messages;
+    const mine = ++latest;
+    const page = await api(`/api/v1/dlq${q({ ...filter(), limit: PAGE, offset })}`);
+    if (mine !== latest) return;
+    const rows = page.messages;
+    total = page.total;
     const t = table([
       { label: 'Queue', value: (r) => h('a', { href: `#/queues/${encodeURIComponent(r.queue)}` }, r.queue) },
       { label: 'Partition', value: (r) => r.partition },
@@ -72,9 +97,9 @@ export async function render(main, args) {
     bulk.hidden = !rows.length;
   }
   const refresh = () => { offset = 0; load().catch((e) => toast(e.message, 'error')); };
-  queue.addEventListener('change', refresh);
-  group.addEventListener('change', refresh);
-  main.append(h('h1', 'Dead letters'), h('div.toolbar', queue, group,
+  for (const input of [queue, group, partition, since, until]) input.addEventListener('change', refresh);
+  main.append(h('h1', 'Dead letters'), h('div.toolbar', queue, group, partition,
+    h('label.muted', 'failed from ', since), h('label.muted', 'until ', until),
     h('button', { type: 'button', on: { click: refresh } }, 'Refresh')), list, pager, bulk);
   await load();
 }

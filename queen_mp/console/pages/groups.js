@@ -29,7 +29,10 @@ export async function render(main, _args, life) {
       { label: '', value: (g) => (g.name === '__QUEUE_MODE__' ? '' : h('span.actions',
         button('read-write', 'Seek to end', seekTo(g, { toEnd: true }, `${g.name} moved to the end`)),
         can('read-write') ? h('input', { type: 'datetime-local', 'aria-label': 'Seek to time', on: {
-          change: (e) => seekTo(g, { timestamp: new Date(e.target.value).toISOString() }, `${g.name} moved`)(e.target) } }) : null,
+          change: (e) => {
+            if (Number.isNaN(new Date(e.target.value).getTime())) return; // cleared, or half typed
+            seekTo(g, { timestamp: new Date(e.target.value).toISOString() }, `${g.name} moved`)(e.target);
+          } } }) : null,
         button('admin', 'Delete', (btn) => {
           if (!window.confirm(`Delete consumer group ${g.name} (its cursors on every queue)?`)) return;
           act(btn, `${g.name} deleted`, async () => {

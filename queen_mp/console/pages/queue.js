@@ -1,10 +1,14 @@
 // One queue: its configuration (editable with read-write), partitions, each consumer group's lag
-// per partition (/api/v1/status/queues/{queue}), and a message browser by partition, status and
-// time (/api/v1/status/queues/{queue}/messages, /api/v1/messages/{partitionId}/{transactionId}).
+// per partition (/api/v1/status/queues/{queue}), and a message browser by partition and status,
+// over a recent range, from a time or from an offset of one partition
+// (/api/v1/status/queues/{queue}/messages, /api/v1/messages/{partitionId}/{transactionId}).
 import { act, api, badge, button, can, h, num, q, replace, section, seg, table, toast, when } from '../lib.js';
 
 const PAGE = 50;
 const RANGES = [['15 min', 900], ['1 hour', 3600], ['24 hours', 86400], ['7 days', 604800], ['30 days', 2592000]];
+// the browser's modes besides a range: from a time (up to now), from an offset of one partition
+const FROM_TIME = 'time';
+const FROM_OFFSET = 'offset';
 const STATUSES = ['', 'pending', 'processing', 'completed', 'dead_letter'];
 
 function configForm(name, detail, reload) {
@@ -58,7 +62,7 @@ function messageView(msg, afterChange) {
         ['Created', msg.createdAt], ['Message id', msg.id], ['Trace id', msg.traceId || '—'],
         ['Producer', msg.producerSub || '—'], ['Error', msg.errorMessage || '—'], ['Retries', msg.retryCount ?? '—']]
         .map(([k, v]) => h('tr', h('th', k), h('td', String(v)))))),
-    h('h4', 'Payload', msg.encrypted ? ' (encrypted, not decryptable here)' : ''),
+    h('h4', 'Payload', msg.encrypted ? (msg.data === null ? ' (encrypted, not decryptable here)' : ' (decrypted by the broker)') : ''),
     h('pre.payload', msg.data === null && msg.encrypted ? '—' : JSON.stringify(msg.data, null, 2)),
     h('h4', 'Consumer groups'),
     table([{ label: 'Group', value: (g) => g.name }, { label: 'Status', value: (g) => g.status }],
@@ -77,6 +81,21 @@ function messageView(msg, afterChange) {
       }, 'danger')) : null);
 }
 
+// The browser's window: a range up to the anchor, everything from a time, or one partition
+// from an offset (the API wants the partition then: offsets are per partition).
+function windowOf(range, fromTime, fromOffset, partition, anchor) {
+  if (range.value === FROM_TIME) {
+    const t = new Date(fromTime.value);
+    return Number.isNaN(t.getTime()) ? { missing: 'Pick the time to browse from.' } : { from: t.toISOString() };
+  }
+  if (range.value === FROM_OFFSET) {
+    if (!partition.value) return { missing: 'Pick a partition: offsets are per partition.' };
+    const n = Number(fromOffset.value || '1');
+    return Number.isInteger(n) && n >= 1 ? { fromOffset: n } : { missing: 'The offset is a whole number from 1.' };
+  }
+  return { from: new Date(anchor.getTime() - Number(range.value) * 1000).toISOString(), to: anchor.toISOString() };
+}
+
 function browser(name, detail) {
   const partition = h('select', { name: 'partition', 'aria-label': 'Partition' },
     h('option', { value: '' }, 'every partition'),
@@ -84,17 +103,30 @@ function browser(name, detail) {
   const status = h('select', { name: 'status', 'aria-label': 'Status' },
     STATUSES.map((s) => h('option', { value: s }, s || 'any status')));
   const range = h('select', { name: 'range', 'aria-label': 'Created within' },
-    RANGES.map(([label, s]) => h('option', { value: String(s) }, `last ${label}`)));
+    RANGES.map(([label, s]) => h('option', { value: String(s) }, `last ${label}`)),
+    h('option', { value: FROM_TIME }, 'from a time…'), h('option', { value: FROM_OFFSET }, 'from an offset…'));
   range.value = '86400';
+  const fromTime = h('input', { type: 'datetime-local', name: 'fromTime', 'aria-label': 'From time', step: 1, hidden: true });
+  const fromOffset = h('input', { type: 'number', name: 'fromOffset', 'aria-label': 'From offset', min: 1, step: 1, placeholder: 'offset', hidden: true });
   const list = h('div');
   const view = h('div');
   const pager = h('div.pager');
   let offset = 0;
   let anchor = new Date();
+  let latest = 0; // the newest load
   const load = async () => {
-    const from = new Date(anchor.getTime() - Number(range.value) * 1000).toISOString();
+    fromTime.hidden = range.value !== FROM_TIME;
+    fromOffset.hidden = range.value !== FROM_OFFSET;
+    const mine = ++latest;
+    const win = windowOf(range, fromTime, fromOffset, partition, anchor);
+    if (win.missing) {
+      replace(list, h('p.muted.empty', win.missing));
+      replace(pager);
+      return;
+    }
     const page = await api(`/api/v1/status/queues/${seg(name)}/messages${q({
-      partition: partition.value, status: status.value, from, to: anchor.toISOString(), limit: PAGE, offset })}`);
+      partition: partition.value, status: status.value, ...win, limit: PAGE, offset })}`);
+    if (mine !== latest) return; // an older answer arriving after a newer load
     replace(list, table([
       { label: 'Partition', value: (m) => m.partition },
       { label: 'Offset', num: true, value: (m) => num(m.offset) },
@@ -112,10 +144,11 @@ function browser(name, detail) {
     replace(view, messageView(msg, () => { replace(view); load(); }));
   };
   const refresh = () => { offset = 0; anchor = new Date(); load().catch((e) => toast(e.message, 'error')); };
-  for (const s of [partition, status, range]) s.addEventListener('change', refresh);
+  for (const s of [partition, status, range, fromTime, fromOffset]) s.addEventListener('change', refresh);
   load();
   return h('div.browser',
-    h('div.toolbar', partition, status, range, h('button', { type: 'button', on: { click: refresh } }, 'Refresh')),
+    h('div.toolbar', partition, status, range, fromTime, fromOffset,
+      h('button', { type: 'button', on: { click: refresh } }, 'Refresh')),
     list, pager, view);
 }
 

@@ -14,9 +14,15 @@
 --       through queen.log_push_one_v1 (push.sql, THE allocator).
 --   queen.dlq_delete_v1(uuid, int8, text, text) -> int8
 --       delete the rows of one (partition, transactionId[, group]); the log is never edited.
+--   queen.dlq_match_v1(uuid, text, text, text, timestamptz, timestamptz, int4) -> table
+--       the first rows matching the list's filters, in list order, shaped as dlq_find_v1's:
+--       what a replay BY FILTER (POST /api/v1/dlq/retry) replays, a bounded batch per call.
+--   queen.dlq_delete_matching_v1(uuid, text, text, text, timestamptz, timestamptz, int4) -> int8
+--       delete the first rows matching the list's filters, in list order, at most p_limit
+--       (DELETE /api/v1/dlq); the log is never edited.
 --
 -- Tables touched:
---   queen.log_dlq         read (list, find); DELETE (retry, delete)
+--   queen.log_dlq         read (list, find, match); DELETE (retry, delete, delete_matching)
 --   queen.queues          read only (tenant, name, encryption_enabled)
 --   queen.log_partitions  read (list, find); SELECT ... FOR NO KEY UPDATE and the allocator UPDATE
 --                         (retry only, through log_push_one_v1)
@@ -33,11 +39,14 @@
 --   delete (or the other way round) cannot close a cycle. Two retries of the same rows
 --   serialise on the partition row; the second one's DELETE, a new statement under READ
 --   COMMITTED, no longer sees the rows and the call answers not_found having written nothing.
---   dlq_list_v1 and dlq_find_v1 take no row locks.
+--   dlq_list_v1, dlq_find_v1 and dlq_match_v1 take no row locks; dlq_delete_matching_v1
+--   locks log_dlq rows alone, as dlq_delete_v1 (a row a concurrent retry deleted first is
+--   skipped, not waited on twice: the DELETE re-checks it under READ COMMITTED).
 --
 -- SQLSTATEs raised:
 --   22023  invalid_parameter_value: NULL partition id, transactionId or offset (find, retry,
---          delete); dlq_list_v1 with a limit below 1 or a negative offset; and, from
+--          delete); dlq_list_v1 with a limit below 1 or a negative offset; dlq_match_v1 and
+--          dlq_delete_matching_v1 with a limit below 1; and, from
 --          log_push_one_v1, a NULL blob or a hash blob that is not 16 bytes
 --   40P01 / 55P03 / 40001 are not raised here but may reach the caller through the partition
 --          row lock (nothing committed; a retry is safe).
@@ -301,6 +310,97 @@ BEGIN
     WHERE d.partition_id = p_partition_id AND d.transaction_id = p_transaction_id
       AND d.tenant = p_tenant
       AND (p_group IS NULL OR d.consumer_group = p_group);
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    RETURN v_n;
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- dlq_match_v1: the first p_limit rows of the tenant matching dlq_list_v1's filters (same
+-- meaning, same order: failedAt, partitionId, offset, consumer group, id), with the columns of
+-- dlq_find_v1 (the queue's CURRENT encryption flag included): the broker replays them one
+-- (partition, transactionId, offset) at a time through dlq_retry_v1, each its own transaction.
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION queen.dlq_match_v1(
+    p_tenant    uuid,
+    p_queue     text,
+    p_group     text,
+    p_partition text,
+    p_from      timestamptz,
+    p_to        timestamptz,
+    p_limit     int4
+)
+RETURNS TABLE (
+    id                 int8,
+    queue_name         text,
+    queue_encrypted    boolean,
+    partition_id       int8,
+    partition_name     text,
+    consumer_group     text,
+    "offset"           int8,
+    message_id         uuid,
+    transaction_id     text,
+    trace_id           uuid,
+    producer_sub       text,
+    encrypted          boolean,
+    payload            bytea,
+    error              text,
+    retry_count        int4,
+    message_created_at timestamptz,
+    failed_at          timestamptz
+)
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    IF p_limit IS NULL OR p_limit < 1 THEN
+        RAISE EXCEPTION 'dlq_match_v1: limit must be >= 1 (got %)', p_limit
+            USING ERRCODE = '22023';
+    END IF;
+    RETURN QUERY
+    SELECT d.id, q.name::text, q.encryption_enabled, d.partition_id, d.partition_name::text,
+           d.consumer_group::text, d."offset", d.message_id, d.transaction_id, d.trace_id,
+           d.producer_sub, d.encrypted, d.payload, d.error, d.retry_count,
+           d.message_created_at, d.created_at
+    FROM queen.log_dlq d
+    JOIN queen.queues q ON q.id = d.queue_id
+    WHERE d.tenant = p_tenant AND q.tenant = p_tenant
+      AND (p_queue IS NULL OR q.name = p_queue)
+      AND (p_group IS NULL OR d.consumer_group = p_group)
+      AND (p_partition IS NULL OR d.partition_name = p_partition)
+      AND (p_from IS NULL OR d.created_at >= p_from)
+      AND (p_to IS NULL OR d.created_at <= p_to)
+    ORDER BY d.created_at, d.partition_id, d."offset", d.consumer_group, d.id
+    LIMIT p_limit;
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- dlq_delete_matching_v1: delete the first p_limit rows of the tenant matching dlq_list_v1's
+-- filters, in its order; returns the number deleted. Only log_dlq rows are touched.
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION queen.dlq_delete_matching_v1(
+    p_tenant    uuid,
+    p_queue     text,
+    p_group     text,
+    p_partition text,
+    p_from      timestamptz,
+    p_to        timestamptz,
+    p_limit     int4
+) RETURNS int8
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_n int8;
+BEGIN
+    IF p_limit IS NULL OR p_limit < 1 THEN
+        RAISE EXCEPTION 'dlq_delete_matching_v1: limit must be >= 1 (got %)', p_limit
+            USING ERRCODE = '22023';
+    END IF;
+    -- the rows dlq_match_v1 would hand a retry, in its order (one filter, written once)
+    DELETE FROM queen.log_dlq d
+    WHERE d.id IN (SELECT m.id FROM queen.dlq_match_v1(p_tenant, p_queue, p_group, p_partition,
+                                                       p_from, p_to, p_limit) m)
+      AND d.tenant = p_tenant;
     GET DIAGNOSTICS v_n = ROW_COUNT;
     RETURN v_n;
 END

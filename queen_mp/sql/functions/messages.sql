@@ -6,9 +6,9 @@
 -- Functions (each takes the caller's tenant first; another tenant's queues and partitions
 -- behave exactly as absent ones):
 --   queen.msg_list_v1(uuid, text, text, text, text, text, text, timestamptz, timestamptz,
---                     int4, int8) -> table
---       one page of the message list (GET /api/v1/messages): the total count of matching
---       messages and the segments covering the page, with what the broker needs to give
+--                     int4, int8, int8) -> table
+--       one page of the message list (GET /api/v1/messages, by time and from an offset): the
+--       total count of matching messages and the segments covering the page, with what the broker needs to give
 --       each of their messages its status.
 --   queen.msg_find_v1(uuid, int8, bytea, int8) -> 0 or 1 row
 --       the newest occurrence of one transactionId hash in a partition, through the
@@ -27,7 +27,7 @@
 --
 -- SQLSTATEs raised:
 --   22023  invalid_parameter_value: msg_list_v1 with a limit below 1, a negative offset, a NULL
---          group, an unknown status, or from after to; msg_find_v1 with a NULL partition id
+--          group, an unknown status, from after to, or a from-offset below 1; msg_find_v1 with a NULL partition id
 --          or a hash that is not 16 bytes; msg_segments_below_v1 with a limit below 1;
 --          msg_groups_v1 with a NULL partition id or offset.
 --
@@ -63,6 +63,11 @@
 --                            p_to (before now() when p_to is NULL too); p_to NULL = unbounded
 --                            (up to now: nothing is created later in this snapshot)
 --   p_limit, p_offset        page size (>= 1) and messages skipped (>= 0), in list order
+--   p_from_offset            only offsets >= it (>= 1; NULL = every offset): browsing a
+--                            partition from an offset. Given without p_from, the window has
+--                            no lower time bound (p_from NULL is then -infinity, not an hour
+--                            ago). A segment straddling it counts and lists only its offsets
+--                            from p_from_offset on; dlq_offsets still lists the segment's all.
 -- Shape: `total` (every matching message, the page notwithstanding) is on every row. One row
 -- per segment covering the page, in list order:
 --   skip            matching messages before this segment (so its first match is number skip)
@@ -96,7 +101,8 @@ CREATE OR REPLACE FUNCTION queen.msg_list_v1(
     p_from      timestamptz,
     p_to        timestamptz,
     p_limit     int4,
-    p_offset    int8
+    p_offset    int8,
+    p_from_offset int8 DEFAULT NULL
 )
 RETURNS TABLE (
     total            int8,
@@ -122,7 +128,10 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_now  timestamptz := now();
-    v_from timestamptz := COALESCE(p_from, COALESCE(p_to, now()) - interval '1 hour');
+    v_from timestamptz := COALESCE(p_from, CASE WHEN p_from_offset IS NOT NULL
+                                                THEN '-infinity'::timestamptz
+                                                ELSE COALESCE(p_to, now()) - interval '1 hour'
+                                           END);
     -- first instant after the window (timestamptz has microsecond resolution)
     v_past timestamptz := p_to + interval '1 microsecond';
 BEGIN
@@ -132,6 +141,10 @@ BEGIN
     END IF;
     IF p_group IS NULL THEN
         RAISE EXCEPTION 'msg_list_v1: NULL consumer group' USING ERRCODE = '22023';
+    END IF;
+    IF p_from_offset IS NOT NULL AND p_from_offset < 1 THEN
+        RAISE EXCEPTION 'msg_list_v1: from-offset must be >= 1 (got %)', p_from_offset
+            USING ERRCODE = '22023';
     END IF;
     IF p_status IS NOT NULL
        AND p_status NOT IN ('pending', 'processing', 'completed', 'dead_letter') THEN
@@ -158,7 +171,13 @@ BEGIN
                (p_status IS NOT NULL AND EXISTS (
                     SELECT 1 FROM queen.log_dlq d
                     WHERE d.partition_id = lp.id AND d.consumer_group = p_group)) AS has_dlq,
-               queen.admin_segment_from_v1(lp.id, v_from) AS lo,
+               -- NOTE(messages): from an offset, the scan starts at the segment holding it
+               -- (GREATEST ignores a NULL: segs still filters on created_at and offsets)
+               CASE WHEN p_from_offset IS NULL THEN queen.admin_segment_from_v1(lp.id, v_from)
+                    ELSE GREATEST(queen.admin_segment_from_v1(lp.id, v_from),
+                                  (SELECT max(s0.base_offset) FROM queen.log_segments s0
+                                   WHERE s0.partition_id = lp.id
+                                     AND s0.base_offset <= p_from_offset)) END AS lo,
                CASE WHEN p_to IS NULL OR lp.last_created_at <= p_to THEN lp.last_offset + 1
                     ELSE COALESCE(queen.admin_segment_from_v1(lp.id, v_past),
                                   lp.last_offset + 1) END AS hi
@@ -185,21 +204,25 @@ BEGIN
                     WHEN 'completed' THEN r.len_c - dq.dc
                     WHEN 'processing' THEN r.len_p - dq.dp
                     WHEN 'dead_letter' THEN dq.dall
-                    WHEN 'pending' THEN s.msg_count - r.len_c - r.len_p
+                    WHEN 'pending' THEN b.l - b.f + 1 - r.len_c - r.len_p
                                         - (dq.dall - dq.dc - dq.dp)
-                    ELSE s.msg_count END)::int4 AS m
+                    ELSE b.l - b.f + 1 END)::int4 AS m
         FROM parts p
         JOIN queen.log_segments s
           ON s.partition_id = p.pid AND s.base_offset >= p.lo AND s.base_offset < p.hi
         CROSS JOIN LATERAL (
+            -- the offsets of the segment that count: [f, l] (f > base only from an offset)
+            SELECT GREATEST(s.base_offset, COALESCE(p_from_offset, 1)) AS f,
+                   s.base_offset + s.msg_count - 1 AS l
+        ) b
+        CROSS JOIN LATERAL (
             -- NOTE(messages): GREATEST/LEAST ignore NULLs, so the lease range is built with
             -- explicit CASEs: no live lease = an empty processing range.
-            SELECT GREATEST(0, LEAST(s.base_offset + s.msg_count - 1, p.committed)
-                               - s.base_offset + 1)::int4 AS len_c,
+            SELECT GREATEST(0, LEAST(b.l, p.committed) - b.f + 1)::int4 AS len_c,
                    CASE WHEN p.ls IS NULL THEN NULL
-                        ELSE GREATEST(s.base_offset, p.committed + 1, p.ls) END AS pl,
+                        ELSE GREATEST(b.f, p.committed + 1, p.ls) END AS pl,
                    CASE WHEN p.ls IS NULL THEN NULL
-                        ELSE LEAST(s.base_offset + s.msg_count - 1, p.le) END AS ph
+                        ELSE LEAST(b.l, p.le) END AS ph
         ) r0
         CROSS JOIN LATERAL (
             SELECT r0.len_c, r0.pl, r0.ph,
@@ -215,10 +238,10 @@ BEGIN
                   FROM queen.log_dlq d
                   WHERE p.has_dlq
                     AND d.partition_id = p.pid AND d.consumer_group = p_group
-                    AND d."offset" BETWEEN s.base_offset
-                                       AND s.base_offset + s.msg_count - 1) u
+                    AND d."offset" BETWEEN b.f AND b.l) u
         ) dq
         WHERE s.created_at >= v_from AND (p_to IS NULL OR s.created_at <= p_to)
+          AND b.l >= b.f
     ),
     ranked AS MATERIALIZED (
         SELECT g.pid, g.base, g.n, g.at, g.m,
