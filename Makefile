@@ -2,42 +2,49 @@
 # Both work on a fresh machine: they create .venv, install the package, and (tests) install
 # PostgreSQL and Chromium (the console's browser tests) from Debian's packages when missing, and
 # promtool (Debian's prometheus package) for the alert rule tests; without it those tests skip
-# and say why.
+# and say why. ops/ensure-packages.sh installs whatever of them is missing in one apt-get run.
+# `make test` runs the suite in PYTEST_WORKERS processes (pytest-xdist), each test module whole
+# in one of them (--dist loadfile: a module's brokers and databases stay its own).
 SHELL := /bin/bash
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+PYTEST_WORKERS ?= 2
 
 .PHONY: run test unit integration browser console-shots bench bench-quick lint clean pg-deps \
-	promtool-deps browser-deps readme-config api-doc chaos
+	promtool-deps browser-deps test-deps readme-config api-doc chaos
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
 $(STAMP): $(BIN)/python setup.cfg pyproject.toml
-	bash ops/ensure-postgres.sh
+	bash ops/ensure-packages.sh postgres
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
 pg-deps:
-	@bash ops/ensure-postgres.sh
+	@bash ops/ensure-packages.sh postgres
 
 # not fatal: tests/unit/test_alert_rules.py skips (saying why) when promtool is missing
 promtool-deps:
-	@bash ops/ensure-promtool.sh || echo "promtool not installed: the alert rule tests will skip" >&2
+	@bash ops/ensure-packages.sh promtool
 
 browser-deps:
-	@bash ops/ensure-chromium.sh
+	@bash ops/ensure-packages.sh chromium
+
+# all three in one apt-get run; before $(STAMP), whose own check then finds PostgreSQL there
+test-deps:
+	@bash ops/ensure-packages.sh postgres chromium promtool
 
 run: $(STAMP) pg-deps
 	$(BIN)/queen-mp serve
 
-test: $(STAMP) pg-deps promtool-deps browser-deps
+test: test-deps $(STAMP)
 	$(BIN)/ruff check queen_mp tests bench
-	$(BIN)/python -m pytest --durations=25 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=25 $(PYTEST_ARGS)
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)

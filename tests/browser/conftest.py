@@ -1,8 +1,8 @@
 """Browser tests of the console: Debian's Chromium driven by Playwright (sync API).
 
 Playwright never downloads a browser here: it launches the system Chromium
-(``QUEEN_CHROMIUM``, default ``/usr/bin/chromium``; ``ops/ensure-chromium.sh`` installs it, as
-``make test`` does). A missing Chromium fails the tests, it does not skip them.
+(``QUEEN_CHROMIUM``, default ``/usr/bin/chromium``; ``ops/ensure-packages.sh chromium`` installs
+it, as ``make test`` does). A missing Chromium fails the tests, it does not skip them.
 
 Every page a test opens is watched (``Watched``): a console error, an uncaught exception, a
 failed request or an answer of 400 or more fails the test at its end, whatever it asserted.
@@ -37,7 +37,7 @@ def chromium() -> Iterator[playwright_api.Browser]:
     """Per module, not per session: while Playwright's sync API runs, its event loop is the
     thread's running loop, and the in-process asyncio of later test modules would fail."""
     path = shutil.which(CHROMIUM) or CHROMIUM
-    assert Path(path).exists(), (f"no Chromium at {CHROMIUM}: run ops/ensure-chromium.sh "
+    assert Path(path).exists(), (f"no Chromium at {CHROMIUM}: run ops/ensure-packages.sh chromium "
                                  "(or set QUEEN_CHROMIUM)")
     with playwright_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=path)

@@ -1,7 +1,7 @@
 """ops/prometheus/alerts.yml: valid for Prometheus (``promtool check rules``), and each alert
 fires on its condition and stays quiet beside it (``promtool test rules`` on alerts_test.yml).
 
-promtool comes from Debian's ``prometheus`` package; ``ops/ensure-promtool.sh`` installs it
+promtool comes from Debian's ``prometheus`` package; ``ops/ensure-packages.sh promtool`` installs it
 (``make test`` runs it first). These tests skip only when that script could not install it,
 and say why.
 """
@@ -30,11 +30,11 @@ def promtool() -> str:
     found = shutil.which("promtool")
     if found:
         return found
-    r = subprocess.run(["bash", str(OPS / "ensure-promtool.sh")], capture_output=True,
-                       text=True, timeout=600, check=False)
+    r = subprocess.run(["bash", str(OPS / "ensure-packages.sh"), "promtool"],
+                       capture_output=True, text=True, timeout=600, check=False)
     found = shutil.which("promtool")
     if not found:
-        pytest.skip(f"promtool missing and ops/ensure-promtool.sh could not install it "
+        pytest.skip(f"promtool missing and ops/ensure-packages.sh could not install it "
                     f"(exit {r.returncode}): {r.stderr.strip()[-500:]}")
     return found
 
