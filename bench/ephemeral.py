@@ -153,13 +153,13 @@ async def _push_cell(url: str, kind: _Kind, batch: int, connections: int, durati
     times: list[float] = []
     counts = [0] * connections
     errors = 0
-    stop = time.monotonic() + duration
+    stop = 0.0  # set once the cell's clock starts
 
     async def producer(i: int) -> None:
         nonlocal errors
         seq = 0
         async with httpx.AsyncClient(base_url=url, timeout=60) as http:
-            while time.monotonic() < stop:
+            while seq == 0 or time.monotonic() < stop:  # a request at least, however slow
                 path, body = kind.push_request(i, seq, batch)
                 t0 = time.perf_counter()
                 r = await http.post(path, content=body,
@@ -172,6 +172,7 @@ async def _push_cell(url: str, kind: _Kind, batch: int, connections: int, durati
 
     lsn, c0 = wal.lsn(), cpu.snap()
     t0 = time.monotonic()
+    stop = t0 + duration
     await asyncio.gather(*(producer(i) for i in range(connections)))
     seconds = time.monotonic() - t0
     msgs = sum(counts)
@@ -204,13 +205,13 @@ async def _pop_cell(url: str, kind: _Kind, batch: int, connections: int, duratio
     times: list[float] = []
     counts = [0] * connections
     errors = 0
-    stop = time.monotonic() + duration
+    stop = 0.0  # set once the cell's clock starts
 
     async def consumer(i: int) -> None:
         nonlocal errors
         empty = 0
         async with httpx.AsyncClient(base_url=url, timeout=60) as http:
-            while time.monotonic() < stop and empty < 2:
+            while (not times or time.monotonic() < stop) and empty < 2:
                 t0 = time.perf_counter()
                 got, ok = await kind.pop_ack(http, batch)
                 times.append(time.perf_counter() - t0)
@@ -220,6 +221,7 @@ async def _pop_cell(url: str, kind: _Kind, batch: int, connections: int, duratio
 
     lsn, c0 = wal.lsn(), cpu.snap()
     t0 = time.monotonic()
+    stop = t0 + duration
     await asyncio.gather(*(consumer(i) for i in range(connections)))
     seconds = time.monotonic() - t0
     return _cell(kind.kind, "pop/ack", batch, connections, sum(counts), seconds, times,
