@@ -1,0 +1,200 @@
+"""An in-process driver of the broker's hot functions, for instruction counts under callgrind.
+
+Wall clock on a shared 2-core machine is noise; ``valgrind --tool=callgrind`` counts the
+instructions a piece of Python runs, the same on every run. This drives, with no server and no
+database, the CPU work a request costs the broker between its sockets:
+
+- ``push1`` / ``push100``: parse a JSON push body (1 item; 100 items over 10 partitions), group
+  and pack the shard records, through a shared-memory ring, the shard's unpack and segment
+  build, its verdicts packed and unpacked, and the 201 answer rendered;
+- ``pop100``: a 100-message claim rendered as JSON (with the lease's hashes);
+- ``ack100``: a 100-acknowledgment batch body parsed, its fast-path request packed and
+  unpacked, and the answer rendered.
+
+It runs ``--rounds`` of each chosen workload inside one ``operator.call``, a C function
+nothing else here calls, so callgrind counts the rounds alone (not imports, whose count varies
+with what had to be compiled)::
+
+    valgrind --tool=callgrind --toggle-collect=_operator_call --callgrind-out-file=/dev/null \
+        .venv/bin/python -m bench.hotpath --workloads push1 --rounds 200
+
+``--check`` prints which modules are compiled (a ``.so``) and which run as Python source.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import operator
+import os
+import sys
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+import orjson
+
+from queen_mp.db.pop_procs import Claim
+from queen_mp.front.acks import AckOutcome
+from queen_mp.front.delivery import json_messages
+from queen_mp.front.ingest import ItemResult, pieces_of
+from queen_mp.http.ack import AckBatchResource
+from queen_mp.http.push import parse_json_push, render_items
+from queen_mp.ipc.ring import Ring
+from queen_mp.shards.fusion import Entry, build_segment
+from queen_mp.wire.frames import pack_chunk_raw, pack_frame
+from queen_mp.wire.hashing import txn_hash
+from queen_mp.wire.ids import uuid7
+from queen_mp.wire.records import (
+    AckRequest,
+    PushGroup,
+    PushVerdict,
+    RecordBatch,
+    hash_set,
+    unpack_record,
+)
+
+TENANT = bytes(16)
+PAYLOAD = {"producer": "hotpath-0", "seq": 12345, "pad": "x" * 160}
+
+#: the modules the driver's work runs through (``--check`` reports how each is loaded)
+MODULES = (
+    "queen_mp.http.push", "queen_mp.http.ack", "queen_mp.front.ingest",
+    "queen_mp.front.delivery", "queen_mp.front.acks", "queen_mp.models.items",
+    "queen_mp.wire.frames", "queen_mp.wire.records", "queen_mp.wire.ids",
+    "queen_mp.wire.hashing", "queen_mp.wire.times", "queen_mp.wire.binary_push",
+    "queen_mp.ipc.ring", "queen_mp.ipc.shardlink", "queen_mp.shards.fusion",
+)
+
+
+def push_body(items: int, partitions: int) -> bytes:
+    return orjson.dumps({"items": [
+        {"queue": "hot.q", "partition": f"p{i % partitions}", "transactionId": f"t-{i}",
+         "payload": PAYLOAD} for i in range(items)]})
+
+
+class PushPath:
+    """What one push costs the front worker and the shard, minus sockets and PostgreSQL."""
+
+    def __init__(self, items: int, partitions: int, ring: Ring) -> None:
+        self.body = push_body(items, partitions)
+        self.ring = ring
+        self.request_id = 0
+
+    def __call__(self) -> bytes:
+        items = parse_json_push(self.body)
+        groups: dict[tuple[str, str], list[int]] = {}
+        for i, it in enumerate(items):
+            groups.setdefault((it.queue, it.partition), []).append(i)
+        self.request_id += 1
+        records = [PushGroup(
+            generation=1, slot=0, request_id=self.request_id, group_index=gi, tenant=TENANT,
+            queue=q, partition=p, hashes=b"".join(txn_hash(items[i].transaction_id)
+                                                  for i in idx),
+            count=len(idx), pieces=pieces_of(items, idx, ()), deadline_ms=0).pack()
+            for gi, ((q, p), idx) in enumerate(groups.items())]
+        self.ring.try_write(RecordBatch(tuple(records)).pack())
+        # the shard: one ring record, a segment per partition, a verdict per group
+        verdicts = []
+        for raw in self.ring.read_many(64):
+            for record in unpack_record(raw).records:
+                group = unpack_record(record)
+                entry = Entry(0, group)
+                build_segment((group.tenant, group.queue, group.partition), [entry])
+                entry.partition_id, entry.created_us = 7, 1_764_000_000_000_000
+                entry.resolve_run(100)
+                verdicts.append(entry.verdict().pack())
+        self.ring.try_write(RecordBatch(tuple(verdicts)).pack())
+        # the front worker again: verdicts to results, results to the answer
+        results: list[ItemResult | None] = [None] * len(items)
+        for raw in self.ring.read_many(64):
+            for record in unpack_record(raw).records:
+                v = unpack_record(record)
+                assert isinstance(v, PushVerdict)
+                idx = list(groups.values())[v.group_index]
+                for i, iv in zip(idx, v.items, strict=True):
+                    results[i] = ItemResult("queued", items[i].message_id, v.partition_id,
+                                            iv.offset, v.created_at_us)
+        return render_items(items, results)  # type: ignore[arg-type]
+
+
+class PopPath:
+    """A 100-message claim of one partition rendered as the JSON answer's messages."""
+
+    def __init__(self, count: int) -> None:
+        payload = orjson.dumps(PAYLOAD)
+        frames = b"".join(pack_frame(uuid7(), f"t-{i}".encode(), payload)
+                          for i in range(count))
+        created = datetime(2026, 12, 2, 12, 0, 0, 123000, tzinfo=UTC)
+        self.claim = Claim("hot.q", 7, "p0", 1, count, 1, None, False,
+                           [(1, created, pack_chunk_raw(frames, count))])
+        self.lease = str(uuid.UUID(int=42))
+
+    def __call__(self) -> bytes:
+        hashes: list[bytes] = []
+        messages = json_messages(self.claim, self.lease, "__QUEUE_MODE__", None, 1 << 24,
+                                 hashes)
+        return b'{"messages":[' + b",".join(messages) + b"]}"
+
+
+class AckPath:
+    """A 100-ack batch body parsed, its fast-path request packed and unpacked, answered."""
+
+    def __init__(self, count: int) -> None:
+        lease = str(uuid.UUID(int=42))
+        self.body = orjson.dumps({"acknowledgments": [
+            {"transactionId": f"t-{i}", "partitionId": "7", "leaseId": lease,
+             "status": "completed"} for i in range(count)]})
+        self.resource = AckBatchResource.__new__(AckBatchResource)
+
+    def __call__(self) -> bytes:
+        items = self.resource.items(orjson.loads(self.body))
+        outcomes = [AckOutcome(item) for item in items]
+        lease = items[0].lease_id
+        assert lease is not None
+        raw = AckRequest(1, 0, 1, 0, TENANT, lease.bytes, items[0].partition_id, items[0].group,
+                         hash_set([txn_hash(o.item.transaction_id) for o in outcomes])).pack()
+        unpack_record(raw)
+        for o in outcomes:
+            o.success = o.lease_released = True
+        return orjson.dumps([o.to_json() for o in outcomes])
+
+
+def compiled_modules() -> dict[str, bool]:
+    """Each hot module: True when it was loaded from a compiled extension."""
+    return {name: not importlib.import_module(name).__file__.endswith(".py")  # type: ignore[union-attr]
+            for name in MODULES}
+
+
+def repeat(work: Callable[[], bytes], rounds: int) -> None:
+    for _ in range(rounds):
+        work()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workloads", default="push1,push100,pop100,ack100")
+    ap.add_argument("--rounds", type=int, default=1000)
+    ap.add_argument("--check", action="store_true", help="print compiled/pure per module")
+    a = ap.parse_args(argv)
+    if a.check:
+        for name, compiled in compiled_modules().items():
+            print(f"{name:28} {'compiled' if compiled else 'python'}")
+        return 0
+    ring = Ring.create(f"/qhot-{os.getpid()}", 1 << 20, replace=True)
+    try:
+        known: dict[str, Callable[[], bytes]] = {
+            "push1": PushPath(1, 1, ring), "push100": PushPath(100, 10, ring),
+            "pop100": PopPath(100), "ack100": AckPath(100)}
+        for name in a.workloads.split(","):
+            work = known[name]
+            work()  # warm: lazily built tables and caches are not the per-request cost
+            operator.call(repeat, work, a.rounds)
+    finally:
+        ring.close()
+        ring.unlink()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
