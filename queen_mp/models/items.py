@@ -225,7 +225,7 @@ def parse_group(raw: str | None) -> str:
     return raw
 
 
-def parse_partition_id(raw: Any, index: int) -> int:
+def parse_partition_id(raw: Any, index: int | None) -> int:
     if isinstance(raw, bool):
         raise InvalidRequest("partitionId must be a decimal string or an integer",
                              field="partitionId", index=index)

@@ -136,7 +136,7 @@ def parse_trace(doc: Any) -> TraceEvent:
         raise InvalidRequest("partitionId is required", field="partitionId")
     return TraceEvent(
         transaction_id=_transaction_id(doc.get("transactionId")),
-        partition_id=parse_partition_id(doc["partitionId"], None),  # type: ignore[arg-type]
+        partition_id=parse_partition_id(doc["partitionId"], None),
         consumer_group=_group(doc.get("consumerGroup")),
         event_type=_event_type(doc.get("eventType")),
         data_json=_data(doc),

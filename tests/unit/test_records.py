@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from array import array
 
 import pytest
@@ -268,7 +267,7 @@ def test_unpack_refuses_inconsistent_bytes() -> None:
         PushGroup.unpack(bytes(group))
 
 
-def test_a_thousand_items_pack_and_unpack_fast() -> None:
+def test_a_thousand_items_pack_and_unpack() -> None:
     base = 1_000_000
     items = tuple(ItemVerdict(ITEM_QUEUED, base + k, b"") for k in range(1000))
     items = items[:-10] + tuple(ItemVerdict(ITEM_DUPLICATE, k, bytes([k]) * 16) for k in range(10))
@@ -276,14 +275,6 @@ def test_a_thousand_items_pack_and_unpack_fast() -> None:
     packed = verdict.pack()
     assert len(packed) == 48 + 1000 * 9 + 10 * 16
     assert PushVerdict.unpack(packed) == verdict
-    rounds = []
-    for _ in range(5):
-        start = time.perf_counter()
-        for _ in range(5):
-            PushVerdict.unpack(verdict.pack())
-        rounds.append((time.perf_counter() - start) / 5)
-    # Typically ~0.25 ms; the best of five rounds, and generous, for a loaded CI box.
-    assert min(rounds) < 5e-3, rounds
     offsets = array("q")
     offsets.frombytes(packed[48 + 1000 : 48 + 9000])
     assert offsets[0] == base and offsets[-1] == 9
