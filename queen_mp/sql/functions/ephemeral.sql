@@ -33,10 +33,11 @@
 --   queen.eph_enter_v1(uuid, text) -> text                shared lock of the queue, its row
 --                                                         created if missing; its epoch
 --   queen.eph_count_v1(uuid, text, int8 x5) -> void      add to this backend's counter row
+--   queen.eph_cut_v1(uuid, text, text[], int8[]) -> (n, bytes)  drop partitions' prefixes
 --   queen.eph_expire_v2(uuid, text, int4) -> (n, bytes)   drop messages older than ttlSeconds
 --   queen.eph_drop_oldest_v1(uuid, text, int8, int8) -> (n, bytes)  dropOldest: make room
 --   queen.eph_settle_v2(uuid, text, text[], int8[]) -> (n, bytes)   delete those no group needs
---   (the three return what they deleted; their caller counts it with the rest, once, last)
+--   (the four return what they deleted; their caller counts it with the rest, once, last)
 --   queen.eph_configure_v1(uuid, text, jsonb) -> jsonb    declare (upsert eph_config)
 --   queen.eph_push_v1(uuid, text, text, text[]) -> int4   append; QE001 when full (policy reject)
 --   queen.eph_pop_v1(uuid, text, text, text, int4, boolean)
@@ -137,6 +138,42 @@ AS $$
            drops_retry = c.drops_retry + EXCLUDED.drops_retry
 $$;
 
+-- Drops the messages of partition p_parts[i] below seq p_belows[i] (NULL: all of them) and
+-- their leases: the leases first, ascending by seq, then the messages, partition by partition.
+CREATE OR REPLACE FUNCTION queen.eph_cut_v1(p_tenant uuid, p_queue text, p_parts text[],
+                                            p_belows int8[], OUT n int8, OUT bytes int8)
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+AS $$
+DECLARE
+    v_dn int8;
+    v_db int8;
+    r record;
+BEGIN
+    n := 0;
+    bytes := 0;
+    PERFORM 1 FROM queen.eph_leases l
+      JOIN unnest(p_parts, p_belows) AS u(part, below)
+        ON l.partition = u.part AND (u.below IS NULL OR l.seq < u.below)
+     WHERE l.tenant = p_tenant AND l.queue = p_queue
+     ORDER BY l.seq FOR UPDATE OF l;
+    DELETE FROM queen.eph_leases l
+     USING unnest(p_parts, p_belows) AS u(part, below)
+     WHERE l.tenant = p_tenant AND l.queue = p_queue AND l.partition = u.part
+       AND (u.below IS NULL OR l.seq < u.below);
+    FOR r IN SELECT u.part, u.below FROM unnest(p_parts, p_belows) AS u(part, below)
+              ORDER BY u.part LOOP
+        WITH d AS (
+            DELETE FROM queen.eph_messages m
+             WHERE m.tenant = p_tenant AND m.queue = p_queue AND m.partition = r.part
+               AND (r.below IS NULL OR m.seq < r.below)
+            RETURNING m.bytes)
+        SELECT count(*), coalesce(sum(d.bytes), 0) INTO v_dn, v_db FROM d;
+        n := n + v_dn;
+        bytes := bytes + v_db;
+    END LOOP;
+END;
+$$;
+
 -- Drops the messages older than p_ttl_s seconds (0 = no age limit), and their leases.
 CREATE OR REPLACE FUNCTION queen.eph_expire_v2(p_tenant uuid, p_queue text, p_ttl_s int4,
                                                OUT n int8, OUT bytes int8)
@@ -146,8 +183,8 @@ DECLARE
     v_cutoff timestamptz;
     v_oldest timestamptz;
     v_keep int8;
-    v_dn int8;
-    v_db int8;
+    v_parts text[] := '{}';
+    v_belows int8[] := '{}';
     r record;
 BEGIN
     n := 0;
@@ -169,18 +206,11 @@ BEGIN
          WHERE m.tenant = p_tenant AND m.queue = p_queue AND m.partition = r.partition
            AND m.created_at >= v_cutoff
          ORDER BY m.seq LIMIT 1;
-        DELETE FROM queen.eph_leases l
-         WHERE l.tenant = p_tenant AND l.queue = p_queue AND l.partition = r.partition
-           AND (v_keep IS NULL OR l.seq < v_keep);
-        WITH d AS (
-            DELETE FROM queen.eph_messages m
-             WHERE m.tenant = p_tenant AND m.queue = p_queue AND m.partition = r.partition
-               AND (v_keep IS NULL OR m.seq < v_keep)
-            RETURNING m.bytes)
-        SELECT count(*), coalesce(sum(d.bytes), 0) INTO v_dn, v_db FROM d;
-        n := n + v_dn;
-        bytes := bytes + v_db;
+        v_parts := v_parts || r.partition;
+        v_belows := v_belows || v_keep;
     END LOOP;
+    SELECT c.n, c.bytes INTO n, bytes
+      FROM queen.eph_cut_v1(p_tenant, p_queue, v_parts, v_belows) c;
 END;
 $$;
 
@@ -195,8 +225,7 @@ DECLARE
     v_cnt int8;
     v_sum int8;
     v_cut int8;
-    v_dn int8;
-    v_db int8;
+    v_parts text[];
     r record;
 BEGIN
     n := 0;
@@ -225,19 +254,11 @@ BEGIN
     IF v_cut IS NULL THEN
         RETURN;
     END IF;
-    DELETE FROM queen.eph_leases l
-     WHERE l.tenant = p_tenant AND l.queue = p_queue AND l.seq <= v_cut;
-    FOR r IN SELECT p.partition FROM queen.eph_partitions p
-              WHERE p.tenant = p_tenant AND p.queue = p_queue ORDER BY p.partition LOOP
-        WITH d AS (
-            DELETE FROM queen.eph_messages m
-             WHERE m.tenant = p_tenant AND m.queue = p_queue AND m.partition = r.partition
-               AND m.seq <= v_cut
-            RETURNING m.bytes)
-        SELECT count(*), coalesce(sum(d.bytes), 0) INTO v_dn, v_db FROM d;
-        n := n + v_dn;
-        bytes := bytes + v_db;
-    END LOOP;
+    v_parts := ARRAY(SELECT p.partition FROM queen.eph_partitions p
+                      WHERE p.tenant = p_tenant AND p.queue = p_queue);
+    SELECT c.n, c.bytes INTO n, bytes
+      FROM queen.eph_cut_v1(p_tenant, p_queue, v_parts,
+                            array_fill(v_cut + 1, ARRAY[cardinality(v_parts)])) c;
 END;
 $$;
 
