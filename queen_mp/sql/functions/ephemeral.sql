@@ -21,10 +21,14 @@
 -- of the pushes that ran concurrently with the one that filled it; sequential pushes are
 -- checked exactly.
 --
--- Message ids are '<epoch>-<seq>-<attempts>': the epoch is the queue row's incarnation (new at
+-- Leases are per delivery: the messages of one partition that one pop handed out to a group
+-- are one eph_leases row (their seqs and delivery counts), acknowledged out of it one by one;
+-- a row costs a pop one insert and its ack one delete, whatever the batch.
+--
+-- Message ids are '<epoch>-<seq>-<dlv>': the epoch is the queue row's incarnation (new at
 -- creation and at reset, and the row is gone after a PostgreSQL crash), so an ack of an older
--- incarnation answers 'stale'; the attempts fence an ack of a delivery that was redelivered
--- since ('unknown').
+-- incarnation answers 'stale'; dlv names the delivery (0 with autoAck: none), so an ack of a
+-- delivery that was redelivered since finds nothing ('unknown').
 --
 -- Functions:
 --   queen.eph_defaults_v1() -> jsonb                      the options of an undeclared queue
@@ -42,7 +46,7 @@
 --   queen.eph_push_v1(uuid, text, text, text[]) -> int4   append; QE001 when full (policy reject)
 --   queen.eph_pop_v1(uuid, text, text, text, int4, boolean)
 --       -> (messages text, claimed int4, wake_in_ms int8)
---   queen.eph_ack_v1(uuid, text, text, text[], int8[], int4[], text[])
+--   queen.eph_ack_v2(uuid, text, text, text[], int8[], int8[], text[])
 --       -> (outcomes text[], redelivered int4)
 --   queen.eph_reset_v1(uuid, text) -> int8                dropped messages
 --   queen.eph_delete_v1(uuid, text) -> jsonb              {deleted, declared}
@@ -58,7 +62,7 @@
 --   the durable log):
 --   0. the queue's transaction advisory lock (eph_key_v1): shared for push, pop, ack and
 --      configure, exclusive for reset and delete, which so never see a call half done;
---   1. lease rows, ascending by seq (ack, drops; a pop's redeliveries take them SKIP LOCKED),
+--   1. lease rows, ascending by dlv (ack, drops; a pop's redeliveries take them SKIP LOCKED),
 --      then message rows, by partition then seq (settle, drops);
 --   2. a partition row (push only, FOR NO KEY UPDATE, one per call, after its drops); or
 --      cursor rows (pop only) FOR NO KEY UPDATE SKIP LOCKED, and a pop that holds none may
@@ -139,7 +143,8 @@ AS $$
 $$;
 
 -- Drops the messages of partition p_parts[i] below seq p_belows[i] (NULL: all of them) and
--- their leases: the leases first, ascending by seq, then the messages, partition by partition.
+-- takes them out of their deliveries: the deliveries first, ascending by dlv, then the
+-- messages, partition by partition.
 CREATE OR REPLACE FUNCTION queen.eph_cut_v1(p_tenant uuid, p_queue text, p_parts text[],
                                             p_belows int8[], OUT n int8, OUT bytes int8)
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
@@ -151,15 +156,22 @@ DECLARE
 BEGIN
     n := 0;
     bytes := 0;
+    -- a delivery's seqs ascend: those with a first seq below the cut hold some of its messages
     PERFORM 1 FROM queen.eph_leases l
       JOIN unnest(p_parts, p_belows) AS u(part, below)
-        ON l.partition = u.part AND (u.below IS NULL OR l.seq < u.below)
+        ON l.partition = u.part AND (u.below IS NULL OR l.seqs[1] < u.below)
      WHERE l.tenant = p_tenant AND l.queue = p_queue
-     ORDER BY l.seq FOR UPDATE OF l;
-    DELETE FROM queen.eph_leases l
-     USING unnest(p_parts, p_belows) AS u(part, below)
+     ORDER BY l.dlv FOR UPDATE OF l;
+    UPDATE queen.eph_leases l
+       SET seqs = ARRAY(SELECT z.s FROM unnest(l.seqs) AS z(s) WHERE z.s >= u.below
+                         ORDER BY z.s),
+           atts = ARRAY(SELECT z.a FROM unnest(l.seqs, l.atts) AS z(s, a) WHERE z.s >= u.below
+                         ORDER BY z.s)
+      FROM unnest(p_parts, p_belows) AS u(part, below)
      WHERE l.tenant = p_tenant AND l.queue = p_queue AND l.partition = u.part
-       AND (u.below IS NULL OR l.seq < u.below);
+       AND (u.below IS NULL OR l.seqs[1] < u.below);
+    DELETE FROM queen.eph_leases l
+     WHERE l.tenant = p_tenant AND l.queue = p_queue AND cardinality(l.seqs) = 0;
     FOR r IN SELECT u.part, u.below FROM unnest(p_parts, p_belows) AS u(part, below)
               ORDER BY u.part LOOP
         WITH d AS (
@@ -300,11 +312,11 @@ BEGIN
             ON c.tenant = g.tenant AND c.queue = g.queue AND c.grp = g.grp
            AND c.partition = r.part
          WHERE g.tenant = p_tenant AND g.queue = p_queue;
-        -- NOTE(eph): the leased ones first, by key; as a NOT EXISTS, a generic plan scanned
-        -- every lease of the queue once per message
-        v_leased := ARRAY(SELECT l.seq FROM queen.eph_leases l
+        -- the ones a delivery of any group still holds (in flight: a few rows per consumer)
+        v_leased := ARRAY(SELECT x.seq FROM queen.eph_leases l, unnest(l.seqs) AS x(seq)
                            WHERE l.tenant = p_tenant AND l.queue = p_queue
-                             AND l.seq = ANY (r.seqs));
+                             AND l.partition = r.part AND l.seqs && r.seqs
+                             AND x.seq = ANY (r.seqs));
         WITH d AS (
             DELETE FROM queen.eph_messages m
              WHERE m.tenant = p_tenant AND m.queue = p_queue AND m.partition = r.part
@@ -414,9 +426,10 @@ $$;
 -- cursor is furthest behind first); p_partition NULL = any partition. messages is the JSON
 -- array of the answer ([{id, partition, attempts, payload}], payloads verbatim), claimed its
 -- length; wake_in_ms, when nothing was claimable, says when a lease of this group expires
--- (NULL: none). A partition whose cursor another pop of the group holds is skipped; a pop
--- that found nothing else waits for the first such cursor, so it answers empty only when
--- nothing was there.
+-- (NULL: none). The messages of one partition handed out by one pop are one delivery: one
+-- eph_leases row, whose dlv (a value of queen.eph_seq, 0 with autoAck) ends their ids. A
+-- partition whose cursor another pop of the group holds is skipped; a pop that found nothing
+-- else waits for the first such cursor, so it answers empty only when nothing was there.
 CREATE OR REPLACE FUNCTION queen.eph_pop_v1(p_tenant uuid, p_queue text, p_partition text,
                                             p_group text, p_batch int4, p_auto_ack boolean,
                                             OUT messages text, OUT claimed int4,
@@ -433,9 +446,14 @@ DECLARE
     v_settle_s int8[] := '{}';
     v_skipped text[] := '{}';
     v_held boolean := false;
+    v_k int4;
+    v_dlv int8;
+    v_red int8[];
+    v_red_a int4[];
+    v_gone int8[];
     v_taken int8[];
+    v_atts int4[];
     v_json text;
-    v_payload text;
     v_pos int8;
     v_need int4 := p_batch;
     v_dropped int8 := 0;
@@ -455,40 +473,61 @@ BEGIN
     INSERT INTO queen.eph_groups (tenant, queue, grp) VALUES (p_tenant, p_queue, p_group)
     ON CONFLICT DO NOTHING;
 
-    -- 1. expired leases: redeliver, or drop after retryLimit redeliveries
-    FOR r IN SELECT l.seq, l.partition, l.attempts FROM queen.eph_leases l
+    -- 1. due deliveries: their first messages are redelivered (a new delivery), or dropped
+    -- when delivered 1 + retryLimit times already; the rest stay due in their row
+    FOR r IN SELECT l.dlv, l.partition, l.seqs, l.atts FROM queen.eph_leases l
               WHERE l.tenant = p_tenant AND l.queue = p_queue AND l.grp = p_group
                 AND l.lease_until <= now()  -- stable: an index condition of the due index
                 AND (p_partition IS NULL OR l.partition = p_partition)
-              ORDER BY l.seq LIMIT p_batch
+              ORDER BY l.lease_until LIMIT p_batch
                 FOR UPDATE SKIP LOCKED LOOP
-        v_payload := NULL;
-        IF r.attempts <= v_retry THEN
-            SELECT m.payload INTO v_payload FROM queen.eph_messages m
-             WHERE m.tenant = p_tenant AND m.queue = p_queue AND m.partition = r.partition
-               AND m.seq = r.seq;
-        END IF;
-        IF v_payload IS NULL OR p_auto_ack THEN
+        EXIT WHEN v_need <= 0;
+        v_k := least(v_need, cardinality(r.seqs));
+        IF v_k = cardinality(r.seqs) THEN
             DELETE FROM queen.eph_leases l
-             WHERE l.tenant = p_tenant AND l.queue = p_queue AND l.seq = r.seq
-               AND l.grp = p_group;
-            v_settle_p := v_settle_p || r.partition;
-            v_settle_s := v_settle_s || r.seq;
-            IF r.attempts > v_retry THEN
-                v_dropped := v_dropped + 1;
-            END IF;
-            CONTINUE WHEN v_payload IS NULL;  -- dropped, or its message was
+             WHERE l.tenant = p_tenant AND l.queue = p_queue AND l.grp = p_group
+               AND l.dlv = r.dlv;
         ELSE
             UPDATE queen.eph_leases l
-               SET attempts = r.attempts + 1, lease_until = clock_timestamp() + v_lease
-             WHERE l.tenant = p_tenant AND l.queue = p_queue AND l.seq = r.seq
-               AND l.grp = p_group;
+               SET seqs = r.seqs[v_k + 1:], atts = r.atts[v_k + 1:]
+             WHERE l.tenant = p_tenant AND l.queue = p_queue AND l.grp = p_group
+               AND l.dlv = r.dlv;
         END IF;
-        v_out := v_out || ('{"id":"' || v_epoch || '-' || r.seq || '-' || (r.attempts + 1)
-                           || '","partition":' || to_json(r.partition)::text
-                           || ',"attempts":' || (r.attempts + 1) || ',"payload":' || v_payload
-                           || '}');
-        v_need := v_need - 1;
+        SELECT coalesce(array_agg(u.seq ORDER BY u.seq) FILTER (WHERE u.att <= v_retry), '{}'),
+               coalesce(array_agg(u.att ORDER BY u.seq) FILTER (WHERE u.att <= v_retry), '{}'),
+               coalesce(array_agg(u.seq) FILTER (WHERE u.att > v_retry), '{}')
+          INTO v_red, v_red_a, v_gone
+          FROM unnest(r.seqs[1:v_k], r.atts[1:v_k]) AS u(seq, att);
+        IF cardinality(v_gone) > 0 THEN  -- past retryLimit: dropped, settled below
+            v_dropped := v_dropped + cardinality(v_gone);
+            v_settle_p := v_settle_p || array_fill(r.partition, ARRAY[cardinality(v_gone)]);
+            v_settle_s := v_settle_s || v_gone;
+        END IF;
+        CONTINUE WHEN cardinality(v_red) = 0;
+        v_dlv := CASE WHEN p_auto_ack THEN 0 ELSE nextval('queen.eph_seq') END;
+        -- a message dropped meanwhile has no row: it is not redelivered
+        SELECT array_agg(m.seq ORDER BY m.seq),
+               array_agg(v_red_a[array_position(v_red, m.seq)] + 1 ORDER BY m.seq),
+               string_agg('{"id":"' || v_epoch || '-' || m.seq || '-' || v_dlv
+                          || '","partition":' || to_json(r.partition)::text || ',"attempts":'
+                          || (v_red_a[array_position(v_red, m.seq)] + 1) || ',"payload":'
+                          || m.payload || '}', ',' ORDER BY m.seq)
+          INTO v_taken, v_atts, v_json
+          FROM queen.eph_messages m
+         WHERE m.tenant = p_tenant AND m.queue = p_queue AND m.partition = r.partition
+           AND m.seq = ANY (v_red);
+        CONTINUE WHEN v_taken IS NULL;
+        v_out := v_out || v_json;
+        IF p_auto_ack THEN
+            v_settle_p := v_settle_p || array_fill(r.partition, ARRAY[cardinality(v_taken)]);
+            v_settle_s := v_settle_s || v_taken;
+        ELSE
+            INSERT INTO queen.eph_leases (tenant, queue, grp, dlv, partition, seqs, atts,
+                                          lease_until)
+            VALUES (p_tenant, p_queue, p_group, v_dlv, r.partition, v_taken, v_atts,
+                    clock_timestamp() + v_lease);
+        END IF;
+        v_need := v_need - cardinality(v_taken);
     END LOOP;
 
     -- 2. new messages, partition by partition: pass 1 skips the cursors other pops hold;
@@ -526,10 +565,12 @@ BEGIN
                    FOR NO KEY UPDATE;
             END IF;
             v_held := true;
+            v_dlv := CASE WHEN p_auto_ack THEN 0 ELSE nextval('queen.eph_seq') END;
             SELECT array_agg(x.seq ORDER BY x.seq),
-                   string_agg('{"id":"' || v_epoch || '-' || x.seq || '-1","partition":'
-                              || to_json(r.partition)::text || ',"attempts":1,"payload":'
-                              || x.payload || '}', ',' ORDER BY x.seq)
+                   string_agg('{"id":"' || v_epoch || '-' || x.seq || '-' || v_dlv
+                              || '","partition":' || to_json(r.partition)::text
+                              || ',"attempts":1,"payload":' || x.payload || '}', ','
+                              ORDER BY x.seq)
               INTO v_taken, v_json
               FROM (SELECT m.seq, m.payload FROM queen.eph_messages m
                      WHERE m.tenant = p_tenant AND m.queue = p_queue
@@ -552,11 +593,10 @@ BEGIN
                 v_settle_p := v_settle_p || array_fill(r.partition, ARRAY[cardinality(v_taken)]);
                 v_settle_s := v_settle_s || v_taken;
             ELSE
-                INSERT INTO queen.eph_leases (tenant, queue, grp, seq, partition, attempts,
+                INSERT INTO queen.eph_leases (tenant, queue, grp, dlv, partition, seqs, atts,
                                               lease_until)
-                SELECT p_tenant, p_queue, p_group, t.seq, r.partition, 1,
-                       clock_timestamp() + v_lease
-                  FROM unnest(v_taken) AS t(seq);
+                VALUES (p_tenant, p_queue, p_group, v_dlv, r.partition, v_taken,
+                        array_fill(1, ARRAY[cardinality(v_taken)]), clock_timestamp() + v_lease);
             END IF;
             v_need := v_need - cardinality(v_taken);
             EXIT WHEN v_need <= 0;
@@ -583,14 +623,16 @@ END;
 $$;
 
 -- One outcome per id, in order: acked | redelivered | stale | unknown (api.md). The ids come
--- parsed (queen_mp/models/ephemeral.py parse_id): p_epochs, p_seqs, p_atts, NULL for an id that
--- is not one of ours. A 'failed' or 'retry' status makes the message claimable again at once,
+-- parsed (queen_mp/models/ephemeral.py parse_id): p_epochs, p_seqs, p_dlvs, NULL for an id that
+-- is not one of ours. An id acts while its delivery (p_dlvs[i]) still holds its message: a
+-- redelivery moved it to another delivery, so the older id answers 'unknown'. A 'failed' or
+-- 'retry' status makes the message claimable again at once (a delivery of its own, due now),
 -- or drops it (counted) when it was already delivered 1 + retryLimit times: that settles it,
 -- and answers 'acked'. An id given twice in one call is answered for its first occurrence;
 -- the others are 'unknown'. redelivered counts the 'redelivered' outcomes (the caller wakes
--- parked pops). Set-based: one DELETE and one UPDATE of the leases, whatever the count.
-CREATE OR REPLACE FUNCTION queen.eph_ack_v1(p_tenant uuid, p_queue text, p_group text,
-                                            p_epochs text[], p_seqs int8[], p_atts int4[],
+-- parked pops). One statement per delivery touched, whatever the count of ids.
+CREATE OR REPLACE FUNCTION queen.eph_ack_v2(p_tenant uuid, p_queue text, p_group text,
+                                            p_epochs text[], p_seqs int8[], p_dlvs int8[],
                                             p_statuses text[],
                                             OUT outcomes text[], OUT redelivered int4)
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
@@ -600,62 +642,82 @@ DECLARE
     v_retry int4;
     v_i int8[];
     v_seq int8[];
-    v_att int4[];
+    v_dlv int8[];
     v_st text[];
-    v_lo int8;
-    v_hi int8;
     v_acked int8[] := '{}';
+    v_red int8[] := '{}';
     v_settle_p text[] := '{}';
     v_settle_s int8[] := '{}';
-    v_red int8[] := '{}';
     v_dropped int8 := 0;
+    v_a_i int8[];
+    v_a_s int8[];
+    v_r_i int8[];
+    v_r_s int8[];
+    v_r_a int4[];
+    v_drop int8;
     v_set_n int8;
     v_set_b int8;
+    r record;
 BEGIN
     v_epoch := queen.eph_enter_v1(p_tenant, p_queue);
     v_retry := (queen.eph_options_v1(p_tenant, p_queue) ->> 'retryLimit')::int4;
-    -- the ids of this incarnation, first occurrence of each message, ascending by seq (the
-    -- lease lock order)
-    SELECT array_agg(x.i ORDER BY x.seq), array_agg(x.seq ORDER BY x.seq),
-           array_agg(x.att ORDER BY x.seq), array_agg(x.st ORDER BY x.seq),
-           min(x.seq), max(x.seq)
-      INTO v_i, v_seq, v_att, v_st, v_lo, v_hi
-      FROM (SELECT DISTINCT ON (u.seq) u.i, u.seq, u.att, u.st
-              FROM unnest(p_epochs, p_seqs, p_atts, p_statuses)
-                   WITH ORDINALITY AS u(ep, seq, att, st, i)
-             WHERE u.ep = v_epoch AND u.seq IS NOT NULL AND u.att IS NOT NULL
+    -- the ids of this incarnation, first occurrence of each message
+    SELECT array_agg(x.i), array_agg(x.seq), array_agg(x.dlv), array_agg(x.st)
+      INTO v_i, v_seq, v_dlv, v_st
+      FROM (SELECT DISTINCT ON (u.seq) u.i, u.seq, u.dlv, u.st
+              FROM unnest(p_epochs, p_seqs, p_dlvs, p_statuses)
+                   WITH ORDINALITY AS u(ep, seq, dlv, st, i)
+             WHERE u.ep = v_epoch AND u.seq IS NOT NULL AND u.dlv IS NOT NULL
              ORDER BY u.seq, u.i) AS x;
-    IF v_i IS NOT NULL THEN
-        -- the seq range keeps the primary key the access path whatever the statistics say
-        WITH d AS (
+    -- the deliveries, ascending (the lease rows' lock order)
+    FOR r IN SELECT l.dlv, l.partition, l.seqs, l.atts FROM queen.eph_leases l
+              WHERE l.tenant = p_tenant AND l.queue = p_queue AND l.grp = p_group
+                AND l.dlv = ANY (v_dlv)
+              ORDER BY l.dlv FOR UPDATE LOOP
+        SELECT coalesce(array_agg(x.i) FILTER (WHERE x.done), '{}'),
+               coalesce(array_agg(x.seq) FILTER (WHERE x.done), '{}'),
+               count(*) FILTER (WHERE x.done AND x.st <> 'completed'),
+               coalesce(array_agg(x.i) FILTER (WHERE NOT x.done), '{}'),
+               coalesce(array_agg(x.seq ORDER BY x.seq) FILTER (WHERE NOT x.done), '{}'),
+               coalesce(array_agg(x.att ORDER BY x.seq) FILTER (WHERE NOT x.done), '{}')
+          INTO v_a_i, v_a_s, v_drop, v_r_i, v_r_s, v_r_a
+          FROM (SELECT u.i, u.seq, u.st, a.att, (u.st = 'completed' OR a.att > v_retry) AS done
+                  FROM unnest(v_i, v_seq, v_dlv, v_st) AS u(i, seq, dlv, st)
+                 CROSS JOIN LATERAL (SELECT r.atts[array_position(r.seqs, u.seq)] AS att) a
+                 WHERE u.dlv = r.dlv AND a.att IS NOT NULL) x;
+        CONTINUE WHEN cardinality(v_a_i) + cardinality(v_r_i) = 0;
+        IF cardinality(v_a_i) + cardinality(v_r_i) = cardinality(r.seqs) THEN
             DELETE FROM queen.eph_leases l
-             USING unnest(v_i, v_seq, v_att, v_st) AS p(i, seq, att, st)
              WHERE l.tenant = p_tenant AND l.queue = p_queue AND l.grp = p_group
-               AND l.seq BETWEEN v_lo AND v_hi AND l.seq = p.seq AND l.attempts = p.att
-               AND (p.st = 'completed' OR l.attempts > v_retry)
-            RETURNING p.i, p.seq, l.partition, p.st)
-        SELECT coalesce(array_agg(d.i), '{}'), coalesce(array_agg(d.partition), '{}'),
-               coalesce(array_agg(d.seq), '{}'), count(*) FILTER (WHERE d.st <> 'completed')
-          INTO v_acked, v_settle_p, v_settle_s, v_dropped
-          FROM d;
-        WITH r AS (
-            UPDATE queen.eph_leases l SET lease_until = '-infinity'
-              FROM unnest(v_i, v_seq, v_att, v_st) AS p(i, seq, att, st)
+               AND l.dlv = r.dlv;
+        ELSE
+            UPDATE queen.eph_leases l
+               SET seqs = ARRAY(SELECT z.s FROM unnest(r.seqs) AS z(s)
+                                 WHERE z.s <> ALL (v_a_s) AND z.s <> ALL (v_r_s) ORDER BY z.s),
+                   atts = ARRAY(SELECT z.a FROM unnest(r.seqs, r.atts) AS z(s, a)
+                                 WHERE z.s <> ALL (v_a_s) AND z.s <> ALL (v_r_s) ORDER BY z.s)
              WHERE l.tenant = p_tenant AND l.queue = p_queue AND l.grp = p_group
-               AND l.seq BETWEEN v_lo AND v_hi AND l.seq = p.seq AND l.attempts = p.att
-               AND p.st <> 'completed' AND l.attempts <= v_retry
-            RETURNING p.i)
-        SELECT coalesce(array_agg(r.i), '{}') INTO v_red FROM r;
-    END IF;
+               AND l.dlv = r.dlv;
+        END IF;
+        IF cardinality(v_r_i) > 0 THEN
+            INSERT INTO queen.eph_leases (tenant, queue, grp, dlv, partition, seqs, atts,
+                                          lease_until)
+            VALUES (p_tenant, p_queue, p_group, nextval('queen.eph_seq'), r.partition, v_r_s,
+                    v_r_a, '-infinity');
+        END IF;
+        v_acked := v_acked || v_a_i;
+        v_red := v_red || v_r_i;
+        v_dropped := v_dropped + v_drop;
+        v_settle_p := v_settle_p || array_fill(r.partition, ARRAY[cardinality(v_a_s)]);
+        v_settle_s := v_settle_s || v_a_s;
+    END LOOP;
     SELECT coalesce(array_agg(
-               CASE WHEN a.i IS NOT NULL THEN 'acked'
-                    WHEN d.i IS NOT NULL THEN 'redelivered'
+               CASE WHEN u.i = ANY (v_acked) THEN 'acked'
+                    WHEN u.i = ANY (v_red) THEN 'redelivered'
                     WHEN u.ep IS NOT NULL AND u.ep IS DISTINCT FROM v_epoch THEN 'stale'
                     ELSE 'unknown' END ORDER BY u.i), '{}')
       INTO outcomes
-      FROM unnest(p_epochs) WITH ORDINALITY AS u(ep, i)
-      LEFT JOIN unnest(v_acked) AS a(i) ON a.i = u.i
-      LEFT JOIN unnest(v_red) AS d(i) ON d.i = u.i;
+      FROM unnest(p_epochs) WITH ORDINALITY AS u(ep, i);
     SELECT s.n, s.bytes INTO v_set_n, v_set_b
       FROM queen.eph_settle_v2(p_tenant, p_queue, v_settle_p, v_settle_s) s;
     IF v_set_n + v_dropped > 0 THEN
@@ -787,7 +849,8 @@ AS $$
                                       AND c.grp = g.grp AND c.partition = m.partition
                                     WHERE m.tenant = p_tenant AND m.queue = p_queue
                                       AND m.seq > coalesce(c.pos, 0)),
-                       'inFlight', (SELECT count(*) FROM queen.eph_leases l
+                       'inFlight', (SELECT coalesce(sum(cardinality(l.seqs)), 0)
+                                      FROM queen.eph_leases l
                                      WHERE l.tenant = p_tenant AND l.queue = p_queue
                                        AND l.grp = g.grp))
                        ORDER BY g.grp COLLATE "C")

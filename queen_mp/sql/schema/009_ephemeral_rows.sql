@@ -2,7 +2,8 @@
 --
 -- Tables: queen.eph_counts (new, UNLOGGED), queen.eph_seq (new UNLOGGED sequence);
 --   queen.eph_queues loses its counters (next_seq, depth, bytes, drops_*);
---   queen.eph_messages and queen.eph_leases get one key each instead of a key and an index.
+--   queen.eph_messages gets one key instead of a key and an index;
+--   queen.eph_leases is replaced: one row per delivery instead of one per message.
 --
 -- Why: every call of 008's functions locked its queue's eph_queues row and updated it, so the
 -- calls of one queue ran one at a time in PostgreSQL (with 4 consumers of one queue, waits on
@@ -14,8 +15,9 @@
 --     call adding its change to the row of its backend (pg_backend_pid() % 16);
 --   * reset and delete exclude the other calls of their queue with a transaction advisory lock
 --     (exclusive for them, shared for the others), not a row lock.
--- Messages are found by (partition, seq) everywhere, and leases by seq (and group), so one
--- index each serves every path: per message, a push writes one index entry and a pop two.
+-- Messages are found by (partition, seq) everywhere, so one index serves every path; a pop
+-- writes one lease row per partition it took from and its ack deletes it, so per message a
+-- push writes one index entry, and a pop and its ack none.
 
 CREATE UNLOGGED SEQUENCE queen.eph_seq;  -- NO CACHE: values are handed out in call order
 
@@ -46,6 +48,26 @@ ALTER TABLE queen.eph_messages DROP CONSTRAINT eph_messages_pkey;
 DROP INDEX queen.eph_messages_partition_idx;
 ALTER TABLE queen.eph_messages ADD PRIMARY KEY (tenant, queue, partition, seq);
 
-ALTER TABLE queen.eph_leases DROP CONSTRAINT eph_leases_pkey;
-DROP INDEX queen.eph_leases_seq_idx;
-ALTER TABLE queen.eph_leases ADD PRIMARY KEY (tenant, queue, seq, grp);
+-- One lease row per delivery (the messages of one partition that one pop gave one group),
+-- not per message. A lease of 008 becomes a delivery of its one message under a new dlv: the
+-- ids handed out before this migration no longer match, so those messages are redelivered
+-- when their lease expires (never lost).
+ALTER TABLE queen.eph_leases RENAME TO eph_leases_008;
+ALTER INDEX queen.eph_leases_due_idx RENAME TO eph_leases_008_due_idx;
+CREATE UNLOGGED TABLE queen.eph_leases (
+    tenant      uuid        NOT NULL,
+    queue       text        NOT NULL,
+    grp         text        NOT NULL,
+    dlv         int8        NOT NULL,  -- a value of queen.eph_seq; its messages' ids end with it
+    partition   text        NOT NULL,
+    seqs        int8[]      NOT NULL,  -- its messages not yet acknowledged, ascending
+    atts        int4[]      NOT NULL,  -- how many times each was delivered
+    lease_until timestamptz NOT NULL,  -- then redelivered ('-infinity': claimable now)
+    PRIMARY KEY (tenant, queue, grp, dlv)
+);
+CREATE INDEX eph_leases_due_idx ON queen.eph_leases (tenant, queue, grp, lease_until);
+INSERT INTO queen.eph_leases (tenant, queue, grp, dlv, partition, seqs, atts, lease_until)
+SELECT l.tenant, l.queue, l.grp, nextval('queen.eph_seq'), l.partition, ARRAY[l.seq],
+       ARRAY[l.attempts], l.lease_until
+  FROM queen.eph_leases_008 l;
+DROP TABLE queen.eph_leases_008;
