@@ -172,12 +172,13 @@ BEGIN
        AND (u.below IS NULL OR l.seqs[1] < u.below);
     DELETE FROM queen.eph_leases l
      WHERE l.tenant = p_tenant AND l.queue = p_queue AND cardinality(l.seqs) = 0;
-    FOR r IN SELECT u.part, u.below FROM unnest(p_parts, p_belows) AS u(part, below)
+    FOR r IN SELECT p.id, u.below FROM unnest(p_parts, p_belows) AS u(part, below)
+               JOIN queen.eph_partitions p
+                 ON p.tenant = p_tenant AND p.queue = p_queue AND p.partition = u.part
               ORDER BY u.part LOOP
         WITH d AS (
             DELETE FROM queen.eph_messages m
-             WHERE m.tenant = p_tenant AND m.queue = p_queue AND m.partition = r.part
-               AND (r.below IS NULL OR m.seq < r.below)
+             WHERE m.pid = r.id AND (r.below IS NULL OR m.seq < r.below)
             RETURNING m.bytes)
         SELECT count(*), coalesce(sum(d.bytes), 0) INTO v_dn, v_db FROM d;
         n := n + v_dn;
@@ -205,19 +206,16 @@ BEGIN
         RETURN;
     END IF;
     v_cutoff := clock_timestamp() - make_interval(secs => p_ttl_s);
-    FOR r IN SELECT p.partition FROM queen.eph_partitions p
+    FOR r IN SELECT p.partition, p.id FROM queen.eph_partitions p
               WHERE p.tenant = p_tenant AND p.queue = p_queue ORDER BY p.partition LOOP
         SELECT m.created_at INTO v_oldest FROM queen.eph_messages m
-         WHERE m.tenant = p_tenant AND m.queue = p_queue AND m.partition = r.partition
-         ORDER BY m.seq LIMIT 1;
+         WHERE m.pid = r.id ORDER BY m.seq LIMIT 1;
         CONTINUE WHEN v_oldest IS NULL OR v_oldest >= v_cutoff;
         -- created_at is taken under the partition's row lock, so it grows with seq in a
         -- partition: the expired messages are a prefix; this walk stops at the first live one.
         v_keep := NULL;
         SELECT m.seq INTO v_keep FROM queen.eph_messages m
-         WHERE m.tenant = p_tenant AND m.queue = p_queue AND m.partition = r.partition
-           AND m.created_at >= v_cutoff
-         ORDER BY m.seq LIMIT 1;
+         WHERE m.pid = r.id AND m.created_at >= v_cutoff ORDER BY m.seq LIMIT 1;
         v_parts := v_parts || r.partition;
         v_belows := v_belows || v_keep;
     END LOOP;
@@ -250,9 +248,7 @@ BEGIN
         FOR r IN SELECT x.seq, x.bytes FROM queen.eph_partitions p
                   CROSS JOIN LATERAL (
                       SELECT m.seq, m.bytes FROM queen.eph_messages m
-                       WHERE m.tenant = p.tenant AND m.queue = p.queue
-                         AND m.partition = p.partition
-                       ORDER BY m.seq LIMIT v_k) x
+                       WHERE m.pid = p.id ORDER BY m.seq LIMIT v_k) x
                   WHERE p.tenant = p_tenant AND p.queue = p_queue
                   ORDER BY x.seq LOOP
             v_cnt := v_cnt + 1;
@@ -297,13 +293,14 @@ BEGIN
     END IF;
     SELECT count(*) INTO v_groups FROM queen.eph_groups g
      WHERE g.tenant = p_tenant AND g.queue = p_queue;
-    FOR r IN SELECT u.part, array_agg(u.seq ORDER BY u.seq) AS seqs
+    FOR r IN SELECT u.part, p.id, array_agg(u.seq ORDER BY u.seq) AS seqs
                FROM unnest(p_parts, p_seqs) AS u(part, seq)
-              GROUP BY u.part ORDER BY u.part LOOP
+               JOIN queen.eph_partitions p
+                 ON p.tenant = p_tenant AND p.queue = p_queue AND p.partition = u.part
+              GROUP BY u.part, p.id ORDER BY u.part LOOP
         IF v_groups > 1 THEN
             PERFORM 1 FROM queen.eph_messages m
-              WHERE m.tenant = p_tenant AND m.queue = p_queue AND m.partition = r.part
-                AND m.seq = ANY (r.seqs)
+              WHERE m.pid = r.id AND m.seq = ANY (r.seqs)
               ORDER BY m.seq FOR UPDATE;
         END IF;
         SELECT min(coalesce(c.pos, 0)) INTO v_min
@@ -319,8 +316,7 @@ BEGIN
                              AND x.seq = ANY (r.seqs));
         WITH d AS (
             DELETE FROM queen.eph_messages m
-             WHERE m.tenant = p_tenant AND m.queue = p_queue AND m.partition = r.part
-               AND m.seq = ANY (r.seqs) AND m.seq <= coalesce(v_min, m.seq)
+             WHERE m.pid = r.id AND m.seq = ANY (r.seqs) AND m.seq <= coalesce(v_min, m.seq)
                AND m.seq <> ALL (v_leased)
             RETURNING m.bytes)
         SELECT count(*), coalesce(sum(d.bytes), 0) INTO v_dn, v_db FROM d;
@@ -358,6 +354,7 @@ DECLARE
     v_stored int8;
     v_max_len int8;
     v_max_bytes int8;
+    v_pid int8;
     v_base int8;
     v_ttl_n int8;
     v_ttl_b int8;
@@ -399,19 +396,21 @@ BEGIN
     END IF;
     -- the partition's turn: held to the commit, so the next push of this partition takes a
     -- larger seq value and commits after this one
-    PERFORM 1 FROM queen.eph_partitions p
-      WHERE p.tenant = p_tenant AND p.queue = p_queue AND p.partition = p_partition
-      FOR NO KEY UPDATE;
+    SELECT p.id INTO v_pid FROM queen.eph_partitions p
+     WHERE p.tenant = p_tenant AND p.queue = p_queue AND p.partition = p_partition
+       FOR NO KEY UPDATE;
     IF NOT FOUND THEN
-        INSERT INTO queen.eph_partitions (tenant, queue, partition, last_seq)
-        VALUES (p_tenant, p_queue, p_partition, 0) ON CONFLICT DO NOTHING;
-        PERFORM 1 FROM queen.eph_partitions p
-          WHERE p.tenant = p_tenant AND p.queue = p_queue AND p.partition = p_partition
-          FOR NO KEY UPDATE;
+        INSERT INTO queen.eph_partitions (tenant, queue, partition, id, last_seq)
+        VALUES (p_tenant, p_queue, p_partition, nextval('queen.eph_seq'), 0)
+        ON CONFLICT DO NOTHING;
+        SELECT p.id INTO v_pid FROM queen.eph_partitions p
+         WHERE p.tenant = p_tenant AND p.queue = p_queue AND p.partition = p_partition
+           FOR NO KEY UPDATE;
     END IF;
     v_base := nextval('queen.eph_seq') * 16384;
-    INSERT INTO queen.eph_messages (tenant, queue, partition, seq, payload, bytes, created_at)
-    SELECT p_tenant, p_queue, p_partition, v_base + u.i - 1, u.p, octet_length(u.p),
+    INSERT INTO queen.eph_messages (tenant, queue, partition, pid, seq, payload, bytes,
+                                    created_at)
+    SELECT p_tenant, p_queue, p_partition, v_pid, v_base + u.i - 1, u.p, octet_length(u.p),
            clock_timestamp()
       FROM unnest(p_payloads) WITH ORDINALITY AS u(p, i);
     UPDATE queen.eph_partitions p SET last_seq = v_base + v_n - 1
@@ -513,8 +512,9 @@ BEGIN
                           || (v_red_a[array_position(v_red, m.seq)] + 1) || ',"payload":'
                           || m.payload || '}', ',' ORDER BY m.seq)
           INTO v_taken, v_atts, v_json
-          FROM queen.eph_messages m
-         WHERE m.tenant = p_tenant AND m.queue = p_queue AND m.partition = r.partition
+          FROM queen.eph_partitions p
+          JOIN queen.eph_messages m ON m.pid = p.id
+         WHERE p.tenant = p_tenant AND p.queue = p_queue AND p.partition = r.partition
            AND m.seq = ANY (v_red);
         CONTINUE WHEN v_taken IS NULL;
         v_out := v_out || v_json;
@@ -535,7 +535,7 @@ BEGIN
     FOR v_pass IN 1..2 LOOP
         EXIT WHEN v_need <= 0;
         EXIT WHEN v_pass = 2 AND (v_need < p_batch OR v_held OR cardinality(v_skipped) = 0);
-        FOR r IN SELECT p.partition, p.last_seq, c.pos
+        FOR r IN SELECT p.partition, p.id, p.last_seq, c.pos
                    FROM queen.eph_partitions p
                    LEFT JOIN queen.eph_cursors c
                      ON c.tenant = p.tenant AND c.queue = p.queue AND c.grp = p_group
@@ -573,8 +573,7 @@ BEGIN
                               ORDER BY x.seq)
               INTO v_taken, v_json
               FROM (SELECT m.seq, m.payload FROM queen.eph_messages m
-                     WHERE m.tenant = p_tenant AND m.queue = p_queue
-                       AND m.partition = r.partition AND m.seq > v_pos
+                     WHERE m.pid = r.id AND m.seq > v_pos
                      ORDER BY m.seq LIMIT v_need) x;
             IF v_taken IS NULL THEN
                 -- what was left there had been dropped (or another pop took it)
@@ -741,7 +740,8 @@ BEGIN
     END IF;
     SELECT coalesce(sum(c.depth), 0) INTO v_depth FROM queen.eph_counts c
      WHERE c.tenant = p_tenant AND c.queue = p_queue;
-    DELETE FROM queen.eph_messages WHERE tenant = p_tenant AND queue = p_queue;
+    DELETE FROM queen.eph_messages m USING queen.eph_partitions p
+     WHERE p.tenant = p_tenant AND p.queue = p_queue AND m.pid = p.id;
     DELETE FROM queen.eph_leases WHERE tenant = p_tenant AND queue = p_queue;
     DELETE FROM queen.eph_cursors WHERE tenant = p_tenant AND queue = p_queue;
     DELETE FROM queen.eph_groups WHERE tenant = p_tenant AND queue = p_queue;
@@ -767,7 +767,8 @@ BEGIN
     DELETE FROM queen.eph_queues WHERE tenant = p_tenant AND queue = p_queue;
     v_ring := FOUND;
     IF v_ring THEN
-        DELETE FROM queen.eph_messages WHERE tenant = p_tenant AND queue = p_queue;
+        DELETE FROM queen.eph_messages m USING queen.eph_partitions p
+         WHERE p.tenant = p_tenant AND p.queue = p_queue AND m.pid = p.id;
         DELETE FROM queen.eph_leases WHERE tenant = p_tenant AND queue = p_queue;
         DELETE FROM queen.eph_cursors WHERE tenant = p_tenant AND queue = p_queue;
         DELETE FROM queen.eph_groups WHERE tenant = p_tenant AND queue = p_queue;
@@ -836,19 +837,25 @@ AS $$
         'partitionsPending', coalesce((
             SELECT jsonb_agg(jsonb_build_object('partition', x.partition, 'pending', x.n)
                              ORDER BY x.partition COLLATE "C")
-              FROM (SELECT m.partition, count(*) AS n FROM queen.eph_messages m
-                     WHERE m.tenant = p_tenant AND m.queue = p_queue
-                     GROUP BY m.partition ORDER BY m.partition COLLATE "C" LIMIT p_limit) x),
+              FROM (SELECT y.partition, y.n
+                      FROM (SELECT p.partition, (SELECT count(*) FROM queen.eph_messages m
+                                                  WHERE m.pid = p.id) AS n
+                              FROM queen.eph_partitions p
+                             WHERE p.tenant = p_tenant AND p.queue = p_queue) y
+                     WHERE y.n > 0 ORDER BY y.partition COLLATE "C" LIMIT p_limit) x),
             '[]'::jsonb),
         'consumerGroups', coalesce((
             SELECT jsonb_agg(jsonb_build_object(
                        'group', g.grp,
-                       'pending', (SELECT count(*) FROM queen.eph_messages m
+                       'pending', (SELECT coalesce(sum((
+                                            SELECT count(*) FROM queen.eph_messages m
+                                             WHERE m.pid = p.id
+                                               AND m.seq > coalesce(c.pos, 0))), 0)
+                                     FROM queen.eph_partitions p
                                      LEFT JOIN queen.eph_cursors c
-                                       ON c.tenant = m.tenant AND c.queue = m.queue
-                                      AND c.grp = g.grp AND c.partition = m.partition
-                                    WHERE m.tenant = p_tenant AND m.queue = p_queue
-                                      AND m.seq > coalesce(c.pos, 0)),
+                                       ON c.tenant = p.tenant AND c.queue = p.queue
+                                      AND c.grp = g.grp AND c.partition = p.partition
+                                    WHERE p.tenant = p_tenant AND p.queue = p_queue),
                        'inFlight', (SELECT coalesce(sum(cardinality(l.seqs)), 0)
                                       FROM queen.eph_leases l
                                      WHERE l.tenant = p_tenant AND l.queue = p_queue
