@@ -92,11 +92,12 @@ async def pop(conn: Conn, tenant: bytes, queue: str, partition: str | None, grou
 
 async def ack(conn: Conn, tenant: bytes, queue: str, group: str, ids: tuple[str, ...],
               statuses: tuple[str, ...], epochs: list[str | None], seqs: list[int | None],
-              attempts: list[int | None]) -> AckOutcome:
-    """``ids`` parsed by ``models.ephemeral.parse_id`` into ``epochs``, ``seqs``, ``attempts``."""
+              deliveries: list[int | None]) -> AckOutcome:
+    """``ids`` parsed by ``models.ephemeral.parse_id`` into ``epochs``, ``seqs``,
+    ``deliveries``."""
     row = await _one(conn, "SELECT outcomes, redelivered "
-                           "FROM queen.eph_ack_v1(%s, %s, %s, %s, %s, %s, %s)",
-                     (_tenant(tenant), queue, group, epochs, seqs, attempts, list(statuses)),
+                           "FROM queen.eph_ack_v2(%s, %s, %s, %s, %s, %s::int8[], %s)",
+                     (_tenant(tenant), queue, group, epochs, seqs, deliveries, list(statuses)),
                      writes=True)
     return AckOutcome([{"id": i, "outcome": o} for i, o in zip(ids, row[0], strict=True)],
                       int(row[1]))

@@ -11,19 +11,14 @@ name, so a durable queue of the same name is not woken by it (a collision only c
 A pop that got messages but fewer than its queue's ``windowBuffer`` asks for keeps waiting,
 up to the window's ``ms`` (never past its own timeout), to answer with a fuller batch.
 
-Every call on a queue locks its row in PostgreSQL first (sql/functions/ephemeral.sql), so the
-calls of one queue run one at a time there anyway. ``gate`` makes them wait their turn in the
-worker instead (one call per queue per worker at a time): with 8 consumers of one queue on a
-2-core machine, 8 backends queued on the row lock served 3,100 msgs/s pop/ack, p50 230 ms.
+The calls of one queue run side by side in PostgreSQL (sql/functions/ephemeral.sql: no row
+that every call needs; concurrent pops of a group take different partitions), so nothing here
+serialises them.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
-import weakref
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from queen_mp.db import ephemeral_procs
@@ -62,22 +57,10 @@ class EphemeralPopper:
         self.pool = pool
         self.lot = lot
         self.max_parked = max_parked
-        self._gates: weakref.WeakValueDictionary[tuple[bytes, str], asyncio.Lock] = (
-            weakref.WeakValueDictionary())
-
-    @contextlib.asynccontextmanager
-    async def gate(self, tenant: bytes, queue: str) -> AsyncIterator[None]:
-        """This worker's turn on ``queue`` (see the module docstring)."""
-        key = (tenant, queue)
-        lock = self._gates.get(key)
-        if lock is None:
-            lock = self._gates[key] = asyncio.Lock()
-        async with lock:
-            yield
 
     async def _claim(self, tenant: bytes, r: PopRequest, batch: int
                      ) -> ephemeral_procs.PopOutcome:
-        async with self.gate(tenant, r.queue), connection(self.pool) as conn:
+        async with connection(self.pool) as conn:
             return await ephemeral_procs.pop(conn, tenant, r.queue, r.partition, r.group,
                                              batch, r.auto_ack)
 

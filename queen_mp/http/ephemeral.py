@@ -155,9 +155,8 @@ class EphPushResource(_Resource):
         push = model.parse_push(await _json(req, self.worker))
         tenant = tenant_of(req)
         try:
-            async with self.service().gate(tenant, push.queue):
-                pushed = await call_db(self.worker.pool, lambda conn: ephemeral_procs.push(
-                    conn, tenant, push.queue, push.partition, push.payloads))
+            pushed = await call_db(self.worker.pool, lambda conn: ephemeral_procs.push(
+                conn, tenant, push.queue, push.partition, push.payloads))
         except ephemeral_procs.QueueFull as ex:
             raise QueueFull(f"the ephemeral queue is full: {ex}", queue=push.queue) from None
         if pushed:
@@ -198,11 +197,9 @@ class EphAckResource(_Resource):
         if not ack.ids:
             _answer(resp, falcon.HTTP_200, {"results": []})
             return
-        epochs, seqs, attempts = ack.parsed()
-        async with self.service().gate(tenant, ack.queue):
-            out = await call_db(self.worker.pool, lambda conn: ephemeral_procs.ack(
-                conn, tenant, ack.queue, ack.group, ack.ids, ack.statuses, epochs, seqs,
-                attempts))
+        epochs, seqs, deliveries = ack.parsed()
+        out = await call_db(self.worker.pool, lambda conn: ephemeral_procs.ack(
+            conn, tenant, ack.queue, ack.group, ack.ids, ack.statuses, epochs, seqs, deliveries))
         if out.redelivered:
             self.wake(tenant, ack.queue)
         _answer(resp, falcon.HTTP_200, {"results": out.results})

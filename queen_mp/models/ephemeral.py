@@ -132,17 +132,17 @@ class Ack:
     statuses: tuple[str, ...]  # one of ACK_STATUSES per id
 
     def parsed(self) -> tuple[list[str | None], list[int | None], list[int | None]]:
-        """The ids' epochs, seqs and attempts (``parse_id``), None where not a message id."""
+        """The ids' epochs, seqs and deliveries (``parse_id``), None where not a message id."""
         parts = [parse_id(i) for i in self.ids]
         return ([p[0] if p else None for p in parts], [p[1] if p else None for p in parts],
                 [p[2] if p else None for p in parts])
 
 
-_ID = re.compile(r"([0-9a-f]{16})-([0-9]{1,18})-([0-9]{1,9})")
+_ID = re.compile(r"([0-9a-f]{16})-([0-9]{1,18})-([0-9]{1,18})")
 
 
 def parse_id(message_id: str) -> tuple[str, int, int] | None:
-    """A message id ``<epoch>-<seq>-<attempts>`` as minted by ``queen.eph_pop_v1`` (the queue's
+    """A message id ``<epoch>-<seq>-<dlv>`` as minted by ``queen.eph_pop_v1`` (the queue's
     incarnation, the message, its delivery), or None when it is not one."""
     m = _ID.fullmatch(message_id)
     return (m[1], int(m[2]), int(m[3])) if m else None

@@ -193,6 +193,42 @@ def test_groups_fan_out_and_consumers_of_one_group_compete(broker):
     assert [m["payload"] for m in pop(c, q, group="newcomer", autoAck=True)] == ["late"]
 
 
+def test_concurrent_consumers_of_two_groups_get_each_message_once_and_leave_nothing(broker):
+    """Consumers of one group run side by side in PostgreSQL (no queue-wide lock): each group
+    still gets every message exactly once, and a message is deleted only after both groups
+    acked it, however their acks interleave."""
+    q = uq()
+    c = broker.client
+    for group in ("g1", "g2"):  # both registered before the first push
+        assert pop(c, q, group=group) == []
+    expected = []
+    for part in range(4):
+        batch = [f"{part}-{i}" for i in range(150)]
+        push(c, q, batch, partition=f"p{part}")
+        expected += batch
+
+    def consume(group: str) -> list[str]:
+        got: list[str] = []
+        with httpx.Client(base_url=broker.url, timeout=60) as own:
+            while True:
+                msgs = pop(own, q, group=group, batch=9)
+                if not msgs:
+                    return got
+                got += [m["payload"] for m in msgs]
+                assert set(ack(own, q, [{"id": m["id"]} for m in msgs], group=group)) == {
+                    "acked"}
+
+    with cf.ThreadPoolExecutor(8) as ex:
+        futs = {g: [ex.submit(consume, g) for _ in range(4)] for g in ("g1", "g2")}
+        per_group = {g: [x for f in fs for x in f.result()] for g, fs in futs.items()}
+    for group, got in per_group.items():
+        assert sorted(got) == sorted(expected), group  # once each, none lost
+    d = depth(c, q)
+    assert d["pending"] == 0 and d["bytes"] == 0, d
+    assert {g["group"]: (g["pending"], g["inFlight"]) for g in d["consumerGroups"]} == {
+        "g1": (0, 0), "g2": (0, 0)}
+
+
 def test_auto_ack_and_queue_mode_need_no_ack(broker):
     q = uq()
     c = broker.client
@@ -349,9 +385,13 @@ def test_the_tables_are_unlogged_and_the_declaration_is_not(db):
         "SELECT relname, relpersistence FROM pg_class c JOIN pg_namespace n "
         "ON n.oid = c.relnamespace WHERE nspname = 'queen' AND relname LIKE 'eph\\_%' "
         "AND relkind = 'r'").fetchall())
-    assert rows == {"eph_config": "p", "eph_queues": "u", "eph_partitions": "u",
-                    "eph_groups": "u", "eph_cursors": "u", "eph_leases": "u",
-                    "eph_messages": "u"}, rows
+    assert rows == {"eph_config": "p", "eph_queues": "u", "eph_counts": "u",
+                    "eph_partitions": "u", "eph_groups": "u", "eph_cursors": "u",
+                    "eph_leases": "u", "eph_messages": "u"}, rows
+    kinds = dict(db.execute("SELECT relname, relpersistence FROM pg_class WHERE relkind = 'S' "
+                            "AND relnamespace = 'queen'::regnamespace "
+                            "AND relname LIKE 'eph\\_%'").fetchall())
+    assert kinds == {"eph_seq": "u"}, kinds
 
 
 # ------------------------------------------------------------------------ errors and limits
@@ -492,8 +532,12 @@ def test_the_rows_stay_together(broker, db_dsn):
         ).fetchone()
         assert orphans == (0,)
         wrong = conn.execute(
-            "SELECT q.queue, q.depth, q.bytes, count(m.seq), coalesce(sum(m.bytes), 0) "
-            "FROM queen.eph_queues q LEFT JOIN queen.eph_messages m "
-            "ON m.tenant = q.tenant AND m.queue = q.queue GROUP BY 1, 2, 3 "
-            "HAVING q.depth <> count(m.seq) OR q.bytes <> coalesce(sum(m.bytes), 0)").fetchall()
+            "SELECT q.queue, n.depth, n.bytes, count(m.seq), coalesce(sum(m.bytes), 0) "
+            "FROM queen.eph_queues q "
+            "CROSS JOIN LATERAL (SELECT coalesce(sum(c.depth), 0) AS depth, "
+            "  coalesce(sum(c.bytes), 0) AS bytes FROM queen.eph_counts c "
+            "  WHERE c.tenant = q.tenant AND c.queue = q.queue) n "
+            "LEFT JOIN queen.eph_messages m ON m.tenant = q.tenant AND m.queue = q.queue "
+            "GROUP BY 1, 2, 3 "
+            "HAVING n.depth <> count(m.seq) OR n.bytes <> coalesce(sum(m.bytes), 0)").fetchall()
         assert wrong == []

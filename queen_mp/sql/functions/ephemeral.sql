@@ -1,50 +1,81 @@
 -- ephemeral.sql: ephemeral queues (api.md "Ephemeral queues", routes /api/v1/ephemeral/*) on the
--- UNLOGGED tables of schema/008_ephemeral.sql. Python (queen_mp/models/ephemeral.py) validates
--- every input first; queen_mp/db/ephemeral_procs.py is the only caller.
+-- UNLOGGED tables of schema/008_ephemeral.sql and 009_ephemeral_rows.sql. Python
+-- (queen_mp/models/ephemeral.py) validates every input first; queen_mp/db/ephemeral_procs.py is
+-- the only caller.
 --
--- Model: one ring per (tenant, queue): messages numbered by a per-queue seq in push commit
--- order, each in a partition. Every consumer group ('__QUEUE_MODE__' without one) has a cursor
--- per partition (every seq <= pos was handed out to it) and leases on what it was given and
--- has not acknowledged. So groups fan out (each sees every message) and the consumers of one
--- group compete. A message is deleted once every group that has popped the queue is past it
--- and holds no lease on it, or earlier by the queue's bounds (maxLength/maxBytes with policy
--- dropOldest), its ttlSeconds, or after retryLimit redeliveries; each drop is counted.
+-- Model: one ring per (tenant, queue): messages in partitions, numbered by a seq that grows in
+-- push commit order within a partition (a push holds its partition's row while it takes the
+-- seqs and commits; seqs are unique in the database). Every consumer group ('__QUEUE_MODE__'
+-- without one) has a cursor per partition (every seq <= pos was handed out to it) and leases
+-- on what it was given and has not acknowledged. So groups fan out (each sees every message)
+-- and the consumers of one group compete: a pop takes a partition's new messages under its
+-- group's cursor row, skipping cursors that another pop holds. A message is deleted once every
+-- group that has popped the queue is past it and holds no lease on it, or earlier by the
+-- queue's bounds (maxLength/maxBytes with policy dropOldest), its ttlSeconds, or after
+-- retryLimit redeliveries; each drop is counted.
 --
--- Message ids are '<epoch>-<seq>-<attempts>': the epoch is the queue row's incarnation (new at
+-- No call locks a row that every call of the queue needs: depth, bytes and drop counts are
+-- summed over the queue's eph_counts rows, each writer adding to the row of its backend. The
+-- bounds are therefore checked against the committed state: pushes that run at the same time
+-- do not see each other, so a queue may exceed maxLength (maxBytes) by the messages (bytes)
+-- of the pushes that ran concurrently with the one that filled it; sequential pushes are
+-- checked exactly.
+--
+-- Leases are per delivery: the messages of one partition that one pop handed out to a group
+-- are one eph_leases row (their seqs and delivery counts), acknowledged out of it one by one;
+-- a row costs a pop one insert and its ack one delete, whatever the batch.
+--
+-- Message ids are '<epoch>-<seq>-<dlv>': the epoch is the queue row's incarnation (new at
 -- creation and at reset, and the row is gone after a PostgreSQL crash), so an ack of an older
--- incarnation answers 'stale'; the attempts fence an ack of a delivery that was redelivered
--- since ('unknown').
+-- incarnation answers 'stale'; dlv names the delivery (0 with autoAck: none), so an ack of a
+-- delivery that was redelivered since finds nothing ('unknown').
 --
 -- Functions:
 --   queen.eph_defaults_v1() -> jsonb                      the options of an undeclared queue
 --   queen.eph_options_v1(uuid, text) -> jsonb             effective options (defaults || declared)
---   queen.eph_lock_queue_v1(uuid, text) -> queen.eph_queues  the queue row, created if missing,
---                                                         locked FOR UPDATE
---   queen.eph_expire_v1(uuid, text, int4) -> void         drop messages older than ttlSeconds
---   queen.eph_settle_v1(uuid, text, int8[]) -> void       delete those of the seqs no group needs
+--   queen.eph_key_v1(uuid, text) -> int8                  the queue's advisory lock key
+--   queen.eph_enter_v1(uuid, text) -> text                shared lock of the queue, its row
+--                                                         created if missing; its epoch
+--   queen.eph_count_v1(uuid, text, int8 x5) -> void      add to this backend's counter row
+--   queen.eph_cut_v1(uuid, text, text[], int8[]) -> (n, bytes)  drop partitions' prefixes
+--   queen.eph_expire_v2(uuid, text, int4) -> (n, bytes)   drop messages older than ttlSeconds
+--   queen.eph_drop_oldest_v1(uuid, text, int8, int8) -> (n, bytes)  dropOldest: make room
+--   queen.eph_settle_v2(uuid, text, text[], int8[]) -> (n, bytes)   delete those no group needs
+--   (the four return what they deleted; their caller counts it with the rest, once, last)
 --   queen.eph_configure_v1(uuid, text, jsonb) -> jsonb    declare (upsert eph_config)
 --   queen.eph_push_v1(uuid, text, text, text[]) -> int4   append; QE001 when full (policy reject)
 --   queen.eph_pop_v1(uuid, text, text, text, int4, boolean)
 --       -> (messages text, claimed int4, wake_in_ms int8)
---   queen.eph_ack_v1(uuid, text, text, text[], int8[], int4[], text[])
+--   queen.eph_ack_v2(uuid, text, text, text[], int8[], int8[], text[])
 --       -> (outcomes text[], redelivered int4)
 --   queen.eph_reset_v1(uuid, text) -> int8                dropped messages
 --   queen.eph_delete_v1(uuid, text) -> jsonb              {deleted, declared}
+--   queen.eph_gauges_v1(uuid, text) -> jsonb              one queue's gauges
 --   queen.eph_list_v1(uuid, int4) -> jsonb                {queues, count, truncated}
 --   queen.eph_depth_v1(uuid, text, int4) -> jsonb         NULL when the queue does not exist
 --
 -- Tables touched: queen.eph_config (configure, delete: write; the rest: read),
---   queen.eph_queues, eph_partitions, eph_groups, eph_cursors, eph_leases, eph_messages.
+--   queen.eph_queues, eph_counts, eph_partitions, eph_groups, eph_cursors, eph_leases,
+--   eph_messages; the sequence queen.eph_seq.
 --
--- Lock order: every writing function first locks the queue row (eph_queues FOR UPDATE, via
---   eph_lock_queue_v1, or a plain FOR UPDATE in ack/reset/delete) and only then touches that
---   queue's other rows; no function touches two queues. All writers of one queue are therefore
---   serialised on its row and cannot deadlock; seqs become visible in order. These tables are
---   outside every lock space of the durable log.
+-- Lock order (no function touches two queues; these tables are outside every lock space of
+--   the durable log):
+--   0. the queue's transaction advisory lock (eph_key_v1): shared for push, pop, ack and
+--      configure, exclusive for reset and delete, which so never see a call half done;
+--   1. lease rows, ascending by dlv (ack, drops; a pop's redeliveries take them SKIP LOCKED),
+--      then message rows, by partition then seq (settle, drops);
+--   2. a partition row (push only, FOR NO KEY UPDATE, one per call, after its drops); or
+--      cursor rows (pop only) FOR NO KEY UPDATE SKIP LOCKED, and a pop that holds none may
+--      then wait for one; then message rows again (a pop's settle), which no holder of a
+--      message row waits for a cursor or partition to get;
+--   3. one eph_counts row (this backend's), last, once per call.
+--   Nobody holding a cursor or partition row waits for a lease row, and nobody waits for
+--   anything while holding its counts row, so no two calls deadlock.
 --
 -- SQLSTATEs raised:
 --   QE001  eph_push_v1: the queue is at maxLength/maxBytes and its policy is 'reject', or the
 --          push alone is larger than the queue's bounds. MESSAGE 'queue_full', DETAIL says which.
+--   22023  eph_push_v1: more than 16,384 messages in one push (the API allows 10,000).
 
 CREATE OR REPLACE FUNCTION queen.eph_defaults_v1()
 RETURNS jsonb
@@ -63,102 +94,235 @@ AS $$
                       WHERE c.tenant = p_tenant AND c.queue = p_queue), '{}'::jsonb)
 $$;
 
-CREATE OR REPLACE FUNCTION queen.eph_lock_queue_v1(p_tenant uuid, p_queue text)
-RETURNS queen.eph_queues
+CREATE OR REPLACE FUNCTION queen.eph_key_v1(p_tenant uuid, p_queue text)
+RETURNS int8
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT hashtextextended('queen.eph:' || p_tenant::text || ':' || p_queue, 0)
+$$;
+
+CREATE OR REPLACE FUNCTION queen.eph_enter_v1(p_tenant uuid, p_queue text)
+RETURNS text
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 AS $$
 DECLARE
-    v_q queen.eph_queues;
+    v_epoch text;
 BEGIN
-    SELECT * INTO v_q FROM queen.eph_queues
-     WHERE tenant = p_tenant AND queue = p_queue FOR UPDATE;
+    PERFORM pg_advisory_xact_lock_shared(queen.eph_key_v1(p_tenant, p_queue));
+    SELECT q.epoch INTO v_epoch FROM queen.eph_queues q
+     WHERE q.tenant = p_tenant AND q.queue = p_queue;
     IF FOUND THEN
-        RETURN v_q;
+        RETURN v_epoch;
     END IF;
     INSERT INTO queen.eph_queues (tenant, queue, epoch)
     VALUES (p_tenant, p_queue, substr(replace(gen_random_uuid()::text, '-', ''), 1, 16))
     ON CONFLICT DO NOTHING;
-    SELECT * INTO v_q FROM queen.eph_queues
-     WHERE tenant = p_tenant AND queue = p_queue FOR UPDATE;
-    RETURN v_q;
+    SELECT q.epoch INTO v_epoch FROM queen.eph_queues q
+     WHERE q.tenant = p_tenant AND q.queue = p_queue;
+    RETURN v_epoch;
 END;
 $$;
 
--- Drops the messages older than p_ttl_s seconds (0 = no age limit). The queue row is locked.
-CREATE OR REPLACE FUNCTION queen.eph_expire_v1(p_tenant uuid, p_queue text, p_ttl_s int4)
+-- PERF(eph): a backend adds to its own row of the queue's 16, so concurrent calls rarely wait
+-- for one another here; readers sum the rows.
+CREATE OR REPLACE FUNCTION queen.eph_count_v1(p_tenant uuid, p_queue text, p_depth int8,
+                                              p_bytes int8, p_bounds int8, p_ttl int8,
+                                              p_retry int8)
 RETURNS void
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
+AS $$
+    INSERT INTO queen.eph_counts AS c (tenant, queue, slot, depth, bytes, drops_bounds,
+                                       drops_ttl, drops_retry)
+    VALUES (p_tenant, p_queue, (pg_backend_pid() % 16)::int2, p_depth, p_bytes, p_bounds,
+            p_ttl, p_retry)
+    ON CONFLICT (tenant, queue, slot) DO UPDATE
+       SET depth = c.depth + EXCLUDED.depth, bytes = c.bytes + EXCLUDED.bytes,
+           drops_bounds = c.drops_bounds + EXCLUDED.drops_bounds,
+           drops_ttl = c.drops_ttl + EXCLUDED.drops_ttl,
+           drops_retry = c.drops_retry + EXCLUDED.drops_retry
+$$;
+
+-- Drops the messages of partition p_parts[i] below seq p_belows[i] (NULL: all of them) and
+-- takes them out of their deliveries: the deliveries first, ascending by dlv, then the
+-- messages, partition by partition.
+CREATE OR REPLACE FUNCTION queen.eph_cut_v1(p_tenant uuid, p_queue text, p_parts text[],
+                                            p_belows int8[], OUT n int8, OUT bytes int8)
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+AS $$
+DECLARE
+    v_dn int8;
+    v_db int8;
+    r record;
+BEGIN
+    n := 0;
+    bytes := 0;
+    -- a delivery's seqs ascend: those with a first seq below the cut hold some of its messages
+    PERFORM 1 FROM queen.eph_leases l
+      JOIN unnest(p_parts, p_belows) AS u(part, below)
+        ON l.partition = u.part AND (u.below IS NULL OR l.seqs[1] < u.below)
+     WHERE l.tenant = p_tenant AND l.queue = p_queue
+     ORDER BY l.dlv FOR UPDATE OF l;
+    UPDATE queen.eph_leases l
+       SET seqs = ARRAY(SELECT z.s FROM unnest(l.seqs) AS z(s) WHERE z.s >= u.below
+                         ORDER BY z.s),
+           atts = ARRAY(SELECT z.a FROM unnest(l.seqs, l.atts) AS z(s, a) WHERE z.s >= u.below
+                         ORDER BY z.s)
+      FROM unnest(p_parts, p_belows) AS u(part, below)
+     WHERE l.tenant = p_tenant AND l.queue = p_queue AND l.partition = u.part
+       AND (u.below IS NULL OR l.seqs[1] < u.below);
+    DELETE FROM queen.eph_leases l
+     WHERE l.tenant = p_tenant AND l.queue = p_queue AND cardinality(l.seqs) = 0;
+    FOR r IN SELECT p.id, u.below FROM unnest(p_parts, p_belows) AS u(part, below)
+               JOIN queen.eph_partitions p
+                 ON p.tenant = p_tenant AND p.queue = p_queue AND p.partition = u.part
+              ORDER BY u.part LOOP
+        WITH d AS (
+            DELETE FROM queen.eph_messages m
+             WHERE m.pid = r.id AND (r.below IS NULL OR m.seq < r.below)
+            RETURNING m.bytes)
+        SELECT count(*), coalesce(sum(d.bytes), 0) INTO v_dn, v_db FROM d;
+        n := n + v_dn;
+        bytes := bytes + v_db;
+    END LOOP;
+END;
+$$;
+
+-- Drops the messages older than p_ttl_s seconds (0 = no age limit), and their leases.
+CREATE OR REPLACE FUNCTION queen.eph_expire_v2(p_tenant uuid, p_queue text, p_ttl_s int4,
+                                               OUT n int8, OUT bytes int8)
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 AS $$
 DECLARE
     v_cutoff timestamptz;
     v_oldest timestamptz;
     v_keep int8;
-    v_n int8;
-    v_bytes int8;
+    v_parts text[] := '{}';
+    v_belows int8[] := '{}';
+    r record;
 BEGIN
+    n := 0;
+    bytes := 0;
     IF p_ttl_s IS NULL OR p_ttl_s <= 0 THEN
         RETURN;
     END IF;
     v_cutoff := clock_timestamp() - make_interval(secs => p_ttl_s);
-    SELECT m.created_at INTO v_oldest FROM queen.eph_messages m
-     WHERE m.tenant = p_tenant AND m.queue = p_queue ORDER BY m.seq LIMIT 1;
-    IF v_oldest IS NULL OR v_oldest >= v_cutoff THEN
-        RETURN;
-    END IF;
-    -- created_at is taken after the queue lock (clock_timestamp), so it grows with seq: the
-    -- expired messages are a prefix; this walk stops at the first live one.
-    SELECT m.seq INTO v_keep FROM queen.eph_messages m
-     WHERE m.tenant = p_tenant AND m.queue = p_queue AND m.created_at >= v_cutoff
-     ORDER BY m.seq LIMIT 1;
-    WITH d AS (
-        DELETE FROM queen.eph_messages m
-         WHERE m.tenant = p_tenant AND m.queue = p_queue
-           AND (v_keep IS NULL OR m.seq < v_keep)
-        RETURNING m.bytes)
-    SELECT count(*), coalesce(sum(d.bytes), 0) INTO v_n, v_bytes FROM d;
-    DELETE FROM queen.eph_leases l
-     WHERE l.tenant = p_tenant AND l.queue = p_queue AND (v_keep IS NULL OR l.seq < v_keep);
-    UPDATE queen.eph_queues
-       SET depth = depth - v_n, bytes = bytes - v_bytes, drops_ttl = drops_ttl + v_n
-     WHERE tenant = p_tenant AND queue = p_queue;
+    FOR r IN SELECT p.partition, p.id FROM queen.eph_partitions p
+              WHERE p.tenant = p_tenant AND p.queue = p_queue ORDER BY p.partition LOOP
+        SELECT m.created_at INTO v_oldest FROM queen.eph_messages m
+         WHERE m.pid = r.id ORDER BY m.seq LIMIT 1;
+        CONTINUE WHEN v_oldest IS NULL OR v_oldest >= v_cutoff;
+        -- created_at is taken under the partition's row lock, so it grows with seq in a
+        -- partition: the expired messages are a prefix; this walk stops at the first live one.
+        v_keep := NULL;
+        SELECT m.seq INTO v_keep FROM queen.eph_messages m
+         WHERE m.pid = r.id AND m.created_at >= v_cutoff ORDER BY m.seq LIMIT 1;
+        v_parts := v_parts || r.partition;
+        v_belows := v_belows || v_keep;
+    END LOOP;
+    SELECT c.n, c.bytes INTO n, bytes
+      FROM queen.eph_cut_v1(p_tenant, p_queue, v_parts, v_belows) c;
 END;
 $$;
 
--- Deletes the messages among p_seqs that no group needs any more: every group that popped the
--- queue is past it in its partition and none holds a lease on it. The queue row is locked.
-CREATE OR REPLACE FUNCTION queen.eph_settle_v1(p_tenant uuid, p_queue text, p_seqs int8[])
-RETURNS void
+-- dropOldest: drops the shortest prefix of the queue (by seq, over all partitions) that
+-- holds at least p_len messages and p_bytes bytes, with their leases.
+CREATE OR REPLACE FUNCTION queen.eph_drop_oldest_v1(p_tenant uuid, p_queue text, p_len int8,
+                                                    p_bytes int8, OUT n int8, OUT bytes int8)
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 AS $$
 DECLARE
-    v_n int8;
-    v_bytes int8;
-    v_lo int8;
-    v_hi int8;
+    v_k int8 := greatest(p_len, 64);
+    v_cnt int8;
+    v_sum int8;
+    v_cut int8;
+    v_parts text[];
+    r record;
 BEGIN
+    n := 0;
+    bytes := 0;
+    LOOP
+        v_cnt := 0;
+        v_sum := 0;
+        -- the first v_k of each partition, merged: a correct prefix while it is not longer
+        -- than v_k (no partition can have given more than that to it)
+        FOR r IN SELECT x.seq, x.bytes FROM queen.eph_partitions p
+                  CROSS JOIN LATERAL (
+                      SELECT m.seq, m.bytes FROM queen.eph_messages m
+                       WHERE m.pid = p.id ORDER BY m.seq LIMIT v_k) x
+                  WHERE p.tenant = p_tenant AND p.queue = p_queue
+                  ORDER BY x.seq LOOP
+            v_cnt := v_cnt + 1;
+            v_sum := v_sum + r.bytes;
+            v_cut := r.seq;
+            EXIT WHEN v_cnt >= p_len AND v_sum >= p_bytes;
+        END LOOP;
+        EXIT WHEN v_cnt <= v_k;
+        v_k := v_cnt * 2;
+    END LOOP;
+    IF v_cut IS NULL THEN
+        RETURN;
+    END IF;
+    v_parts := ARRAY(SELECT p.partition FROM queen.eph_partitions p
+                      WHERE p.tenant = p_tenant AND p.queue = p_queue);
+    SELECT c.n, c.bytes INTO n, bytes
+      FROM queen.eph_cut_v1(p_tenant, p_queue, v_parts,
+                            array_fill(v_cut + 1, ARRAY[cardinality(v_parts)])) c;
+END;
+$$;
+
+-- Deletes the messages (p_parts[i], p_seqs[i]) that no group needs any more: every group that
+-- popped the queue is past it in its partition and none holds a lease on it. With more than
+-- one group, the messages are locked first: two calls that each remove one group's need then
+-- run one after the other, and the second sees what the first committed.
+CREATE OR REPLACE FUNCTION queen.eph_settle_v2(p_tenant uuid, p_queue text, p_parts text[],
+                                               p_seqs int8[], OUT n int8, OUT bytes int8)
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+AS $$
+DECLARE
+    v_groups int8;
+    v_min int8;
+    v_leased int8[];
+    v_dn int8;
+    v_db int8;
+    r record;
+BEGIN
+    n := 0;
+    bytes := 0;
     IF p_seqs IS NULL OR cardinality(p_seqs) = 0 THEN
         RETURN;
     END IF;
-    SELECT min(x), max(x) INTO v_lo, v_hi FROM unnest(p_seqs) AS u(x);
-    -- the seq range makes the primary key the access path whatever the statistics say
-    WITH d AS (
-        DELETE FROM queen.eph_messages m
-         WHERE m.tenant = p_tenant AND m.queue = p_queue
-           AND m.seq BETWEEN v_lo AND v_hi AND m.seq = ANY (p_seqs)
-           AND NOT EXISTS (SELECT 1 FROM queen.eph_leases l
-                            WHERE l.tenant = p_tenant AND l.queue = p_queue AND l.seq = m.seq)
-           AND NOT EXISTS (SELECT 1 FROM queen.eph_groups g
-                             LEFT JOIN queen.eph_cursors c
-                               ON c.tenant = g.tenant AND c.queue = g.queue AND c.grp = g.grp
-                              AND c.partition = m.partition
-                            WHERE g.tenant = p_tenant AND g.queue = p_queue
-                              AND coalesce(c.pos, 0) < m.seq)
-        RETURNING m.bytes)
-    SELECT count(*), coalesce(sum(d.bytes), 0) INTO v_n, v_bytes FROM d;
-    IF v_n > 0 THEN
-        UPDATE queen.eph_queues SET depth = depth - v_n, bytes = bytes - v_bytes
-         WHERE tenant = p_tenant AND queue = p_queue;
-    END IF;
+    SELECT count(*) INTO v_groups FROM queen.eph_groups g
+     WHERE g.tenant = p_tenant AND g.queue = p_queue;
+    FOR r IN SELECT u.part, p.id, array_agg(u.seq ORDER BY u.seq) AS seqs
+               FROM unnest(p_parts, p_seqs) AS u(part, seq)
+               JOIN queen.eph_partitions p
+                 ON p.tenant = p_tenant AND p.queue = p_queue AND p.partition = u.part
+              GROUP BY u.part, p.id ORDER BY u.part LOOP
+        IF v_groups > 1 THEN
+            PERFORM 1 FROM queen.eph_messages m
+              WHERE m.pid = r.id AND m.seq = ANY (r.seqs)
+              ORDER BY m.seq FOR UPDATE;
+        END IF;
+        SELECT min(coalesce(c.pos, 0)) INTO v_min
+          FROM queen.eph_groups g
+          LEFT JOIN queen.eph_cursors c
+            ON c.tenant = g.tenant AND c.queue = g.queue AND c.grp = g.grp
+           AND c.partition = r.part
+         WHERE g.tenant = p_tenant AND g.queue = p_queue;
+        -- the ones a delivery of any group still holds (in flight: a few rows per consumer)
+        v_leased := ARRAY(SELECT x.seq FROM queen.eph_leases l, unnest(l.seqs) AS x(seq)
+                           WHERE l.tenant = p_tenant AND l.queue = p_queue
+                             AND l.partition = r.part AND l.seqs && r.seqs
+                             AND x.seq = ANY (r.seqs));
+        WITH d AS (
+            DELETE FROM queen.eph_messages m
+             WHERE m.pid = r.id AND m.seq = ANY (r.seqs) AND m.seq <= coalesce(v_min, m.seq)
+               AND m.seq <> ALL (v_leased)
+            RETURNING m.bytes)
+        SELECT count(*), coalesce(sum(d.bytes), 0) INTO v_dn, v_db FROM d;
+        n := n + v_dn;
+        bytes := bytes + v_db;
+    END LOOP;
 END;
 $$;
 
@@ -167,7 +331,7 @@ RETURNS jsonb
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 AS $$
 BEGIN
-    PERFORM queen.eph_lock_queue_v1(p_tenant, p_queue);
+    PERFORM queen.eph_enter_v1(p_tenant, p_queue);
     INSERT INTO queen.eph_config (tenant, queue, options) VALUES (p_tenant, p_queue, p_options)
     ON CONFLICT (tenant, queue) DO UPDATE SET options = EXCLUDED.options, updated_at = now();
     RETURN jsonb_build_object('queue', p_queue, 'tier', 'declared', 'configured', true,
@@ -175,32 +339,39 @@ BEGIN
 END;
 $$;
 
+-- A push takes one value of queen.eph_seq while it holds its partition's row: its messages
+-- are seq value * 16384 + 0, 1, ... (the API allows 10,000 per push).
 CREATE OR REPLACE FUNCTION queen.eph_push_v1(p_tenant uuid, p_queue text, p_partition text,
                                              p_payloads text[])
 RETURNS int4
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 AS $$
 DECLARE
-    v_q queen.eph_queues;
     v_o jsonb;
     v_n int8 := coalesce(cardinality(p_payloads), 0);
     v_bytes int8;
+    v_depth int8;
+    v_stored int8;
     v_max_len int8;
     v_max_bytes int8;
-    v_need_len int8;
-    v_need_bytes int8;
-    v_cut int8;
-    v_cnt int8 := 0;
-    v_sum int8 := 0;
-    r record;
+    v_pid int8;
+    v_base int8;
+    v_ttl_n int8;
+    v_ttl_b int8;
+    v_drop_n int8 := 0;
+    v_drop_b int8 := 0;
 BEGIN
     IF v_n = 0 THEN
         RETURN 0;
     END IF;
-    v_q := queen.eph_lock_queue_v1(p_tenant, p_queue);
+    IF v_n > 16384 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('%s messages in one push, over 16384', v_n);
+    END IF;
+    PERFORM queen.eph_enter_v1(p_tenant, p_queue);
     v_o := queen.eph_options_v1(p_tenant, p_queue);
-    PERFORM queen.eph_expire_v1(p_tenant, p_queue, (v_o ->> 'ttlSeconds')::int4);
-    SELECT * INTO v_q FROM queen.eph_queues WHERE tenant = p_tenant AND queue = p_queue;
+    SELECT e.n, e.bytes INTO v_ttl_n, v_ttl_b
+      FROM queen.eph_expire_v2(p_tenant, p_queue, (v_o ->> 'ttlSeconds')::int4) e;
     SELECT sum(octet_length(p)) INTO v_bytes FROM unnest(p_payloads) AS u(p);
     v_max_len := (v_o ->> 'maxLength')::int8;
     v_max_bytes := (v_o ->> 'maxBytes')::int8;
@@ -209,43 +380,43 @@ BEGIN
             DETAIL = format('this push (%s messages, %s bytes) is larger than the queue '
                             '(maxLength %s, maxBytes %s)', v_n, v_bytes, v_max_len, v_max_bytes);
     END IF;
-    v_need_len := v_q.depth + v_n - v_max_len;
-    v_need_bytes := v_q.bytes + v_bytes - v_max_bytes;
-    IF v_need_len > 0 OR v_need_bytes > 0 THEN
+    SELECT coalesce(sum(c.depth), 0) - v_ttl_n, coalesce(sum(c.bytes), 0) - v_ttl_b
+      INTO v_depth, v_stored
+      FROM queen.eph_counts c WHERE c.tenant = p_tenant AND c.queue = p_queue;
+    IF v_depth + v_n > v_max_len OR v_stored + v_bytes > v_max_bytes THEN
         IF v_o ->> 'policy' = 'reject' THEN
             RAISE EXCEPTION USING ERRCODE = 'QE001', MESSAGE = 'queue_full',
                 DETAIL = format('the queue holds %s messages, %s bytes (maxLength %s, maxBytes %s) '
-                                'and its policy is reject', v_q.depth, v_q.bytes, v_max_len,
+                                'and its policy is reject', v_depth, v_stored, v_max_len,
                                 v_max_bytes);
         END IF;
-        -- dropOldest: the shortest prefix of the ring that makes room
-        FOR r IN SELECT m.seq, m.bytes FROM queen.eph_messages m
-                  WHERE m.tenant = p_tenant AND m.queue = p_queue ORDER BY m.seq LOOP
-            v_cnt := v_cnt + 1;
-            v_sum := v_sum + r.bytes;
-            v_cut := r.seq;
-            EXIT WHEN v_cnt >= v_need_len AND v_sum >= v_need_bytes;
-        END LOOP;
-        IF v_cut IS NOT NULL THEN
-            DELETE FROM queen.eph_messages m
-             WHERE m.tenant = p_tenant AND m.queue = p_queue AND m.seq <= v_cut;
-            DELETE FROM queen.eph_leases l
-             WHERE l.tenant = p_tenant AND l.queue = p_queue AND l.seq <= v_cut;
-            UPDATE queen.eph_queues
-               SET depth = depth - v_cnt, bytes = bytes - v_sum, drops_bounds = drops_bounds + v_cnt
-             WHERE tenant = p_tenant AND queue = p_queue;
-        END IF;
+        SELECT d.n, d.bytes INTO v_drop_n, v_drop_b
+          FROM queen.eph_drop_oldest_v1(p_tenant, p_queue, v_depth + v_n - v_max_len,
+                                        v_stored + v_bytes - v_max_bytes) d;
     END IF;
-    INSERT INTO queen.eph_messages (tenant, queue, seq, partition, payload, bytes, created_at)
-    SELECT p_tenant, p_queue, v_q.next_seq + u.i, p_partition, u.p, octet_length(u.p),
+    -- the partition's turn: held to the commit, so the next push of this partition takes a
+    -- larger seq value and commits after this one
+    SELECT p.id INTO v_pid FROM queen.eph_partitions p
+     WHERE p.tenant = p_tenant AND p.queue = p_queue AND p.partition = p_partition
+       FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        INSERT INTO queen.eph_partitions (tenant, queue, partition, id, last_seq)
+        VALUES (p_tenant, p_queue, p_partition, nextval('queen.eph_seq'), 0)
+        ON CONFLICT DO NOTHING;
+        SELECT p.id INTO v_pid FROM queen.eph_partitions p
+         WHERE p.tenant = p_tenant AND p.queue = p_queue AND p.partition = p_partition
+           FOR NO KEY UPDATE;
+    END IF;
+    v_base := nextval('queen.eph_seq') * 16384;
+    INSERT INTO queen.eph_messages (tenant, queue, partition, pid, seq, payload, bytes,
+                                    created_at)
+    SELECT p_tenant, p_queue, p_partition, v_pid, v_base + u.i - 1, u.p, octet_length(u.p),
            clock_timestamp()
       FROM unnest(p_payloads) WITH ORDINALITY AS u(p, i);
-    UPDATE queen.eph_queues
-       SET next_seq = next_seq + v_n, depth = depth + v_n, bytes = bytes + v_bytes
-     WHERE tenant = p_tenant AND queue = p_queue;
-    INSERT INTO queen.eph_partitions (tenant, queue, partition, last_seq)
-    VALUES (p_tenant, p_queue, p_partition, v_q.next_seq + v_n)
-    ON CONFLICT (tenant, queue, partition) DO UPDATE SET last_seq = EXCLUDED.last_seq;
+    UPDATE queen.eph_partitions p SET last_seq = v_base + v_n - 1
+     WHERE p.tenant = p_tenant AND p.queue = p_queue AND p.partition = p_partition;
+    PERFORM queen.eph_count_v1(p_tenant, p_queue, v_n - v_ttl_n - v_drop_n,
+                               v_bytes - v_ttl_b - v_drop_b, v_drop_n, v_ttl_n, 0);
     RETURN v_n;
 END;
 $$;
@@ -253,8 +424,11 @@ $$;
 -- Up to p_batch messages for p_group (redeliveries first, then new ones, the partitions whose
 -- cursor is furthest behind first); p_partition NULL = any partition. messages is the JSON
 -- array of the answer ([{id, partition, attempts, payload}], payloads verbatim), claimed its
--- length; wake_in_ms,
--- when nothing was claimable, says when a lease of this group expires (NULL: none).
+-- length; wake_in_ms, when nothing was claimable, says when a lease of this group expires
+-- (NULL: none). The messages of one partition handed out by one pop are one delivery: one
+-- eph_leases row, whose dlv (a value of queen.eph_seq, 0 with autoAck) ends their ids. A
+-- partition whose cursor another pop of the group holds is skipped; a pop that found nothing
+-- else waits for the first such cursor, so it answers empty only when nothing was there.
 CREATE OR REPLACE FUNCTION queen.eph_pop_v1(p_tenant uuid, p_queue text, p_partition text,
                                             p_group text, p_batch int4, p_auto_ack boolean,
                                             OUT messages text, OUT claimed int4,
@@ -262,115 +436,180 @@ CREATE OR REPLACE FUNCTION queen.eph_pop_v1(p_tenant uuid, p_queue text, p_parti
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 AS $$
 DECLARE
-    v_q queen.eph_queues;
+    v_epoch text;
     v_o jsonb;
     v_lease interval;
     v_retry int4;
-    v_seqs int8[] := '{}';
-    v_parts text[] := '{}';
-    v_atts int4[] := '{}';
-    v_settle int8[] := '{}';
+    v_out text[] := '{}';
+    v_settle_p text[] := '{}';
+    v_settle_s int8[] := '{}';
+    v_skipped text[] := '{}';
+    v_held boolean := false;
+    v_k int4;
+    v_dlv int8;
+    v_red int8[];
+    v_red_a int4[];
+    v_gone int8[];
     v_taken int8[];
+    v_atts int4[];
+    v_json text;
+    v_pos int8;
     v_need int4 := p_batch;
     v_dropped int8 := 0;
+    v_pass int4;
+    v_ttl_n int8;
+    v_ttl_b int8;
+    v_set_n int8;
+    v_set_b int8;
     r record;
 BEGIN
-    v_q := queen.eph_lock_queue_v1(p_tenant, p_queue);
+    v_epoch := queen.eph_enter_v1(p_tenant, p_queue);
     v_o := queen.eph_options_v1(p_tenant, p_queue);
     v_lease := make_interval(secs => (v_o ->> 'leaseSeconds')::int4);
     v_retry := (v_o ->> 'retryLimit')::int4;
-    PERFORM queen.eph_expire_v1(p_tenant, p_queue, (v_o ->> 'ttlSeconds')::int4);
+    SELECT e.n, e.bytes INTO v_ttl_n, v_ttl_b
+      FROM queen.eph_expire_v2(p_tenant, p_queue, (v_o ->> 'ttlSeconds')::int4) e;
     INSERT INTO queen.eph_groups (tenant, queue, grp) VALUES (p_tenant, p_queue, p_group)
     ON CONFLICT DO NOTHING;
 
-    -- 1. expired leases: redeliver, or drop after retryLimit redeliveries
-    FOR r IN SELECT l.seq, l.partition, l.attempts FROM queen.eph_leases l
+    -- 1. due deliveries: their first messages are redelivered (a new delivery), or dropped
+    -- when delivered 1 + retryLimit times already; the rest stay due in their row
+    FOR r IN SELECT l.dlv, l.partition, l.seqs, l.atts FROM queen.eph_leases l
               WHERE l.tenant = p_tenant AND l.queue = p_queue AND l.grp = p_group
                 AND l.lease_until <= now()  -- stable: an index condition of the due index
                 AND (p_partition IS NULL OR l.partition = p_partition)
-              ORDER BY l.seq LIMIT p_batch LOOP
-        IF r.attempts > v_retry THEN
+              ORDER BY l.lease_until LIMIT p_batch
+                FOR UPDATE SKIP LOCKED LOOP
+        EXIT WHEN v_need <= 0;
+        v_k := least(v_need, cardinality(r.seqs));
+        IF v_k = cardinality(r.seqs) THEN
             DELETE FROM queen.eph_leases l
              WHERE l.tenant = p_tenant AND l.queue = p_queue AND l.grp = p_group
-               AND l.seq = r.seq;
-            v_dropped := v_dropped + 1;
-            v_settle := v_settle || r.seq;
-            CONTINUE;
-        END IF;
-        v_seqs := v_seqs || r.seq;
-        v_parts := v_parts || r.partition;
-        v_atts := v_atts || (r.attempts + 1);
-        IF p_auto_ack THEN
-            DELETE FROM queen.eph_leases l
-             WHERE l.tenant = p_tenant AND l.queue = p_queue AND l.grp = p_group
-               AND l.seq = r.seq;
-            v_settle := v_settle || r.seq;
+               AND l.dlv = r.dlv;
         ELSE
             UPDATE queen.eph_leases l
-               SET attempts = r.attempts + 1, lease_until = clock_timestamp() + v_lease
+               SET seqs = r.seqs[v_k + 1:], atts = r.atts[v_k + 1:]
              WHERE l.tenant = p_tenant AND l.queue = p_queue AND l.grp = p_group
-               AND l.seq = r.seq;
+               AND l.dlv = r.dlv;
         END IF;
-        v_need := v_need - 1;
+        SELECT coalesce(array_agg(u.seq ORDER BY u.seq) FILTER (WHERE u.att <= v_retry), '{}'),
+               coalesce(array_agg(u.att ORDER BY u.seq) FILTER (WHERE u.att <= v_retry), '{}'),
+               coalesce(array_agg(u.seq) FILTER (WHERE u.att > v_retry), '{}')
+          INTO v_red, v_red_a, v_gone
+          FROM unnest(r.seqs[1:v_k], r.atts[1:v_k]) AS u(seq, att);
+        IF cardinality(v_gone) > 0 THEN  -- past retryLimit: dropped, settled below
+            v_dropped := v_dropped + cardinality(v_gone);
+            v_settle_p := v_settle_p || array_fill(r.partition, ARRAY[cardinality(v_gone)]);
+            v_settle_s := v_settle_s || v_gone;
+        END IF;
+        CONTINUE WHEN cardinality(v_red) = 0;
+        v_dlv := CASE WHEN p_auto_ack THEN 0 ELSE nextval('queen.eph_seq') END;
+        -- a message dropped meanwhile has no row: it is not redelivered
+        SELECT array_agg(m.seq ORDER BY m.seq),
+               array_agg(v_red_a[array_position(v_red, m.seq)] + 1 ORDER BY m.seq),
+               string_agg('{"id":"' || v_epoch || '-' || m.seq || '-' || v_dlv
+                          || '","partition":' || to_json(r.partition)::text || ',"attempts":'
+                          || (v_red_a[array_position(v_red, m.seq)] + 1) || ',"payload":'
+                          || m.payload || '}', ',' ORDER BY m.seq)
+          INTO v_taken, v_atts, v_json
+          FROM queen.eph_partitions p
+          JOIN queen.eph_messages m ON m.pid = p.id
+         WHERE p.tenant = p_tenant AND p.queue = p_queue AND p.partition = r.partition
+           AND m.seq = ANY (v_red);
+        CONTINUE WHEN v_taken IS NULL;
+        v_out := v_out || v_json;
+        IF p_auto_ack THEN
+            v_settle_p := v_settle_p || array_fill(r.partition, ARRAY[cardinality(v_taken)]);
+            v_settle_s := v_settle_s || v_taken;
+        ELSE
+            INSERT INTO queen.eph_leases (tenant, queue, grp, dlv, partition, seqs, atts,
+                                          lease_until)
+            VALUES (p_tenant, p_queue, p_group, v_dlv, r.partition, v_taken, v_atts,
+                    clock_timestamp() + v_lease);
+        END IF;
+        v_need := v_need - cardinality(v_taken);
     END LOOP;
-    IF v_dropped > 0 THEN
-        UPDATE queen.eph_queues SET drops_retry = drops_retry + v_dropped
-         WHERE tenant = p_tenant AND queue = p_queue;
-    END IF;
 
-    -- 2. new messages, partition by partition
-    IF v_need > 0 THEN
-        FOR r IN SELECT p.partition, p.last_seq, coalesce(c.pos, 0) AS pos
+    -- 2. new messages, partition by partition: pass 1 skips the cursors other pops hold;
+    -- pass 2, only for a pop that got nothing and holds no cursor, waits for the first one
+    FOR v_pass IN 1..2 LOOP
+        EXIT WHEN v_need <= 0;
+        EXIT WHEN v_pass = 2 AND (v_need < p_batch OR v_held OR cardinality(v_skipped) = 0);
+        FOR r IN SELECT p.partition, p.id, p.last_seq, c.pos
                    FROM queen.eph_partitions p
                    LEFT JOIN queen.eph_cursors c
                      ON c.tenant = p.tenant AND c.queue = p.queue AND c.grp = p_group
                     AND c.partition = p.partition
                   WHERE p.tenant = p_tenant AND p.queue = p_queue
                     AND (p_partition IS NULL OR p.partition = p_partition)
+                    AND (v_pass = 1 OR p.partition = v_skipped[1])
                     AND p.last_seq > coalesce(c.pos, 0)
                   ORDER BY coalesce(c.pos, 0), p.partition LOOP
-            SELECT array_agg(s.seq ORDER BY s.seq) INTO v_taken
-              FROM (SELECT m.seq FROM queen.eph_messages m
-                     WHERE m.tenant = p_tenant AND m.queue = p_queue
-                       AND m.partition = r.partition AND m.seq > r.pos
-                     ORDER BY m.seq LIMIT v_need) s;
-            INSERT INTO queen.eph_cursors (tenant, queue, grp, partition, pos)
-            VALUES (p_tenant, p_queue, p_group, r.partition,
-                    CASE WHEN v_taken IS NULL THEN r.last_seq
-                         ELSE v_taken[cardinality(v_taken)] END)
-            ON CONFLICT (tenant, queue, grp, partition) DO UPDATE SET pos = EXCLUDED.pos;
-            CONTINUE WHEN v_taken IS NULL;  -- what was left there had been dropped
-            v_seqs := v_seqs || v_taken;
-            v_parts := v_parts || array_fill(r.partition, ARRAY[cardinality(v_taken)]);
-            v_atts := v_atts || array_fill(1, ARRAY[cardinality(v_taken)]);
-            IF p_auto_ack THEN
-                v_settle := v_settle || v_taken;
+            IF r.pos IS NULL THEN
+                INSERT INTO queen.eph_cursors (tenant, queue, grp, partition, pos)
+                VALUES (p_tenant, p_queue, p_group, r.partition, 0) ON CONFLICT DO NOTHING;
+            END IF;
+            IF v_pass = 1 THEN
+                SELECT c.pos INTO v_pos FROM queen.eph_cursors c
+                 WHERE c.tenant = p_tenant AND c.queue = p_queue AND c.grp = p_group
+                   AND c.partition = r.partition
+                   FOR NO KEY UPDATE SKIP LOCKED;
+                IF NOT FOUND THEN
+                    v_skipped := v_skipped || r.partition;
+                    CONTINUE;
+                END IF;
             ELSE
-                INSERT INTO queen.eph_leases (tenant, queue, grp, seq, partition, attempts,
+                SELECT c.pos INTO v_pos FROM queen.eph_cursors c
+                 WHERE c.tenant = p_tenant AND c.queue = p_queue AND c.grp = p_group
+                   AND c.partition = r.partition
+                   FOR NO KEY UPDATE;
+            END IF;
+            v_held := true;
+            v_dlv := CASE WHEN p_auto_ack THEN 0 ELSE nextval('queen.eph_seq') END;
+            SELECT array_agg(x.seq ORDER BY x.seq),
+                   string_agg('{"id":"' || v_epoch || '-' || x.seq || '-' || v_dlv
+                              || '","partition":' || to_json(r.partition)::text
+                              || ',"attempts":1,"payload":' || x.payload || '}', ','
+                              ORDER BY x.seq)
+              INTO v_taken, v_json
+              FROM (SELECT m.seq, m.payload FROM queen.eph_messages m
+                     WHERE m.pid = r.id AND m.seq > v_pos
+                     ORDER BY m.seq LIMIT v_need) x;
+            IF v_taken IS NULL THEN
+                -- what was left there had been dropped (or another pop took it)
+                IF r.last_seq > v_pos THEN
+                    UPDATE queen.eph_cursors c SET pos = r.last_seq
+                     WHERE c.tenant = p_tenant AND c.queue = p_queue AND c.grp = p_group
+                       AND c.partition = r.partition;
+                END IF;
+                CONTINUE;
+            END IF;
+            UPDATE queen.eph_cursors c SET pos = v_taken[cardinality(v_taken)]
+             WHERE c.tenant = p_tenant AND c.queue = p_queue AND c.grp = p_group
+               AND c.partition = r.partition;
+            v_out := v_out || v_json;
+            IF p_auto_ack THEN
+                v_settle_p := v_settle_p || array_fill(r.partition, ARRAY[cardinality(v_taken)]);
+                v_settle_s := v_settle_s || v_taken;
+            ELSE
+                INSERT INTO queen.eph_leases (tenant, queue, grp, dlv, partition, seqs, atts,
                                               lease_until)
-                SELECT p_tenant, p_queue, p_group, t.seq, r.partition, 1,
-                       clock_timestamp() + v_lease
-                  FROM unnest(v_taken) AS t(seq);
+                VALUES (p_tenant, p_queue, p_group, v_dlv, r.partition, v_taken,
+                        array_fill(1, ARRAY[cardinality(v_taken)]), clock_timestamp() + v_lease);
             END IF;
             v_need := v_need - cardinality(v_taken);
             EXIT WHEN v_need <= 0;
         END LOOP;
-    END IF;
+    END LOOP;
 
-    -- compact JSON, built as text: the stored payload text goes out as it is. One primary
-    -- key lookup per message: the tables are often younger than their statistics, and a
-    -- join here was planned as a scan of the whole queue.
-    SELECT '[' || coalesce(string_agg(
-               '{"id":"' || v_q.epoch || '-' || s.seq || '-' || s.att
-               || '","partition":' || to_json(s.part)::text
-               || ',"attempts":' || s.att || ',"payload":'
-               || (SELECT m.payload FROM queen.eph_messages m
-                    WHERE m.tenant = p_tenant AND m.queue = p_queue AND m.seq = s.seq) || '}',
-               ',' ORDER BY s.ord), '') || ']'
-      INTO messages
-      FROM unnest(v_seqs, v_parts, v_atts) WITH ORDINALITY AS s(seq, part, att, ord);
-    PERFORM queen.eph_settle_v1(p_tenant, p_queue, v_settle);
-    claimed := cardinality(v_seqs);
+    messages := '[' || array_to_string(v_out, ',') || ']';
+    SELECT s.n, s.bytes INTO v_set_n, v_set_b
+      FROM queen.eph_settle_v2(p_tenant, p_queue, v_settle_p, v_settle_s) s;
+    IF v_ttl_n + v_set_n + v_dropped > 0 THEN
+        PERFORM queen.eph_count_v1(p_tenant, p_queue, -v_ttl_n - v_set_n, -v_ttl_b - v_set_b,
+                                   0, v_ttl_n, v_dropped);
+    END IF;
+    claimed := p_batch - v_need;
     IF claimed = 0 THEN
         SELECT greatest(0, ceil(extract(epoch FROM min(l.lease_until) - clock_timestamp())
                                 * 1000))::int8
@@ -383,80 +622,106 @@ END;
 $$;
 
 -- One outcome per id, in order: acked | redelivered | stale | unknown (api.md). The ids come
--- parsed (queen_mp/models/ephemeral.py parse_id): p_epochs, p_seqs, p_atts, NULL for an id that
--- is not one of ours. A 'failed' or 'retry' status makes the message claimable again at once,
+-- parsed (queen_mp/models/ephemeral.py parse_id): p_epochs, p_seqs, p_dlvs, NULL for an id that
+-- is not one of ours. An id acts while its delivery (p_dlvs[i]) still holds its message: a
+-- redelivery moved it to another delivery, so the older id answers 'unknown'. A 'failed' or
+-- 'retry' status makes the message claimable again at once (a delivery of its own, due now),
 -- or drops it (counted) when it was already delivered 1 + retryLimit times: that settles it,
 -- and answers 'acked'. An id given twice in one call is answered for its first occurrence;
 -- the others are 'unknown'. redelivered counts the 'redelivered' outcomes (the caller wakes
--- parked pops). Set-based: one DELETE and one UPDATE of the leases, whatever the count.
-CREATE OR REPLACE FUNCTION queen.eph_ack_v1(p_tenant uuid, p_queue text, p_group text,
-                                            p_epochs text[], p_seqs int8[], p_atts int4[],
+-- parked pops). One statement per delivery touched, whatever the count of ids.
+CREATE OR REPLACE FUNCTION queen.eph_ack_v2(p_tenant uuid, p_queue text, p_group text,
+                                            p_epochs text[], p_seqs int8[], p_dlvs int8[],
                                             p_statuses text[],
                                             OUT outcomes text[], OUT redelivered int4)
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 AS $$
 DECLARE
-    v_q queen.eph_queues;
+    v_epoch text;
     v_retry int4;
     v_i int8[];
     v_seq int8[];
-    v_att int4[];
+    v_dlv int8[];
     v_st text[];
-    v_lo int8;
-    v_hi int8;
     v_acked int8[] := '{}';
-    v_settle int8[] := '{}';
     v_red int8[] := '{}';
+    v_settle_p text[] := '{}';
+    v_settle_s int8[] := '{}';
     v_dropped int8 := 0;
+    v_a_i int8[];
+    v_a_s int8[];
+    v_r_i int8[];
+    v_r_s int8[];
+    v_r_a int4[];
+    v_drop int8;
+    v_set_n int8;
+    v_set_b int8;
+    r record;
 BEGIN
-    SELECT * INTO v_q FROM queen.eph_queues
-     WHERE tenant = p_tenant AND queue = p_queue FOR UPDATE;
+    v_epoch := queen.eph_enter_v1(p_tenant, p_queue);
     v_retry := (queen.eph_options_v1(p_tenant, p_queue) ->> 'retryLimit')::int4;
     -- the ids of this incarnation, first occurrence of each message
-    SELECT array_agg(x.i), array_agg(x.seq), array_agg(x.att), array_agg(x.st),
-           min(x.seq), max(x.seq)
-      INTO v_i, v_seq, v_att, v_st, v_lo, v_hi
-      FROM (SELECT DISTINCT ON (u.seq) u.i, u.seq, u.att, u.st
-              FROM unnest(p_epochs, p_seqs, p_atts, p_statuses)
-                   WITH ORDINALITY AS u(ep, seq, att, st, i)
-             WHERE u.ep = v_q.epoch AND u.seq IS NOT NULL AND u.att IS NOT NULL
+    SELECT array_agg(x.i), array_agg(x.seq), array_agg(x.dlv), array_agg(x.st)
+      INTO v_i, v_seq, v_dlv, v_st
+      FROM (SELECT DISTINCT ON (u.seq) u.i, u.seq, u.dlv, u.st
+              FROM unnest(p_epochs, p_seqs, p_dlvs, p_statuses)
+                   WITH ORDINALITY AS u(ep, seq, dlv, st, i)
+             WHERE u.ep = v_epoch AND u.seq IS NOT NULL AND u.dlv IS NOT NULL
              ORDER BY u.seq, u.i) AS x;
-    IF v_i IS NOT NULL THEN
-        -- the seq range keeps the primary key the access path whatever the statistics say
-        WITH d AS (
+    -- the deliveries, ascending (the lease rows' lock order)
+    FOR r IN SELECT l.dlv, l.partition, l.seqs, l.atts FROM queen.eph_leases l
+              WHERE l.tenant = p_tenant AND l.queue = p_queue AND l.grp = p_group
+                AND l.dlv = ANY (v_dlv)
+              ORDER BY l.dlv FOR UPDATE LOOP
+        SELECT coalesce(array_agg(x.i) FILTER (WHERE x.done), '{}'),
+               coalesce(array_agg(x.seq) FILTER (WHERE x.done), '{}'),
+               count(*) FILTER (WHERE x.done AND x.st <> 'completed'),
+               coalesce(array_agg(x.i) FILTER (WHERE NOT x.done), '{}'),
+               coalesce(array_agg(x.seq ORDER BY x.seq) FILTER (WHERE NOT x.done), '{}'),
+               coalesce(array_agg(x.att ORDER BY x.seq) FILTER (WHERE NOT x.done), '{}')
+          INTO v_a_i, v_a_s, v_drop, v_r_i, v_r_s, v_r_a
+          FROM (SELECT u.i, u.seq, u.st, a.att, (u.st = 'completed' OR a.att > v_retry) AS done
+                  FROM unnest(v_i, v_seq, v_dlv, v_st) AS u(i, seq, dlv, st)
+                 CROSS JOIN LATERAL (SELECT r.atts[array_position(r.seqs, u.seq)] AS att) a
+                 WHERE u.dlv = r.dlv AND a.att IS NOT NULL) x;
+        CONTINUE WHEN cardinality(v_a_i) + cardinality(v_r_i) = 0;
+        IF cardinality(v_a_i) + cardinality(v_r_i) = cardinality(r.seqs) THEN
             DELETE FROM queen.eph_leases l
-             USING unnest(v_i, v_seq, v_att, v_st) AS p(i, seq, att, st)
              WHERE l.tenant = p_tenant AND l.queue = p_queue AND l.grp = p_group
-               AND l.seq BETWEEN v_lo AND v_hi AND l.seq = p.seq AND l.attempts = p.att
-               AND (p.st = 'completed' OR l.attempts > v_retry)
-            RETURNING p.i, p.seq, p.st)
-        SELECT coalesce(array_agg(d.i), '{}'), coalesce(array_agg(d.seq), '{}'),
-               count(*) FILTER (WHERE d.st <> 'completed')
-          INTO v_acked, v_settle, v_dropped
-          FROM d;
-        WITH r AS (
-            UPDATE queen.eph_leases l SET lease_until = '-infinity'
-              FROM unnest(v_i, v_seq, v_att, v_st) AS p(i, seq, att, st)
+               AND l.dlv = r.dlv;
+        ELSE
+            UPDATE queen.eph_leases l
+               SET seqs = ARRAY(SELECT z.s FROM unnest(r.seqs) AS z(s)
+                                 WHERE z.s <> ALL (v_a_s) AND z.s <> ALL (v_r_s) ORDER BY z.s),
+                   atts = ARRAY(SELECT z.a FROM unnest(r.seqs, r.atts) AS z(s, a)
+                                 WHERE z.s <> ALL (v_a_s) AND z.s <> ALL (v_r_s) ORDER BY z.s)
              WHERE l.tenant = p_tenant AND l.queue = p_queue AND l.grp = p_group
-               AND l.seq BETWEEN v_lo AND v_hi AND l.seq = p.seq AND l.attempts = p.att
-               AND p.st <> 'completed' AND l.attempts <= v_retry
-            RETURNING p.i)
-        SELECT coalesce(array_agg(r.i), '{}') INTO v_red FROM r;
-    END IF;
+               AND l.dlv = r.dlv;
+        END IF;
+        IF cardinality(v_r_i) > 0 THEN
+            INSERT INTO queen.eph_leases (tenant, queue, grp, dlv, partition, seqs, atts,
+                                          lease_until)
+            VALUES (p_tenant, p_queue, p_group, nextval('queen.eph_seq'), r.partition, v_r_s,
+                    v_r_a, '-infinity');
+        END IF;
+        v_acked := v_acked || v_a_i;
+        v_red := v_red || v_r_i;
+        v_dropped := v_dropped + v_drop;
+        v_settle_p := v_settle_p || array_fill(r.partition, ARRAY[cardinality(v_a_s)]);
+        v_settle_s := v_settle_s || v_a_s;
+    END LOOP;
     SELECT coalesce(array_agg(
-               CASE WHEN a.i IS NOT NULL THEN 'acked'
-                    WHEN d.i IS NOT NULL THEN 'redelivered'
-                    WHEN u.ep IS NOT NULL AND u.ep IS DISTINCT FROM v_q.epoch THEN 'stale'
+               CASE WHEN u.i = ANY (v_acked) THEN 'acked'
+                    WHEN u.i = ANY (v_red) THEN 'redelivered'
+                    WHEN u.ep IS NOT NULL AND u.ep IS DISTINCT FROM v_epoch THEN 'stale'
                     ELSE 'unknown' END ORDER BY u.i), '{}')
       INTO outcomes
-      FROM unnest(p_epochs) WITH ORDINALITY AS u(ep, i)
-      LEFT JOIN unnest(v_acked) AS a(i) ON a.i = u.i
-      LEFT JOIN unnest(v_red) AS d(i) ON d.i = u.i;
-    IF v_dropped > 0 THEN
-        UPDATE queen.eph_queues SET drops_retry = drops_retry + v_dropped
-         WHERE tenant = p_tenant AND queue = p_queue;
+      FROM unnest(p_epochs) WITH ORDINALITY AS u(ep, i);
+    SELECT s.n, s.bytes INTO v_set_n, v_set_b
+      FROM queen.eph_settle_v2(p_tenant, p_queue, v_settle_p, v_settle_s) s;
+    IF v_set_n + v_dropped > 0 THEN
+        PERFORM queen.eph_count_v1(p_tenant, p_queue, -v_set_n, -v_set_b, 0, 0, v_dropped);
     END IF;
-    PERFORM queen.eph_settle_v1(p_tenant, p_queue, v_settle);
     redelivered := cardinality(v_red);
 END;
 $$;
@@ -466,22 +731,27 @@ RETURNS int8
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 AS $$
 DECLARE
-    v_q queen.eph_queues;
+    v_depth int8;
 BEGIN
-    SELECT * INTO v_q FROM queen.eph_queues
-     WHERE tenant = p_tenant AND queue = p_queue FOR UPDATE;
+    PERFORM pg_advisory_xact_lock(queen.eph_key_v1(p_tenant, p_queue));
+    PERFORM 1 FROM queen.eph_queues q WHERE q.tenant = p_tenant AND q.queue = p_queue;
     IF NOT FOUND THEN
         RETURN 0;
     END IF;
-    DELETE FROM queen.eph_messages WHERE tenant = p_tenant AND queue = p_queue;
+    SELECT coalesce(sum(c.depth), 0) INTO v_depth FROM queen.eph_counts c
+     WHERE c.tenant = p_tenant AND c.queue = p_queue;
+    DELETE FROM queen.eph_messages m USING queen.eph_partitions p
+     WHERE p.tenant = p_tenant AND p.queue = p_queue AND m.pid = p.id;
     DELETE FROM queen.eph_leases WHERE tenant = p_tenant AND queue = p_queue;
     DELETE FROM queen.eph_cursors WHERE tenant = p_tenant AND queue = p_queue;
     DELETE FROM queen.eph_groups WHERE tenant = p_tenant AND queue = p_queue;
     DELETE FROM queen.eph_partitions WHERE tenant = p_tenant AND queue = p_queue;
-    UPDATE queen.eph_queues
-       SET depth = 0, bytes = 0, epoch = substr(replace(gen_random_uuid()::text, '-', ''), 1, 16)
+    UPDATE queen.eph_counts SET depth = 0, bytes = 0
      WHERE tenant = p_tenant AND queue = p_queue;
-    RETURN v_q.depth;
+    UPDATE queen.eph_queues
+       SET epoch = substr(replace(gen_random_uuid()::text, '-', ''), 1, 16)
+     WHERE tenant = p_tenant AND queue = p_queue;
+    RETURN v_depth;
 END;
 $$;
 
@@ -493,15 +763,17 @@ DECLARE
     v_ring boolean;
     v_declared boolean;
 BEGIN
-    PERFORM 1 FROM queen.eph_queues WHERE tenant = p_tenant AND queue = p_queue FOR UPDATE;
+    PERFORM pg_advisory_xact_lock(queen.eph_key_v1(p_tenant, p_queue));
+    DELETE FROM queen.eph_queues WHERE tenant = p_tenant AND queue = p_queue;
     v_ring := FOUND;
     IF v_ring THEN
-        DELETE FROM queen.eph_messages WHERE tenant = p_tenant AND queue = p_queue;
+        DELETE FROM queen.eph_messages m USING queen.eph_partitions p
+         WHERE p.tenant = p_tenant AND p.queue = p_queue AND m.pid = p.id;
         DELETE FROM queen.eph_leases WHERE tenant = p_tenant AND queue = p_queue;
         DELETE FROM queen.eph_cursors WHERE tenant = p_tenant AND queue = p_queue;
         DELETE FROM queen.eph_groups WHERE tenant = p_tenant AND queue = p_queue;
         DELETE FROM queen.eph_partitions WHERE tenant = p_tenant AND queue = p_queue;
-        DELETE FROM queen.eph_queues WHERE tenant = p_tenant AND queue = p_queue;
+        DELETE FROM queen.eph_counts WHERE tenant = p_tenant AND queue = p_queue;
     END IF;
     DELETE FROM queen.eph_config WHERE tenant = p_tenant AND queue = p_queue;
     v_declared := FOUND;
@@ -520,18 +792,20 @@ AS $$
         'tier', CASE WHEN EXISTS (SELECT 1 FROM queen.eph_config c
                                    WHERE c.tenant = p_tenant AND c.queue = p_queue)
                      THEN 'declared' ELSE 'implicit' END,
-        'depth', coalesce(q.depth, 0),
-        'bytes', coalesce(q.bytes, 0),
+        'depth', coalesce(n.depth, 0),
+        'bytes', coalesce(n.bytes, 0),
         'partitions', (SELECT count(*) FROM queen.eph_partitions p
                         WHERE p.tenant = p_tenant AND p.queue = p_queue),
         'groups', (SELECT count(*) FROM queen.eph_groups g
                     WHERE g.tenant = p_tenant AND g.queue = p_queue),
-        'drops', jsonb_build_object('bounds', coalesce(q.drops_bounds, 0),
-                                    'ttl', coalesce(q.drops_ttl, 0),
-                                    'retry', coalesce(q.drops_retry, 0)),
+        'drops', jsonb_build_object('bounds', coalesce(n.drops_bounds, 0),
+                                    'ttl', coalesce(n.drops_ttl, 0),
+                                    'retry', coalesce(n.drops_retry, 0)),
         'options', queen.eph_options_v1(p_tenant, p_queue))
-      FROM (SELECT 1) AS one
-      LEFT JOIN queen.eph_queues q ON q.tenant = p_tenant AND q.queue = p_queue
+      FROM (SELECT sum(c.depth) AS depth, sum(c.bytes) AS bytes,
+                   sum(c.drops_bounds) AS drops_bounds, sum(c.drops_ttl) AS drops_ttl,
+                   sum(c.drops_retry) AS drops_retry
+              FROM queen.eph_counts c WHERE c.tenant = p_tenant AND c.queue = p_queue) n
 $$;
 
 CREATE OR REPLACE FUNCTION queen.eph_list_v1(p_tenant uuid, p_limit int4)
@@ -558,33 +832,40 @@ CREATE OR REPLACE FUNCTION queen.eph_depth_v1(p_tenant uuid, p_queue text, p_lim
 RETURNS jsonb
 LANGUAGE sql STABLE PARALLEL SAFE
 AS $$
-    SELECT queen.eph_gauges_v1(p_tenant, p_queue) || jsonb_build_object(
-        'pending', coalesce((SELECT q.depth FROM queen.eph_queues q
-                              WHERE q.tenant = p_tenant AND q.queue = p_queue), 0),
+    SELECT g0.gauges || jsonb_build_object(
+        'pending', g0.gauges -> 'depth',
         'partitionsPending', coalesce((
             SELECT jsonb_agg(jsonb_build_object('partition', x.partition, 'pending', x.n)
                              ORDER BY x.partition COLLATE "C")
-              FROM (SELECT m.partition, count(*) AS n FROM queen.eph_messages m
-                     WHERE m.tenant = p_tenant AND m.queue = p_queue
-                     GROUP BY m.partition ORDER BY m.partition COLLATE "C" LIMIT p_limit) x),
+              FROM (SELECT y.partition, y.n
+                      FROM (SELECT p.partition, (SELECT count(*) FROM queen.eph_messages m
+                                                  WHERE m.pid = p.id) AS n
+                              FROM queen.eph_partitions p
+                             WHERE p.tenant = p_tenant AND p.queue = p_queue) y
+                     WHERE y.n > 0 ORDER BY y.partition COLLATE "C" LIMIT p_limit) x),
             '[]'::jsonb),
         'consumerGroups', coalesce((
             SELECT jsonb_agg(jsonb_build_object(
                        'group', g.grp,
-                       'pending', (SELECT count(*) FROM queen.eph_messages m
+                       'pending', (SELECT coalesce(sum((
+                                            SELECT count(*) FROM queen.eph_messages m
+                                             WHERE m.pid = p.id
+                                               AND m.seq > coalesce(c.pos, 0))), 0)
+                                     FROM queen.eph_partitions p
                                      LEFT JOIN queen.eph_cursors c
-                                       ON c.tenant = m.tenant AND c.queue = m.queue
-                                      AND c.grp = g.grp AND c.partition = m.partition
-                                    WHERE m.tenant = p_tenant AND m.queue = p_queue
-                                      AND m.seq > coalesce(c.pos, 0)),
-                       'inFlight', (SELECT count(*) FROM queen.eph_leases l
+                                       ON c.tenant = p.tenant AND c.queue = p.queue
+                                      AND c.grp = g.grp AND c.partition = p.partition
+                                    WHERE p.tenant = p_tenant AND p.queue = p_queue),
+                       'inFlight', (SELECT coalesce(sum(cardinality(l.seqs)), 0)
+                                      FROM queen.eph_leases l
                                      WHERE l.tenant = p_tenant AND l.queue = p_queue
                                        AND l.grp = g.grp))
                        ORDER BY g.grp COLLATE "C")
-              FROM (SELECT g0.grp FROM queen.eph_groups g0
-                     WHERE g0.tenant = p_tenant AND g0.queue = p_queue
-                     ORDER BY g0.grp COLLATE "C" LIMIT p_limit) g),
+              FROM (SELECT g1.grp FROM queen.eph_groups g1
+                     WHERE g1.tenant = p_tenant AND g1.queue = p_queue
+                     ORDER BY g1.grp COLLATE "C" LIMIT p_limit) g),
             '[]'::jsonb))
+      FROM (SELECT queen.eph_gauges_v1(p_tenant, p_queue) AS gauges) g0
      WHERE EXISTS (SELECT 1 FROM queen.eph_queues q WHERE q.tenant = p_tenant AND q.queue = p_queue)
         OR EXISTS (SELECT 1 FROM queen.eph_config c WHERE c.tenant = p_tenant AND c.queue = p_queue)
 $$;
