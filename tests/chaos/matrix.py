@@ -131,10 +131,12 @@ def maintenance_toggles(rig: Rig, quick: bool) -> None:
         time.sleep(seconds)
 
 
-def failover(rig: Rig, quick: bool, how: str) -> None:
+def failover(rig: Rig, quick: bool, how: str) -> float:
     """Fault 4: the primary's host dies (``crash``) or its service is stopped (``stop``);
     pg_auto_failover promotes the secondary; the host comes back and rejoins as a secondary
-    (so the next round fails over the other way, with synchronous replication again)."""
+    (so the next round fails over the other way, with synchronous replication again).
+    Returns when the primary was gone: the recovery time counts from there, not from the
+    moment the action began (pushes sent while the kill was under way may commit)."""
     formation = rig.formation
     assert formation is not None, "this fault needs a pg_auto_failover rig"
     old = formation.primary  # known since the formation settled: the fault strikes at once
@@ -142,13 +144,15 @@ def failover(rig: Rig, quick: bool, how: str) -> None:
         formation.crash(old)
     else:
         formation.stop_service(old)
+    struck = time.monotonic()
     formation.wait_promoted(old)
     formation.rejoin(old)
     formation.wait_settled()
+    return struck
 
 
 #: what each fault does (``quick``: the reduced matrix's shorter outage and maintenance)
-FAULTS: dict[str, tuple[str, Callable[[Rig, bool], None]]] = {
+FAULTS: dict[str, tuple[str, Callable[[Rig, bool], float | None]]] = {
     "kill-worker": ("kill -9 of one front worker", kill_front_worker),
     "kill-shard": ("kill -9 of one shard", kill_shard),
     "kill-broker": ("kill -9 of the whole broker, restarted", kill_broker),
@@ -188,7 +192,7 @@ class Row:
     fault: str
     what: str
     verdict: Verdict
-    recovery_s: float | None  # from the fault's start to the first push answered queued
+    recovery_s: float | None  # from the fault to the first push sent after it answered queued
     cut_pushes: int  # push requests whose answer never came
 
 
@@ -214,7 +218,7 @@ def run_fault(rig: Rig, fault: str, *, quick: bool = True) -> Row:
     started = time.monotonic()
     for p in producers:
         p.first_ok_after = started
-    action(rig, quick)
+    struck = action(rig, quick) or started
     time.sleep(after_s)
     for p in producers:
         p.give_up_at = time.monotonic() + 30
@@ -232,8 +236,8 @@ def run_fault(rig: Rig, fault: str, *, quick: bool = True) -> Row:
     pushed = [x for p in producers for x in p.pushed]
     verdict = judge(pushed, consumers, check_offsets(rig.dsn, queue), shared.errors,
                     shared.cut)
-    recovered = [p.recovered_at for p in producers if p.recovered_at is not None]
-    return Row(fault, what, verdict, min(recovered) - started if recovered else None,
+    recovered = [t for p in producers if (t := p.recovered_at(struck)) is not None]
+    return Row(fault, what, verdict, min(recovered) - struck if recovered else None,
                shared.cut.get("push", 0))
 
 
@@ -322,9 +326,10 @@ of their producer that was answered `buffered` and stored when the spool drained
 from before the matrix checked order);
 *client errors*, what the clients saw, by route and kind (ConnectError: refused, nothing sent;
 ReadError and RemoteProtocolError: the answer was cut; 503 timeout and outcome_unknown: the
-broker does not know whether it applied); *recovery s*, from the fault's start to
-the first push answered `queued` that was sent after it. Offsets are checked to tile every
-partition without gap or overlap. Any loss, duplicate or offset problem fails the run.
+broker does not know whether it applied); *recovery s*, from the fault's start (for the
+failover rows: from the moment the primary's processes were gone) to the first push answered
+`queued` that was sent after it. Offsets are checked to tile every partition without gap or
+overlap. Any loss, duplicate, offset or order failure fails the run.
 """
 
 
