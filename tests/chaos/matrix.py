@@ -341,6 +341,10 @@ OUTSIDE = """\
   stored once after the drain, and pushes are taken again once the drain has freed the disk.
 - The network faults (7) are made by a TCP proxy of the test's own between the broker and
   PostgreSQL (tests/chaos/netproxy.py): these machines' kernels have no netem.
+- Push maintenance keeps each group's deliveries in offset order per partition, but pushes
+  made after it is switched off are stored at once while the items buffered before are still
+  in a spool (each instance drains its own): the *after a buffered one* counts. api.md promises
+  a `buffered` item's storage (once, with its messageId), not its place among later pushes.
 - The failover rows (fault 4) run on a pg_auto_failover formation of the run's own
   (tests/chaos/autofailover.py: a monitor, a primary and a secondary, synchronous replication,
   the package's default timings); the broker's DSN is the formation's multi-host URI. Their
