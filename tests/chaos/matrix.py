@@ -1,11 +1,13 @@
 """The fault matrix (issue 29): each fault under load, then a drain and the per-message ledger.
 
-One broker (2 front workers, 2 shards) over a PostgreSQL cluster of the run's own, which the
-PostgreSQL faults stop and start. Each fault gets a queue of its own: 3 producers (3 items a
-request over 50 partitions, retrying with the same transactionIds) and two consumer groups
-(manual acks; autoAck) run ``before_s``, the fault happens, the load goes on ``after_s``,
-then the producers stop and the consumers drain. A fault that takes the broker down restarts
-it on the same port, data directory and spool.
+One broker (2 front workers, 2 shards; two for the faults of TWO_INSTANCES) over a PostgreSQL
+cluster of the run's own, which the PostgreSQL faults stop and start, or over a pg_auto_failover
+formation (tests/chaos/autofailover.py) whose primary the failover faults take away. Each
+fault gets a queue of its own: 3 producers (3 items a request over 50 partitions, retrying
+with the same transactionIds) and two consumer groups (manual acks; autoAck) run
+``before_s``, the fault happens, the load goes on ``after_s``, then the producers stop and the
+consumers drain. A fault that takes the broker down restarts it on the same port, data
+directory and spool.
 
 ``python -m tests.chaos.matrix`` (``make chaos``) runs every fault ``--rounds`` times and
 writes docs/reliability.md; tests/chaos/test_matrix.py runs one round of the reduced set in
