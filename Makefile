@@ -72,7 +72,8 @@ fuzz: $(STAMP) pg-deps
 
 # The full fault matrix (issue 29, docs/reliability.md): every fault of tests/chaos/matrix.py
 # three times under load, each judged by the per-message ledger; make test runs one round of
-# the reduced set (tests/chaos/test_matrix.py).
+# the reduced set (tests/chaos/test_matrix.py). The failover faults install pg_auto_failover
+# (ops/ensure-pg-auto-failover.sh) when it is missing.
 CHAOS_ROUNDS ?= 3
 chaos: $(STAMP) pg-deps
 	$(BIN)/python -m tests.chaos.matrix --rounds $(CHAOS_ROUNDS) --docs docs/reliability.md

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from queen_mp.db.errors import NotDurable, StatementTimeout, emit, translate
+from queen_mp.db.errors import NotDurable, StatementError, StatementTimeout, emit, translate
 
 if TYPE_CHECKING:
     from psycopg_pool import AsyncConnectionPool
@@ -70,24 +70,30 @@ def session_options(dsn: str, statement_timeout_ms: int | None = None) -> str:
     return f"{own} {ours}" if own else ours
 
 
-def _refuse(value: object) -> NotDurable:
-    return NotDurable(f"the server runs this connection with synchronous_commit={value!r}, not"
-                      " 'on' although the broker asked for it at connect (a connection pooler"
-                      " that drops startup options?): refusing to write through it")
+def _check_durable(row: tuple[Any, ...] | None) -> None:
+    value = row[0] if row else None
+    if isinstance(value, bytes):
+        # NOTE(db): psycopg decodes no text of a SQL_ASCII database (initdb's choice under
+        # the C locale, as pg_autoctl or a container may run it): say so, not "not durable"
+        raise StatementError(
+            "the database's encoding is SQL_ASCII, whose text psycopg hands over undecoded:"
+            " queen-mp needs a UTF8 database (CREATE DATABASE ... ENCODING 'UTF8', or initdb"
+            " under a UTF-8 locale such as LC_ALL=C.UTF-8)")
+    if value != "on":
+        raise NotDurable(f"the server runs this connection with synchronous_commit={value!r},"
+                         " not 'on' although the broker asked for it at connect (a connection"
+                         " pooler that drops startup options?): refusing to write through it")
 
 
 async def verify_durable(conn: Conn) -> None:
-    """Raise ``NotDurable`` unless ``conn`` commits with ``synchronous_commit`` on."""
+    """Raise ``NotDurable`` unless ``conn`` commits with ``synchronous_commit`` on
+    (``StatementError`` on a database whose text psycopg cannot decode)."""
     cur = await conn.execute(_SHOW)
-    row = await cur.fetchone()
-    if row is None or row[0] != "on":
-        raise _refuse(row and row[0])
+    _check_durable(await cur.fetchone())
 
 
 def verify_durable_blocking(conn: psycopg.Connection[Any]) -> None:
-    row = conn.execute(_SHOW).fetchone()
-    if row is None or row[0] != "on":
-        raise _refuse(row and row[0])
+    _check_durable(conn.execute(_SHOW).fetchone())
 
 
 async def connect(dsn: str, *, application_name: str, statement_timeout_ms: int | None = None,

@@ -10,9 +10,16 @@ Failures (any one fails the run):
   group), or delivered twice at all (autoAck group);
 - WRONG ID: delivered under another messageId than its push answer gave;
 - PHANTOM: delivered, but no push of it was accepted or left without an answer;
-- OFFSETS: a partition's stored segments do not tile its offsets (bench/ledger.py).
+- OFFSETS: a partition's stored segments do not tile its offsets (bench/ledger.py);
+- REORDERED: an item stored at a lower offset than an item its producer had sent earlier to
+  the same partition and had been answered ``queued`` or ``duplicate`` for (a producer sends
+  its next request only once the last one is answered, so the earlier one was committed);
+- OUT OF ORDER: a group received a partition's messages (first deliveries) out of offset order.
 Counted, not failures: redeliveries after a delivery whose ack did not succeed (its lease
-expired), and items whose every attempt failed until the run gave up (``unanswered``).
+expired), items whose every attempt failed until the run gave up (``unanswered``), and items
+stored before an earlier item of their producer that was answered ``buffered`` (the spool
+drains after the pushes that follow it are stored: api.md promises a buffered item's storage,
+not its place).
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from typing import Any
 
 from tests.chaos.workload import ACCEPTED, Consumer, Delivery, Pushed
 
-__all__ = ["GroupVerdict", "Verdict", "judge"]
+__all__ = ["GroupVerdict", "Order", "Verdict", "judge"]
 
 POP_BATCH = 10
 
@@ -39,11 +46,12 @@ class GroupVerdict:
     duplicated: int = 0
     wrong_id: int = 0
     phantom: int = 0
+    out_of_order: int = 0  # first deliveries of a partition below one delivered before
     examples: list[str] = field(default_factory=list)
 
     @property
     def failures(self) -> int:
-        return self.lost + self.duplicated + self.wrong_id + self.phantom
+        return self.lost + self.duplicated + self.wrong_id + self.phantom + self.out_of_order
 
     def example(self, text: str) -> None:
         if len(self.examples) < 5:
@@ -59,19 +67,23 @@ class Verdict:
     offsets: dict[str, Any]
     errors: dict[str, int]
     cut: dict[str, int]
+    order: Order
 
     @property
     def ok(self) -> bool:
-        return all(g.failures == 0 for g in self.groups) and bool(self.offsets.get("ok"))
+        return (all(g.failures == 0 for g in self.groups) and bool(self.offsets.get("ok"))
+                and self.order.reordered == 0)
 
     def summary(self) -> str:
         parts = [f"accepted {self.accepted} {self.by_status}, unanswered {self.unanswered}"]
         for g in self.groups:
             parts.append(f"{g.group}: delivered {g.delivered}, redelivered {g.redelivered}, "
                          f"lost {g.lost} (+{g.lost_explained} explained), duplicated "
-                         f"{g.duplicated}, wrong id {g.wrong_id}, phantom {g.phantom} "
-                         f"{g.examples}")
+                         f"{g.duplicated}, wrong id {g.wrong_id}, phantom {g.phantom}, out "
+                         f"of order {g.out_of_order} {g.examples}")
         parts.append(f"offsets: {self.offsets.get('verdict')}")
+        parts.append(f"order: reordered {self.order.reordered}, after a buffered one "
+                     f"{self.order.after_buffered} {self.order.examples}")
         parts.append(f"client errors {self.errors}, cut {self.cut}")
         return "; ".join(parts)
 
@@ -87,7 +99,47 @@ def judge(pushed: list[Pushed], consumers: list[Consumer], offsets: dict[str, An
     for c in consumers:
         groups.append(_judge_group(c, accepted, final, cut.get(f"pop/{c.group}", 0)))
     return Verdict(len(accepted), dict(by_status), by_status.get("unanswered", 0), groups,
-                   offsets, dict(errors), dict(cut))
+                   offsets, dict(errors), dict(cut), _store_order(accepted, consumers))
+
+
+@dataclass
+class Order:
+    """Items stored below an item their producer sent earlier to the same partition."""
+
+    reordered: int = 0  # the earlier one answered queued or duplicate: a failure
+    after_buffered: int = 0  # the earlier one answered buffered: counted
+    examples: list[str] = field(default_factory=list)
+
+
+def _store_order(accepted: dict[str, Pushed], consumers: list[Consumer]) -> Order:
+    """Per producer and partition, in send order, each item's offset against the highest of
+    the items sent before it (offsets as delivered: an item never delivered is LOST already)."""
+    where: dict[str, tuple[str, int]] = {}
+    for c in consumers:
+        for d in c.deliveries:
+            where.setdefault(d.transaction_id, (d.partition_id, d.offset))
+    streams: dict[tuple[str, str], list[tuple[int, int, bool]]] = {}
+    for txn, p in accepted.items():
+        if txn in where:
+            pid, offset = where[txn]
+            streams.setdefault((p.producer, pid), []).append(
+                (p.seq, offset, p.status == "buffered"))
+    order = Order()
+    for (producer, pid), items in streams.items():
+        top_direct = top_buffered = -1
+        for seq, offset, buffered in sorted(items):
+            if offset < top_direct:
+                order.reordered += 1
+                if len(order.examples) < 5:
+                    order.examples.append(f"{producer}-{seq} at {pid}/{offset}, below "
+                                          f"{top_direct} sent earlier")
+            elif offset < top_buffered:
+                order.after_buffered += 1
+            if buffered:
+                top_buffered = max(top_buffered, offset)
+            else:
+                top_direct = max(top_direct, offset)
+    return order
 
 
 def _judge_group(c: Consumer, accepted: dict[str, Pushed], final: dict[str, Pushed],
@@ -96,6 +148,13 @@ def _judge_group(c: Consumer, accepted: dict[str, Pushed], final: dict[str, Push
     seen: dict[str, list[Delivery]] = {}
     for d in c.deliveries:
         seen.setdefault(d.transaction_id, []).append(d)
+    high: dict[str, int] = {}  # per partition, the highest offset delivered so far
+    for d in c.deliveries:
+        if d.offset < high.get(d.partition_id, -1) and seen[d.transaction_id][0] is d:
+            v.out_of_order += 1
+            v.example(f"out of order {d.transaction_id} at {d.partition_id}/{d.offset}, after "
+                      f"offset {high[d.partition_id]}")
+        high[d.partition_id] = max(high.get(d.partition_id, -1), d.offset)
     for txn, ds in seen.items():
         p = final.get(txn)
         if p is None or p.status not in ACCEPTED | {"unanswered"}:

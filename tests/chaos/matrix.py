@@ -1,11 +1,13 @@
 """The fault matrix (issue 29): each fault under load, then a drain and the per-message ledger.
 
-One broker (2 front workers, 2 shards) over a PostgreSQL cluster of the run's own, which the
-PostgreSQL faults stop and start. Each fault gets a queue of its own: 3 producers (3 items a
-request over 50 partitions, retrying with the same transactionIds) and two consumer groups
-(manual acks; autoAck) run ``before_s``, the fault happens, the load goes on ``after_s``,
-then the producers stop and the consumers drain. A fault that takes the broker down restarts
-it on the same port, data directory and spool.
+One broker (2 front workers, 2 shards; two for the faults of TWO_INSTANCES) over a PostgreSQL
+cluster of the run's own, which the PostgreSQL faults stop and start, or over a pg_auto_failover
+formation (tests/chaos/autofailover.py) whose primary the failover faults take away. Each
+fault gets a queue of its own: 3 producers (3 items a request over 50 partitions, retrying
+with the same transactionIds) and two consumer groups (manual acks; autoAck) run
+``before_s``, the fault happens, the load goes on ``after_s``, then the producers stop and the
+consumers drain. A fault that takes the broker down restarts it on the same port, data
+directory and spool.
 
 ``python -m tests.chaos.matrix`` (``make chaos``) runs every fault ``--rounds`` times and
 writes docs/reliability.md; tests/chaos/test_matrix.py runs one round of the reduced set in
@@ -33,6 +35,7 @@ from psycopg.conninfo import make_conninfo
 from bench.ledger import check_offsets
 from queen_mp.db.embedded import EmbeddedPostgres
 from tests.brokerharness import REPO, Broker, launch, process_tree, start_broker
+from tests.chaos.autofailover import Formation
 from tests.chaos.ledger import Verdict, judge
 from tests.chaos.netproxy import NetProxy
 from tests.chaos.workload import Consumer, Producer, _Shared
@@ -48,12 +51,14 @@ LEASE_S = 1
 @dataclass
 class Rig:
     """The broker instances under test (one, or two over the same database) and the cluster
-    under them; faults replace what they restart."""
+    under them (a server of the run's own, or a pg_auto_failover formation); faults replace
+    what they restart."""
 
     brokers: list[Broker]
-    pg: EmbeddedPostgres
-    dsn: str  # direct, for the ledger's checks
+    pg: EmbeddedPostgres | None
+    dsn: str  # direct (the formation's multi-host URI), for the ledger's checks
     proxy: NetProxy | None = None  # between the brokers and PostgreSQL, for fault 7
+    formation: Formation | None = None  # fault 4
 
     @property
     def broker(self) -> Broker:
@@ -103,6 +108,7 @@ def sigterm_broker(rig: Rig, quick: bool) -> None:
 
 
 def postgres_outage(rig: Rig, quick: bool) -> None:
+    assert rig.pg is not None, "this fault needs a rig of one server"
     rig.pg.stop(mode="immediate")
     time.sleep(3.0 if quick else 10.0)
     rig.pg.start()
@@ -119,15 +125,36 @@ def network_fault(rig: Rig, quick: bool, mode: str) -> None:
 
 
 def maintenance_toggles(rig: Rig, quick: bool) -> None:
+    """Fault 8; with two instances each switch is made on the other one than the last, so
+    every instance also follows switches it learns from PostgreSQL (NOTIFY)."""
     seconds = 0.5 if quick else 1.0
-    for _ in range(3):
-        for enabled in (True, False):
-            set_maintenance(rig.broker, enabled)
-            time.sleep(seconds)
+    for k in range(6):
+        set_maintenance(rig.brokers[k % len(rig.brokers)], enabled=k % 2 == 0)
+        time.sleep(seconds)
+
+
+def failover(rig: Rig, quick: bool, how: str) -> float:
+    """Fault 4: the primary's host dies (``crash``) or its service is stopped (``stop``);
+    pg_auto_failover promotes the secondary; the host comes back and rejoins as a secondary
+    (so the next round fails over the other way, with synchronous replication again).
+    Returns when the primary was gone: the recovery time counts from there, not from the
+    moment the action began (pushes sent while the kill was under way may commit)."""
+    formation = rig.formation
+    assert formation is not None, "this fault needs a pg_auto_failover rig"
+    old = formation.primary  # known since the formation settled: the fault strikes at once
+    if how == "crash":
+        formation.crash(old)
+    else:
+        formation.stop_service(old)
+    struck = time.monotonic()
+    formation.wait_promoted(old)
+    formation.rejoin(old)
+    formation.wait_settled()
+    return struck
 
 
 #: what each fault does (``quick``: the reduced matrix's shorter outage and maintenance)
-FAULTS: dict[str, tuple[str, Callable[[Rig, bool], None]]] = {
+FAULTS: dict[str, tuple[str, Callable[[Rig, bool], float | None]]] = {
     "kill-worker": ("kill -9 of one front worker", kill_front_worker),
     "kill-shard": ("kill -9 of one shard", kill_shard),
     "kill-broker": ("kill -9 of the whole broker, restarted", kill_broker),
@@ -135,17 +162,27 @@ FAULTS: dict[str, tuple[str, Callable[[Rig, bool], None]]] = {
     "pg-outage": ("PostgreSQL stopped 10 s (3 s quick, immediate), started again",
                   postgres_outage),
     "maintenance": ("push maintenance on and off three times", maintenance_toggles),
+    "maintenance-2": ("two instances, round-robin clients: push maintenance on and off three "
+                      "times, each switch on the other instance", maintenance_toggles),
     "kill-instance": ("two instances, round-robin clients: kill -9 of one, restarted",
                       kill_second_instance),
     "net-blackhole": ("network to PostgreSQL drops everything 8 s (4 s quick)",
                       lambda rig, quick: network_fault(rig, quick, "blackhole")),
     "net-delay": ("network to PostgreSQL delays every packet 300 ms for 8 s (4 s quick)",
                   lambda rig, quick: network_fault(rig, quick, "delay")),
+    "failover-crash": ("pg_auto_failover: kill -9 of the primary's pg_autoctl and postmaster, "
+                       "secondary promoted by the monitor, old primary rejoined",
+                       lambda rig, quick: failover(rig, quick, "crash")),
+    "failover-stop": ("pg_auto_failover: `pg_autoctl stop --immediate` of the primary, "
+                      "secondary promoted by the monitor, old primary rejoined",
+                      lambda rig, quick: failover(rig, quick, "stop")),
 }
 #: faults that need a rig of two instances
-TWO_INSTANCES = frozenset({"kill-instance"})
+TWO_INSTANCES = frozenset({"kill-instance", "maintenance-2"})
 #: faults that need the broker's connections to go through the rig's NetProxy
 PROXIED = frozenset({"net-blackhole", "net-delay"})
+#: faults that need a pg_auto_failover formation under the broker
+FAILOVER = frozenset({"failover-crash", "failover-stop"})
 #: the statement deadline of a proxied rig: short, so a fault drives the cancel and quarantine
 PROXIED_STATEMENT_TIMEOUT_MS = 1500
 #: the reduced matrix of `make test` (issue 29: faults 1, 2, 3 and 8)
@@ -157,7 +194,7 @@ class Row:
     fault: str
     what: str
     verdict: Verdict
-    recovery_s: float | None  # from the fault's start to the first push answered queued
+    recovery_s: float | None  # from the fault to the first push sent after it answered queued
     cut_pushes: int  # push requests whose answer never came
 
 
@@ -183,7 +220,7 @@ def run_fault(rig: Rig, fault: str, *, quick: bool = True) -> Row:
     started = time.monotonic()
     for p in producers:
         p.first_ok_after = started
-    action(rig, quick)
+    struck = action(rig, quick) or started
     time.sleep(after_s)
     for p in producers:
         p.give_up_at = time.monotonic() + 30
@@ -201,24 +238,32 @@ def run_fault(rig: Rig, fault: str, *, quick: bool = True) -> Row:
     pushed = [x for p in producers for x in p.pushed]
     verdict = judge(pushed, consumers, check_offsets(rig.dsn, queue), shared.errors,
                     shared.cut)
-    recovered = [p.recovered_at for p in producers if p.recovered_at is not None]
-    return Row(fault, what, verdict, min(recovered) - started if recovered else None,
+    recovered = [t for p in producers if (t := p.recovered_at(struck)) is not None]
+    return Row(fault, what, verdict, min(recovered) - struck if recovered else None,
                shared.cut.get("push", 0))
 
 
 @contextlib.contextmanager
-def rig(tmp: Path, instances: int = 1, proxied: bool = False) -> Iterator[Rig]:
-    """A private cluster and ``instances`` brokers on it (through a NetProxy when
-    ``proxied``); all gone afterwards."""
+def rig(tmp: Path, instances: int = 1, proxied: bool = False,
+        failover: bool = False) -> Iterator[Rig]:
+    """A private cluster (a pg_auto_failover formation when ``failover``) and ``instances``
+    brokers on it (through a NetProxy when ``proxied``); all gone afterwards."""
     base = make_temp_dir("queen-chaos-")
-    pg = EmbeddedPostgres(base / "pg", fsync=False)
-    pg.start()
+    pg = formation = None
     try:
-        dsn = make_database(pg.dsn)
-        r = Rig([], pg, dsn)
+        if failover:
+            formation = Formation(base / "formation")
+            formation.start()
+            dsn = formation.uri()  # every node, the writable one chosen by libpq
+        else:
+            pg = EmbeddedPostgres(base / "pg", fsync=False)
+            pg.start()
+            dsn = make_database(pg.dsn)
+        r = Rig([], pg, dsn, formation=formation)
         settings = {"QUEEN_PUSH_TIMEOUT_MS": "4000"}
         broker_dsn = dsn
         if proxied:
+            assert pg is not None
             r.proxy = NetProxy("127.0.0.1", pg.port)
             broker_dsn = make_conninfo(dsn, host="127.0.0.1", port=r.proxy.port)
             settings["QUEEN_PG_STATEMENT_TIMEOUT_MS"] = str(PROXIED_STATEMENT_TIMEOUT_MS)
@@ -232,16 +277,19 @@ def rig(tmp: Path, instances: int = 1, proxied: bool = False) -> Iterator[Rig]:
             if r.proxy is not None:
                 r.proxy.close()
     finally:
-        with contextlib.suppress(Exception):
-            pg.stop(mode="immediate")
+        if pg is not None:
+            with contextlib.suppress(Exception):
+                pg.stop(mode="immediate")
+        if formation is not None:
+            formation.close()
         shutil.rmtree(base, ignore_errors=True)
 
 
 # ------------------------------------------------------------------------------- the report
 def table(rows: list[Row]) -> str:
     head = ("| fault | accepted | delivered (manual / auto) | lost | duplicated | unanswered "
-            "| redelivered | client errors | recovery s |\n"
-            "|---|---:|---:|---:|---:|---:|---:|---|---:|")
+            "| redelivered | order | client errors | recovery s |\n"
+            "|---|---:|---:|---:|---:|---:|---:|---|---|---:|")
     lines = [head]
     for r in rows:
         v = r.verdict
@@ -250,9 +298,15 @@ def table(rows: list[Row]) -> str:
                                           if a.lost_explained else "")
         errors = ", ".join(f"{k} x{n}" for k, n in sorted(v.errors.items())) or "none"
         rec = f"{r.recovery_s:.2f}" if r.recovery_s is not None else "-"
+        order = ", ".join(part for part in (
+            f"{v.order.reordered} reordered" if v.order.reordered else "",
+            f"{m.out_of_order + a.out_of_order} delivered out of order"
+            if m.out_of_order + a.out_of_order else "",
+            f"{v.order.after_buffered} after a buffered one" if v.order.after_buffered else "",
+        ) if part) or "kept"
         lines.append(f"| {r.what} | {v.accepted} | {m.delivered} / {a.delivered} | {lost} | "
                      f"{m.duplicated} / {a.duplicated} | {v.unanswered} | {m.redelivered} | "
-                     f"{errors} | {rec} |")
+                     f"{order} | {errors} | {rec} |")
     return "\n".join(lines)
 
 
@@ -265,11 +319,19 @@ apart: at-most-once is what autoAck means); *duplicated*, delivered again after 
 ack (or twice under autoAck);
 *unanswered*, items still not accepted when the run gave up (30 s after the load stopped);
 *redelivered*, deliveries again after an ack that did not succeed (the lease expired);
+*order*, per producer and partition: *kept* when every item was stored above the items its
+producer sent before it and each group received every partition in offset order; *N reordered*
+(a failure) counts items stored below an earlier item that had been answered `queued` or
+`duplicate`, *N delivered out of order* (a failure) first deliveries below an offset the group
+had already received, *N after a buffered one* (counted) items stored before an earlier item
+of their producer that was answered `buffered` and stored when the spool drained ("-": rows
+from before the matrix checked order);
 *client errors*, what the clients saw, by route and kind (ConnectError: refused, nothing sent;
 ReadError and RemoteProtocolError: the answer was cut; 503 timeout and outcome_unknown: the
-broker does not know whether it applied); *recovery s*, from the fault's start to
-the first push answered `queued` that was sent after it. Offsets are checked to tile every
-partition without gap or overlap. Any loss, duplicate or offset problem fails the run.
+broker does not know whether it applied); *recovery s*, from the fault's start (for the
+failover rows: from the moment the primary's processes were gone) to the first push answered
+`queued` that was sent after it. Offsets are checked to tile every partition without gap or
+overlap. Any loss, duplicate, offset or order failure fails the run.
 """
 
 
@@ -281,7 +343,16 @@ OUTSIDE = """\
   stored once after the drain, and pushes are taken again once the drain has freed the disk.
 - The network faults (7) are made by a TCP proxy of the test's own between the broker and
   PostgreSQL (tests/chaos/netproxy.py): these machines' kernels have no netem.
-- Not covered yet: a PostgreSQL failover under pg_auto_failover (fault 4).
+- Push maintenance keeps each group's deliveries in offset order per partition, but pushes
+  made after it is switched off are stored at once while the items buffered before are still
+  in a spool (each instance drains its own): the *after a buffered one* counts. api.md promises
+  a `buffered` item's storage (once, with its messageId), not its place among later pushes.
+- The failover rows (fault 4) run on a pg_auto_failover formation of the run's own
+  (tests/chaos/autofailover.py: a monitor, a primary and a secondary, synchronous replication,
+  the package's default timings); the broker's DSN is the formation's multi-host URI. Their
+  recovery time is mostly the monitor's: it declares the primary unhealthy after
+  `pgautofailover.node_considered_unhealthy_timeout` (20 s) and waits
+  `pgautofailover.primary_demote_timeout` (30 s) before promoting (docs/operations.md).
 """
 
 
@@ -297,7 +368,8 @@ def report(rows: list[Row], rounds: int, commit: str) -> str:
         f"docs/reliability.md`), run {time.strftime('%Y-%m-%d', time.gmtime())} at commit "
         f"{commit}: each fault of tests/chaos/matrix.py {rounds} times under load (3 producers, "
         "a manual-ack and an autoAck consumer group, 50 partitions, one broker with 2 front "
-        "workers and 2 shards over a PostgreSQL cluster of the run's own), then a drain and the "
+        "workers and 2 shards over a PostgreSQL cluster of the run's own, a pg_auto_failover "
+        "formation for the failover rows), then a drain and the "
         "per-message ledger of tests/chaos/ledger.py. `make test` runs one quick round "
         "(tests/chaos/test_matrix.py).\n\n" + LEGEND + "\n" + table(rows) + "\n\n" + OUTSIDE)
 
@@ -315,12 +387,13 @@ def main() -> int:
     faults = a.faults.split(",")
     tmp = make_temp_dir("queen-chaos-broker-")
     try:
-        for instances, proxied in ((1, False), (2, False), (1, True)):
+        for instances, proxied, failover in ((1, False, False), (2, False, False),
+                                             (1, True, False), (1, False, True)):
             todo = [f for f in faults if (f in TWO_INSTANCES) == (instances == 2)
-                    and (f in PROXIED) == proxied]
+                    and (f in PROXIED) == proxied and (f in FAILOVER) == failover]
             if not todo:
                 continue
-            with rig(tmp, instances, proxied) as r:
+            with rig(tmp, instances, proxied, failover) as r:
                 for _ in range(a.rounds):
                     for fault in todo:
                         row = run_fault(r, fault, quick=False)

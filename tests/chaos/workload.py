@@ -112,7 +112,8 @@ class Producer(threading.Thread):
         self.pushed: list[Pushed] = []
         self.give_up_at = float("inf")
         self.first_ok_after: float | None = None  # set by the runner: a fault's start
-        self.recovered_at: float | None = None  # the first all-queued answer sent after it
+        #: (sent, answered) of every all-queued answer sent from then on
+        self.queued_answers: list[tuple[float, float]] = []
 
     def run(self) -> None:
         seq = 0
@@ -156,10 +157,9 @@ class Producer(threading.Thread):
                 for (s, p), a in zip(batch, answer, strict=True):
                     self.pushed.append(Pushed(self.producer, s, p, a["status"],
                                               a.get("messageId"), attempts))
-                if self.first_ok_after is not None and self.recovered_at is None \
-                        and sent >= self.first_ok_after \
+                if self.first_ok_after is not None and sent >= self.first_ok_after \
                         and all(a["status"] == "queued" for a in answer):
-                    self.recovered_at = time.monotonic()
+                    self.queued_answers.append((sent, time.monotonic()))
                 return
             if time.monotonic() >= self.give_up_at:
                 for s, p in batch:
@@ -167,6 +167,11 @@ class Producer(threading.Thread):
                                               attempts))
                 return
             time.sleep(0.1)
+
+    def recovered_at(self, struck: float) -> float | None:
+        """When the first all-queued answer to a request sent at ``struck`` or later came."""
+        return min((answered for sent, answered in self.queued_answers if sent >= struck),
+                   default=None)
 
 
 class Consumer(threading.Thread):

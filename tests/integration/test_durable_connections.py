@@ -43,7 +43,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from queen_mp.db import connect as db_connect
 from queen_mp.db.embedded import EmbeddedPostgres
-from queen_mp.db.errors import NotDurable
+from queen_mp.db.errors import NotDurable, StatementError
 from tests.pgharness import drop_database, make_database, make_migrated_database, make_temp_dir
 
 pytestmark = pytest.mark.timeout(240)
@@ -311,6 +311,32 @@ def _kinds_of_work(broker: Any, watch: Watch, dsn: str, pool: cf.ThreadPoolExecu
                      " WHERE ns = %s", (ns,))
         seen["housekeeping"] = watch.until(ROLES["housekeeping"])
     return seen
+
+
+def test_a_sql_ascii_database_is_refused_by_name(cluster):
+    """initdb under the C locale (pg_autoctl run with LC_ALL=C did it) makes SQL_ASCII
+    databases, whose text psycopg returns as bytes: the helpers name the encoding instead of
+    blaming a pooler for ``synchronous_commit=b'on'``."""
+    name = f"queen_test_ascii_{uuid.uuid4().hex[:8]}"
+    with admin(cluster) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE template0 ENCODING 'SQL_ASCII' "
+                             "LC_COLLATE 'C' LC_CTYPE 'C'").format(sql.Identifier(name)))
+    dsn = make_conninfo(cluster, dbname=name)
+    try:
+        with pytest.raises(StatementError, match="SQL_ASCII"):
+            db_connect.connect_blocking(dsn, application_name="test ascii")
+
+        async def refused() -> str:
+            try:
+                await db_connect.connect(dsn, application_name="test ascii")
+            except StatementError as ex:
+                return str(ex)
+            return "connected"
+
+        import asyncio
+        assert "UTF8" in asyncio.run(refused())
+    finally:
+        drop_database(cluster, dsn)
 
 
 def test_every_broker_connection_that_writes_commits_durably(cluster, make_broker):

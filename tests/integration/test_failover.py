@@ -32,9 +32,10 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from queen_mp.db.embedded import EmbeddedPostgres
 from queen_mp.db.errors import DatabaseError
 from queen_mp.db.pooled import connection, failover_pool
+from queen_mp.front.queueflags import FlagsUnavailable, QueueFlags
 from tests.integration.test_maintenance import spool_status, wait_drained, wait_for
 from tests.integration.test_push_json import PUSH, stored_messages, uq
-from tests.pgharness import make_database, make_temp_dir
+from tests.pgharness import make_database, make_migrated_database, make_temp_dir
 
 TXN = "/api/v1/transaction"
 OUTAGE_S = 3.0  # from the primary's death to the standby's promotion
@@ -342,3 +343,48 @@ def test_the_front_pool_drops_dead_connections_and_reconnects_promptly(private_p
     # never handed out, so no request on one ends "outcome unknown" either
     assert set(errors) <= {"Unavailable", "after: Unavailable"}, errors
     assert took < 2.0, took
+
+
+def test_queue_flags_wait_for_a_missing_server_once_a_while_not_per_push(private_pg):
+    """Without a writable server (a failover takes pg_auto_failover about 50 s) the encryption
+    flag of a known queue comes from the worker's memo and an unknown queue's is unavailable at
+    once: after one failed read PostgreSQL is not asked again for ``down_s``, where every push
+    whose memo had expired used to wait READ_TIMEOUT_S (3 s) before it was spooled."""
+    dsn = make_migrated_database(private_pg.dsn)
+    tenant = bytes(16)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO queen.queues (name, encryption_enabled) VALUES "
+                     "('flags-secret', true)")
+
+    async def scenario() -> tuple[list[object], int, int]:
+        pool = failover_pool(dsn, max_size=2, name="flags-test", timeout=1.0)
+        await pool.open(wait=True)
+        flags = QueueFlags(pool, ttl_s=0.0, down_s=30.0)  # every memo expired at once
+        try:
+            seen: list[object] = [await flags.encrypted(tenant, "flags-secret")]
+            private_pg.stop(mode="immediate")
+            seen.append(await flags.encrypted(tenant, "flags-secret"))  # the failed read
+            asked = pool.get_stats()["requests_num"]
+            for queue in ("flags-secret", "flags-new", "flags-secret"):
+                try:
+                    seen.append(await flags.encrypted(tenant, queue))
+                except FlagsUnavailable as ex:
+                    seen.append(str(ex))
+            asked_down = pool.get_stats()["requests_num"] - asked
+            private_pg.start()
+            flags.down_s = 0.0
+            flags._down_until = 0.0  # as if down_s had passed
+            for _ in range(100):  # the pool reconnects about a second after the server is back
+                with contextlib.suppress(FlagsUnavailable):
+                    if await flags.encrypted(tenant, "flags-new") is False:
+                        break
+                await asyncio.sleep(0.1)
+            return seen, asked_down, pool.get_stats()["requests_num"] - asked
+        finally:
+            await pool.close()
+
+    seen, asked_down, asked_after = asyncio.run(scenario())
+    assert seen[:3] == [True, True, True] and seen[4] is True, seen
+    assert isinstance(seen[3], str) and seen[3].startswith("queue flags unreadable: "), seen
+    assert asked_down == 0, "PostgreSQL was asked again while known down"
+    assert asked_after > 0  # and asked again once the window passed: flags-new is known now
