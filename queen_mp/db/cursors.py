@@ -36,21 +36,22 @@ def _cursor(conn: Conn, binary: bool) -> psycopg.AsyncCursor[Any]:
 async def fetch_all(conn: Conn, query: Query, params: Any, *, prepare: bool | None = None,
                     binary: bool = False) -> list[Any]:
     """Every row of ``query`` run on ``conn``'s reused cursor."""
-    cur = _cursor(conn, binary)
-    try:
-        await cur.execute(query, params, prepare=prepare)
-        return await cur.fetchall()
-    finally:
-        # NOTE(db): psycopg's own reset (3.x, pinned < 3.4): drops the result it holds
-        cur._reset()
+    rows: list[Any] = await _fetch(conn, query, params, prepare, binary, one=False)
+    return rows
 
 
 async def fetch_one(conn: Conn, query: Query, params: Any, *, prepare: bool | None = None,
                     binary: bool = False) -> Any:
     """The first row of ``query`` (None if it returned none), on the reused cursor."""
+    return await _fetch(conn, query, params, prepare, binary, one=True)
+
+
+async def _fetch(conn: Conn, query: Query, params: Any, prepare: bool | None, binary: bool,
+                 *, one: bool) -> Any:
     cur = _cursor(conn, binary)
     try:
         await cur.execute(query, params, prepare=prepare)
-        return await cur.fetchone()
+        return await cur.fetchone() if one else await cur.fetchall()
     finally:
+        # NOTE(db): psycopg's own reset (3.x, pinned < 3.4): drops the result it holds
         cur._reset()
