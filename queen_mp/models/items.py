@@ -40,6 +40,7 @@ __all__ = [
     "path_partition_id",
     "path_transaction_id",
     "stamped_item",
+    "text_transaction_id",
 ]
 
 MAX_ITEMS = 100_000
@@ -298,4 +299,13 @@ def path_transaction_id(raw: str) -> str:
     if size > MAX_TXN_BYTES:
         raise NameTooLong(f"transactionId of {size} bytes, over {MAX_TXN_BYTES}",
                           field="transactionId", limit=MAX_TXN_BYTES)
+    return text_transaction_id(raw)
+
+
+def text_transaction_id(raw: str) -> str:
+    """``raw``, which a lookup or a trace passes to PostgreSQL as text: a NUL character (which
+    a pushed frame may hold) is refused with a 400 rather than failing in the driver."""
+    if "\x00" in raw:
+        raise InvalidRequest("transactionId holds a NUL character (\\u0000), which a lookup "
+                             "or a trace cannot use", field="transactionId")
     return raw

@@ -31,7 +31,12 @@ import orjson
 
 from queen_mp.db.trace_procs import TraceEvent
 from queen_mp.models.errors import InvalidName, InvalidRequest, NameTooLong
-from queen_mp.models.items import QUEUE_MODE, parse_group, parse_partition_id
+from queen_mp.models.items import (
+    QUEUE_MODE,
+    parse_group,
+    parse_partition_id,
+    text_transaction_id,
+)
 from queen_mp.wire.binary_push import check_name
 from queen_mp.wire.errors import BodyTooLarge
 from queen_mp.wire.frames import MAX_TXN_BYTES
@@ -63,7 +68,7 @@ def _transaction_id(raw: Any) -> str:
     if size > MAX_TXN_BYTES:
         raise NameTooLong(f"transactionId of {size} bytes, over {MAX_TXN_BYTES}",
                           field="transactionId", limit=MAX_TXN_BYTES)
-    return raw
+    return text_transaction_id(raw)
 
 
 def _group(raw: Any) -> str:

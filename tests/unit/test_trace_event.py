@@ -36,6 +36,7 @@ def test_what_the_2_6_client_sends_and_the_defaults():
     ("text", None, "invalid_request"),
     ({**BASE, "transactionId": None}, "transactionId", "invalid_request"),
     ({**BASE, "transactionId": "é" * 513}, "transactionId", "name_too_long"),
+    ({**BASE, "transactionId": "a\x00b"}, "transactionId", "invalid_request"),
     ({k: v for k, v in BASE.items() if k != "partitionId"}, "partitionId", "invalid_request"),
     ({**BASE, "partitionId": "0"}, "partitionId", "invalid_request"),
     ({**BASE, "partitionId": -3}, "partitionId", "invalid_request"),
