@@ -40,7 +40,6 @@ __all__ = [
     "path_partition_id",
     "path_transaction_id",
     "stamped_item",
-    "text_transaction_id",
 ]
 
 MAX_ITEMS = 100_000
@@ -292,19 +291,15 @@ def path_partition_id(raw: str) -> int:
 
 
 def path_transaction_id(raw: str) -> str:
-    """A transactionId path segment: 1..1024 UTF-8 bytes."""
+    """A transactionId of a path segment or a trace body: 1..1024 UTF-8 bytes, no NUL."""
     if not raw:
         raise InvalidRequest("empty transactionId", field="transactionId")
     size = len(raw.encode("utf-8", "surrogatepass"))
     if size > MAX_TXN_BYTES:
         raise NameTooLong(f"transactionId of {size} bytes, over {MAX_TXN_BYTES}",
                           field="transactionId", limit=MAX_TXN_BYTES)
-    return text_transaction_id(raw)
-
-
-def text_transaction_id(raw: str) -> str:
-    """``raw``, which a lookup or a trace passes to PostgreSQL as text: a NUL character (which
-    a pushed frame may hold) is refused with a 400 rather than failing in the driver."""
+    # NOTE(queen): lookups and traces pass it to PostgreSQL as text, which cannot hold the NUL
+    # a pushed frame may: a 400 here rather than a failure in the driver
     if "\x00" in raw:
         raise InvalidRequest("transactionId holds a NUL character (\\u0000), which a lookup "
                              "or a trace cannot use", field="transactionId")

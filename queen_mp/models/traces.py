@@ -35,11 +35,10 @@ from queen_mp.models.items import (
     QUEUE_MODE,
     parse_group,
     parse_partition_id,
-    text_transaction_id,
+    path_transaction_id,
 )
 from queen_mp.wire.binary_push import check_name
 from queen_mp.wire.errors import BodyTooLarge
-from queen_mp.wire.frames import MAX_TXN_BYTES
 
 __all__ = [
     "MAX_EVENT_TYPE_BYTES",
@@ -64,11 +63,7 @@ def _transaction_id(raw: Any) -> str:
     if not isinstance(raw, str) or not raw:
         raise InvalidRequest("transactionId is required: a non-empty string",
                              field="transactionId")
-    size = len(raw.encode("utf-8", "surrogatepass"))
-    if size > MAX_TXN_BYTES:
-        raise NameTooLong(f"transactionId of {size} bytes, over {MAX_TXN_BYTES}",
-                          field="transactionId", limit=MAX_TXN_BYTES)
-    return text_transaction_id(raw)
+    return path_transaction_id(raw)
 
 
 def _group(raw: Any) -> str:
