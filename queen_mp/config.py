@@ -119,6 +119,12 @@ SETTINGS: tuple[Setting, ...] = (
        "per 4 cores (on 2 cores one shard pushed 1.2-1.7x more than two: bigger bundles, one "
        "process less competing with the front workers).",
        minimum=1, maximum=64),
+    _s("QUEEN_MALLOC_MMAP_THRESHOLD_KB", int, 128,
+       "glibc malloc: blocks of this size or more (request bodies, rendered answers) are "
+       "mapped on their own and unmapped when freed; 0 = glibc's adaptive threshold, which "
+       "climbs to the largest block freed so far and keeps those blocks' memory in the heap "
+       "after a burst (peak PSS of a 1,000-item push burst 149 -> 143 MB, 13 MB less held "
+       "after it).", minimum=0, maximum=32768),
     _s("QUEEN_INSTANCE_ID", str, "",
        "Name of this broker instance in metrics and logs; empty = hostname:port."),
     _s("QUEEN_LOG_LEVEL", str, "info", "Log level.",

@@ -1,10 +1,30 @@
-"""Garbage-collector policy of the long-lived processes (front workers and shards)."""
+"""Memory policy of the long-lived processes (front workers and shards): the garbage
+collector's, and the C allocator's."""
 
 from __future__ import annotations
 
+import ctypes
 import gc
 
-__all__ = ["freeze_startup_objects"]
+__all__ = ["fix_mmap_threshold", "freeze_startup_objects"]
+
+_M_MMAP_THRESHOLD = -3  # glibc's malloc.h
+
+
+def fix_mmap_threshold(kb: int) -> bool:
+    """Set glibc malloc's mmap threshold to ``kb`` KiB (0: leave glibc's adaptive one); True
+    if it was set. Call it in the supervisor before it forks: the children inherit it.
+
+    PERF(memory): glibc starts at 128 KiB but raises the threshold to the size of each mapped
+    block freed, up to 32 MiB, so after a few large request bodies every later one comes from
+    the heap, whose freed middle is not given back: a burst of 1,000-item pushes left each
+    front worker some 10 MB larger for good. A fixed threshold keeps large blocks mapped and
+    returns them at free. Another C library (no ``mallopt``) is left as it is.
+    """
+    if kb <= 0:
+        return False
+    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
+    return mallopt is not None and bool(mallopt(_M_MMAP_THRESHOLD, kb * 1024))
 
 
 def freeze_startup_objects() -> None:

@@ -38,6 +38,7 @@ from gunicorn.errors import HaltServer as FrontHalt
 from queen_mp import keyring
 from queen_mp.config import Config
 from queen_mp.db.embedded import EmbeddedPostgres
+from queen_mp.heap import fix_mmap_threshold
 from queen_mp.ipc import layout
 from queen_mp.ipc.heartbeat import HeartbeatBoard
 from queen_mp.metrics import Metrics
@@ -149,6 +150,7 @@ class Supervisor:
         # shards inherit it at spawn, front workers at fork.
         os.environ.update(cfg.to_env())
         os.environ.update(self.runtime.to_env())
+        fix_mmap_threshold(cfg.malloc_mmap_threshold_kb)
         preload()
         self.board = HeartbeatBoard.attach(self.runtime.heartbeat, self.runtime.shards)
         self.shards = [ShardProc(i) for i in range(self.runtime.shards)]

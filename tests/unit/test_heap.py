@@ -1,0 +1,56 @@
+"""The allocator policy: a fixed mmap threshold keeps large blocks out of the heap even after
+larger ones were freed (glibc's adaptive threshold would have risen past them)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from queen_mp.heap import fix_mmap_threshold
+
+# Frees a 4 MiB block (glibc's adaptive threshold then rises to 4 MiB), allocates 512 KiB and
+# prints how many blocks malloc has mapped on their own (mallinfo2().hblks).
+_PROBE = textwrap.dedent("""
+    import ctypes, sys
+    from queen_mp.heap import fix_mmap_threshold
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks",
+                    "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+    libc = ctypes.CDLL(None)
+    libc.mallinfo2.restype = MallInfo2
+    print(fix_mmap_threshold(int(sys.argv[1])))
+    big = bytearray(4 << 20)
+    del big
+    before = libc.mallinfo2().hblks
+    block = bytearray(512 << 10)
+    print(libc.mallinfo2().hblks - before)
+""")
+
+
+def _probe(kb: int) -> tuple[str, int]:
+    out = subprocess.run([sys.executable, "-c", _PROBE, str(kb)], capture_output=True,
+                         text=True, check=True).stdout.split()
+    return out[0], int(out[1])
+
+
+def _glibc() -> bool:
+    import ctypes
+    return hasattr(ctypes.CDLL(None), "mallinfo2")
+
+
+@pytest.mark.skipif(not _glibc(), reason="glibc's malloc only (mallopt, mallinfo2)")
+def test_a_fixed_threshold_maps_a_large_block_after_a_larger_one_was_freed() -> None:
+    assert _probe(128) == ("True", 1)
+
+
+@pytest.mark.skipif(not _glibc(), reason="glibc's malloc only (mallopt, mallinfo2)")
+def test_without_it_glibc_puts_that_block_in_the_heap() -> None:
+    # the control: what the setting changes (0 leaves glibc's adaptive threshold)
+    assert _probe(0) == ("False", 0)
+
+
+def test_zero_leaves_the_allocator_alone() -> None:
+    assert fix_mmap_threshold(0) is False
