@@ -141,6 +141,14 @@ export const card = (label, value, { kind = '', title, testid } = {}) =>
     h('div.card-label', label), h('div.card-value', value));
 export const section = (title, ...body) => h('section', h('h2', title), ...body);
 
+// A message's or a dead letter's payload. The broker withholds an encrypted one from a
+// read-only token (data null, dataWithheld: docs/api.md 1.5): say so instead of a blank.
+const WITHHELD = 'Encrypted payload withheld: the read-only role may not read an encrypted '
+  + "queue's payloads; a read-write or admin token shows it decrypted.";
+export const payloadView = (m) => (m.dataWithheld
+  ? h('p.payload.withheld', { dataset: { testid: 'payload-withheld' } }, badge('encrypted', 'warn'), ' ', WITHHELD)
+  : h('pre.payload', m.data === null && m.encrypted ? '—' : JSON.stringify(m.data, null, 2)));
+
 export function toast(message, kind = 'ok') {
   const el = document.getElementById('toast');
   replace(el, h(`div.toast.${kind}`, message));

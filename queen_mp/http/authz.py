@@ -28,6 +28,11 @@ and ``POST /api/v1/stats/refresh``;
 lease extend, configure, KV, timers, locks, trace recording, DLQ retry and delete, seek,
 subscription).
 
+Payloads of encrypted messages are a matter of role too, inside a route: ``read-only`` may
+browse messages and dead letters but not read what encryption protects, so the routes that
+decrypt for a JSON answer ask ``reads_encrypted(req)`` and withhold the payload otherwise
+(docs/api.md 1.5, 2.8, 2.9).
+
 Errors are the docs/api.md 1.4 body; on the KV, timer and lock routes they take that family's shape
 (``error`` = code, ``reason``, ``detail``), as every other error there does.
 """
@@ -42,7 +47,7 @@ from queen_mp.auth import ANONYMOUS_ADMIN, DEFAULT_TENANT, AuthError, Principal,
 from queen_mp.http.errors import ApiError, Forbidden, Unauthorized, kv_error
 
 __all__ = ["ADMIN_DELETE_TREES", "ADMIN_ROUTES", "PUBLIC_PATHS", "PUBLIC_TREES", "Authz",
-           "is_public", "required_role", "sub_of", "tenant_of"]
+           "is_public", "reads_encrypted", "required_role", "sub_of", "tenant_of"]
 
 #: ``/api/v1/openapi.json`` describes the API and holds no data (queen_mp/http/openapi.py).
 PUBLIC_PATHS = frozenset({"/health", "/metrics", "/metrics/prometheus", "/api/v1/openapi.json",
@@ -93,6 +98,12 @@ def tenant_of(req: falcon.asgi.Request) -> bytes:
 def sub_of(req: falcon.asgi.Request) -> str | None:
     """The caller's token subject (stamped as producerSub), None without one."""
     return getattr(req.context, "sub", None)
+
+
+def reads_encrypted(req: falcon.asgi.Request) -> bool:
+    """Whether the caller may see encrypted payloads decrypted: ``read-write`` and above, and
+    everyone with authentication off. A request the middleware did not see may not."""
+    return getattr(req.context, "role", Role.NONE) >= Role.READ_WRITE
 
 
 def _kv_shaped(path: str) -> bool:

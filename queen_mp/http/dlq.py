@@ -16,12 +16,17 @@ answer's ``remaining`` counts the matches left; a caller repeats while it is abo
 call still did something.
 
 A row keeps the payload **snapshot** exactly as the frame stored it (ciphertext on an encrypted
-queue); the listing decrypts it into ``data``. A replay is a re-push, not a revival
-(ack-internals "Filing the DLQ row"): the broker reads the row (``dlq_find_v1``), builds one
-frame with a fresh UUIDv7 message id whose text is also the new transactionId (so dedup cannot
-swallow it), keeps the row's traceId and producerSub, packs it as one zstd chunk with its
-xxh3_128 hash, and ``dlq_retry_v1`` deletes the rows and pushes the segment to the tail of the
-partition through the one allocator, in one transaction. Pops parked on the queue are woken.
+queue); the listing decrypts it into ``data``, except for a ``read-only`` caller
+(``authz.reads_encrypted``): an encrypted snapshot is then withheld, the row saying so with
+``data: null``, ``encrypted: true`` and ``dataWithheld: true``, two keys that only such a row
+carries (a plain row, or any row for ``read-write``, is rendered as it always was).
+
+A replay is a re-push, not a revival (ack-internals "Filing the DLQ row"): the broker reads
+the row (``dlq_find_v1``), builds one frame with a fresh UUIDv7 message id whose text is also
+the new transactionId (so dedup cannot swallow it), keeps the row's traceId and producerSub,
+packs it as one zstd chunk with its xxh3_128 hash, and ``dlq_retry_v1`` deletes the rows and
+pushes the segment to the tail of the partition through the one allocator, in one transaction.
+Pops parked on the queue are woken.
 
 NOTE(dlq): routing limits. falcon's ``path`` converter must end a template, so the retry route
 cannot take a transactionId containing ``/``; the ASGI server percent-decodes the path before
@@ -44,7 +49,7 @@ from queen_mp.crypto import PayloadCipher
 from queen_mp.db import dlq_procs
 from queen_mp.db.dlq_procs import DlqFilter, DlqRow, RetryResult
 from queen_mp.front.worker import FrontWorker
-from queen_mp.http.authz import tenant_of
+from queen_mp.http.authz import reads_encrypted, tenant_of
 from queen_mp.http.dbcall import call_db
 from queen_mp.http.errors import (
     JSON_UTF8,
@@ -90,14 +95,20 @@ def _data(row: DlqRow, cipher: PayloadCipher | None) -> orjson.Fragment | None:
     return orjson.Fragment(payload)
 
 
-def _render(row: DlqRow, cipher: PayloadCipher | None) -> dict[str, Any]:
-    return {"id": uuid_text(row.message_id), "transactionId": row.transaction_id,
-            "partitionId": str(row.partition_id), "queue": row.queue,
-            "partition": row.partition, "offset": row.offset,
-            "consumerGroup": row.consumer_group, "errorMessage": row.error,
-            "retryCount": row.retry_count, "data": _data(row, cipher),
-            "producerSub": row.producer_sub, "createdAt": iso_ms(row.created_at),
-            "failedAt": iso_ms(row.failed_at)}
+def _render(row: DlqRow, cipher: PayloadCipher | None, decrypting: bool) -> dict[str, Any]:
+    """One listing row; ``decrypting`` False (a read-only caller) withholds an encrypted
+    snapshot instead of decrypting it."""
+    withheld = row.encrypted and bool(row.payload) and not decrypting
+    out: dict[str, Any] = {
+        "id": uuid_text(row.message_id), "transactionId": row.transaction_id,
+        "partitionId": str(row.partition_id), "queue": row.queue, "partition": row.partition,
+        "offset": row.offset, "consumerGroup": row.consumer_group, "errorMessage": row.error,
+        "retryCount": row.retry_count, "data": None if withheld else _data(row, cipher)}
+    if withheld:
+        out["encrypted"] = out["dataWithheld"] = True
+    out.update(producerSub=row.producer_sub, createdAt=iso_ms(row.created_at),
+               failedAt=iso_ms(row.failed_at))
+    return out
 
 
 def _replay_payload(row: DlqRow, cipher: PayloadCipher | None) -> tuple[bytes, bool]:
@@ -192,8 +203,9 @@ class DlqResource:
         tenant = tenant_of(req)
         page = await call_db(self.worker.pool, lambda conn: dlq_procs.list_page(
             conn, tenant, where, limit=limit, offset=offset))
-        cipher = self.worker.cipher
-        body = {"messages": [_render(r, cipher) for r in page.rows], "total": page.total,
+        cipher, decrypting = self.worker.cipher, reads_encrypted(req)
+        body = {"messages": [_render(r, cipher, decrypting) for r in page.rows],
+                "total": page.total,
                 "pagination": {"limit": limit, "offset": offset}}
         _answer(resp, body)
 

@@ -37,7 +37,10 @@ longer: for a message the sidecar no longer covers, the segments below the sidec
 decoded newest first, **bounded** (``FALLBACK_MAX_SEGMENTS`` segments or
 ``FALLBACK_MAX_MESSAGES`` messages); past the bound the answer is ``404``. ``data`` is decrypted;
 an encrypted payload that cannot be decrypted (no key, or not the key that encrypted it) is
-``data: null`` with ``encrypted: true``. ``status``, ``leaseExpiresAt``, ``errorMessage`` and
+``data: null`` with ``encrypted: true``. A ``read-only`` caller is not given an encrypted
+payload at all (``authz.reads_encrypted``): ``data: null``, ``encrypted: true`` and
+``dataWithheld: true``, a key no other answer carries, so a plain message's answer is the same
+for every role. ``status``, ``leaseExpiresAt``, ``errorMessage`` and
 ``retryCount`` are ``consumerGroup``'s (default queue mode): the DLQ row's error and retry count,
 else no error and the failed acks charged to the message when it is its group's head.
 ``consumerGroups`` lists every group with a cursor on the partition or a DLQ row at the offset.
@@ -65,7 +68,7 @@ from queen_mp.db.message_procs import Found, GroupState, PageSegment, Segment
 from queen_mp.front.delivery import Claim, Delivered, unpack_messages
 from queen_mp.front.worker import FrontWorker
 from queen_mp.http import dlq
-from queen_mp.http.authz import tenant_of
+from queen_mp.http.authz import reads_encrypted, tenant_of
 from queen_mp.http.dbcall import call_db
 from queen_mp.http.errors import JSON_UTF8, Internal, InvalidRequest, NotFound
 from queen_mp.http.query import Query
@@ -417,14 +420,19 @@ class MessageResource(dlq.MessageResource):
             g_status, g_expires = _group_status(g, m.offset)
             groups.append({"name": g.name, "status": g_status,
                            "leaseExpiresAt": iso_ms(g_expires)})
-        resp.data = orjson.dumps({
+        withheld = m.encrypted and not reads_encrypted(req)
+        body: dict[str, Any] = {
             "id": uuid_text(m.message_id), "transactionId": m.transaction_id,
             "partitionId": str(pid), "queue": found.queue, "partition": found.partition,
             "namespace": found.namespace, "task": found.task, "offset": m.offset,
             "status": status, "traceId": uuid_text(m.trace_id) if m.trace_id else None,
             "producerSub": m.producer_sub, "createdAt": iso_ms(m.created_at),
-            "leaseExpiresAt": iso_ms(expires), "data": _data(m, self.worker.cipher),
+            "leaseExpiresAt": iso_ms(expires),
+            "data": None if withheld else _data(m, self.worker.cipher),
             "encrypted": m.encrypted, "errorMessage": error, "retryCount": retries,
-            "consumerGroups": groups})
+            "consumerGroups": groups}
+        if withheld:
+            body["dataWithheld"] = True
+        resp.data = orjson.dumps(body)
         resp.content_type = JSON_UTF8
         resp.status = falcon.HTTP_200

@@ -1,5 +1,6 @@
 """The console with JWT authentication on: it asks for a token before calling anything, keeps
-it for the tab, and shows only the buttons the token's role may use (docs/api.md 1.5)."""
+it for the tab, shows only the buttons the token's role may use, and says so where the broker
+withholds an encrypted queue's payload from a read-only token (docs/api.md 1.5)."""
 
 from __future__ import annotations
 
@@ -21,14 +22,20 @@ WRITE_BUTTONS = {
     "dlq": ["Retry", "Delete"],                     # read-write
     "queues/auth.q": ["Save configuration"],        # read-write
 }
+#: a payload of the encrypted queue auth.secret, which only read-write and admin may read
+CARD = "4111-1111"
 
 
 @pytest.fixture(scope="module")
 def broker(pg_server_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
     for b in private_broker(pg_server_dsn, tmp_path_factory.mktemp("console-auth"),
-                            start=start_auth_broker):
+                            start=start_auth_broker, QUEEN_ENCRYPTION_KEY="6d" * 32):
         with api(b, bearer(token("admin"))) as c:
             make_dead_letter(c, "auth.q", "auth-1", {"secret": False})
+            r = c.post("/api/v1/configure", json={"queue": "auth.secret",
+                                                  "options": {"encryptionEnabled": True}})
+            assert r.status_code == 200, r.text
+            make_dead_letter(c, "auth.secret", "secret-1", {"card": CARD})
         yield b
 
 
@@ -77,3 +84,44 @@ def test_read_write_and_admin_tokens_see_their_buttons(broker, console):
     admin = console(broker, token("admin"))
     for route, names in {**BUTTONS, **WRITE_BUTTONS}.items():
         assert set(names) <= visible_buttons(admin.page, route, admin), route
+
+
+def open_message(tab, queue: str, txn: str):
+    page = tab.open(f"queues/{queue}")
+    page.get_by_role("button", name=txn).click()
+    return page.locator('[data-testid="message-detail"]')
+
+
+def open_dead_letter(tab, queue: str, txn: str):
+    page = tab.open(f"dlq/{queue}")
+    row = page.locator(f'tr[data-testid="dlq-row"][data-txn="{txn}"]')
+    row.get_by_role("button", name="Payload").click()
+    return page.locator("tr.detail")
+
+
+def test_a_read_only_token_sees_an_encrypted_payload_marked_withheld(broker, console):
+    tab = console(broker, token("read-only"))
+    detail = open_message(tab, "auth.secret", "secret-1")
+    expect(detail).to_contain_text("Payload (encrypted, withheld from this role)")
+    marker = detail.locator('[data-testid="payload-withheld"]')
+    expect(marker).to_contain_text("Encrypted payload withheld: the read-only role")
+    expect(detail.locator("pre.payload")).to_have_count(0)
+    assert CARD not in tab.page.content()
+    dead = open_dead_letter(tab, "auth.secret", "secret-1")
+    expect(dead.locator('[data-testid="payload-withheld"]')).to_contain_text(
+        "Encrypted payload withheld")
+    assert CARD not in tab.page.content()
+    # a plain queue's payload shows as it does for every role
+    detail = open_message(tab, "auth.q", "auth-1")
+    expect(detail.locator("pre.payload")).to_contain_text('"secret": false')
+    expect(detail.locator('[data-testid="payload-withheld"]')).to_have_count(0)
+
+
+def test_a_read_write_token_sees_the_encrypted_payload_decrypted(broker, console):
+    tab = console(broker, token("read-write"))
+    detail = open_message(tab, "auth.secret", "secret-1")
+    expect(detail).to_contain_text("Payload (decrypted by the broker)")
+    expect(detail.locator("pre.payload")).to_contain_text(CARD)
+    dead = open_dead_letter(tab, "auth.secret", "secret-1")
+    expect(dead.locator("pre.payload")).to_contain_text(CARD)
+    expect(tab.page.locator('[data-testid="payload-withheld"]')).to_have_count(0)

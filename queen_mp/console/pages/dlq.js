@@ -2,7 +2,7 @@
 // error, attempts and payload,
 // retry (replay to the tail of the partition) or delete one row, or every row the filter
 // matches, server side (POST /api/v1/dlq/retry, DELETE /api/v1/dlq), not only the page shown.
-import { act, api, badge, button, h, num, q, replace, seg, table, toast, when } from '../lib.js';
+import { act, api, badge, button, h, num, payloadView, q, replace, seg, table, toast, when } from '../lib.js';
 
 const PAGE = 100;
 // rows one by-filter call may act on (the API's most), and calls one click makes at most
@@ -54,7 +54,7 @@ export async function render(main, args) {
     button('read-write', 'Delete all matching', every('Delete', '/api/v1/dlq', 'DELETE', (o) => o.deleted), 'danger'));
 
   const detail = (r) => h('tr.detail', h('td', { colSpan: 8 },
-    h('pre.payload', JSON.stringify(r.data, null, 2)),
+    payloadView(r),
     h('p.muted', `message id ${r.id} · producer ${r.producerSub || '—'} · created ${r.createdAt}`)));
 
   let latest = 0; // the newest load: an older answer arriving after it is dropped

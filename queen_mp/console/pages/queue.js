@@ -2,7 +2,7 @@
 // per partition (/api/v1/status/queues/{queue}), and a message browser by partition and status,
 // over a recent range, from a time or from an offset of one partition
 // (/api/v1/status/queues/{queue}/messages, /api/v1/messages/{partitionId}/{transactionId}).
-import { act, api, badge, button, can, h, num, q, replace, section, seg, table, toast, when } from '../lib.js';
+import { act, api, badge, button, can, h, num, payloadView, q, replace, section, seg, table, toast, when } from '../lib.js';
 
 const PAGE = 50;
 const RANGES = [['15 min', 900], ['1 hour', 3600], ['24 hours', 86400], ['7 days', 604800], ['30 days', 2592000]];
@@ -52,6 +52,12 @@ function groupLag(detail) {
     ], g.cursors || []))));
 }
 
+function payloadNote(msg) {
+  if (!msg.encrypted) return '';
+  if (msg.dataWithheld) return ' (encrypted, withheld from this role)';
+  return msg.data === null ? ' (encrypted, not decryptable here)' : ' (decrypted by the broker)';
+}
+
 function messageView(msg, afterChange) {
   const dead = msg.status === 'dead_letter';
   const path = `/api/v1/messages/${seg(msg.partitionId)}/${seg(msg.transactionId)}`;
@@ -62,8 +68,8 @@ function messageView(msg, afterChange) {
         ['Created', msg.createdAt], ['Message id', msg.id], ['Trace id', msg.traceId || '—'],
         ['Producer', msg.producerSub || '—'], ['Error', msg.errorMessage || '—'], ['Retries', msg.retryCount ?? '—']]
         .map(([k, v]) => h('tr', h('th', k), h('td', String(v)))))),
-    h('h4', 'Payload', msg.encrypted ? (msg.data === null ? ' (encrypted, not decryptable here)' : ' (decrypted by the broker)') : ''),
-    h('pre.payload', msg.data === null && msg.encrypted ? '—' : JSON.stringify(msg.data, null, 2)),
+    h('h4', 'Payload', payloadNote(msg)),
+    payloadView(msg),
     h('h4', 'Consumer groups'),
     table([{ label: 'Group', value: (g) => g.name }, { label: 'Status', value: (g) => g.status }],
       msg.consumerGroups || []),

@@ -13,9 +13,12 @@ Commands::
                     | peek QUEUE [--partition P] [--offset N | --from ISO] [--limit N]
     queenctl push QUEUE [PAYLOAD] [--file PATH] [--lines] [--partition P] [--transaction-id T]
     queenctl top [--interval S] [--once | --iterations N] [--queues N]
-    queenctl dlq list [--queue Q] [--group G] [--partition P] [--limit N] [--offset N]
+    queenctl dlq list [--queue Q] [--group G] [--partition P] [--from ISO] [--to ISO] ...
                 | retry PARTITION_ID TRANSACTION_ID [--group G]
+                | retry (--queue Q | --group G | --partition P | --from ISO | --to ISO ...
+                         | --all) [--batch N] [--once] [--yes]
                 | delete PARTITION_ID TRANSACTION_ID [--group G]
+                | delete (<the same filters> | --all) [--batch N] [--once] [--yes]
     queenctl groups list | show GROUP | lag [--min-seconds N]
                    | seek GROUP QUEUE (--beginning | --end | --timestamp ISO)
     queenctl keys list | add [--standby] [--key-stdin] | use KEY_ID    [--file PATH]

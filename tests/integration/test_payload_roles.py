@@ -1,0 +1,157 @@
+"""Encrypted payloads and roles (docs/api.md 1.5, 2.8, 2.9): a ``read-only`` token browses the
+messages and dead letters of an encrypted queue without their payloads, ``read-write`` and
+``admin`` see them decrypted, and a plain queue answers every role the same.
+
+One broker with JWT on and a payload key; one tenant of its own, holding an encrypted queue
+and a plain one, each with one message dead-lettered (so it is both in the log and in the DLQ).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from queen_mp.http.openapi import document
+from tests.brokerharness import Broker
+from tests.integration.authkit import bearer, start_auth_broker, token
+
+KEY = "44" * 32
+TENANT = "payload-roles-" + uuid.uuid4().hex[:8]
+SECRET = {"card": "4111-1111-1111-1111", "cvv": 123}
+OPEN = {"note": "nothing to hide"}
+ROLES = ("read-only", "read-write", "admin")
+
+
+def client(b: Broker, role: str) -> httpx.Client:
+    return httpx.Client(base_url=b.url, timeout=30,
+                        headers=bearer(token(role, tenant=TENANT, sub=f"{role}-user")))
+
+
+def dead_letter(c: httpx.Client, queue: str, payload: Any, encrypted: bool) -> dict[str, str]:
+    """Configure ``queue`` (retryLimit 0), push one message, pop it and fail it: the message
+    stays in the log (dead_letter) and one DLQ row holds its snapshot."""
+    r = c.post("/api/v1/configure", json={"queue": queue, "options": {
+        "retryLimit": 0, "encryptionEnabled": encrypted}})
+    assert r.status_code == 200, r.text
+    r = c.post("/api/v1/push", json={"items": [
+        {"queue": queue, "transactionId": f"{queue}-1", "payload": payload}]})
+    assert r.status_code == 201 and r.json()[0]["status"] == "queued", r.text
+    r = c.get(f"/api/v1/pop/queue/{queue}", params={"wait": "false"})
+    assert r.status_code == 200, r.text
+    (m,) = r.json()["messages"]
+    assert m["data"] == payload  # a pop (read-write) decrypts
+    r = c.post("/api/v1/ack", json={"transactionId": m["transactionId"],
+                                    "partitionId": m["partitionId"], "leaseId": m["leaseId"],
+                                    "status": "failed", "error": "declined"})
+    assert r.status_code == 200 and r.json()[0]["dlq"] is True, r.text
+    return {"queue": queue, "partitionId": str(m["partitionId"]),
+            "transactionId": m["transactionId"]}
+
+
+@pytest.fixture(scope="module")
+def staged(db_dsn: str, tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[tuple[Broker, dict[str, dict[str, str]]]]:
+    b = start_auth_broker(tmp_path_factory.mktemp("payload-roles"), db_dsn,
+                          QUEEN_ENCRYPTION_KEY=KEY)
+    try:
+        with client(b, "read-write") as c:
+            rows = {"secret": dead_letter(c, "roles.secret", SECRET, True),
+                    "open": dead_letter(c, "roles.open", OPEN, False)}
+        yield b, rows
+    finally:
+        assert b.stop() == 0, b.log()[-4000:]
+
+
+def message(b: Broker, role: str, row: dict[str, str]) -> httpx.Response:
+    with client(b, role) as c:
+        r = c.get(f"/api/v1/messages/{row['partitionId']}/{row['transactionId']}")
+    assert r.status_code == 200, (role, r.text)
+    return r
+
+
+def dlq_page(b: Broker, role: str, queue: str) -> httpx.Response:
+    with client(b, role) as c:
+        r = c.get("/api/v1/dlq", params={"queue": queue})
+    assert r.status_code == 200, (role, r.text)
+    assert r.json()["total"] == 1, r.text
+    return r
+
+
+def test_a_read_only_token_gets_an_encrypted_message_without_its_payload(staged):
+    b, rows = staged
+    row = rows["secret"]
+    seen = message(b, "read-only", row)
+    assert b"4111" not in seen.content
+    got = seen.json()
+    assert got["data"] is None and got["encrypted"] is True and got["dataWithheld"] is True
+    assert (got["transactionId"], got["status"]) == (row["transactionId"], "dead_letter")
+    for role in ("read-write", "admin"):
+        full = message(b, role, row).json()
+        assert full["data"] == SECRET and full["encrypted"] is True, role
+        assert "dataWithheld" not in full, role
+        # everything but the payload is the same for every role
+        assert {k: v for k, v in full.items() if k != "data"} == \
+            {k: v for k, v in got.items() if k not in ("data", "dataWithheld")}
+
+
+def test_a_plain_message_answers_every_role_the_same(staged):
+    b, rows = staged
+    answers = {role: message(b, role, rows["open"]).json() for role in ROLES}
+    assert answers["read-only"]["data"] == OPEN and answers["read-only"]["encrypted"] is False
+    assert "dataWithheld" not in answers["read-only"]
+    assert answers["read-only"] == answers["read-write"] == answers["admin"]
+
+
+def test_a_read_only_token_gets_an_encrypted_dead_letter_without_its_snapshot(staged):
+    b, rows = staged
+    seen = dlq_page(b, "read-only", "roles.secret")
+    assert b"4111" not in seen.content
+    (got,) = seen.json()["messages"]
+    assert got["data"] is None and got["encrypted"] is True and got["dataWithheld"] is True
+    assert (got["transactionId"], got["errorMessage"]) == (rows["secret"]["transactionId"],
+                                                           "declined")
+    for role in ("read-write", "admin"):
+        (full,) = dlq_page(b, role, "roles.secret").json()["messages"]
+        assert full["data"] == SECRET, role
+        assert "encrypted" not in full and "dataWithheld" not in full, role
+        assert {k: v for k, v in full.items() if k != "data"} == \
+            {k: v for k, v in got.items() if k not in ("data", "encrypted", "dataWithheld")}
+
+
+def test_a_plain_dead_letter_answers_every_role_the_same(staged):
+    b, _ = staged
+    pages = {role: dlq_page(b, role, "roles.open").json() for role in ROLES}
+    (row,) = pages["read-only"]["messages"]
+    assert row["data"] == OPEN and "encrypted" not in row and "dataWithheld" not in row
+    assert pages["read-only"] == pages["read-write"] == pages["admin"]
+
+
+def test_one_listing_of_both_queues_withholds_only_the_encrypted_row(staged):
+    b, rows = staged
+    with client(b, "read-only") as c:
+        r = c.get("/api/v1/dlq")
+    assert r.status_code == 200, r.text
+    by_queue = {m["queue"]: m for m in r.json()["messages"]}
+    assert set(by_queue) == {"roles.secret", "roles.open"}  # the tenant's rows only
+    assert by_queue["roles.secret"]["transactionId"] == rows["secret"]["transactionId"]
+    assert by_queue["roles.secret"]["dataWithheld"] is True
+    assert by_queue["roles.open"]["data"] == OPEN and "dataWithheld" not in by_queue["roles.open"]
+
+
+def test_the_withheld_answers_conform_to_the_openapi_document(staged):
+    jsonschema = pytest.importorskip("jsonschema")
+    b, rows = staged
+    doc = document()
+
+    def check(name: str, body: Any) -> None:
+        schema = {**doc, "$ref": f"#/components/schemas/{name}"}
+        jsonschema.Draft202012Validator(schema).validate(body)
+
+    check("MessageDetail", message(b, "read-only", rows["secret"]).json())
+    check("DlqPage", dlq_page(b, "read-only", "roles.secret").json())
+    check("MessageDetail", message(b, "read-write", rows["secret"]).json())
+    check("DlqPage", dlq_page(b, "read-write", "roles.secret").json())
