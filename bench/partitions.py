@@ -14,6 +14,10 @@ a fresh database (issue 26's targets in brackets):
 - ``first group pop``: a new consumer group's first pop on the drained queue's partitions
   after each got one more message (its cursor rows are created by that pop).
   [under 100 ms]
+- ``live leases``: single-message leased pops, each acked before the next, from a queue
+  where ``--leases`` (1,000) other partitions hold live leases, against the same on a queue
+  where none does. Reported, not a target of its own: the pop walks the ready index in
+  message order and skips every leased cursor it meets there.
 
 ``python -m bench.partitions`` (``--quick``: 2,000 large partitions, 1,000 drained) prints a
 Markdown report and writes the figures to ``--json`` if given. It drives queen-mp over real
@@ -71,6 +75,9 @@ class Figures:
     drain_pops: int
     first_group_pop_ms: float
     first_group_claimed: int
+    unleased: PopFigures
+    leased: PopFigures
+    live_leases: int
 
     def verdicts(self) -> list[tuple[str, str, str, bool]]:
         """(target, value, threshold, met) rows."""
@@ -125,6 +132,22 @@ class Broker:
             raise RuntimeError(f"pop on {queue}: {r.status_code} {r.text[:300]}")
         return elapsed, len(r.json()["messages"])
 
+    def ack(self, message: dict[str, Any]) -> None:
+        r = self.http.post("/api/v1/ack", json={
+            "transactionId": message["transactionId"], "partitionId": message["partitionId"],
+            "leaseId": message["leaseId"], "status": "completed"})
+        r.raise_for_status()
+
+    def leased_pop(self, queue: str) -> tuple[float, dict[str, Any]]:
+        """(seconds, the message) of one single-message pop that takes a lease."""
+        t0 = time.perf_counter()
+        r = self.http.get(f"/api/v1/pop/queue/{queue}", params={"wait": "false"})
+        elapsed = time.perf_counter() - t0
+        if r.status_code != 200:
+            raise RuntimeError(f"pop on {queue}: {r.status_code} {r.text[:300]}")
+        (message,) = r.json()["messages"]
+        return elapsed, message
+
     def close(self) -> None:
         self.http.close()
         self.server.stop()
@@ -141,6 +164,29 @@ def pop_figures(broker: Broker, queue: str, partitions: int, pops: int) -> PopFi
     for _ in range(pops):
         elapsed, got = broker.pop(queue, autoAck="true")
         assert got == 1, f"a pop on {queue} found {got} messages"
+        times.append(elapsed)
+    after = broker.cpu()
+    times.sort()
+    return PopFigures(
+        partitions, pops, statistics.median(times) * 1e3, times[int(len(times) * 0.99)] * 1e3,
+        delta_cpu_s(before[0], after[0]) / pops * 1e6,
+        delta_cpu_s(before[1], after[1]) / pops * 1e6)
+
+
+def lease_figures(broker: Broker, queue: str, leases: int, pops: int) -> PopFigures:
+    """Leased pops, each acked before the next, while ``leases`` partitions of the queue hold
+    leases taken first (never acked); CPU per pop counts its ack too."""
+    partitions = leases + pops + 20
+    broker.fill(queue, partitions, 1)
+    for _ in range(leases):
+        broker.leased_pop(queue)
+    for _ in range(20):  # warm the pool and the plans
+        broker.ack(broker.leased_pop(queue)[1])
+    times: list[float] = []
+    before = broker.cpu()
+    for _ in range(pops):
+        elapsed, message = broker.leased_pop(queue)
+        broker.ack(message)
         times.append(elapsed)
     after = broker.cpu()
     times.sort()
@@ -175,9 +221,14 @@ def run(args: argparse.Namespace) -> Figures:
             broker.fill("scale-drain", args.drain, 1)
             first_s, claimed = broker.pop("scale-drain", consumerGroup="newcomer",
                                           autoAck="true")
+
+            print(f"live leases: 0 and {args.leases:,} ...", file=sys.stderr)
+            unleased = lease_figures(broker, "scale-unleased", 0, args.pops)
+            leased = lease_figures(broker, "scale-leased", args.leases, args.pops)
         finally:
             broker.close()
-    return Figures(small, large, args.drain, drain_s, pops, first_s * 1e3, claimed)
+    return Figures(small, large, args.drain, drain_s, pops, first_s * 1e3, claimed,
+                   unleased, leased, args.leases)
 
 
 def render(f: Figures) -> str:
@@ -186,7 +237,9 @@ def render(f: Figures) -> str:
         lines.append(f"| {target} | {value} | {threshold} | {'**MET**' if met else '**MISSED**'} |")
     lines += ["", "| queue | partitions | pops | p50 ms | p99 ms | broker CPU us/pop "
               "| PostgreSQL CPU us/pop |", "|---|---:|---:|---:|---:|---:|---:|"]
-    for name, p in (("small", f.small), ("large", f.large)):
+    for name, p in (("small", f.small), ("large", f.large),
+                    ("no live lease (leased pop + ack)", f.unleased),
+                    (f"{f.live_leases:,} live leases (leased pop + ack)", f.leased)):
         lines.append(f"| {name} | {p.partitions:,} | {p.pops:,} | {p.p50_ms:.2f} | "
                      f"{p.p99_ms:.2f} | {p.broker_cpu_us_per_pop:,.0f} | "
                      f"{p.pg_cpu_us_per_pop:,.0f} |")
@@ -205,6 +258,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--large", type=int, default=50_000)
     ap.add_argument("--drain", type=int, default=5_000)
     ap.add_argument("--pops", type=int, default=300, help="measured pops per queue")
+    ap.add_argument("--leases", type=int, default=1_000,
+                    help="live leases on the queue of the lease measurement")
     ap.add_argument("--quick", action="store_true",
                     help="2,000 large partitions, 1,000 drained, 100 pops")
     ap.add_argument("--json", type=Path, help="also write the figures here")

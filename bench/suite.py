@@ -1265,6 +1265,13 @@ class Suite(cons.Bench):
                      "variant": f"first group pop, {f.drain_partitions:,} partitions",
                      "arm": "queen-mp", "round": 1, "msgs": f.first_group_claimed,
                      "p50_ms": f.first_group_pop_ms})
+        for label, pop in (("leased pop + ack, no live lease", f.unleased),
+                           (f"leased pop + ack, {f.live_leases:,} live leases", f.leased)):
+            self.record({"section": "partitions", "variant": label, "arm": "queen-mp",
+                         "round": 1, "msgs": pop.pops, "p50_ms": pop.p50_ms,
+                         "p99_ms": pop.p99_ms,
+                         "cpu_broker_us_per_msg": pop.broker_cpu_us_per_pop,
+                         "cpu_pg_us_per_msg": pop.pg_cpu_us_per_pop})
         for target, value, _, met in f.verdicts():
             print(f"  {target}: {value} ({'met' if met else 'missed'})", flush=True)
 

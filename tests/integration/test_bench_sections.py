@@ -1,12 +1,12 @@
-"""Smoke runs of the suite's streams and ephemeral sections (bench/streams.py,
-bench/ephemeral.py) against the test broker, with tiny sizes: the figures they report are
-there and consistent, and the streams run's window counts add up to the events pushed."""
+"""Smoke runs of the suite's streams, ephemeral and partitions sections (bench/streams.py,
+bench/ephemeral.py, bench/partitions.py) with tiny sizes: the figures they report are there
+and consistent, and the streams run's window counts add up to the events pushed."""
 
 from __future__ import annotations
 
 import asyncio
 
-from bench import ephemeral, streams
+from bench import ephemeral, partitions, streams
 from bench.push import RoleCpu
 
 
@@ -44,3 +44,16 @@ def test_the_suite_runs_the_streams_section_in_a_process_of_its_own(pg_server_ds
     f = streams.run_in_child(["--server-dsn", pg_server_dsn, "--events", "200",
                               "--partitions", "2", "--batch-size", "50", "--timeout", "90"])
     assert f.ok and f.counted == f.events == 200, f
+
+
+def test_the_partitions_section_drains_and_measures_pops_beside_live_leases(pg_server_dsn):
+    f = partitions.run(partitions.parse_args([
+        "--server-dsn", pg_server_dsn, "--small", "2", "--large", "20", "--drain", "10",
+        "--pops", "5", "--leases", "5"]))
+    assert (f.small.partitions, f.large.partitions) == (2, 20)
+    assert f.drain_partitions == 10 and f.drain_pops == 11  # the last pop finds nothing
+    assert f.first_group_claimed == 1
+    assert (f.unleased.partitions, f.leased.partitions, f.live_leases) == (25, 30, 5)
+    for pop in (f.small, f.large, f.unleased, f.leased):
+        assert pop.pops == 5 and 0 < pop.p50_ms <= pop.p99_ms, pop
+    assert "| 5 live leases (leased pop + ack) | 30 | 5 |" in partitions.render(f)
