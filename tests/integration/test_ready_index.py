@@ -387,3 +387,39 @@ def test_a_group_start_and_lease_less_acks_of_that_group_never_collide(broker, d
                                 " WHERE consumer_group = %s", (group,)).fetchone()[0] == 50
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         assert conn.execute(UNLISTED_SQL).fetchone()[0] == 0
+
+
+def _sql_pop(db: psycopg.Connection, queue: str | None, partition: str | None = None,
+             namespace: str | None = None) -> list[tuple]:
+    """One leased single-message pop of the queue-mode group: (partition, wake_in_ms) rows."""
+    return db.execute(
+        "SELECT partition_name, wake_in_ms FROM queen.log_pop_v1(%s, %s, %s, %s, NULL, %s, 1,"
+        " 1, false, 'all', NULL, %s, 5000)",
+        (TENANT, queue, partition, namespace, QUEUE_MODE, uuid.uuid4())).fetchall()
+
+
+@pytest.mark.parametrize("scope", ["queue", "partition", "namespace"])
+def test_a_pop_that_finds_only_leased_cursors_wakes_at_the_earliest_lease_expiry(
+        broker, db, scope):
+    """Leased cursors are left out of the candidate walk by its index scan's filter, so an
+    empty answer's wake-up time comes from a query of its own: it must still name the moment
+    the first lease frees its partition (a parked pop is re-tried then, no push needed)."""
+    q = uq("held")
+    push_n(broker.client, q, "a", 1)
+    push_n(broker.client, q, "b", 1)
+    assert [r[0] for r in _sql_pop(db, q)] == ["a"]
+    assert [r[0] for r in _sql_pop(db, q)] == ["b"]  # a's lease is skipped, b is claimed
+    db.execute("UPDATE queen.log_consumers c SET lease_expires_at = now() + interval '7 s'"
+               " FROM queen.log_partitions lp WHERE lp.id = c.partition_id AND lp.name = 'b'"
+               " AND c.queue_id = lp.queue_id AND c.queue_id = (SELECT id FROM queen.queues"
+               " WHERE name = %s)", (q,))
+    args = {"queue": (q, None, None), "partition": (q, "b", None),
+            "namespace": (None, None, q)}[scope]
+    rows = _sql_pop(db, *args)
+    assert len(rows) == 1 and rows[0][0] is None, rows
+    wake = rows[0][1]
+    retry_ms = db.execute("SELECT retry_delay FROM queen.queues WHERE name = %s",
+                          (q,)).fetchone()[0]
+    # b frees up first (7 s and retryDelay; a's lease is the queue's leaseTime, 60 s or more);
+    # a partition pop sees only b
+    assert wake is not None and 5_000 + retry_ms < wake <= 7_000 + retry_ms, (rows, retry_ms)

@@ -400,8 +400,14 @@ BEGIN
     -- Candidates: the group's ready cursors (schema/002_ready_index.sql), oldest pending
     -- message first; a queue pop walks the index in that order and reads no further than its
     -- claims take it. A discovery pop orders the ready cursors of every matching queue
-    -- (highest priority first). Leased, windowed, delayed and caught-up candidates are
-    -- skipped below; every skip that can end by itself lowers the wake-up time.
+    -- (highest priority first). A cursor held by a lease, or by one that expired or was
+    -- released for redelivery (a `failed` ack with budget left: lease_expires_at then holds
+    -- the release time, ack.sql) less than the queue's retryDelay ago, is not claimable
+    -- before lease_expires_at + retryDelay: the index scan's own filter drops it, so a pop
+    -- does not pay a loop turn for every live lease of its queue (bench/partitions.py, live
+    -- leases). A completed batch leaves lease_expires_at NULL, so the next one is not held
+    -- back. Windowed, delayed and caught-up candidates are skipped below; every skip that
+    -- can end by itself lowers the wake-up time.
     IF p_queue IS NOT NULL THEN
         SELECT pq.id, pq.name, pq.lease_time, pq.delayed, pq.window_s, pq.encrypted,
                pq.retry_delay, pq.max_wait
@@ -418,36 +424,40 @@ BEGIN
                 SELECT v_scope.id AS qid, v_scope.name AS qname, v_scope.lease_time AS lease_time,
                        v_scope.delayed AS delayed, v_scope.window_s AS window_s,
                        v_scope.encrypted AS encrypted, v_scope.retry_delay AS retry_delay,
-                       v_scope.max_wait AS max_wait, c.partition_id AS pid, c.lease_id,
-                       c.lease_expires_at, c.ready_at
+                       v_scope.max_wait AS max_wait, c.partition_id AS pid, c.ready_at
                 FROM queen.log_partitions lp
                 JOIN queen.log_consumers c
                   ON c.partition_id = lp.id AND c.consumer_group = p_group
                 WHERE lp.queue_id = v_scope.id AND lp.name = p_partition
-                  AND c.ready_at IS NOT NULL;
+                  AND c.ready_at IS NOT NULL
+                  AND (c.lease_expires_at IS NULL
+                       OR c.lease_expires_at + v_scope.retry_delay <= v_now);
         ELSE
             OPEN v_cands FOR
                 SELECT v_scope.id AS qid, v_scope.name AS qname, v_scope.lease_time AS lease_time,
                        v_scope.delayed AS delayed, v_scope.window_s AS window_s,
                        v_scope.encrypted AS encrypted, v_scope.retry_delay AS retry_delay,
-                       v_scope.max_wait AS max_wait, c.partition_id AS pid, c.lease_id,
-                       c.lease_expires_at, c.ready_at
+                       v_scope.max_wait AS max_wait, c.partition_id AS pid, c.ready_at
                 FROM queen.log_consumers c
                 WHERE c.queue_id = v_scope.id AND c.consumer_group = p_group
                   AND c.ready_at IS NOT NULL
+                  AND (c.lease_expires_at IS NULL
+                       OR c.lease_expires_at + v_scope.retry_delay <= v_now)
                 ORDER BY c.ready_at, c.partition_id;
         END IF;
     ELSE
         OPEN v_cands FOR
             SELECT pq.id AS qid, pq.name AS qname, pq.lease_time, pq.delayed, pq.window_s,
                    pq.encrypted, pq.retry_delay, pq.max_wait, c.partition_id AS pid,
-                   c.lease_id, c.lease_expires_at, c.ready_at
+                   c.ready_at
             FROM queen.pop_scope_v4(v_scope_ids, p_group) pq
             CROSS JOIN LATERAL (
-                SELECT c.partition_id, c.ready_at, c.lease_id, c.lease_expires_at
+                SELECT c.partition_id, c.ready_at
                 FROM queen.log_consumers c
                 WHERE c.queue_id = pq.id AND c.consumer_group = p_group
                   AND c.ready_at IS NOT NULL
+                  AND (c.lease_expires_at IS NULL
+                       OR c.lease_expires_at + pq.retry_delay <= v_now)
                   AND (p_partition IS NULL OR c.partition_id IN (
                         SELECT lp.id FROM queen.log_partitions lp
                         WHERE lp.queue_id = pq.id AND lp.name = p_partition))
@@ -461,14 +471,6 @@ BEGIN
         FETCH v_cands INTO v_cand;
         EXIT WHEN NOT FOUND;
         CONTINUE WHEN v_queue_id IS NOT NULL AND v_cand.qid <> v_queue_id;
-        -- A live lease, or one that expired or was released for redelivery (a `failed` ack
-        -- with budget left: lease_expires_at then holds the release time, ack.sql) less than
-        -- the queue's retryDelay ago: not claimable before lease_expires_at + retryDelay. A
-        -- completed batch leaves lease_expires_at NULL, so the next one is not held back.
-        IF v_cand.lease_expires_at + v_cand.retry_delay > v_now THEN
-            v_wake := LEAST(v_wake, v_cand.lease_expires_at + v_cand.retry_delay);
-            CONTINUE;
-        END IF;
 
         SELECT lp.name, lp.last_offset, lp.log_start_offset, lp.last_created_at
         INTO v_part
@@ -579,8 +581,31 @@ BEGIN
 
     IF v_claimed = 0 THEN
         -- Nothing claimable. The walk above went through every ready cursor of the scope
-        -- (it stops early only on a claim or the deadline), so v_wake already holds the
-        -- earliest lease expiry, window close and delayed maturity among them.
+        -- that no lease held (it stops early only on a claim or the deadline), so v_wake
+        -- already holds the earliest window close and delayed maturity among them; the
+        -- held ones free up at their earliest lease expiry (plus retryDelay).
+        IF p_queue IS NOT NULL THEN
+            v_wake := LEAST(v_wake, (
+                SELECT min(c.lease_expires_at) + v_scope.retry_delay
+                FROM queen.log_consumers c
+                WHERE c.queue_id = v_scope.id AND c.consumer_group = p_group
+                  AND c.ready_at IS NOT NULL
+                  AND c.lease_expires_at + v_scope.retry_delay > v_now
+                  AND (p_partition IS NULL OR c.partition_id IN (
+                        SELECT lp.id FROM queen.log_partitions lp
+                        WHERE lp.queue_id = v_scope.id AND lp.name = p_partition))));
+        ELSE
+            v_wake := LEAST(v_wake, (
+                SELECT min(c.lease_expires_at + pq.retry_delay)
+                FROM queen.pop_scope_v4(v_scope_ids, p_group) pq
+                JOIN queen.log_consumers c
+                  ON c.queue_id = pq.id AND c.consumer_group = p_group
+                WHERE c.ready_at IS NOT NULL
+                  AND c.lease_expires_at + pq.retry_delay > v_now
+                  AND (p_partition IS NULL OR c.partition_id IN (
+                        SELECT lp.id FROM queen.log_partitions lp
+                        WHERE lp.queue_id = pq.id AND lp.name = p_partition))));
+        END IF;
         RETURN QUERY SELECT NULL::text, NULL::int8, NULL::text, NULL::int8, NULL::int8,
             NULL::int4, NULL::timestamptz, NULL::boolean, NULL::int8, NULL::timestamptz,
             NULL::bytea,
