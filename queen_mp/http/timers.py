@@ -16,6 +16,14 @@ its status: ``cancelled``, ``absent`` or ``too_late``). The list shows pending t
 ``deliverAt`` order; the peek shows one timer of any state still remembered (``404`` when
 none), with its payload as stored (base64) and, decoded, as ``data``.
 
+A timer's payload is stored plain and encrypted only when it fires into its queue, so the
+reads hide it themselves from a caller that may not read encrypted payloads
+(``authz.reads_encrypted``, a ``read-only`` token) when the queue has ``encryptionEnabled``
+(the front worker's memoised flag, ``queen_mp.front.queueflags``): ``payload: null`` (and
+``data: null`` on the peek) with ``encrypted: true`` and ``dataWithheld: true``, two keys no
+other timer carries, so every other answer is the same for every role. A queue whose flag
+PostgreSQL cannot tell answers ``503 unavailable`` to such a caller rather than the payload.
+
 The timer key is the rest of the path, so it keeps its ``/`` (falcon's ``path`` converter);
 the ASGI server has percent-decoded it. A key ending in ``/`` loses that slash (the app strips
 trailing slashes) and cannot be addressed here.
@@ -39,11 +47,20 @@ import orjson
 
 from queen_mp.db import errors as dberrors
 from queen_mp.db import timer_procs
+from queen_mp.front.queueflags import FlagsUnavailable
 from queen_mp.front.worker import FrontWorker
-from queen_mp.http.authz import sub_of, tenant_of
+from queen_mp.http.authz import reads_encrypted, sub_of, tenant_of
 from queen_mp.http.body import read_body
 from queen_mp.http.dbcall import call_db
-from queen_mp.http.errors import JSON_UTF8, ApiError, Internal, Maintenance, NotFound, from_wire
+from queen_mp.http.errors import (
+    JSON_UTF8,
+    ApiError,
+    Internal,
+    Maintenance,
+    NotFound,
+    Unavailable,
+    from_wire,
+)
 from queen_mp.http.query import Query
 from queen_mp.models import timers
 from queen_mp.wire.errors import WireError
@@ -134,6 +151,24 @@ def _with_data(timer: dict[str, Any], max_decompressed: int) -> dict[str, Any]:
     return {**timer, "data": data}
 
 
+async def _withholding(worker: FrontWorker, req: falcon.asgi.Request, tenant: bytes,
+                       queue: str) -> bool:
+    """Whether the caller gets ``queue``'s timer payloads withheld: it may not read encrypted
+    payloads and the queue is encrypted. Asks the flag only for such a caller."""
+    if reads_encrypted(req):
+        return False
+    try:
+        return await worker.ingest.flags.encrypted(tenant, queue)
+    except FlagsUnavailable as ex:
+        raise Unavailable(f"cannot tell whether queue {queue!r} is encrypted: {ex}",
+                          reason="unavailable") from None
+
+
+def _withheld(timer: dict[str, Any]) -> dict[str, Any]:
+    """A timer without its payload, saying why (the same keys in the same places otherwise)."""
+    return {**timer, "payload": None, "encrypted": True, "dataWithheld": True}
+
+
 # --------------------------------------------------------------------------------- resources
 class TimersResource:
     """``POST /api/v1/timers``: ``{"operations": [op...]}`` -> ``{"results": [...]}``."""
@@ -179,7 +214,10 @@ class TimerQueueResource:
         tenant = tenant_of(req)
         page = await call_db(self.worker.pool, lambda conn: timer_procs.list_pending(
             conn, tenant, queue, limit, offset))
-        _reply(resp, {"queue": queue, "timers": page["timers"], "total": page["total"],
+        rows = page["timers"]
+        if rows and await _withholding(self.worker, req, tenant, queue):
+            rows = [_withheld(t) for t in rows]
+        _reply(resp, {"queue": queue, "timers": rows, "total": page["total"],
                       "pagination": {"limit": limit, "offset": offset}})
 
 
@@ -200,6 +238,9 @@ class TimerResource:
         if timer is None:
             raise NotFound(f"no timer {timer_key!r} in queue {queue!r}", reason="absent",
                            field="timerKey")
+        if await _withholding(self.worker, req, tenant, queue):
+            _reply(resp, _withheld({**timer, "data": None}))
+            return
         _reply(resp, _with_data(timer, self.worker.config.max_decompressed_mb << 20))
 
     @timer_errors

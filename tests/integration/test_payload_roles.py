@@ -1,18 +1,21 @@
-"""Encrypted payloads and roles (docs/api.md 1.5, 2.8, 2.9): a ``read-only`` token browses the
-messages and dead letters of an encrypted queue without their payloads, ``read-write`` and
-``admin`` see them decrypted, and a plain queue answers every role the same.
+"""Encrypted payloads and roles (docs/api.md 1.5, 2.8, 2.9, 2.11): a ``read-only`` token
+browses the messages, dead letters and timers of an encrypted queue without their payloads,
+``read-write`` and ``admin`` see them, and a plain queue answers every role the same.
 
 One broker with JWT on and a payload key; one tenant of its own, holding an encrypted queue
-and a plain one, each with one message dead-lettered (so it is both in the log and in the DLQ).
+and a plain one, each with one message dead-lettered (so it is both in the log and in the DLQ)
+and one timer pending an hour ahead (its payload stored plain until it fires).
 """
 
 from __future__ import annotations
 
+import base64
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 
 from queen_mp.http.openapi import document
@@ -24,6 +27,12 @@ TENANT = "payload-roles-" + uuid.uuid4().hex[:8]
 SECRET = {"card": "4111-1111-1111-1111", "cvv": 123}
 OPEN = {"note": "nothing to hide"}
 ROLES = ("read-only", "read-write", "admin")
+TIMER = "renewal"
+TIMED = {"roles.secret": SECRET, "roles.open": OPEN}
+
+
+def b64(doc: Any) -> str:
+    return base64.b64encode(orjson.dumps(doc)).decode()
 
 
 def client(b: Broker, role: str) -> httpx.Client:
@@ -61,24 +70,39 @@ def staged(db_dsn: str, tmp_path_factory: pytest.TempPathFactory
         with client(b, "read-write") as c:
             rows = {"secret": dead_letter(c, "roles.secret", SECRET, True),
                     "open": dead_letter(c, "roles.open", OPEN, False)}
+            r = c.post("/api/v1/timers", json={"operations": [
+                {"op": "schedule", "queue": q, "timerKey": TIMER, "payload": b64(payload),
+                 "delayMs": 3_600_000} for q, payload in TIMED.items()]})
+            assert r.status_code == 200, r.text
+            assert [x["status"] for x in r.json()["results"]] == ["scheduled"] * 2, r.text
         yield b, rows
     finally:
         assert b.stop() == 0, b.log()[-4000:]
 
 
-def message(b: Broker, role: str, row: dict[str, str]) -> httpx.Response:
+def read(b: Broker, role: str, path: str, rows: bool = False, **params: str) -> httpx.Response:
+    """A ``200`` GET as ``role``; ``rows``: a listing that must hold exactly one row."""
     with client(b, role) as c:
-        r = c.get(f"/api/v1/messages/{row['partitionId']}/{row['transactionId']}")
+        r = c.get(path, params=params)
     assert r.status_code == 200, (role, r.text)
+    assert not rows or r.json()["total"] == 1, r.text
     return r
+
+
+def message(b: Broker, role: str, row: dict[str, str]) -> httpx.Response:
+    return read(b, role, f"/api/v1/messages/{row['partitionId']}/{row['transactionId']}")
 
 
 def dlq_page(b: Broker, role: str, queue: str) -> httpx.Response:
-    with client(b, role) as c:
-        r = c.get("/api/v1/dlq", params={"queue": queue})
-    assert r.status_code == 200, (role, r.text)
-    assert r.json()["total"] == 1, r.text
-    return r
+    return read(b, role, "/api/v1/dlq", rows=True, queue=queue)
+
+
+def timer_list(b: Broker, role: str, queue: str) -> httpx.Response:
+    return read(b, role, f"/api/v1/timers/{queue}", rows=True)
+
+
+def timer_peek(b: Broker, role: str, queue: str) -> httpx.Response:
+    return read(b, role, f"/api/v1/timers/{queue}/{TIMER}")
 
 
 def test_a_read_only_token_gets_an_encrypted_message_without_its_payload(staged):
@@ -142,6 +166,49 @@ def test_one_listing_of_both_queues_withholds_only_the_encrypted_row(staged):
     assert by_queue["roles.open"]["data"] == OPEN and "dataWithheld" not in by_queue["roles.open"]
 
 
+def test_a_read_only_token_lists_an_encrypted_queues_timers_without_their_payloads(staged):
+    b, _ = staged
+    seen = timer_list(b, "read-only", "roles.secret")
+    assert b"4111" not in seen.content and b64(SECRET).encode() not in seen.content
+    (got,) = seen.json()["timers"]
+    assert got["payload"] is None and got["encrypted"] is True and got["dataWithheld"] is True
+    assert (got["timerKey"], got["state"]) == (TIMER, "pending")
+    for role in ("read-write", "admin"):
+        (full,) = timer_list(b, role, "roles.secret").json()["timers"]
+        assert full["payload"] == b64(SECRET), role  # stored plain until it fires
+        assert "encrypted" not in full and "dataWithheld" not in full, role
+        assert {k: v for k, v in full.items() if k != "payload"} == \
+            {k: v for k, v in got.items() if k not in ("payload", "encrypted", "dataWithheld")}
+
+
+def test_a_read_only_token_peeks_an_encrypted_queues_timer_without_its_payload(staged):
+    b, _ = staged
+    seen = timer_peek(b, "read-only", "roles.secret")
+    assert b"4111" not in seen.content and b64(SECRET).encode() not in seen.content
+    got = seen.json()
+    assert got["payload"] is None and got["data"] is None
+    assert got["encrypted"] is True and got["dataWithheld"] is True
+    for role in ("read-write", "admin"):
+        full = timer_peek(b, role, "roles.secret").json()
+        assert full["payload"] == b64(SECRET) and full["data"] == SECRET, role
+        assert "encrypted" not in full and "dataWithheld" not in full, role
+        assert {k: v for k, v in full.items() if k not in ("payload", "data")} == \
+            {k: v for k, v in got.items()
+             if k not in ("payload", "data", "encrypted", "dataWithheld")}
+
+
+def test_a_plain_queues_timers_answer_every_role_the_same(staged):
+    b, _ = staged
+    lists = {role: timer_list(b, role, "roles.open").content for role in ROLES}
+    peeks = {role: timer_peek(b, role, "roles.open").content for role in ROLES}
+    (row,) = orjson.loads(lists["read-only"])["timers"]
+    assert row["payload"] == b64(OPEN) and "dataWithheld" not in row
+    assert orjson.loads(peeks["read-only"])["data"] == OPEN
+    # byte for byte: a plain queue gives read-only what it always gave
+    assert lists["read-only"] == lists["read-write"] == lists["admin"]
+    assert peeks["read-only"] == peeks["read-write"] == peeks["admin"]
+
+
 def test_the_withheld_answers_conform_to_the_openapi_document(staged):
     jsonschema = pytest.importorskip("jsonschema")
     b, rows = staged
@@ -155,3 +222,9 @@ def test_the_withheld_answers_conform_to_the_openapi_document(staged):
     check("DlqPage", dlq_page(b, "read-only", "roles.secret").json())
     check("MessageDetail", message(b, "read-write", rows["secret"]).json())
     check("DlqPage", dlq_page(b, "read-write", "roles.secret").json())
+    listing = doc["paths"]["/api/v1/timers/{queue}"]["get"]["responses"]["200"]
+    page = {**doc, **listing["content"]["application/json"]["schema"]}
+    for role in ("read-only", "read-write"):
+        jsonschema.Draft202012Validator(page).validate(
+            timer_list(b, role, "roles.secret").json())
+        check("TimerPeek", timer_peek(b, role, "roles.secret").json())
