@@ -23,8 +23,16 @@ _FALSE = {"false", "0"}
 class Query:
     def __init__(self, query_string: str) -> None:
         self._values: dict[str, str] = {}
-        for name, value in parse_qsl(query_string, keep_blank_values=True):
-            self._values.setdefault(name, value)
+        if "%" in query_string or "+" in query_string:
+            for name, value in parse_qsl(query_string, keep_blank_values=True):
+                self._values.setdefault(name, value)
+            return
+        # PERF(http): nothing to unquote (a pop's ``batch=100&wait=false``): what parse_qsl
+        # makes of it, at a fifth of its cost (tests/unit/test_query.py compares the two).
+        for field in query_string.split("&"):
+            if field:
+                name, _, value = field.partition("=")
+                self._values.setdefault(name, value)
 
     def __contains__(self, name: str) -> bool:
         return name in self._values
