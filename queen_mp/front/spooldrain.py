@@ -21,6 +21,15 @@ SQL deduplication on the transactionId makes a replay idempotent: a record answe
 can only be an earlier replay or the bundle that failed and committed after all). Within one
 batch, a repeat of (tenant, queue, partition, transactionId) is a follower of the first.
 
+Order (front/spoolhold.py): the reader merges the files by accept time. Before each batch
+the drain publishes its oldest pending record's accept time in ``queen.spool_holds`` and, in
+the same call, reads the other instances' holds; it replays only the records older than every
+other live instance's oldest (the rest of the batch stays pending), and when its next record
+is not, it waits for the others to move on (their notifications reach the flags board). A
+pass that finds nothing left takes ``hold.lock`` exclusively (pushes wait), replays what came
+in meanwhile, clears the instance's hold and withdraws its row: from then on pushes go to
+PostgreSQL again.
+
 Progress is the reader's per-file watermark: after each batch, every file is marked done up to
 the last record before its first one that must be retried. A crash between a replay and that
 mark replays the record again (deduplicated). Records that can never be stored (undecodable,
@@ -42,7 +51,6 @@ import asyncio
 import concurrent.futures
 import enum
 import functools
-import itertools
 import logging
 import os
 import time
@@ -51,8 +59,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from queen_mp.db.errors import DatabaseError
 from queen_mp.front.ingest import EncryptionUnavailable, Ingest, pieces_of
 from queen_mp.front.queueflags import FlagsUnavailable
+from queen_mp.front.spoolhold import HOLD_BEAT_MS, PUBLISH_TIMEOUT_S, SpoolHold
 from queen_mp.ipc.flags import FlagsBoard
 from queen_mp.ipc.shardlink import ShardGone, verdicts_of
 from queen_mp.models.items import PushItem
@@ -85,6 +95,10 @@ BATCH_BYTES = 8 << 20
 _BACKOFF_S = (1.0, 2.0, 4.0, 5.0)
 _IDLE_BACKOFF_S = 30.0  # stats say pending but a pass found nothing (unreadable bytes)
 _STATEMENT_STRIKES = 3
+_PEER_POLL_S = 0.01
+_PEER_WAIT_S = 2.0   # one wait for another instance's older records, then a new pass
+_PEER_PASSES_S = 30.0  # how long one drain keeps waiting for them before the loop looks again
+_NO_LIMIT = 1 << 62
 
 
 def failed_dir(spool_dir: str | os.PathLike[str]) -> Path:
@@ -131,6 +145,7 @@ class _Pass(enum.Enum):
     RETRY = "retry"      # stopped on a transient failure
     STOPPED = "stopped"  # maintenance came back on
     BUSY = "busy"        # another worker holds drain.lock
+    WAIT = "wait"        # another instance holds older records: stopped before ours
 
 
 @dataclass(slots=True)
@@ -163,12 +178,29 @@ def _take(records: Iterator[tuple[SpoolPosition, bytes]]) -> list[_Entry]:
     return batch
 
 
+def _cut(batch: list[_Entry], limit_us: int) -> int:
+    """How many of the batch may be stored before another instance's oldest record (the
+    batch is in accept-time order; a record without an accept time goes)."""
+    for n, e in enumerate(batch):
+        if SpoolItem.accepted_us_of(e.raw) > limit_us:
+            return n
+    return len(batch)
+
+
+def _peer_limit(view: dict[str, Any], instance: str) -> int:
+    """The oldest accept time (Unix us) of another instance's live hold, or no limit."""
+    others = [int(h.get("oldestUs") or 0) for h in view.get("holds") or ()
+              if isinstance(h, dict) and h.get("instance") != instance]
+    return min(others) if others else _NO_LIMIT
+
+
 class Drainer:
     """One per front worker; see the module docstring."""
 
     def __init__(self, spool_dir: str | os.PathLike[str], ingest: Ingest, flags: FlagsBoard,
                  writer: SpoolWriter, writer_tag: str, *, fsync: bool = True,
-                 metrics: Any = None) -> None:
+                 metrics: Any = None, hold: SpoolHold | None = None,
+                 instance: str = "") -> None:
         self.spool_dir = Path(spool_dir)
         self.failed_dir = failed_dir(spool_dir)
         self.ingest = ingest
@@ -178,6 +210,9 @@ class Drainer:
         self.fsync = fsync
         self.metrics = metrics
         self.counters = _Counters()
+        self.hold = hold
+        self.instance = instance  # this instance's id in queen.spool_holds
+        self._published = False  # our row may be in queen.spool_holds
         self._failed_writer: SpoolWriter | None = None
         # NOTE(queen): every reader and writer operation goes through one thread, in order, so
         # a cancelled pass never closes the reader under a mark_done still running.
@@ -219,6 +254,7 @@ class Drainer:
             await asyncio.sleep(TICK_S)
             try:
                 maintenance = self._gauges()
+                await self._beat()
                 stats = await self._in_io(spool_stats, self.spool_dir)
                 if self.metrics is not None:
                     self.metrics.spool_pending.set(stats.pending)
@@ -234,7 +270,7 @@ class Drainer:
                 # the pass below deletes it: its space comes back without waiting for a
                 # rotation (a full disk refuses the pushes that would rotate it).
                 released = await self._in_io(self.writer.release_if_drained)
-                forced = first or requested or released
+                forced = first or requested or released or self.flags.local_hold()
                 if not forced and stats.pending == 0:
                     continue
                 result, _ = await self.drain_once()
@@ -256,6 +292,28 @@ class Drainer:
                 log.exception("spool drain pass failed")
                 not_before = loop.time() + _BACKOFF_S[-1]
 
+    async def _beat(self) -> None:
+        """Keep this instance's hold row alive while its spool holds records (one writer per
+        instance and second, elected on the flags board), maintenance or not."""
+        if (self.hold is None or self.hold.publish is None or not self.flags.local_hold()
+                or not self.flags.claim_hold_beat(HOLD_BEAT_MS)):
+            return
+        await self._publish(self.flags.local_oldest_us or None)
+
+    async def _publish(self, oldest_us: int | None) -> dict[str, Any] | None:
+        """Publish (or withdraw, None) this instance's hold; the holds as read after it, or
+        None if PostgreSQL did not answer."""
+        if self.hold is None or self.hold.publish is None:
+            return None
+        try:
+            async with asyncio.timeout(PUBLISH_TIMEOUT_S):
+                view = await self.hold.publish(oldest_us)
+        except (DatabaseError, OSError, TimeoutError) as ex:
+            log.warning("spool hold not published: %s", ex)
+            return None
+        self._published = oldest_us is not None
+        return view
+
     def _gauges(self) -> bool:
         flags = self.flags.read()
         if self.metrics is not None:
@@ -274,7 +332,19 @@ class Drainer:
         self.flags.set_drainer(pid)
         replayed = 0
         try:
-            result, replayed = await self._pass(reader)
+            loop = asyncio.get_running_loop()
+            give_up = loop.time() + _PEER_PASSES_S
+            while True:
+                result, n = await self._pass(reader)
+                replayed += n
+                if result is not _Pass.WAIT or loop.time() >= give_up:
+                    break
+            if result in (_Pass.DRAINED, _Pass.EMPTY):
+                if self.flags.local_hold() and self.hold is not None:
+                    result, n = await self._close(reader)
+                    replayed += n
+                elif self._published:
+                    await self._publish(None)
             return result, replayed
         finally:
             if self.flags.drainer_pid == pid:
@@ -283,7 +353,24 @@ class Drainer:
                 self.flags.set_last_drain()
             self._io.submit(reader.close)
 
-    async def _pass(self, reader: SpoolReader) -> tuple[_Pass, int]:
+    async def _close(self, reader: SpoolReader) -> tuple[_Pass, int]:
+        """The closing pass: no append while it runs (pushes wait on ``hold.lock``); if it
+        drains everything the hold ends and pushes go to PostgreSQL again."""
+        assert self.hold is not None
+        fd = await self._in_io(self.hold.lock_closing)
+        try:
+            result, resolved = await self._pass(reader, closing=True)
+            ended = result in (_Pass.DRAINED, _Pass.EMPTY)
+            if ended:
+                self.flags.clear_local_hold()
+        finally:
+            await self._in_io(self.hold.unlock, fd)
+        if ended:
+            await self._publish(None)
+            log.info("spool hold ended: pushes go to PostgreSQL again")
+        return result, resolved
+
+    async def _pass(self, reader: SpoolReader, *, closing: bool = False) -> tuple[_Pass, int]:
         records = reader.iter_pending()
         resolved = 0
         try:
@@ -297,12 +384,39 @@ class Drainer:
                                  self.counters.queued, self.counters.duplicate,
                                  self.counters.failed)
                     return (_Pass.DRAINED if resolved else _Pass.EMPTY), resolved
-                await self._replay(batch)
+                head = SpoolItem.accepted_us_of(batch[0].raw)
+                if head:
+                    self.flags.set_local_oldest(head)
+                view = await self._publish(head or self.flags.local_oldest_us or None)
+                limit = _peer_limit(view, self.instance) if view is not None else _NO_LIMIT
+                keep = _cut(batch, limit)
+                if keep:
+                    await self._replay(batch[:keep])
                 resolved += await self._in_io(self._commit, reader, batch)
                 if any(e.verdict is _Verdict.RETRY for e in batch):
                     return _Pass.RETRY, resolved
+                if keep < len(batch):
+                    # NOTE(queen): another instance holds older records: they go first. Our
+                    # next oldest is published so that it knows how far it may go.
+                    waiting = SpoolItem.accepted_us_of(batch[keep].raw)
+                    self.flags.set_local_oldest(waiting)
+                    if not closing:
+                        await self._publish(waiting)
+                        await self._wait_peers(waiting)
+                    return _Pass.WAIT, resolved
         finally:
             self._io.submit(records.close)
+
+    async def _wait_peers(self, oldest_us: int) -> None:
+        """Until no other instance's hold is older than ``oldest_us`` (as the flags board
+        hears of it), at most ``_PEER_WAIT_S``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _PEER_WAIT_S
+        while loop.time() < deadline:
+            peers = self.flags.peers()
+            if not peers.hold or peers.oldest_us >= oldest_us:
+                return
+            await asyncio.sleep(_PEER_POLL_S)
 
     # ------------------------------------------------------------------ replay
     async def _replay(self, batch: list[_Entry]) -> None:
@@ -459,7 +573,12 @@ class Drainer:
                     log.error("spool: record %s@%d rejected for good: %s", e.position.path,
                               e.position.offset, e.reason)
         resolved = 0
-        for path, entries in itertools.groupby(batch, key=lambda e: e.position.path):
+        # NOTE(spool): the batch interleaves files (accept-time order); each file's entries
+        # keep that file's order, and its watermark stops at its first unresolved one.
+        by_file: dict[str, list[_Entry]] = {}
+        for e in batch:
+            by_file.setdefault(e.position.path, []).append(e)
+        for path, entries in by_file.items():
             last: SpoolPosition | None = None
             for e in entries:
                 if e.verdict is _Verdict.RETRY or e.verdict is None:
