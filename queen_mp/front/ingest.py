@@ -6,12 +6,12 @@ frame and copy their leader's *final* verdict. Frames are grouped by (queue, par
 group is sent to the shard owning ``hash(tenant, queue, partition)``, and the request resolves
 when every group has its verdict. A group whose shard failed or vanished is written to the disk
 spool and reported ``buffered`` (``failed`` if the spool write fails too). While push
-maintenance is on, or this instance's spool holds records a new push must not overtake
-(``SpoolHold.route``, the flags board: front/spoolhold.py), every leader goes to the spool
-before anything is routed: no shard and no PostgreSQL connection is touched. While another
-instance's spool holds records, the push first waits for that hold to end. So does every
-leader of a request whose queues' encryption flags PostgreSQL cannot tell (an outage, and a
-queue this worker has not seen) go to the spool: the drain resolves them.
+maintenance is on, every leader goes to the spool before anything is routed: no shard and no
+PostgreSQL connection is touched. While a spool (this instance's or another's) holds records a
+new push must not overtake (``SpoolHold.route``, the flags board: front/spoolhold.py), the
+push first waits for that hold to end, and goes to the spool if it does not end in time. So
+does every leader of a request whose queues' encryption flags PostgreSQL cannot tell (an
+outage, and a queue this worker has not seen): the drain resolves them.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from queen_mp.crypto import PayloadCipher
 from queen_mp.front.queueflags import FlagsUnavailable, QueueFlags
 from queen_mp.front.spoolhold import SpoolHold
-from queen_mp.ipc.flags import PEER_HOLD, SPOOL
+from queen_mp.ipc.flags import HOLD, SPOOL
 from queen_mp.ipc.routing import push_shard
 from queen_mp.ipc.shardlink import ShardGone, ShardLink, verdicts_of
 from queen_mp.models.items import ClientChunk, PushItem
@@ -95,8 +95,8 @@ class Ingest:
         if not groups:
             return []
         route = self.hold.route()
-        if route == PEER_HOLD:
-            route = await self.hold.wait_peers()
+        if route == HOLD:
+            route = await self.hold.wait_hold()
         # NOTE(queen): before encryption too (its flag lookup reads PostgreSQL); the drain
         # encrypts what it replays into an encrypted queue. An append refused because the
         # hold ended meanwhile (the drain's closing pass) lets the push go on to PostgreSQL.

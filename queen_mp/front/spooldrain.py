@@ -95,7 +95,7 @@ BATCH_BYTES = 8 << 20
 _BACKOFF_S = (1.0, 2.0, 4.0, 5.0)
 _IDLE_BACKOFF_S = 30.0  # stats say pending but a pass found nothing (unreadable bytes)
 _STATEMENT_STRIKES = 3
-_PEER_POLL_S = 0.01
+_PEER_POLL_S = 0.002
 _PEER_WAIT_S = 2.0   # one wait for another instance's older records, then a new pass
 _PEER_PASSES_S = 30.0  # how long one drain keeps waiting for them before the loop looks again
 _NO_LIMIT = 1 << 62
@@ -373,11 +373,13 @@ class Drainer:
     async def _pass(self, reader: SpoolReader, *, closing: bool = False) -> tuple[_Pass, int]:
         records = reader.iter_pending()
         resolved = 0
+        batch: list[_Entry] = []
         try:
             while True:
                 if self.flags.push_maintenance():
                     return _Pass.STOPPED, resolved
-                batch = await self._in_io(_take, records)
+                if not batch:
+                    batch = await self._in_io(_take, records)
                 if not batch:
                     if resolved:
                         log.info("spool drained: %d queued, %d duplicate, %d failed so far",
@@ -387,36 +389,34 @@ class Drainer:
                 head = SpoolItem.accepted_us_of(batch[0].raw)
                 if head:
                     self.flags.set_local_oldest(head)
+                # NOTE(queen): one call publishes our oldest and reads the others' holds.
                 view = await self._publish(head or self.flags.local_oldest_us or None)
-                limit = _peer_limit(view, self.instance) if view is not None else _NO_LIMIT
-                keep = _cut(batch, limit)
-                if keep:
-                    await self._replay(batch[:keep])
-                resolved += await self._in_io(self._commit, reader, batch)
-                if any(e.verdict is _Verdict.RETRY for e in batch):
+                keep = _cut(batch, _peer_limit(view, self.instance) if view else _NO_LIMIT)
+                if not keep:
+                    # NOTE(queen): another instance holds older records: they go first; the
+                    # rest of the batch waits here (not re-read) until it moved on.
+                    if closing or not await self._wait_peers(head):
+                        return _Pass.WAIT, resolved
+                    continue
+                now, batch = batch[:keep], batch[keep:]
+                await self._replay(now)
+                resolved += await self._in_io(self._commit, reader, now)
+                if any(e.verdict is _Verdict.RETRY for e in now):
                     return _Pass.RETRY, resolved
-                if keep < len(batch):
-                    # NOTE(queen): another instance holds older records: they go first. Our
-                    # next oldest is published so that it knows how far it may go.
-                    waiting = SpoolItem.accepted_us_of(batch[keep].raw)
-                    self.flags.set_local_oldest(waiting)
-                    if not closing:
-                        await self._publish(waiting)
-                        await self._wait_peers(waiting)
-                    return _Pass.WAIT, resolved
         finally:
             self._io.submit(records.close)
 
-    async def _wait_peers(self, oldest_us: int) -> None:
+    async def _wait_peers(self, oldest_us: int) -> bool:
         """Until no other instance's hold is older than ``oldest_us`` (as the flags board
-        hears of it), at most ``_PEER_WAIT_S``."""
+        hears of it); False after ``_PEER_WAIT_S``."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + _PEER_WAIT_S
         while loop.time() < deadline:
             peers = self.flags.peers()
             if not peers.hold or peers.oldest_us >= oldest_us:
-                return
+                return True
             await asyncio.sleep(_PEER_POLL_S)
+        return False
 
     # ------------------------------------------------------------------ replay
     async def _replay(self, batch: list[_Entry]) -> None:

@@ -46,10 +46,10 @@ from pathlib import Path
 from typing import Any
 
 from queen_mp.db.errors import DatabaseError
-from queen_mp.ipc.flags import DIRECT, PEER_HOLD, SPOOL, FlagsBoard
+from queen_mp.ipc.flags import DIRECT, HOLD, SPOOL, FlagsBoard
 from queen_mp.spool import SpoolItem, SpoolWriteError, SpoolWriter
 
-__all__ = ["HOLD_BEAT_MS", "HOLD_SETTLE_S", "HOLD_TTL_MS", "PEER_WAIT_S", "PUBLISH_TIMEOUT_S",
+__all__ = ["HOLD_BEAT_MS", "HOLD_SETTLE_S", "HOLD_TTL_MS", "HOLD_WAIT_S", "PUBLISH_TIMEOUT_S",
            "SpoolHold", "now_us"]
 
 log = logging.getLogger("queen_mp.spool.hold")
@@ -59,9 +59,9 @@ LOCK_NAME = "hold.lock"
 HOLD_TTL_MS = 10_000
 #: how often the draining instance refreshes its row (the flags board elects one writer)
 HOLD_BEAT_MS = 1000
-#: how long a push waits for another instance's hold to end before it is spooled
-PEER_WAIT_S = 2.0
-_PEER_POLL_S = 0.01
+#: how long a push waits for a hold to end before it is spooled
+HOLD_WAIT_S = 5.0
+_HOLD_POLL_S = 0.005
 #: wait after publishing a hold while push maintenance is off and peers exist (> PEERS_VALID_MS)
 HOLD_SETTLE_S = 3.0
 PUBLISH_TIMEOUT_S = 2.0
@@ -87,24 +87,25 @@ class SpoolHold:
         self.flags = flags
         self.publish = publish
         self._lock_path = Path(spool_dir) / LOCK_NAME
-        #: where a push goes now (``FlagsBoard.push_route``): DIRECT, SPOOL or PEER_HOLD
+        #: where a push goes now (``FlagsBoard.push_route``): DIRECT, SPOOL or HOLD
         self.route: Callable[[], int] = flags.push_route if flags is not None else _direct
         self._last_us = 0
         #: one stamp-and-append at a time in this process, so its file is in stamp order
         self._appending = asyncio.Lock()
 
     # ------------------------------------------------------------------ the push side
-    async def wait_peers(self) -> int:
-        """A push met another instance's hold: wait for it to end (``DIRECT``), or give up
-        after ``PEER_WAIT_S`` (``SPOOL``); our own hold or maintenance answer at once."""
-        deadline = asyncio.get_running_loop().time() + PEER_WAIT_S
+    async def wait_hold(self) -> int:
+        """A push met a hold: wait for it to end (``DIRECT``), or give up after
+        ``HOLD_WAIT_S`` (``SPOOL``); maintenance answers ``SPOOL`` at once."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + HOLD_WAIT_S
         while True:
             route = self.route()
-            if route != PEER_HOLD:
+            if route != HOLD:
                 return route
-            if asyncio.get_running_loop().time() >= deadline:
+            if loop.time() >= deadline:
                 return SPOOL
-            await asyncio.sleep(_PEER_POLL_S)
+            await asyncio.sleep(_HOLD_POLL_S)
 
     async def append(self, items: Sequence[SpoolItem], *, held: bool) -> bool:
         """Append ``items`` (fsynced) and set the hold; ``held``: only while the route still

@@ -37,7 +37,7 @@ import posix_ipc
 
 from queen_mp.ipc.slots import pid_exists
 
-__all__ = ["DIRECT", "PEERS_VALID_MS", "PEER_HOLD", "SPOOL", "Flags", "FlagsBoard", "Peers",
+__all__ = ["DIRECT", "HOLD", "PEERS_VALID_MS", "SPOOL", "Flags", "FlagsBoard", "Peers",
            "monotonic_ms"]
 
 _MAGIC = 0x31474C46504D51  # b"QMPFLG1" little-endian
@@ -50,7 +50,7 @@ _PEER_HOLDS, _PEERS_PRESENT = 1, 2
 #: wait longer than this before answering (front/spoolhold.py HOLD_SETTLE_S)
 PEERS_VALID_MS = 2500
 #: what ``push_route`` answers
-DIRECT, SPOOL, PEER_HOLD = 0, 1, 2
+DIRECT, SPOOL, HOLD = 0, 1, 2
 _MAX_VERSION = (1 << 61) - 1
 
 
@@ -176,18 +176,20 @@ class FlagsBoard:
 
     # ------------------------------------------------------------------ push order
     def push_route(self) -> int:
-        """Where a push goes now: ``DIRECT``; ``SPOOL`` (push maintenance, or this
-        instance's spool holds records a new push must not overtake); ``PEER_HOLD`` (another
-        instance's spool does, or peers exist and what we know of them is too old)."""
+        """Where a push goes now: ``DIRECT``; ``SPOOL`` (push maintenance); ``HOLD``: a spool
+        holds records a new push must not overtake (this instance's, or another's, or peers
+        exist and what we know of them is too old), so the push waits for the hold to end."""
         # PERF(queen): two or three shared-memory loads per push; the clock only with peers.
         q = self._q
-        if q[_W_STATE] & _PUSH or q[_W_HOLD]:
+        if q[_W_STATE] & _PUSH:
             return SPOOL
+        if q[_W_HOLD]:
+            return HOLD
         peers = q[_W_PEERS]
         if not peers:
             return DIRECT
         if peers & _PEER_HOLDS or _monotonic_ms() - q[_W_PEERS_READ] > PEERS_VALID_MS:
-            return PEER_HOLD
+            return HOLD
         return DIRECT
 
     def local_hold(self) -> bool:
