@@ -82,12 +82,13 @@ async def spool_view(conn: psycopg.AsyncConnection[Any], instance: str) -> dict[
     return row[0]
 
 
-async def spool_hold(conn: psycopg.AsyncConnection[Any], instance: str, oldest_us: int | None,
-                     ttl_ms: int) -> dict[str, Any]:
-    """``queen.spool_hold_v1``: publish (``oldest_us``) or withdraw (None) this instance's
-    hold; answers ``spool_view`` as read after the write."""
-    cur = await conn.execute("SELECT queen.spool_hold_v1(%s, %s, %s)",
-                             (instance, oldest_us, ttl_ms))
+async def spool_hold(conn: psycopg.AsyncConnection[Any], holder: str, oldest_us: int | None,
+                     ttl_ms: int, instance: str) -> dict[str, Any]:
+    """``queen.spool_hold_v1``: publish (``oldest_us``) or withdraw (None) the hold of
+    ``holder`` (a spool directory); answers ``spool_view`` of ``instance`` read after the
+    write."""
+    cur = await conn.execute("SELECT queen.spool_hold_v1(%s, %s, %s, %s)",
+                             (holder, oldest_us, ttl_ms, instance))
     row = await cur.fetchone()
     assert row is not None
     return row[0]

@@ -4,25 +4,25 @@ A push answered ``buffered`` is stored when a drain replays it (front/spooldrain
 that comes after it must not be stored before it, whichever front worker or instance takes it:
 
 - One instance. After every spool append the flags board's ``local_hold`` is set (before the
-  push is answered), and while it is set every push goes to the spool too (``push_route``).
-  The drain clears it in a closing pass: it takes ``hold.lock`` in the spool directory
-  exclusively (appends take it shared), replays what is left, clears the hold and lets the
-  waiting appends go; an append that then finds the hold cleared is not made and its push
-  goes to PostgreSQL. So pushes wait for the closing pass instead of feeding the spool
-  forever, and an item answered ``buffered`` is stored before anything accepted after it.
-  Records carry their accept time (``SpoolItem.accepted_us``, stamped under this process's
-  lock, so each file is in that order) and the drain merges the files by it.
+  push is answered), and while it is set a push waits (``HOLD_WAIT_S`` at most, then it is
+  spooled) instead of going to PostgreSQL (``push_route``); so once maintenance is off a spool
+  only shrinks. The drain clears the hold in a closing pass: it takes ``hold.lock`` in the
+  spool directory exclusively (appends take it shared), replays what is left, clears the hold
+  and lets the waiting appends go; an append that then finds the hold cleared is not made and
+  its push goes to PostgreSQL. So an item answered ``buffered`` is stored before anything
+  accepted after it. Records carry their accept time (``SpoolItem.accepted_us``, stamped
+  under this process's lock, so each file is in that order) and the drain merges the files
+  by it.
 - Several instances over one database. An instance whose hold begins publishes it in
   ``queen.spool_holds`` (schema/011) before answering, refreshes it about once a second while
   it lasts (a row not refreshed for ``HOLD_TTL_MS`` is ignored: a dead instance blocks nobody
   for long) and withdraws it once drained. Every instance reads the holds with the
   maintenance switches (front workers' listeners, ipc/wakeup.py) onto its board: while
-  another live instance holds records, a push waits (``PEER_WAIT_S``) for that hold to end
-  before it goes to PostgreSQL, or goes to the spool if it does not end in time; and a drain
-  stores a record only when no other live instance holds an older one. A hold that is
-  published while push maintenance is off is answered only after ``HOLD_SETTLE_S``, longer
-  than any peer may trust a read without it (``PEERS_VALID_MS``): a peer that read "no hold"
-  before it was published stops trusting that read before our first ``buffered`` answer.
+  another live instance holds records, pushes wait as for a local hold, and a drain stores a
+  record only when no other live instance holds an older one. A hold that is published while
+  push maintenance is off is answered only after ``HOLD_SETTLE_S``, longer than any peer may
+  trust a read without it (``PEERS_VALID_MS``): a peer that read "no hold" before it was
+  published stops trusting that read before our first ``buffered`` answer.
 
 What is guaranteed: per instance, exactly the accept order. Across instances, accept order
 as the hosts' wall clocks tell it (a producer's items are ordered across hosts only if their

@@ -124,7 +124,7 @@ class FrontWorker:
         # the maintenance switches fresh on the flags board.
         self._listener = WakeListener(self._wake_board, self.runtime.prefix,
                                       self.config.pg_dsn, wake=self.config.wake_notify,
-                                      flags=self._flags)
+                                      flags=self._flags, holder=self.holder)
         self._listener.start()
         if not self._flags.read().known:
             # the instance's first worker: do not serve pushes before the switches are known
@@ -133,7 +133,7 @@ class FrontWorker:
         await self.pool.open(wait=False)
         self._drainer = Drainer(self.config.spool_path, self._ingest, self._flags, self.spool,
                                 f"f{self.slot}-{os.getpid()}", metrics=self.metrics,
-                                hold=self.hold, instance=self.runtime.prefix)
+                                hold=self.hold, instance=self.holder)
         self._drainer.start()
         self._gauges = asyncio.get_running_loop().create_task(self._gauge_loop())
         freeze_startup_objects()
@@ -195,7 +195,14 @@ class FrontWorker:
         """This instance's row of ``queen.spool_holds`` (front/spoolhold.py): published with
         its oldest undrained record's accept time, or withdrawn (None)."""
         async with connection(self.pool) as conn:
-            return await procs.spool_hold(conn, self.runtime.prefix, oldest_us, HOLD_TTL_MS)
+            return await procs.spool_hold(conn, self.holder, oldest_us, HOLD_TTL_MS,
+                                          self.runtime.prefix)
+
+    @property
+    def holder(self) -> str:
+        """This instance's key in ``queen.spool_holds``: its spool directory, the same after a
+        restart (which takes the row of the process before over)."""
+        return f"{self.config.instance_name}:{self.config.spool_path}"
 
     @property
     def flags(self) -> FlagsBoard:

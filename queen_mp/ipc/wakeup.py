@@ -60,15 +60,15 @@ def publish_flags(board: FlagsBoard, doc: dict[str, Any], *, force: bool = False
                          int(doc.get("version") or 0), force=force)
 
 
-def publish_holds(board: FlagsBoard, doc: dict[str, Any], instance: str,
+def publish_holds(board: FlagsBoard, doc: dict[str, Any], holder: str,
                   read_ms: int | None = None) -> None:
-    """Store what a ``spool_view_v1`` answer or a notification says of the other instances'
+    """Store what a ``spool_view_v1`` answer or a notification says of the other holders'
     spool holds (nothing if it says nothing of them); ``read_ms``: when that read was sent."""
     holds = doc.get("holds")
     if not isinstance(holds, list):
         return
     others = [int(h.get("oldestUs") or 0) for h in holds
-              if isinstance(h, dict) and h.get("instance") != instance]
+              if isinstance(h, dict) and h.get("instance") != holder]
     present = bool(doc["peers"]) if "peers" in doc else board.peers_present()
     board.publish_peers(bool(others), present, min(others) if others else 0, read_ms)
 
@@ -148,9 +148,10 @@ class WakeListener:
     flags board fresh (``queen_settings`` notifications, re-read on connect and ~1 s)."""
 
     def __init__(self, board: WakeBoard | None, instance: str, dsn: str, *,
-                 wake: bool = True, flags: FlagsBoard | None = None) -> None:
+                 wake: bool = True, flags: FlagsBoard | None = None, holder: str = "") -> None:
         self.board = board
         self.instance = instance
+        self.holder = holder  # this instance's key in queen.spool_holds
         self.dsn = dsn
         self.wake = wake and board is not None
         self.flags = flags
@@ -202,14 +203,14 @@ class WakeListener:
         doc = await procs.spool_view(conn, self.instance)
         if publish_flags(self.flags, doc):
             self._behind = 0
-            publish_holds(self.flags, doc, self.instance, sent)
+            publish_holds(self.flags, doc, self.holder, sent)
         else:
             self._behind += 1
             if self._behind >= _BEHIND_FORCE:
                 log.warning("settings_version went back to %s; taking the database's flags",
                             doc.get("version"))
                 publish_flags(self.flags, doc, force=True)
-                publish_holds(self.flags, doc, self.instance, sent)
+                publish_holds(self.flags, doc, self.holder, sent)
                 self._behind = 0
         self.flags_ready.set()
 
@@ -223,7 +224,7 @@ class WakeListener:
                 log.warning("unreadable %s payload %r", SETTINGS_CHANNEL, payload[:200])
                 return
             if isinstance(doc, dict) and publish_flags(self.flags, doc):
-                publish_holds(self.flags, doc, self.instance)
+                publish_holds(self.flags, doc, self.holder)
             return
         if channel == CHANNEL and self.wake:
             self._apply(payload)

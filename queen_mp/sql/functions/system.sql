@@ -105,16 +105,19 @@ CREATE OR REPLACE TRIGGER system_settings_changed
 --
 -- Functions:
 --   queen.spool_holds_v1() -> jsonb
---       {"holds": [{"instance": text, "oldestUs": int8}, ...]}: the live holds (expires_at
+--       {"holds": [{"instance": holder, "oldestUs": int8}, ...]}: the live holds (expires_at
 --       not passed), as every queen_settings notification carries them.
 --   queen.spool_view_v1(p_instance text) -> jsonb
 --       maintenance_flags_v1() || spool_holds_v1() || {"peers": bool}: what a front
 --       worker's listener reads about once a second, in one snapshot, so an instance that
 --       learns that maintenance ended learns in the same read who still holds records;
 --       "peers" is whether another instance's wake listener is connected (wake_peers_v1).
---   queen.spool_hold_v1(p_instance text, p_oldest_us int8, p_ttl_ms int) -> jsonb
---       upserts the caller's row (p_oldest_us NULL: deletes it), then answers
---       spool_view_v1(p_instance) read after the write, in a statement of its own.
+--   queen.spool_hold_v1(p_holder text, p_oldest_us int8, p_ttl_ms int, p_instance text)
+--       -> jsonb
+--       upserts the holder's row (p_oldest_us NULL: deletes it), then answers
+--       spool_view_v1(p_instance) read after the write, in a statement of its own. A holder
+--       is a spool directory (instance name and path: the same across restarts, so a
+--       restarted instance takes its row over); p_instance is the instance's wake prefix.
 -- Each write changes queen.spool_holds, whose statement trigger (settings_changed_v1) bumps
 -- settings_version and notifies queen_settings: so a hold and a maintenance switch are ordered
 -- by the settings_version row lock, and an instance that reads "maintenance off" (from a
@@ -140,20 +143,20 @@ LANGUAGE sql STABLE AS $$
            || jsonb_build_object('peers', queen.wake_peers_v1(p_instance));
 $$;
 
-CREATE OR REPLACE FUNCTION queen.spool_hold_v1(p_instance text, p_oldest_us int8,
-                                               p_ttl_ms int)
+CREATE OR REPLACE FUNCTION queen.spool_hold_v1(p_holder text, p_oldest_us int8,
+                                               p_ttl_ms int, p_instance text)
 RETURNS jsonb
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF p_instance IS NULL OR p_ttl_ms IS NULL OR p_ttl_ms < 1 THEN
-        RAISE EXCEPTION 'spool_hold_v1: instance and a positive TTL are required'
+    IF p_holder IS NULL OR p_ttl_ms IS NULL OR p_ttl_ms < 1 THEN
+        RAISE EXCEPTION 'spool_hold_v1: holder and a positive TTL are required'
             USING ERRCODE = '22023';
     END IF;
     IF p_oldest_us IS NULL THEN
-        DELETE FROM queen.spool_holds WHERE instance = p_instance;
+        DELETE FROM queen.spool_holds WHERE instance = p_holder;
     ELSE
         INSERT INTO queen.spool_holds AS h (instance, oldest_at, expires_at, updated_at)
-        VALUES (p_instance, to_timestamp(p_oldest_us / 1000000.0),
+        VALUES (p_holder, to_timestamp(p_oldest_us / 1000000.0),
                 now() + make_interval(secs => p_ttl_ms / 1000.0), now())
         ON CONFLICT (instance) DO UPDATE
             SET oldest_at = EXCLUDED.oldest_at, expires_at = EXCLUDED.expires_at,

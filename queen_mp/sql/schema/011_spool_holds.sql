@@ -17,7 +17,7 @@
 -- queen.system_settings (its statement trigger), which orders it against maintenance switches.
 
 CREATE TABLE queen.spool_holds (
-    instance   text        PRIMARY KEY,  -- the instance's shared-memory prefix (runtime.py)
+    instance   text        PRIMARY KEY,  -- the holder: instance name and spool path
     oldest_at  timestamptz NOT NULL,     -- accept time of its oldest undrained record
     expires_at timestamptz NOT NULL,     -- ignored after this (server clock)
     updated_at timestamptz NOT NULL DEFAULT now()
