@@ -82,13 +82,13 @@ async def spool_view(conn: psycopg.AsyncConnection[Any], instance: str) -> dict[
     return row[0]
 
 
-async def spool_hold(conn: psycopg.AsyncConnection[Any], holder: str, oldest_us: int | None,
-                     ttl_ms: int, instance: str) -> dict[str, Any]:
-    """``queen.spool_hold_v1``: publish (``oldest_us``) or withdraw (None) the hold of
-    ``holder`` (a spool directory); answers ``spool_view`` of ``instance`` read after the
-    write."""
-    cur = await conn.execute("SELECT queen.spool_hold_v1(%s, %s, %s, %s)",
-                             (holder, oldest_us, ttl_ms, instance))
+async def spool_hold(conn: psycopg.AsyncConnection[Any], holder: str, episode: int,
+                     oldest_us: int | None, ttl_ms: int, instance: str) -> dict[str, Any]:
+    """``queen.spool_hold_v1``: publish (``oldest_us``) or withdraw (None) the hold
+    ``episode`` of ``holder`` (a spool directory); answers ``spool_view`` of ``instance``
+    read after the write."""
+    cur = await conn.execute("SELECT queen.spool_hold_v1(%s, %s, %s, %s, %s)",
+                             (holder, oldest_us, ttl_ms, instance, episode))
     row = await cur.fetchone()
     assert row is not None
     return row[0]

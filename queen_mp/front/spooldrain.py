@@ -62,7 +62,7 @@ from typing import Any
 from queen_mp.db.errors import DatabaseError
 from queen_mp.front.ingest import EncryptionUnavailable, Ingest, pieces_of
 from queen_mp.front.queueflags import FlagsUnavailable
-from queen_mp.front.spoolhold import HOLD_BEAT_MS, PUBLISH_TIMEOUT_S, SpoolHold
+from queen_mp.front.spoolhold import HOLD_BEAT_MS, PUBLISH_TIMEOUT_S, SpoolHold, now_us
 from queen_mp.ipc.flags import FlagsBoard
 from queen_mp.ipc.shardlink import ShardGone, verdicts_of
 from queen_mp.models.items import PushItem
@@ -298,16 +298,23 @@ class Drainer:
         if (self.hold is None or self.hold.publish is None or not self.flags.local_hold()
                 or not self.flags.claim_hold_beat(HOLD_BEAT_MS)):
             return
-        await self._publish(self.flags.local_oldest_us or None)
-
-    async def _publish(self, oldest_us: int | None) -> dict[str, Any] | None:
-        """Publish (or withdraw, None) this instance's hold; the holds as read after it, or
-        None if PostgreSQL did not answer."""
-        if self.hold is None or self.hold.publish is None:
-            return None
         try:
             async with asyncio.timeout(PUBLISH_TIMEOUT_S):
-                view = await self.hold.publish(oldest_us)
+                await self.hold.publish_held(self.flags.local_oldest_us or now_us())
+        except (DatabaseError, OSError, TimeoutError) as ex:
+            log.warning("spool hold not refreshed: %s", ex)
+
+    async def _publish(self, oldest_us: int | None,
+                       episode: int | None = None) -> dict[str, Any] | None:
+        """Publish (or withdraw, None) this instance's hold (``episode``: the board's current
+        one); the holds as read after it, or None if PostgreSQL did not answer."""
+        if self.hold is None or self.hold.publish is None:
+            return None
+        if episode is None:
+            episode = self.flags.hold_episode
+        try:
+            async with asyncio.timeout(PUBLISH_TIMEOUT_S):
+                view = await self.hold.publish(oldest_us, episode)
         except (DatabaseError, OSError, TimeoutError) as ex:
             log.warning("spool hold not published: %s", ex)
             return None
@@ -361,12 +368,13 @@ class Drainer:
         try:
             result, resolved = await self._pass(reader, closing=True)
             ended = result in (_Pass.DRAINED, _Pass.EMPTY)
+            episode = self.flags.hold_episode  # no new hold can begin while we hold the lock
             if ended:
                 self.flags.clear_local_hold()
         finally:
             await self._in_io(self.hold.unlock, fd)
         if ended:
-            await self._publish(None)
+            await self._publish(None, episode)
             log.info("spool hold ended: pushes go to PostgreSQL again")
         return result, resolved
 

@@ -66,8 +66,9 @@ _HOLD_POLL_S = 0.005
 HOLD_SETTLE_S = 3.0
 PUBLISH_TIMEOUT_S = 2.0
 
-#: ``publish(oldest_us or None)``: the instance's hold row; answers ``spool_view_v1``
-Publisher = Callable[[int | None], Awaitable[dict[str, Any]]]
+#: ``publish(oldest_us or None, episode)``: the instance's hold row (None: withdraw the hold
+#: ``episode`` ended); answers ``spool_view_v1``
+Publisher = Callable[[int | None, int], Awaitable[dict[str, Any]]]
 
 
 def _direct() -> int:
@@ -128,11 +129,22 @@ class SpoolHold:
             self.writer.append([replace(it, accepted_us=stamp).encode() for it in items])
             return self.flags.set_local_hold(stamp) if self.flags is not None else False
 
+    async def publish_held(self, oldest_us: int) -> dict[str, Any]:
+        """Publish the hold; if it ended meanwhile (the drain's closing pass withdrew the row
+        while this write was under way, and this write put it back), withdraw it again:
+        a row nobody refreshes would hold the other instances back until it expires."""
+        assert self.publish is not None and self.flags is not None
+        episode = self.flags.hold_episode
+        view = await self.publish(oldest_us, episode)
+        if not self.flags.local_hold():
+            view = await self.publish(None, episode)
+        return view
+
     async def _announce(self) -> None:
         assert self.publish is not None and self.flags is not None
         try:
             async with asyncio.timeout(PUBLISH_TIMEOUT_S):
-                view = await self.publish(self.flags.local_oldest_us or now_us())
+                view = await self.publish_held(self.flags.local_oldest_us or now_us())
         except (DatabaseError, OSError, TimeoutError) as ex:
             # NOTE(queen): PostgreSQL unreachable (fault 3): the drain's heartbeat publishes
             # the hold once it answers; until then order holds within this instance only.

@@ -24,6 +24,7 @@ are single instructions, so a reader never sees half a word)::
                        2 | a peer holds 1 (oldest: Unix us of their oldest undrained record)
     9  peers_read_ms   CLOCK_MONOTONIC ms at which the periodic read behind word 8 was sent
    10  hold_beat_ms    CLOCK_MONOTONIC ms of the last heartbeat of this instance's hold row
+   11  hold_episode    Unix us of the first append of the current (or last) hold: its key
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ _MAGIC = 0x31474C46504D51  # b"QMPFLG1" little-endian
 _BYTES = 128
 _PUSH, _POP, _KNOWN = 1, 2, 4
 (_W_MAGIC, _W_STATE, _W_REFRESHED, _W_DRAINER, _W_LAST_DRAIN, _W_REQUESTS, _W_HOLD,
- _W_OLDEST, _W_PEERS, _W_PEERS_READ, _W_HOLD_BEAT) = range(11)
+ _W_OLDEST, _W_PEERS, _W_PEERS_READ, _W_HOLD_BEAT, _W_EPISODE) = range(12)
 _PEER_HOLDS, _PEERS_PRESENT = 1, 2
 #: how old the read behind "no peer holds" may be while peers exist; their holds' publishers
 #: wait longer than this before answering (front/spoolhold.py HOLD_SETTLE_S)
@@ -200,10 +201,17 @@ class FlagsBoard:
         episode, to be published)."""
         q = self._q
         fresh = not q[_W_HOLD]
+        if fresh:
+            q[_W_EPISODE] = max(oldest_us, q[_W_EPISODE] + 1)
         if fresh or not q[_W_OLDEST]:
             q[_W_OLDEST] = oldest_us
         q[_W_HOLD] = 1
         return fresh
+
+    @property
+    def hold_episode(self) -> int:
+        """The key of the current (or last) hold: a withdrawal names the one it ended."""
+        return self._q[_W_EPISODE]
 
     def clear_local_hold(self) -> None:
         self._q[_W_HOLD] = 0

@@ -344,12 +344,13 @@ OUTSIDE = """\
 - The network faults (7) are made by a TCP proxy of the test's own between the broker and
   PostgreSQL (tests/chaos/netproxy.py): these machines' kernels have no netem.
 - A producer's order is kept across spools (queen_mp/front/spoolhold.py, docs/architecture.md
-  "Spool and order"): while an instance's spool holds records its pushes go to the spool too,
-  until a closing pass of the drain ends the hold; while another live instance's does, pushes
-  wait for it (2 s, then the spool) and a drain stores only records older than every other
-  instance's oldest (`queen.spool_holds`). Across hosts the order is the accept time by each
-  host's clock; items buffered while PostgreSQL was unreachable are ordered within their
-  instance, and across instances once their hold is published.
+  "Spool and order"): while an instance's spool holds records its pushes wait for the drain
+  (5 s at most, then they are spooled too) until a closing pass of the drain ends the hold;
+  while another live instance's spool does, pushes wait likewise, and a drain stores only
+  records older than every other instance's oldest (`queen.spool_holds`). Across hosts the
+  order is the accept time by each host's clock; items buffered while PostgreSQL was
+  unreachable (faults 3 and 4) are ordered within their instance, and across instances once
+  their hold is published.
 - The failover rows (fault 4) run on a pg_auto_failover formation of the run's own
   (tests/chaos/autofailover.py: a monitor, a primary and a secondary, synchronous replication,
   the package's default timings); the broker's DSN is the formation's multi-host URI. Their

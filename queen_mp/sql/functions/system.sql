@@ -112,12 +112,15 @@ CREATE OR REPLACE TRIGGER system_settings_changed
 --       worker's listener reads about once a second, in one snapshot, so an instance that
 --       learns that maintenance ended learns in the same read who still holds records;
 --       "peers" is whether another instance's wake listener is connected (wake_peers_v1).
---   queen.spool_hold_v1(p_holder text, p_oldest_us int8, p_ttl_ms int, p_instance text)
---       -> jsonb
---       upserts the holder's row (p_oldest_us NULL: deletes it), then answers
---       spool_view_v1(p_instance) read after the write, in a statement of its own. A holder
---       is a spool directory (instance name and path: the same across restarts, so a
---       restarted instance takes its row over); p_instance is the instance's wake prefix.
+--   queen.spool_hold_v1(p_holder text, p_oldest_us int8, p_ttl_ms int, p_instance text,
+--                       p_episode int8) -> jsonb
+--       upserts the holder's row for hold p_episode (a write of an earlier episode than the
+--       row's changes nothing), or with p_oldest_us NULL deletes it if its episode is not
+--       later than p_episode (the withdrawal of an ended hold never removes the next one,
+--       whatever order the two writes commit in); then answers spool_view_v1(p_instance)
+--       read after the write, in a statement of its own. A holder is a spool directory
+--       (instance name and path: the same across restarts, so a restarted instance takes its
+--       row over); p_instance is the instance's wake prefix.
 -- Each write changes queen.spool_holds, whose statement trigger (settings_changed_v1) bumps
 -- settings_version and notifies queen_settings: so a hold and a maintenance switch are ordered
 -- by the settings_version row lock, and an instance that reads "maintenance off" (from a
@@ -144,23 +147,25 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 CREATE OR REPLACE FUNCTION queen.spool_hold_v1(p_holder text, p_oldest_us int8,
-                                               p_ttl_ms int, p_instance text)
+                                               p_ttl_ms int, p_instance text, p_episode int8)
 RETURNS jsonb
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF p_holder IS NULL OR p_ttl_ms IS NULL OR p_ttl_ms < 1 THEN
-        RAISE EXCEPTION 'spool_hold_v1: holder and a positive TTL are required'
+    IF p_holder IS NULL OR p_episode IS NULL OR p_ttl_ms IS NULL OR p_ttl_ms < 1 THEN
+        RAISE EXCEPTION 'spool_hold_v1: holder, episode and a positive TTL are required'
             USING ERRCODE = '22023';
     END IF;
     IF p_oldest_us IS NULL THEN
-        DELETE FROM queen.spool_holds WHERE instance = p_holder;
+        DELETE FROM queen.spool_holds WHERE instance = p_holder AND episode <= p_episode;
     ELSE
-        INSERT INTO queen.spool_holds AS h (instance, oldest_at, expires_at, updated_at)
+        INSERT INTO queen.spool_holds AS h (instance, oldest_at, expires_at, episode,
+                                            updated_at)
         VALUES (p_holder, to_timestamp(p_oldest_us / 1000000.0),
-                now() + make_interval(secs => p_ttl_ms / 1000.0), now())
+                now() + make_interval(secs => p_ttl_ms / 1000.0), p_episode, now())
         ON CONFLICT (instance) DO UPDATE
             SET oldest_at = EXCLUDED.oldest_at, expires_at = EXCLUDED.expires_at,
-                updated_at = now();
+                episode = EXCLUDED.episode, updated_at = now()
+            WHERE h.episode <= EXCLUDED.episode;
     END IF;
     -- NOTE(sql): a statement of its own, so its snapshot comes after the version row lock the
     -- trigger took: a maintenance switch committed before this hold is seen here.

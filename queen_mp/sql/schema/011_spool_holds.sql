@@ -20,5 +20,7 @@ CREATE TABLE queen.spool_holds (
     instance   text        PRIMARY KEY,  -- the holder: instance name and spool path
     oldest_at  timestamptz NOT NULL,     -- accept time of its oldest undrained record
     expires_at timestamptz NOT NULL,     -- ignored after this (server clock)
+    episode    int8        NOT NULL,     -- accept time (Unix us) of the hold's first record:
+                                         -- a withdrawal removes only the hold it ended
     updated_at timestamptz NOT NULL DEFAULT now()
 );
