@@ -380,39 +380,64 @@ class Drainer:
 
     async def _pass(self, reader: SpoolReader, *, closing: bool = False) -> tuple[_Pass, int]:
         records = reader.iter_pending()
-        resolved = 0
-        batch: list[_Entry] = []
+        done: list[_Entry] = []  # replayed, progress not recorded yet
+        resolved = [0]
         try:
-            while True:
-                if self.flags.push_maintenance():
-                    return _Pass.STOPPED, resolved
-                if not batch:
-                    batch = await self._in_io(_take, records)
-                if not batch:
-                    if resolved:
-                        log.info("spool drained: %d queued, %d duplicate, %d failed so far",
-                                 self.counters.queued, self.counters.duplicate,
-                                 self.counters.failed)
-                    return (_Pass.DRAINED if resolved else _Pass.EMPTY), resolved
-                head = SpoolItem.accepted_us_of(batch[0].raw)
-                if head:
-                    self.flags.set_local_oldest(head)
-                # NOTE(queen): one call publishes our oldest and reads the others' holds.
-                view = await self._publish(head or self.flags.local_oldest_us or None)
-                keep = _cut(batch, _peer_limit(view, self.instance) if view else _NO_LIMIT)
-                if not keep:
-                    # NOTE(queen): another instance holds older records: they go first; the
-                    # rest of the batch waits here (not re-read) until it moved on.
-                    if closing or not await self._wait_peers(head):
-                        return _Pass.WAIT, resolved
-                    continue
-                now, batch = batch[:keep], batch[keep:]
-                await self._replay(now)
-                resolved += await self._in_io(self._commit, reader, now)
-                if any(e.verdict is _Verdict.RETRY for e in now):
-                    return _Pass.RETRY, resolved
+            result = await self._replay_pending(reader, records, done, resolved, closing)
+            if done:
+                resolved[0] += await self._in_io(self._commit, reader, done)
         finally:
             self._io.submit(records.close)
+        if result is _Pass.DRAINED:
+            if not resolved[0]:
+                return _Pass.EMPTY, 0
+            log.info("spool drained: %d queued, %d duplicate, %d failed so far",
+                     self.counters.queued, self.counters.duplicate, self.counters.failed)
+        return result, resolved[0]
+
+    async def _replay_pending(self, reader: SpoolReader,
+                              records: Iterator[tuple[SpoolPosition, bytes]],
+                              done: list[_Entry], resolved: list[int], closing: bool) -> _Pass:
+        batch: list[_Entry] = []
+        limit: int | None = None  # the others' oldest, known to hold for this batch
+        while True:
+            if self.flags.push_maintenance():
+                return _Pass.STOPPED
+            if not batch:
+                if done:
+                    resolved[0] += await self._in_io(self._commit, reader, list(done))
+                    done.clear()
+                batch = await self._in_io(_take, records)
+                limit = None
+            if not batch:
+                return _Pass.DRAINED
+            head = SpoolItem.accepted_us_of(batch[0].raw)
+            if head:
+                self.flags.set_local_oldest(head)
+            if limit is None:
+                # NOTE(queen): one call publishes our oldest and reads the others' holds. It
+                # is read after the batch was: a hold published later holds only records
+                # accepted later than all of the batch, so the limit stays good for it.
+                view = await self._publish(head or self.flags.local_oldest_us or None)
+                limit = _peer_limit(view, self.instance) if view else _NO_LIMIT
+            keep = _cut(batch, limit)
+            if not keep:
+                # NOTE(queen): another instance holds older records: they go first; the rest
+                # of the batch waits here (not re-read) until it moved on. PERF(queen): the
+                # progress of what was replayed is recorded once the batch is done (fsyncs),
+                # not at each turn: a crash replays those records again, deduplicated.
+                if closing or not await self._wait_peers(head):
+                    return _Pass.WAIT
+                limit = None  # NOTE(queen): the board is a hint; the limit comes from a read
+                continue
+            now, batch = batch[:keep], batch[keep:]
+            await self._replay(now)
+            done.extend(now)
+            if batch:
+                # NOTE(queen): the others wait for our new oldest: published with the next read
+                limit = None
+            if any(e.verdict is _Verdict.RETRY for e in now):
+                return _Pass.RETRY
 
     async def _wait_peers(self, oldest_us: int) -> bool:
         """Until no other instance's hold is older than ``oldest_us`` (as the flags board
