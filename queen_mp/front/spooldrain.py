@@ -277,6 +277,9 @@ class Drainer:
                 if result is _Pass.BUSY:
                     continue
                 first = False
+                # NOTE(queen): while the drain cannot go on, pushes are spooled at once
+                # rather than wait for it (their order is kept: they queue behind).
+                self.flags.set_hold_blocked(result is _Pass.RETRY)
                 if result is _Pass.RETRY:
                     not_before = loop.time() + _BACKOFF_S[min(failures, len(_BACKOFF_S) - 1)]
                     failures += 1
@@ -433,6 +436,8 @@ class Drainer:
             now, batch = batch[:keep], batch[keep:]
             await self._replay(now)
             done.extend(now)
+            if any(e.verdict is _Verdict.DONE for e in now):
+                self.flags.set_hold_blocked(False)
             if batch:
                 # NOTE(queen): the others wait for our new oldest: published with the next read
                 limit = None

@@ -17,8 +17,10 @@ are single instructions, so a reader never sees half a word)::
     3  drainer_pid     the front worker draining the spool now, 0 if none
     4  last_drain_ms   Unix ms at which the last drain pass ended, 0 if never
     5  drain_requests  bumped by POST /api/v1/system/spool/drain and when maintenance ends
-    6  local_hold      1 while this instance's spool may hold undrained records (set after
-                       each append, cleared by the drain's closing pass: front/spoolhold.py)
+    6  local_hold      nonzero while this instance's spool may hold undrained records (set
+                       after each append, cleared by the drain's closing pass:
+                       front/spoolhold.py): 1 pushes wait for the drain, 2 the drain cannot
+                       go on now (PostgreSQL or a shard down) and pushes go to the spool
     7  local_oldest    Unix us of the accept time of the oldest undrained record, 0 if unknown
     8  peers           what the last read said of other instances: oldest << 2 | peers present
                        2 | a peer holds 1 (oldest: Unix us of their oldest undrained record)
@@ -47,6 +49,7 @@ _PUSH, _POP, _KNOWN = 1, 2, 4
 (_W_MAGIC, _W_STATE, _W_REFRESHED, _W_DRAINER, _W_LAST_DRAIN, _W_REQUESTS, _W_HOLD,
  _W_OLDEST, _W_PEERS, _W_PEERS_READ, _W_HOLD_BEAT, _W_EPISODE) = range(12)
 _PEER_HOLDS, _PEERS_PRESENT = 1, 2
+_BLOCKED = 2  # local_hold while the drain cannot go on
 #: how old the read behind "no peer holds" may be while peers exist; their holds' publishers
 #: wait longer than this before answering (front/spoolhold.py HOLD_SETTLE_S)
 PEERS_VALID_MS = 2500
@@ -184,8 +187,9 @@ class FlagsBoard:
         q = self._q
         if q[_W_STATE] & _PUSH:
             return SPOOL
-        if q[_W_HOLD]:
-            return HOLD
+        held = q[_W_HOLD]
+        if held:
+            return SPOOL if held == _BLOCKED else HOLD
         peers = q[_W_PEERS]
         if not peers:
             return DIRECT
@@ -203,10 +207,17 @@ class FlagsBoard:
         fresh = not q[_W_HOLD]
         if fresh:
             q[_W_EPISODE] = max(oldest_us, q[_W_EPISODE] + 1)
-        if fresh or not q[_W_OLDEST]:
             q[_W_OLDEST] = oldest_us
-        q[_W_HOLD] = 1
+            q[_W_HOLD] = 1
+        elif not q[_W_OLDEST]:
+            q[_W_OLDEST] = oldest_us
         return fresh
+
+    def set_hold_blocked(self, blocked: bool) -> None:
+        """The drain cannot go on now (``blocked``: pushes go to the spool at once rather
+        than wait for it), or it goes on again (they wait); no effect without a hold."""
+        if self._q[_W_HOLD]:
+            self._q[_W_HOLD] = _BLOCKED if blocked else 1
 
     @property
     def hold_episode(self) -> int:

@@ -69,10 +69,18 @@ def test_the_push_route_follows_maintenance_the_local_hold_and_the_peers(
     assert board.set_local_hold(9) is False       # the same hold goes on
     assert board.local_oldest_us == 5
     assert board.push_route() == HOLD
+    board.set_hold_blocked(True)                  # the drain cannot go on: spool at once
+    assert board.push_route() == SPOOL
+    assert board.set_local_hold(11) is False      # an append keeps it so
+    assert board.push_route() == SPOOL
+    board.set_hold_blocked(False)
+    assert board.push_route() == HOLD
     board.publish(True, False, 1)
     assert board.push_route() == SPOOL            # maintenance first
     board.publish(False, False, 2)
     board.clear_local_hold()
+    assert board.push_route() == DIRECT
+    board.set_hold_blocked(True)                  # without a hold: nothing to block
     assert board.push_route() == DIRECT
     board.publish_peers(True, True, 7, monotonic_ms())
     assert board.push_route() == HOLD             # another instance holds records
