@@ -10,9 +10,11 @@ that comes after it must not be stored before it, whichever front worker or inst
   spool directory exclusively (appends take it shared), replays what is left, clears the hold
   and lets the waiting appends go; an append that then finds the hold cleared is not made and
   its push goes to PostgreSQL. So an item answered ``buffered`` is stored before anything
-  accepted after it. Records carry their accept time (``SpoolItem.accepted_us``, stamped
-  under this process's lock, so each file is in that order) and the drain merges the files
-  by it.
+  accepted after it. While the drain cannot go on (PostgreSQL or a shard down: its last pass
+  stopped on a transient failure) the hold says so and pushes are spooled at once, behind
+  the others, instead of waiting. Records carry their accept time
+  (``SpoolItem.accepted_us``, stamped under this process's lock, so each file is in that
+  order) and the drain merges the files by it.
 - Several instances over one database. An instance whose hold begins publishes it in
   ``queen.spool_holds`` (schema/011) before answering, refreshes it about once a second while
   it lasts (a row not refreshed for ``HOLD_TTL_MS`` is ignored: a dead instance blocks nobody
