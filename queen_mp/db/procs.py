@@ -83,12 +83,13 @@ async def spool_view(conn: psycopg.AsyncConnection[Any], instance: str) -> dict[
 
 
 async def spool_hold(conn: psycopg.AsyncConnection[Any], holder: str, episode: int,
-                     oldest_us: int | None, ttl_ms: int, instance: str) -> dict[str, Any]:
-    """``queen.spool_hold_v1``: publish (``oldest_us``) or withdraw (None) the hold
-    ``episode`` of ``holder`` (a spool directory); answers ``spool_view`` of ``instance``
-    read after the write."""
-    cur = await conn.execute("SELECT queen.spool_hold_v1(%s, %s, %s, %s, %s)",
-                             (holder, oldest_us, ttl_ms, instance, episode))
+                     oldest_us: int | None, ttl_ms: int, instance: str,
+                     buckets: list[int] | None = None) -> dict[str, Any]:
+    """``queen.spool_hold_v1``: publish (``oldest_us``, and per bucket of partitions) or
+    withdraw (None) the hold ``episode`` of ``holder`` (a spool directory); answers
+    ``spool_view`` of ``instance`` read after the write, with the holders' buckets."""
+    cur = await conn.execute("SELECT queen.spool_hold_v1(%s, %s, %s, %s, %s, %s::int8[])",
+                             (holder, oldest_us, ttl_ms, instance, episode, buckets))
     row = await cur.fetchone()
     assert row is not None
     return row[0]

@@ -64,6 +64,7 @@ from queen_mp.front.ingest import EncryptionUnavailable, Ingest, pieces_of
 from queen_mp.front.queueflags import FlagsUnavailable
 from queen_mp.front.spoolhold import HOLD_BEAT_MS, PUBLISH_TIMEOUT_S, SpoolHold, now_us
 from queen_mp.ipc.flags import FlagsBoard
+from queen_mp.ipc.routing import push_shard
 from queen_mp.ipc.shardlink import ShardGone, verdicts_of
 from queen_mp.models.items import PushItem
 from queen_mp.spool.spool import (
@@ -99,6 +100,9 @@ _PEER_POLL_S = 0.002
 _PEER_WAIT_S = 2.0   # one wait for another instance's older records, then a new pass
 _PEER_PASSES_S = 30.0  # how long one drain keeps waiting for them before the loop looks again
 _NO_LIMIT = 1 << 62
+#: a drain orders its records against other instances' per bucket of partitions (a
+#: producer's order is per partition): records of other buckets do not wait for each other
+ORDER_BUCKETS = 64
 
 
 def failed_dir(spool_dir: str | os.PathLike[str]) -> Path:
@@ -156,6 +160,8 @@ class _Entry:
     verdict: _Verdict | None = None
     reason: str = ""
     leader: int = -1  # index of the batch entry this one follows, -1 = its own leader
+    stamp: int = 0  # accept time, Unix us (0: unknown, an older build's record)
+    bucket: int = 0  # ORDER_BUCKETS slot of its partition
 
 
 @dataclass(slots=True)
@@ -171,27 +177,44 @@ def _take(records: Iterator[tuple[SpoolPosition, bytes]]) -> list[_Entry]:
     batch: list[_Entry] = []
     size = 0
     for position, raw in records:
-        batch.append(_Entry(position, raw))
+        e = _Entry(position, raw, stamp=SpoolItem.accepted_us_of(raw))
+        try:
+            it = SpoolItem.decode(raw)
+            e.bucket = push_shard(it.tenant, it.queue, it.partition, ORDER_BUCKETS)
+        except SpoolDecodeError:
+            pass  # NOTE(queen): failed when replayed; its bucket does not matter
+        batch.append(e)
         size += len(raw)
         if len(batch) >= BATCH_RECORDS or size >= BATCH_BYTES:
             break
     return batch
 
 
-def _cut(batch: list[_Entry], limit_us: int) -> int:
-    """How many of the batch may be stored before another instance's oldest record (the
-    batch is in accept-time order; a record without an accept time goes)."""
-    for n, e in enumerate(batch):
-        if SpoolItem.accepted_us_of(e.raw) > limit_us:
-            return n
-    return len(batch)
+def _oldest_by_bucket(batch: list[_Entry]) -> list[int]:
+    """What we publish per bucket: the oldest accept time of our records not stored yet.
+    A bucket without any in the batch gets the batch's last accept time: every record after
+    the batch (and every later append) is not older."""
+    floor = max((e.stamp for e in batch), default=0)
+    oldest = [floor] * ORDER_BUCKETS
+    for e in batch:
+        if e.verdict is None and e.stamp < oldest[e.bucket]:
+            oldest[e.bucket] = e.stamp
+    return oldest
 
 
-def _peer_limit(view: dict[str, Any], instance: str) -> int:
-    """The oldest accept time (Unix us) of another instance's live hold, or no limit."""
-    others = [int(h.get("oldestUs") or 0) for h in view.get("holds") or ()
-              if isinstance(h, dict) and h.get("instance") != instance]
-    return min(others) if others else _NO_LIMIT
+def _peer_limits(view: dict[str, Any], instance: str) -> list[int]:
+    """Per bucket, the oldest accept time (Unix us) of another holder's records not stored
+    yet: ours older than that may be stored."""
+    limits = [_NO_LIMIT] * ORDER_BUCKETS
+    buckets = view.get("buckets") or {}
+    for h in view.get("holds") or ():
+        if not isinstance(h, dict) or h.get("instance") == instance:
+            continue
+        theirs = buckets.get(h.get("instance")) if isinstance(buckets, dict) else None
+        if not isinstance(theirs, list) or len(theirs) != ORDER_BUCKETS:
+            theirs = [int(h.get("oldestUs") or 0)] * ORDER_BUCKETS
+        limits = [min(mine, int(t or 0)) for mine, t in zip(limits, theirs, strict=True)]
+    return limits
 
 
 class Drainer:
@@ -307,17 +330,18 @@ class Drainer:
         except (DatabaseError, OSError, TimeoutError) as ex:
             log.warning("spool hold not refreshed: %s", ex)
 
-    async def _publish(self, oldest_us: int | None,
-                       episode: int | None = None) -> dict[str, Any] | None:
+    async def _publish(self, oldest_us: int | None, episode: int | None = None,
+                       buckets: list[int] | None = None) -> dict[str, Any] | None:
         """Publish (or withdraw, None) this instance's hold (``episode``: the board's current
-        one); the holds as read after it, or None if PostgreSQL did not answer."""
+        one; ``buckets``: the oldest per ORDER_BUCKETS slot); the holds as read after it, or
+        None if PostgreSQL did not answer."""
         if self.hold is None or self.hold.publish is None:
             return None
         if episode is None:
             episode = self.flags.hold_episode
         try:
             async with asyncio.timeout(PUBLISH_TIMEOUT_S):
-                view = await self.hold.publish(oldest_us, episode)
+                view = await self.hold.publish(oldest_us, episode, buckets)
         except (DatabaseError, OSError, TimeoutError) as ex:
             log.warning("spool hold not published: %s", ex)
             return None
@@ -383,12 +407,12 @@ class Drainer:
 
     async def _pass(self, reader: SpoolReader, *, closing: bool = False) -> tuple[_Pass, int]:
         records = reader.iter_pending()
-        done: list[_Entry] = []  # replayed, progress not recorded yet
+        taken: list[_Entry] = []  # the batch: progress is recorded once it is done
         resolved = [0]
         try:
-            result = await self._replay_pending(reader, records, done, resolved, closing)
-            if done:
-                resolved[0] += await self._in_io(self._commit, reader, done)
+            result = await self._replay_pending(reader, records, taken, resolved, closing)
+            if taken:
+                resolved[0] += await self._in_io(self._commit, reader, taken)
         finally:
             self._io.submit(records.close)
         if result is _Pass.DRAINED:
@@ -400,58 +424,54 @@ class Drainer:
 
     async def _replay_pending(self, reader: SpoolReader,
                               records: Iterator[tuple[SpoolPosition, bytes]],
-                              done: list[_Entry], resolved: list[int], closing: bool) -> _Pass:
-        batch: list[_Entry] = []
-        limit: int | None = None  # the others' oldest, known to hold for this batch
+                              taken: list[_Entry], resolved: list[int], closing: bool) -> _Pass:
+        """Replay batch after batch; ``taken`` is the current batch (entries not replayed
+        yet have no verdict, so its commit stops each file's watermark before them)."""
+        waiting: list[_Entry] = []  # of the batch, not replayed yet, in accept-time order
         while True:
             if self.flags.push_maintenance():
                 return _Pass.STOPPED
-            if not batch:
-                if done:
-                    resolved[0] += await self._in_io(self._commit, reader, list(done))
-                    done.clear()
-                batch = await self._in_io(_take, records)
-                limit = None
-            if not batch:
+            if not waiting:
+                if taken:
+                    resolved[0] += await self._in_io(self._commit, reader, list(taken))
+                    taken.clear()
+                taken.extend(await self._in_io(_take, records))
+                waiting = list(taken)
+            if not waiting:
                 return _Pass.DRAINED
-            head = SpoolItem.accepted_us_of(batch[0].raw)
+            head = waiting[0].stamp
             if head:
                 self.flags.set_local_oldest(head)
-            if limit is None:
-                # NOTE(queen): one call publishes our oldest and reads the others' holds. It
-                # is read after the batch was: a hold published later holds only records
-                # accepted later than all of the batch, so the limit stays good for it.
-                view = await self._publish(head or self.flags.local_oldest_us or None)
-                limit = _peer_limit(view, self.instance) if view else _NO_LIMIT
-            keep = _cut(batch, limit)
-            if not keep:
-                # NOTE(queen): another instance holds older records: they go first; the rest
-                # of the batch waits here (not re-read) until it moved on. PERF(queen): the
-                # progress of what was replayed is recorded once the batch is done (fsyncs),
-                # not at each turn: a crash replays those records again, deduplicated.
-                if closing or not await self._wait_peers(head):
+            # NOTE(queen): one call publishes our oldest (per bucket) and reads the others'.
+            # It is read after the batch was: a hold published later holds only records
+            # accepted later than all of the batch, so what it tells is good for the batch.
+            view = await self._publish(head or self.flags.local_oldest_us or None,
+                                       buckets=_oldest_by_bucket(waiting))
+            limits = _peer_limits(view, self.instance) if view else None
+            now = [e for e in waiting if limits is None or e.stamp <= limits[e.bucket]]
+            if not now:
+                # NOTE(queen): other instances hold older records of every bucket we have:
+                # they go first; the batch waits here (not re-read) until one of them wrote.
+                # PERF(queen): its progress is recorded once it is done (fsyncs), not at each
+                # turn: a crash replays those records again, deduplicated.
+                if closing or not await self._wait_peers(int((view or {}).get("version") or 0)):
                     return _Pass.WAIT
-                limit = None  # NOTE(queen): the board is a hint; the limit comes from a read
                 continue
-            now, batch = batch[:keep], batch[keep:]
+            chosen = {id(e) for e in now}
+            waiting = [e for e in waiting if id(e) not in chosen]
             await self._replay(now)
-            done.extend(now)
             if any(e.verdict is _Verdict.DONE for e in now):
                 self.flags.set_hold_blocked(False)
-            if batch:
-                # NOTE(queen): the others wait for our new oldest: published with the next read
-                limit = None
             if any(e.verdict is _Verdict.RETRY for e in now):
                 return _Pass.RETRY
 
-    async def _wait_peers(self, oldest_us: int) -> bool:
-        """Until no other instance's hold is older than ``oldest_us`` (as the flags board
-        hears of it); False after ``_PEER_WAIT_S``."""
+    async def _wait_peers(self, version: int) -> bool:
+        """Until the flags board hears of a settings change after ``version`` (another
+        instance published its progress); False after ``_PEER_WAIT_S``."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + _PEER_WAIT_S
         while loop.time() < deadline:
-            peers = self.flags.peers()
-            if not peers.hold or peers.oldest_us >= oldest_us:
+            if self.flags.read().version > version:
                 return True
             await asyncio.sleep(_PEER_POLL_S)
         return False
@@ -617,6 +637,7 @@ class Drainer:
         for e in batch:
             by_file.setdefault(e.position.path, []).append(e)
         for path, entries in by_file.items():
+            entries.sort(key=lambda e: e.position.offset)
             last: SpoolPosition | None = None
             for e in entries:
                 if e.verdict is _Verdict.RETRY or e.verdict is None:

@@ -68,9 +68,10 @@ _HOLD_POLL_S = 0.005
 HOLD_SETTLE_S = 3.0
 PUBLISH_TIMEOUT_S = 2.0
 
-#: ``publish(oldest_us or None, episode)``: the instance's hold row (None: withdraw the hold
-#: ``episode`` ended); answers ``spool_view_v1``
-Publisher = Callable[[int | None, int], Awaitable[dict[str, Any]]]
+#: ``publish(oldest_us or None, episode, buckets or None)``: the instance's hold row (None:
+#: withdraw the hold ``episode`` ended; ``buckets``: the oldest per bucket of partitions, the
+#: drain's); answers ``spool_view_v1`` and the other holders' buckets
+Publisher = Callable[[int | None, int, list[int] | None], Awaitable[dict[str, Any]]]
 
 
 def _direct() -> int:
@@ -137,9 +138,9 @@ class SpoolHold:
         a row nobody refreshes would hold the other instances back until it expires."""
         assert self.publish is not None and self.flags is not None
         episode = self.flags.hold_episode
-        view = await self.publish(oldest_us, episode)
+        view = await self.publish(oldest_us, episode, None)
         if not self.flags.local_hold():
-            view = await self.publish(None, episode)
+            view = await self.publish(None, episode, None)
         return view
 
     async def _announce(self) -> None:

@@ -191,12 +191,14 @@ class FrontWorker:
         if self.disk_used is not None:
             m.disk_used_percent.set(self.disk_used())
 
-    async def publish_hold(self, oldest_us: int | None, episode: int) -> dict[str, Any]:
+    async def publish_hold(self, oldest_us: int | None, episode: int,
+                           buckets: list[int] | None) -> dict[str, Any]:
         """This instance's row of ``queen.spool_holds`` (front/spoolhold.py): hold ``episode``
-        published with its oldest undrained record's accept time, or withdrawn (None)."""
+        published with its oldest undrained record's accept time (and per bucket), or
+        withdrawn (None)."""
         async with connection(self.pool) as conn:
             return await procs.spool_hold(conn, self.holder, episode, oldest_us, HOLD_TTL_MS,
-                                          self.runtime.prefix)
+                                          self.runtime.prefix, buckets)
 
     @property
     def holder(self) -> str:

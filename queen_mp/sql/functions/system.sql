@@ -113,12 +113,15 @@ CREATE OR REPLACE TRIGGER system_settings_changed
 --       learns that maintenance ended learns in the same read who still holds records;
 --       "peers" is whether another instance's wake listener is connected (wake_peers_v1).
 --   queen.spool_hold_v1(p_holder text, p_oldest_us int8, p_ttl_ms int, p_instance text,
---                       p_episode int8) -> jsonb
+--                       p_episode int8, p_buckets int8[]) -> jsonb
 --       upserts the holder's row for hold p_episode (a write of an earlier episode than the
 --       row's changes nothing), or with p_oldest_us NULL deletes it if its episode is not
 --       later than p_episode (the withdrawal of an ended hold never removes the next one,
 --       whatever order the two writes commit in); then answers spool_view_v1(p_instance)
---       read after the write, in a statement of its own. A holder is a spool directory
+--       read after the write, in a statement of its own, with "buckets": {holder: [int8]}
+--       of the live holds that published them (p_buckets: the oldest per bucket of
+--       partitions, a drain's; NULL keeps those of the same episode: what a drain published
+--       only becomes conservative as it goes on). A holder is a spool directory
 --       (instance name and path: the same across restarts, so a restarted instance takes its
 --       row over); p_instance is the instance's wake prefix.
 -- Each write changes queen.spool_holds, whose statement trigger (settings_changed_v1) bumps
@@ -147,7 +150,8 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 CREATE OR REPLACE FUNCTION queen.spool_hold_v1(p_holder text, p_oldest_us int8,
-                                               p_ttl_ms int, p_instance text, p_episode int8)
+                                               p_ttl_ms int, p_instance text, p_episode int8,
+                                               p_buckets int8[])
 RETURNS jsonb
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -159,17 +163,22 @@ BEGIN
         DELETE FROM queen.spool_holds WHERE instance = p_holder AND episode <= p_episode;
     ELSE
         INSERT INTO queen.spool_holds AS h (instance, oldest_at, expires_at, episode,
-                                            updated_at)
+                                            buckets, updated_at)
         VALUES (p_holder, to_timestamp(p_oldest_us / 1000000.0),
-                now() + make_interval(secs => p_ttl_ms / 1000.0), p_episode, now())
+                now() + make_interval(secs => p_ttl_ms / 1000.0), p_episode, p_buckets, now())
         ON CONFLICT (instance) DO UPDATE
             SET oldest_at = EXCLUDED.oldest_at, expires_at = EXCLUDED.expires_at,
-                episode = EXCLUDED.episode, updated_at = now()
+                episode = EXCLUDED.episode, updated_at = now(),
+                -- a heartbeat (no buckets) keeps those of its own hold
+                buckets = CASE WHEN EXCLUDED.buckets IS NOT NULL THEN EXCLUDED.buckets
+                               WHEN h.episode = EXCLUDED.episode THEN h.buckets END
             WHERE h.episode <= EXCLUDED.episode;
     END IF;
     -- NOTE(sql): a statement of its own, so its snapshot comes after the version row lock the
     -- trigger took: a maintenance switch committed before this hold is seen here.
-    RETURN queen.spool_view_v1(p_instance);
+    RETURN queen.spool_view_v1(p_instance) || jsonb_build_object('buckets', COALESCE(
+        (SELECT jsonb_object_agg(instance, to_jsonb(buckets)) FROM queen.spool_holds
+         WHERE expires_at > now() AND buckets IS NOT NULL), '{}'::jsonb));
 END
 $$;
 

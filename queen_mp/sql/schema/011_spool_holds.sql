@@ -22,5 +22,8 @@ CREATE TABLE queen.spool_holds (
     expires_at timestamptz NOT NULL,     -- ignored after this (server clock)
     episode    int8        NOT NULL,     -- accept time (Unix us) of the hold's first record:
                                          -- a withdrawal removes only the hold it ended
+    buckets    int8[],                   -- per bucket of partitions (the drain's 64), the
+                                         -- accept time (Unix us) of its oldest record there;
+                                         -- NULL: oldest_at for every bucket
     updated_at timestamptz NOT NULL DEFAULT now()
 );
