@@ -21,22 +21,23 @@ SQL deduplication on the transactionId makes a replay idempotent: a record answe
 can only be an earlier replay or the bundle that failed and committed after all). Within one
 batch, a repeat of (tenant, queue, partition, transactionId) is a follower of the first.
 
-Order (front/spoolhold.py): the reader merges the files by accept time. Before each batch
-the drain publishes its oldest pending record's accept time in ``queen.spool_holds`` and, in
-the same call, reads the other instances' holds; it replays only the records older than every
-other live instance's oldest (the rest of the batch stays pending), and when its next record
-is not, it waits for the others to move on (their notifications reach the flags board). A
-pass that finds nothing left takes ``hold.lock`` exclusively (pushes wait), replays what came
-in meanwhile, clears the instance's hold and withdraws its row: from then on pushes go to
-PostgreSQL again.
+Order (front/spoolhold.py): the reader merges the files by accept time. At each turn the
+drain publishes in ``queen.spool_holds`` the accept time of its oldest pending record, overall
+and per bucket of partitions (``ORDER_BUCKETS``), and in the same call reads the other
+instances'; it replays the records older than every other live instance's oldest of their
+bucket (a producer's order is per partition), keeps the rest of the batch in memory, and when
+none may go, waits for another write to reach the flags board. A pass that finds nothing left
+takes ``hold.lock`` exclusively (pushes wait), replays what came in meanwhile, clears the
+instance's hold and withdraws its row: from then on pushes go to PostgreSQL again.
 
 Progress is the reader's per-file watermark: after each batch, every file is marked done up to
-the last record before its first one that must be retried. A crash between a replay and that
-mark replays the record again (deduplicated). Records that can never be stored (undecodable,
-invalid names or frame, an encrypted queue without a key, or a bundle refused by PostgreSQL
-with a definite statement error three times) are appended to ``<spool>/failed/`` (fsynced) and
-then marked done: ``spool.failed`` counts them, and ``POST /api/v1/system/spool/drain
-{"retryFailed": true}`` appends them to the spool again (``requeue_failed``).
+the last record before its first one that must be retried (or was not replayed). A crash
+between a replay and that mark replays the record again (deduplicated). Records that can never
+be stored (undecodable, invalid names or frame, an encrypted queue without a key, or a bundle
+refused by PostgreSQL with a definite statement error three times) are appended to
+``<spool>/failed/`` (fsynced) and then marked done: ``spool.failed`` counts them, and
+``POST /api/v1/system/spool/drain {"retryFailed": true}`` appends them to the spool again
+(``requeue_failed``).
 
 KNOWN ISSUE (dedupWindow 0): a queue whose dedupWindow is 0 has no deduplication, so a record
 whose original bundle did commit after all (a statement timeout or a lost connection after
