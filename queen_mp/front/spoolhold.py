@@ -78,6 +78,11 @@ def _direct() -> int:
     return DIRECT
 
 
+def _resolve(tick: asyncio.Future[None]) -> None:
+    if not tick.done():
+        tick.set_result(None)
+
+
 def now_us() -> int:
     return time.time_ns() // 1000
 
@@ -96,6 +101,7 @@ class SpoolHold:
         self._last_us = 0
         #: one stamp-and-append at a time in this process, so its file is in stamp order
         self._appending = asyncio.Lock()
+        self._tick: asyncio.Future[None] | None = None
 
     # ------------------------------------------------------------------ the push side
     async def wait_hold(self) -> int:
@@ -109,7 +115,15 @@ class SpoolHold:
                 return route
             if loop.time() >= deadline:
                 return SPOOL
-            await asyncio.sleep(_HOLD_POLL_S)
+            # PERF(queen): every waiting push of this worker shares one timer per tick
+            await asyncio.shield(self._next_tick(loop))
+
+    def _next_tick(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
+        tick = self._tick
+        if tick is None or tick.done():
+            tick = self._tick = loop.create_future()
+            loop.call_later(_HOLD_POLL_S, _resolve, tick)
+        return tick
 
     async def append(self, items: Sequence[SpoolItem], *, held: bool) -> bool:
         """Append ``items`` (fsynced) and set the hold; ``held``: only while the route still

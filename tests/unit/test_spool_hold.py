@@ -119,3 +119,24 @@ def test_an_append_waits_for_the_closing_pass_and_is_not_made_once_the_hold_ende
         records = [SpoolItem.decode(raw) for _, raw in reader.iter_pending()]
     assert [r.transaction_id for r in records] == ["t-1"]
     assert records[0].accepted_us > 0
+
+
+def test_pushes_waiting_for_a_hold_go_on_when_it_ends_or_maintenance_begins(
+        tmp_path: Path, board: FlagsBoard) -> None:
+    hold = SpoolHold(tmp_path, SpoolWriter(tmp_path, "w0", fsync=False), board)
+    board.set_local_hold(1)
+
+    async def scenario() -> tuple[list[int], int]:
+        waiting = [asyncio.create_task(hold.wait_hold()) for _ in range(3)]
+        await asyncio.sleep(0.05)
+        assert not any(t.done() for t in waiting)  # the hold is on: they wait
+        board.clear_local_hold()
+        routes = list(await asyncio.gather(*waiting))
+        board.set_local_hold(2)
+        late = asyncio.create_task(hold.wait_hold())
+        await asyncio.sleep(0.05)
+        board.publish(True, False, 1)  # maintenance: to the spool at once
+        return routes, await late
+
+    routes, late = asyncio.run(scenario())
+    assert routes == [DIRECT] * 3 and late == SPOOL
