@@ -105,3 +105,33 @@ def test_a_producers_items_are_stored_in_its_order_across_maintenance(
                              f"({before[2]}) at {before[0]}")
         last[partition] = max(before or (-1, "", ""), (offset, txn, status))
     assert not overtaken, f"{len(overtaken)} items stored before an earlier one: {overtaken[:5]}"
+
+
+def hold_row(conn: psycopg.Connection, holder: str, oldest_us: int | None, episode: int,
+             buckets: list[int] | None = None) -> dict:
+    return conn.execute("SELECT queen.spool_hold_v1(%s, %s, 10000, 'me', %s, %s::int8[])",
+                        (holder, oldest_us, episode, buckets)).fetchone()[0]
+
+
+def test_a_hold_row_is_withdrawn_only_by_the_hold_that_ended(fresh_db_dsn: str) -> None:
+    """queen.spool_hold_v1: a late withdrawal of an ended hold keeps the next one, a late
+    refresh of an ended hold does not overwrite the next one, a heartbeat keeps the buckets
+    of its own hold; the answer lists the live holds and their buckets."""
+    with psycopg.connect(fresh_db_dsn, autocommit=True) as conn:
+        view = hold_row(conn, "a", 1_000, episode=10, buckets=[1_000] * 64)
+        assert view["holds"] == [{"instance": "a", "oldestUs": 1_000}]
+        assert view["buckets"] == {"a": [1_000] * 64}
+        assert {"maintenance", "popMaintenance", "version", "peers"} <= view.keys()
+        hold_row(conn, "a", 5_000, episode=20)                  # the next hold begins
+        assert hold_row(conn, "a", None, episode=10)["holds"] == [  # ended hold: kept
+            {"instance": "a", "oldestUs": 5_000}]
+        assert hold_row(conn, "a", 1_000, episode=10)["holds"] == [  # late refresh: ignored
+            {"instance": "a", "oldestUs": 5_000}]
+        hold_row(conn, "a", 6_000, episode=20, buckets=[6_000] * 64)
+        assert hold_row(conn, "a", 7_000, episode=20)["buckets"] == {"a": [6_000] * 64}
+        hold_row(conn, "b", 2_000, episode=1)
+        view = hold_row(conn, "a", None, episode=20)
+        assert view["holds"] == [{"instance": "b", "oldestUs": 2_000}]
+        assert view["buckets"] == {}
+        conn.execute("UPDATE queen.spool_holds SET expires_at = now() - interval '1 s'")
+        assert hold_row(conn, "c", None, episode=0)["holds"] == []  # expired: ignored

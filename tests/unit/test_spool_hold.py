@@ -140,3 +140,26 @@ def test_pushes_waiting_for_a_hold_go_on_when_it_ends_or_maintenance_begins(
 
     routes, late = asyncio.run(scenario())
     assert routes == [DIRECT] * 3 and late == SPOOL
+
+
+def test_a_drain_publishes_and_reads_the_oldest_record_per_bucket() -> None:
+    from queen_mp.front.spooldrain import ORDER_BUCKETS, _Entry, _oldest_by_bucket, _peer_limits
+    from queen_mp.spool import SpoolPosition
+
+    def entry(stamp: int, bucket: int) -> _Entry:
+        return _Entry(SpoolPosition("f", stamp, stamp + 1, stamp, False), b"", stamp=stamp,
+                      bucket=bucket)
+
+    mine = _oldest_by_bucket([entry(10, 3), entry(20, 5), entry(30, 3)])
+    assert mine[3] == 10 and mine[5] == 20
+    assert {mine[b] for b in range(ORDER_BUCKETS) if b not in (3, 5)} == {30}  # the floor
+    view = {"holds": [{"instance": "me", "oldestUs": 1},
+                      {"instance": "x", "oldestUs": 15},
+                      {"instance": "y", "oldestUs": 12}],
+            "buckets": {"x": [40] * 3 + [15] + [40] * (ORDER_BUCKETS - 4)}}
+    limits = _peer_limits(view, "me")  # ours are left out; y has no buckets: 12 everywhere
+    assert limits[3] == 12 and limits[0] == 12
+    view["holds"] = view["holds"][:2]
+    limits = _peer_limits(view, "me")
+    assert limits[3] == 15 and limits[0] == 40
+    assert set(_peer_limits({"holds": []}, "me")) == {1 << 62}  # nobody else: no limit
