@@ -17,7 +17,7 @@ import psycopg
 from psycopg import sql
 
 __all__ = ["QueueSwitches", "health", "listen", "maintenance_flags", "notify", "queue_flags",
-           "server_info", "set_maintenance", "wake_peers"]
+           "server_info", "set_maintenance", "spool_hold", "spool_view", "wake_peers"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +68,28 @@ async def set_maintenance(conn: psycopg.AsyncConnection[Any], kind: str,
     """``queen.set_maintenance_v1``: set push (``kind="push"``) or pop maintenance; answers
     the flags after the change (the change NOTIFYs every instance at commit)."""
     cur = await conn.execute("SELECT queen.set_maintenance_v1(%s, %s)", (kind, enabled))
+    row = await cur.fetchone()
+    assert row is not None
+    return row[0]
+
+
+async def spool_view(conn: psycopg.AsyncConnection[Any], instance: str) -> dict[str, Any]:
+    """``queen.spool_view_v1``: the maintenance flags, the live spool holds and whether
+    another instance listens, in one snapshot."""
+    cur = await conn.execute("SELECT queen.spool_view_v1(%s)", (instance,))
+    row = await cur.fetchone()
+    assert row is not None
+    return row[0]
+
+
+async def spool_hold(conn: psycopg.AsyncConnection[Any], holder: str, episode: int,
+                     oldest_us: int | None, ttl_ms: int, instance: str,
+                     buckets: list[int] | None = None) -> dict[str, Any]:
+    """``queen.spool_hold_v1``: publish (``oldest_us``, and per bucket of partitions) or
+    withdraw (None) the hold ``episode`` of ``holder`` (a spool directory); answers
+    ``spool_view`` of ``instance`` read after the write, with the holders' buckets."""
+    cur = await conn.execute("SELECT queen.spool_hold_v1(%s, %s, %s, %s, %s, %s::int8[])",
+                             (holder, oldest_us, ttl_ms, instance, episode, buckets))
     row = await cur.fetchone()
     assert row is not None
     return row[0]

@@ -6,10 +6,12 @@ frame and copy their leader's *final* verdict. Frames are grouped by (queue, par
 group is sent to the shard owning ``hash(tenant, queue, partition)``, and the request resolves
 when every group has its verdict. A group whose shard failed or vanished is written to the disk
 spool and reported ``buffered`` (``failed`` if the spool write fails too). While push
-maintenance is on (``in_maintenance``, the flags board), every leader goes to the spool before
-anything is routed: no shard and no PostgreSQL connection is touched. So does every leader of a
-request whose queues' encryption flags PostgreSQL cannot tell (an outage, and a queue this
-worker has not seen): the drain resolves them.
+maintenance is on, every leader goes to the spool before anything is routed: no shard and no
+PostgreSQL connection is touched. While a spool (this instance's or another's) holds records a
+new push must not overtake (``SpoolHold.route``, the flags board: front/spoolhold.py), the
+push first waits for that hold to end, and goes to the spool if it does not end in time. So
+does every leader of a request whose queues' encryption flags PostgreSQL cannot tell (an
+outage, and a queue this worker has not seen): the drain resolves them.
 """
 
 from __future__ import annotations
@@ -17,15 +19,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from queen_mp.crypto import PayloadCipher
 from queen_mp.front.queueflags import FlagsUnavailable, QueueFlags
+from queen_mp.front.spoolhold import SpoolHold
+from queen_mp.ipc.flags import HOLD, SPOOL
 from queen_mp.ipc.routing import push_shard
 from queen_mp.ipc.shardlink import ShardGone, ShardLink, verdicts_of
 from queen_mp.models.items import ClientChunk, PushItem
-from queen_mp.spool import SpoolItem, SpoolWriteError, SpoolWriter
+from queen_mp.spool import SpoolItem, SpoolWriteError
 from queen_mp.wire.frames import iter_frames, pack_frame
 from queen_mp.wire.hashing import txn_hash
 from queen_mp.wire.records import Piece, PushGroup, PushVerdict
@@ -59,16 +63,14 @@ class EncryptionUnavailable(Exception):
 class Ingest:
     """Push pipeline of one front worker (stateless between requests)."""
 
-    def __init__(self, link: ShardLink, shards: int, spool: SpoolWriter,
+    def __init__(self, link: ShardLink, shards: int, hold: SpoolHold,
                  push_timeout_ms: int, flags: QueueFlags, cipher: PayloadCipher | None) -> None:
         self.link = link
         self.flags = flags
         self.cipher = cipher
         self.shards = shards
-        self.spool = spool
+        self.hold = hold
         self.timeout_s = push_timeout_ms / 1000
-        #: push maintenance switch (the front worker wires the flags board in)
-        self.in_maintenance: Callable[[], bool] = lambda: False
 
     def shard_of(self, tenant: bytes, queue: str, partition: str) -> int:
         return push_shard(tenant, queue, partition, self.shards) if self.shards > 1 else 0
@@ -92,11 +94,15 @@ class Ingest:
         del seen
         if not groups:
             return []
-        if self.in_maintenance():
-            # NOTE(queen): before encryption too (its flag lookup reads PostgreSQL); the drain
-            # encrypts what it replays into an encrypted queue.
-            await self._spool(items, [i for idx in groups.values() for i in idx], tenant,
-                              results)
+        route = self.hold.route()
+        if route == HOLD:
+            route = await self.hold.wait_hold()
+        # NOTE(queen): before encryption too (its flag lookup reads PostgreSQL); the drain
+        # encrypts what it replays into an encrypted queue. An append refused because the
+        # hold ended meanwhile (the drain's closing pass) lets the push go on to PostgreSQL.
+        if route == SPOOL and await self._spool(
+                items, [i for idx in groups.values() for i in idx], tenant, results,
+                held=True):
             return _fill_followers(items, results, leader_of)
         try:
             await self.encrypt(items, tenant, {q for q, _ in groups})
@@ -170,21 +176,25 @@ class Ingest:
             it.chunk = -1
 
     async def _spool(self, items: Sequence[PushItem], idx: list[int], tenant: bytes,
-               results: list[ItemResult | None]) -> None:
+                     results: list[ItemResult | None], *, held: bool = False) -> bool:
+        """Spool the leaders ``idx`` and set their results; ``held``: only while the route
+        still says spool (False: nothing done, the push goes to PostgreSQL)."""
         records = [SpoolItem(tenant=tenant, queue=items[i].queue,
                              partition=items[i].partition, message_id=items[i].message_id,
                              transaction_id=items[i].transaction_id,
                              trace_id=items[i].trace_id, payload=bytes(items[i].frame),
-                             producer_sub=items[i].producer_sub).encode() for i in idx]
+                             producer_sub=items[i].producer_sub) for i in idx]
         try:
-            # NOTE(queen): append fsyncs; off the event loop so other requests go on.
-            await asyncio.to_thread(self.spool.append, records)
+            # NOTE(queen): append fsyncs, off the event loop so other requests go on.
+            if not await self.hold.append(records, held=held):
+                return False
             status, error = BUFFERED, None
         except SpoolWriteError as ex:
             log.error("spool write failed: %s", ex)
             status, error = FAILED, "spool_write_failed"
         for i in idx:
             results[i] = ItemResult(status, items[i].message_id, error=error)
+        return True
 
 
 def _fill_followers(items: Sequence[PushItem], results: list[ItemResult | None],

@@ -21,13 +21,23 @@ SQL deduplication on the transactionId makes a replay idempotent: a record answe
 can only be an earlier replay or the bundle that failed and committed after all). Within one
 batch, a repeat of (tenant, queue, partition, transactionId) is a follower of the first.
 
+Order (front/spoolhold.py): the reader merges the files by accept time. At each turn the
+drain publishes in ``queen.spool_holds`` the accept time of its oldest pending record, overall
+and per bucket of partitions (``ORDER_BUCKETS``), and in the same call reads the other
+instances'; it replays the records older than every other live instance's oldest of their
+bucket (a producer's order is per partition), keeps the rest of the batch in memory, and when
+none may go, waits for another write to reach the flags board. A pass that finds nothing left
+takes ``hold.lock`` exclusively (pushes wait), replays what came in meanwhile, clears the
+instance's hold and withdraws its row: from then on pushes go to PostgreSQL again.
+
 Progress is the reader's per-file watermark: after each batch, every file is marked done up to
-the last record before its first one that must be retried. A crash between a replay and that
-mark replays the record again (deduplicated). Records that can never be stored (undecodable,
-invalid names or frame, an encrypted queue without a key, or a bundle refused by PostgreSQL
-with a definite statement error three times) are appended to ``<spool>/failed/`` (fsynced) and
-then marked done: ``spool.failed`` counts them, and ``POST /api/v1/system/spool/drain
-{"retryFailed": true}`` appends them to the spool again (``requeue_failed``).
+the last record before its first one that must be retried (or was not replayed). A crash
+between a replay and that mark replays the record again (deduplicated). Records that can never
+be stored (undecodable, invalid names or frame, an encrypted queue without a key, or a bundle
+refused by PostgreSQL with a definite statement error three times) are appended to
+``<spool>/failed/`` (fsynced) and then marked done: ``spool.failed`` counts them, and
+``POST /api/v1/system/spool/drain {"retryFailed": true}`` appends them to the spool again
+(``requeue_failed``).
 
 KNOWN ISSUE (dedupWindow 0): a queue whose dedupWindow is 0 has no deduplication, so a record
 whose original bundle did commit after all (a statement timeout or a lost connection after
@@ -42,7 +52,6 @@ import asyncio
 import concurrent.futures
 import enum
 import functools
-import itertools
 import logging
 import os
 import time
@@ -51,9 +60,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from queen_mp.db.errors import DatabaseError
 from queen_mp.front.ingest import EncryptionUnavailable, Ingest, pieces_of
 from queen_mp.front.queueflags import FlagsUnavailable
+from queen_mp.front.spoolhold import HOLD_BEAT_MS, PUBLISH_TIMEOUT_S, SpoolHold, now_us
 from queen_mp.ipc.flags import FlagsBoard
+from queen_mp.ipc.routing import push_shard
 from queen_mp.ipc.shardlink import ShardGone, verdicts_of
 from queen_mp.models.items import PushItem
 from queen_mp.spool.spool import (
@@ -85,6 +97,13 @@ BATCH_BYTES = 8 << 20
 _BACKOFF_S = (1.0, 2.0, 4.0, 5.0)
 _IDLE_BACKOFF_S = 30.0  # stats say pending but a pass found nothing (unreadable bytes)
 _STATEMENT_STRIKES = 3
+_PEER_POLL_S = 0.002
+_PEER_WAIT_S = 2.0   # one wait for another instance's older records, then a new pass
+_PEER_PASSES_S = 30.0  # how long one drain keeps waiting for them before the loop looks again
+_NO_LIMIT = 1 << 62
+#: a drain orders its records against other instances' per bucket of partitions (a
+#: producer's order is per partition): records of other buckets do not wait for each other
+ORDER_BUCKETS = 64
 
 
 def failed_dir(spool_dir: str | os.PathLike[str]) -> Path:
@@ -131,6 +150,7 @@ class _Pass(enum.Enum):
     RETRY = "retry"      # stopped on a transient failure
     STOPPED = "stopped"  # maintenance came back on
     BUSY = "busy"        # another worker holds drain.lock
+    WAIT = "wait"        # another instance holds older records: stopped before ours
 
 
 @dataclass(slots=True)
@@ -141,6 +161,8 @@ class _Entry:
     verdict: _Verdict | None = None
     reason: str = ""
     leader: int = -1  # index of the batch entry this one follows, -1 = its own leader
+    stamp: int = 0  # accept time, Unix us (0: unknown, an older build's record)
+    bucket: int = 0  # ORDER_BUCKETS slot of its partition
 
 
 @dataclass(slots=True)
@@ -156,11 +178,44 @@ def _take(records: Iterator[tuple[SpoolPosition, bytes]]) -> list[_Entry]:
     batch: list[_Entry] = []
     size = 0
     for position, raw in records:
-        batch.append(_Entry(position, raw))
+        e = _Entry(position, raw, stamp=SpoolItem.accepted_us_of(raw))
+        try:
+            it = SpoolItem.decode(raw)
+            e.bucket = push_shard(it.tenant, it.queue, it.partition, ORDER_BUCKETS)
+        except SpoolDecodeError:
+            pass  # NOTE(queen): failed when replayed; its bucket does not matter
+        batch.append(e)
         size += len(raw)
         if len(batch) >= BATCH_RECORDS or size >= BATCH_BYTES:
             break
     return batch
+
+
+def _oldest_by_bucket(batch: list[_Entry]) -> list[int]:
+    """What we publish per bucket: the oldest accept time of our records not stored yet.
+    A bucket without any in the batch gets the batch's last accept time: every record after
+    the batch (and every later append) is not older."""
+    floor = max((e.stamp for e in batch), default=0)
+    oldest = [floor] * ORDER_BUCKETS
+    for e in batch:
+        if e.verdict is None and e.stamp < oldest[e.bucket]:
+            oldest[e.bucket] = e.stamp
+    return oldest
+
+
+def _peer_limits(view: dict[str, Any], instance: str) -> list[int]:
+    """Per bucket, the oldest accept time (Unix us) of another holder's records not stored
+    yet: ours older than that may be stored."""
+    limits = [_NO_LIMIT] * ORDER_BUCKETS
+    buckets = view.get("buckets") or {}
+    for h in view.get("holds") or ():
+        if not isinstance(h, dict) or h.get("instance") == instance:
+            continue
+        theirs = buckets.get(h.get("instance")) if isinstance(buckets, dict) else None
+        if not isinstance(theirs, list) or len(theirs) != ORDER_BUCKETS:
+            theirs = [int(h.get("oldestUs") or 0)] * ORDER_BUCKETS
+        limits = [min(mine, int(t or 0)) for mine, t in zip(limits, theirs, strict=True)]
+    return limits
 
 
 class Drainer:
@@ -168,7 +223,8 @@ class Drainer:
 
     def __init__(self, spool_dir: str | os.PathLike[str], ingest: Ingest, flags: FlagsBoard,
                  writer: SpoolWriter, writer_tag: str, *, fsync: bool = True,
-                 metrics: Any = None) -> None:
+                 metrics: Any = None, hold: SpoolHold | None = None,
+                 instance: str = "") -> None:
         self.spool_dir = Path(spool_dir)
         self.failed_dir = failed_dir(spool_dir)
         self.ingest = ingest
@@ -178,6 +234,9 @@ class Drainer:
         self.fsync = fsync
         self.metrics = metrics
         self.counters = _Counters()
+        self.hold = hold
+        self.instance = instance  # this instance's id in queen.spool_holds
+        self._published = False  # our row may be in queen.spool_holds
         self._failed_writer: SpoolWriter | None = None
         # NOTE(queen): every reader and writer operation goes through one thread, in order, so
         # a cancelled pass never closes the reader under a mark_done still running.
@@ -219,6 +278,7 @@ class Drainer:
             await asyncio.sleep(TICK_S)
             try:
                 maintenance = self._gauges()
+                await self._beat()
                 stats = await self._in_io(spool_stats, self.spool_dir)
                 if self.metrics is not None:
                     self.metrics.spool_pending.set(stats.pending)
@@ -234,13 +294,16 @@ class Drainer:
                 # the pass below deletes it: its space comes back without waiting for a
                 # rotation (a full disk refuses the pushes that would rotate it).
                 released = await self._in_io(self.writer.release_if_drained)
-                forced = first or requested or released
+                forced = first or requested or released or self.flags.local_hold()
                 if not forced and stats.pending == 0:
                     continue
                 result, _ = await self.drain_once()
                 if result is _Pass.BUSY:
                     continue
                 first = False
+                # NOTE(queen): while the drain cannot go on, pushes are spooled at once
+                # rather than wait for it (their order is kept: they queue behind).
+                self.flags.set_hold_blocked(result is _Pass.RETRY)
                 if result is _Pass.RETRY:
                     not_before = loop.time() + _BACKOFF_S[min(failures, len(_BACKOFF_S) - 1)]
                     failures += 1
@@ -255,6 +318,36 @@ class Drainer:
             except Exception:
                 log.exception("spool drain pass failed")
                 not_before = loop.time() + _BACKOFF_S[-1]
+
+    async def _beat(self) -> None:
+        """Keep this instance's hold row alive while its spool holds records (one writer per
+        instance and second, elected on the flags board), maintenance or not."""
+        if (self.hold is None or self.hold.publish is None or not self.flags.local_hold()
+                or not self.flags.claim_hold_beat(HOLD_BEAT_MS)):
+            return
+        try:
+            async with asyncio.timeout(PUBLISH_TIMEOUT_S):
+                await self.hold.publish_held(self.flags.local_oldest_us or now_us())
+        except (DatabaseError, OSError, TimeoutError) as ex:
+            log.warning("spool hold not refreshed: %s", ex)
+
+    async def _publish(self, oldest_us: int | None, episode: int | None = None,
+                       buckets: list[int] | None = None) -> dict[str, Any] | None:
+        """Publish (or withdraw, None) this instance's hold (``episode``: the board's current
+        one; ``buckets``: the oldest per ORDER_BUCKETS slot); the holds as read after it, or
+        None if PostgreSQL did not answer."""
+        if self.hold is None or self.hold.publish is None:
+            return None
+        if episode is None:
+            episode = self.flags.hold_episode
+        try:
+            async with asyncio.timeout(PUBLISH_TIMEOUT_S):
+                view = await self.hold.publish(oldest_us, episode, buckets)
+        except (DatabaseError, OSError, TimeoutError) as ex:
+            log.warning("spool hold not published: %s", ex)
+            return None
+        self._published = oldest_us is not None
+        return view
 
     def _gauges(self) -> bool:
         flags = self.flags.read()
@@ -274,7 +367,19 @@ class Drainer:
         self.flags.set_drainer(pid)
         replayed = 0
         try:
-            result, replayed = await self._pass(reader)
+            loop = asyncio.get_running_loop()
+            give_up = loop.time() + _PEER_PASSES_S
+            while True:
+                result, n = await self._pass(reader)
+                replayed += n
+                if result is not _Pass.WAIT or loop.time() >= give_up:
+                    break
+            if result in (_Pass.DRAINED, _Pass.EMPTY):
+                if self.flags.local_hold() and self.hold is not None:
+                    result, n = await self._close(reader)
+                    replayed += n
+                elif self._published:
+                    await self._publish(None)
             return result, replayed
         finally:
             if self.flags.drainer_pid == pid:
@@ -283,26 +388,94 @@ class Drainer:
                 self.flags.set_last_drain()
             self._io.submit(reader.close)
 
-    async def _pass(self, reader: SpoolReader) -> tuple[_Pass, int]:
-        records = reader.iter_pending()
-        resolved = 0
+    async def _close(self, reader: SpoolReader) -> tuple[_Pass, int]:
+        """The closing pass: no append while it runs (pushes wait on ``hold.lock``); if it
+        drains everything the hold ends and pushes go to PostgreSQL again."""
+        assert self.hold is not None
+        fd = await self._in_io(self.hold.lock_closing)
         try:
-            while True:
-                if self.flags.push_maintenance():
-                    return _Pass.STOPPED, resolved
-                batch = await self._in_io(_take, records)
-                if not batch:
-                    if resolved:
-                        log.info("spool drained: %d queued, %d duplicate, %d failed so far",
-                                 self.counters.queued, self.counters.duplicate,
-                                 self.counters.failed)
-                    return (_Pass.DRAINED if resolved else _Pass.EMPTY), resolved
-                await self._replay(batch)
-                resolved += await self._in_io(self._commit, reader, batch)
-                if any(e.verdict is _Verdict.RETRY for e in batch):
-                    return _Pass.RETRY, resolved
+            result, resolved = await self._pass(reader, closing=True)
+            ended = result in (_Pass.DRAINED, _Pass.EMPTY)
+            episode = self.flags.hold_episode  # no new hold can begin while we hold the lock
+            if ended:
+                self.flags.clear_local_hold()
+        finally:
+            await self._in_io(self.hold.unlock, fd)
+        if ended:
+            await self._publish(None, episode)
+            log.info("spool hold ended: pushes go to PostgreSQL again")
+        return result, resolved
+
+    async def _pass(self, reader: SpoolReader, *, closing: bool = False) -> tuple[_Pass, int]:
+        records = reader.iter_pending()
+        taken: list[_Entry] = []  # the batch: progress is recorded once it is done
+        resolved = [0]
+        try:
+            result = await self._replay_pending(reader, records, taken, resolved, closing)
+            if taken:
+                resolved[0] += await self._in_io(self._commit, reader, taken)
         finally:
             self._io.submit(records.close)
+        if result is _Pass.DRAINED:
+            if not resolved[0]:
+                return _Pass.EMPTY, 0
+            log.info("spool drained: %d queued, %d duplicate, %d failed so far",
+                     self.counters.queued, self.counters.duplicate, self.counters.failed)
+        return result, resolved[0]
+
+    async def _replay_pending(self, reader: SpoolReader,
+                              records: Iterator[tuple[SpoolPosition, bytes]],
+                              taken: list[_Entry], resolved: list[int], closing: bool) -> _Pass:
+        """Replay batch after batch; ``taken`` is the current batch (entries not replayed
+        yet have no verdict, so its commit stops each file's watermark before them)."""
+        waiting: list[_Entry] = []  # of the batch, not replayed yet, in accept-time order
+        while True:
+            if self.flags.push_maintenance():
+                return _Pass.STOPPED
+            if not waiting:
+                if taken:
+                    resolved[0] += await self._in_io(self._commit, reader, list(taken))
+                    taken.clear()
+                taken.extend(await self._in_io(_take, records))
+                waiting = list(taken)
+            if not waiting:
+                return _Pass.DRAINED
+            head = waiting[0].stamp
+            if head:
+                self.flags.set_local_oldest(head)
+            # NOTE(queen): one call publishes our oldest (per bucket) and reads the others'.
+            # It is read after the batch was: a hold published later holds only records
+            # accepted later than all of the batch, so what it tells is good for the batch.
+            view = await self._publish(head or self.flags.local_oldest_us or None,
+                                       buckets=_oldest_by_bucket(waiting))
+            limits = _peer_limits(view, self.instance) if view else None
+            now = [e for e in waiting if limits is None or e.stamp <= limits[e.bucket]]
+            if not now:
+                # NOTE(queen): other instances hold older records of every bucket we have:
+                # they go first; the batch waits here (not re-read) until one of them wrote.
+                # PERF(queen): its progress is recorded once it is done (fsyncs), not at each
+                # turn: a crash replays those records again, deduplicated.
+                if closing or not await self._wait_peers(int((view or {}).get("version") or 0)):
+                    return _Pass.WAIT
+                continue
+            chosen = {id(e) for e in now}
+            waiting = [e for e in waiting if id(e) not in chosen]
+            await self._replay(now)
+            if any(e.verdict is _Verdict.DONE for e in now):
+                self.flags.set_hold_blocked(False)
+            if any(e.verdict is _Verdict.RETRY for e in now):
+                return _Pass.RETRY
+
+    async def _wait_peers(self, version: int) -> bool:
+        """Until the flags board hears of a settings change after ``version`` (another
+        instance published its progress); False after ``_PEER_WAIT_S``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _PEER_WAIT_S
+        while loop.time() < deadline:
+            if self.flags.read().version > version:
+                return True
+            await asyncio.sleep(_PEER_POLL_S)
+        return False
 
     # ------------------------------------------------------------------ replay
     async def _replay(self, batch: list[_Entry]) -> None:
@@ -459,7 +632,13 @@ class Drainer:
                     log.error("spool: record %s@%d rejected for good: %s", e.position.path,
                               e.position.offset, e.reason)
         resolved = 0
-        for path, entries in itertools.groupby(batch, key=lambda e: e.position.path):
+        # NOTE(spool): the batch interleaves files (accept-time order); each file's entries
+        # keep that file's order, and its watermark stops at its first unresolved one.
+        by_file: dict[str, list[_Entry]] = {}
+        for e in batch:
+            by_file.setdefault(e.position.path, []).append(e)
+        for path, entries in by_file.items():
+            entries.sort(key=lambda e: e.position.offset)
             last: SpoolPosition | None = None
             for e in entries:
                 if e.verdict is _Verdict.RETRY or e.verdict is None:

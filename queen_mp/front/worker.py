@@ -13,13 +13,15 @@ import logging
 import os
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 from queen_mp import keyring
 from queen_mp.config import Config
 from queen_mp.crypto import PayloadCipher
 from queen_mp.db import errors as dberrors
+from queen_mp.db import procs
 from queen_mp.db.ack_procs import GroupAck
-from queen_mp.db.pooled import Pool, failover_pool
+from queen_mp.db.pooled import Pool, connection, failover_pool
 from queen_mp.front.acks import Acker
 from queen_mp.front.delivery import Claim
 from queen_mp.front.ingest import Ingest, ItemResult
@@ -27,6 +29,7 @@ from queen_mp.front.parking import ParkingLot
 from queen_mp.front.popper import Popper
 from queen_mp.front.queueflags import QueueFlags
 from queen_mp.front.spooldrain import Drainer
+from queen_mp.front.spoolhold import HOLD_TTL_MS, SpoolHold, now_us
 from queen_mp.front.transactions import Transactions
 from queen_mp.heap import freeze_startup_objects
 from queen_mp.ipc.flags import FlagsBoard
@@ -39,7 +42,7 @@ from queen_mp.ipc.wakeup import WakeListener, Waker
 from queen_mp.metrics import Metrics, mark_process_dead
 from queen_mp.models.system import ShardState, WorkerState
 from queen_mp.runtime import Runtime
-from queen_mp.spool import SpoolWriter
+from queen_mp.spool import SpoolWriter, spool_stats
 from queen_mp.wire.records import LeaseGrant, hash_set
 
 __all__ = ["SHARD_STALE_MS", "FrontWorker"]
@@ -80,6 +83,7 @@ class FrontWorker:
         self._listener: WakeListener | None = None
         self._flags: FlagsBoard | None = None
         self._drainer: Drainer | None = None
+        self.hold: SpoolHold | None = None
         #: percent used of the storage admission protects; the HTTP app hands its sampler in
         #: (http/admission.py measures the disk), None: not measured
         self.disk_used: Callable[[], float] | None = None
@@ -99,9 +103,14 @@ class FrontWorker:
             self.acker.link, self.acker.shards = self.link, self.runtime.shards
         self.spool = SpoolWriter(self.config.spool_path, f"w{self.slot}-{os.getpid()}")
         self._flags = FlagsBoard.attach(self.runtime.flags_board)
-        self._ingest = Ingest(self.link, self.runtime.shards, self.spool,
+        self.hold = SpoolHold(self.config.spool_path, self.spool, self._flags,
+                              self.publish_hold)
+        if (await asyncio.to_thread(spool_stats, self.config.spool_path)).pending:
+            # NOTE(queen): records of an earlier process (a crash, a restart): no push may
+            # overtake them (front/spoolhold.py); the drain's closing pass ends the hold.
+            self._flags.set_local_hold(now_us())
+        self._ingest = Ingest(self.link, self.runtime.shards, self.hold,
                               self.config.push_timeout_ms, QueueFlags(self.pool), self.cipher)
-        self._ingest.in_maintenance = self._flags.push_maintenance
         self._transactions = Transactions(self.pool, self._ingest,
                                           self.config.max_decompressed_mb << 20)
         self._wake_board = WakeBoard.attach(self.runtime.wake_board)
@@ -115,7 +124,7 @@ class FrontWorker:
         # the maintenance switches fresh on the flags board.
         self._listener = WakeListener(self._wake_board, self.runtime.prefix,
                                       self.config.pg_dsn, wake=self.config.wake_notify,
-                                      flags=self._flags)
+                                      flags=self._flags, holder=self.holder)
         self._listener.start()
         if not self._flags.read().known:
             # the instance's first worker: do not serve pushes before the switches are known
@@ -123,7 +132,8 @@ class FrontWorker:
                 await asyncio.wait_for(self._listener.flags_ready.wait(), _FLAGS_FIRST_READ_S)
         await self.pool.open(wait=False)
         self._drainer = Drainer(self.config.spool_path, self._ingest, self._flags, self.spool,
-                                f"f{self.slot}-{os.getpid()}", metrics=self.metrics)
+                                f"f{self.slot}-{os.getpid()}", metrics=self.metrics,
+                                hold=self.hold, instance=self.holder)
         self._drainer.start()
         self._gauges = asyncio.get_running_loop().create_task(self._gauge_loop())
         freeze_startup_objects()
@@ -180,6 +190,21 @@ class FrontWorker:
         m.pg_pool_waiting.set(stats.get("requests_waiting", 0))
         if self.disk_used is not None:
             m.disk_used_percent.set(self.disk_used())
+
+    async def publish_hold(self, oldest_us: int | None, episode: int,
+                           buckets: list[int] | None) -> dict[str, Any]:
+        """This instance's row of ``queen.spool_holds`` (front/spoolhold.py): hold ``episode``
+        published with its oldest undrained record's accept time (and per bucket), or
+        withdrawn (None)."""
+        async with connection(self.pool) as conn:
+            return await procs.spool_hold(conn, self.holder, episode, oldest_us, HOLD_TTL_MS,
+                                          self.runtime.prefix, buckets)
+
+    @property
+    def holder(self) -> str:
+        """This instance's key in ``queen.spool_holds``: its spool directory, the same after a
+        restart (which takes the row of the process before over)."""
+        return f"{self.config.instance_name}:{self.config.spool_path}"
 
     @property
     def flags(self) -> FlagsBoard:

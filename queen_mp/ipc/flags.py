@@ -17,6 +17,16 @@ are single instructions, so a reader never sees half a word)::
     3  drainer_pid     the front worker draining the spool now, 0 if none
     4  last_drain_ms   Unix ms at which the last drain pass ended, 0 if never
     5  drain_requests  bumped by POST /api/v1/system/spool/drain and when maintenance ends
+    6  local_hold      nonzero while this instance's spool may hold undrained records (set
+                       after each append, cleared by the drain's closing pass:
+                       front/spoolhold.py): 1 pushes wait for the drain, 2 the drain cannot
+                       go on now (PostgreSQL or a shard down) and pushes go to the spool
+    7  local_oldest    Unix us of the accept time of the oldest undrained record, 0 if unknown
+    8  peers           what the last read said of other instances: oldest << 2 | peers present
+                       2 | a peer holds 1 (oldest: Unix us of their oldest undrained record)
+    9  peers_read_ms   CLOCK_MONOTONIC ms at which the periodic read behind word 8 was sent
+   10  hold_beat_ms    CLOCK_MONOTONIC ms of the last heartbeat of this instance's hold row
+   11  hold_episode    Unix us of the first append of the current (or last) hold: its key
 """
 
 from __future__ import annotations
@@ -30,12 +40,21 @@ import posix_ipc
 
 from queen_mp.ipc.slots import pid_exists
 
-__all__ = ["Flags", "FlagsBoard"]
+__all__ = ["DIRECT", "HOLD", "PEERS_VALID_MS", "SPOOL", "Flags", "FlagsBoard", "Peers",
+           "monotonic_ms"]
 
 _MAGIC = 0x31474C46504D51  # b"QMPFLG1" little-endian
-_BYTES = 64
+_BYTES = 128
 _PUSH, _POP, _KNOWN = 1, 2, 4
-_W_MAGIC, _W_STATE, _W_REFRESHED, _W_DRAINER, _W_LAST_DRAIN, _W_REQUESTS = range(6)
+(_W_MAGIC, _W_STATE, _W_REFRESHED, _W_DRAINER, _W_LAST_DRAIN, _W_REQUESTS, _W_HOLD,
+ _W_OLDEST, _W_PEERS, _W_PEERS_READ, _W_HOLD_BEAT, _W_EPISODE) = range(12)
+_PEER_HOLDS, _PEERS_PRESENT = 1, 2
+_BLOCKED = 2  # local_hold while the drain cannot go on
+#: how old the read behind "no peer holds" may be while peers exist; their holds' publishers
+#: wait longer than this before answering (front/spoolhold.py HOLD_SETTLE_S)
+PEERS_VALID_MS = 2500
+#: what ``push_route`` answers
+DIRECT, SPOOL, HOLD = 0, 1, 2
 _MAX_VERSION = (1 << 61) - 1
 
 
@@ -46,6 +65,15 @@ class Flags(NamedTuple):
     pop: bool
     version: int
     known: bool
+
+
+class Peers(NamedTuple):
+    """Other instances as the last read (or notification) told: whether one holds undrained
+    spool records, whether any exists, the oldest of their records (Unix us, 0 if none)."""
+
+    hold: bool
+    present: bool
+    oldest_us: int
 
 
 def _monotonic_ms() -> int:
@@ -149,3 +177,89 @@ class FlagsBoard:
     @property
     def drain_requests(self) -> int:
         return self._q[_W_REQUESTS]
+
+    # ------------------------------------------------------------------ push order
+    def push_route(self) -> int:
+        """Where a push goes now: ``DIRECT``; ``SPOOL`` (push maintenance); ``HOLD``: a spool
+        holds records a new push must not overtake (this instance's, or another's, or peers
+        exist and what we know of them is too old), so the push waits for the hold to end."""
+        # PERF(queen): two or three shared-memory loads per push; the clock only with peers.
+        q = self._q
+        if q[_W_STATE] & _PUSH:
+            return SPOOL
+        held = q[_W_HOLD]
+        if held:
+            return SPOOL if held == _BLOCKED else HOLD
+        peers = q[_W_PEERS]
+        if not peers:
+            return DIRECT
+        if peers & _PEER_HOLDS or _monotonic_ms() - q[_W_PEERS_READ] > PEERS_VALID_MS:
+            return HOLD
+        return DIRECT
+
+    def local_hold(self) -> bool:
+        return bool(self._q[_W_HOLD])
+
+    def set_local_hold(self, oldest_us: int) -> bool:
+        """After an append: the spool holds records; True if it did not before (a new
+        episode, to be published)."""
+        q = self._q
+        fresh = not q[_W_HOLD]
+        if fresh:
+            q[_W_EPISODE] = max(oldest_us, q[_W_EPISODE] + 1)
+            q[_W_OLDEST] = oldest_us
+            q[_W_HOLD] = 1
+        elif not q[_W_OLDEST]:
+            q[_W_OLDEST] = oldest_us
+        return fresh
+
+    def set_hold_blocked(self, blocked: bool) -> None:
+        """The drain cannot go on now (``blocked``: pushes go to the spool at once rather
+        than wait for it), or it goes on again (they wait); no effect without a hold."""
+        if self._q[_W_HOLD]:
+            self._q[_W_HOLD] = _BLOCKED if blocked else 1
+
+    @property
+    def hold_episode(self) -> int:
+        """The key of the current (or last) hold: a withdrawal names the one it ended."""
+        return self._q[_W_EPISODE]
+
+    def clear_local_hold(self) -> None:
+        self._q[_W_HOLD] = 0
+        self._q[_W_OLDEST] = 0
+
+    @property
+    def local_oldest_us(self) -> int:
+        return self._q[_W_OLDEST]
+
+    def set_local_oldest(self, oldest_us: int) -> None:
+        self._q[_W_OLDEST] = oldest_us
+
+    def peers(self) -> Peers:
+        word = self._q[_W_PEERS]
+        return Peers(bool(word & _PEER_HOLDS), bool(word & _PEERS_PRESENT), word >> 2)
+
+    def publish_peers(self, hold: bool, present: bool, oldest_us: int,
+                      read_ms: int | None = None) -> None:
+        """Store what a read (``read_ms``: when it was sent, ``monotonic_ms()``) or a
+        notification (``read_ms`` None: the freshness stamp is kept) said of the peers."""
+        if read_ms is not None:
+            self._q[_W_PEERS_READ] = read_ms
+        self._q[_W_PEERS] = (oldest_us << 2 if hold else 0) | (
+            _PEER_HOLDS if hold else 0) | (_PEERS_PRESENT if present or hold else 0)
+
+    def peers_present(self) -> bool:
+        return bool(self._q[_W_PEERS] & _PEERS_PRESENT)
+
+    def claim_hold_beat(self, every_ms: int) -> bool:
+        """True for the one caller (usually) that should refresh this instance's hold row."""
+        now = _monotonic_ms()
+        if now - self._q[_W_HOLD_BEAT] < every_ms:
+            return False
+        self._q[_W_HOLD_BEAT] = now
+        return True
+
+
+def monotonic_ms() -> int:
+    """The clock of ``peers_read_ms`` (one clock for every process of the host)."""
+    return _monotonic_ms()

@@ -13,7 +13,9 @@ The same listener connection (one per front worker) also keeps the flags board
 ``queen_settings`` (queen_mp/sql/functions/system.sql notifies every change at commit), re-reads the
 switches whenever it (re)connects, and, about once a second, whichever listener of the instance
 finds the board's last re-read older than that re-reads it (the safety net for a lost
-notification). So every worker of every instance sees a change within a second.
+notification). So every worker of every instance sees a change within a second. The re-read
+(``spool_view_v1``) and every notification also carry the other instances' spool holds
+(queen_mp/front/spoolhold.py), which the listener writes to the board beside the switches.
 """
 
 from __future__ import annotations
@@ -31,11 +33,11 @@ from queen_mp.db.connect import Conn, Dedicated, connect
 from queen_mp.db.errors import DatabaseError
 from queen_mp.db.procs import maintenance_flags as fetch_flags
 from queen_mp.db.procs import set_maintenance
-from queen_mp.ipc.flags import FlagsBoard
+from queen_mp.ipc.flags import FlagsBoard, monotonic_ms
 from queen_mp.ipc.wakeboard import WAKE_BUCKETS, WakeBoard
 
 __all__ = ["CHANNEL", "SETTINGS_CHANNEL", "WakeListener", "Waker", "fetch_flags",
-           "publish_flags", "set_maintenance"]
+           "publish_flags", "publish_holds", "set_maintenance"]
 
 log = logging.getLogger("queen_mp.wakeup")
 
@@ -56,6 +58,19 @@ def publish_flags(board: FlagsBoard, doc: dict[str, Any], *, force: bool = False
     """Store a ``maintenance_flags_v1`` answer (or notification payload) on the board."""
     return board.publish(bool(doc.get("maintenance")), bool(doc.get("popMaintenance")),
                          int(doc.get("version") or 0), force=force)
+
+
+def publish_holds(board: FlagsBoard, doc: dict[str, Any], holder: str,
+                  read_ms: int | None = None) -> None:
+    """Store what a ``spool_view_v1`` answer or a notification says of the other holders'
+    spool holds (nothing if it says nothing of them); ``read_ms``: when that read was sent."""
+    holds = doc.get("holds")
+    if not isinstance(holds, list):
+        return
+    others = [int(h.get("oldestUs") or 0) for h in holds
+              if isinstance(h, dict) and h.get("instance") != holder]
+    present = bool(doc["peers"]) if "peers" in doc else board.peers_present()
+    board.publish_peers(bool(others), present, min(others) if others else 0, read_ms)
 
 
 class Waker:
@@ -133,9 +148,10 @@ class WakeListener:
     flags board fresh (``queen_settings`` notifications, re-read on connect and ~1 s)."""
 
     def __init__(self, board: WakeBoard | None, instance: str, dsn: str, *,
-                 wake: bool = True, flags: FlagsBoard | None = None) -> None:
+                 wake: bool = True, flags: FlagsBoard | None = None, holder: str = "") -> None:
         self.board = board
         self.instance = instance
+        self.holder = holder  # this instance's key in queen.spool_holds
         self.dsn = dsn
         self.wake = wake and board is not None
         self.flags = flags
@@ -183,15 +199,18 @@ class WakeListener:
 
     async def _reread(self, conn: Conn) -> None:
         assert self.flags is not None
-        doc = await fetch_flags(conn)
+        sent = monotonic_ms()
+        doc = await procs.spool_view(conn, self.instance)
         if publish_flags(self.flags, doc):
             self._behind = 0
+            publish_holds(self.flags, doc, self.holder, sent)
         else:
             self._behind += 1
             if self._behind >= _BEHIND_FORCE:
                 log.warning("settings_version went back to %s; taking the database's flags",
                             doc.get("version"))
                 publish_flags(self.flags, doc, force=True)
+                publish_holds(self.flags, doc, self.holder, sent)
                 self._behind = 0
         self.flags_ready.set()
 
@@ -204,8 +223,8 @@ class WakeListener:
             except orjson.JSONDecodeError:
                 log.warning("unreadable %s payload %r", SETTINGS_CHANNEL, payload[:200])
                 return
-            if isinstance(doc, dict):
-                publish_flags(self.flags, doc)
+            if isinstance(doc, dict) and publish_flags(self.flags, doc):
+                publish_holds(self.flags, doc, self.holder)
             return
         if channel == CHANNEL and self.wake:
             self._apply(payload)

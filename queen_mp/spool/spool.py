@@ -63,6 +63,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import heapq
 import logging
 import os
 import re
@@ -167,6 +168,8 @@ _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
 _ITEM_TRACE = 1
 _ITEM_SUB = 2
+_ITEM_ACCEPTED = 4
+_U64 = struct.Struct("<Q")
 _U16_MAX = 0xFFFF
 
 
@@ -180,9 +183,13 @@ class SpoolItem:
 
     Encoding, little-endian::
 
-        u8 version (1) | u8 flags (1 = trace id, 2 = producer_sub) | 16B tenant | 16B message id
-        | [16B trace id] | u16+str queue | u16+str partition | u16+str transaction id
-        | [u16+str producer_sub] | u32 len + frame
+        u8 version (1) | u8 flags (1 = trace id, 2 = producer_sub, 4 = accept time)
+        | 16B tenant | 16B message id | [u64 accepted_us] | [16B trace id] | u16+str queue
+        | u16+str partition | u16+str transaction id | [u16+str producer_sub] | u32 len + frame
+
+    ``accepted_us`` (Unix us, 0: unknown, a record of an older build) is when the push was
+    accepted into the spool: the drain replays the records of every file, and of every
+    instance, in that order (``SpoolReader.iter_pending``, front/spooldrain.py).
     """
 
     tenant: bytes
@@ -193,6 +200,7 @@ class SpoolItem:
     trace_id: bytes | None
     payload: bytes
     producer_sub: str | None = None
+    accepted_us: int = 0
 
     def __post_init__(self) -> None:
         # NOTE(spool): fail at construction, in the request that made the item, rather than at
@@ -208,8 +216,10 @@ class SpoolItem:
         """Pack the item for ``SpoolWriter.append``; ``decode`` gives it back equal."""
         flags = (_ITEM_TRACE if self.trace_id is not None else 0) | (
             _ITEM_SUB if self.producer_sub is not None else 0
-        )
+        ) | (_ITEM_ACCEPTED if self.accepted_us else 0)
         parts = [_ITEM_HEAD.pack(_VERSION, flags, self.tenant, self.message_id)]
+        if self.accepted_us:
+            parts.append(_U64.pack(self.accepted_us))
         if self.trace_id is not None:
             parts.append(self.trace_id)
         texts = [self.queue, self.partition, self.transaction_id]
@@ -230,9 +240,13 @@ class SpoolItem:
             version, flags, tenant, message_id = _ITEM_HEAD.unpack_from(data, 0)
             if version != _VERSION:
                 raise SpoolDecodeError(f"unknown spool item version {version}", data)
-            if flags & ~(_ITEM_TRACE | _ITEM_SUB):
+            if flags & ~(_ITEM_TRACE | _ITEM_SUB | _ITEM_ACCEPTED):
                 raise SpoolDecodeError(f"unknown spool item flags {flags:#x}", data)
             pos = _ITEM_HEAD.size
+            accepted_us = 0
+            if flags & _ITEM_ACCEPTED:
+                (accepted_us,) = _U64.unpack_from(data, pos)
+                pos += 8
             trace_id = None
             if flags & _ITEM_TRACE:
                 trace_id = data[pos : pos + 16]
@@ -261,11 +275,20 @@ class SpoolItem:
                 trace_id=trace_id,
                 payload=payload,
                 producer_sub=texts[3] if len(texts) == 4 else None,
+                accepted_us=accepted_us,
             )
         except SpoolDecodeError:
             raise
         except (struct.error, UnicodeDecodeError) as ex:
             raise SpoolDecodeError(f"malformed spool item: {ex}", data) from ex
+
+    @staticmethod
+    def accepted_us_of(data: bytes) -> int:
+        """The accept time of an encoded item without decoding it; 0 if it has none (or is
+        not an item: the drain rejects it when it decodes it)."""
+        if len(data) < _ITEM_HEAD.size + 8 or data[0] != _VERSION or not data[1] & _ITEM_ACCEPTED:
+            return 0
+        return int(_U64.unpack_from(data, _ITEM_HEAD.size)[0])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -675,7 +698,12 @@ class SpoolReader:
         self._lock_fd: int | None = fd
 
     def iter_pending(self) -> Iterator[tuple[SpoolPosition, bytes]]:
-        """Every record not yet marked done, file by file in (writer id, file sequence) order.
+        """Every record not yet marked done, in accept-time order across files (each file in
+        its own order; ties and records without an accept time by (writer id, file sequence)).
+
+        A writer appends in accept-time order (front/spoolhold.py stamps under its lock), so
+        merging the files keeps every producer's order: an item answered before another was
+        sent was stamped before it, whichever front worker's file holds each one.
 
         Files appearing during the pass wait for the next one. A live writer's file is read up
         to its last fsynced append; a sealed one to its end. A torn tail or a corrupt record is
@@ -686,8 +714,10 @@ class SpoolReader:
         """
         self._check_open()
         self._sweep()
-        for path in _list_logs(self._directory):
-            yield from self._iter_file(path)
+        streams = [self._iter_file(path) for path in _list_logs(self._directory)]
+        # NOTE(spool): a file's records come in its order (its watermark needs that); the
+        # merge key only picks which file's next record goes first.
+        yield from heapq.merge(*streams, key=_accept_key)
 
     def mark_done(self, position: SpoolPosition) -> None:
         """Record that everything in ``position``'s file up to and including it is replayed.
@@ -825,6 +855,10 @@ class SpoolReader:
                     os.unlink(path)
             except FileNotFoundError:
                 continue
+
+
+def _accept_key(entry: tuple[SpoolPosition, bytes]) -> int:
+    return SpoolItem.accepted_us_of(entry[1])
 
 
 def _path_locked(path: str) -> bool:

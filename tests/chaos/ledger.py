@@ -14,12 +14,12 @@ Failures (any one fails the run):
 - REORDERED: an item stored at a lower offset than an item its producer had sent earlier to
   the same partition and had been answered ``queued`` or ``duplicate`` for (a producer sends
   its next request only once the last one is answered, so the earlier one was committed);
+- AFTER A BUFFERED ONE: an item stored at a lower offset than an item its producer had sent
+  earlier to the same partition and had been answered ``buffered`` for (the broker keeps a
+  producer's order across its spools: queen_mp/front/spoolhold.py);
 - OUT OF ORDER: a group received a partition's messages (first deliveries) out of offset order.
 Counted, not failures: redeliveries after a delivery whose ack did not succeed (its lease
-expired), items whose every attempt failed until the run gave up (``unanswered``), and items
-stored before an earlier item of their producer that was answered ``buffered`` (the spool
-drains after the pushes that follow it are stored: api.md promises a buffered item's storage,
-not its place).
+expired) and items whose every attempt failed until the run gave up (``unanswered``).
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ class Verdict:
     @property
     def ok(self) -> bool:
         return (all(g.failures == 0 for g in self.groups) and bool(self.offsets.get("ok"))
-                and self.order.reordered == 0)
+                and self.order.reordered == 0 and self.order.after_buffered == 0)
 
     def summary(self) -> str:
         parts = [f"accepted {self.accepted} {self.by_status}, unanswered {self.unanswered}"]
@@ -107,7 +107,7 @@ class Order:
     """Items stored below an item their producer sent earlier to the same partition."""
 
     reordered: int = 0  # the earlier one answered queued or duplicate: a failure
-    after_buffered: int = 0  # the earlier one answered buffered: counted
+    after_buffered: int = 0  # the earlier one answered buffered: a failure too
     examples: list[str] = field(default_factory=list)
 
 
@@ -135,6 +135,9 @@ def _store_order(accepted: dict[str, Pushed], consumers: list[Consumer]) -> Orde
                                           f"{top_direct} sent earlier")
             elif offset < top_buffered:
                 order.after_buffered += 1
+                if len(order.examples) < 5:
+                    order.examples.append(f"{producer}-{seq} at {pid}/{offset}, below "
+                                          f"{top_buffered} answered buffered earlier")
             if buffered:
                 top_buffered = max(top_buffered, offset)
             else:

@@ -323,7 +323,7 @@ ack (or twice under autoAck);
 producer sent before it and each group received every partition in offset order; *N reordered*
 (a failure) counts items stored below an earlier item that had been answered `queued` or
 `duplicate`, *N delivered out of order* (a failure) first deliveries below an offset the group
-had already received, *N after a buffered one* (counted) items stored before an earlier item
+had already received, *N after a buffered one* (a failure) items stored before an earlier item
 of their producer that was answered `buffered` and stored when the spool drained ("-": rows
 from before the matrix checked order);
 *client errors*, what the clients saw, by route and kind (ConnectError: refused, nothing sent;
@@ -343,10 +343,14 @@ OUTSIDE = """\
   stored once after the drain, and pushes are taken again once the drain has freed the disk.
 - The network faults (7) are made by a TCP proxy of the test's own between the broker and
   PostgreSQL (tests/chaos/netproxy.py): these machines' kernels have no netem.
-- Push maintenance keeps each group's deliveries in offset order per partition, but pushes
-  made after it is switched off are stored at once while the items buffered before are still
-  in a spool (each instance drains its own): the *after a buffered one* counts. api.md promises
-  a `buffered` item's storage (once, with its messageId), not its place among later pushes.
+- A producer's order is kept across spools (queen_mp/front/spoolhold.py, docs/architecture.md
+  "Spool and order"): while an instance's spool holds records its pushes wait for the drain
+  (5 s at most, then they are spooled too) until a closing pass of the drain ends the hold;
+  while another live instance's spool does, pushes wait likewise, and a drain stores only
+  records older than every other instance's oldest (`queen.spool_holds`). Across hosts the
+  order is the accept time by each host's clock; items buffered while PostgreSQL was
+  unreachable (faults 3 and 4) are ordered within their instance, and across instances once
+  their hold is published.
 - The failover rows (fault 4) run on a pg_auto_failover formation of the run's own
   (tests/chaos/autofailover.py: a monitor, a primary and a secondary, synchronous replication,
   the package's default timings); the broker's DSN is the formation's multi-host URI. Their

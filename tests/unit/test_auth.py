@@ -339,13 +339,15 @@ def test_json_items_take_the_token_sub_never_the_body():
         assert [next(iter_frames(i.frame)).producer_sub for i in items] == [sub, sub]
 
 
-def test_spooled_items_keep_tenant_and_producer_sub():
+def test_spooled_items_keep_tenant_and_producer_sub(tmp_path):
     """Push maintenance spools every leader: the record carries the caller's tenant, and the
     stamped frame and the record both carry the sub, so the drain replays them as they were."""
     import asyncio
 
     from queen_mp.front.ingest import Ingest
+    from queen_mp.front.spoolhold import SpoolHold
     from queen_mp.http.push import parse_json_push
+    from queen_mp.ipc.flags import SPOOL
     from queen_mp.spool import SpoolItem
 
     class Spool:
@@ -355,8 +357,9 @@ def test_spooled_items_keep_tenant_and_producer_sub():
             self.records.extend(records)
 
     spool = Spool()
-    ingest = Ingest(None, 1, spool, 1000, None, None)  # type: ignore[arg-type]
-    ingest.in_maintenance = lambda: True
+    hold = SpoolHold(tmp_path, spool, None)  # type: ignore[arg-type]
+    hold.route = lambda: SPOOL
+    ingest = Ingest(None, 1, hold, 1000, None, None)  # type: ignore[arg-type]
     tenant = tenant_from_claim("acme")
     body = json.dumps({"items": [{"queue": "q", "payload": 1, "producerSub": "mallory"}]})
     results = asyncio.run(ingest.push(parse_json_push(body.encode(), "alice"), tenant))

@@ -91,13 +91,99 @@ BEGIN
     VALUES ('settings_version', '1'::jsonb, now())
     ON CONFLICT (key) DO UPDATE
         SET value = to_jsonb(COALESCE((s.value #>> '{}')::int8, 0) + 1), updated_at = now();
-    PERFORM pg_notify('queen_settings', queen.maintenance_flags_v1()::text);
+    PERFORM pg_notify('queen_settings', (queen.maintenance_flags_v1() || queen.spool_holds_v1())::text);
     RETURN NULL;
 END
 $$;
 
 CREATE OR REPLACE TRIGGER system_settings_changed
     AFTER INSERT OR UPDATE OR DELETE ON queen.system_settings
+    FOR EACH STATEMENT EXECUTE FUNCTION queen.settings_changed_v1();
+
+-- Spool holds (schema/011_spool_holds.sql): the order of a producer's items across instances
+-- while spools drain (docs/architecture.md, "Spool and order").
+--
+-- Functions:
+--   queen.spool_holds_v1() -> jsonb
+--       {"holds": [{"instance": holder, "oldestUs": int8}, ...]}: the live holds (expires_at
+--       not passed), as every queen_settings notification carries them.
+--   queen.spool_view_v1(p_instance text) -> jsonb
+--       maintenance_flags_v1() || spool_holds_v1() || {"peers": bool}: what a front
+--       worker's listener reads about once a second, in one snapshot, so an instance that
+--       learns that maintenance ended learns in the same read who still holds records;
+--       "peers" is whether another instance's wake listener is connected (wake_peers_v1).
+--   queen.spool_hold_v1(p_holder text, p_oldest_us int8, p_ttl_ms int, p_instance text,
+--                       p_episode int8, p_buckets int8[]) -> jsonb
+--       upserts the holder's row for hold p_episode (a write of an earlier episode than the
+--       row's changes nothing), or with p_oldest_us NULL deletes it if its episode is not
+--       later than p_episode (the withdrawal of an ended hold never removes the next one,
+--       whatever order the two writes commit in); then answers spool_view_v1(p_instance)
+--       read after the write, in a statement of its own, with "buckets": {holder: [int8]}
+--       of the live holds that published them (p_buckets: the oldest per bucket of
+--       partitions, a drain's; NULL keeps those of the same episode: what a drain published
+--       only becomes conservative as it goes on). A holder is a spool directory
+--       (instance name and path: the same across restarts, so a restarted instance takes its
+--       row over); p_instance is the instance's wake prefix.
+-- Each write changes queen.spool_holds, whose statement trigger (settings_changed_v1) bumps
+-- settings_version and notifies queen_settings: so a hold and a maintenance switch are ordered
+-- by the settings_version row lock, and an instance that reads "maintenance off" (from a
+-- notification or a read) also sees every hold committed before that switch.
+-- Tables touched: queen.spool_holds (one row), queen.system_settings (version row, by the
+-- trigger). SQLSTATEs raised: 22023 for a NULL instance or a TTL below 1 ms.
+
+CREATE OR REPLACE FUNCTION queen.spool_holds_v1()
+RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object('holds', COALESCE(jsonb_agg(jsonb_build_object(
+               'instance', instance,
+               'oldestUs', (extract(epoch FROM oldest_at) * 1000000)::int8)
+               ORDER BY instance), '[]'::jsonb))
+    FROM queen.spool_holds
+    WHERE expires_at > now();
+$$;
+
+CREATE OR REPLACE FUNCTION queen.spool_view_v1(p_instance text)
+RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT queen.maintenance_flags_v1() || queen.spool_holds_v1()
+           || jsonb_build_object('peers', queen.wake_peers_v1(p_instance));
+$$;
+
+CREATE OR REPLACE FUNCTION queen.spool_hold_v1(p_holder text, p_oldest_us int8,
+                                               p_ttl_ms int, p_instance text, p_episode int8,
+                                               p_buckets int8[])
+RETURNS jsonb
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF p_holder IS NULL OR p_episode IS NULL OR p_ttl_ms IS NULL OR p_ttl_ms < 1 THEN
+        RAISE EXCEPTION 'spool_hold_v1: holder, episode and a positive TTL are required'
+            USING ERRCODE = '22023';
+    END IF;
+    IF p_oldest_us IS NULL THEN
+        DELETE FROM queen.spool_holds WHERE instance = p_holder AND episode <= p_episode;
+    ELSE
+        INSERT INTO queen.spool_holds AS h (instance, oldest_at, expires_at, episode,
+                                            buckets, updated_at)
+        VALUES (p_holder, to_timestamp(p_oldest_us / 1000000.0),
+                now() + make_interval(secs => p_ttl_ms / 1000.0), p_episode, p_buckets, now())
+        ON CONFLICT (instance) DO UPDATE
+            SET oldest_at = EXCLUDED.oldest_at, expires_at = EXCLUDED.expires_at,
+                episode = EXCLUDED.episode, updated_at = now(),
+                -- a heartbeat (no buckets) keeps those of its own hold
+                buckets = CASE WHEN EXCLUDED.buckets IS NOT NULL THEN EXCLUDED.buckets
+                               WHEN h.episode = EXCLUDED.episode THEN h.buckets END
+            WHERE h.episode <= EXCLUDED.episode;
+    END IF;
+    -- NOTE(sql): a statement of its own, so its snapshot comes after the version row lock the
+    -- trigger took: a maintenance switch committed before this hold is seen here.
+    RETURN queen.spool_view_v1(p_instance) || jsonb_build_object('buckets', COALESCE(
+        (SELECT jsonb_object_agg(instance, to_jsonb(buckets)) FROM queen.spool_holds
+         WHERE expires_at > now() AND buckets IS NOT NULL), '{}'::jsonb));
+END
+$$;
+
+CREATE OR REPLACE TRIGGER spool_holds_changed
+    AFTER INSERT OR UPDATE OR DELETE ON queen.spool_holds
     FOR EACH STATEMENT EXECUTE FUNCTION queen.settings_changed_v1();
 
 CREATE OR REPLACE FUNCTION queen.set_maintenance_v1(p_kind text, p_enabled boolean)
