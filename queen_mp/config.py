@@ -187,6 +187,14 @@ SETTINGS: tuple[Setting, ...] = (
        "chunked; a ring's touched pages count in the RSS of both its ends (4,096 -> 1,024: "
        "13-18 MB less in all, push throughput unchanged).",
        minimum=64, maximum=1_048_576),
+    _s("QUEEN_SPOOL_HOLD", bool, True,
+       "Keep a producer's order per partition across spool drains: while a spool (this "
+       "instance's or another's) holds records, a new push waits for the drain (up to 5 s, "
+       "then it is spooled too) instead of being stored ahead of them. false: pushes go "
+       "straight to PostgreSQL once it can take them, and buffered items may be stored "
+       "after later ones (faster recovery after maintenance or an outage). Every instance "
+       "over one database should use the same value (docs/architecture.md, Spool and order).",
+       ),
     _s("QUEEN_DEDUP_WINDOW", int, 3600,
        "Default dedupWindow (s) of new queues; 0 = dedup off (acks still resolve).",
        minimum=0),

@@ -91,13 +91,18 @@ class SpoolHold:
     """One per front worker: the gate between pushes, the spool and the drain."""
 
     def __init__(self, spool_dir: str | os.PathLike[str], writer: SpoolWriter,
-                 flags: FlagsBoard | None, publish: Publisher | None = None) -> None:
+                 flags: FlagsBoard | None, publish: Publisher | None = None, *,
+                 keep_order: bool = True) -> None:
         self.writer = writer
         self.flags = flags
-        self.publish = publish
+        #: ``QUEEN_SPOOL_HOLD``: off, an append sets no hold and only maintenance spools
+        self.keep_order = keep_order
+        self.publish = publish if keep_order else None
         self._lock_path = Path(spool_dir) / LOCK_NAME
         #: where a push goes now (``FlagsBoard.push_route``): DIRECT, SPOOL or HOLD
-        self.route: Callable[[], int] = flags.push_route if flags is not None else _direct
+        self.route: Callable[[], int] = (
+            _direct if flags is None else flags.push_route if keep_order
+            else flags.maintenance_route)
         self._last_us = 0
         #: one stamp-and-append at a time in this process, so its file is in stamp order
         self._appending = asyncio.Lock()
@@ -144,7 +149,9 @@ class SpoolHold:
             # NOTE(queen): strictly rising in this process even if the clock steps back.
             stamp = self._last_us = max(now_us(), self._last_us + 1)
             self.writer.append([replace(it, accepted_us=stamp).encode() for it in items])
-            return self.flags.set_local_hold(stamp) if self.flags is not None else False
+            if self.flags is None or not self.keep_order:
+                return False
+            return self.flags.set_local_hold(stamp)
 
     async def publish_held(self, oldest_us: int) -> dict[str, Any]:
         """Publish the hold; if it ended meanwhile (the drain's closing pass withdrew the row

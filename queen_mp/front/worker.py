@@ -104,8 +104,9 @@ class FrontWorker:
         self.spool = SpoolWriter(self.config.spool_path, f"w{self.slot}-{os.getpid()}")
         self._flags = FlagsBoard.attach(self.runtime.flags_board)
         self.hold = SpoolHold(self.config.spool_path, self.spool, self._flags,
-                              self.publish_hold)
-        if (await asyncio.to_thread(spool_stats, self.config.spool_path)).pending:
+                              self.publish_hold, keep_order=self.config.spool_hold)
+        if self.config.spool_hold and (
+                await asyncio.to_thread(spool_stats, self.config.spool_path)).pending:
             # NOTE(queen): records of an earlier process (a crash, a restart): no push may
             # overtake them (front/spoolhold.py); the drain's closing pass ends the hold.
             self._flags.set_local_hold(now_us())

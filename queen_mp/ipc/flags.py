@@ -197,6 +197,11 @@ class FlagsBoard:
             return HOLD
         return DIRECT
 
+    def maintenance_route(self) -> int:
+        """``push_route`` without holds (``QUEEN_SPOOL_HOLD`` off): ``SPOOL`` during push
+        maintenance, else ``DIRECT``."""
+        return SPOOL if self._q[_W_STATE] & _PUSH else DIRECT
+
     def local_hold(self) -> bool:
         return bool(self._q[_W_HOLD])
 

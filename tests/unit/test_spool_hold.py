@@ -15,7 +15,7 @@ import pytest
 
 from queen_mp.front.spoolhold import SpoolHold
 from queen_mp.ipc.flags import DIRECT, HOLD, PEERS_VALID_MS, SPOOL, FlagsBoard, monotonic_ms
-from queen_mp.spool import SpoolItem, SpoolReader, SpoolWriter
+from queen_mp.spool import SpoolItem, SpoolReader, SpoolWriter, spool_stats
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -163,3 +163,18 @@ def test_a_drain_publishes_and_reads_the_oldest_record_per_bucket() -> None:
     limits = _peer_limits(view, "me")
     assert limits[3] == 15 and limits[0] == 40
     assert set(_peer_limits({"holds": []}, "me")) == {1 << 62}  # nobody else: no limit
+
+
+def test_without_the_hold_an_append_holds_nothing_and_only_maintenance_spools(
+        board: FlagsBoard, tmp_path: Path) -> None:
+    """``QUEEN_SPOOL_HOLD=false``: a buffered push sets no hold, so later pushes go straight
+    to PostgreSQL, and another instance's hold or stale peers do not make them wait."""
+    hold = SpoolHold(tmp_path, SpoolWriter(tmp_path, "w0", fsync=False), board,
+                     keep_order=False)
+    assert asyncio.run(hold.append([item(1)], held=False)) is True
+    assert not board.local_hold() and hold.route() == DIRECT
+    board.publish_peers(True, True, 7, monotonic_ms() - PEERS_VALID_MS - 1)
+    assert board.push_route() == HOLD and hold.route() == DIRECT
+    board.publish(True, False, 1)
+    assert hold.route() == SPOOL
+    assert spool_stats(tmp_path).pending == 1
