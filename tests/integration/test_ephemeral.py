@@ -387,7 +387,7 @@ def test_the_tables_are_unlogged_and_the_declaration_is_not(db):
         "AND relkind = 'r'").fetchall())
     assert rows == {"eph_config": "p", "eph_queues": "u", "eph_counts": "u",
                     "eph_partitions": "u", "eph_groups": "u", "eph_cursors": "u",
-                    "eph_leases": "u", "eph_messages": "u"}, rows
+                    "eph_leases": "u", "eph_chunks": "u"}, rows
     kinds = dict(db.execute("SELECT relname, relpersistence FROM pg_class WHERE relkind = 'S' "
                             "AND relnamespace = 'queen'::regnamespace "
                             "AND relname LIKE 'eph\\_%'").fetchall())
@@ -520,24 +520,34 @@ def test_roles_and_tenants(db_dsn, tmp_path_factory):
 
 
 def test_the_rows_stay_together(broker, db_dsn):
-    """After every test above: no message, lease or cursor outlives its queue row."""
+    """After every test above: no chunk, lease or cursor outlives its queue row, a chunk's live
+    count is what its gone set leaves, no chunk is kept empty, and the counters are the sums
+    of what is stored."""
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         orphans = conn.execute(
-            "SELECT (SELECT count(*) FROM queen.eph_messages m WHERE NOT EXISTS "
-            "  (SELECT 1 FROM queen.eph_queues q WHERE q.tenant = m.tenant AND q.queue = m.queue))"
+            "SELECT (SELECT count(*) FROM queen.eph_chunks k WHERE NOT EXISTS "
+            "  (SELECT 1 FROM queen.eph_partitions p JOIN queen.eph_queues q "
+            "     ON q.tenant = p.tenant AND q.queue = p.queue WHERE p.id = k.pid))"
             " + (SELECT count(*) FROM queen.eph_leases l WHERE NOT EXISTS "
             "  (SELECT 1 FROM queen.eph_queues q WHERE q.tenant = l.tenant AND q.queue = l.queue))"
             " + (SELECT count(*) FROM queen.eph_cursors c WHERE NOT EXISTS "
             "  (SELECT 1 FROM queen.eph_queues q WHERE q.tenant = c.tenant AND q.queue = c.queue))"
         ).fetchone()
         assert orphans == (0,)
+        chunks = conn.execute(
+            "SELECT count(*) FILTER (WHERE live <> cardinality(sizes) - queen.eph_width_v1(gone)"
+            "                           OR live <= 0 OR base % 256 <> 0) "
+            "FROM queen.eph_chunks").fetchone()
+        assert chunks == (0,)
         wrong = conn.execute(
-            "SELECT q.queue, n.depth, n.bytes, count(m.seq), coalesce(sum(m.bytes), 0) "
-            "FROM queen.eph_queues q "
+            "SELECT q.queue, n.depth, n.bytes, s.depth, s.bytes FROM queen.eph_queues q "
             "CROSS JOIN LATERAL (SELECT coalesce(sum(c.depth), 0) AS depth, "
             "  coalesce(sum(c.bytes), 0) AS bytes FROM queen.eph_counts c "
             "  WHERE c.tenant = q.tenant AND c.queue = q.queue) n "
-            "LEFT JOIN queen.eph_messages m ON m.tenant = q.tenant AND m.queue = q.queue "
-            "GROUP BY 1, 2, 3 "
-            "HAVING n.depth <> count(m.seq) OR n.bytes <> coalesce(sum(m.bytes), 0)").fetchall()
+            "CROSS JOIN LATERAL (SELECT count(*) AS depth, coalesce(sum(u.size), 0) AS bytes "
+            "  FROM queen.eph_partitions p JOIN queen.eph_chunks k ON k.pid = p.id "
+            "  CROSS JOIN LATERAL unnest(k.sizes) WITH ORDINALITY AS u(size, i) "
+            "  WHERE p.tenant = q.tenant AND p.queue = q.queue "
+            "    AND NOT k.gone @> (u.i - 1)::int4) s "
+            "WHERE n.depth <> s.depth OR n.bytes <> s.bytes").fetchall()
         assert wrong == []
