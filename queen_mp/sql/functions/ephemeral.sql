@@ -50,7 +50,8 @@
 --   queen.eph_cut_v1(uuid, text, text[], int8[]) -> (n, bytes)  drop partitions' prefixes
 --   queen.eph_expire_v2(uuid, text, int4) -> (n, bytes)   drop messages older than ttlSeconds
 --   queen.eph_drop_oldest_v1(uuid, text, int8, int8) -> (n, bytes)  dropOldest: make room
---   queen.eph_settle_v2(uuid, text, text[], int8[]) -> (n, bytes)   strike those no group needs
+--   queen.eph_settle_v3(uuid, text, text[], int8[], boolean) -> (n, bytes)  strike those no
+--                                                         group needs
 --   (these return what they struck; their caller counts it with the rest, once, last)
 --   queen.eph_configure_v1(uuid, text, jsonb) -> jsonb    declare (upsert eph_config)
 --   queen.eph_push_v1(uuid, text, text, text[]) -> int4   append; QE001 when full (policy reject)
@@ -346,9 +347,11 @@ $$;
 -- that popped the queue is past it in its partition and none holds a lease on it. With more
 -- than one group their chunks are locked first (by partition, then base): two calls that each
 -- remove one group's need then run one after the other, and the second sees what the first
--- committed. A few statements, whatever the count of messages and chunks.
-CREATE OR REPLACE FUNCTION queen.eph_settle_v2(p_tenant uuid, p_queue text, p_parts text[],
-                                               p_seqs int8[], OUT n int8, OUT bytes int8)
+-- committed. A few statements, whatever the count of messages and chunks. p_sorted: the seqs
+-- ascend, each once (a delivery's).
+CREATE OR REPLACE FUNCTION queen.eph_settle_v3(p_tenant uuid, p_queue text, p_parts text[],
+                                               p_seqs int8[], p_sorted boolean,
+                                               OUT n int8, OUT bytes int8)
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 AS $$
 DECLARE
@@ -358,6 +361,11 @@ DECLARE
     v_idx int4multirange[];
     v_parts text[] := p_parts;
     v_seqs int8[] := p_seqs;
+    v_k int4;
+    v_pid int8;
+    v_base int8;
+    v_min int8;
+    v_run boolean;
 BEGIN
     n := 0;
     bytes := 0;
@@ -366,8 +374,44 @@ BEGIN
     END IF;
     SELECT count(*) INTO v_groups FROM queen.eph_groups g
      WHERE g.tenant = p_tenant AND g.queue = p_queue;
-    -- PERF(eph): with one group the caller released them itself (its cursor is past them and
-    -- no other delivery of the group holds a message): no cursor or lease to read
+    -- PERF(eph): one run of one chunk of one partition (a whole delivery, usually) needs no
+    -- query per message: with one group the caller released them itself (its cursor is past
+    -- them and no other delivery of the group holds one), so they all go; with more, they all
+    -- go when every cursor is past the last and no delivery holds any, none when a cursor is
+    -- below the first, and the general way below decides otherwise
+    v_k := cardinality(p_seqs);
+    IF p_sorted AND p_parts[1] = ALL (p_parts) AND p_seqs[v_k] - p_seqs[1] = v_k - 1
+       AND p_seqs[1] - p_seqs[1] % 256 = p_seqs[v_k] - p_seqs[v_k] % 256 THEN
+        SELECT p.id INTO v_pid FROM queen.eph_partitions p
+         WHERE p.tenant = p_tenant AND p.queue = p_queue AND p.partition = p_parts[1];
+        v_base := p_seqs[1] - p_seqs[1] % 256;
+        v_run := true;
+        IF v_groups > 1 THEN
+            PERFORM 1 FROM queen.eph_chunks c WHERE c.pid = v_pid AND c.base = v_base
+               FOR UPDATE;
+            SELECT min(coalesce(c.pos, 0)) INTO v_min
+              FROM queen.eph_groups g
+              LEFT JOIN queen.eph_cursors c
+                ON c.tenant = g.tenant AND c.queue = g.queue AND c.grp = g.grp
+               AND c.partition = p_parts[1]
+             WHERE g.tenant = p_tenant AND g.queue = p_queue;
+            IF v_min < p_seqs[1] THEN
+                RETURN;
+            END IF;
+            v_run := v_min >= p_seqs[v_k] AND NOT EXISTS (
+                SELECT 1 FROM queen.eph_leases l
+                 WHERE l.tenant = p_tenant AND l.queue = p_queue AND l.partition = p_parts[1]
+                   AND l.seqs[1] <= p_seqs[v_k] AND l.seqs[cardinality(l.seqs)] >= p_seqs[1]
+                   AND l.seqs && p_seqs);
+        END IF;
+        IF v_run THEN
+            SELECT s.n, s.bytes INTO n, bytes
+              FROM queen.eph_strike_v1(ARRAY[v_pid], ARRAY[v_base], ARRAY[int4multirange(
+                       int4range((p_seqs[1] % 256)::int4, (p_seqs[v_k] % 256)::int4 + 1))]) s;
+            RETURN;
+        END IF;
+    END IF;
+    -- with one group, all of them (as above); with more, lock their chunks first
     IF v_groups > 1 THEN
         PERFORM 1
            FROM (SELECT 1 FROM (SELECT DISTINCT u.part, u.seq - u.seq % 256 AS base
@@ -452,8 +496,12 @@ BEGIN
     END IF;
     PERFORM queen.eph_enter_v1(p_tenant, p_queue);
     v_o := queen.eph_options_v1(p_tenant, p_queue);
-    SELECT e.n, e.bytes INTO v_ttl_n, v_ttl_b
-      FROM queen.eph_expire_v2(p_tenant, p_queue, (v_o ->> 'ttlSeconds')::int4) e;
+    v_ttl_n := 0;
+    v_ttl_b := 0;
+    IF (v_o ->> 'ttlSeconds')::int4 > 0 THEN
+        SELECT e.n, e.bytes INTO v_ttl_n, v_ttl_b
+          FROM queen.eph_expire_v2(p_tenant, p_queue, (v_o ->> 'ttlSeconds')::int4) e;
+    END IF;
     v_sizes := ARRAY(SELECT octet_length(u.p) FROM unnest(p_payloads) AS u(p));
     SELECT sum(u.b) INTO v_bytes FROM unnest(v_sizes) AS u(b);
     v_max_len := (v_o ->> 'maxLength')::int8;
@@ -543,6 +591,9 @@ DECLARE
     v_json text;
     v_head text;
     v_tail text;
+    v_bases int8[];
+    v_got int8;
+    k record;
     v_pos int8;
     v_need int4 := p_batch;
     v_dropped int8 := 0;
@@ -557,8 +608,12 @@ BEGIN
     v_o := queen.eph_options_v1(p_tenant, p_queue);
     v_lease := make_interval(secs => (v_o ->> 'leaseSeconds')::int4);
     v_retry := (v_o ->> 'retryLimit')::int4;
-    SELECT e.n, e.bytes INTO v_ttl_n, v_ttl_b
-      FROM queen.eph_expire_v2(p_tenant, p_queue, (v_o ->> 'ttlSeconds')::int4) e;
+    v_ttl_n := 0;
+    v_ttl_b := 0;
+    IF (v_o ->> 'ttlSeconds')::int4 > 0 THEN
+        SELECT e.n, e.bytes INTO v_ttl_n, v_ttl_b
+          FROM queen.eph_expire_v2(p_tenant, p_queue, (v_o ->> 'ttlSeconds')::int4) e;
+    END IF;
     INSERT INTO queen.eph_groups (tenant, queue, grp) VALUES (p_tenant, p_queue, p_group)
     ON CONFLICT DO NOTHING;
 
@@ -662,32 +717,27 @@ BEGIN
             v_head := '{"id":"' || v_epoch || '-';
             v_tail := '-' || v_dlv || '","partition":' || to_json(r.partition)::text
                       || ',"attempts":1,"payload":';
-            -- PERF(eph): w walks the chunks past the cursor one index probe at a time, until
-            -- they hold v_need messages (a lower bound for the first, whose live messages may
-            -- be at or below the cursor): only those are detoasted, whatever the planner
-            -- guesses of the table's size
+            -- PERF(eph): the chunks past the cursor, in order, until they hold v_need messages
+            -- (a lower bound for the first, whose live messages may be at or below the
+            -- cursor): only those are read and detoasted
+            v_bases := '{}';
+            v_got := 0;
+            FOR k IN SELECT c.base, c.live FROM queen.eph_chunks c
+                      WHERE c.pid = r.id AND c.base >= v_pos - v_pos % 256
+                      ORDER BY c.base LOOP
+                v_bases := v_bases || k.base;
+                v_got := v_got + k.live - greatest(0, v_pos - k.base + 1);
+                EXIT WHEN v_got >= v_need;
+            END LOOP;
             SELECT array_agg(x.seq ORDER BY x.seq),
                    string_agg(v_head || x.seq || v_tail || x.payload || '}', ',' ORDER BY x.seq)
               INTO v_taken, v_json
               FROM (SELECT c.base + m.i - 1 AS seq, m.payload
-                      FROM (WITH RECURSIVE w(base, got) AS (
-                                SELECT k.base, CASE WHEN k.base > v_pos THEN k.live
-                                                    ELSE k.live - (v_pos - k.base + 1) END
-                                  FROM (SELECT k.base, k.live FROM queen.eph_chunks k
-                                         WHERE k.pid = r.id AND k.base >= v_pos - v_pos % 256
-                                         ORDER BY k.base LIMIT 1) k
-                                UNION ALL
-                                SELECT k.base, w.got + k.live
-                                  FROM w CROSS JOIN LATERAL (
-                                       SELECT k.base, k.live FROM queen.eph_chunks k
-                                        WHERE k.pid = r.id AND k.base > w.base
-                                        ORDER BY k.base LIMIT 1) k
-                                 WHERE w.got < v_need)
-                            SELECT w.base FROM w) w
-                      JOIN queen.eph_chunks c ON c.pid = r.id AND c.base = w.base
+                      FROM queen.eph_chunks c
                      CROSS JOIN LATERAL unnest(c.payloads) WITH ORDINALITY AS m(payload, i)
-                     WHERE c.base + m.i - 1 > v_pos AND NOT c.gone @> (m.i - 1)::int4
-                     ORDER BY c.base, m.i LIMIT v_need) x;
+                     WHERE c.pid = r.id AND c.base = ANY (v_bases)
+                       AND c.base + m.i - 1 > v_pos AND NOT c.gone @> (m.i - 1)::int4
+                     ORDER BY 1 LIMIT v_need) x;
             IF v_taken IS NULL THEN
                 -- what was left there had been dropped (or another pop took it)
                 IF r.last_seq > v_pos THEN
@@ -720,7 +770,7 @@ BEGIN
     v_set_b := 0;
     IF cardinality(v_settle_s) > 0 THEN  -- autoAck, or past retryLimit
         SELECT s.n, s.bytes INTO v_set_n, v_set_b
-          FROM queen.eph_settle_v2(p_tenant, p_queue, v_settle_p, v_settle_s) s;
+          FROM queen.eph_settle_v3(p_tenant, p_queue, v_settle_p, v_settle_s, false) s;
     END IF;
     IF v_ttl_n + v_set_n + v_dropped > 0 THEN
         PERFORM queen.eph_count_v1(p_tenant, p_queue, -v_ttl_n - v_set_n, -v_ttl_b - v_set_b,
@@ -773,10 +823,32 @@ DECLARE
     v_drop int8;
     v_set_n int8;
     v_set_b int8;
+    v_part text;
     r record;
 BEGIN
     v_epoch := queen.eph_enter_v1(p_tenant, p_queue);
     v_retry := (queen.eph_options_v1(p_tenant, p_queue) ->> 'retryLimit')::int4;
+    -- PERF(eph): the usual ack, every message still held by one delivery acknowledged
+    -- 'completed' in the order the pop gave them: one statement on its lease row, none per id
+    IF v_epoch = ALL (p_epochs) AND 'completed' = ALL (p_statuses) AND p_dlvs[1] = ALL (p_dlvs)
+    THEN
+        DELETE FROM queen.eph_leases l
+         WHERE l.tenant = p_tenant AND l.queue = p_queue AND l.grp = p_group
+           AND l.dlv = p_dlvs[1] AND l.seqs = p_seqs
+        RETURNING l.partition INTO v_part;
+        IF FOUND THEN
+            outcomes := array_fill('acked'::text, ARRAY[cardinality(p_seqs)]);
+            redelivered := 0;
+            SELECT s.n, s.bytes INTO v_set_n, v_set_b
+              FROM queen.eph_settle_v3(p_tenant, p_queue,
+                                       array_fill(v_part, ARRAY[cardinality(p_seqs)]), p_seqs,
+                                       true) s;
+            IF v_set_n > 0 THEN
+                PERFORM queen.eph_count_v1(p_tenant, p_queue, -v_set_n, -v_set_b, 0, 0, 0);
+            END IF;
+            RETURN;
+        END IF;
+    END IF;
     -- the ids of this incarnation, first occurrence of each message
     SELECT array_agg(x.i), array_agg(x.seq), array_agg(x.dlv), array_agg(x.st)
       INTO v_i, v_seq, v_dlv, v_st
@@ -836,7 +908,7 @@ BEGIN
                  UNION ALL
                  SELECT d.i, 'redelivered' FROM unnest(v_red) AS d(i)) o ON o.i = u.i;
     SELECT s.n, s.bytes INTO v_set_n, v_set_b
-      FROM queen.eph_settle_v2(p_tenant, p_queue, v_settle_p, v_settle_s) s;
+      FROM queen.eph_settle_v3(p_tenant, p_queue, v_settle_p, v_settle_s, false) s;
     IF v_set_n + v_dropped > 0 THEN
         PERFORM queen.eph_count_v1(p_tenant, p_queue, -v_set_n, -v_set_b, 0, 0, v_dropped);
     END IF;
