@@ -83,6 +83,12 @@
 --   Nobody holding a cursor or partition row waits for a lease row, and nobody waits for
 --   anything while holding its counts row, so no two calls deadlock.
 --
+-- Plans: push, pop and ack (and the functions they call) run with plan_cache_mode
+--   force_generic_plan. Their statements take arrays as parameters, and a custom plan, which
+--   knows an array's length, always looks cheaper than the generic one: PostgreSQL then
+--   planned them again at every call (measured: a fifth of a pop's CPU per message, a third of
+--   an ack's). Every statement here finds its rows by key, which a generic plan does as well.
+--
 -- SQLSTATEs raised:
 --   QE001  eph_push_v1: the queue is at maxLength/maxBytes and its policy is 'reject', or the
 --          push alone is larger than the queue's bounds. MESSAGE 'queue_full', DETAIL says which.
@@ -470,6 +476,7 @@ CREATE OR REPLACE FUNCTION queen.eph_push_v1(p_tenant uuid, p_queue text, p_part
                                              p_payloads text[])
 RETURNS int4
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET plan_cache_mode = force_generic_plan  -- PERF(eph): see the header
 AS $$
 DECLARE
     v_o jsonb;
@@ -570,6 +577,7 @@ CREATE OR REPLACE FUNCTION queen.eph_pop_v1(p_tenant uuid, p_queue text, p_parti
                                             OUT messages text, OUT claimed int4,
                                             OUT wake_in_ms int8)
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET plan_cache_mode = force_generic_plan  -- PERF(eph): see the header
 AS $$
 DECLARE
     v_epoch text;
@@ -802,6 +810,7 @@ CREATE OR REPLACE FUNCTION queen.eph_ack_v2(p_tenant uuid, p_queue text, p_group
                                             p_statuses text[],
                                             OUT outcomes text[], OUT redelivered int4)
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET plan_cache_mode = force_generic_plan  -- PERF(eph): see the header
 AS $$
 DECLARE
     v_epoch text;
