@@ -229,6 +229,39 @@ def test_concurrent_consumers_of_two_groups_get_each_message_once_and_leave_noth
         "g1": (0, 0), "g2": (0, 0)}
 
 
+def test_eight_consumers_of_two_groups_on_two_instances_ack_in_and_out_of_order(broker, other):
+    """The same across two broker instances, with pushes that span chunks (300 messages: 256 +
+    44) and acks in the order popped (one statement per delivery) or reversed (one per id):
+    each group still gets every message once, and nothing is left, chunks included."""
+    q = uq()
+    for group in ("g1", "g2"):
+        assert pop(broker.client, q, group=group) == []
+    expected = []
+    for part in range(3):
+        batch = [f"{part}-{i}" for i in range(300)]
+        push(broker.client, q, batch, partition=f"p{part}")
+        expected += batch
+
+    def consume(url: str, group: str, reverse: bool) -> list[str]:
+        got: list[str] = []
+        with httpx.Client(base_url=url, timeout=60) as own:
+            while msgs := pop(own, q, group=group, batch=37):
+                got += [m["payload"] for m in msgs]
+                acks = [{"id": m["id"]} for m in (msgs[::-1] if reverse else msgs)]
+                assert set(ack(own, q, acks, group=group)) == {"acked"}
+        return got
+
+    with cf.ThreadPoolExecutor(8) as ex:
+        futs = {g: [ex.submit(consume, b.url, g, i % 2 == 1)
+                    for i, b in enumerate((broker, other, broker, other))] for g in ("g1", "g2")}
+        per_group = {g: [x for f in fs for x in f.result()] for g, fs in futs.items()}
+    for group, got in per_group.items():
+        assert sorted(got) == sorted(expected), group
+    d = depth(other.client, q)
+    assert d["pending"] == 0 and d["bytes"] == 0, d
+    assert d["partitionsPending"] == [], d
+
+
 def test_auto_ack_and_queue_mode_need_no_ack(broker):
     q = uq()
     c = broker.client
