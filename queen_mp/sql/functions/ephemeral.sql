@@ -257,7 +257,10 @@ BEGIN
               FROM unnest(p_parts, p_belows) AS u(part, below)
               JOIN queen.eph_partitions p
                 ON p.tenant = p_tenant AND p.queue = p_queue AND p.partition = u.part
-              JOIN queen.eph_chunks c ON c.pid = p.id AND (u.below IS NULL OR c.base < u.below)) k
+              -- a range of the chunks' key per partition
+              CROSS JOIN LATERAL (
+                    SELECT k.pid, k.base, k.sizes FROM queen.eph_chunks k
+                     WHERE k.pid = p.id AND k.base < coalesce(u.below, 9223372036854775807)) c) k
      CROSS JOIN LATERAL queen.eph_strike_v1(k.pids, k.bases, k.idx) s;
     n := coalesce(n, 0);
     bytes := coalesce(bytes, 0);
@@ -600,8 +603,6 @@ DECLARE
     v_head text;
     v_tail text;
     v_bases int8[];
-    v_got int8;
-    k record;
     v_pos int8;
     v_need int4 := p_batch;
     v_dropped int8 := 0;
@@ -727,16 +728,22 @@ BEGIN
                       || ',"attempts":1,"payload":';
             -- PERF(eph): the chunks past the cursor, in order, until they hold v_need messages
             -- (a lower bound for the first, whose live messages may be at or below the
-            -- cursor): only those are read and detoasted
-            v_bases := '{}';
-            v_got := 0;
-            FOR k IN SELECT c.base, c.live FROM queen.eph_chunks c
-                      WHERE c.pid = r.id AND c.base >= v_pos - v_pos % 256
-                      ORDER BY c.base LOOP
-                v_bases := v_bases || k.base;
-                v_got := v_got + k.live - greatest(0, v_pos - k.base + 1);
-                EXIT WHEN v_got >= v_need;
-            END LOOP;
+            -- cursor): one index probe per chunk (with a generic plan and the table's
+            -- statistics, a plain ordered scan was planned as a scan and sort of the whole
+            -- table), and only those chunks are read and detoasted
+            WITH RECURSIVE w(base, got) AS (
+                SELECT k.base, k.live - greatest(0, v_pos - k.base + 1)
+                  FROM (SELECT c.base, c.live FROM queen.eph_chunks c
+                         WHERE c.pid = r.id AND c.base >= v_pos - v_pos % 256
+                         ORDER BY c.base LIMIT 1) k
+                UNION ALL
+                SELECT k.base, w.got + k.live
+                  FROM w CROSS JOIN LATERAL (
+                       SELECT c.base, c.live FROM queen.eph_chunks c
+                        WHERE c.pid = r.id AND c.base > w.base
+                        ORDER BY c.base LIMIT 1) k
+                 WHERE w.got < v_need)
+            SELECT array_agg(w.base) INTO v_bases FROM w;
             SELECT array_agg(x.seq ORDER BY x.seq),
                    string_agg(v_head || x.seq || v_tail || x.payload || '}', ',' ORDER BY x.seq)
               INTO v_taken, v_json
