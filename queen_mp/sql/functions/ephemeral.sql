@@ -46,7 +46,8 @@
 --                                                         created if missing; its epoch
 --   queen.eph_count_v1(uuid, text, int8 x5) -> void      add to this backend's counter row
 --   queen.eph_width_v1(int4multirange) -> int8            how many int4 it holds
---   queen.eph_strike_v1(int8, int8, int4multirange) -> (n, bytes)  mark a chunk's messages gone
+--   queen.eph_strike_v1(int8[], int8[], int4multirange[]) -> (n, bytes)  mark chunks' messages
+--                                                         gone
 --   queen.eph_cut_v1(uuid, text, text[], int8[]) -> (n, bytes)  drop partitions' prefixes
 --   queen.eph_expire_v2(uuid, text, int4) -> (n, bytes)   drop messages older than ttlSeconds
 --   queen.eph_drop_oldest_v1(uuid, text, int8, int8) -> (n, bytes)  dropOldest: make room
