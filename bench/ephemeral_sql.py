@@ -158,7 +158,7 @@ def render(rows: list[Row]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench.ephemeral_sql", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--server-dsn", default=None,
@@ -166,8 +166,11 @@ def main(argv: list[str] | None = None) -> int:
                          "(default: a private cluster started for the run)")
     ap.add_argument("--messages", type=int, default=40_000)
     ap.add_argument("--pop-batch", type=int, default=100)
-    args = ap.parse_args(argv)
-    print(render(run(args)))
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    print(render(run(parse_args(argv))))
     return 0
 
 
