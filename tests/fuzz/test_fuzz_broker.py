@@ -63,7 +63,7 @@ SELECT (SELECT count(*) FROM queen.queues), (SELECT count(*) FROM queen.log_part
        (SELECT count(*) FROM queen.message_traces), (SELECT count(*) FROM queen.stream_queries),
        (SELECT count(*) FROM queen.stream_state), (SELECT count(*) FROM queen.stream_cycles),
        (SELECT count(*) FROM queen.eph_config), (SELECT count(*) FROM queen.eph_queues),
-       (SELECT count(*) FROM queen.eph_messages)
+       (SELECT coalesce(sum(live), 0) FROM queen.eph_chunks)
 """
 # what only a request can change while earlier accepted mutations settle (leases expire,
 # retention and purges run): queues, partitions, the log's offsets, KV writes

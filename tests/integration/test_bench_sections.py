@@ -1,12 +1,13 @@
 """Smoke runs of the suite's streams, ephemeral and partitions sections (bench/streams.py,
-bench/ephemeral.py, bench/partitions.py) with tiny sizes: the figures they report are there
-and consistent, and the streams run's window counts add up to the events pushed."""
+bench/ephemeral.py, bench/ephemeral_sql.py, bench/partitions.py) with tiny sizes: the figures
+they report are there and consistent, and the streams run's window counts add up to the
+events pushed."""
 
 from __future__ import annotations
 
 import asyncio
 
-from bench import ephemeral, partitions, streams
+from bench import ephemeral, ephemeral_sql, partitions, streams
 from bench.push import RoleCpu
 
 
@@ -36,6 +37,18 @@ def test_the_ephemeral_section_measures_both_kinds_and_each_consumer_count(broke
     assert all(c.msgs > 0 for c in cells), cells  # the backlog gives every pop cell work
     assert all(c.cpu_pg_us_per_msg is not None for c in cells if c.msgs)
     assert "| ephemeral | pop/ack | 20 | 2 |" in ephemeral.render(cells)
+
+
+def test_the_sql_level_ephemeral_bench_drains_what_it_pushed(pg_server_dsn):
+    """Every message pushed is popped and acked (once per group), the queue left empty (the
+    bench asserts it), in a database of its own that it drops."""
+    rows = ephemeral_sql.run(ephemeral_sql.parse_args(["--server-dsn", pg_server_dsn,
+                                                       "--messages", "400"]))
+    assert [(r.op, r.batch, r.groups, r.msgs) for r in rows] == [
+        ("push", 1, 1, 100), ("pop+ack", 100, 1, 100), ("push", 100, 1, 400),
+        ("pop+ack", 100, 1, 400), ("push", 100, 2, 400), ("pop+ack", 100, 2, 800)]
+    assert all(r.cpu_us_per_msg >= 0 and r.wall_us_per_msg > 0 for r in rows), rows
+    assert "| pop+ack | 100 | 2 | 800 |" in ephemeral_sql.render(rows)
 
 
 def test_the_suite_runs_the_streams_section_in_a_process_of_its_own(pg_server_dsn):

@@ -229,6 +229,39 @@ def test_concurrent_consumers_of_two_groups_get_each_message_once_and_leave_noth
         "g1": (0, 0), "g2": (0, 0)}
 
 
+def test_eight_consumers_of_two_groups_on_two_instances_ack_in_and_out_of_order(broker, other):
+    """The same across two broker instances, with pushes that span chunks (300 messages: 256 +
+    44) and acks in the order popped (one statement per delivery) or reversed (one per id):
+    each group still gets every message once, and nothing is left, chunks included."""
+    q = uq()
+    for group in ("g1", "g2"):
+        assert pop(broker.client, q, group=group) == []
+    expected = []
+    for part in range(3):
+        batch = [f"{part}-{i}" for i in range(300)]
+        push(broker.client, q, batch, partition=f"p{part}")
+        expected += batch
+
+    def consume(url: str, group: str, reverse: bool) -> list[str]:
+        got: list[str] = []
+        with httpx.Client(base_url=url, timeout=60) as own:
+            while msgs := pop(own, q, group=group, batch=37):
+                got += [m["payload"] for m in msgs]
+                acks = [{"id": m["id"]} for m in (msgs[::-1] if reverse else msgs)]
+                assert set(ack(own, q, acks, group=group)) == {"acked"}
+        return got
+
+    with cf.ThreadPoolExecutor(8) as ex:
+        futs = {g: [ex.submit(consume, b.url, g, i % 2 == 1)
+                    for i, b in enumerate((broker, other, broker, other))] for g in ("g1", "g2")}
+        per_group = {g: [x for f in fs for x in f.result()] for g, fs in futs.items()}
+    for group, got in per_group.items():
+        assert sorted(got) == sorted(expected), group
+    d = depth(other.client, q)
+    assert d["pending"] == 0 and d["bytes"] == 0, d
+    assert d["partitionsPending"] == [], d
+
+
 def test_auto_ack_and_queue_mode_need_no_ack(broker):
     q = uq()
     c = broker.client
@@ -387,7 +420,7 @@ def test_the_tables_are_unlogged_and_the_declaration_is_not(db):
         "AND relkind = 'r'").fetchall())
     assert rows == {"eph_config": "p", "eph_queues": "u", "eph_counts": "u",
                     "eph_partitions": "u", "eph_groups": "u", "eph_cursors": "u",
-                    "eph_leases": "u", "eph_messages": "u"}, rows
+                    "eph_leases": "u", "eph_chunks": "u"}, rows
     kinds = dict(db.execute("SELECT relname, relpersistence FROM pg_class WHERE relkind = 'S' "
                             "AND relnamespace = 'queen'::regnamespace "
                             "AND relname LIKE 'eph\\_%'").fetchall())
@@ -520,24 +553,34 @@ def test_roles_and_tenants(db_dsn, tmp_path_factory):
 
 
 def test_the_rows_stay_together(broker, db_dsn):
-    """After every test above: no message, lease or cursor outlives its queue row."""
+    """After every test above: no chunk, lease or cursor outlives its queue row, a chunk's live
+    count is what its gone set leaves, no chunk is kept empty, and the counters are the sums
+    of what is stored."""
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         orphans = conn.execute(
-            "SELECT (SELECT count(*) FROM queen.eph_messages m WHERE NOT EXISTS "
-            "  (SELECT 1 FROM queen.eph_queues q WHERE q.tenant = m.tenant AND q.queue = m.queue))"
+            "SELECT (SELECT count(*) FROM queen.eph_chunks k WHERE NOT EXISTS "
+            "  (SELECT 1 FROM queen.eph_partitions p JOIN queen.eph_queues q "
+            "     ON q.tenant = p.tenant AND q.queue = p.queue WHERE p.id = k.pid))"
             " + (SELECT count(*) FROM queen.eph_leases l WHERE NOT EXISTS "
             "  (SELECT 1 FROM queen.eph_queues q WHERE q.tenant = l.tenant AND q.queue = l.queue))"
             " + (SELECT count(*) FROM queen.eph_cursors c WHERE NOT EXISTS "
             "  (SELECT 1 FROM queen.eph_queues q WHERE q.tenant = c.tenant AND q.queue = c.queue))"
         ).fetchone()
         assert orphans == (0,)
+        chunks = conn.execute(
+            "SELECT count(*) FILTER (WHERE live <> cardinality(sizes) - queen.eph_width_v1(gone)"
+            "                           OR live <= 0 OR base % 256 <> 0) "
+            "FROM queen.eph_chunks").fetchone()
+        assert chunks == (0,)
         wrong = conn.execute(
-            "SELECT q.queue, n.depth, n.bytes, count(m.seq), coalesce(sum(m.bytes), 0) "
-            "FROM queen.eph_queues q "
+            "SELECT q.queue, n.depth, n.bytes, s.depth, s.bytes FROM queen.eph_queues q "
             "CROSS JOIN LATERAL (SELECT coalesce(sum(c.depth), 0) AS depth, "
             "  coalesce(sum(c.bytes), 0) AS bytes FROM queen.eph_counts c "
             "  WHERE c.tenant = q.tenant AND c.queue = q.queue) n "
-            "LEFT JOIN queen.eph_messages m ON m.tenant = q.tenant AND m.queue = q.queue "
-            "GROUP BY 1, 2, 3 "
-            "HAVING n.depth <> count(m.seq) OR n.bytes <> coalesce(sum(m.bytes), 0)").fetchall()
+            "CROSS JOIN LATERAL (SELECT count(*) AS depth, coalesce(sum(u.size), 0) AS bytes "
+            "  FROM queen.eph_partitions p JOIN queen.eph_chunks k ON k.pid = p.id "
+            "  CROSS JOIN LATERAL unnest(k.sizes) WITH ORDINALITY AS u(size, i) "
+            "  WHERE p.tenant = q.tenant AND p.queue = q.queue "
+            "    AND NOT k.gone @> (u.i - 1)::int4) s "
+            "WHERE n.depth <> s.depth OR n.bytes <> s.bytes").fetchall()
         assert wrong == []

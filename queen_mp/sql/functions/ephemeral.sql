@@ -1,5 +1,6 @@
 -- ephemeral.sql: ephemeral queues (api.md "Ephemeral queues", routes /api/v1/ephemeral/*) on the
--- UNLOGGED tables of schema/008_ephemeral.sql and 009_ephemeral_rows.sql. Python
+-- UNLOGGED tables of schema/008_ephemeral.sql, 009_ephemeral_rows.sql and
+-- 010_ephemeral_chunks.sql. Python
 -- (queen_mp/models/ephemeral.py) validates every input first; queen_mp/db/ephemeral_procs.py is
 -- the only caller.
 --
@@ -13,6 +14,13 @@
 -- group that has popped the queue is past it and holds no lease on it, or earlier by the
 -- queue's bounds (maxLength/maxBytes with policy dropOldest), its ttlSeconds, or after
 -- retryLimit redeliveries; each drop is counted.
+--
+-- Messages are stored by the chunk: one eph_chunks row holds up to 256 consecutive messages of
+-- one partition (one push), and message s lives in the chunk whose base is s - s % 256. A pop
+-- reads a range of a chunk; a message that leaves (settled, dropped) joins the chunk's 'gone'
+-- set, under the chunk's row lock, and the chunk row is deleted with its last message. Per
+-- push of n messages that is ceil(n / 256) rows inserted and, once every group is done with
+-- them, about as many updates and deletes, where a row per message cost n of each.
 --
 -- No call locks a row that every call of the queue needs: depth, bytes and drop counts are
 -- summed over the queue's eph_counts rows, each writer adding to the row of its backend. The
@@ -37,11 +45,15 @@
 --   queen.eph_enter_v1(uuid, text) -> text                shared lock of the queue, its row
 --                                                         created if missing; its epoch
 --   queen.eph_count_v1(uuid, text, int8 x5) -> void      add to this backend's counter row
+--   queen.eph_width_v1(int4multirange) -> int8            how many int4 it holds
+--   queen.eph_strike_v1(int8[], int8[], int4multirange[]) -> (n, bytes)  mark chunks' messages
+--                                                         gone
 --   queen.eph_cut_v1(uuid, text, text[], int8[]) -> (n, bytes)  drop partitions' prefixes
 --   queen.eph_expire_v2(uuid, text, int4) -> (n, bytes)   drop messages older than ttlSeconds
 --   queen.eph_drop_oldest_v1(uuid, text, int8, int8) -> (n, bytes)  dropOldest: make room
---   queen.eph_settle_v2(uuid, text, text[], int8[]) -> (n, bytes)   delete those no group needs
---   (the four return what they deleted; their caller counts it with the rest, once, last)
+--   queen.eph_settle_v3(uuid, text, text[], int8[], boolean) -> (n, bytes)  strike those no
+--                                                         group needs
+--   (these return what they struck; their caller counts it with the rest, once, last)
 --   queen.eph_configure_v1(uuid, text, jsonb) -> jsonb    declare (upsert eph_config)
 --   queen.eph_push_v1(uuid, text, text, text[]) -> int4   append; QE001 when full (policy reject)
 --   queen.eph_pop_v1(uuid, text, text, text, int4, boolean)
@@ -56,21 +68,27 @@
 --
 -- Tables touched: queen.eph_config (configure, delete: write; the rest: read),
 --   queen.eph_queues, eph_counts, eph_partitions, eph_groups, eph_cursors, eph_leases,
---   eph_messages; the sequence queen.eph_seq.
+--   eph_chunks; the sequence queen.eph_seq.
 --
 -- Lock order (no function touches two queues; these tables are outside every lock space of
 --   the durable log):
 --   0. the queue's transaction advisory lock (eph_key_v1): shared for push, pop, ack and
 --      configure, exclusive for reset and delete, which so never see a call half done;
 --   1. lease rows, ascending by dlv (ack, drops; a pop's redeliveries take them SKIP LOCKED),
---      then message rows, by partition then seq (settle, drops);
+--      then chunk rows, by partition then base (settle, drops);
 --   2. a partition row (push only, FOR NO KEY UPDATE, one per call, after its drops); or
 --      cursor rows (pop only) FOR NO KEY UPDATE SKIP LOCKED, and a pop that holds none may
---      then wait for one; then message rows again (a pop's settle), which no holder of a
---      message row waits for a cursor or partition to get;
+--      then wait for one; then chunk rows again (a pop's settle), which no holder of a
+--      chunk row waits for a cursor or partition to get (a pop reads chunks unlocked);
 --   3. one eph_counts row (this backend's), last, once per call.
 --   Nobody holding a cursor or partition row waits for a lease row, and nobody waits for
 --   anything while holding its counts row, so no two calls deadlock.
+--
+-- Plans: push, pop and ack (and the functions they call) run with plan_cache_mode
+--   force_generic_plan. Their statements take arrays as parameters, and a custom plan, which
+--   knows an array's length, always looks cheaper than the generic one: PostgreSQL then
+--   planned them again at every call (measured: a fifth of a pop's CPU per message, a third of
+--   an ack's). Every statement here finds its rows by key, which a generic plan does as well.
 --
 -- SQLSTATEs raised:
 --   QE001  eph_push_v1: the queue is at maxLength/maxBytes and its policy is 'reject', or the
@@ -85,13 +103,18 @@ AS $$
              "leaseSeconds": 30, "retryLimit": 3, "windowBuffer": {"ms": 0, "count": 0}}'::jsonb
 $$;
 
+-- PERF(eph): plpgsql, so that its plan is cached by the session; a SQL function with a
+-- subquery is not inlined, and was planned again at each of the two or three calls a push, pop
+-- or ack makes (about a third of a push's CPU in PostgreSQL).
 CREATE OR REPLACE FUNCTION queen.eph_options_v1(p_tenant uuid, p_queue text)
 RETURNS jsonb
-LANGUAGE sql STABLE PARALLEL SAFE
+LANGUAGE plpgsql STABLE PARALLEL SAFE
 AS $$
-    SELECT queen.eph_defaults_v1()
+BEGIN
+    RETURN queen.eph_defaults_v1()
         || coalesce((SELECT c.options FROM queen.eph_config c
-                      WHERE c.tenant = p_tenant AND c.queue = p_queue), '{}'::jsonb)
+                      WHERE c.tenant = p_tenant AND c.queue = p_queue), '{}'::jsonb);
+END;
 $$;
 
 CREATE OR REPLACE FUNCTION queen.eph_key_v1(p_tenant uuid, p_queue text)
@@ -124,13 +147,14 @@ END;
 $$;
 
 -- PERF(eph): a backend adds to its own row of the queue's 16, so concurrent calls rarely wait
--- for one another here; readers sum the rows.
+-- for one another here; readers sum the rows. plpgsql for its cached plan (see options).
 CREATE OR REPLACE FUNCTION queen.eph_count_v1(p_tenant uuid, p_queue text, p_depth int8,
                                               p_bytes int8, p_bounds int8, p_ttl int8,
                                               p_retry int8)
 RETURNS void
-LANGUAGE sql VOLATILE PARALLEL UNSAFE
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 AS $$
+BEGIN
     INSERT INTO queen.eph_counts AS c (tenant, queue, slot, depth, bytes, drops_bounds,
                                        drops_ttl, drops_retry)
     VALUES (p_tenant, p_queue, (pg_backend_pid() % 16)::int2, p_depth, p_bytes, p_bounds,
@@ -139,23 +163,75 @@ AS $$
        SET depth = c.depth + EXCLUDED.depth, bytes = c.bytes + EXCLUDED.bytes,
            drops_bounds = c.drops_bounds + EXCLUDED.drops_bounds,
            drops_ttl = c.drops_ttl + EXCLUDED.drops_ttl,
-           drops_retry = c.drops_retry + EXCLUDED.drops_retry
+           drops_retry = c.drops_retry + EXCLUDED.drops_retry;
+END;
+$$;
+
+-- The number of int4 a multirange holds (its ranges are canonical: [lower, upper)).
+CREATE OR REPLACE FUNCTION queen.eph_width_v1(p_set int4multirange)
+RETURNS int8
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT coalesce(sum(upper(r) - lower(r)), 0)::int8 FROM unnest(p_set) AS r
+$$;
+
+-- Marks messages gone: p_idx[i] (indexes in the chunk, 0-based) of chunk (p_pids[i],
+-- p_bases[i]), the chunks locked in the order given; deletes a chunk when none is left. n and
+-- bytes are the messages that were still stored, so that each is counted out once, by whoever
+-- struck it first. Three statements, whatever the count of chunks.
+CREATE OR REPLACE FUNCTION queen.eph_strike_v1(p_pids int8[], p_bases int8[],
+                                               p_idx int4multirange[], OUT n int8,
+                                               OUT bytes int8)
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+AS $$
+DECLARE
+    v_pids int8[];
+    v_bases int8[];
+    v_new int4multirange[];
+    v_n int8[];
+    v_last boolean[];
+BEGIN
+    -- the values of the rows as locked (a concurrent strike's, once it committed)
+    SELECT array_agg(x.pid ORDER BY x.o), array_agg(x.base ORDER BY x.o),
+           array_agg(x.new ORDER BY x.o), array_agg(x.n ORDER BY x.o),
+           array_agg(x.n >= x.live ORDER BY x.o), coalesce(sum(x.n), 0),
+           coalesce(sum(x.bytes), 0)
+      INTO v_pids, v_bases, v_new, v_n, v_last, n, bytes
+      FROM (SELECT u.o, c.pid, c.base, c.live, d.new, w.n, w.bytes
+              FROM unnest(p_pids, p_bases, p_idx) WITH ORDINALITY AS u(pid, base, idx, o)
+              JOIN queen.eph_chunks c ON c.pid = u.pid AND c.base = u.base
+             CROSS JOIN LATERAL (
+                   SELECT (u.idx - c.gone)
+                          * int4multirange(int4range(0, cardinality(c.sizes))) AS new) d
+             CROSS JOIN LATERAL (
+                   SELECT count(*) AS n, coalesce(sum(c.sizes[i + 1]), 0) AS bytes
+                     FROM unnest(d.new) AS r, generate_series(lower(r), upper(r) - 1) AS i) w
+             ORDER BY u.o FOR UPDATE OF c) x
+     WHERE x.n > 0;
+    IF v_pids IS NULL THEN
+        RETURN;
+    END IF;
+    IF true = ANY (v_last) THEN
+        DELETE FROM queen.eph_chunks c
+         USING unnest(v_pids, v_bases, v_last) AS u(pid, base, last)
+         WHERE u.last AND c.pid = u.pid AND c.base = u.base;
+    END IF;
+    IF false = ANY (v_last) THEN
+        UPDATE queen.eph_chunks c SET gone = c.gone + u.new, live = c.live - u.n
+          FROM unnest(v_pids, v_bases, v_new, v_n, v_last) AS u(pid, base, new, n, last)
+         WHERE NOT u.last AND c.pid = u.pid AND c.base = u.base;
+    END IF;
+END;
 $$;
 
 -- Drops the messages of partition p_parts[i] below seq p_belows[i] (NULL: all of them) and
 -- takes them out of their deliveries: the deliveries first, ascending by dlv, then the
--- messages, partition by partition.
+-- chunks, partition by partition, ascending by base.
 CREATE OR REPLACE FUNCTION queen.eph_cut_v1(p_tenant uuid, p_queue text, p_parts text[],
                                             p_belows int8[], OUT n int8, OUT bytes int8)
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 AS $$
-DECLARE
-    v_dn int8;
-    v_db int8;
-    r record;
 BEGIN
-    n := 0;
-    bytes := 0;
     -- a delivery's seqs ascend: those with a first seq below the cut hold some of its messages
     PERFORM 1 FROM queen.eph_leases l
       JOIN unnest(p_parts, p_belows) AS u(part, below)
@@ -172,18 +248,23 @@ BEGIN
        AND (u.below IS NULL OR l.seqs[1] < u.below);
     DELETE FROM queen.eph_leases l
      WHERE l.tenant = p_tenant AND l.queue = p_queue AND cardinality(l.seqs) = 0;
-    FOR r IN SELECT p.id, u.below FROM unnest(p_parts, p_belows) AS u(part, below)
-               JOIN queen.eph_partitions p
-                 ON p.tenant = p_tenant AND p.queue = p_queue AND p.partition = u.part
-              ORDER BY u.part LOOP
-        WITH d AS (
-            DELETE FROM queen.eph_messages m
-             WHERE m.pid = r.id AND (r.below IS NULL OR m.seq < r.below)
-            RETURNING m.bytes)
-        SELECT count(*), coalesce(sum(d.bytes), 0) INTO v_dn, v_db FROM d;
-        n := n + v_dn;
-        bytes := bytes + v_db;
-    END LOOP;
+    SELECT s.n, s.bytes INTO n, bytes
+      FROM (SELECT array_agg(c.pid ORDER BY u.part, c.base) AS pids,
+                   array_agg(c.base ORDER BY u.part, c.base) AS bases,
+                   array_agg(int4multirange(int4range(0, least(
+                                 cardinality(c.sizes),
+                                 coalesce(u.below - c.base, cardinality(c.sizes)))::int4))
+                             ORDER BY u.part, c.base) AS idx
+              FROM unnest(p_parts, p_belows) AS u(part, below)
+              JOIN queen.eph_partitions p
+                ON p.tenant = p_tenant AND p.queue = p_queue AND p.partition = u.part
+              -- a range of the chunks' key per partition
+              CROSS JOIN LATERAL (
+                    SELECT k.pid, k.base, k.sizes FROM queen.eph_chunks k
+                     WHERE k.pid = p.id AND k.base < coalesce(u.below, 9223372036854775807)) c) k
+     CROSS JOIN LATERAL queen.eph_strike_v1(k.pids, k.bases, k.idx) s;
+    n := coalesce(n, 0);
+    bytes := coalesce(bytes, 0);
 END;
 $$;
 
@@ -208,14 +289,14 @@ BEGIN
     v_cutoff := clock_timestamp() - make_interval(secs => p_ttl_s);
     FOR r IN SELECT p.partition, p.id FROM queen.eph_partitions p
               WHERE p.tenant = p_tenant AND p.queue = p_queue ORDER BY p.partition LOOP
-        SELECT m.created_at INTO v_oldest FROM queen.eph_messages m
-         WHERE m.pid = r.id ORDER BY m.seq LIMIT 1;
+        SELECT c.created_at INTO v_oldest FROM queen.eph_chunks c
+         WHERE c.pid = r.id ORDER BY c.base LIMIT 1;
         CONTINUE WHEN v_oldest IS NULL OR v_oldest >= v_cutoff;
-        -- created_at is taken under the partition's row lock, so it grows with seq in a
-        -- partition: the expired messages are a prefix; this walk stops at the first live one.
+        -- created_at is taken under the partition's row lock, so it grows with base in a
+        -- partition: the expired chunks are a prefix; this walk stops at the first live one.
         v_keep := NULL;
-        SELECT m.seq INTO v_keep FROM queen.eph_messages m
-         WHERE m.pid = r.id AND m.created_at >= v_cutoff ORDER BY m.seq LIMIT 1;
+        SELECT c.base INTO v_keep FROM queen.eph_chunks c
+         WHERE c.pid = r.id AND c.created_at >= v_cutoff ORDER BY c.base LIMIT 1;
         v_parts := v_parts || r.partition;
         v_belows := v_belows || v_keep;
     END LOOP;
@@ -231,37 +312,39 @@ CREATE OR REPLACE FUNCTION queen.eph_drop_oldest_v1(p_tenant uuid, p_queue text,
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 AS $$
 DECLARE
-    v_k int8 := greatest(p_len, 64);
-    v_cnt int8;
-    v_sum int8;
+    v_k int8 := 16;
     v_cut int8;
+    v_rank int8;
     v_parts text[];
-    r record;
 BEGIN
     n := 0;
     bytes := 0;
     LOOP
-        v_cnt := 0;
-        v_sum := 0;
-        -- the first v_k of each partition, merged: a correct prefix while it is not longer
-        -- than v_k (no partition can have given more than that to it)
-        FOR r IN SELECT x.seq, x.bytes FROM queen.eph_partitions p
-                  CROSS JOIN LATERAL (
-                      SELECT m.seq, m.bytes FROM queen.eph_messages m
-                       WHERE m.pid = p.id ORDER BY m.seq LIMIT v_k) x
-                  WHERE p.tenant = p_tenant AND p.queue = p_queue
-                  ORDER BY x.seq LOOP
-            v_cnt := v_cnt + 1;
-            v_sum := v_sum + r.bytes;
-            v_cut := r.seq;
-            EXIT WHEN v_cnt >= p_len AND v_sum >= p_bytes;
-        END LOOP;
-        EXIT WHEN v_cnt <= v_k;
-        v_k := v_cnt * 2;
+        -- the first v_k chunks of each partition, merged by base (the seq ranges of two
+        -- chunks never overlap): a correct prefix of the queue up to its v_k-th chunk
+        v_cut := NULL;
+        SELECT x.seq, x.rank INTO v_cut, v_rank
+          FROM (SELECT c.base + u.i - 1 AS seq, dense_rank() OVER (ORDER BY c.base) AS rank,
+                       count(*) OVER w AS cnt, sum(u.size) OVER w AS sum
+                  FROM queen.eph_partitions p
+                 CROSS JOIN LATERAL (SELECT k.base, k.sizes, k.gone FROM queen.eph_chunks k
+                                      WHERE k.pid = p.id ORDER BY k.base LIMIT v_k) c
+                 CROSS JOIN LATERAL unnest(c.sizes) WITH ORDINALITY AS u(size, i)
+                 WHERE p.tenant = p_tenant AND p.queue = p_queue
+                   AND NOT c.gone @> (u.i - 1)::int4
+                WINDOW w AS (ORDER BY c.base, u.i)) x
+         WHERE x.cnt >= p_len AND x.sum >= p_bytes
+         ORDER BY x.seq LIMIT 1;
+        EXIT WHEN v_cut IS NOT NULL AND v_rank <= v_k;
+        -- not found there: unless a partition has more chunks than were looked at, the whole
+        -- queue is the prefix (v_cut NULL)
+        EXIT WHEN NOT EXISTS (
+            SELECT 1 FROM queen.eph_partitions p
+             WHERE p.tenant = p_tenant AND p.queue = p_queue
+               AND (SELECT count(*) FROM (SELECT 1 FROM queen.eph_chunks k WHERE k.pid = p.id
+                                            LIMIT v_k + 1) z) > v_k);
+        v_k := v_k * 4;
     END LOOP;
-    IF v_cut IS NULL THEN
-        RETURN;
-    END IF;
     v_parts := ARRAY(SELECT p.partition FROM queen.eph_partitions p
                       WHERE p.tenant = p_tenant AND p.queue = p_queue);
     SELECT c.n, c.bytes INTO n, bytes
@@ -270,21 +353,29 @@ BEGIN
 END;
 $$;
 
--- Deletes the messages (p_parts[i], p_seqs[i]) that no group needs any more: every group that
--- popped the queue is past it in its partition and none holds a lease on it. With more than
--- one group, the messages are locked first: two calls that each remove one group's need then
--- run one after the other, and the second sees what the first committed.
-CREATE OR REPLACE FUNCTION queen.eph_settle_v2(p_tenant uuid, p_queue text, p_parts text[],
-                                               p_seqs int8[], OUT n int8, OUT bytes int8)
+-- Counts out the messages (p_parts[i], p_seqs[i]) that no group needs any more: every group
+-- that popped the queue is past it in its partition and none holds a lease on it. With more
+-- than one group their chunks are locked first (by partition, then base): two calls that each
+-- remove one group's need then run one after the other, and the second sees what the first
+-- committed. A few statements, whatever the count of messages and chunks. p_sorted: the seqs
+-- ascend, each once (a delivery's).
+CREATE OR REPLACE FUNCTION queen.eph_settle_v3(p_tenant uuid, p_queue text, p_parts text[],
+                                               p_seqs int8[], p_sorted boolean,
+                                               OUT n int8, OUT bytes int8)
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 AS $$
 DECLARE
     v_groups int8;
+    v_pids int8[];
+    v_bases int8[];
+    v_idx int4multirange[];
+    v_parts text[] := p_parts;
+    v_seqs int8[] := p_seqs;
+    v_k int4;
+    v_pid int8;
+    v_base int8;
     v_min int8;
-    v_leased int8[];
-    v_dn int8;
-    v_db int8;
-    r record;
+    v_run boolean;
 BEGIN
     n := 0;
     bytes := 0;
@@ -293,36 +384,79 @@ BEGIN
     END IF;
     SELECT count(*) INTO v_groups FROM queen.eph_groups g
      WHERE g.tenant = p_tenant AND g.queue = p_queue;
-    FOR r IN SELECT u.part, p.id, array_agg(u.seq ORDER BY u.seq) AS seqs
-               FROM unnest(p_parts, p_seqs) AS u(part, seq)
-               JOIN queen.eph_partitions p
-                 ON p.tenant = p_tenant AND p.queue = p_queue AND p.partition = u.part
-              GROUP BY u.part, p.id ORDER BY u.part LOOP
+    -- PERF(eph): one run of one chunk of one partition (a whole delivery, usually) needs no
+    -- query per message: with one group the caller released them itself (its cursor is past
+    -- them and no other delivery of the group holds one), so they all go; with more, they all
+    -- go when every cursor is past the last and no delivery holds any, none when a cursor is
+    -- below the first, and the general way below decides otherwise
+    v_k := cardinality(p_seqs);
+    IF p_sorted AND p_parts[1] = ALL (p_parts) AND p_seqs[v_k] - p_seqs[1] = v_k - 1
+       AND p_seqs[1] - p_seqs[1] % 256 = p_seqs[v_k] - p_seqs[v_k] % 256 THEN
+        SELECT p.id INTO v_pid FROM queen.eph_partitions p
+         WHERE p.tenant = p_tenant AND p.queue = p_queue AND p.partition = p_parts[1];
+        v_base := p_seqs[1] - p_seqs[1] % 256;
+        v_run := true;
         IF v_groups > 1 THEN
-            PERFORM 1 FROM queen.eph_messages m
-              WHERE m.pid = r.id AND m.seq = ANY (r.seqs)
-              ORDER BY m.seq FOR UPDATE;
+            PERFORM 1 FROM queen.eph_chunks c WHERE c.pid = v_pid AND c.base = v_base
+               FOR UPDATE;
+            SELECT min(coalesce(c.pos, 0)) INTO v_min
+              FROM queen.eph_groups g
+              LEFT JOIN queen.eph_cursors c
+                ON c.tenant = g.tenant AND c.queue = g.queue AND c.grp = g.grp
+               AND c.partition = p_parts[1]
+             WHERE g.tenant = p_tenant AND g.queue = p_queue;
+            IF v_min < p_seqs[1] THEN
+                RETURN;
+            END IF;
+            v_run := v_min >= p_seqs[v_k] AND NOT EXISTS (
+                SELECT 1 FROM queen.eph_leases l
+                 WHERE l.tenant = p_tenant AND l.queue = p_queue AND l.partition = p_parts[1]
+                   AND l.seqs[1] <= p_seqs[v_k] AND l.seqs[cardinality(l.seqs)] >= p_seqs[1]
+                   AND l.seqs && p_seqs);
         END IF;
-        SELECT min(coalesce(c.pos, 0)) INTO v_min
-          FROM queen.eph_groups g
-          LEFT JOIN queen.eph_cursors c
-            ON c.tenant = g.tenant AND c.queue = g.queue AND c.grp = g.grp
-           AND c.partition = r.part
-         WHERE g.tenant = p_tenant AND g.queue = p_queue;
-        -- the ones a delivery of any group still holds (in flight: a few rows per consumer)
-        v_leased := ARRAY(SELECT x.seq FROM queen.eph_leases l, unnest(l.seqs) AS x(seq)
-                           WHERE l.tenant = p_tenant AND l.queue = p_queue
-                             AND l.partition = r.part AND l.seqs && r.seqs
-                             AND x.seq = ANY (r.seqs));
-        WITH d AS (
-            DELETE FROM queen.eph_messages m
-             WHERE m.pid = r.id AND m.seq = ANY (r.seqs) AND m.seq <= coalesce(v_min, m.seq)
-               AND m.seq <> ALL (v_leased)
-            RETURNING m.bytes)
-        SELECT count(*), coalesce(sum(d.bytes), 0) INTO v_dn, v_db FROM d;
-        n := n + v_dn;
-        bytes := bytes + v_db;
-    END LOOP;
+        IF v_run THEN
+            SELECT s.n, s.bytes INTO n, bytes
+              FROM queen.eph_strike_v1(ARRAY[v_pid], ARRAY[v_base], ARRAY[int4multirange(
+                       int4range((p_seqs[1] % 256)::int4, (p_seqs[v_k] % 256)::int4 + 1))]) s;
+            RETURN;
+        END IF;
+    END IF;
+    -- with one group, all of them (as above); with more, lock their chunks first
+    IF v_groups > 1 THEN
+        PERFORM 1
+           FROM (SELECT 1 FROM (SELECT DISTINCT u.part, u.seq - u.seq % 256 AS base
+                                  FROM unnest(p_parts, p_seqs) AS u(part, seq)) g
+                   JOIN queen.eph_partitions p
+                     ON p.tenant = p_tenant AND p.queue = p_queue AND p.partition = g.part
+                   JOIN queen.eph_chunks c ON c.pid = p.id AND c.base = g.base
+                  ORDER BY g.part, g.base FOR UPDATE OF c) x;
+        -- what is left of them: every group's cursor past, no delivery of any group holding
+        SELECT coalesce(array_agg(u.part), '{}'), coalesce(array_agg(u.seq), '{}')
+          INTO v_parts, v_seqs
+          FROM unnest(p_parts, p_seqs) AS u(part, seq)
+          JOIN (SELECT d.part, (SELECT min(coalesce(c.pos, 0)) FROM queen.eph_groups g
+                                 LEFT JOIN queen.eph_cursors c
+                                   ON c.tenant = g.tenant AND c.queue = g.queue
+                                  AND c.grp = g.grp AND c.partition = d.part
+                                WHERE g.tenant = p_tenant AND g.queue = p_queue) AS pos
+                  FROM (SELECT DISTINCT x.part FROM unnest(p_parts) AS x(part)) d) m
+            ON m.part = u.part AND u.seq <= m.pos
+         WHERE NOT EXISTS (
+                   SELECT 1 FROM queen.eph_leases l, unnest(l.seqs) AS h(seq)
+                    WHERE l.tenant = p_tenant AND l.queue = p_queue
+                      AND l.partition = u.part AND h.seq = u.seq);
+    END IF;
+    SELECT array_agg(p.id ORDER BY g.part, g.base), array_agg(g.base ORDER BY g.part, g.base),
+           array_agg(g.idx ORDER BY g.part, g.base)
+      INTO v_pids, v_bases, v_idx
+      FROM (SELECT u.part, u.seq - u.seq % 256 AS base,
+                   range_agg(int4range((u.seq % 256)::int4, (u.seq % 256)::int4 + 1)) AS idx
+              FROM unnest(v_parts, v_seqs) AS u(part, seq) GROUP BY 1, 2) g
+      JOIN queen.eph_partitions p
+        ON p.tenant = p_tenant AND p.queue = p_queue AND p.partition = g.part;
+    IF v_pids IS NOT NULL THEN
+        SELECT s.n, s.bytes INTO n, bytes FROM queen.eph_strike_v1(v_pids, v_bases, v_idx) s;
+    END IF;
 END;
 $$;
 
@@ -340,15 +474,18 @@ END;
 $$;
 
 -- A push takes one value of queen.eph_seq while it holds its partition's row: its messages
--- are seq value * 16384 + 0, 1, ... (the API allows 10,000 per push).
+-- are seq value * 16384 + 0, 1, ... (the API allows 10,000 per push), stored as one chunk per
+-- 256 of them.
 CREATE OR REPLACE FUNCTION queen.eph_push_v1(p_tenant uuid, p_queue text, p_partition text,
                                              p_payloads text[])
 RETURNS int4
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET plan_cache_mode = force_generic_plan  -- PERF(eph): see the header
 AS $$
 DECLARE
     v_o jsonb;
     v_n int8 := coalesce(cardinality(p_payloads), 0);
+    v_sizes int4[];
     v_bytes int8;
     v_depth int8;
     v_stored int8;
@@ -370,9 +507,14 @@ BEGIN
     END IF;
     PERFORM queen.eph_enter_v1(p_tenant, p_queue);
     v_o := queen.eph_options_v1(p_tenant, p_queue);
-    SELECT e.n, e.bytes INTO v_ttl_n, v_ttl_b
-      FROM queen.eph_expire_v2(p_tenant, p_queue, (v_o ->> 'ttlSeconds')::int4) e;
-    SELECT sum(octet_length(p)) INTO v_bytes FROM unnest(p_payloads) AS u(p);
+    v_ttl_n := 0;
+    v_ttl_b := 0;
+    IF (v_o ->> 'ttlSeconds')::int4 > 0 THEN
+        SELECT e.n, e.bytes INTO v_ttl_n, v_ttl_b
+          FROM queen.eph_expire_v2(p_tenant, p_queue, (v_o ->> 'ttlSeconds')::int4) e;
+    END IF;
+    v_sizes := ARRAY(SELECT octet_length(u.p) FROM unnest(p_payloads) AS u(p));
+    SELECT sum(u.b) INTO v_bytes FROM unnest(v_sizes) AS u(b);
     v_max_len := (v_o ->> 'maxLength')::int8;
     v_max_bytes := (v_o ->> 'maxBytes')::int8;
     IF v_n > v_max_len OR v_bytes > v_max_bytes THEN
@@ -408,11 +550,16 @@ BEGIN
            FOR NO KEY UPDATE;
     END IF;
     v_base := nextval('queen.eph_seq') * 16384;
-    INSERT INTO queen.eph_messages (tenant, queue, partition, pid, seq, payload, bytes,
-                                    created_at)
-    SELECT p_tenant, p_queue, p_partition, v_pid, v_base + u.i - 1, u.p, octet_length(u.p),
-           clock_timestamp()
-      FROM unnest(p_payloads) WITH ORDINALITY AS u(p, i);
+    IF v_n <= 256 THEN
+        INSERT INTO queen.eph_chunks (pid, base, payloads, sizes, live, created_at)
+        VALUES (v_pid, v_base, p_payloads, v_sizes, v_n, clock_timestamp());
+    ELSE
+        INSERT INTO queen.eph_chunks (pid, base, payloads, sizes, live, created_at)
+        SELECT v_pid, v_base + k * 256, p_payloads[k * 256 + 1:k * 256 + 256],
+               v_sizes[k * 256 + 1:k * 256 + 256],
+               least(256, v_n - k * 256), clock_timestamp()
+          FROM generate_series(0, (v_n - 1) / 256) AS k;
+    END IF;
     UPDATE queen.eph_partitions p SET last_seq = v_base + v_n - 1
      WHERE p.tenant = p_tenant AND p.queue = p_queue AND p.partition = p_partition;
     PERFORM queen.eph_count_v1(p_tenant, p_queue, v_n - v_ttl_n - v_drop_n,
@@ -434,6 +581,7 @@ CREATE OR REPLACE FUNCTION queen.eph_pop_v1(p_tenant uuid, p_queue text, p_parti
                                             OUT messages text, OUT claimed int4,
                                             OUT wake_in_ms int8)
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET plan_cache_mode = force_generic_plan  -- PERF(eph): see the header
 AS $$
 DECLARE
     v_epoch text;
@@ -453,6 +601,9 @@ DECLARE
     v_taken int8[];
     v_atts int4[];
     v_json text;
+    v_head text;
+    v_tail text;
+    v_bases int8[];
     v_pos int8;
     v_need int4 := p_batch;
     v_dropped int8 := 0;
@@ -467,8 +618,12 @@ BEGIN
     v_o := queen.eph_options_v1(p_tenant, p_queue);
     v_lease := make_interval(secs => (v_o ->> 'leaseSeconds')::int4);
     v_retry := (v_o ->> 'retryLimit')::int4;
-    SELECT e.n, e.bytes INTO v_ttl_n, v_ttl_b
-      FROM queen.eph_expire_v2(p_tenant, p_queue, (v_o ->> 'ttlSeconds')::int4) e;
+    v_ttl_n := 0;
+    v_ttl_b := 0;
+    IF (v_o ->> 'ttlSeconds')::int4 > 0 THEN
+        SELECT e.n, e.bytes INTO v_ttl_n, v_ttl_b
+          FROM queen.eph_expire_v2(p_tenant, p_queue, (v_o ->> 'ttlSeconds')::int4) e;
+    END IF;
     INSERT INTO queen.eph_groups (tenant, queue, grp) VALUES (p_tenant, p_queue, p_group)
     ON CONFLICT DO NOTHING;
 
@@ -504,18 +659,21 @@ BEGIN
         END IF;
         CONTINUE WHEN cardinality(v_red) = 0;
         v_dlv := CASE WHEN p_auto_ack THEN 0 ELSE nextval('queen.eph_seq') END;
-        -- a message dropped meanwhile has no row: it is not redelivered
-        SELECT array_agg(m.seq ORDER BY m.seq),
-               array_agg(v_red_a[array_position(v_red, m.seq)] + 1 ORDER BY m.seq),
-               string_agg('{"id":"' || v_epoch || '-' || m.seq || '-' || v_dlv
+        -- a message dropped meanwhile is gone from its chunk: it is not redelivered
+        SELECT array_agg(x.seq ORDER BY x.seq), array_agg(x.att ORDER BY x.seq),
+               string_agg('{"id":"' || v_epoch || '-' || x.seq || '-' || v_dlv
                           || '","partition":' || to_json(r.partition)::text || ',"attempts":'
-                          || (v_red_a[array_position(v_red, m.seq)] + 1) || ',"payload":'
-                          || m.payload || '}', ',' ORDER BY m.seq)
+                          || x.att || ',"payload":' || x.payload || '}', ',' ORDER BY x.seq)
           INTO v_taken, v_atts, v_json
-          FROM queen.eph_partitions p
-          JOIN queen.eph_messages m ON m.pid = p.id
-         WHERE p.tenant = p_tenant AND p.queue = p_queue AND p.partition = r.partition
-           AND m.seq = ANY (v_red);
+          FROM (SELECT u.seq, u.att + 1 AS att, m.payload
+                  FROM queen.eph_partitions p
+                  JOIN queen.eph_chunks c ON c.pid = p.id
+                 CROSS JOIN LATERAL unnest(c.payloads) WITH ORDINALITY AS m(payload, i)
+                  JOIN unnest(v_red, v_red_a) AS u(seq, att) ON u.seq = c.base + m.i - 1
+                 WHERE p.tenant = p_tenant AND p.queue = p_queue AND p.partition = r.partition
+                   AND c.base = ANY (ARRAY(SELECT DISTINCT z.s - z.s % 256
+                                             FROM unnest(v_red) AS z(s)))
+                   AND NOT c.gone @> (m.i - 1)::int4) x;
         CONTINUE WHEN v_taken IS NULL;
         v_out := v_out || v_json;
         IF p_auto_ack THEN
@@ -566,15 +724,36 @@ BEGIN
             END IF;
             v_held := true;
             v_dlv := CASE WHEN p_auto_ack THEN 0 ELSE nextval('queen.eph_seq') END;
+            v_head := '{"id":"' || v_epoch || '-';
+            v_tail := '-' || v_dlv || '","partition":' || to_json(r.partition)::text
+                      || ',"attempts":1,"payload":';
+            -- PERF(eph): the chunks past the cursor, in order, until they hold v_need messages
+            -- (a lower bound for the first, whose live messages may be at or below the
+            -- cursor): one index probe per chunk (with a generic plan and the table's
+            -- statistics, a plain ordered scan was planned as a scan and sort of the whole
+            -- table), and only those chunks are read and detoasted
+            WITH RECURSIVE w(base, got) AS (
+                SELECT k.base, k.live - greatest(0, v_pos - k.base + 1)
+                  FROM (SELECT c.base, c.live FROM queen.eph_chunks c
+                         WHERE c.pid = r.id AND c.base >= v_pos - v_pos % 256
+                         ORDER BY c.base LIMIT 1) k
+                UNION ALL
+                SELECT k.base, w.got + k.live
+                  FROM w CROSS JOIN LATERAL (
+                       SELECT c.base, c.live FROM queen.eph_chunks c
+                        WHERE c.pid = r.id AND c.base > w.base
+                        ORDER BY c.base LIMIT 1) k
+                 WHERE w.got < v_need)
+            SELECT array_agg(w.base) INTO v_bases FROM w;
             SELECT array_agg(x.seq ORDER BY x.seq),
-                   string_agg('{"id":"' || v_epoch || '-' || x.seq || '-' || v_dlv
-                              || '","partition":' || to_json(r.partition)::text
-                              || ',"attempts":1,"payload":' || x.payload || '}', ','
-                              ORDER BY x.seq)
+                   string_agg(v_head || x.seq || v_tail || x.payload || '}', ',' ORDER BY x.seq)
               INTO v_taken, v_json
-              FROM (SELECT m.seq, m.payload FROM queen.eph_messages m
-                     WHERE m.pid = r.id AND m.seq > v_pos
-                     ORDER BY m.seq LIMIT v_need) x;
+              FROM (SELECT c.base + m.i - 1 AS seq, m.payload
+                      FROM queen.eph_chunks c
+                     CROSS JOIN LATERAL unnest(c.payloads) WITH ORDINALITY AS m(payload, i)
+                     WHERE c.pid = r.id AND c.base = ANY (v_bases)
+                       AND c.base + m.i - 1 > v_pos AND NOT c.gone @> (m.i - 1)::int4
+                     ORDER BY 1 LIMIT v_need) x;
             IF v_taken IS NULL THEN
                 -- what was left there had been dropped (or another pop took it)
                 IF r.last_seq > v_pos THEN
@@ -603,8 +782,12 @@ BEGIN
     END LOOP;
 
     messages := '[' || array_to_string(v_out, ',') || ']';
-    SELECT s.n, s.bytes INTO v_set_n, v_set_b
-      FROM queen.eph_settle_v2(p_tenant, p_queue, v_settle_p, v_settle_s) s;
+    v_set_n := 0;
+    v_set_b := 0;
+    IF cardinality(v_settle_s) > 0 THEN  -- autoAck, or past retryLimit
+        SELECT s.n, s.bytes INTO v_set_n, v_set_b
+          FROM queen.eph_settle_v3(p_tenant, p_queue, v_settle_p, v_settle_s, false) s;
+    END IF;
     IF v_ttl_n + v_set_n + v_dropped > 0 THEN
         PERFORM queen.eph_count_v1(p_tenant, p_queue, -v_ttl_n - v_set_n, -v_ttl_b - v_set_b,
                                    0, v_ttl_n, v_dropped);
@@ -635,6 +818,7 @@ CREATE OR REPLACE FUNCTION queen.eph_ack_v2(p_tenant uuid, p_queue text, p_group
                                             p_statuses text[],
                                             OUT outcomes text[], OUT redelivered int4)
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET plan_cache_mode = force_generic_plan  -- PERF(eph): see the header
 AS $$
 DECLARE
     v_epoch text;
@@ -656,10 +840,32 @@ DECLARE
     v_drop int8;
     v_set_n int8;
     v_set_b int8;
+    v_part text;
     r record;
 BEGIN
     v_epoch := queen.eph_enter_v1(p_tenant, p_queue);
     v_retry := (queen.eph_options_v1(p_tenant, p_queue) ->> 'retryLimit')::int4;
+    -- PERF(eph): the usual ack, every message still held by one delivery acknowledged
+    -- 'completed' in the order the pop gave them: one statement on its lease row, none per id
+    IF v_epoch = ALL (p_epochs) AND 'completed' = ALL (p_statuses) AND p_dlvs[1] = ALL (p_dlvs)
+    THEN
+        DELETE FROM queen.eph_leases l
+         WHERE l.tenant = p_tenant AND l.queue = p_queue AND l.grp = p_group
+           AND l.dlv = p_dlvs[1] AND l.seqs = p_seqs
+        RETURNING l.partition INTO v_part;
+        IF FOUND THEN
+            outcomes := array_fill('acked'::text, ARRAY[cardinality(p_seqs)]);
+            redelivered := 0;
+            SELECT s.n, s.bytes INTO v_set_n, v_set_b
+              FROM queen.eph_settle_v3(p_tenant, p_queue,
+                                       array_fill(v_part, ARRAY[cardinality(p_seqs)]), p_seqs,
+                                       true) s;
+            IF v_set_n > 0 THEN
+                PERFORM queen.eph_count_v1(p_tenant, p_queue, -v_set_n, -v_set_b, 0, 0, 0);
+            END IF;
+            RETURN;
+        END IF;
+    END IF;
     -- the ids of this incarnation, first occurrence of each message
     SELECT array_agg(x.i), array_agg(x.seq), array_agg(x.dlv), array_agg(x.st)
       INTO v_i, v_seq, v_dlv, v_st
@@ -682,8 +888,8 @@ BEGIN
           INTO v_a_i, v_a_s, v_drop, v_r_i, v_r_s, v_r_a
           FROM (SELECT u.i, u.seq, u.st, a.att, (u.st = 'completed' OR a.att > v_retry) AS done
                   FROM unnest(v_i, v_seq, v_dlv, v_st) AS u(i, seq, dlv, st)
-                 CROSS JOIN LATERAL (SELECT r.atts[array_position(r.seqs, u.seq)] AS att) a
-                 WHERE u.dlv = r.dlv AND a.att IS NOT NULL) x;
+                  JOIN unnest(r.seqs, r.atts) AS a(seq, att) ON a.seq = u.seq
+                 WHERE u.dlv = r.dlv) x;
         CONTINUE WHEN cardinality(v_a_i) + cardinality(v_r_i) = 0;
         IF cardinality(v_a_i) + cardinality(v_r_i) = cardinality(r.seqs) THEN
             DELETE FROM queen.eph_leases l
@@ -710,15 +916,16 @@ BEGIN
         v_settle_p := v_settle_p || array_fill(r.partition, ARRAY[cardinality(v_a_s)]);
         v_settle_s := v_settle_s || v_a_s;
     END LOOP;
-    SELECT coalesce(array_agg(
-               CASE WHEN u.i = ANY (v_acked) THEN 'acked'
-                    WHEN u.i = ANY (v_red) THEN 'redelivered'
-                    WHEN u.ep IS NOT NULL AND u.ep IS DISTINCT FROM v_epoch THEN 'stale'
-                    ELSE 'unknown' END ORDER BY u.i), '{}')
+    SELECT coalesce(array_agg(coalesce(o.outcome,
+                                       CASE WHEN u.ep IS NOT NULL AND u.ep IS DISTINCT FROM v_epoch
+                                            THEN 'stale' ELSE 'unknown' END) ORDER BY u.i), '{}')
       INTO outcomes
-      FROM unnest(p_epochs) WITH ORDINALITY AS u(ep, i);
+      FROM unnest(p_epochs) WITH ORDINALITY AS u(ep, i)
+      LEFT JOIN (SELECT a.i, 'acked' AS outcome FROM unnest(v_acked) AS a(i)
+                 UNION ALL
+                 SELECT d.i, 'redelivered' FROM unnest(v_red) AS d(i)) o ON o.i = u.i;
     SELECT s.n, s.bytes INTO v_set_n, v_set_b
-      FROM queen.eph_settle_v2(p_tenant, p_queue, v_settle_p, v_settle_s) s;
+      FROM queen.eph_settle_v3(p_tenant, p_queue, v_settle_p, v_settle_s, false) s;
     IF v_set_n + v_dropped > 0 THEN
         PERFORM queen.eph_count_v1(p_tenant, p_queue, -v_set_n, -v_set_b, 0, 0, v_dropped);
     END IF;
@@ -740,8 +947,8 @@ BEGIN
     END IF;
     SELECT coalesce(sum(c.depth), 0) INTO v_depth FROM queen.eph_counts c
      WHERE c.tenant = p_tenant AND c.queue = p_queue;
-    DELETE FROM queen.eph_messages m USING queen.eph_partitions p
-     WHERE p.tenant = p_tenant AND p.queue = p_queue AND m.pid = p.id;
+    DELETE FROM queen.eph_chunks c USING queen.eph_partitions p
+     WHERE p.tenant = p_tenant AND p.queue = p_queue AND c.pid = p.id;
     DELETE FROM queen.eph_leases WHERE tenant = p_tenant AND queue = p_queue;
     DELETE FROM queen.eph_cursors WHERE tenant = p_tenant AND queue = p_queue;
     DELETE FROM queen.eph_groups WHERE tenant = p_tenant AND queue = p_queue;
@@ -767,8 +974,8 @@ BEGIN
     DELETE FROM queen.eph_queues WHERE tenant = p_tenant AND queue = p_queue;
     v_ring := FOUND;
     IF v_ring THEN
-        DELETE FROM queen.eph_messages m USING queen.eph_partitions p
-         WHERE p.tenant = p_tenant AND p.queue = p_queue AND m.pid = p.id;
+        DELETE FROM queen.eph_chunks c USING queen.eph_partitions p
+         WHERE p.tenant = p_tenant AND p.queue = p_queue AND c.pid = p.id;
         DELETE FROM queen.eph_leases WHERE tenant = p_tenant AND queue = p_queue;
         DELETE FROM queen.eph_cursors WHERE tenant = p_tenant AND queue = p_queue;
         DELETE FROM queen.eph_groups WHERE tenant = p_tenant AND queue = p_queue;
@@ -838,8 +1045,9 @@ AS $$
             SELECT jsonb_agg(jsonb_build_object('partition', x.partition, 'pending', x.n)
                              ORDER BY x.partition COLLATE "C")
               FROM (SELECT y.partition, y.n
-                      FROM (SELECT p.partition, (SELECT count(*) FROM queen.eph_messages m
-                                                  WHERE m.pid = p.id) AS n
+                      FROM (SELECT p.partition, (SELECT coalesce(sum(k.live), 0)
+                                                   FROM queen.eph_chunks k
+                                                  WHERE k.pid = p.id) AS n
                               FROM queen.eph_partitions p
                              WHERE p.tenant = p_tenant AND p.queue = p_queue) y
                      WHERE y.n > 0 ORDER BY y.partition COLLATE "C" LIMIT p_limit) x),
@@ -847,14 +1055,18 @@ AS $$
         'consumerGroups', coalesce((
             SELECT jsonb_agg(jsonb_build_object(
                        'group', g.grp,
-                       'pending', (SELECT coalesce(sum((
-                                            SELECT count(*) FROM queen.eph_messages m
-                                             WHERE m.pid = p.id
-                                               AND m.seq > coalesce(c.pos, 0))), 0)
+                       -- a chunk's stored messages past the cursor
+                       'pending', (SELECT coalesce(sum(queen.eph_width_v1(
+                                            int4multirange(int4range(
+                                                greatest(0, coalesce(c.pos, 0) - k.base + 1)::int4,
+                                                cardinality(k.sizes))) - k.gone)), 0)
                                      FROM queen.eph_partitions p
                                      LEFT JOIN queen.eph_cursors c
                                        ON c.tenant = p.tenant AND c.queue = p.queue
                                       AND c.grp = g.grp AND c.partition = p.partition
+                                     JOIN queen.eph_chunks k
+                                       ON k.pid = p.id
+                                      AND k.base + cardinality(k.sizes) - 1 > coalesce(c.pos, 0)
                                     WHERE p.tenant = p_tenant AND p.queue = p_queue),
                        'inFlight', (SELECT coalesce(sum(cardinality(l.seqs)), 0)
                                       FROM queen.eph_leases l

@@ -1,0 +1,178 @@
+"""Ephemeral queues in SQL alone: PostgreSQL CPU per message of push, pop and ack, no broker.
+
+``bench/ephemeral.py`` measures the routes, where the broker, the HTTP client and the load of
+the machine share the figures. This one calls ``queen.eph_push_v1``, ``eph_pop_v1`` and
+``eph_ack_v2`` over one connection, one call after the other, and reads from ``/proc`` (so the
+server must run on this machine) the CPU time of that connection's backend and of the whole
+cluster (the backend, autovacuum, the writers): what a message costs PostgreSQL itself, the
+figure the storage layout decides.
+
+- ``push``: ``--messages`` (40,000; a quarter of it in pushes of 1) in pushes of 1 and of 100
+  to 4 partitions, each kind to a fresh queue;
+- ``pop+ack``: that queue popped in batches of ``--pop-batch`` (100), each batch acknowledged
+  by one call, until empty; by one group, and for pushes of 100 also by two groups in turn.
+
+``python -m bench.ephemeral_sql`` prints a Markdown table (CPU microseconds per message of the
+backend and of the cluster, and wall microseconds) from a private PostgreSQL cluster
+(``--server-dsn DSN``: a
+database on that server instead).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+
+import orjson
+import psycopg
+
+from bench.push import (
+    cpu_ticks,
+    create_database,
+    db_name,
+    delta_cpu_s,
+    drop_database,
+    ppid_of,
+    private_server,
+    process_tree,
+)
+from queen_mp.db.migrations import apply_migrations
+from queen_mp.models.ephemeral import parse_id
+
+_TENANT = uuid.UUID(int=0)
+_PAYLOAD = orjson.dumps({"producer": 1, "seq": 1, "pad": "x" * 160}).decode()
+
+
+@dataclass(frozen=True)
+class Row:
+    op: str
+    batch: int
+    groups: int
+    msgs: int
+    cpu_us_per_msg: float  # the backend's
+    cluster_us_per_msg: float  # every process of the cluster: the backend, autovacuum, ...
+    wall_us_per_msg: float
+
+
+class _Backend:
+    """One autocommit connection and the CPU seconds its backend has used."""
+
+    def __init__(self, dsn: str) -> None:
+        self.conn = psycopg.connect(dsn, autocommit=True)
+        row = self.conn.execute("SELECT pg_backend_pid()").fetchone()
+        assert row is not None
+        self.pid = int(row[0])
+        self.postmaster = ppid_of(self.pid)
+
+    def cpu_s(self) -> float:
+        """From schedstat: nanoseconds, where stat counts 10 ms ticks."""
+        with open(f"/proc/{self.pid}/schedstat") as f:
+            return int(f.read().split()[0]) / 1e9
+
+    def cluster(self) -> dict[int, int]:
+        return cpu_ticks(process_tree(self.postmaster))
+
+    def push(self, queue: str, partition: str, n: int) -> None:
+        self.conn.execute("SELECT queen.eph_push_v1(%s, %s, %s, %s)",
+                          (_TENANT, queue, partition, [_PAYLOAD] * n))
+
+    def pop_ack(self, queue: str, group: str, batch: int) -> int:
+        row = self.conn.execute("SELECT messages, claimed FROM queen.eph_pop_v1(%s, %s, NULL, "
+                                "%s, %s, false)", (_TENANT, queue, group, batch)).fetchone()
+        assert row is not None
+        if not row[1]:
+            return 0
+        parts = [parse_id(m["id"]) for m in orjson.loads(row[0])]
+        ok = [p for p in parts if p is not None]
+        out = self.conn.execute(
+            "SELECT outcomes FROM queen.eph_ack_v2(%s, %s, %s, %s, %s, %s::int8[], %s)",
+            (_TENANT, queue, group, [p[0] for p in ok], [p[1] for p in ok],
+             [p[2] for p in ok], ["completed"] * len(ok))).fetchone()
+        assert out is not None and all(o == "acked" for o in out[0]), out
+        return len(ok)
+
+
+def _measure(b: _Backend, op: str, batch: int, groups: int, fn: object) -> Row:
+    k0, c0, t0 = b.cluster(), b.cpu_s(), time.perf_counter()
+    msgs = fn()  # type: ignore[operator]
+    wall, cpu, cluster = time.perf_counter() - t0, b.cpu_s() - c0, delta_cpu_s(k0, b.cluster())
+    return Row(op, batch, groups, msgs, cpu * 1e6 / msgs, cluster * 1e6 / msgs,
+               wall * 1e6 / msgs)
+
+
+def _cell(b: _Backend, batch: int, groups: int, messages: int, pop_batch: int) -> list[Row]:
+    """A fresh queue: ``messages`` pushed in batches of ``batch``, then drained by ``groups``
+    groups (registered before the first push, so each sees every message)."""
+    queue = f"sql-{batch}-{groups}-{uuid.uuid4().hex[:6]}"
+    b.conn.execute("SELECT queen.eph_configure_v1(%s, %s, %s::jsonb)", (
+        _TENANT, queue, '{"maxLength": 10000000, "maxBytes": 1073741824}'))
+    names = [f"g{i}" for i in range(groups)]
+    for g in names:
+        b.pop_ack(queue, g, 1)
+    per = messages // batch
+
+    def push_all() -> int:
+        for i in range(per):
+            b.push(queue, f"p{i % 4}", batch)
+        return per * batch
+
+    def drain() -> int:
+        done = 0
+        for g in names:
+            while got := b.pop_ack(queue, g, pop_batch):
+                done += got
+        return done
+
+    rows = [_measure(b, "push", batch, groups, push_all),
+            _measure(b, "pop+ack", pop_batch, groups, drain)]
+    left = b.conn.execute("SELECT queen.eph_depth_v1(%s, %s, 10)::text",
+                          (_TENANT, queue)).fetchone()
+    assert left is not None and orjson.loads(left[0])["depth"] == 0, left
+    return rows
+
+
+def run(args: argparse.Namespace) -> list[Row]:
+    rows: list[Row] = []
+    with private_server(args.server_dsn) as server_dsn:
+        dsn = create_database(server_dsn, f"queen_bench_{uuid.uuid4().hex[:8]}_ephsql")
+        try:
+            apply_migrations(dsn)
+            b = _Backend(dsn)
+            for batch, groups in ((1, 1), (100, 1), (100, 2)):
+                messages = args.messages // 4 if batch == 1 else args.messages
+                rows += _cell(b, batch, groups, messages, args.pop_batch)
+            b.conn.close()
+        finally:
+            drop_database(server_dsn, db_name(dsn))
+    return rows
+
+
+def render(rows: list[Row]) -> str:
+    lines = ["| op | batch | groups | msgs | backend CPU us/msg | cluster CPU us/msg "
+             "| wall us/msg |", "|---|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r.op} | {r.batch} | {r.groups} | {r.msgs:,} | {r.cpu_us_per_msg:.1f} | "
+              f"{r.cluster_us_per_msg:.1f} | {r.wall_us_per_msg:.1f} |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m bench.ephemeral_sql", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--server-dsn", default=None,
+                    help="PostgreSQL server on this machine to create the database on "
+                         "(default: a private cluster started for the run)")
+    ap.add_argument("--messages", type=int, default=40_000)
+    ap.add_argument("--pop-batch", type=int, default=100)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    print(render(run(parse_args(argv))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,165 @@
+"""Ephemeral messages stored by the chunk (schema 010): what the routes show is what a row per
+message showed. A push of more than 256 messages spans chunks, acks out of order free exactly
+what they acknowledged, a group that comes later starts at what is still stored even inside a
+chunk, and the migration carries the messages of 009 over.
+"""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import psycopg
+
+from queen_mp.db.migrations import apply_migrations
+from queen_mp.models.ephemeral import parse_id
+from tests.pgharness import SQL_DIR, drop_database, make_database
+
+E = "/api/v1/ephemeral"
+
+
+def uq() -> str:
+    return f"chunk-{uuid.uuid4().hex[:10]}"
+
+
+def push(c: httpx.Client, queue: str, payloads: list[Any], partition: str = "p") -> None:
+    r = c.post(f"{E}/push", json={"queue": queue, "partition": partition,
+                                  "messages": [{"payload": p} for p in payloads]})
+    assert r.status_code == 201, r.text
+
+
+def pop(c: httpx.Client, queue: str, group: str, batch: int) -> list[dict[str, Any]]:
+    r = c.get(f"{E}/pop", params={"queue": queue, "group": group, "batch": str(batch)})
+    assert r.status_code == 200, r.text
+    return r.json()["messages"]
+
+
+def ack(c: httpx.Client, queue: str, group: str, msgs: list[dict[str, Any]]) -> list[str]:
+    r = c.post(f"{E}/ack", json={"queue": queue, "group": group,
+                                 "acks": [{"id": m["id"]} for m in msgs]})
+    assert r.status_code == 200, r.text
+    return [x["outcome"] for x in r.json()["results"]]
+
+
+def depth(c: httpx.Client, queue: str) -> dict[str, Any]:
+    r = c.get(f"{E}/queues/{queue}/depth")
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def chunks(db_dsn: str, queue: str) -> list[tuple[int, int, int]]:
+    """(messages, live, base % 256) of the queue's chunks, in seq order."""
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        return [tuple(r) for r in conn.execute(
+            "SELECT cardinality(k.payloads), k.live, k.base %% 256 FROM queen.eph_chunks k "
+            "JOIN queen.eph_partitions p ON p.id = k.pid WHERE p.queue = %s ORDER BY k.base",
+            (queue,)).fetchall()]
+
+
+def test_a_push_over_256_spans_chunks_read_in_order_and_freed_by_out_of_order_acks(broker,
+                                                                                   db_dsn):
+    q, c = uq(), broker.client
+    push(c, q, list(range(600)))
+    assert chunks(db_dsn, q) == [(256, 256, 0), (256, 256, 0), (88, 88, 0)]
+    got = [pop(c, q, "g", 150) for _ in range(4)]
+    assert [m["payload"] for batch in got for m in batch] == list(range(600))
+    assert pop(c, q, "g", 10) == []
+    # the second delivery first, then every other message of the first: each ack frees what
+    # it acknowledged, whatever chunk it sits in
+    assert set(ack(c, q, "g", got[1])) == {"acked"}
+    assert depth(c, q)["pending"] == 450
+    assert set(ack(c, q, "g", got[0][::2])) == {"acked"}
+    assert depth(c, q)["pending"] == 375
+    assert chunks(db_dsn, q) == [(256, 75, 0), (256, 212, 0), (88, 88, 0)]
+    # a second ack of the same ids finds nothing: nothing is counted twice
+    assert set(ack(c, q, "g", got[0][::2])) == {"unknown"}
+    assert depth(c, q)["pending"] == 375
+    assert set(ack(c, q, "g", got[0][1::2] + got[2] + got[3])) == {"acked"}
+    d = depth(c, q)
+    assert (d["pending"], d["bytes"]) == (0, 0), d
+    assert chunks(db_dsn, q) == []  # a chunk goes with its last message
+
+
+def test_a_later_group_starts_at_what_is_still_stored_inside_a_chunk(broker, db_dsn):
+    q, c = uq(), broker.client
+    assert pop(c, q, "first", 1) == []  # registered: messages now wait for it
+    push(c, q, [f"m{i}" for i in range(10)])
+    taken = pop(c, q, "first", 10)
+    assert set(ack(c, q, "first", taken[2:5])) == {"acked"}  # m2..m4 leave the chunk
+    assert chunks(db_dsn, q) == [(10, 7, 0)]
+    d = depth(c, q)
+    assert d["pending"] == 7
+    assert d["consumerGroups"] == [{"group": "first", "pending": 0, "inFlight": 7}]
+    later = pop(c, q, "later", 10)
+    assert [m["payload"] for m in later] == ["m0", "m1", "m5", "m6", "m7", "m8", "m9"]
+    assert set(ack(c, q, "later", later)) == {"acked"}
+    # still held by 'first': stored until it acknowledges them too
+    assert depth(c, q)["pending"] == 7
+    assert set(ack(c, q, "first", taken[:2] + taken[5:])) == {"acked"}
+    assert depth(c, q)["pending"] == 0
+    assert chunks(db_dsn, q) == []
+
+
+def test_drop_oldest_cuts_inside_a_chunk_and_redeliveries_read_from_it(broker, db_dsn):
+    q, c = uq(), broker.client
+    r = c.post(f"{E}/configure", json={"queue": q, "options": {
+        "maxLength": 300, "policy": "dropOldest", "retryLimit": 2}})
+    assert r.status_code == 201, r.text
+    push(c, q, list(range(280)))  # a chunk of 256 and one of 24
+    taken = pop(c, q, "g", 5)
+    r = c.post(f"{E}/ack", json={"queue": q, "group": "g", "acks": [
+        {"id": m["id"], "status": "retry"} for m in taken[3:]]})
+    assert [x["outcome"] for x in r.json()["results"]] == ["redelivered"] * 2
+    push(c, q, list(range(1000, 1030)))  # 10 over: the ten oldest go, 3 of them leased
+    d = depth(c, q)
+    assert (d["pending"], d["drops"]["bounds"]) == (300, 10), d
+    assert chunks(db_dsn, q) == [(256, 246, 0), (24, 24, 0), (30, 30, 0)]
+    assert ack(c, q, "g", taken[:3]) == ["unknown"] * 3  # dropped with their delivery
+    again = pop(c, q, "g", 3)
+    assert [m["payload"] for m in again] == [10, 11, 12]  # the retried ones were dropped too
+
+
+def test_010_carries_the_messages_of_009_over(pg_server_dsn, tmp_path: Path):
+    tree = tmp_path / "sql"
+    shutil.copytree(SQL_DIR, tree)
+    (tree / "schema" / "010_ephemeral_chunks.sql").unlink()
+    dsn = make_database(pg_server_dsn)
+    tenant = uuid.UUID(int=0)
+    base = 16384 * 7
+    # a 009 partition: messages base+0..2 and base+5 (3 and 4 acknowledged), base+256..257
+    seqs = [base, base + 1, base + 2, base + 5, base + 256, base + 257]
+    try:
+        apply_migrations(dsn, tree)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("INSERT INTO queen.eph_queues (tenant, queue, epoch) "
+                         "VALUES (%s, 'old', '0123456789abcdef')", (tenant,))
+            conn.execute("INSERT INTO queen.eph_partitions (tenant, queue, partition, id, "
+                         "last_seq) VALUES (%s, 'old', 'p', 42, %s)", (tenant, seqs[-1]))
+            for s in seqs:
+                conn.execute("INSERT INTO queen.eph_messages (tenant, queue, partition, pid, seq,"
+                             " payload, bytes) VALUES (%s, 'old', 'p', 42, %s, %s, %s)",
+                             (tenant, s, f'"m{s - base}"', len(f'"m{s - base}"')))
+            conn.execute("INSERT INTO queen.eph_counts (tenant, queue, slot, depth, bytes) "
+                         "VALUES (%s, 'old', 0, 6, 28)", (tenant,))
+        assert apply_migrations(dsn)[0] == "010_ephemeral_chunks.sql"
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            rows = conn.execute("SELECT base - %s, payloads, sizes, gone::text, live "
+                                "FROM queen.eph_chunks ORDER BY base", (base,)).fetchall()
+            assert rows == [
+                (0, ['"m0"', '"m1"', '"m2"', None, None, '"m5"'], [4, 4, 4, 0, 0, 4],
+                 "{[3,5)}", 4),
+                (256, ['"m256"', '"m257"'], [6, 6], "{}", 2)]
+            row = conn.execute("SELECT messages FROM queen.eph_pop_v1(%s, 'old', NULL, 'g', 10, "
+                               "false)", (tenant,)).fetchone()
+            assert row is not None
+            msgs = orjson.loads(row[0])
+            assert [m["payload"] for m in msgs] == ["m0", "m1", "m2", "m5", "m256", "m257"]
+            ids = [parse_id(m["id"]) for m in msgs]  # the seqs of 009 name the same messages
+            assert [(i[0], i[1]) if i else None for i in ids] == [
+                ("0123456789abcdef", s) for s in seqs]
+    finally:
+        drop_database(pg_server_dsn, dsn)
