@@ -16,7 +16,7 @@ that comes after it must not be stored before it, whichever front worker or inst
   (``SpoolItem.accepted_us``, stamped under this process's lock, so each file is in that
   order) and the drain merges the files by it.
 - Several instances over one database. An instance whose hold begins publishes it in
-  ``queen.spool_holds`` (schema/011) before answering, refreshes it about once a second while
+  ``queen.spool_holds`` (schema/010) before answering, refreshes it about once a second while
   it lasts (a row not refreshed for ``HOLD_TTL_MS`` is ignored: a dead instance blocks nobody
   for long) and withdraws it once drained. Every instance reads the holds with the
   maintenance switches (front workers' listeners, ipc/wakeup.py) onto its board: while

@@ -1,4 +1,4 @@
-"""Ephemeral messages stored by the chunk (schema 010): what the routes show is what a row per
+"""Ephemeral messages stored by the chunk (schema 011): what the routes show is what a row per
 message showed. A push of more than 256 messages spans chunks, acks out of order free exactly
 what they acknowledged, a group that comes later starts at what is still stored even inside a
 chunk, and the migration carries the messages of 009 over.
@@ -123,10 +123,10 @@ def test_drop_oldest_cuts_inside_a_chunk_and_redeliveries_read_from_it(broker, d
     assert [m["payload"] for m in again] == [10, 11, 12]  # the retried ones were dropped too
 
 
-def test_010_carries_the_messages_of_009_over(pg_server_dsn, tmp_path: Path):
+def test_011_carries_the_messages_of_009_over(pg_server_dsn, tmp_path: Path):
     tree = tmp_path / "sql"
     shutil.copytree(SQL_DIR, tree)
-    (tree / "schema" / "010_ephemeral_chunks.sql").unlink()
+    (tree / "schema" / "011_ephemeral_chunks.sql").unlink()
     dsn = make_database(pg_server_dsn)
     tenant = uuid.UUID(int=0)
     base = 16384 * 7
@@ -145,7 +145,7 @@ def test_010_carries_the_messages_of_009_over(pg_server_dsn, tmp_path: Path):
                              (tenant, s, f'"m{s - base}"', len(f'"m{s - base}"')))
             conn.execute("INSERT INTO queen.eph_counts (tenant, queue, slot, depth, bytes) "
                          "VALUES (%s, 'old', 0, 6, 28)", (tenant,))
-        assert apply_migrations(dsn)[0] == "010_ephemeral_chunks.sql"
+        assert apply_migrations(dsn)[0] == "011_ephemeral_chunks.sql"
         with psycopg.connect(dsn, autocommit=True) as conn:
             rows = conn.execute("SELECT base - %s, payloads, sizes, gone::text, live "
                                 "FROM queen.eph_chunks ORDER BY base", (base,)).fetchall()

@@ -1,6 +1,6 @@
 -- ephemeral.sql: ephemeral queues (api.md "Ephemeral queues", routes /api/v1/ephemeral/*) on the
 -- UNLOGGED tables of schema/008_ephemeral.sql, 009_ephemeral_rows.sql and
--- 010_ephemeral_chunks.sql. Python
+-- 011_ephemeral_chunks.sql. Python
 -- (queen_mp/models/ephemeral.py) validates every input first; queen_mp/db/ephemeral_procs.py is
 -- the only caller.
 --

@@ -100,7 +100,7 @@ CREATE OR REPLACE TRIGGER system_settings_changed
     AFTER INSERT OR UPDATE OR DELETE ON queen.system_settings
     FOR EACH STATEMENT EXECUTE FUNCTION queen.settings_changed_v1();
 
--- Spool holds (schema/011_spool_holds.sql): the order of a producer's items across instances
+-- Spool holds (schema/010_spool_holds.sql): the order of a producer's items across instances
 -- while spools drain (docs/architecture.md, "Spool and order").
 --
 -- Functions:

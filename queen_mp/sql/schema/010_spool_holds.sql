@@ -1,4 +1,4 @@
--- 011_spool_holds.sql: which broker instances hold undrained spool records (issue 29, fault 8).
+-- 010_spool_holds.sql: which broker instances hold undrained spool records (issue 29, fault 8).
 --
 -- Tables: queen.spool_holds, one row per instance whose local disk spool holds records that
 -- were answered `buffered` and are not stored yet. Written by that instance

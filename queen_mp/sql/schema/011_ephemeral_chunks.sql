@@ -1,4 +1,4 @@
--- 010_ephemeral_chunks.sql: ephemeral messages stored by the chunk, not by the row (issue 27
+-- 011_ephemeral_chunks.sql: ephemeral messages stored by the chunk, not by the row (issue 27
 -- item 4: "far cheaper than durable queues").
 --
 -- Tables: queen.eph_chunks (new, UNLOGGED) replaces queen.eph_messages (dropped, its rows
