@@ -104,8 +104,9 @@ class Broker:
         self.http = httpx.Client(base_url=self.server.url, timeout=120)
         with psycopg.connect(self.dsn) as conn:
             backend = conn.execute("SELECT pg_backend_pid()").fetchone()
-        assert backend is not None
-        self.postmaster = ppid_of(backend[0])
+            assert backend is not None
+            # while the backend lives: once the connection closes, its /proc entry goes
+            self.postmaster = ppid_of(backend[0])
 
     def cpu(self) -> tuple[dict[int, int], dict[int, int]]:
         return (cpu_ticks(process_tree(self.server.proc.pid)),

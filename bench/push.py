@@ -296,8 +296,9 @@ class RoleCpu:
     def __init__(self, broker_pid: int, dsn: str) -> None:
         with psycopg.connect(dsn) as conn:
             row = conn.execute("SELECT pg_backend_pid()").fetchone()
-        assert row is not None
-        self.broker_pid, self.postmaster = broker_pid, ppid_of(row[0])
+            assert row is not None
+            # while the backend lives: once the connection closes, its /proc entry goes
+            self.broker_pid, self.postmaster = broker_pid, ppid_of(row[0])
 
     @staticmethod
     def _client_s() -> float:
