@@ -3,12 +3,16 @@
 # PostgreSQL and Chromium (the console's browser tests) from Debian's packages when missing, and
 # promtool (Debian's prometheus package) for the alert rule tests; without it those tests skip
 # and say why. ops/ensure-packages.sh installs whatever of them is missing in one apt-get run.
+# `make test` runs the suite in PYTEST_WORKERS processes (pytest-xdist), each test module whole
+# in one of them (--dist loadfile: a module's brokers and databases stay its own, and each
+# process has its own session database and session broker).
 SHELL := /bin/bash
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+PYTEST_WORKERS ?= 2
 
 .PHONY: run test unit integration browser console-shots bench bench-quick lint clean pg-deps \
 	promtool-deps browser-deps test-deps readme-config api-doc chaos
@@ -41,7 +45,7 @@ run: $(STAMP) pg-deps
 
 test: test-deps $(STAMP)
 	$(BIN)/ruff check queen_mp tests bench
-	$(BIN)/python -m pytest --durations=25 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=25 $(PYTEST_ARGS)
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
