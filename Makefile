@@ -5,7 +5,11 @@
 # and say why. ops/ensure-packages.sh installs whatever of them is missing in one apt-get run.
 # `make test` runs the suite in PYTEST_WORKERS processes (pytest-xdist), each test module whole
 # in one of them (--dist loadfile: a module's brokers and databases stay its own, and each
-# process has its own session database and session broker).
+# process has its own session database and session broker), handed out in collection order
+# (--no-loadscope-reorder: xdist's default, most tests first, leaves the slow modules of few
+# tests, the wheel, failover, scale-out and chaos ones, for the end, where one of them can keep
+# one process busy long after the other ran out of work; in collection order the many small
+# unit modules come last).
 SHELL := /bin/bash
 PY ?= python3
 VENV := .venv
@@ -45,7 +49,8 @@ run: $(STAMP) pg-deps
 
 test: test-deps $(STAMP)
 	$(BIN)/ruff check queen_mp tests bench
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=25 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder \
+		--durations=25 $(PYTEST_ARGS)
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
