@@ -9,7 +9,9 @@
 # (--no-loadscope-reorder: xdist's default, most tests first, leaves the slow modules of few
 # tests, the wheel, failover, scale-out and chaos ones, for the end, where one of them can keep
 # one process busy long after the other ran out of work; in collection order the many small
-# unit modules come last).
+# unit modules come last). The reduced fault matrix (tests/chaos) runs after them, alone, as it
+# always did: beside the other process on a loaded machine its SIGTERM fault saw two pushes cut
+# (ReadError) by the graceful stop. Both runs take PYTEST_ARGS; either failing fails the target.
 SHELL := /bin/bash
 PY ?= python3
 VENV := .venv
@@ -49,8 +51,9 @@ run: $(STAMP) pg-deps
 
 test: test-deps $(STAMP)
 	$(BIN)/ruff check queen_mp tests bench
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder \
-		--durations=25 $(PYTEST_ARGS)
+	rc=0; $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder \
+		--ignore=tests/chaos --durations=25 $(PYTEST_ARGS) || rc=$$?; \
+	$(BIN)/python -m pytest tests/chaos --durations=6 $(PYTEST_ARGS) || rc=$$?; exit $$rc
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
