@@ -133,7 +133,9 @@ class Broker:
                     return r.json()
             except httpx.HTTPError:
                 pass
-            time.sleep(0.2)
+            # a refused connection costs nothing: a shorter poll starts each of the suite's
+            # brokers 0.1 s sooner on average
+            time.sleep(0.05)
         raise AssertionError(f"broker not healthy in {timeout}s: {last and last.text}\n"
                              f"{self.log()[-4000:]}")
 

@@ -30,6 +30,10 @@ CHROMIUM = os.environ.get("QUEEN_CHROMIUM", "/usr/bin/chromium")
 SHOTS = os.environ.get("QUEEN_CONSOLE_SHOTS")
 TIMEOUT_MS = 15_000
 VIEWPORT = {"width": 1280, "height": 860}
+# NOTE(queen): expect() has a default of its own (5 s), which the context's default timeout does
+# not change: on a loaded machine (the suite in two processes beside a browser) a message's
+# detail, clicked, had not shown after 5 s (nothing failed in the page)
+playwright_api.expect.set_options(timeout=TIMEOUT_MS)
 
 
 @pytest.fixture(scope="module")

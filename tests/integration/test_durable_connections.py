@@ -352,9 +352,8 @@ def test_every_broker_connection_that_writes_commits_durably(cluster, make_broke
             with cf.ThreadPoolExecutor(2) as pool:
                 # controls: a connection that asks for it waits; one on the default does not
                 phantom_in_force(watch, dsn, pool)
-                started = time.monotonic()
-                pool.submit(txid_probe, dsn, "test probe default").result(timeout=10)
-                assert time.monotonic() - started < 5
+                # (a probe that waited for the phantom standby would wait for ever)
+                pool.submit(txid_probe, dsn, "test probe default").result(timeout=30)
                 assert "test probe default" not in watch.seen
                 seen = _kinds_of_work(broker, watch, dsn, pool, names)
         finally:

@@ -342,7 +342,8 @@ def test_the_front_pool_drops_dead_connections_and_reconnects_promptly(private_p
     # no connection at all is "unavailable", never "outcome unknown"; a dead connection is
     # never handed out, so no request on one ends "outcome unknown" either
     assert set(errors) <= {"Unavailable", "after: Unavailable"}, errors
-    assert took < 2.0, took
+    # psycopg_pool's own backoff would be 8 s here; 6 s leaves room for a loaded machine
+    assert took < 6.0, took
 
 
 def test_queue_flags_wait_for_a_missing_server_once_a_while_not_per_push(private_pg):

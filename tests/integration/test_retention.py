@@ -1,6 +1,8 @@
 """Housekeeping (sql/080_retention.sql, queen_mp/shards/housekeeping.py) against real
 PostgreSQL: time retention, completed retention, never inside a live lease, the sidecar's own
-clock, expired leases, expired KV keys."""
+clock, expired leases, expired KV keys. The `db` database is this module's own: its payloads
+are placeholders no route can decode, which another module's unfiltered listing must never
+meet."""
 
 from __future__ import annotations
 
@@ -12,6 +14,9 @@ import pytest
 import xxhash
 
 from queen_mp.shards.housekeeping import Housekeeping
+from tests.pgharness import module_db_dsn
+
+db_dsn = module_db_dsn  # this module's own database (the docstring says why)
 
 PUSH = ("SELECT queen.log_push_multi_v1(%s::text[], %s::text[], %s::int4[], %s::bytea[],"
         " %s::int8[], %s::bytea[], %s::uuid[])")

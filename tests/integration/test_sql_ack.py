@@ -6,7 +6,9 @@ log_dlq_head_v1 (DLQ filing), log_ack_at_v1 (registry fast path) and log_ack_mul
 
 Data comes from the real push procedure; leases are written straight into log_consumers with
 the lead's conventions (lease_id, worker_id = lease_id::text, lease_expires_at, batch_start,
-batch_end). The `db` database is shared by the session: every test uses its own queue.
+batch_end). The `db` database is this module's own (its payloads are placeholders no route
+can decode, which another module's unfiltered listing must never meet); every test uses its
+own queue.
 """
 
 from __future__ import annotations
@@ -22,6 +24,10 @@ import psycopg
 import pytest
 import xxhash
 from psycopg.rows import dict_row
+
+from tests.pgharness import module_db_dsn
+
+db_dsn = module_db_dsn  # this module's own database (the docstring says why)
 
 DEFAULT_TENANT = uuid.UUID(int=0)
 PUSH_MULTI = (

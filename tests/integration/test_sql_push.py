@@ -4,8 +4,9 @@ life-of-a-push.md sections 4 and 5: log_push_multi_v1 (alignment guard, provisio
 ordered pre-lock, bundle timestamp, per-segment allocator, completeness guard), log_push_one_v1
 (stride check, dedup probe, allocation, two inserts) and log_segment_at_v1.
 
-The `db` / `db_dsn` database is shared by the session, so every test works on its own queue
-names and counts rows by its own queue / partition ids.
+The `db` / `db_dsn` database is this module's own (its payloads are placeholders no route can
+decode, which another module's unfiltered listing must never meet); every test still works on
+its own queue names and counts rows by its own queue / partition ids.
 """
 
 from __future__ import annotations
@@ -19,6 +20,10 @@ from dataclasses import dataclass, field
 import psycopg
 import pytest
 import xxhash
+
+from tests.pgharness import module_db_dsn
+
+db_dsn = module_db_dsn  # this module's own database (the docstring says why)
 
 PUSH_MULTI = (
     "SELECT queen.log_push_multi_v1(%s::text[], %s::text[], %s::int4[], %s::bytea[],"

@@ -115,9 +115,10 @@ def test_timer_fires_once_after_its_delay(broker, db):
     # nothing before its time
     assert pop(broker.client, q) is None
     # a parked pop is woken by the firing
-    got = pop(broker.client, q, wait_ms=8000)
+    got = pop(broker.client, q, wait_ms=30000)
     elapsed = time.monotonic() - t0
-    assert got is not None and 0.9 <= elapsed < 5, elapsed
+    # at the firing, not the pop's 30 s timeout (10 s: room for a loaded machine)
+    assert got is not None and 0.9 <= elapsed < 10, elapsed
     (m,) = got["messages"]
     assert m["id"] == res["messageId"] and m["transactionId"] == "rem-1"
     assert m["data"] == {"total": 30} and m["partition"] == "Default"

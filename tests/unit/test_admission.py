@@ -183,7 +183,7 @@ async def test_budget_timeout_and_cancellation_leave_no_trace():
     assert await b.acquire(90, 1)
     t0 = time.monotonic()
     assert await b.acquire(50, 0.05) is False
-    assert 0.04 < time.monotonic() - t0 < 1
+    assert 0.04 < time.monotonic() - t0 < 10  # its 50 ms hold (10 s: a hang guard)
     assert b.waiting == 0 and b.waiting_bytes == 0 and b.available == 10
     assert await b.acquire(50, 0) is False  # no hold: refused at once
     # a timed-out head must not keep the ones behind it waiting
@@ -271,7 +271,7 @@ async def test_overloaded_is_429_with_retry_after_and_nothing_read():
         assert r.json["retryAfter"] == int(r.headers["Retry-After"])
         assert 1 <= int(r.headers["Retry-After"]) <= 5
         assert r.headers["Retry-After"].isdigit()
-        assert 0.045 * (1 - JITTER) <= waited < 2
+        assert 0.045 * (1 - JITTER) <= waited < 10  # its 50 ms hold (10 s: a hang guard)
         assert "late" not in gate.entered
         # a transaction is refused the same way; KV and timers in their own error shape
         r = await c.simulate_post(TXN, body=b"{}", headers={"X-Tag": "t"})

@@ -294,6 +294,9 @@ def ring_workloads(draw: st.DrawFn) -> tuple[int, list[int], int]:
     return capacity, draw(st.lists(size, min_size=1, max_size=30)), draw(st.integers(0, 2**32))
 
 
+# NOTE(queen): 60 forked readers: 2 s alone, 19 s inside a loaded suite's 1 GB pytest process,
+# too near the module's 20 s hang guard
+@pytest.mark.timeout(120)
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workload=ring_workloads())
 def test_random_sizes_through_small_ring_with_reader_process(
@@ -414,13 +417,13 @@ def test_reader_killed_mid_read_leaves_record_for_next_reader(ring_name: str) ->
         assert ring.read_many(5) == [b"alpha", b"beta"]
 
 
-def test_round_trip_speed(ring_name: str) -> None:
-    record = os.urandom(200)
-    n = 20_000
+def test_round_trips_wrap_the_ring_many_times(ring_name: str) -> None:
+    """20,000 write-read round trips of 200 bytes wrap a 64 KiB ring about 60 times, each
+    record back whole. (Its speed is the benchmark's: bench/hotpath.py; a timed assertion
+    here failed on loaded machines.)"""
+    records = [os.urandom(200) for _ in range(16)]
     with Ring.create(ring_name, 1 << 16) as ring:
-        start = time.perf_counter()
-        for _ in range(n):
-            ring.try_write(record)
-            ring.read()
-        per_op = (time.perf_counter() - start) / n
-    assert per_op < 50e-6  # a few microseconds normally; generous for loaded CI boxes
+        for i in range(20_000):
+            assert ring.try_write(records[i % 16]) is True
+            assert ring.read() == records[i % 16], i
+        assert ring.read() is None
