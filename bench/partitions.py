@@ -100,13 +100,18 @@ class Broker:
         self.server_dsn = server_dsn
         self.dsn = create_database(server_dsn, f"queen_bench_{uuid.uuid4().hex[:8]}_parts")
         self.server: Server = start_queen(tmp, self.dsn, workers=2, shards=1)
-        self.server.wait_ready()
-        self.http = httpx.Client(base_url=self.server.url, timeout=120)
-        with psycopg.connect(self.dsn) as conn:
-            backend = conn.execute("SELECT pg_backend_pid()").fetchone()
-            assert backend is not None
-            # while the backend lives: once the connection closes, its /proc entry goes
-            self.postmaster = ppid_of(backend[0])
+        try:
+            self.server.wait_ready()
+            self.http = httpx.Client(base_url=self.server.url, timeout=120)
+            with psycopg.connect(self.dsn) as conn:
+                backend = conn.execute("SELECT pg_backend_pid()").fetchone()
+                assert backend is not None
+                # while the backend lives: once the connection closes, its /proc entry goes
+                self.postmaster = ppid_of(backend[0])
+        except BaseException:  # no broker left running behind a failed start
+            self.server.stop()
+            drop_database(server_dsn, db_name(self.dsn))
+            raise
 
     def cpu(self) -> tuple[dict[int, int], dict[int, int]]:
         return (cpu_ticks(process_tree(self.server.proc.pid)),
