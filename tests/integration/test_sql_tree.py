@@ -135,7 +135,9 @@ def test_a_database_stopped_inside_the_old_chain_is_refused(legacy, tmp_path, tw
 
 
 def functions_of(dsn: str) -> set[str]:
-    with psycopg.connect(dsn) as conn:
+    """Schema-qualified signatures whatever the role's search_path (the embedded cluster's
+    role is ``queen``, whose "$user" path would drop the ``queen.`` of every name)."""
+    with psycopg.connect(dsn, options="-c search_path=pg_catalog") as conn:
         return {row[0] for row in conn.execute(
             "SELECT oid::regprocedure::text FROM pg_proc"
             " WHERE pronamespace = 'queen'::regnamespace").fetchall()}
