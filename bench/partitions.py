@@ -160,6 +160,18 @@ class Broker:
         drop_database(self.server_dsn, db_name(self.dsn))
 
 
+def pop_stats(partitions: int, times: list[float], before: tuple[dict[int, int], dict[int, int]],
+              after: tuple[dict[int, int], dict[int, int]]) -> PopFigures:
+    """p50/p99 of ``times`` and the broker's and PostgreSQL's CPU per pop between two
+    ``Broker.cpu`` readings."""
+    pops = len(times)
+    times = sorted(times)
+    return PopFigures(
+        partitions, pops, statistics.median(times) * 1e3, times[int(pops * 0.99)] * 1e3,
+        delta_cpu_s(before[0], after[0]) / pops * 1e6,
+        delta_cpu_s(before[1], after[1]) / pops * 1e6)
+
+
 def pop_figures(broker: Broker, queue: str, partitions: int, pops: int) -> PopFigures:
     per = max(1, -(-(pops + 20) // partitions))  # every pop finds a message
     broker.fill(queue, partitions, per)
@@ -171,12 +183,7 @@ def pop_figures(broker: Broker, queue: str, partitions: int, pops: int) -> PopFi
         elapsed, got = broker.pop(queue, autoAck="true")
         assert got == 1, f"a pop on {queue} found {got} messages"
         times.append(elapsed)
-    after = broker.cpu()
-    times.sort()
-    return PopFigures(
-        partitions, pops, statistics.median(times) * 1e3, times[int(len(times) * 0.99)] * 1e3,
-        delta_cpu_s(before[0], after[0]) / pops * 1e6,
-        delta_cpu_s(before[1], after[1]) / pops * 1e6)
+    return pop_stats(partitions, times, before, broker.cpu())
 
 
 def lease_figures(broker: Broker, queue: str, leases: int, pops: int) -> PopFigures:
@@ -194,12 +201,7 @@ def lease_figures(broker: Broker, queue: str, leases: int, pops: int) -> PopFigu
         elapsed, message = broker.leased_pop(queue)
         broker.ack(message)
         times.append(elapsed)
-    after = broker.cpu()
-    times.sort()
-    return PopFigures(
-        partitions, pops, statistics.median(times) * 1e3, times[int(len(times) * 0.99)] * 1e3,
-        delta_cpu_s(before[0], after[0]) / pops * 1e6,
-        delta_cpu_s(before[1], after[1]) / pops * 1e6)
+    return pop_stats(partitions, times, before, broker.cpu())
 
 
 def run(args: argparse.Namespace) -> Figures:
