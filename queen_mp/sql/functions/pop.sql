@@ -584,28 +584,17 @@ BEGIN
         -- that no lease held (it stops early only on a claim or the deadline), so v_wake
         -- already holds the earliest window close and delayed maturity among them; the
         -- held ones free up at their earliest lease expiry (plus retryDelay).
-        IF p_queue IS NOT NULL THEN
-            v_wake := LEAST(v_wake, (
-                SELECT min(c.lease_expires_at) + v_scope.retry_delay
-                FROM queen.log_consumers c
-                WHERE c.queue_id = v_scope.id AND c.consumer_group = p_group
-                  AND c.ready_at IS NOT NULL
-                  AND c.lease_expires_at + v_scope.retry_delay > v_now
-                  AND (p_partition IS NULL OR c.partition_id IN (
-                        SELECT lp.id FROM queen.log_partitions lp
-                        WHERE lp.queue_id = v_scope.id AND lp.name = p_partition))));
-        ELSE
-            v_wake := LEAST(v_wake, (
-                SELECT min(c.lease_expires_at + pq.retry_delay)
-                FROM queen.pop_scope_v4(v_scope_ids, p_group) pq
-                JOIN queen.log_consumers c
-                  ON c.queue_id = pq.id AND c.consumer_group = p_group
-                WHERE c.ready_at IS NOT NULL
-                  AND c.lease_expires_at + pq.retry_delay > v_now
-                  AND (p_partition IS NULL OR c.partition_id IN (
-                        SELECT lp.id FROM queen.log_partitions lp
-                        WHERE lp.queue_id = pq.id AND lp.name = p_partition))));
-        END IF;
+        -- (one query for every kind of scope: a queue pop's scope is its one queue)
+        v_wake := LEAST(v_wake, (
+            SELECT min(c.lease_expires_at + pq.retry_delay)
+            FROM queen.pop_scope_v4(v_scope_ids, p_group) pq
+            JOIN queen.log_consumers c
+              ON c.queue_id = pq.id AND c.consumer_group = p_group
+            WHERE c.ready_at IS NOT NULL
+              AND c.lease_expires_at + pq.retry_delay > v_now
+              AND (p_partition IS NULL OR c.partition_id IN (
+                    SELECT lp.id FROM queen.log_partitions lp
+                    WHERE lp.queue_id = pq.id AND lp.name = p_partition))));
         RETURN QUERY SELECT NULL::text, NULL::int8, NULL::text, NULL::int8, NULL::int8,
             NULL::int4, NULL::timestamptz, NULL::boolean, NULL::int8, NULL::timestamptz,
             NULL::bytea,
