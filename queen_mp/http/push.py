@@ -6,6 +6,7 @@ never stores an item of its body.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import falcon
@@ -24,6 +25,7 @@ from queen_mp.models.items import (
     MAX_ITEMS,
     ClientChunk,
     PushItem,
+    decode_push_items,
     json_item,
     loads_json,
     parse_json_item,
@@ -38,14 +40,26 @@ from queen_mp.wire.binary_push import (
 from queen_mp.wire.ids import uuid7_many, uuid_text
 from queen_mp.wire.times import iso_from_us
 
-__all__ = ["PUSH_PATH", "PushResource", "parse_json_push"]
+__all__ = ["PUSH_PATH", "PushResource", "exact_json_push", "parse_json_push"]
 
 PUSH_PATH = "/api/v1/push"
 
 
-def parse_json_push(body: bytes, producer_sub: str | None = None) -> list[PushItem]:
+def parse_json_push(body: bytes, producer_sub: str | None = None,
+                    message_ids: Callable[[int], list[bytes]] = uuid7_many) -> list[PushItem]:
     """docs/api.md 2.1 items, validated completely before anything is routed; ``producer_sub``
-    (the token's sub) is stamped on every item, whatever the body says."""
+    (the token's sub) is stamped on every item, whatever the body says. ``message_ids`` mints
+    a body's ids (the ids of a whole body under one clock read and one lock, not one each)."""
+    typed = decode_push_items(body, producer_sub, message_ids)
+    if typed is not None:
+        return typed
+    return exact_json_push(body, producer_sub, message_ids)
+
+
+def exact_json_push(body: bytes, producer_sub: str | None,
+                    message_ids: Callable[[int], list[bytes]]) -> list[PushItem]:
+    """The body through ``loads_json`` and ``parse_json_item``: the path that words every
+    refusal, and reads what ``decode_push_items`` leaves to it."""
     try:
         doc = loads_json(body) if body else None
     except (orjson.JSONDecodeError, ValueError) as ex:
@@ -56,8 +70,7 @@ def parse_json_push(body: bytes, producer_sub: str | None = None) -> list[PushIt
     if len(raw_items) > MAX_ITEMS:
         raise InvalidRequest(f"{len(raw_items)} items, over the {MAX_ITEMS} limit",
                              limit=MAX_ITEMS)
-    # PERF(http): the ids of a whole body under one clock read and one lock, not one each.
-    ids = uuid7_many(len(raw_items))
+    ids = message_ids(len(raw_items))
     items = [parse_json_item(it, i, producer_sub, ids[i]) for i, it in enumerate(raw_items)]
     # NOTE(memory): one str per distinct queue and partition name, not one per item, for as
     # long as the request waits for its verdicts.

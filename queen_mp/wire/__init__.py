@@ -57,6 +57,7 @@ from queen_mp.wire.frames import (
     pack_chunk_raw,
     pack_chunk_zstd,
     pack_frame,
+    pack_plain_frame,
     read_frames,
     zstd_compress,
 )
@@ -185,6 +186,7 @@ __all__ = [
     "pack_chunk_raw",
     "pack_chunk_zstd",
     "pack_frame",
+    "pack_plain_frame",
     "parse_binary_push",
     "peek_kind",
     "read_frame_groups",

@@ -38,6 +38,7 @@ __all__ = [
     "pack_chunk_raw",
     "pack_chunk_zstd",
     "pack_frame",
+    "pack_plain_frame",
     "read_frames",
     "zstd_compress",
 ]
@@ -160,6 +161,18 @@ def pack_frame(
         # PERF(wire): the common frame is one join: a single copy of the payload.
         return b"".join((head, transaction_id_bytes, payload_bytes))
     return b"".join((head, transaction_id_bytes, _U16.pack(len(sub)), sub, payload_bytes))
+
+
+def pack_plain_frame(message_id: bytes, transaction_id_bytes: bytes,
+                     payload_bytes: bytes | bytearray | memoryview) -> bytes:
+    """``pack_frame`` of a frame with no flags, for a caller that minted the 16-byte id and
+    bounded the transactionId (1..1024 bytes) itself.
+
+    PERF(wire): a typed push body's items skip the checks and keyword arguments, one call each.
+    """
+    tlen = len(transaction_id_bytes)
+    return b"".join((_HEAD.pack(19 + tlen + len(payload_bytes), 0, message_id, tlen),
+                     transaction_id_bytes, payload_bytes))
 
 
 def _read_frame(view: memoryview, at: int, end: int, index: int) -> Frame:

@@ -1,0 +1,152 @@
+"""The typed push decoder (``decode_push_items``) reads a body as the exact path does, or
+leaves it to that path: never an item the exact path would refuse or read otherwise."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import msgspec
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from queen_mp.http.errors import ApiError
+from queen_mp.http.push import exact_json_push
+from queen_mp.models.errors import RequestError
+from queen_mp.models.items import PushItem, decode_push_items
+from queen_mp.wire.errors import WireError
+from queen_mp.wire.frames import iter_frames
+
+
+def ids(n: int) -> list[bytes]:
+    return [i.to_bytes(16, "big") for i in range(1, n + 1)]
+
+
+def frame_fields(it: PushItem, canonical: bool = False) -> tuple[object, ...]:
+    """The frame's fields; ``canonical``: the payload as the exact path writes it (orjson's
+    spelling of its numbers), after checking that it is compact JSON text."""
+    f = next(iter_frames(it.frame))
+    payload = bytes(f.payload)
+    if canonical and payload:
+        assert msgspec.json.format(payload, indent=-1) == payload
+        payload = orjson.dumps(orjson.loads(payload))
+    return (f.message_id, f.trace_id, f.transaction_id, f.producer_sub, f.flags, payload)
+
+
+def item_fields(it: PushItem, canonical: bool = False) -> tuple[object, ...]:
+    return (it.queue, it.partition, it.transaction_id, it.message_id, it.trace_id, it.chunk,
+            it.producer_sub, frame_fields(it, canonical))
+
+
+def same_reading(body: bytes, sub: str | None = None) -> list[PushItem] | None:
+    """The typed items of ``body`` (None: left to the exact path), checked against it."""
+    typed = decode_push_items(body, sub, ids)
+    try:
+        exact = exact_json_push(body, sub, ids)
+    except (ApiError, RequestError, WireError):
+        assert typed is None, "the typed path took a body the exact path refuses"
+        return None
+    if typed is not None:
+        assert [item_fields(i, True) for i in typed] == [item_fields(i) for i in exact]
+    return typed
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(1 << 70), 1 << 70)
+    | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=12),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner,
+                                                                 max_size=4),
+    max_leaves=12)
+NAME = st.one_of(st.sampled_from(["orders", "q.ns/task", "", "p-1", "a" * 300, "é", "x\x01"]),
+                 st.text(max_size=8), st.integers(), st.none())
+TRACE = st.one_of(st.none(), st.just(str(uuid.UUID(int=7))), st.text(max_size=40),
+                  st.integers())
+GOOD_NAME = st.sampled_from(["orders", "q.ns", "é", "Default"])
+GOOD_ITEM = st.fixed_dictionaries({"queue": GOOD_NAME}, optional={
+    "partition": st.one_of(GOOD_NAME, st.just(""), st.none()),
+    "transactionId": st.one_of(st.text(max_size=8), st.none()),
+    "traceId": st.one_of(st.none(), st.just(str(uuid.UUID(int=7)))),
+    "payload": JSON, "data": JSON, "producerSub": st.text(max_size=4)})
+ANY_ITEM = st.fixed_dictionaries({}, optional={
+    "queue": NAME, "partition": NAME, "transactionId": st.one_of(NAME, st.just("t" * 1100)),
+    "traceId": TRACE, "payload": JSON, "data": JSON, "producerSub": st.text(max_size=4)})
+# bodies of valid items (most take the typed path) and bodies that mix in anything
+ITEMS = st.one_of(st.lists(GOOD_ITEM, max_size=6),
+                  st.lists(st.one_of(GOOD_ITEM, ANY_ITEM), max_size=6))
+
+
+def dump(doc: object, style: int) -> bytes:
+    """Three spellings of one document: orjson's, Python's default, Python's UTF-8 one."""
+    if style == 0:
+        try:
+            return orjson.dumps(doc)
+        except TypeError:  # an integer beyond 64 bits
+            return json.dumps(doc, separators=(",", ":")).encode()
+    return json.dumps(doc, ensure_ascii=style == 1).encode("utf-8", "surrogatepass")
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(items=ITEMS, style=st.integers(0, 2),
+       sub=st.one_of(st.none(), st.just("alice")))
+def test_generated_bodies_are_read_alike(items: list[dict[str, object]], style: int,
+                                         sub: str | None) -> None:
+    same_reading(dump({"items": items}, style), sub)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(body=st.binary(max_size=80), at=st.integers(0, 200))
+def test_hostile_bytes_inside_a_valid_body_are_read_alike(body: bytes, at: int) -> None:
+    base = orjson.dumps({"items": [{"queue": "orders", "payload": {"a": [1, 2.5, "x"]}}]})
+    at = min(at, len(base))
+    same_reading(base[:at] + body + base[at:])
+
+
+def test_common_bodies_take_the_typed_path() -> None:
+    doc = {"items": [{"queue": "orders", "partition": "p-1", "transactionId": "t-1",
+                      "payload": {"producer": "p", "seq": 12, "x": [1.5, None, True]}},
+                     {"queue": "orders", "data": "text"},
+                     {"queue": "orders", "traceId": str(uuid.UUID(int=9)), "payload": None},
+                     {"queue": "orders", "partition": "", "payload": "é \u2603"}]}
+    for style in (0, 1, 2):
+        typed = same_reading(dump(doc, style), "alice")
+        assert (typed is not None) == (style != 1), style  # Python's default writes \\u00e9
+        if typed is None:
+            continue
+        assert [i.partition for i in typed] == ["p-1", "Default", "Default", "Default"]
+        assert typed[0].queue is typed[1].queue  # one str per distinct name
+
+
+def test_a_payload_is_stored_compact_with_its_numbers_as_written() -> None:
+    body = b'{"items":[{"queue":"q","payload": {"a": 2.50, "b": [1E2, "x y"]} }]}'
+    typed = decode_push_items(body, None, ids)
+    assert typed is not None
+    assert bytes(next(iter_frames(typed[0].frame)).payload) == b'{"a":2.50,"b":[1E2,"x y"]}'
+
+
+@pytest.mark.parametrize("payload", [
+    b"1e400", b"-2E+308", b"1.5e0309", b"12345678901234567890", b"123456789012345678901.5",
+    b'"\\ud800"', b'"\\u00e9"', b'"a\\/b"', b'"\xff"', b'"\xed\xa0\x80"', b"NaN",
+    b"[" * 1100 + b"]" * 1100, b"[" * 600 + b"{}" * 500 + b"]" * 600])
+def test_what_may_not_fit_or_is_not_json_goes_to_the_exact_path(payload: bytes) -> None:
+    body = b'{"items":[{"queue":"q","payload":' + payload + b"}]}"
+    assert decode_push_items(body, None, ids) is None
+    same_reading(body)
+
+
+def test_many_shallow_payloads_take_the_typed_path() -> None:
+    body = orjson.dumps({"items": [{"queue": "q", "payload": [[{"a": [1]}]]}] * 400})
+    typed = same_reading(body)
+    assert typed is not None and len(typed) == 400
+
+
+def test_refusals_are_the_exact_paths() -> None:
+    for body in (b"", b"[]", b'{"items":{}}', b'{"items":[1]}', b'{"items":[{"queue":1}]}',
+                 b'{"items":[{"queue":"a/b"}]}',
+                 b'{"items":[{"queue":"q","partition":"a/b"},{"queue":"a/b"}]}',
+                 b'{"items":[{"queue":"q","traceId":"x"}]}',
+                 b'{"items":[{"queue":"q","transactionId":"' + b"t" * 1100 + b'"}]}'):
+        assert decode_push_items(body, None, ids) is None
+        with pytest.raises((ApiError, RequestError, WireError)):
+            exact_json_push(body, None, ids)
