@@ -148,7 +148,7 @@ class AckPath:
         self.resource = AckBatchResource.__new__(AckBatchResource)
 
     def __call__(self) -> bytes:
-        items = self.resource.items(orjson.loads(self.body))
+        items = self.resource.parse(self.body)
         outcomes = [AckOutcome(item) for item in items]
         lease = items[0].lease_id
         assert lease is not None

@@ -19,7 +19,13 @@ import orjson
 
 from queen_mp.crypto import PayloadCipher
 from queen_mp.db.pop_procs import Claim
-from queen_mp.wire.frames import FLAG_ENCRYPTED, Frame, decode_chunk, iter_chunks, iter_frames
+from queen_mp.wire.frames import (
+    FLAG_ENCRYPTED,
+    decode_chunk,
+    frame_rows,
+    iter_chunks,
+    iter_frames,
+)
 from queen_mp.wire.hashing import txn_hash_bytes
 from queen_mp.wire.times import iso_ms
 
@@ -78,18 +84,17 @@ def _claimed_chunks(claim: Claim, max_chunk: int
             offset += chunk.count
 
 
-def _plain_payload(claim: Claim, offset: int, frame: Frame, cipher: PayloadCipher | None
-                   ) -> bytes:
-    """The frame's payload, decrypted when the frame is encrypted."""
-    payload = bytes(frame.payload)
-    if not frame.flags & FLAG_ENCRYPTED:
-        return payload
+def _plain_payload(claim: Claim, offset: int, flags: int, payload: memoryview,
+                   cipher: PayloadCipher | None) -> bytes:
+    """A frame's payload, decrypted when the frame (its ``flags``) is encrypted."""
+    if not flags & FLAG_ENCRYPTED:
+        return bytes(payload)
     if cipher is None:
         raise Undeliverable(
             f"message at offset {offset} of partition {claim.partition_id}"
             " is encrypted and this broker has no key (no QUEEN_ENCRYPTION_KEY nor key file)")
     try:
-        return cipher.decrypt(payload)
+        return cipher.decrypt(bytes(payload))
     except Exception as ex:
         raise Undeliverable(
             f"message at offset {offset} of partition "
@@ -107,7 +112,7 @@ def unpack_messages(claim: Claim, cipher: PayloadCipher | None, max_chunk: int, 
                 break
             encrypted = bool(frame.flags & FLAG_ENCRYPTED)
             if decrypt:
-                payload = _plain_payload(claim, offset, frame, cipher)
+                payload = _plain_payload(claim, offset, frame.flags, frame.payload, cipher)
                 encrypted = False
             else:
                 payload = bytes(frame.payload)
@@ -163,17 +168,16 @@ def json_messages(claim: Claim, lease_id: str | None, group: str, cipher: Payloa
     for offset, created, frames, before in _claimed_chunks(claim, max_chunk):
         if created != stamped:  # PERF(pop): one rendering per distinct segment time
             stamped, stamp = created, dumps(iso_ms(created))
-        for frame in iter_frames(frames, skip=before):
+        for mid, trace, txn, txn_raw, sub, flags, payload in frame_rows(frames, skip=before):
             if offset > end:
                 break
-            payload = (_plain_payload(claim, offset, frame, cipher) if frame.flags
-                       else frame.payload)
-            remember(txn_hash_bytes(frame.transaction_id_bytes))
-            trace = frame.trace_id
+            if flags:
+                payload = _plain_payload(claim, offset, flags, payload, cipher)
+            remember(txn_hash_bytes(txn_raw))
             append(template % (
-                _uuid_json(frame.message_id), dumps(frame.transaction_id),
-                _uuid_json(trace) if trace else b"null", payload if payload else b"null",
-                dumps(frame.producer_sub), stamp, offset))
+                _uuid_json(mid), dumps(txn), _uuid_json(trace) if trace else b"null",
+                payload if payload else b"null", b"null" if sub is None else dumps(sub), stamp,
+                offset))
             offset += 1
     return out
 

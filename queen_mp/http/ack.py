@@ -26,7 +26,7 @@ from queen_mp.http.errors import (
     Timeout,
     Unavailable,
 )
-from queen_mp.models.items import parse_ack_item
+from queen_mp.models.items import decode_ack_items, parse_ack_item
 
 __all__ = ["MAX_BODY", "AckBatchResource", "AckResource"]
 
@@ -42,6 +42,8 @@ def _load(body: bytes) -> Any:
 
 
 class _AckBase:
+    batch = False  # the body is docs/api.md 2.4's object of acknowledgments, not one ack
+
     def __init__(self, worker: FrontWorker) -> None:
         self.worker = worker
 
@@ -50,7 +52,7 @@ class _AckBase:
 
     async def answer(self, body: bytes, tenant: bytes) -> Answer:
         """The answer to the ack ``body`` of ``tenant``."""
-        items = self.items(_load(body))
+        items = self.parse(body)
         try:
             outcomes, results = await self.worker.acker.ack(tenant, items)
         except DatabaseError as ex:
@@ -69,7 +71,13 @@ class _AckBase:
                               results=body_items)
         return Answer(200, orjson.dumps(body_items))
 
+    def parse(self, body: bytes) -> list[AckItem]:
+        """Every item of ``body``, checked before anything is applied."""
+        items = decode_ack_items(body, self.batch, MAX_ACKS)
+        return items if items is not None else self.items(_load(body))
+
     def items(self, doc: Any) -> list[AckItem]:
+        """The exact reading of a parsed body (``decode_ack_items`` left it to this)."""
         raise NotImplementedError
 
 
@@ -79,6 +87,8 @@ class AckResource(_AckBase):
 
 
 class AckBatchResource(_AckBase):
+    batch = True
+
     def items(self, doc: Any) -> list[AckItem]:
         if not isinstance(doc, dict):
             raise InvalidRequest("the body must be an object with acknowledgments")

@@ -39,6 +39,7 @@ __all__ = [
     "QUEUE_MODE",
     "ClientChunk",
     "PushItem",
+    "decode_ack_items",
     "decode_push_items",
     "dumps_json",
     "json_item",
@@ -244,6 +245,20 @@ _MAX_DEPTH = 1024  # orjson's
 _UNSET = msgspec.UNSET
 
 
+def _orjson_reads_alike(body: bytes) -> bool:
+    """Whether nothing in ``body`` is what msgspec reads (or skips, or keeps raw) but orjson
+    refuses: invalid UTF-8, a number that may not fit a double (a run of 19 digits, an
+    exponent of 3 digits). Nesting is the caller's: msgspec's limit is Python's recursion
+    limit, orjson's is _MAX_DEPTH."""
+    if not body.isascii():
+        try:
+            body.decode("utf-8")
+        except UnicodeDecodeError:
+            return False
+    shapes = body.translate(_NUMBER_SHAPES)
+    return _LONG_RUN not in shapes and _BIG_EXPONENT not in shapes
+
+
 def _brackets(raw: msgspec.Raw) -> int:
     text = bytes(raw)
     return text.count(b"[") + text.count(b"{")
@@ -263,18 +278,10 @@ def decode_push_items(body: bytes, producer_sub: str | None,
     Left to the exact path: what msgspec accepts but orjson refuses (invalid UTF-8, a number
     that may not fit a double: a run of 19 digits, an exponent of 3 digits) and the escapes
     orjson writes out (``\\u``, ``\\/``), so stored strings are what the exact path stores."""
-    if not body:
+    if not body or not _orjson_reads_alike(body):
         return None
-    if not body.isascii():
-        try:
-            body.decode("utf-8")
-        except UnicodeDecodeError:
-            return None
     # PERF(http): one-byte searches are memchr; most bodies have no escape at all
     if b"\\" in body and (b"\\u" in body or b"\\/" in body):
-        return None
-    shapes = body.translate(_NUMBER_SHAPES)
-    if _LONG_RUN in shapes or _BIG_EXPONENT in shapes:
         return None
     try:
         if b" " in body or b"\n" in body or b"\t" in body or b"\r" in body:
@@ -401,6 +408,85 @@ def parse_ack_item(doc: Any, index: int, default_group: str | None) -> AckItem:
     if error is not None and "\x00" in error:  # PostgreSQL text cannot hold it
         raise InvalidRequest("error contains a NUL character", field="error", index=index)
     return AckItem(index, txn, partition_id, status, parse_group(group), lease_id, error)
+
+
+class _TypedAck(msgspec.Struct):
+    """An acknowledgment as ``decode_ack_items`` reads it."""
+
+    transactionId: str
+    partitionId: str | int
+    status: str = "completed"
+    consumerGroup: str | msgspec.UnsetType | None = msgspec.UNSET
+    leaseId: str | None = None
+    error: str | None = None
+
+
+class _TypedAckBatch(msgspec.Struct):
+    acknowledgments: list[_TypedAck]
+    consumerGroup: str | None = None
+
+
+_ACK_BATCH = msgspec.json.Decoder(_TypedAckBatch)
+_ACK_ONE = msgspec.json.Decoder(_TypedAck)
+_STATUS_OF = {s: s for s in STATUSES} | {"success": "completed"}
+
+
+def decode_ack_items(body: bytes, batch: bool, max_acks: int) -> list[AckItem] | None:
+    """The items of an ack body (docs/api.md 2.3 one object, 2.4 ``batch``), or None when the
+    exact path (orjson + ``parse_ack_item``) must decide; it words every refusal.
+
+    PERF(ack): a typed decode, and what a batch's items share (the partition id text, the
+    group, the lease) read once a body: ``parse_ack_item`` was two thirds of a 100-item ack
+    batch's in-process instructions."""
+    if not body or not _orjson_reads_alike(body) or (
+            sys.getrecursionlimit() > _MAX_DEPTH
+            and body.count(b"[") + body.count(b"{") > _MAX_DEPTH):
+        return None
+    try:
+        if batch:
+            doc = _ACK_BATCH.decode(body)
+            acks, default_group = doc.acknowledgments, doc.consumerGroup
+        else:
+            acks, default_group = [_ACK_ONE.decode(body)], None
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    if len(acks) > max_acks:
+        return None
+    partitions: dict[str | int, int] = {}
+    groups: dict[str | None, str] = {}
+    leases: dict[str, uuid.UUID] = {}
+    items: list[AckItem] = []
+    append = items.append
+    unset = msgspec.UNSET
+    try:
+        for index, a in enumerate(acks):
+            txn = a.transactionId
+            if not txn or (len(txn) > MAX_TXN_BYTES // 4
+                           and len(txn.encode("utf-8")) > MAX_TXN_BYTES):
+                return None
+            partition_id = partitions.get(a.partitionId)
+            if partition_id is None:
+                partition_id = partitions[a.partitionId] = parse_partition_id(a.partitionId,
+                                                                               index)
+            status = _STATUS_OF.get(a.status)
+            if status is None:
+                return None
+            raw_group = default_group if a.consumerGroup is unset else a.consumerGroup
+            group = groups.get(raw_group)
+            if group is None:
+                group = groups[raw_group] = parse_group(raw_group)
+            lease_id = None
+            if a.leaseId:
+                lease_id = leases.get(a.leaseId)
+                if lease_id is None:
+                    lease_id = leases[a.leaseId] = _lease_uuid(a.leaseId)
+            error = a.error
+            if error is not None and "\x00" in error:
+                return None
+            append(AckItem(index, txn, partition_id, status, group, lease_id, error))
+    except (RequestError, ValueError):  # wire.errors are ValueErrors
+        return None
+    return items
 
 
 def path_partition_id(raw: str) -> int:

@@ -29,9 +29,11 @@ __all__ = [
     "MIN_BODY_LEN",
     "Chunk",
     "Frame",
+    "FrameRow",
     "check_transaction_id",
     "decode_chunk",
     "decompress_bounded",
+    "frame_rows",
     "iter_chunks",
     "iter_frames",
     "pack_chunk",
@@ -359,6 +361,52 @@ def iter_frames(buf: bytes | bytearray | memoryview, *, first_index: int = 0,
         frame = _read_frame(view, at, end, index)
         yield frame
         at += len(frame.raw)
+        index += 1
+
+
+#: (message id, trace id, transactionId, its UTF-8 bytes, producerSub, flags, payload)
+FrameRow = tuple[bytes, bytes | None, str, memoryview, str | None, int, memoryview]
+
+
+def frame_rows(buf: bytes | bytearray | memoryview, *, skip: int = 0) -> Iterator[FrameRow]:
+    """``iter_frames``' fields as tuples, checked as it checks them.
+
+    PERF(wire): a pop renders every message it delivers from these fields alone; a Frame per
+    message (its __init__, the transactionId bytes property) was a third of a 100-message
+    JSON pop's instructions. A frame with flags, or one whose head does not check out, takes
+    ``iter_frames``' own reading (which words the error)."""
+    view = _view(buf)
+    end = len(view)
+    at = 0
+    index = 0
+    if skip:
+        for frame in iter_frames(view, skip=skip):
+            at, index = frame.offset, skip
+            break
+        else:
+            return
+    unpack = _HEAD.unpack_from
+    while at < end:
+        if end - at >= 4 + MIN_BODY_LEN:
+            body_len, flags, message_id, tlen = unpack(view, at)
+            stop = at + 4 + body_len
+            p = at + 23 + tlen
+            if (not flags and body_len >= MIN_BODY_LEN and stop <= end
+                    and 0 < tlen <= MAX_TXN_BYTES and p <= stop):
+                txn = view[at + 23:p]
+                try:
+                    text = str(txn, "utf-8")
+                except UnicodeDecodeError:
+                    text = None
+                if text is not None:
+                    yield message_id, None, text, txn, None, 0, view[p:stop]
+                    at = stop
+                    index += 1
+                    continue
+        f = _read_frame(view, at, end, index)
+        yield (f.message_id, f.trace_id, f.transaction_id, f.transaction_id_bytes,
+               f.producer_sub, f.flags, f.payload)
+        at += len(f.raw)
         index += 1
 
 

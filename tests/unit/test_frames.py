@@ -24,6 +24,7 @@ from queen_mp.wire import (
     WireError,
     decode_chunk,
     decompress_bounded,
+    frame_rows,
     iter_chunks,
     iter_frames,
     pack_chunk,
@@ -130,6 +131,17 @@ def test_skipped_frames_are_stepped_over_to_the_same_frames(frames: list[tuple],
                                                         for f in whole[skip:]]
 
 
+@settings(max_examples=150, deadline=None)
+@given(frames=st.lists(_frame_args, max_size=8), skip=st.integers(0, 10))
+def test_frame_rows_are_the_frames_fields(frames: list[tuple], skip: int) -> None:
+    blob = b"".join(pack_frame(*args) for args in frames)
+    rows = [(mid, trace, txn, bytes(raw), sub, flags, bytes(payload))
+            for mid, trace, txn, raw, sub, flags, payload in frame_rows(blob, skip=skip)]
+    assert rows == [(f.message_id, f.trace_id, f.transaction_id, bytes(f.transaction_id_bytes),
+                     f.producer_sub, f.flags, bytes(f.payload))
+                    for f in iter_frames(blob, skip=skip)]
+
+
 def test_a_truncated_frame_is_bad_frame_when_skipped_too() -> None:
     frame = pack_frame(MID, b"txn", b"[1]", trace_id=TRACE, producer_sub="sub")
     whole = frame + frame
@@ -187,6 +199,11 @@ def test_frame_field_errors(blob: bytes, error: type[WireError], field: str) -> 
     assert info.value.field == field
     assert info.value.index == 3
     assert info.value.raw is not None
+    good = pack_frame(MID, b"t", b"{}")
+    with pytest.raises(error) as info:
+        list(frame_rows(good + blob))  # after a frame it reads itself
+    assert info.value.field == field
+    assert info.value.index == 1
 
 
 def test_read_frames_wants_exactly_count_frames() -> None:

@@ -1,0 +1,108 @@
+"""The typed ack decoder (``decode_ack_items``) reads a body as the exact path does
+(``parse_ack_item``), or leaves it to that path: never an item it would refuse or read
+otherwise."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from queen_mp.db.ack_procs import AckItem
+from queen_mp.http.ack import MAX_ACKS, AckBatchResource, AckResource, _load
+from queen_mp.http.errors import ApiError
+from queen_mp.models.errors import RequestError
+from queen_mp.models.items import decode_ack_items
+from queen_mp.wire.errors import WireError
+
+LEASE = str(uuid.UUID(int=42))
+
+
+def exact(body: bytes, batch: bool) -> list[AckItem]:
+    resource = (AckBatchResource if batch else AckResource).__new__(
+        AckBatchResource if batch else AckResource)
+    return resource.items(_load(body))
+
+
+def same_reading(body: bytes, batch: bool) -> list[AckItem] | None:
+    typed = decode_ack_items(body, batch, MAX_ACKS)
+    try:
+        want = exact(body, batch)
+    except (ApiError, RequestError, WireError):
+        assert typed is None, "the typed path took a body the exact path refuses"
+        return None
+    if typed is not None:
+        assert typed == want
+    return typed
+
+
+GOOD_ACK = st.fixed_dictionaries(
+    {"transactionId": st.text(min_size=1, max_size=8),
+     "partitionId": st.one_of(st.sampled_from(["7", "12", "007"]), st.integers(1, 99))},
+    optional={"status": st.sampled_from(["completed", "success", "failed", "retry", "dlq"]),
+              "consumerGroup": st.one_of(st.none(), st.sampled_from(["", "g1", "null"])),
+              "leaseId": st.one_of(st.none(), st.just(""), st.just(LEASE), st.just("x")),
+              "error": st.one_of(st.none(), st.text(max_size=6)), "other": st.integers()})
+ANY = st.one_of(st.none(), st.booleans(), st.integers(-(1 << 70), 1 << 70), st.text(max_size=6),
+                st.floats(allow_nan=False, allow_infinity=False), st.just([1]), st.just({}))
+ANY_ACK = st.fixed_dictionaries({}, optional={
+    "transactionId": ANY, "partitionId": ANY, "status": ANY, "consumerGroup": ANY,
+    "leaseId": ANY, "error": ANY})
+ACKS = st.one_of(st.lists(GOOD_ACK, max_size=5),
+                 st.lists(st.one_of(GOOD_ACK, ANY_ACK), max_size=5))
+
+
+def dump(doc: object, style: int) -> bytes:
+    if style == 0:
+        try:
+            return orjson.dumps(doc)
+        except TypeError:  # an integer beyond 64 bits
+            return json.dumps(doc).encode()
+    return json.dumps(doc, ensure_ascii=style == 1).encode("utf-8", "surrogatepass")
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(acks=ACKS, group=st.one_of(st.none(), st.just("g2"), ANY), style=st.integers(0, 2),
+       whole=st.booleans())
+def test_generated_batches_are_read_alike(acks: list[dict[str, object]], group: object,
+                                          style: int, whole: bool) -> None:
+    doc = {"acknowledgments": acks, "consumerGroup": group} if whole else {"acknowledgments":
+                                                                              acks}
+    same_reading(dump(doc, style), True)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+@given(ack=st.one_of(GOOD_ACK, ANY_ACK), style=st.integers(0, 2))
+def test_generated_single_acks_are_read_alike(ack: dict[str, object], style: int) -> None:
+    same_reading(dump(ack, style), False)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+@given(body=st.binary(max_size=60), at=st.integers(0, 150))
+def test_hostile_bytes_inside_a_valid_batch_are_read_alike(body: bytes, at: int) -> None:
+    base = orjson.dumps({"acknowledgments": [
+        {"transactionId": "t-1", "partitionId": "7", "leaseId": LEASE}]})
+    at = min(at, len(base))
+    same_reading(base[:at] + body + base[at:], True)
+
+
+def test_a_client_batch_takes_the_typed_path() -> None:
+    body = orjson.dumps({"acknowledgments": [
+        {"transactionId": f"t-{i}", "partitionId": "7", "leaseId": LEASE,
+         "status": "completed" if i else "success", "consumerGroup": "g"} for i in range(50)]})
+    typed = same_reading(body, True)
+    assert typed is not None and len(typed) == 50
+    assert {(i.partition_id, i.group, i.status) for i in typed} == {(7, "g", "completed")}
+
+
+@pytest.mark.parametrize("extra", [b"1e400", b"12345678901234567890123", b'"\xff"',
+                                   b"[" * 1100 + b"]" * 1100])
+def test_what_orjson_refuses_anywhere_goes_to_the_exact_path(extra: bytes) -> None:
+    body = (b'{"acknowledgments":[{"transactionId":"t","partitionId":"7"}],"x":' + extra
+            + b"}")
+    assert decode_ack_items(body, True, MAX_ACKS) is None
+    same_reading(body, True)
