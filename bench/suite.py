@@ -1463,7 +1463,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="NATS JetStream of the nats arm (nats://127.0.0.1:4222)")
     ap.add_argument("--nats-server", default=DEFAULT_NATS_SERVER,
                     help="nats-server binary of the nats-fsync arm's private server "
-                         "(/usr/sbin/nats-server; sync_interval: always needs 2.10 or later)")
+                         "(the venv's, from the bench extra, else /usr/sbin/nats-server; "
+                         "sync_interval: always needs 2.10 or later)")
     ap.add_argument("--embedded", action=argparse.BooleanOptionalAction, default=True,
                     help="run every arm on a private PostgreSQL cluster started for the run "
                          "(default; --no-embedded uses --server-dsn)")
