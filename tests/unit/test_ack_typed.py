@@ -4,7 +4,6 @@ otherwise."""
 
 from __future__ import annotations
 
-import json
 import uuid
 
 import orjson
@@ -18,6 +17,7 @@ from queen_mp.http.errors import ApiError
 from queen_mp.models.errors import RequestError
 from queen_mp.models.items import decode_ack_items
 from queen_mp.wire.errors import WireError
+from tests.unit.test_push_typed import dump  # three spellings of one document
 
 LEASE = str(uuid.UUID(int=42))
 
@@ -54,15 +54,6 @@ ANY_ACK = st.fixed_dictionaries({}, optional={
     "leaseId": ANY, "error": ANY})
 ACKS = st.one_of(st.lists(GOOD_ACK, max_size=5),
                  st.lists(st.one_of(GOOD_ACK, ANY_ACK), max_size=5))
-
-
-def dump(doc: object, style: int) -> bytes:
-    if style == 0:
-        try:
-            return orjson.dumps(doc)
-        except TypeError:  # an integer beyond 64 bits
-            return json.dumps(doc).encode()
-    return json.dumps(doc, ensure_ascii=style == 1).encode("utf-8", "surrogatepass")
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
