@@ -63,8 +63,8 @@ def test_ack_ids_parse_and_statuses_default_to_completed():
         {"id": "garbage"}, {"id": "0123456789ABCDEF-1-1"}, {"id": "0123456789abcdef-1-1-1"}]})
     assert ack.group == m.QUEUE_MODE
     assert ack.statuses == ("retry", "completed", "completed", "completed")
-    assert ack.parsed() == (["0123456789abcdef", None, None, None], [42, None, None, None],
-                            [2, None, None, None])
+    assert (ack.epochs, ack.seqs, ack.deliveries) == (
+        ("0123456789abcdef", None, None, None), (42, None, None, None), (2, None, None, None))
     for bad in ({"id": "x\x00"}, {"id": ""}, {"id": "x" * 65}, {"id": "x", "status": "ok"},
                 {"id": "x", "error": 5}, "x"):
         with pytest.raises(InvalidRequest):
