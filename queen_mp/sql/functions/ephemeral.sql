@@ -1,6 +1,6 @@
 -- ephemeral.sql: ephemeral queues (api.md "Ephemeral queues", routes /api/v1/ephemeral/*) on the
--- UNLOGGED tables of schema/008_ephemeral.sql, 009_ephemeral_rows.sql and
--- 011_ephemeral_chunks.sql. Python
+-- UNLOGGED tables of schema/008_ephemeral.sql, 009_ephemeral_rows.sql, 011_ephemeral_chunks.sql
+-- and 012_ephemeral_uncompressed.sql. Python
 -- (queen_mp/models/ephemeral.py) validates every input first; queen_mp/db/ephemeral_procs.py is
 -- the only caller.
 --
@@ -745,8 +745,9 @@ BEGIN
                         ORDER BY c.base LIMIT 1) k
                  WHERE w.got < v_need)
             SELECT array_agg(w.base) INTO v_bases FROM w;
-            SELECT array_agg(x.seq ORDER BY x.seq),
-                   string_agg(v_head || x.seq || v_tail || x.payload || '}', ',' ORDER BY x.seq)
+            -- PERF(eph): the aggregates take the rows in the subquery's order (a plain scan
+            -- of its sorted output): an ORDER BY of their own sorted them twice more
+            SELECT array_agg(x.seq), string_agg(v_head || x.seq || v_tail || x.payload || '}', ',')
               INTO v_taken, v_json
               FROM (SELECT c.base + m.i - 1 AS seq, m.payload
                       FROM queen.eph_chunks c
@@ -844,7 +845,6 @@ DECLARE
     r record;
 BEGIN
     v_epoch := queen.eph_enter_v1(p_tenant, p_queue);
-    v_retry := (queen.eph_options_v1(p_tenant, p_queue) ->> 'retryLimit')::int4;
     -- PERF(eph): the usual ack, every message still held by one delivery acknowledged
     -- 'completed' in the order the pop gave them: one statement on its lease row, none per id
     IF v_epoch = ALL (p_epochs) AND 'completed' = ALL (p_statuses) AND p_dlvs[1] = ALL (p_dlvs)
@@ -866,6 +866,7 @@ BEGIN
             RETURN;
         END IF;
     END IF;
+    v_retry := (queen.eph_options_v1(p_tenant, p_queue) ->> 'retryLimit')::int4;
     -- the ids of this incarnation, first occurrence of each message
     SELECT array_agg(x.i), array_agg(x.seq), array_agg(x.dlv), array_agg(x.st)
       INTO v_i, v_seq, v_dlv, v_st
