@@ -23,8 +23,9 @@ from psycopg.pq import Format
 
 from queen_mp.db.errors import translate
 
-__all__ = ["SQLSTATE_QUEUE_FULL", "AckOutcome", "PopOutcome", "QueueFull", "ack", "configure",
-           "delete", "depth", "list_queues", "options", "pop", "push", "reset"]
+__all__ = ["SQLSTATE_QUEUE_FULL", "AckOutcome", "Int8Array", "PopOutcome", "QueueFull",
+           "TextArray", "ack", "configure", "delete", "depth", "int8_array", "list_queues",
+           "options", "pop", "push", "reset", "text_array"]
 
 Conn = psycopg.AsyncConnection[Any]
 
