@@ -1,7 +1,7 @@
 """Ephemeral queues in SQL alone: PostgreSQL CPU per message of push, pop and ack, no broker.
 
 ``bench/ephemeral.py`` measures the routes, where the broker, the HTTP client and the load of
-the machine share the figures. This one calls ``queen.eph_push_v1``, ``eph_pop_v1`` and
+the machine share the figures. This one calls ``queen.eph_push_v1``, ``eph_pop_v2`` and
 ``eph_ack_v2`` over one connection, one call after the other, and reads from ``/proc`` (so the
 server must run on this machine) the CPU time of that connection's backend and of the whole
 cluster (the backend, autovacuum, the writers): what a message costs PostgreSQL itself, the
@@ -82,7 +82,7 @@ class _Backend:
                           (_TENANT, queue, partition, text_array([_PAYLOAD] * n)))
 
     def pop_ack(self, queue: str, group: str, batch: int) -> int:
-        row = self.conn.execute("SELECT messages, claimed FROM queen.eph_pop_v1(%s, %s, NULL, "
+        row = self.conn.execute("SELECT messages, claimed FROM queen.eph_pop_v2(%s, %s, NULL, "
                                 "%s, %s, false)", (_TENANT, queue, group, batch),
                                 binary=True).fetchone()
         assert row is not None

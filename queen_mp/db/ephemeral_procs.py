@@ -25,7 +25,7 @@ from queen_mp.db.errors import translate
 
 __all__ = ["SQLSTATE_QUEUE_FULL", "AckOutcome", "Int8Array", "PopOutcome", "QueueFull",
            "TextArray", "ack", "configure", "delete", "depth", "int8_array", "list_queues",
-           "options", "pop", "push", "reset", "text_array"]
+           "pop", "push", "reset", "text_array"]
 
 Conn = psycopg.AsyncConnection[Any]
 
@@ -42,6 +42,8 @@ class PopOutcome:
     messages: bytes  # the JSON array of the answer's messages, payloads verbatim
     claimed: int
     wake_in_ms: int | None  # nothing claimed: when a lease of the group expires (None: none)
+    window_ms: int  # the queue's windowBuffer (0, 0: none)
+    window_count: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,13 +149,6 @@ async def configure(conn: Conn, tenant: bytes, queue: str, opts: dict[str, Any]
     return orjson.loads(row[0])
 
 
-async def options(conn: Conn, tenant: bytes, queue: str) -> dict[str, Any]:
-    """The effective options of a queue (defaults and its declaration)."""
-    row = await _one(conn, "SELECT queen.eph_options_v1(%s, %s)::text",
-                     (_tenant(tenant), queue), writes=False)
-    return orjson.loads(row[0])
-
-
 async def push(conn: Conn, tenant: bytes, queue: str, partition: str,
                payloads: tuple[str, ...]) -> int:
     row = await _one(conn, "SELECT queen.eph_push_v1(%s, %s, %s, %b)",
@@ -163,11 +158,11 @@ async def push(conn: Conn, tenant: bytes, queue: str, partition: str,
 
 async def pop(conn: Conn, tenant: bytes, queue: str, partition: str | None, group: str,
               batch: int, auto_ack: bool) -> PopOutcome:
-    row = await _one(conn, "SELECT messages, claimed, wake_in_ms "
-                           "FROM queen.eph_pop_v1(%s, %s, %s, %s, %s, %s)",
+    row = await _one(conn, "SELECT messages, claimed, wake_in_ms, window_ms, window_count "
+                           "FROM queen.eph_pop_v2(%s, %s, %s, %s, %s, %s)",
                      (_tenant(tenant), queue, partition, group, batch, auto_ack), writes=True,
                      binary=True)  # PERF(eph): the server sends the text as it is (textsend)
-    return PopOutcome(row[0].encode(), int(row[1]), row[2])
+    return PopOutcome(row[0].encode(), int(row[1]), row[2], int(row[3]), int(row[4]))
 
 
 async def ack(conn: Conn, tenant: bytes, queue: str, group: str, ids: Sequence[str],

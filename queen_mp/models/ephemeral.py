@@ -90,15 +90,6 @@ class Window:
             return True
         return bool(self.ms) and waited_ms >= self.ms
 
-    @classmethod
-    def of(cls, options: dict[str, Any]) -> Window:
-        """From effective options (``eph_options_v1``); anything malformed is no window."""
-        raw = options.get("windowBuffer")
-        if not isinstance(raw, dict):
-            return cls()
-        ms, count = raw.get("ms", 0), raw.get("count", 0)
-        return cls(ms if isinstance(ms, int) else 0, count if isinstance(count, int) else 0)
-
 
 @dataclass(frozen=True, slots=True)
 class Configure:
@@ -140,7 +131,7 @@ _HEX = frozenset("0123456789abcdef")
 
 
 def parse_id(message_id: str) -> tuple[str, int, int] | None:
-    """A message id ``<epoch>-<seq>-<dlv>`` as minted by ``queen.eph_pop_v1`` (the queue's
+    """A message id ``<epoch>-<seq>-<dlv>`` as minted by ``queen.eph_pop_v2`` (the queue's
     incarnation: 16 lowercase hex digits; the message and its delivery: 1 to 18 decimal
     digits each), or None when it is not one."""
     # PERF(eph): str methods, not a regular expression: 0.5 us an id against 1.5 (timeit)

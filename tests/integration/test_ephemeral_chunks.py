@@ -168,7 +168,7 @@ def test_011_carries_the_messages_of_009_over(pg_server_dsn, tmp_path: Path):
                 (0, ['"m0"', '"m1"', '"m2"', None, None, '"m5"'], [4, 4, 4, 0, 0, 4],
                  "{[3,5)}", 4),
                 (256, ['"m256"', '"m257"'], [6, 6], "{}", 2)]
-            row = conn.execute("SELECT messages FROM queen.eph_pop_v1(%s, 'old', NULL, 'g', 10, "
+            row = conn.execute("SELECT messages FROM queen.eph_pop_v2(%s, 'old', NULL, 'g', 10, "
                                "false)", (tenant,)).fetchone()
             assert row is not None
             msgs = orjson.loads(row[0])

@@ -83,7 +83,3 @@ def test_ack_ids_parse_and_statuses_default_to_completed():
 def test_window_readiness(window, held, batch, waited, ready):
     assert window.ready(held, batch, waited) is ready
 
-
-def test_window_from_effective_options():
-    assert m.Window.of({"windowBuffer": {"ms": 5, "count": 2}}) == m.Window(5, 2)
-    assert m.Window.of({}) == m.Window() and not m.Window().enabled

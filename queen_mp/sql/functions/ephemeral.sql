@@ -56,8 +56,8 @@
 --   (these return what they struck; their caller counts it with the rest, once, last)
 --   queen.eph_configure_v1(uuid, text, jsonb) -> jsonb    declare (upsert eph_config)
 --   queen.eph_push_v1(uuid, text, text, text[]) -> int4   append; QE001 when full (policy reject)
---   queen.eph_pop_v1(uuid, text, text, text, int4, boolean)
---       -> (messages text, claimed int4, wake_in_ms int8)
+--   queen.eph_pop_v2(uuid, text, text, text, int4, boolean)
+--       -> (messages text, claimed int4, wake_in_ms int8, window_ms int4, window_count int4)
 --   queen.eph_ack_v2(uuid, text, text, text[], int8[], int8[], text[])
 --       -> (outcomes text[], redelivered int4)
 --   queen.eph_reset_v1(uuid, text) -> int8                dropped messages
@@ -572,14 +572,18 @@ $$;
 -- cursor is furthest behind first); p_partition NULL = any partition. messages is the JSON
 -- array of the answer ([{id, partition, attempts, payload}], payloads verbatim), claimed its
 -- length; wake_in_ms, when nothing was claimable, says when a lease of this group expires
--- (NULL: none). The messages of one partition handed out by one pop are one delivery: one
+-- (NULL: none); window_ms and window_count are the queue's windowBuffer (a waiting pop that
+-- got fewer messages than its batch decides with them whether to wait for more: v1 had it read
+-- the options in a call of its own). The messages of one partition handed out by one pop are
+-- one delivery: one
 -- eph_leases row, whose dlv (a value of queen.eph_seq, 0 with autoAck) ends their ids. A
 -- partition whose cursor another pop of the group holds is skipped; a pop that found nothing
 -- else waits for the first such cursor, so it answers empty only when nothing was there.
-CREATE OR REPLACE FUNCTION queen.eph_pop_v1(p_tenant uuid, p_queue text, p_partition text,
+CREATE OR REPLACE FUNCTION queen.eph_pop_v2(p_tenant uuid, p_queue text, p_partition text,
                                             p_group text, p_batch int4, p_auto_ack boolean,
                                             OUT messages text, OUT claimed int4,
-                                            OUT wake_in_ms int8)
+                                            OUT wake_in_ms int8, OUT window_ms int4,
+                                            OUT window_count int4)
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET plan_cache_mode = force_generic_plan  -- PERF(eph): see the header
 AS $$
@@ -618,6 +622,8 @@ BEGIN
     v_o := queen.eph_options_v1(p_tenant, p_queue);
     v_lease := make_interval(secs => (v_o ->> 'leaseSeconds')::int4);
     v_retry := (v_o ->> 'retryLimit')::int4;
+    window_ms := coalesce((v_o #>> '{windowBuffer,ms}')::int4, 0);
+    window_count := coalesce((v_o #>> '{windowBuffer,count}')::int4, 0);
     v_ttl_n := 0;
     v_ttl_b := 0;
     IF (v_o ->> 'ttlSeconds')::int4 > 0 THEN
