@@ -1,7 +1,7 @@
 """Ephemeral queues in SQL alone: PostgreSQL CPU per message of push, pop and ack, no broker.
 
 ``bench/ephemeral.py`` measures the routes, where the broker, the HTTP client and the load of
-the machine share the figures. This one calls ``queen.eph_push_v1``, ``eph_pop_v1`` and
+the machine share the figures. This one calls ``queen.eph_push_v1``, ``eph_pop_v2`` and
 ``eph_ack_v2`` over one connection, one call after the other, and reads from ``/proc`` (so the
 server must run on this machine) the CPU time of that connection's backend and of the whole
 cluster (the backend, autovacuum, the writers): what a message costs PostgreSQL itself, the
@@ -39,6 +39,7 @@ from bench.push import (
     private_server,
     process_tree,
 )
+from queen_mp.db.ephemeral_procs import int8_array, text_array
 from queen_mp.db.migrations import apply_migrations
 from queen_mp.models.ephemeral import parse_id
 
@@ -75,22 +76,25 @@ class _Backend:
     def cluster(self) -> dict[int, int]:
         return cpu_ticks(process_tree(self.postmaster))
 
+    # the parameters and results as queen_mp/db/ephemeral_procs.py passes them (binary arrays)
     def push(self, queue: str, partition: str, n: int) -> None:
-        self.conn.execute("SELECT queen.eph_push_v1(%s, %s, %s, %s)",
-                          (_TENANT, queue, partition, [_PAYLOAD] * n))
+        self.conn.execute("SELECT queen.eph_push_v1(%s, %s, %s, %b)",
+                          (_TENANT, queue, partition, text_array([_PAYLOAD] * n)))
 
     def pop_ack(self, queue: str, group: str, batch: int) -> int:
-        row = self.conn.execute("SELECT messages, claimed FROM queen.eph_pop_v1(%s, %s, NULL, "
-                                "%s, %s, false)", (_TENANT, queue, group, batch)).fetchone()
+        row = self.conn.execute("SELECT messages, claimed FROM queen.eph_pop_v2(%s, %s, NULL, "
+                                "%s, %s, false)", (_TENANT, queue, group, batch),
+                                binary=True).fetchone()
         assert row is not None
         if not row[1]:
             return 0
         parts = [parse_id(m["id"]) for m in orjson.loads(row[0])]
         ok = [p for p in parts if p is not None]
         out = self.conn.execute(
-            "SELECT outcomes FROM queen.eph_ack_v2(%s, %s, %s, %s, %s, %s::int8[], %s)",
-            (_TENANT, queue, group, [p[0] for p in ok], [p[1] for p in ok],
-             [p[2] for p in ok], ["completed"] * len(ok))).fetchone()
+            "SELECT outcomes FROM queen.eph_ack_v2(%s, %s, %s, %b, %b, %b, %b)",
+            (_TENANT, queue, group, text_array([p[0] for p in ok]),
+             int8_array([p[1] for p in ok]), int8_array([p[2] for p in ok]),
+             text_array(["completed"] * len(ok)))).fetchone()
         assert out is not None and all(o == "acked" for o in out[0]), out
         return len(ok)
 

@@ -64,10 +64,6 @@ class EphemeralPopper:
             return await ephemeral_procs.pop(conn, tenant, r.queue, r.partition, r.group,
                                              batch, r.auto_ack)
 
-    async def window(self, tenant: bytes, queue: str) -> Window:
-        async with connection(self.pool) as conn:
-            return Window.of(await ephemeral_procs.options(conn, tenant, queue))
-
     async def pop(self, tenant: bytes, r: PopRequest) -> Popped:
         """Raises ``TooManyParked`` (429) and the database errors of ``ephemeral_procs``."""
         budget = r.timeout_ms / 1000
@@ -77,7 +73,7 @@ class EphemeralPopper:
         wait = r.wait and r.timeout_ms > 0
         bucket = wake_bucket(tenant, r.queue)
         key = ParkKey(bucket, r.group, (tenant, EPH_KEY, r.partition))
-        window: Window | None = None  # read when a partial batch makes it matter
+        window: Window | None = None  # the queue's windowBuffer, from the first claim
         parts: list[bytes] = []
         held = 0
         first_at: float | None = None
@@ -95,7 +91,7 @@ class EphemeralPopper:
             if not wait or held >= r.batch or now >= claim_until:
                 break
             if held and window is None:
-                window = await self.window(tenant, r.queue)
+                window = Window(got.window_ms, got.window_count)
             if window is not None and window.ready(held, r.batch, (now - (first_at or now)) * 1000):
                 break
             until = claim_until

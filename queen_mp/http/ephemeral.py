@@ -197,9 +197,9 @@ class EphAckResource(_Resource):
         if not ack.ids:
             _answer(resp, falcon.HTTP_200, {"results": []})
             return
-        epochs, seqs, deliveries = ack.parsed()
         out = await call_db(self.worker.pool, lambda conn: ephemeral_procs.ack(
-            conn, tenant, ack.queue, ack.group, ack.ids, ack.statuses, epochs, seqs, deliveries))
+            conn, tenant, ack.queue, ack.group, ack.ids, ack.statuses, ack.epochs, ack.seqs,
+            ack.deliveries))
         if out.redelivered:
             self.wake(tenant, ack.queue)
         _answer(resp, falcon.HTTP_200, {"results": out.results})

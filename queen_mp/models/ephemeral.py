@@ -90,15 +90,6 @@ class Window:
             return True
         return bool(self.ms) and waited_ms >= self.ms
 
-    @classmethod
-    def of(cls, options: dict[str, Any]) -> Window:
-        """From effective options (``eph_options_v1``); anything malformed is no window."""
-        raw = options.get("windowBuffer")
-        if not isinstance(raw, dict):
-            return cls()
-        ms, count = raw.get("ms", 0), raw.get("count", 0)
-        return cls(ms if isinstance(ms, int) else 0, count if isinstance(count, int) else 0)
-
 
 @dataclass(frozen=True, slots=True)
 class Configure:
@@ -130,22 +121,29 @@ class Ack:
     group: str
     ids: tuple[str, ...]
     statuses: tuple[str, ...]  # one of ACK_STATUSES per id
-
-    def parsed(self) -> tuple[list[str | None], list[int | None], list[int | None]]:
-        """The ids' epochs, seqs and deliveries (``parse_id``), None where not a message id."""
-        parts = [parse_id(i) for i in self.ids]
-        return ([p[0] if p else None for p in parts], [p[1] if p else None for p in parts],
-                [p[2] if p else None for p in parts])
+    # each id parsed (``parse_id``): None where it is not a message id
+    epochs: tuple[str | None, ...]
+    seqs: tuple[int | None, ...]
+    deliveries: tuple[int | None, ...]
 
 
-_ID = re.compile(r"([0-9a-f]{16})-([0-9]{1,18})-([0-9]{1,18})")
+_HEX = frozenset("0123456789abcdef")
 
 
 def parse_id(message_id: str) -> tuple[str, int, int] | None:
-    """A message id ``<epoch>-<seq>-<dlv>`` as minted by ``queen.eph_pop_v1`` (the queue's
-    incarnation, the message, its delivery), or None when it is not one."""
-    m = _ID.fullmatch(message_id)
-    return (m[1], int(m[2]), int(m[3])) if m else None
+    """A message id ``<epoch>-<seq>-<dlv>`` as minted by ``queen.eph_pop_v2`` (the queue's
+    incarnation: 16 lowercase hex digits; the message and its delivery: 1 to 18 decimal
+    digits each), or None when it is not one."""
+    # PERF(eph): str methods, not a regular expression: 0.5 us an id against 1.5 (timeit)
+    parts = message_id.split("-")
+    if len(parts) != 3:
+        return None
+    epoch, seq, dlv = parts
+    if (len(epoch) != 16 or not _HEX.issuperset(epoch) or not 0 < len(seq) <= 18
+            or not 0 < len(dlv) <= 18 or not (seq + dlv).isascii()
+            or not seq.isdigit() or not dlv.isdigit()):
+        return None
+    return epoch, int(seq), int(dlv)
 
 
 def _object(doc: Any, what: str) -> dict[str, Any]:
@@ -300,16 +298,32 @@ def parse_ack(doc: Any) -> Ack:
                              limit=MAX_ACKS)
     ids: list[str] = []
     statuses: list[str] = []
+    epochs: list[str | None] = []
+    seqs: list[int | None] = []
+    deliveries: list[int | None] = []
     for i, ack in enumerate(acks):
-        if not isinstance(ack, dict) or not isinstance(ack.get("id"), str) or not ack["id"]:
+        if not isinstance(ack, dict):
             raise InvalidRequest(f"ack {i} must be an object with a non-empty string id",
                                  field="acks", index=i)
-        if len(ack["id"]) > MAX_ID_CHARS:
-            raise InvalidRequest(f"ack {i}: id over {MAX_ID_CHARS} characters", field="acks",
-                                 index=i, limit=MAX_ID_CHARS)
-        if _CONTROL.search(ack["id"]) is not None:
-            raise InvalidRequest(f"ack {i}: id has a control character", field="acks",
-                                 index=i)
+        mid = ack.get("id")
+        parsed = parse_id(mid) if isinstance(mid, str) else None
+        if parsed is None:  # one of ours has neither control characters nor 64 of them
+            if not isinstance(mid, str) or not mid:
+                raise InvalidRequest(f"ack {i} must be an object with a non-empty string id",
+                                     field="acks", index=i)
+            if len(mid) > MAX_ID_CHARS:
+                raise InvalidRequest(f"ack {i}: id over {MAX_ID_CHARS} characters",
+                                     field="acks", index=i, limit=MAX_ID_CHARS)
+            if _CONTROL.search(mid) is not None:
+                raise InvalidRequest(f"ack {i}: id has a control character", field="acks",
+                                     index=i)
+            epochs.append(None)
+            seqs.append(None)
+            deliveries.append(None)
+        else:
+            epochs.append(parsed[0])
+            seqs.append(parsed[1])
+            deliveries.append(parsed[2])
         status = ack.get("status")
         if status is None:
             status = "completed"
@@ -319,6 +333,7 @@ def parse_ack(doc: Any) -> Ack:
         error = ack.get("error")
         if error is not None and not isinstance(error, str):
             raise InvalidRequest(f"ack {i}: error must be a string", field="acks", index=i)
-        ids.append(ack["id"])
+        ids.append(mid)
         statuses.append(status)
-    return Ack(queue, group, tuple(ids), tuple(statuses))
+    return Ack(queue, group, tuple(ids), tuple(statuses), tuple(epochs), tuple(seqs),
+               tuple(deliveries))

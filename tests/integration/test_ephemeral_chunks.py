@@ -84,6 +84,20 @@ def test_a_push_over_256_spans_chunks_read_in_order_and_freed_by_out_of_order_ac
     assert chunks(db_dsn, q) == []  # a chunk goes with its last message
 
 
+def test_a_chunks_payloads_are_stored_out_of_line_uncompressed(broker, db_dsn):
+    """schema 012: no pglz at a push nor at each pop of the chunk (the payloads compress
+    well, so EXTENDED storage would have compressed them)."""
+    q, c = uq(), broker.client
+    push(c, q, [{"pad": "x" * 200, "i": i} for i in range(100)])
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT pg_column_compression(k.payloads), pg_column_size(k.payloads) "
+            "FROM queen.eph_chunks k JOIN queen.eph_partitions p ON p.id = k.pid "
+            "WHERE p.queue = %s", (q,)).fetchone()
+    assert row is not None and row[0] is None and row[1] > 20_000, row
+    assert [m["payload"]["i"] for m in pop(c, q, "g", 100)] == list(range(100))
+
+
 def test_a_later_group_starts_at_what_is_still_stored_inside_a_chunk(broker, db_dsn):
     q, c = uq(), broker.client
     assert pop(c, q, "first", 1) == []  # registered: messages now wait for it
@@ -127,6 +141,7 @@ def test_011_carries_the_messages_of_009_over(pg_server_dsn, tmp_path: Path):
     tree = tmp_path / "sql"
     shutil.copytree(SQL_DIR, tree)
     (tree / "schema" / "011_ephemeral_chunks.sql").unlink()
+    (tree / "schema" / "012_ephemeral_uncompressed.sql").unlink()  # it alters 011's table
     dsn = make_database(pg_server_dsn)
     tenant = uuid.UUID(int=0)
     base = 16384 * 7
@@ -153,7 +168,7 @@ def test_011_carries_the_messages_of_009_over(pg_server_dsn, tmp_path: Path):
                 (0, ['"m0"', '"m1"', '"m2"', None, None, '"m5"'], [4, 4, 4, 0, 0, 4],
                  "{[3,5)}", 4),
                 (256, ['"m256"', '"m257"'], [6, 6], "{}", 2)]
-            row = conn.execute("SELECT messages FROM queen.eph_pop_v1(%s, 'old', NULL, 'g', 10, "
+            row = conn.execute("SELECT messages FROM queen.eph_pop_v2(%s, 'old', NULL, 'g', 10, "
                                "false)", (tenant,)).fetchone()
             assert row is not None
             msgs = orjson.loads(row[0])

@@ -63,8 +63,8 @@ def test_ack_ids_parse_and_statuses_default_to_completed():
         {"id": "garbage"}, {"id": "0123456789ABCDEF-1-1"}, {"id": "0123456789abcdef-1-1-1"}]})
     assert ack.group == m.QUEUE_MODE
     assert ack.statuses == ("retry", "completed", "completed", "completed")
-    assert ack.parsed() == (["0123456789abcdef", None, None, None], [42, None, None, None],
-                            [2, None, None, None])
+    assert (ack.epochs, ack.seqs, ack.deliveries) == (
+        ("0123456789abcdef", None, None, None), (42, None, None, None), (2, None, None, None))
     for bad in ({"id": "x\x00"}, {"id": ""}, {"id": "x" * 65}, {"id": "x", "status": "ok"},
                 {"id": "x", "error": 5}, "x"):
         with pytest.raises(InvalidRequest):
@@ -83,7 +83,3 @@ def test_ack_ids_parse_and_statuses_default_to_completed():
 def test_window_readiness(window, held, batch, waited, ready):
     assert window.ready(held, batch, waited) is ready
 
-
-def test_window_from_effective_options():
-    assert m.Window.of({"windowBuffer": {"ms": 5, "count": 2}}) == m.Window(5, 2)
-    assert m.Window.of({}) == m.Window() and not m.Window().enabled

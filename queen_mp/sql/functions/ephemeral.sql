@@ -1,6 +1,6 @@
 -- ephemeral.sql: ephemeral queues (api.md "Ephemeral queues", routes /api/v1/ephemeral/*) on the
--- UNLOGGED tables of schema/008_ephemeral.sql, 009_ephemeral_rows.sql and
--- 011_ephemeral_chunks.sql. Python
+-- UNLOGGED tables of schema/008_ephemeral.sql, 009_ephemeral_rows.sql, 011_ephemeral_chunks.sql
+-- and 012_ephemeral_uncompressed.sql. Python
 -- (queen_mp/models/ephemeral.py) validates every input first; queen_mp/db/ephemeral_procs.py is
 -- the only caller.
 --
@@ -56,8 +56,8 @@
 --   (these return what they struck; their caller counts it with the rest, once, last)
 --   queen.eph_configure_v1(uuid, text, jsonb) -> jsonb    declare (upsert eph_config)
 --   queen.eph_push_v1(uuid, text, text, text[]) -> int4   append; QE001 when full (policy reject)
---   queen.eph_pop_v1(uuid, text, text, text, int4, boolean)
---       -> (messages text, claimed int4, wake_in_ms int8)
+--   queen.eph_pop_v2(uuid, text, text, text, int4, boolean)
+--       -> (messages text, claimed int4, wake_in_ms int8, window_ms int4, window_count int4)
 --   queen.eph_ack_v2(uuid, text, text, text[], int8[], int8[], text[])
 --       -> (outcomes text[], redelivered int4)
 --   queen.eph_reset_v1(uuid, text) -> int8                dropped messages
@@ -572,14 +572,18 @@ $$;
 -- cursor is furthest behind first); p_partition NULL = any partition. messages is the JSON
 -- array of the answer ([{id, partition, attempts, payload}], payloads verbatim), claimed its
 -- length; wake_in_ms, when nothing was claimable, says when a lease of this group expires
--- (NULL: none). The messages of one partition handed out by one pop are one delivery: one
+-- (NULL: none); window_ms and window_count are the queue's windowBuffer (a waiting pop that
+-- got fewer messages than its batch decides with them whether to wait for more: v1 had it read
+-- the options in a call of its own). The messages of one partition handed out by one pop are
+-- one delivery: one
 -- eph_leases row, whose dlv (a value of queen.eph_seq, 0 with autoAck) ends their ids. A
 -- partition whose cursor another pop of the group holds is skipped; a pop that found nothing
 -- else waits for the first such cursor, so it answers empty only when nothing was there.
-CREATE OR REPLACE FUNCTION queen.eph_pop_v1(p_tenant uuid, p_queue text, p_partition text,
+CREATE OR REPLACE FUNCTION queen.eph_pop_v2(p_tenant uuid, p_queue text, p_partition text,
                                             p_group text, p_batch int4, p_auto_ack boolean,
                                             OUT messages text, OUT claimed int4,
-                                            OUT wake_in_ms int8)
+                                            OUT wake_in_ms int8, OUT window_ms int4,
+                                            OUT window_count int4)
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET plan_cache_mode = force_generic_plan  -- PERF(eph): see the header
 AS $$
@@ -588,7 +592,7 @@ DECLARE
     v_o jsonb;
     v_lease interval;
     v_retry int4;
-    v_out text[] := '{}';
+    v_out text;  -- the messages' JSON objects so far, comma-separated (NULL: none)
     v_settle_p text[] := '{}';
     v_settle_s int8[] := '{}';
     v_skipped text[] := '{}';
@@ -618,6 +622,8 @@ BEGIN
     v_o := queen.eph_options_v1(p_tenant, p_queue);
     v_lease := make_interval(secs => (v_o ->> 'leaseSeconds')::int4);
     v_retry := (v_o ->> 'retryLimit')::int4;
+    window_ms := coalesce((v_o #>> '{windowBuffer,ms}')::int4, 0);
+    window_count := coalesce((v_o #>> '{windowBuffer,count}')::int4, 0);
     v_ttl_n := 0;
     v_ttl_b := 0;
     IF (v_o ->> 'ttlSeconds')::int4 > 0 THEN
@@ -675,7 +681,7 @@ BEGIN
                                              FROM unnest(v_red) AS z(s)))
                    AND NOT c.gone @> (m.i - 1)::int4) x;
         CONTINUE WHEN v_taken IS NULL;
-        v_out := v_out || v_json;
+        v_out := CASE WHEN v_out IS NULL THEN v_json ELSE v_out || ',' || v_json END;
         IF p_auto_ack THEN
             v_settle_p := v_settle_p || array_fill(r.partition, ARRAY[cardinality(v_taken)]);
             v_settle_s := v_settle_s || v_taken;
@@ -745,8 +751,9 @@ BEGIN
                         ORDER BY c.base LIMIT 1) k
                  WHERE w.got < v_need)
             SELECT array_agg(w.base) INTO v_bases FROM w;
-            SELECT array_agg(x.seq ORDER BY x.seq),
-                   string_agg(v_head || x.seq || v_tail || x.payload || '}', ',' ORDER BY x.seq)
+            -- PERF(eph): the aggregates take the rows in the subquery's order (a plain scan
+            -- of its sorted output): an ORDER BY of their own sorted them twice more
+            SELECT array_agg(x.seq), string_agg(v_head || x.seq || v_tail || x.payload || '}', ',')
               INTO v_taken, v_json
               FROM (SELECT c.base + m.i - 1 AS seq, m.payload
                       FROM queen.eph_chunks c
@@ -766,7 +773,7 @@ BEGIN
             UPDATE queen.eph_cursors c SET pos = v_taken[cardinality(v_taken)]
              WHERE c.tenant = p_tenant AND c.queue = p_queue AND c.grp = p_group
                AND c.partition = r.partition;
-            v_out := v_out || v_json;
+            v_out := CASE WHEN v_out IS NULL THEN v_json ELSE v_out || ',' || v_json END;
             IF p_auto_ack THEN
                 v_settle_p := v_settle_p || array_fill(r.partition, ARRAY[cardinality(v_taken)]);
                 v_settle_s := v_settle_s || v_taken;
@@ -781,7 +788,9 @@ BEGIN
         END LOOP;
     END LOOP;
 
-    messages := '[' || array_to_string(v_out, ',') || ']';
+    -- PERF(eph): a text, not an array of them joined at the end: appending a delivery's
+    -- JSON to a text[] and array_to_string copied and converted every message twice more
+    messages := '[' || coalesce(v_out, '') || ']';
     v_set_n := 0;
     v_set_b := 0;
     IF cardinality(v_settle_s) > 0 THEN  -- autoAck, or past retryLimit
@@ -841,10 +850,12 @@ DECLARE
     v_set_n int8;
     v_set_b int8;
     v_part text;
+    v_k int4;
+    v_base int8;
+    v_lo int4;
     r record;
 BEGIN
     v_epoch := queen.eph_enter_v1(p_tenant, p_queue);
-    v_retry := (queen.eph_options_v1(p_tenant, p_queue) ->> 'retryLimit')::int4;
     -- PERF(eph): the usual ack, every message still held by one delivery acknowledged
     -- 'completed' in the order the pop gave them: one statement on its lease row, none per id
     IF v_epoch = ALL (p_epochs) AND 'completed' = ALL (p_statuses) AND p_dlvs[1] = ALL (p_dlvs)
@@ -856,16 +867,37 @@ BEGIN
         IF FOUND THEN
             outcomes := array_fill('acked'::text, ARRAY[cardinality(p_seqs)]);
             redelivered := 0;
-            SELECT s.n, s.bytes INTO v_set_n, v_set_b
-              FROM queen.eph_settle_v3(p_tenant, p_queue,
-                                       array_fill(v_part, ARRAY[cardinality(p_seqs)]), p_seqs,
-                                       true) s;
+            v_k := cardinality(p_seqs);
+            v_base := p_seqs[1] - p_seqs[1] % 256;
+            v_lo := (p_seqs[1] % 256)::int4;
+            -- PERF(eph): a run that fills what is left of its chunk, and the queue has one
+            -- group: the chunk row goes, in one statement (settle_v3 and strike_v1 took
+            -- five, and their calls two more). The delivery held every one of them, and
+            -- whatever drops a held message takes it out of its delivery first, so none is
+            -- gone yet; 'gone' is checked all the same. Otherwise the general way below.
+            v_set_n := NULL;  -- also what INTO leaves when no row was deleted
+            IF p_seqs[v_k] - p_seqs[1] = v_k - 1 AND p_seqs[v_k] < v_base + 256 THEN
+                DELETE FROM queen.eph_chunks c USING queen.eph_partitions p
+                 WHERE p.tenant = p_tenant AND p.queue = p_queue AND p.partition = v_part
+                   AND c.pid = p.id AND c.base = v_base AND c.live = v_k
+                   AND NOT c.gone && int4multirange(int4range(v_lo, v_lo + v_k))
+                   AND (SELECT count(*) FROM queen.eph_groups g
+                         WHERE g.tenant = p_tenant AND g.queue = p_queue) = 1
+                RETURNING v_k, (SELECT sum(z.b) FROM unnest(c.sizes[v_lo + 1:v_lo + v_k]) AS z(b))
+                     INTO v_set_n, v_set_b;
+            END IF;
+            IF v_set_n IS NULL THEN
+                SELECT s.n, s.bytes INTO v_set_n, v_set_b
+                  FROM queen.eph_settle_v3(p_tenant, p_queue, array_fill(v_part, ARRAY[v_k]),
+                                           p_seqs, true) s;
+            END IF;
             IF v_set_n > 0 THEN
                 PERFORM queen.eph_count_v1(p_tenant, p_queue, -v_set_n, -v_set_b, 0, 0, 0);
             END IF;
             RETURN;
         END IF;
     END IF;
+    v_retry := (queen.eph_options_v1(p_tenant, p_queue) ->> 'retryLimit')::int4;
     -- the ids of this incarnation, first occurrence of each message
     SELECT array_agg(x.i), array_agg(x.seq), array_agg(x.dlv), array_agg(x.st)
       INTO v_i, v_seq, v_dlv, v_st
