@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -283,7 +282,7 @@ class PushFusion:
             counts=[s.count for s in segments], hashes=[s.hashes for s in segments],
             verified=[self.dedup.verified(s.key, s.hashes) for s in segments],
             blobs=[s.blob for s in segments],
-            tenants=[uuid.UUID(bytes=s.key[0]) for s in segments])
+            tenants=[s.key[0] for s in segments])
         started = time.monotonic()
         results = await self.writer.push_multi(bundle)
         self._adapt(time.monotonic() - started)
