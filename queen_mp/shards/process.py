@@ -50,7 +50,6 @@ from queen_mp.wire.records import (
     AckVerdict,
     LeaseGrant,
     PushGroup,
-    PushVerdict,
     RecordBatch,
     peek_kind,
 )
@@ -155,12 +154,12 @@ class Shard:
         self.metrics.ack_registry.labels("hit" if entry is not None else "miss").inc()
         if entry is None:
             self.reply(slot, AckVerdict(req.generation, req.slot, req.request_id,
-                                        req.group_index, ACK_MISS))
+                                        req.group_index, ACK_MISS).pack())
             return
 
         def answer(status: int, old: int, new: int) -> None:
             self.reply(slot, AckVerdict(req.generation, req.slot, req.request_id,
-                                        req.group_index, status, old, new))
+                                        req.group_index, status, old, new).pack())
 
         self.acks.add(AckRow(req.tenant, req.partition_id, req.group, req.lease,
                              entry.batch_end, entry.count, entry.queue), answer)
@@ -174,8 +173,9 @@ class Shard:
         for slot in range(self.runtime.slots):
             self.flush_soon(slot, wake=True)
 
-    def reply(self, slot: int, verdict: PushVerdict | AckVerdict) -> None:
-        self.outbox[slot].append(verdict.pack())
+    def reply(self, slot: int, record: bytes) -> None:
+        """Send a packed verdict (PushVerdict, AckVerdict) to the slot's worker."""
+        self.outbox[slot].append(record)
         self.flush_soon(slot)
 
     def flush_soon(self, slot: int, *, wake: bool = False) -> None:

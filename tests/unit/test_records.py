@@ -39,7 +39,7 @@ from queen_mp.wire.frames import (
     pack_frame,
     zstd_compress,
 )
-from queen_mp.wire.records import SMALL_RUN_BYTES, blob_from_pieces
+from queen_mp.wire.records import SMALL_RUN_BYTES, blob_from_pieces, pack_queued_run
 
 u16 = st.integers(0, 2**16 - 1)
 u32 = st.integers(0, 2**32 - 1)
@@ -354,3 +354,20 @@ def test_blob_from_pieces_packs_small_runs_fast_and_keeps_client_chunks() -> Non
     assert bytes(chunks[2].data) == zstd_compress(b"".join(big), 1)
     frames = [bytes(decode_chunk(c.codec, c.data, max_size=1 << 20)) for c in chunks]
     assert frames == [b"".join(small)] * 2 + [b"".join(big)]
+
+
+@given(u32, u16, u64, u32, i64, i64, st.integers(-(2**40), 2**40), st.integers(1, 50))
+def test_pack_queued_run_is_the_queued_run_verdict(generation: int, slot: int, request_id: int,
+                                                   group_index: int, pid: int, created: int,
+                                                   first: int, count: int) -> None:
+    verdict = PushVerdict(generation, slot, request_id, group_index, VERDICT_OK, pid, created,
+                          queued_run=(first, count))
+    assert pack_queued_run(generation, slot, request_id, group_index, pid, created, first,
+                           count) == verdict.pack()
+
+
+def test_pack_queued_run_refuses_what_does_not_fit() -> None:
+    with pytest.raises(ValueError):
+        pack_queued_run(2**32, 0, 1, 0, 1, 1, 1, 1)
+    with pytest.raises(ValueError):
+        pack_queued_run(1, 0, 1, 0, 1, 1, 2**63 - 1, 2)
