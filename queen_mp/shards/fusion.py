@@ -169,7 +169,15 @@ def _message_id(frame: bytes | memoryview) -> bytes:
 
 def build_segment(key: Key, entries: list[Entry]) -> Segment:
     """Layer-2 dedup plus the hash and payload blobs of one partition's pending frames."""
-    if all(e.remaining == e.group.count for e in entries):
+    if len(entries) == 1:
+        # PERF(fusion): one group of one partition (every segment of 1-item pushes): its own
+        # hashes and pieces as they are; one hash needs no distinctness test.
+        e = entries[0]
+        g = e.group
+        if e.remaining == g.count and (g.count == 1
+                                       or len(set(hash_prefixes(g.hashes))) == g.count):
+            return Segment(key, entries, g.hashes, blob_from_pieces(g.pieces), g.count, None)
+    elif all(e.remaining == e.group.count for e in entries):
         hashes = b"".join(e.group.hashes for e in entries)
         total = len(hashes) >> 4
         # PERF(queen): distinct 64-bit prefixes prove distinct hashes, in one C-level pass; a
