@@ -15,9 +15,8 @@ cancelled server-side (out-of-band cancel request) and its connection quarantine
 replaced, never reused while the server may still be running the abandoned statement and
 holding its locks.
 
-A bundle's parameters go as arrays already in PostgreSQL's binary form (``_Array``): built
-with a few ``struct`` calls per array, where psycopg's list dumpers ran Python per element and
-per array (dimension scan, element dumper lookup).
+A bundle's parameters go as arrays already in PostgreSQL's binary form
+(``queen_mp.db.binarrays``).
 
 A bundle's answer is decoded into one ``SegmentVerdict`` per segment (``queen_mp.db.calls``).
 """
@@ -25,25 +24,29 @@ A bundle's answer is decoded into one ``SegmentVerdict`` per segment (``queen_mp
 from __future__ import annotations
 
 import asyncio
-import struct
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from itertools import chain, repeat
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import orjson
-import psycopg
-from psycopg.adapt import Dumper
-from psycopg.pq import Format
 from psycopg.types.json import set_json_loads
 
+from queen_mp.db.binarrays import (
+    Array,
+    bytea_array,
+    int4_array,
+    int8_array,
+    register_arrays,
+    text_array,
+    uuid_array,
+)
 from queen_mp.db.calls import PUSH_MULTI, Segment, SegmentVerdict, segment_verdicts
 from queen_mp.db.connect import Conn, Dedicated
 from queen_mp.db.cursors import fetch_one
 from queen_mp.db.errors import DatabaseError
 
 __all__ = ["BundleWriter", "PushBundle", "Segment", "SegmentVerdict", "StoredHashes",
-           "bundle_params", "register_arrays"]
+           "bundle_params"]
 
 T = TypeVar("T")
 
@@ -67,61 +70,12 @@ class PushBundle:
     tenants: Sequence[bytes]  # 16 bytes each
 
 
-# array_recv's form: ndim, has-nulls flag, element type, then (size, lower bound) per dimension;
-# each element is its length and its bytes (big-endian integers, UTF-8 text, uuid's 16 bytes).
-_HEAD = struct.Struct(">iiIii")
-_LEN = struct.Struct(">i")
-_INT4, _INT8, _TEXT, _BYTEA, _UUID = 23, 20, 25, 17, 2950  # element type oids
-_FIXED: dict[tuple[str, int], struct.Struct] = {}
-
-
-class _Array:
-    """One array parameter already in its binary form; ``_ArrayDumper`` sends it as is."""
-
-    __slots__ = ("data",)
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-
-
-class _ArrayDumper(Dumper):
-    format = Format.BINARY
-
-    def dump(self, obj: _Array) -> bytes:
-        return obj.data
-
-
-def _varlen(oid: int, items: Sequence[bytes]) -> _Array:
-    parts = [_HEAD.pack(1, 0, oid, len(items), 1)]
-    pack = _LEN.pack
-    for item in items:
-        parts.append(pack(len(item)))
-        parts.append(item)
-    return _Array(b"".join(parts))
-
-
-def _fixed(oid: int, code: str, size: int, values: Sequence[int]) -> _Array:
-    n = len(values)
-    st = _FIXED.get((code, n))
-    if st is None:
-        st = _FIXED[(code, n)] = struct.Struct(">iiIii" + ("i" + code) * n)
-    return _Array(st.pack(1, 0, oid, n, 1, *chain.from_iterable(zip(repeat(size), values))))
-
-
-def bundle_params(bundle: PushBundle) -> tuple[_Array, ...]:
+def bundle_params(bundle: PushBundle) -> tuple[Array, ...]:
     """The seven arrays of ``log_push_multi_v1``, in its parameter order."""
-    return (_varlen(_TEXT, [q.encode() for q in bundle.queues]),
-            _varlen(_TEXT, [p.encode() for p in bundle.partitions]),
-            _fixed(_INT4, "i", 4, bundle.counts),
-            _varlen(_BYTEA, bundle.hashes),
-            _fixed(_INT8, "q", 8, bundle.verified),
-            _varlen(_BYTEA, bundle.blobs),
-            _varlen(_UUID, bundle.tenants))
-
-
-def register_arrays(conn: Conn | psycopg.Connection[Any]) -> None:
-    """Let ``conn`` send ``bundle_params``' arrays."""
-    conn.adapters.register_dumper(_Array, _ArrayDumper)
+    return (text_array(bundle.queues), text_array(bundle.partitions),
+            int4_array(bundle.counts), bytea_array(bundle.hashes),
+            int8_array(bundle.verified), bytea_array(bundle.blobs),
+            uuid_array(bundle.tenants))
 
 
 def _configure(conn: Conn) -> None:
@@ -191,7 +145,8 @@ class BundleWriter:
                          ) -> list[StoredHashes]:
         """Per (partition_id, lo, below, seconds): the stored hash blobs of offsets ``lo ..
         below - 1`` committed in the last ``seconds``, ascending offset."""
-        params = tuple([a[k] for a in asks] for k in range(4))
+        params = (int8_array([a[0] for a in asks]), int8_array([a[1] for a in asks]),
+                  int8_array([a[2] for a in asks]), int4_array([a[3] for a in asks]))
 
         async def work(conn: Conn) -> list[StoredHashes]:
             # binary: the blobs come as they are stored, not hex-encoded

@@ -9,7 +9,8 @@ import uuid
 
 import pytest
 
-from queen_mp.db.bundles import BundleWriter, PushBundle, bundle_params, register_arrays
+from queen_mp.db.binarrays import register_arrays
+from queen_mp.db.bundles import BundleWriter, PushBundle, bundle_params
 from queen_mp.db.errors import DatabaseError
 from tests.pgharness import module_db_dsn
 
