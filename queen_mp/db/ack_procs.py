@@ -9,6 +9,7 @@ from typing import Any
 
 import psycopg
 
+from queen_mp.db.binarrays import int4_array, int8_array, text_array, uuid_array
 from queen_mp.db.calls import Segment
 from queen_mp.db.cursors import fetch_one
 
@@ -160,11 +161,12 @@ async def ack_at(conn: Conn, tenant: bytes, partition_id: int, group: str, lease
 async def ack_multi(conn: Conn, tenant: bytes, partition_ids: list[int], groups: list[str],
                     lease_ids: list[bytes], batch_ends: list[int], counts: list[int]
                     ) -> list[Advance]:
-    """Many positional advances in one transaction (ack fusion); results in input order."""
+    """Many positional advances in one transaction (ack fusion); results in input order.
+    ``conn`` sends binary arrays (``binarrays.register_arrays``)."""
     row = await fetch_one(
         conn, "SELECT queen.log_ack_multi_v1(%s, %b::int8[], %b::text[], %b::uuid[], %b::int8[],"
         " %b::int4[])",
-        (uuid.UUID(bytes=tenant), partition_ids, groups,
-         [uuid.UUID(bytes=b) for b in lease_ids], batch_ends, counts), prepare=True)
+        (uuid.UUID(bytes=tenant), int8_array(partition_ids), text_array(groups),
+         uuid_array(lease_ids), int8_array(batch_ends), int4_array(counts)), prepare=True)
     assert row is not None
     return [_advance(r) for r in sorted(row[0], key=lambda r: r["i"])]

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from queen_mp.db import ack_procs
 from queen_mp.db.ack_procs import Advance
+from queen_mp.db.binarrays import register_arrays
 from queen_mp.db.connect import Conn, Dedicated
 from queen_mp.metrics import Metrics
 from queen_mp.wire.records import ACK_COMMITTED, ACK_FAILED, ACK_REJECTED
@@ -62,7 +63,8 @@ class AckFusion:
         self._task: asyncio.Task[None] | None = None
         # a flush past statement_timeout_ms is cancelled server-side and answered failed
         self.db = Dedicated(dsn, application_name=name,
-                            statement_timeout_ms=statement_timeout_ms)
+                            statement_timeout_ms=statement_timeout_ms,
+                            configure=register_arrays)
         self.commits = 0
         self.rows = 0
         self._window_commits = 0

@@ -62,24 +62,27 @@ def _fingerprints(hashes: bytes) -> np.ndarray:
 class _Run:
     """Sorted fingerprints of commits of one epoch, none at an offset below ``lo``."""
 
-    __slots__ = ("epoch", "fps", "lo")
+    __slots__ = ("epoch", "fps", "lo", "view")
 
     def __init__(self, epoch: int, lo: int, fps: np.ndarray) -> None:
         self.epoch = epoch
         self.lo = lo
         self.fps = fps
+        self.view = memoryview(fps)  # the same memory, indexed as Python ints
 
     def holds_few(self, incoming: Sequence[int]) -> bool:
         """``holds_any`` for a handful of fingerprints as Python ints.
 
-        PERF(filter): a scalar ``searchsorted`` per fingerprint; the array form's four numpy
-        calls cost 7.1 against 2.0 us for a 1-hash segment, once per run of its partition.
+        PERF(filter): ``bisect`` over a memoryview of the run, once per fingerprint: 0.37 us
+        against 1.6 for numpy's scalar ``searchsorted`` and its scalar compare (3,000
+        entries), which cost 7.1 against 2.0 us for the array form's four numpy calls; once
+        per run of the partition for every segment pushed.
         """
-        fps = self.fps
-        n = len(fps)
+        view = self.view
+        n = len(view)
         for v in incoming:
-            at = int(fps.searchsorted(v))
-            if at < n and fps[at] == v:
+            at = bisect.bisect_left(view, v)
+            if at < n and view[at] == v:
                 return True
         return False
 

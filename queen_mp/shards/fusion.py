@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,7 +27,13 @@ from queen_mp.shards.dedupfilter import DedupFilter, Recall
 from queen_mp.wire import frames as wf
 from queen_mp.wire.hashing import hash_prefixes
 from queen_mp.wire.ids import ZERO_UUID
-from queen_mp.wire.records import ItemVerdict, PushGroup, PushVerdict, blob_from_pieces
+from queen_mp.wire.records import (
+    ItemVerdict,
+    PushGroup,
+    PushVerdict,
+    blob_from_pieces,
+    pack_queued_run,
+)
 
 __all__ = ["PushFusion"]
 
@@ -42,12 +47,17 @@ _SUMMARY_EVERY_S = 10.0
 _RECALL_OFFSETS = 1 << 18
 
 Key = tuple[bytes, str, str]  # tenant, queue, partition
-Reply = Callable[[int, PushVerdict], None]
+Reply = Callable[[int, bytes], None]  # (slot, a packed PushVerdict)
 Stored = Callable[[set[tuple[bytes, str]]], None]  # (tenant, queue) pairs just committed
 
 
 class Entry:
-    """One ``PushGroup`` from one front worker: its frames and their verdicts so far."""
+    """One ``PushGroup`` from one front worker: its frames and their verdicts so far.
+
+    PERF(fusion): the per-frame state (``status``, ``offsets``, ``dup_ids``) is made by the
+    first ``resolve``: the fast path answers a whole entry with ``resolve_run`` and never
+    needs it.
+    """
 
     __slots__ = ("created_us", "dup_ids", "frames", "group", "offsets", "partition_id",
                  "remaining", "run_first", "slot", "status")
@@ -55,14 +65,17 @@ class Entry:
     def __init__(self, slot: int, group: PushGroup) -> None:
         self.slot = slot
         self.group = group
-        self.status = bytearray(group.count)
-        self.offsets = [-1] * group.count
+        self.status: bytearray | None = None  # per frame: PENDING, QUEUED or DUPLICATE
+        self.offsets: list[int] = []
         self.dup_ids: dict[int, bytes] = {}
         self.remaining = group.count
         self.partition_id = 0
         self.created_us = 0
         self.frames: list[bytes] | None = None  # split lazily, only on the slow path
         self.run_first = -1  # offset of frame 0 when every frame was queued in one run
+
+    def pending(self, j: int) -> bool:
+        return self.status is None or self.status[j] == PENDING
 
     def hash(self, j: int) -> bytes:
         return self.group.hashes[16 * j:16 * j + 16]
@@ -81,7 +94,10 @@ class Entry:
         return self.frames
 
     def resolve(self, j: int, status: int, offset: int, original: bytes | None = None) -> None:
-        if self.status[j] != PENDING:
+        if self.status is None:
+            self.status = bytearray(self.group.count)
+            self.offsets = [-1] * self.group.count
+        elif self.status[j] != PENDING:
             return
         self.status[j] = status
         self.offsets[j] = offset
@@ -102,19 +118,28 @@ class Entry:
         if self.run_first >= 0:
             run = (self.run_first, g.count)
         else:
+            status = self.status if self.status is not None else bytearray(g.count)
             items = tuple(
-                ItemVerdict(0, self.offsets[j], b"") if self.status[j] == QUEUED
+                ItemVerdict(0, self.offsets[j], b"") if status[j] == QUEUED
                 else ItemVerdict(1, self.offsets[j], self.dup_ids.get(j, ZERO_UUID))
                 for j in range(g.count))
         return PushVerdict(generation=g.generation, slot=g.slot, request_id=g.request_id,
                            group_index=g.group_index, status=0, partition_id=self.partition_id,
                            created_at_us=self.created_us, items=items, queued_run=run)
 
-    def failure(self, error: str) -> PushVerdict:
+    def answer(self) -> bytes:
+        """The packed verdict (PERF(fusion): the fast path's without a PushVerdict)."""
+        if self.run_first >= 0:
+            g = self.group
+            return pack_queued_run(g.generation, g.slot, g.request_id, g.group_index,
+                                   self.partition_id, self.created_us, self.run_first, g.count)
+        return self.verdict().pack()
+
+    def failure(self, error: str) -> bytes:
         g = self.group
         return PushVerdict(generation=g.generation, slot=g.slot, request_id=g.request_id,
                            group_index=g.group_index, status=1, partition_id=0, created_at_us=0,
-                           error=error, items=())
+                           error=error, items=()).pack()
 
 
 @dataclass
@@ -144,7 +169,15 @@ def _message_id(frame: bytes | memoryview) -> bytes:
 
 def build_segment(key: Key, entries: list[Entry]) -> Segment:
     """Layer-2 dedup plus the hash and payload blobs of one partition's pending frames."""
-    if all(e.remaining == e.group.count for e in entries):
+    if len(entries) == 1:
+        # PERF(fusion): one group of one partition (every segment of 1-item pushes): its own
+        # hashes and pieces as they are; one hash needs no distinctness test.
+        e = entries[0]
+        g = e.group
+        if e.remaining == g.count and (g.count == 1
+                                       or len(set(hash_prefixes(g.hashes))) == g.count):
+            return Segment(key, entries, g.hashes, blob_from_pieces(g.pieces), g.count, None)
+    elif all(e.remaining == e.group.count for e in entries):
         hashes = b"".join(e.group.hashes for e in entries)
         total = len(hashes) >> 4
         # PERF(queen): distinct 64-bit prefixes prove distinct hashes, in one C-level pass; a
@@ -163,7 +196,7 @@ def build_segment(key: Key, entries: list[Entry]) -> Segment:
     for e in entries:
         frames = None
         for j in range(e.group.count):
-            if e.status[j] != PENDING:
+            if not e.pending(j):
                 continue
             h = e.hash(j)
             k = leader.get(h)
@@ -209,7 +242,10 @@ class PushFusion:
     # ------------------------------------------------------------------ intake
     def add(self, slot: int, group: PushGroup) -> None:
         key = (group.tenant, group.queue, group.partition)
-        self.pending.setdefault(key, deque()).append(Entry(slot, group))
+        queue = self.pending.get(key)
+        if queue is None:
+            queue = self.pending[key] = deque()
+        queue.append(Entry(slot, group))
         if key not in self.inflight_keys:
             self.ready[key] = None
         if not self._kick_soon:
@@ -283,7 +319,7 @@ class PushFusion:
             counts=[s.count for s in segments], hashes=[s.hashes for s in segments],
             verified=[self.dedup.verified(s.key, s.hashes) for s in segments],
             blobs=[s.blob for s in segments],
-            tenants=[uuid.UUID(bytes=s.key[0]) for s in segments])
+            tenants=[s.key[0] for s in segments])
         started = time.monotonic()
         results = await self.writer.push_multi(bundle)
         self._adapt(time.monotonic() - started)
@@ -327,7 +363,7 @@ class PushFusion:
         for seg in segments:
             for e in seg.entries:
                 if e.remaining == 0:
-                    self.reply(e.slot, e.verdict())
+                    self.reply(e.slot, e.answer())
             # NOTE(queen): SQL wrote nothing for a segment with duplicates; the rest of its
             # frames go again, ahead of anything that arrived for the partition meanwhile.
             leftovers = [e for e in seg.entries if e.remaining]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from array import array
 
 import pytest
@@ -31,6 +32,14 @@ from queen_mp.wire import (
     peek_kind,
     unpack_record,
 )
+from queen_mp.wire.frames import (
+    CODEC_ZSTD,
+    decode_chunk,
+    iter_chunks,
+    pack_frame,
+    zstd_compress,
+)
+from queen_mp.wire.records import SMALL_RUN_BYTES, blob_from_pieces, pack_queued_run
 
 u16 = st.integers(0, 2**16 - 1)
 u32 = st.integers(0, 2**32 - 1)
@@ -322,3 +331,43 @@ def test_grants_and_ack_requests_round_trip(hashes: list[bytes], group: str, que
         for cut in (1, 16):
             with pytest.raises(RecordDecodeError):
                 type(record).unpack(packed[:-cut] if hashes else packed + b"\x00" * cut)
+
+
+def test_blob_from_pieces_packs_small_runs_fast_and_keeps_client_chunks() -> None:
+    # text whose literals Huffman coding shrinks: level 1 and level -1 give different bytes
+    rng = random.Random(7)
+    text = bytes(rng.choice(b"etaoinshrdlu ") for _ in range(300))
+    small = [pack_frame(bytes(range(16)), f"t-{i}".encode(), b'"%s"' % text) for i in range(3)]
+    big = [pack_frame(bytes(16), f"t-{i}".encode(), b'{"pad":"%s"}' % (b"ab" * 300))
+           for i in range(4)]
+    client = zstd_compress(b"".join(small), 3)
+    blob = blob_from_pieces([Piece(PIECE_RAW, 2, b"".join(small[:2])),
+                             Piece(PIECE_RAW, 1, small[2]), Piece(PIECE_ZSTD, 3, client),
+                             Piece(PIECE_RAW, 4, b"".join(big))])
+    chunks = list(iter_chunks(blob))
+    assert [(c.count, c.codec) for c in chunks] == [(3, CODEC_ZSTD)] * 2 + [(4, CODEC_ZSTD)]
+    # a run of at most SMALL_RUN_BYTES at the fast level, larger ones at level 1
+    assert len(b"".join(small)) <= SMALL_RUN_BYTES < len(b"".join(big))
+    assert zstd_compress(b"".join(small), -1) != zstd_compress(b"".join(small), 1)
+    assert bytes(chunks[0].data) == zstd_compress(b"".join(small), -1)
+    assert bytes(chunks[1].data) == client
+    assert bytes(chunks[2].data) == zstd_compress(b"".join(big), 1)
+    frames = [bytes(decode_chunk(c.codec, c.data, max_size=1 << 20)) for c in chunks]
+    assert frames == [b"".join(small)] * 2 + [b"".join(big)]
+
+
+@given(u32, u16, u64, u32, i64, i64, st.integers(-(2**40), 2**40), st.integers(1, 50))
+def test_pack_queued_run_is_the_queued_run_verdict(generation: int, slot: int, request_id: int,
+                                                   group_index: int, pid: int, created: int,
+                                                   first: int, count: int) -> None:
+    verdict = PushVerdict(generation, slot, request_id, group_index, VERDICT_OK, pid, created,
+                          queued_run=(first, count))
+    assert pack_queued_run(generation, slot, request_id, group_index, pid, created, first,
+                           count) == verdict.pack()
+
+
+def test_pack_queued_run_refuses_what_does_not_fit() -> None:
+    with pytest.raises(ValueError):
+        pack_queued_run(2**32, 0, 1, 0, 1, 1, 1, 1)
+    with pytest.raises(ValueError):
+        pack_queued_run(1, 0, 1, 0, 1, 1, 2**63 - 1, 2)

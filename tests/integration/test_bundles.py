@@ -1,0 +1,88 @@
+"""The shard's bundle writer (queen_mp/db/bundles.py) against PostgreSQL: the arrays it builds
+in binary form are the arrays psycopg's own dumpers send, and a bundle it writes is stored as
+given."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+
+from queen_mp.db.binarrays import register_arrays
+from queen_mp.db.bundles import BundleWriter, PushBundle, bundle_params
+from queen_mp.db.errors import DatabaseError
+from tests.pgharness import module_db_dsn
+
+db_dsn = module_db_dsn  # placeholder payloads no route can decode: a database of its own
+
+_TYPES = ("text[]", "text[]", "int4[]", "bytea[]", "int8[]", "bytea[]", "uuid[]")
+
+
+def _bundle(tag: str, n: int) -> PushBundle:
+    return PushBundle(
+        queues=[f"bq-{tag}-é{i % 2}" for i in range(n)],
+        partitions=[f"p-{i}-ü" if i % 3 else "" for i in range(n)],
+        counts=[1 + i % 3 for i in range(n)],
+        hashes=[bytes([i, 255 - i]) * 8 for i in range(n)],
+        verified=[0, -1, 2**63 - 1, 7][:n] + [i for i in range(4, n)],
+        blobs=[bytes(range(i % 7)) * 40 for i in range(n)],
+        tenants=[uuid.UUID(int=i % 2).bytes for i in range(n)])
+
+
+@pytest.mark.parametrize("n", [1, 4, 19])
+def test_binary_arrays_equal_what_psycopg_sends(db, n):
+    bundle = _bundle("eq", n)
+    mine = bundle_params(bundle)
+    theirs = (list(bundle.queues), list(bundle.partitions), list(bundle.counts),
+              list(bundle.hashes), list(bundle.verified), list(bundle.blobs),
+              [uuid.UUID(bytes=t) for t in bundle.tenants])
+    register_arrays(db)  # as the writer's connections do
+    for k, typ in enumerate(_TYPES):
+        row = db.execute(f"SELECT %b::{typ} = %s::{typ}, %b::{typ}",
+                         (mine[k], theirs[k], mine[k])).fetchone()
+        assert row is not None
+        assert row[0] is True, (typ, row[2], theirs[k])
+
+
+def test_push_multi_stores_the_bundle_as_given(db, db_dsn):
+    bundle = _bundle(uuid.uuid4().hex[:8], 5)
+    bundle = PushBundle(bundle.queues, [f"{p}x{i}" for i, p in enumerate(bundle.partitions)],
+                        [1] * 5, [uuid.uuid4().bytes for _ in range(5)], [0] * 5,
+                        bundle.blobs, bundle.tenants)
+
+    async def push() -> list:
+        writer = BundleWriter(db_dsn, 1, 10_000, "test bundles")
+        try:
+            return await writer.push_multi(bundle)
+        finally:
+            await writer.close()
+
+    verdicts = asyncio.run(push())
+    assert [v.queued for v in verdicts] == [True] * 5
+    for i, v in enumerate(verdicts):
+        row = db.execute(
+            "SELECT q.tenant, q.name, lp.name, s.msg_count, s.payload, t.hashes"
+            " FROM queen.log_segments s JOIN queen.log_txns t USING (partition_id, base_offset)"
+            " JOIN queen.log_partitions lp ON lp.id = s.partition_id"
+            " JOIN queen.queues q ON q.id = lp.queue_id"
+            " WHERE s.partition_id = %s AND s.base_offset = %s",
+            (v.partition_id, v.base_offset)).fetchone()
+        assert row == (uuid.UUID(bytes=bundle.tenants[i]), bundle.queues[i],
+                       bundle.partitions[i], 1, bundle.blobs[i], bundle.hashes[i])
+
+
+def test_a_misaligned_bundle_is_refused_by_the_database(db_dsn):
+    bundle = _bundle("mis", 3)
+    bundle = PushBundle(bundle.queues, bundle.partitions, bundle.counts, bundle.hashes[:2],
+                        bundle.verified, bundle.blobs, bundle.tenants)
+
+    async def push() -> None:
+        writer = BundleWriter(db_dsn, 1, 10_000, "test bundles")
+        try:
+            await writer.push_multi(bundle)
+        finally:
+            await writer.close()
+
+    with pytest.raises(DatabaseError, match="misaligned"):
+        asyncio.run(push())
