@@ -637,21 +637,6 @@ def unpack_record(buf: bytes | bytearray | memoryview) -> Record:
     return record_type.unpack(buf)
 
 
-# Runs of raw frames up to this many bytes are compressed at zstd's fast level -1.
-# PERF(wire): a one-message segment (the benchmark's 237-byte frame) cost 8.6 us at level 1,
-# most of it building Huffman tables for its literals, which negative levels leave
-# uncompressed: 2.3 us for the same 91 bytes (43k of the shard's 299k instructions a
-# message, callgrind). The price is the ratio on literal-heavy text: a 211-byte JSON frame
-# 196 -> 220 bytes, 400 bytes of random letters 299 -> 425. Larger runs keep level 1.
-SMALL_RUN_BYTES = 1024
-_FAST_LEVEL = -1
-
-
-def _run_chunk(run: list[bytes], count: int) -> bytes:
-    data = b"".join(run)
-    return pack_chunk_zstd(data, count, _FAST_LEVEL if len(data) <= SMALL_RUN_BYTES else 1)
-
-
 def blob_from_pieces(pieces: Iterable[Piece]) -> bytes:
     """Consecutive raw pieces become one zstd chunk; client chunks are kept byte for byte."""
     out: list[bytes] = []
@@ -663,9 +648,9 @@ def blob_from_pieces(pieces: Iterable[Piece]) -> bytes:
             run_count += p.count
             continue
         if run:
-            out.append(_run_chunk(run, run_count))
+            out.append(pack_chunk_zstd(b"".join(run), run_count))
             run, run_count = [], 0
         out.append(pack_chunk(CODEC_ZSTD, p.count, p.data))
     if run:
-        out.append(_run_chunk(run, run_count))
+        out.append(pack_chunk_zstd(b"".join(run), run_count))
     return b"".join(out)
