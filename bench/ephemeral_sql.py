@@ -39,7 +39,7 @@ from bench.push import (
     private_server,
     process_tree,
 )
-from queen_mp.db.ephemeral_procs import int8_array, text_array
+from queen_mp.db.binarrays import int8_array, register_arrays, text_array
 from queen_mp.db.migrations import apply_migrations
 from queen_mp.models.ephemeral import parse_id
 
@@ -63,6 +63,7 @@ class _Backend:
 
     def __init__(self, dsn: str) -> None:
         self.conn = psycopg.connect(dsn, autocommit=True)
+        register_arrays(self.conn)  # as the broker's pooled connections do
         row = self.conn.execute("SELECT pg_backend_pid()").fetchone()
         assert row is not None
         self.pid = int(row[0])
@@ -78,7 +79,7 @@ class _Backend:
 
     # the parameters and results as queen_mp/db/ephemeral_procs.py passes them (binary arrays)
     def push(self, queue: str, partition: str, n: int) -> None:
-        self.conn.execute("SELECT queen.eph_push_v1(%s, %s, %s, %b)",
+        self.conn.execute("SELECT queen.eph_push_v1(%s, %s, %s, %b::text[])",
                           (_TENANT, queue, partition, text_array([_PAYLOAD] * n)))
 
     def pop_ack(self, queue: str, group: str, batch: int) -> int:
@@ -91,7 +92,8 @@ class _Backend:
         parts = [parse_id(m["id"]) for m in orjson.loads(row[0])]
         ok = [p for p in parts if p is not None]
         out = self.conn.execute(
-            "SELECT outcomes FROM queen.eph_ack_v2(%s, %s, %s, %b, %b, %b, %b)",
+            "SELECT outcomes FROM queen.eph_ack_v2(%s, %s, %s, %b::text[], %b::int8[], "
+            "%b::int8[], %b::text[])",
             (_TENANT, queue, group, text_array([p[0] for p in ok]),
              int8_array([p[1] for p in ok]), int8_array([p[2] for p in ok]),
              text_array(["completed"] * len(ok)))).fetchone()

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
+from queen_mp.db.binarrays import register_arrays
 from queen_mp.db.errors import NotDurable, StatementError, StatementTimeout, emit, translate
 
 if TYPE_CHECKING:
@@ -151,6 +152,7 @@ def connect_blocking(dsn: str, *, application_name: str, autocommit: bool = True
 async def _verify_pooled(conn: Conn) -> None:
     try:
         await verify_durable(conn)
+        register_arrays(conn)  # the ephemeral calls' array parameters (db/binarrays.py)
     except BaseException:
         # NOTE(db): psycopg_pool discards a connection its configure callback refused, but
         # leaves it open until garbage collection

@@ -10,22 +10,19 @@ psycopg errors do not leave this module.
 
 from __future__ import annotations
 
-import struct
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 import psycopg
-from psycopg.adapt import Dumper
-from psycopg.pq import Format
 
+from queen_mp.db.binarrays import int8_array, text_array
 from queen_mp.db.errors import translate
 
-__all__ = ["SQLSTATE_QUEUE_FULL", "AckOutcome", "Int8Array", "PopOutcome", "QueueFull",
-           "TextArray", "ack", "configure", "delete", "depth", "int8_array", "list_queues",
-           "pop", "push", "reset", "text_array"]
+__all__ = ["SQLSTATE_QUEUE_FULL", "AckOutcome", "PopOutcome", "QueueFull", "ack", "configure",
+           "delete", "depth", "list_queues", "pop", "push", "reset"]
 
 Conn = psycopg.AsyncConnection[Any]
 
@@ -69,77 +66,12 @@ def _tenant(tenant: bytes) -> uuid.UUID:
     return uuid.UUID(bytes=tenant)
 
 
-# PERF(eph): the array parameters (a push's payloads, an ack's ids) are sent in PostgreSQL's
-# binary array format, built here. psycopg's own list dumper escaped every element of a text
-# array through a regular expression: 1.76 ms of a front worker's CPU for a push of 100
-# 200-byte payloads (17.6 us per message, two thirds of the broker's CPU of the push route),
-# 0.55 ms for an ack of 100 ids, against about 0.05 ms per array here (timeit, loaded machine).
-class _BinaryArray(bytes):
-    """An array parameter already in PostgreSQL's binary format (pass it to a ``%b``)."""
-
-    __slots__ = ()
-
-
-class TextArray(_BinaryArray):
-    __slots__ = ()
-
-
-class Int8Array(_BinaryArray):
-    __slots__ = ()
-
-
-class _TextArrayDumper(Dumper):
-    format = Format.BINARY
-    oid = 1009  # text[]
-
-    def dump(self, obj: Any) -> bytes:
-        return obj  # type: ignore[no-any-return]
-
-
-class _Int8ArrayDumper(_TextArrayDumper):
-    oid = 1016  # int8[]
-
-
-psycopg.adapters.register_dumper(TextArray, _TextArrayDumper)
-psycopg.adapters.register_dumper(Int8Array, _Int8ArrayDumper)
-
-_HEAD = struct.Struct("!iiIii")  # ndim 1, has NULLs, element type, length, lower bound 1
-_EMPTY = struct.Struct("!iiI")  # ndim 0
-_NULL = b"\xff\xff\xff\xff"  # an element's length -1
-_I8 = struct.Struct("!iq")
-
-
-def text_array(values: Iterable[str | None]) -> TextArray:
-    parts = [b""]
-    nulls = 0
-    for v in values:
-        if v is None:
-            parts.append(_NULL)
-            nulls = 1
-        else:
-            b = v.encode()
-            parts.append(len(b).to_bytes(4, "big") + b)
-    return TextArray(_array(parts, 25, nulls))
-
-
-def int8_array(values: Iterable[int | None]) -> Int8Array:
-    parts = [b""]
-    nulls = 0
-    pack = _I8.pack
-    for v in values:
-        if v is None:
-            parts.append(_NULL)
-            nulls = 1
-        else:
-            parts.append(pack(8, v))
-    return Int8Array(_array(parts, 20, nulls))
-
-
-def _array(parts: list[bytes], oid: int, nulls: int) -> bytes:
-    """``parts[1:]`` are the elements; ``parts[0]`` becomes the header."""
-    n = len(parts) - 1
-    parts[0] = _HEAD.pack(1, nulls, oid, n, 1) if n else _EMPTY.pack(0, 0, oid)
-    return b"".join(parts)
+# PERF(eph): the array parameters (a push's payloads, an ack's ids) go in PostgreSQL's binary
+# form (queen_mp/db/binarrays.py; the pool's connections send them, db/connect.py). psycopg's
+# own list dumper escaped every element of a text array through a regular expression: 1.76 ms
+# of a front worker's CPU for a push of 100 200-byte payloads (17.6 us per message, two thirds
+# of the broker's CPU of the push route), 0.55 ms for an ack of 100 ids, against about 0.05 ms
+# per array built in binary (timeit, loaded machine).
 
 
 async def configure(conn: Conn, tenant: bytes, queue: str, opts: dict[str, Any]
@@ -151,7 +83,7 @@ async def configure(conn: Conn, tenant: bytes, queue: str, opts: dict[str, Any]
 
 async def push(conn: Conn, tenant: bytes, queue: str, partition: str,
                payloads: tuple[str, ...]) -> int:
-    row = await _one(conn, "SELECT queen.eph_push_v1(%s, %s, %s, %b)",
+    row = await _one(conn, "SELECT queen.eph_push_v1(%s, %s, %s, %b::text[])",
                      (_tenant(tenant), queue, partition, text_array(payloads)), writes=True)
     return int(row[0])
 
@@ -171,7 +103,8 @@ async def ack(conn: Conn, tenant: bytes, queue: str, group: str, ids: Sequence[s
     """``ids`` parsed by ``models.ephemeral.parse_id`` into ``epochs``, ``seqs``,
     ``deliveries``."""
     row = await _one(conn, "SELECT outcomes, redelivered "
-                           "FROM queen.eph_ack_v2(%s, %s, %s, %b, %b, %b, %b)",
+                           "FROM queen.eph_ack_v2(%s, %s, %s, %b::text[], %b::int8[], %b::int8[], "
+                           "%b::text[])",
                      (_tenant(tenant), queue, group, text_array(epochs), int8_array(seqs),
                       int8_array(deliveries), text_array(statuses)), writes=True)
     return AckOutcome([{"id": i, "outcome": o} for i, o in zip(ids, row[0], strict=True)],
