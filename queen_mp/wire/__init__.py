@@ -103,6 +103,7 @@ from queen_mp.wire.records import (
     RecordBatch,
     blob_from_pieces,
     hash_set,
+    pack_queued_run,
     peek_kind,
     unpack_record,
 )
@@ -191,6 +192,7 @@ __all__ = [
     "pack_chunk_zstd",
     "pack_frame",
     "pack_plain_frame",
+    "pack_queued_run",
     "parse_binary_push",
     "peek_kind",
     "read_frame_groups",
