@@ -16,7 +16,6 @@ outage, and a queue this worker has not seen): the drain resolves them.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Sequence
@@ -112,7 +111,7 @@ class Ingest:
                               results)
             return _fill_followers(items, results, leader_of)
         link = self.link
-        deadline = asyncio.get_running_loop().time() + self.timeout_s
+        deadline = link.loop.time() + self.timeout_s
         request_id = link.next_request_id()
         deadline_ms = int((time.time() + self.timeout_s) * 1000)
         calls = []

@@ -20,14 +20,17 @@ import time
 from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from queen_mp.ipc.wakeboard import WakeBoard
 
 __all__ = ["ParkKey", "ParkingLot"]
 
 
-@dataclass(frozen=True)
-class ParkKey:
+class ParkKey(NamedTuple):
+    """PERF(queen): a tuple, hashed in C: a pop hashes its key several times (its claim gate,
+    the parking lot), and a frozen dataclass's ``__hash__`` is a Python call each time."""
+
     bucket: int | None  # None: woken by any bucket (namespace / task pops)
     group: str
     scope: Hashable  # partition name, or (namespace, task)

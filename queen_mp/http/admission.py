@@ -197,14 +197,27 @@ class Grant:
     """Permits held by one request (admission budget and work window); released once, by
     process_response or the backstop."""
 
-    __slots__ = ("_admission", "_finalizer", "deadline", "size", "window")
+    __slots__ = ("_admission", "_admitted", "_deadline", "_finalizer", "size", "window")
 
-    def __init__(self, admission: Admission, size: int, window: int, deadline: float) -> None:
+    def __init__(self, admission: Admission, size: int, window: int,
+                 deadline: float | None = None) -> None:
         self._admission = admission
         self.size = size
         self.window = window
-        self.deadline = deadline  # loop time at which the request's one hold ends
+        self._admitted = time.monotonic()
+        self._deadline = deadline
         self._finalizer: weakref.finalize | None = None
+
+    @property
+    def deadline(self) -> float:
+        """Monotonic time at which the request's one hold ends.
+
+        PERF(http): drawn (with its jitter) when first needed: a request that never waits
+        for permits, nearly every one, draws none."""
+        deadline = self._deadline
+        if deadline is None:
+            deadline = self._deadline = self._admitted + self._admission.hold_s()
+        return deadline
 
     def guard(self, owner: object) -> None:
         """Release when ``owner`` is collected without an explicit release."""
@@ -228,7 +241,7 @@ class Grant:
             return
         window.release(self.window)
         self.window = 0
-        if not await window.acquire(size, self.deadline - asyncio.get_running_loop().time()):
+        if not await window.acquire(size, self.deadline - time.monotonic()):
             admission._reject(path, admission._overloaded(window))
         self.window = size
 
@@ -305,6 +318,7 @@ class Admission:
         self._rng = rng or random.Random()
         self._disk_pct = 0.0
         self._disk_at: float | None = None
+        self._sampled = False  # the gauge of bytes in flight is sampled by the metrics' tally
 
     @classmethod
     def for_worker(cls, worker: FrontWorker) -> Admission:
@@ -357,19 +371,23 @@ class Admission:
         bytes, or a 429/507 refusal; None when it takes none. The caller releases them."""
         self._check_disk(path)
         size = self.cost(content_length)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.hold_s()
-        # PERF(http): what fits takes its permits without a coroutine; only a wait awaits
+        # PERF(http): what fits takes its permits without a coroutine, a clock or a jitter
+        # draw; only a wait awaits
+        deadline: float | None = None
         waited = not self.budget.try_acquire(size)
-        if waited and not await self.budget.acquire(size, deadline - loop.time()):
-            self._reject(path, self._overloaded(self.budget))
+        if waited:
+            deadline = time.monotonic() + self.hold_s()
+            if not await self.budget.acquire(size, deadline - time.monotonic()):
+                self._reject(path, self._overloaded(self.budget))
         window = 0
         if self.window is not None and path in WINDOWED_PATHS:
             window = self.window.clamp(size)
             if not self.window.try_acquire(window):
                 waited = True
+                if deadline is None:
+                    deadline = time.monotonic() + self.hold_s()
                 try:
-                    admitted = await self.window.acquire(window, deadline - loop.time())
+                    admitted = await self.window.acquire(window, deadline - time.monotonic())
                 except BaseException:  # cancelled while waiting: no grant holds ``size`` yet
                     self._released(size, 0)
                     raise
@@ -379,7 +397,8 @@ class Admission:
         grant = None
         if size:
             grant = Grant(self, size, window, deadline)
-            self._gauge()
+            if not self._sampled:
+                self._sample()
         if waited:
             try:
                 self._check_disk(path)  # it may have filled while we waited (sampled: cheap)
@@ -401,7 +420,6 @@ class Admission:
         if window and self.window is not None:
             self.window.release(window)
         self.budget.release(size)
-        self._gauge()
 
     def _check_disk(self, path: str) -> None:
         if path not in DISK_CHECKED_PATHS:
@@ -426,7 +444,11 @@ class Admission:
             metrics.admission_rejected.labels(err.code).inc()
         raise kv_error(err) if path in _KV_SHAPED else err
 
-    def _gauge(self) -> None:
+    def _sample(self) -> None:
+        """The admission gauge follows the budget: read at the end of every metrics turn
+        (``Tally.sample``), not written by each grant and release."""
         metrics = self._metrics()
         if metrics is not None:
-            metrics.tally.set(metrics.admission_bytes, self.budget.in_use)
+            budget = self.budget
+            metrics.tally.sample(metrics.admission_bytes, lambda: budget.in_use)
+            self._sampled = True

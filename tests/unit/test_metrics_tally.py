@@ -40,8 +40,11 @@ def test_batched_updates_leave_the_samples_of_direct_ones() -> None:
             tally.observe(batched[1], (route,), v)
             direct[2].observe(v)
             tally.observe(batched[2], (), v)
+        level = [0.0]
+        tally.sample(batched[3], lambda: level[0])
+        for i in range(3):
+            level[0] = i
             direct[3].set(i)
-            tally.set(batched[3], i)
         # nothing is written during the turn, all of it right after
         assert _samples(batched[1]) == []
         await asyncio.sleep(0)
@@ -54,4 +57,34 @@ def test_batched_updates_leave_the_samples_of_direct_ones() -> None:
 def test_outside_a_running_loop_an_update_is_written_at_once() -> None:
     counter = Counter("c", "c", registry=None)
     Tally().inc(counter, (), 3)
+    assert _samples(counter) == [("c_total", [], 3.0)]
+
+
+def test_a_sampled_gauge_is_written_at_flushes_where_it_changed() -> None:
+    written: list[float] = []
+
+    class Recorder:
+        def set(self, value: float) -> None:
+            written.append(value)
+
+    level = [5.0]
+    counter = Counter("c", "c", registry=None)
+
+    async def turns() -> None:
+        tally = Tally()
+        tally.sample(Recorder(), lambda: level[0])
+        await asyncio.sleep(0)  # the first value, at the end of the turn it was sampled in
+        level[0] = 7.0
+        tally.inc(counter)  # any update flushes at the turn's end: the gauge is read then
+        await asyncio.sleep(0)
+        tally.inc(counter)  # unchanged: not written again
+        await asyncio.sleep(0)
+        level[0] = 0.0
+        await asyncio.sleep(0)  # no update, no flush: nothing read
+        assert written == [5.0, 7.0]
+        tally.inc(counter)
+        await asyncio.sleep(0)
+
+    asyncio.run(turns())
+    assert written == [5.0, 7.0, 0.0]
     assert _samples(counter) == [("c_total", [], 3.0)]

@@ -12,7 +12,7 @@ from typing import Any
 
 from queen_mp.db import pop_procs
 from queen_mp.front.parking import ParkingLot
-from queen_mp.front.popper import Popper, PopRequest
+from queen_mp.front.popper import Popper, PopRequest, _enter, _Gate, _leave
 
 TENANT = bytes(16)
 
@@ -91,5 +91,53 @@ def test_a_pop_whose_claim_time_ran_out_in_the_gate_claims_nothing() -> None:
         p.release.set()
         assert await asyncio.gather(first, late) == [None, None]
         assert p.claims == 1  # the late one never reached the database
+
+    asyncio.run(body())
+
+
+def test_cancelled_pops_leave_the_gate_to_the_next_in_order() -> None:
+    async def body() -> None:
+        p = RecordingPopper()
+        first = asyncio.create_task(p.pop(request("a")))
+        for _ in range(3):
+            await asyncio.sleep(0)
+        queued = [asyncio.create_task(p.pop(request("a"))) for _ in range(3)]
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert p.claims == 1
+        queued[0].cancel()  # cancelled while waiting: leaves the line
+        await asyncio.sleep(0)
+        p.release.set()  # the first claim ends: the gate goes to the first one still waiting
+        queued[1].cancel()  # cancelled before the first claim left: queued[2] is next
+        results = await asyncio.gather(first, *queued, return_exceptions=True)
+        assert results[0] is None and results[3] is None
+        assert all(isinstance(r, asyncio.CancelledError) for r in results[1:3]), results
+        assert p.claims == 2 and p.running == {"a": 0}
+        assert len(p._gates) == 0
+
+    asyncio.run(body())
+
+
+def test_a_gate_handed_to_a_cancelled_pop_goes_on_to_the_next() -> None:
+    async def body() -> None:
+        gate = _Gate(busy=True)
+        entered: list[str] = []
+
+        async def enter(name: str) -> None:
+            await _enter(gate)
+            entered.append(name)
+
+        one = asyncio.create_task(enter("one"))
+        two = asyncio.create_task(enter("two"))
+        await asyncio.sleep(0)
+        assert len(gate.waiters) == 2
+        _leave(gate)  # handed to one, still busy ...
+        assert gate.busy
+        one.cancel()  # ... which is cancelled before it runs: two gets it
+        await asyncio.wait_for(asyncio.gather(one, two, return_exceptions=True), 5)
+        assert one.cancelled() and entered == ["two"]
+        assert gate.busy and not gate.waiters
+        _leave(gate)
+        assert not gate.busy
 
     asyncio.run(body())

@@ -150,3 +150,15 @@ def test_a_served_answer_is_one_flush_and_keep_alive_and_streams_still_work(monk
     assert answers[2].endswith(b"\r\n\r\n3\r\none\r\n3\r\ntwo\r\n0\r\n\r\n")
     # head and body of each fixed-length answer left together; the stream flushed per step
     assert flushes[:2] == [2, 2], flushes
+
+
+def test_the_worker_serves_the_app_bare_and_without_a_server_header() -> None:
+    from queen_mp.processes.uvworker import BalancedUvicornWorker
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        raise AssertionError("not called")
+
+    config = uvicorn.Config(app, **BalancedUvicornWorker.CONFIG_KWARGS)
+    config.load()
+    assert config.loaded_app is app  # no ProxyHeadersMiddleware around it
+    assert b"server" not in dict(config.encoded_headers)
