@@ -177,30 +177,33 @@ def pack_plain_frame(message_id: bytes, transaction_id_bytes: bytes,
                      transaction_id_bytes, payload_bytes))
 
 
+def _plain_head(view: memoryview, at: int, end: int
+                ) -> tuple[bytes, memoryview, str, int, int] | None:
+    """The common frame (flags 0) at ``at``, read by one unpack: its message id, transactionId
+    bytes and text, and where its payload starts and it ends. None: anything unusual or wrong,
+    for the field-by-field reading, which also words the error."""
+    if end - at < 4 + MIN_BODY_LEN:
+        return None
+    body_len, flags, message_id, tlen = _HEAD.unpack_from(view, at)
+    stop = at + 4 + body_len
+    p = at + 23 + tlen
+    if flags or body_len < MIN_BODY_LEN or stop > end or not 0 < tlen <= MAX_TXN_BYTES \
+            or p > stop:
+        return None
+    txn = view[at + 23 : p]
+    try:
+        return message_id, txn, str(txn, "utf-8"), p, stop
+    except UnicodeDecodeError:
+        return None
+
+
 def _read_frame(view: memoryview, at: int, end: int, index: int) -> Frame:
     """The frame at ``at``; every length is checked against the frame and the buffer."""
-    # PERF(wire): one unpack covers the fixed head of the common frame (flags 0); anything
-    # unusual or wrong takes the field-by-field path, which also words the error.
-    if end - at >= 4 + MIN_BODY_LEN:
-        body_len, flags, message_id, tlen = _HEAD.unpack_from(view, at)
-        stop = at + 4 + body_len
-        p = at + 23 + tlen
-        if (
-            not flags
-            and body_len >= MIN_BODY_LEN
-            and stop <= end
-            and 0 < tlen <= MAX_TXN_BYTES
-            and p <= stop
-        ):
-            try:
-                transaction_id = str(view[at + 23 : p], "utf-8")
-            except UnicodeDecodeError:
-                pass
-            else:
-                return Frame(
-                    message_id, None, transaction_id, None, 0, view[p:stop], view[at:stop], at
-                )
-    return _read_frame_checked(view, at, end, index)
+    plain = _plain_head(view, at, end)
+    if plain is None:
+        return _read_frame_checked(view, at, end, index)
+    message_id, _, transaction_id, p, stop = plain
+    return Frame(message_id, None, transaction_id, None, 0, view[p:stop], view[at:stop], at)
 
 
 def _read_frame_checked(view: memoryview, at: int, end: int, index: int) -> Frame:
@@ -338,6 +341,20 @@ def _read_frame_checked(view: memoryview, at: int, end: int, index: int) -> Fram
     )
 
 
+def _skip(view: memoryview, end: int, skip: int, index: int) -> tuple[int, int]:
+    """Where the frame after the first ``skip`` ones starts, and its index: stepped over by
+    their lengths alone (a truncated one is BadFrame)."""
+    at = 0
+    while skip > 0 and at < end:
+        stop = at + 4 + _u32_at(view, at)[0] if end - at >= 4 else end + 1
+        if stop > end:
+            _read_frame_checked(view, at, end, index)  # raises: the frame is truncated
+        at = stop
+        index += 1
+        skip -= 1
+    return at, index
+
+
 def iter_frames(buf: bytes | bytearray | memoryview, *, first_index: int = 0,
                 skip: int = 0) -> Iterator[Frame]:
     """The frames of ``buf`` back to back up to its end; a partial last frame is BadFrame.
@@ -348,15 +365,7 @@ def iter_frames(buf: bytes | bytearray | memoryview, *, first_index: int = 0,
     """
     view = _view(buf)
     end = len(view)
-    at = 0
-    index = first_index
-    while skip > 0 and at < end:
-        stop = at + 4 + _u32_at(view, at)[0] if end - at >= 4 else end + 1
-        if stop > end:
-            _read_frame_checked(view, at, end, index)  # raises: the frame is truncated
-        at = stop
-        index += 1
-        skip -= 1
+    at, index = _skip(view, end, skip, first_index)
     while at < end:
         frame = _read_frame(view, at, end, index)
         yield frame
@@ -377,36 +386,18 @@ def frame_rows(buf: bytes | bytearray | memoryview, *, skip: int = 0) -> Iterato
     ``iter_frames``' own reading (which words the error)."""
     view = _view(buf)
     end = len(view)
-    at = 0
-    index = 0
-    if skip:
-        for frame in iter_frames(view, skip=skip):
-            at, index = frame.offset, skip
-            break
-        else:
-            return
-    unpack = _HEAD.unpack_from
+    at, index = _skip(view, end, skip, 0)
     while at < end:
-        if end - at >= 4 + MIN_BODY_LEN:
-            body_len, flags, message_id, tlen = unpack(view, at)
-            stop = at + 4 + body_len
-            p = at + 23 + tlen
-            if (not flags and body_len >= MIN_BODY_LEN and stop <= end
-                    and 0 < tlen <= MAX_TXN_BYTES and p <= stop):
-                txn = view[at + 23:p]
-                try:
-                    text = str(txn, "utf-8")
-                except UnicodeDecodeError:
-                    text = None
-                if text is not None:
-                    yield message_id, None, text, txn, None, 0, view[p:stop]
-                    at = stop
-                    index += 1
-                    continue
-        f = _read_frame(view, at, end, index)
-        yield (f.message_id, f.trace_id, f.transaction_id, f.transaction_id_bytes,
-               f.producer_sub, f.flags, f.payload)
-        at += len(f.raw)
+        plain = _plain_head(view, at, end)
+        if plain is not None:
+            message_id, txn, text, p, stop = plain
+            yield message_id, None, text, txn, None, 0, view[p:stop]
+            at = stop
+        else:
+            f = _read_frame_checked(view, at, end, index)
+            yield (f.message_id, f.trace_id, f.transaction_id, f.transaction_id_bytes,
+                   f.producer_sub, f.flags, f.payload)
+            at += len(f.raw)
         index += 1
 
 
