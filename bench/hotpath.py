@@ -9,7 +9,11 @@ database, the CPU work a request costs the broker between its sockets:
   build, its verdicts packed and unpacked, and the 201 answer rendered;
 - ``pop100``: a 100-message claim rendered as JSON (with the lease's hashes);
 - ``ack100``: a 100-acknowledgment batch body parsed, its fast-path request packed and
-  unpacked, and the answer rendered.
+  unpacked, and the answer rendered;
+- ``qpb1k``: the front worker's share of a 1,000-item binary push (QPB1 frames mode, 10
+  partitions, one zstd frame each, as bench/loadgen.py ``--format qpb1`` sends): the body
+  parsed and checked, and the 201 answer rendered from its results (the client's zstd frames
+  go to the shard as they came, so the shard's share is not the JSON push's).
 
 It runs ``--rounds`` of each chosen workload inside one ``operator.call``, a C function
 nothing else here calls, so callgrind counts the rounds alone (not imports, whose count varies
@@ -27,6 +31,7 @@ import argparse
 import importlib
 import operator
 import os
+import struct
 import sys
 import uuid
 from collections.abc import Callable
@@ -39,12 +44,13 @@ from queen_mp.front.acks import AckOutcome
 from queen_mp.front.delivery import json_messages
 from queen_mp.front.ingest import ItemResult, pieces_of
 from queen_mp.http.ack import AckBatchResource
-from queen_mp.http.push import parse_json_push, render_items
+from queen_mp.http.push import parse_binary, parse_json_push, render_items
 from queen_mp.ipc.ring import Ring
 from queen_mp.shards.fusion import Entry, build_segment
-from queen_mp.wire.frames import pack_chunk_raw, pack_frame
+from queen_mp.wire.binary_push import QPB1_MAGIC
+from queen_mp.wire.frames import pack_chunk_raw, pack_frame, zstd_compress
 from queen_mp.wire.hashing import txn_hash
-from queen_mp.wire.ids import uuid7
+from queen_mp.wire.ids import uuid7, uuid7_many
 from queen_mp.wire.records import (
     AckRequest,
     PushGroup,
@@ -118,6 +124,30 @@ class PushPath:
         return render_items(items, results)  # type: ignore[arg-type]
 
 
+class Qpb1Path:
+    """A 1,000-item QPB1 frames push as the front worker sees it: parse, check, answer."""
+
+    def __init__(self, items: int, partitions: int) -> None:
+        payload = orjson.dumps(PAYLOAD)
+        ids = uuid7_many(items)
+        per = items // partitions
+        groups = []
+        for g in range(partitions):
+            frames = b"".join(pack_frame(ids[i], f"t-{i}".encode(), payload)
+                              for i in range(g * per, (g + 1) * per))
+            z = zstd_compress(frames)
+            name, part = b"hot.q", f"p{g}".encode()
+            groups.append(struct.pack("<H", len(name)) + name + struct.pack("<H", len(part))
+                          + part + struct.pack("<II", per, len(z)) + z)
+        self.body = QPB1_MAGIC + bytes([8]) + struct.pack("<I", partitions) + b"".join(groups)
+
+    def __call__(self) -> bytes:
+        items, _, _ = parse_binary(self.body, 64 << 20)
+        results = [ItemResult("queued", it.message_id, 7 + int(it.partition[1:]), i,
+                              1_764_000_000_000_000) for i, it in enumerate(items)]
+        return render_items(items, results)
+
+
 class PopPath:
     """A 100-message claim of one partition rendered as the JSON answer's messages."""
 
@@ -185,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         known: dict[str, Callable[[], bytes]] = {
             "push1": PushPath(1, 1, ring), "push100": PushPath(100, 10, ring),
-            "pop100": PopPath(100), "ack100": AckPath(100)}
+            "pop100": PopPath(100), "ack100": AckPath(100), "qpb1k": Qpb1Path(1000, 10)}
         for name in a.workloads.split(","):
             work = known[name]
             work()  # warm: lazily built tables and caches are not the per-request cost
