@@ -186,8 +186,10 @@ class PushResource:
         self.worker = worker
 
     async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
-        body = await read_body(req, self.worker.config.max_body_mb << 20)
-        answer = await self.answer(body, tenant_of(req), sub_of(req),
+        # NOTE(memory): the body goes straight into ``answer`` (no local here), which drops
+        # it once parsed: a local would keep it until every verdict is in.
+        answer = await self.answer(await read_body(req, self.worker.config.max_body_mb << 20),
+                                   tenant_of(req), sub_of(req),
                                    getattr(req.context, "admission", None))
         answer.apply(resp)
 
