@@ -9,7 +9,9 @@ in falcon's order through the same code: falcon's own router on falcon's own pat
 middleware's checks (``Authz.principal``, ``Admission.admit``), the responder's ``answer``, a
 failure mapped by ``errors.error_of``, the permits given back, the request counted
 (``EdgeMiddleware.account``), and the answer sent with the headers falcon sends, in falcon's
-order (tests/fuzz: every request answered both ways compares equal, byte for byte).
+order (tests/fuzz: every request answered both ways compares equal, byte for byte). Below ASGI,
+the front's protocol answers most of these requests through ``HotRoutes.respond`` without
+uvicorn's request cycle (queen_mp/processes/uvworker.py).
 
 A request this module does not take goes to falcon whole: another method or route, a header
 read here (Content-Length, Content-Encoding, Authorization) that repeats, a Content-Length

@@ -264,9 +264,9 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
     async def _answer_lean(self, cycle: LeanCycle) -> None:
         hot = self._hot
         assert hot is not None
+        whole, cycle.chunks = b"".join(cycle.chunks), []
         try:
-            status, headers, body = rendered(await hot.respond(cycle.call,
-                                                               b"".join(cycle.chunks)))
+            status, headers, body = rendered(await hot.respond(cycle.call, whole))
         except BaseException as ex:  # as uvicorn's cycle: logged, answered 500, closed
             self.logger.error("Exception in ASGI application\n", exc_info=ex)
             (status, headers, body), cycle.keep_alive = _FAILED, False

@@ -256,6 +256,23 @@ def test_a_client_gone_mid_body_is_not_answered_nor_pushed(tmp_path: Any) -> Non
     assert SlowIngest.pushed == 0
 
 
+def test_a_client_gone_while_its_request_is_served_gets_nothing(tmp_path: Any) -> None:
+    def script(port: int, server: uvicorn.Server) -> bytes:
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.sendall(_request("POST", "/api/v1/push", _push(1).replace(b'"q"', b'"slow"')))
+            time.sleep(0.1)
+        time.sleep(0.4)  # the push ends, its answer is dropped
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.sendall(_request("GET", "/api/v1/pop/queue/empty"))
+            return _answer(sock, [])
+
+    SlowIngest.pushed = 0
+    CountingLean.taken.clear()
+    answer = _serve(CountingLean, _app(tmp_path), script)
+    assert answer.startswith(b"HTTP/1.1 204 ") and SlowIngest.pushed == 1
+    assert CountingLean.taken == ["/api/v1/push", "/api/v1/pop/queue/empty"]
+
+
 def test_a_graceful_stop_answers_what_is_in_flight_and_arrives_then_closes(
         tmp_path: Any) -> None:
     slow = _request("POST", "/api/v1/push", _push(1).replace(b'"q"', b'"slow"'))
