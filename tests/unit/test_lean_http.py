@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import logging
 import re
 import socket
 import time
@@ -42,6 +43,10 @@ class CountingLean(CorkedHttpToolsProtocol):
         return lean
 
 
+class Boom(BaseException):
+    pass
+
+
 class SlowIngest(FakeIngest):
     """Pushes to queue ``slow`` take a while: a request stays in flight."""
 
@@ -51,6 +56,8 @@ class SlowIngest(FakeIngest):
         SlowIngest.pushed += len(items)
         if items[0].queue == "slow":
             await asyncio.sleep(0.3)
+        if items[0].queue == "boom":
+            raise Boom  # past every handler of the application: the server's own 500
         return await super().push(items, tenant, chunks)
 
 
@@ -60,8 +67,8 @@ def _serve(protocol: type, app: Any, script: Script, **config: Any) -> Any:
 
     async def scenario() -> Any:
         server = uvicorn.Server(uvicorn.Config(
-            app, host="127.0.0.1", port=0, http=protocol, lifespan="off", log_level="warning",
-            proxy_headers=False, server_header=False, **config))
+            app, host="127.0.0.1", port=0, http=protocol, lifespan="off", proxy_headers=False,
+            server_header=False, **{"log_level": "warning", **config}))
         listener = socket.socket()
         listener.bind(("127.0.0.1", 0))
         task = asyncio.get_running_loop().create_task(server.serve(sockets=[listener]))
@@ -188,6 +195,33 @@ def test_authentication_refusals(tmp_path: Any) -> None:
         _request("GET", "/api/v1/pop/queue/q", extra=b"Authorization: Bearer nope\r\n")), lean=2)
     assert first.startswith(b"HTTP/1.1 401 ") and b"\r\nwww-authenticate: " in first
     assert second.startswith(b"HTTP/1.1 401 ")
+
+
+def test_a_failure_past_the_application_is_uvicorns_500_and_a_close(tmp_path: Any) -> None:
+    raw = _request("POST", "/api/v1/push", _push(1).replace(b'"q"', b'"boom"'))
+    answer, closed = _both(lambda: _app(tmp_path), _exchange(raw, close=True), lean=1)
+    assert answer.startswith(b"HTTP/1.1 500 ") and answer.endswith(b"Internal Server Error")
+    assert closed
+
+
+def test_the_access_log_says_what_uvicorns_says(tmp_path: Any) -> None:
+    lines: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    def script(port: int, server: uvicorn.Server) -> list[Any]:
+        logging.getLogger("uvicorn.access").addHandler(Keep())
+        return _exchange(_request("POST", "/api/v1/push", _push(1)),
+                         _request("GET", "/api/v1/pop/queue/q/partition/a%2Fb?batch=2",
+                                  version=b"1.0"))(port, server)
+
+    _both(lambda: _app(tmp_path), script, lean=2, log_level="info")
+    logged = [re.sub(r":\d+ - ", ":- - ", line) for line in lines]  # the client's port
+    assert logged[:2] == logged[2:] and len(logged) == 4, logged
+    assert logged[1] == ('127.0.0.1:- - "GET /api/v1/pop/queue/q/partition/a%2Fb?batch=2 '
+                         'HTTP/1.0" 200')
 
 
 def test_connection_close_and_http_1_0_close_after_the_answer(tmp_path: Any) -> None:
