@@ -27,21 +27,27 @@ async def read_body(req: falcon.asgi.Request, limit: int) -> bytes:
                              limit)
 
 
-async def read_stream(declared: int | None, chunks: AsyncIterable[bytes], encoding: str | None,
-                      limit: int) -> bytes:
-    """A body of ``declared`` bytes (the Content-Length, None without one) from its chunks,
-    decoded per its Content-Encoding, within ``limit``."""
+async def read_stream(declared: int | None, chunks: bytes | AsyncIterable[bytes],
+                      encoding: str | None, limit: int) -> bytes:
+    """A body of ``declared`` bytes (the Content-Length, None without one) from its chunks (or
+    whole, as the front's lean path read it), decoded per its Content-Encoding, within
+    ``limit``."""
     if declared is not None and declared > limit:
         raise BodyTooLarge(f"body of {declared} bytes is over the {limit} byte limit",
                            limit=limit)
-    parts: list[bytes] = []
-    size = 0
-    async for chunk in chunks:
-        size += len(chunk)
+    if isinstance(chunks, bytes):
+        body, size = chunks, len(chunks)
         if size > limit:
             raise BodyTooLarge(f"body is over the {limit} byte limit", limit=limit)
-        parts.append(chunk)
-    body = b"".join(parts)
+    else:
+        parts: list[bytes] = []
+        size = 0
+        async for chunk in chunks:
+            size += len(chunk)
+            if size > limit:
+                raise BodyTooLarge(f"body is over the {limit} byte limit", limit=limit)
+            parts.append(chunk)
+        body = b"".join(parts)
     if declared is not None and size != declared:
         # NOTE(queen): the client went away mid-body (the ASGI stream just ends): never act
         # on a truncated body as if it were whole.

@@ -9,7 +9,9 @@ in falcon's order through the same code: falcon's own router on falcon's own pat
 middleware's checks (``Authz.principal``, ``Admission.admit``), the responder's ``answer``, a
 failure mapped by ``errors.error_of``, the permits given back, the request counted
 (``EdgeMiddleware.account``), and the answer sent with the headers falcon sends, in falcon's
-order (tests/fuzz: every request answered both ways compares equal, byte for byte).
+order (tests/fuzz: every request answered both ways compares equal, byte for byte). Below ASGI,
+the front's protocol answers most of these requests through ``HotRoutes.respond`` without
+uvicorn's request cycle (queen_mp/processes/uvworker.py).
 
 A request this module does not take goes to falcon whole: another method or route, a header
 read here (Content-Length, Content-Encoding, Authorization) that repeats, a Content-Length
@@ -20,7 +22,7 @@ stand), as do HTTP versions falcon refuses (``App.__call__``).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +40,7 @@ from queen_mp.http.errors import error_answer, error_of
 from queen_mp.http.pop import PopResource
 from queen_mp.http.push import PushResource
 
-__all__ = ["HOT_ROUTES", "HotRoutes"]
+__all__ = ["HOT_ROUTES", "HotCall", "HotRoutes", "rendered"]
 
 PUSH = "/api/v1/push"
 ACK = "/api/v1/ack"
@@ -113,7 +115,7 @@ class _Body:
 
 class HotRoutes:
     """``match`` tells whether a scope is one of HOT_ROUTES as falcon would route it;
-    ``serve`` answers it."""
+    ``serve`` answers it over ASGI, ``respond`` is that answer."""
 
     def __init__(self, find: Callable[[str], Any], strip_trailing_slash: bool,
                  edge: EdgeMiddleware, authz: Authz, admission: Admission, push: PushResource,
@@ -166,6 +168,14 @@ class HotRoutes:
         first = await receive()
         if first["type"] == "http.disconnect":
             return  # as falcon: nobody to answer
+        answer = await self.respond(call, _Body(first, receive, call.content_length))
+        status, headers, body = rendered(answer)
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send(_EOF if body is None else {"type": "http.response.body", "body": body})
+
+    async def respond(self, call: HotCall, body: bytes | AsyncIterable[bytes]) -> Answer:
+        """The answer to ``call``, counted, its body whole (the front's lean path,
+        queen_mp/processes/uvworker.py) or its chunks as they come (``serve``)."""
         started = time.perf_counter()
         grant: Grant | None = None
         try:
@@ -175,39 +185,36 @@ class HotRoutes:
                                                   call.authorization))
                 if call.method == "POST" and call.path in ADMITTED_PATHS:
                     grant = await self.admission.admit(call.path, call.content_length)
-                answer = await self._answer(call, first, receive, principal.tenant,
-                                            principal.sub, grant)
+                answer = await self._answer(call, body, principal.tenant, principal.sub, grant)
             except Exception as ex:
                 answer = error_answer(error_of(ex, call.method, call.path))
         finally:
             if grant is not None:
                 grant.release()
         self.edge.account(call.template, answer.status, started)
-        await _send(answer, send)
+        return answer
 
-    async def _answer(self, call: HotCall, first: dict[str, Any], receive: Receive,
-                      tenant: bytes, sub: str | None, grant: Grant | None) -> Answer:
+    async def _answer(self, call: HotCall, body: bytes | AsyncIterable[bytes], tenant: bytes,
+                      sub: str | None, grant: Grant | None) -> Answer:
         if call.method == "GET":
             return await self.pop.answer(call.query_string, tenant, call.params["queue"],
                                          call.params.get("partition"))
         limit = (self.push.worker.config.max_body_mb << 20) if call.path == PUSH \
             else MAX_ACK_BODY
-        body = await read_stream(call.content_length, _Body(first, receive, call.content_length),
-                                 call.encoding, limit)
+        data = await read_stream(call.content_length, body, call.encoding, limit)
         if call.path == PUSH:
-            return await self.push.answer(body, tenant, sub, grant)
-        return await self.acks[call.path].answer(body, tenant)
+            return await self.push.answer(data, tenant, sub, grant)
+        return await self.acks[call.path].answer(data, tenant)
 
 
-async def _send(answer: Answer, send: Send) -> None:
-    """The answer with falcon's headers in falcon's order: the responder's (Content-Type,
-    then the error's own), the middleware's CORS header, then Content-Length; a media
-    answer gets its Content-Type when falcon renders it, after CORS."""
+def rendered(answer: Answer) -> tuple[int, list[tuple[bytes, bytes]], bytes | None]:
+    """The status, headers and body (None for a bodiless status) of an answer as falcon sends
+    them: the responder's headers (Content-Type, then the error's own), the middleware's CORS
+    header, then Content-Length; a media answer gets its Content-Type when falcon renders it,
+    after CORS. Header names are lowercase, as the server writes them."""
     status = answer.status
     if status in _BODILESS:
-        await send({"type": "http.response.start", "status": status, "headers": [_CORS]})
-        await send(_EOF)
-        return
+        return status, [_CORS], None
     if answer.data is not None:
         body = answer.data
         headers = [(b"content-type", answer.content_type.encode("latin1")),
@@ -217,5 +224,4 @@ async def _send(answer: Answer, send: Send) -> None:
         body = orjson.dumps(answer.media)
         headers = [_CORS, _JSON_TYPE]
     headers.append((b"content-length", str(len(body)).encode()))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+    return status, headers, body

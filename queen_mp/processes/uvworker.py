@@ -16,6 +16,11 @@ TCP segments, and the client wakes twice per answer. On loopback a ``send`` also
 receiver's TCP path and wake-up; under 1-item pushes the two were a fifth of a front worker's
 GIL-held samples (py-spy). The corked transport passes the writes of one loop step to one
 ``writelines``: one syscall per answer.
+
+And it answers the hot routes (queen_mp/http/hot.py) on a lean path below uvicorn's request
+cycle: a small request to one of them, when nothing else is in flight on its connection, is
+read whole by the protocol and answered by one task that writes the bytes uvicorn would
+(``CorkedHttpToolsProtocol``).
 """
 
 from __future__ import annotations
@@ -24,13 +29,19 @@ import asyncio
 import socket
 import sys
 from typing import Any
+from urllib.parse import unquote
 
+import httptools
 from gunicorn.arbiter import Arbiter
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 from uvicorn.server import Server
 from uvicorn_worker import UvicornWorker
 
-__all__ = ["BalancedUvicornWorker", "CorkedHttpToolsProtocol", "CorkedTransport",
+from queen_mp.http.hot import HotCall, HotRoutes, rendered
+
+__all__ = ["BalancedUvicornWorker", "CorkedHttpToolsProtocol", "CorkedTransport", "LeanCycle",
            "QuietExitServer", "own_listeners"]
 
 
@@ -60,6 +71,12 @@ def own_listeners(inherited: list[Any], backlog: int) -> list[socket.socket]:
 
 #: how long a graceful stop keeps an idle keep-alive connection open for a request in flight
 IDLE_GRACE_S = 0.25
+#: the largest body the lean path reads whole before answering; a larger one takes uvicorn's
+#: path, where admission refuses it before its body is read (uvicorn pauses reading there too)
+LEAN_MAX_BODY = HIGH_WATER_LIMIT
+#: what uvicorn answers when the application fails before answering
+_FAILED = (500, [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", b"21")],
+           b"Internal Server Error")
 
 
 class CorkedTransport:
@@ -90,6 +107,16 @@ class CorkedTransport:
         self.flush()
         self._transport.close()
 
+    def write_answer(self, head: bytes, body: bytes | None) -> None:
+        """A whole answer: at once when nothing is held (one ``writelines``, one syscall),
+        else after what is."""
+        if self._held:
+            self._held.append(head)
+            if body:
+                self._held.append(body)
+        elif not self._transport.is_closing():
+            self._transport.writelines((head, body) if body else (head,))
+
     def is_closing(self) -> bool:
         # PERF(http): asked twice per answer (here and by uvicorn's cycle); not through
         # ``__getattr__``, a failed lookup and a Python call more each time
@@ -99,23 +126,66 @@ class CorkedTransport:
         return getattr(self._transport, name)
 
 
+class LeanCycle:
+    """A hot-route request on the lean path: what uvicorn's RequestResponseCycle would hold
+    of it, under the names the protocol's code (uvicorn's and ours) reads of a cycle."""
+
+    __slots__ = ("call", "chunks", "disconnected", "keep_alive", "response_complete", "scope")
+
+    def __init__(self, call: HotCall, scope: dict[str, Any], keep_alive: bool) -> None:
+        self.call = call
+        self.scope = scope
+        self.keep_alive = keep_alive
+        self.chunks: list[bytes] = []
+        self.disconnected = False
+        self.response_complete = False
+
+
 class CorkedHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol writing through a ``CorkedTransport`` (flow control still
-    watches the real transport, which ``super().connection_made`` hands it), and closing idle
-    keep-alive connections gracefully on a stop.
+    watches the real transport, which ``super().connection_made`` hands it), closing idle
+    keep-alive connections gracefully on a stop, and answering the hot routes on a lean path.
 
     uvicorn closes an idle keep-alive connection the moment a graceful stop begins. A request a
     client had just sent on it is then unread, and the close resets it: the client sees its
     request cut off with no answer (the fault matrix's SIGTERM row, issue 29). Here an idle
     connection stays open ``IDLE_GRACE_S`` more: what arrives meanwhile is served and answered
     with ``Connection: close``; then it closes.
+
+    PERF(http): uvicorn serves each request with a RequestResponseCycle, an asyncio.Event, a
+    task running the ASGI app, and ASGI receive/send awaits of dict messages, then checks each
+    header of the answer against two regular expressions: 46 Python calls and 70k of the 316k
+    instructions of a 1-item push served over fake backends (cProfile, callgrind), about a
+    tenth of a front worker's CPU per 1-item push on a real broker. A request to one of
+    hot.py's routes with no body or a Content-Length one of at most ``LEAN_MAX_BODY`` bytes,
+    not chunked, not expecting 100-continue, no upgrade, HTTP/1.0 or 1.1, that
+    ``HotRoutes.match`` takes, arriving while nothing else is in flight on its connection, is
+    read whole here (a ``LeanCycle`` stands in as ``self.cycle``) and answered by one task
+    through ``HotRoutes.respond``, which writes uvicorn's bytes for the answer
+    (tests/unit/test_lean_http.py compares them). Pipelining, keep-alive, ``shutdown``, the
+    access log and the task count of a graceful stop see it as a cycle; everything else takes
+    uvicorn's path.
     """
 
     _stopping = False
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        hot = getattr(self.app, "hot", None)  # queen_mp.http.app.App's, when it is served bare
+        self._hot: HotRoutes | None = (
+            hot if isinstance(hot, HotRoutes) and self.limit_concurrency is None
+            and not self.config.reset_contextvars else None)
+
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self.transport = CorkedTransport(transport, self.loop)  # type: ignore[assignment]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        cycle = self.cycle
+        if type(cycle) is LeanCycle:
+            cycle.disconnected = True  # its answer, if any comes, is dropped
+            self.cycle = None  # type: ignore[assignment]
+        super().connection_lost(exc)
 
     def shutdown(self) -> None:
         self._stopping = True
@@ -131,9 +201,98 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
             self.cycle.keep_alive = False
 
     def on_headers_complete(self) -> None:
+        lean = self._lean_cycle()
+        if lean is not None:
+            self.cycle = lean  # type: ignore[assignment]
+            return
         super().on_headers_complete()
         if self._stopping and self.cycle is not None:
             self.cycle.keep_alive = False
+
+    def _lean_cycle(self) -> LeanCycle | None:
+        """The request whose headers just ended as a ``LeanCycle``, if the lean path takes it
+        (its scope then has what uvicorn's has at this point)."""
+        hot, cycle, parser = self._hot, self.cycle, self.parser
+        if hot is None or self.pipeline or self.expect_100_continue or (
+                cycle is not None and not cycle.response_complete) or parser.should_upgrade():
+            return None
+        version = parser.get_http_version()
+        if version != "1.1" and version != "1.0":
+            return None
+        for name, _ in self.headers:
+            if name == b"transfer-encoding":
+                return None
+        scope = self.scope
+        scope["method"] = method = parser.get_method().decode("ascii")
+        if method != "POST" and method != "GET":
+            return None
+        # NOTE(http): the path and query string as uvicorn's on_headers_complete sets them
+        url = httptools.parse_url(self.url)
+        raw_path = url.path
+        path = raw_path.decode("ascii")
+        if "%" in path:
+            path = unquote(path)
+        scope["path"] = self.root_path + path
+        scope["raw_path"] = self.root_path.encode("ascii") + raw_path
+        scope["query_string"] = url.query or b""
+        if version != "1.1":
+            scope["http_version"] = version
+        call = hot.match(scope)
+        if call is None:
+            return None
+        length = call.content_length
+        if (length is None and method == "POST") or (length is not None and
+                                                     length > LEAN_MAX_BODY):
+            return None
+        keep_alive = version != "1.0" and parser.should_keep_alive() and not self._stopping
+        return LeanCycle(call, scope, keep_alive)
+
+    def on_body(self, body: bytes) -> None:
+        cycle = self.cycle
+        if type(cycle) is LeanCycle:
+            cycle.chunks.append(body)
+        else:
+            super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        cycle = self.cycle
+        if type(cycle) is not LeanCycle:
+            super().on_message_complete()
+            return
+        task = self.loop.create_task(self._answer_lean(cycle))
+        task.add_done_callback(self.tasks.discard)
+        self.tasks.add(task)
+
+    async def _answer_lean(self, cycle: LeanCycle) -> None:
+        hot = self._hot
+        assert hot is not None
+        whole, cycle.chunks = b"".join(cycle.chunks), []
+        try:
+            status, headers, body = rendered(await hot.respond(cycle.call, whole))
+        except BaseException as ex:  # as uvicorn's cycle: logged, answered 500, closed
+            self.logger.error("Exception in ASGI application\n", exc_info=ex)
+            (status, headers, body), cycle.keep_alive = _FAILED, False
+        if self.flow.write_paused and not cycle.disconnected:
+            await self.flow.drain()
+        if cycle.disconnected:
+            return  # as uvicorn's cycle: nobody to answer
+        if self.access_log:
+            scope = cycle.scope
+            self.access_logger.info('%s - "%s %s HTTP/%s" %d', get_client_addr(scope),
+                                    scope["method"], get_path_with_query_string(scope),
+                                    scope["http_version"], status)
+        head = [STATUS_LINE[status]]
+        for name, value in (*self.server_state.default_headers, *headers):
+            head += (name.lower(), b": ", value, b"\r\n")
+        if not cycle.keep_alive:
+            head.append(b"connection: close\r\n")
+        head.append(b"\r\n")
+        transport: CorkedTransport = self.transport  # type: ignore[assignment]
+        transport.write_answer(b"".join(head), body)
+        cycle.response_complete = True
+        if not cycle.keep_alive:
+            transport.close()
+        self.on_response_complete()
 
 
 class QuietExitServer(Server):

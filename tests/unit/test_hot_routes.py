@@ -142,7 +142,8 @@ def _acks(*txns: str) -> bytes:
                                             "leaseId": lease} for t in txns]}).encode()
 
 
-@pytest.mark.parametrize(("method", "target", "body", "status"), [
+#: (method, target, body, status) of answers of every kind
+ANSWERS = [
     ("POST", "/api/v1/push", _push(3), 201),
     ("POST", "/api/v1/push", client.encode_push_binary(
         [client.PushBatch("q", "p", [b"1", b"2"], ["a", "b"])], counts=True), 201),
@@ -157,7 +158,10 @@ def _acks(*txns: str) -> bytes:
     ("POST", "/api/v1/ack/batch", _acks("t1", "t2"), 200),
     ("POST", "/api/v1/ack/batch", _acks("t1", "lost"), 503),
     ("POST", "/api/v1/ack/batch", b"[]", 400),
-])
+]
+
+
+@pytest.mark.parametrize(("method", "target", "body", "status"), ANSWERS)
 def test_a_hot_route_answers_what_falcon_answers(tmp_path: Any, method: str, target: str,
                                                  body: bytes, status: int) -> None:
     sent = _both(_app(tmp_path), method, target, body)
