@@ -199,12 +199,16 @@ class HotRoutes:
         if call.method == "GET":
             return await self.pop.answer(call.query_string, tenant, call.params["queue"],
                                          call.params.get("partition"))
-        limit = (self.push.worker.config.max_body_mb << 20) if call.path == PUSH \
-            else MAX_ACK_BODY
-        data = await read_stream(call.content_length, body, call.encoding, limit)
+        # NOTE(memory): the body read goes straight into the answer (no local here), which
+        # drops a push's once parsed: a local would keep it until every verdict is in. A body
+        # the lean path read whole (up to uvworker.LEAN_MAX_BODY) stays with its caller.
         if call.path == PUSH:
-            return await self.push.answer(data, tenant, sub, grant)
-        return await self.acks[call.path].answer(data, tenant)
+            return await self.push.answer(
+                await read_stream(call.content_length, body, call.encoding,
+                                  self.push.worker.config.max_body_mb << 20),
+                tenant, sub, grant)
+        return await self.acks[call.path].answer(
+            await read_stream(call.content_length, body, call.encoding, MAX_ACK_BODY), tenant)
 
 
 def rendered(answer: Answer) -> tuple[int, list[tuple[bytes, bytes]], bytes | None]:

@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import gc
 import inspect
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from types import SimpleNamespace
 
 import orjson
 
 from queen_mp.front.ingest import ItemResult
-from queen_mp.http.push import PushResource, render_item, render_items
+from queen_mp.http.hot import HotCall, HotRoutes
+from queen_mp.http.push import PUSH_PATH, PushResource, render_item, render_items
 from queen_mp.models.items import PushItem
 
 MID = bytes(range(16))
@@ -54,9 +55,10 @@ def test_long_integers_take_the_exact_path() -> None:
         "a": "x123456789012345678y", "b": 12}
 
 
-def test_the_body_is_not_held_while_verdicts_are_awaited() -> None:
-    """Once parsed, a JSON push body is referred to by nothing of the request (NOTE(memory) in
-    http/push.py): its bytes are not kept for as long as the verdicts take."""
+def _holders_while_awaiting(responder: Callable[[PushResource, AsyncIterator[bytes]],
+                                               Awaitable[object]]) -> list[str]:
+    """The coroutines of a push that refer to its body while its verdicts are awaited, with
+    ``responder`` serving it (the answer is checked too)."""
     body = orjson.dumps({"items": [{"queue": "q", "payload": {"n": i}} for i in range(3)]})
 
     class Ingest:
@@ -75,18 +77,37 @@ def test_the_body_is_not_held_while_verdicts_are_awaited() -> None:
     ingest = Ingest()
     worker = SimpleNamespace(config=SimpleNamespace(max_body_mb=1), ingest=ingest,
                              count_pushed=lambda results: None)
-    req = SimpleNamespace(content_length=len(body), stream=chunks(), context=SimpleNamespace(),
-                          get_header=lambda name: None)
-    resp = SimpleNamespace(status=None, data=None, content_type=None)
 
-    async def scenario() -> list[str]:
+    async def scenario() -> tuple[list[str], object]:
         ingest.entered, ingest.verdicts = asyncio.Event(), asyncio.Future()
-        task = asyncio.create_task(PushResource(worker).on_post(req, resp))  # type: ignore
+        task = asyncio.create_task(responder(PushResource(worker), chunks()))  # type: ignore
         await ingest.entered.wait()
         holders = [r.cr_code.co_name for r in gc.get_referrers(body) if inspect.iscoroutine(r)]
         ingest.verdicts.set_result(None)
-        await task
-        return holders
+        return holders, await task
 
-    assert asyncio.run(scenario()) == []
-    assert [r["offset"] for r in orjson.loads(resp.data)] == [0, 1, 2]
+    holders, data = asyncio.run(scenario())
+    assert [r["offset"] for r in orjson.loads(data)] == [0, 1, 2]  # type: ignore[arg-type]
+    return holders
+
+
+def test_the_body_is_not_held_while_verdicts_are_awaited() -> None:
+    """Once parsed, a JSON push body is referred to by nothing of the request (NOTE(memory) in
+    http/push.py and http/hot.py): its bytes are not kept for as long as the verdicts take,
+    whether falcon's responder or the hot route serves it."""
+
+    async def falcon_responder(push: PushResource, stream: AsyncIterator[bytes]) -> object:
+        req = SimpleNamespace(content_length=None, stream=stream, context=SimpleNamespace(),
+                              get_header=lambda name: None)
+        resp = SimpleNamespace(status=None, data=None, content_type=None)
+        await push.on_post(req, resp)  # type: ignore[arg-type]
+        return resp.data
+
+    async def hot_responder(push: PushResource, stream: AsyncIterator[bytes]) -> object:
+        hot = HotRoutes.__new__(HotRoutes)
+        hot.push = push
+        call = HotCall("POST", PUSH_PATH, "", PUSH_PATH, {}, None, None, None)
+        return (await hot._answer(call, stream, bytes(16), None, None)).data
+
+    assert _holders_while_awaiting(falcon_responder) == []
+    assert _holders_while_awaiting(hot_responder) == []
