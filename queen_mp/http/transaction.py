@@ -41,6 +41,9 @@ class TransactionResource:
                            field="magic")
         else:
             plan = parse_json(body, sub)
+        # NOTE(memory): not kept while the transaction runs (a JSON plan holds copies; a QTB1
+        # plan's client chunks still refer to the body they are slices of)
+        del body, magic
         if w.push_maintenance():
             # NOTE(queen): the flags board, before PostgreSQL; SQL still refuses (QM001) a
             # transaction that races the switch.
