@@ -48,9 +48,11 @@
 --   queen.eph_width_v1(int4multirange) -> int8            how many int4 it holds
 --   queen.eph_strike_v1(int8[], int8[], int4multirange[]) -> (n, bytes)  mark chunks' messages
 --                                                         gone
---   queen.eph_cut_v1(uuid, text, text[], int8[]) -> (n, bytes)  drop partitions' prefixes
---   queen.eph_expire_v2(uuid, text, int4) -> (n, bytes)   drop messages older than ttlSeconds
---   queen.eph_drop_oldest_v1(uuid, text, int8, int8) -> (n, bytes)  dropOldest: make room
+--   queen.eph_cut_v2(uuid, text, text[], int8[], int8[]) -> (n, bytes, aged_n, aged_bytes)
+--                                                         drop partitions' prefixes
+--   queen.eph_expired_v1(uuid, text, int4) -> (parts, belows, n, bytes)  what ttlSeconds drops
+--   queen.eph_oldest_v1(uuid, text, int8, int8, text[], int8[]) -> int8  dropOldest: the end
+--                                                         of the prefix that makes room
 --   queen.eph_settle_v3(uuid, text, text[], int8[], boolean) -> (n, bytes)  strike those no
 --                                                         group needs
 --   (these return what they struck; their caller counts it with the rest, once, last)
@@ -74,8 +76,10 @@
 --   the durable log):
 --   0. the queue's transaction advisory lock (eph_key_v1): shared for push, pop, ack and
 --      configure, exclusive for reset and delete, which so never see a call half done;
---   1. lease rows, ascending by dlv (ack, drops; a pop's redeliveries take them SKIP LOCKED),
---      then chunk rows, by partition then base (settle, drops);
+--   1. lease rows, ascending by dlv, in one run (ack, drops; a pop's redeliveries take them
+--      SKIP LOCKED), then chunk rows, by partition then base, in one run (settle, drops). A
+--      push's ttl and bounds drops are one cut (eph_cut_v2), not one run each: the second run
+--      went back to lower rows than the first held (tests/integration/test_ephemeral_locks.py);
 --   2. a partition row (push only, FOR NO KEY UPDATE, one per call, after its drops); or
 --      cursor rows (pop only) FOR NO KEY UPDATE SKIP LOCKED, and a pop that holds none may
 --      then wait for one; then chunk rows again (a pop's settle), which no holder of a
@@ -225,62 +229,119 @@ END;
 $$;
 
 -- Drops the messages of partition p_parts[i] below seq p_belows[i] (NULL: all of them) and
--- takes them out of their deliveries: the deliveries first, ascending by dlv, then the
--- chunks, partition by partition, ascending by base.
-CREATE OR REPLACE FUNCTION queen.eph_cut_v1(p_tenant uuid, p_queue text, p_parts text[],
-                                            p_belows int8[], OUT n int8, OUT bytes int8)
+-- takes them out of their deliveries, in one pass whatever asked for them (a push's ttl and
+-- bounds drops are one call): the deliveries first, ascending by dlv, in one statement, then
+-- the chunks, by partition then base, in one statement. aged_n and aged_bytes are the part of
+-- n and bytes that the chunks of partition i below p_aged[i] held (NULL: none), what ttl drops.
+CREATE OR REPLACE FUNCTION queen.eph_cut_v2(p_tenant uuid, p_queue text, p_parts text[],
+                                            p_belows int8[], p_aged int8[], OUT n int8,
+                                            OUT bytes int8, OUT aged_n int8,
+                                            OUT aged_bytes int8)
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 AS $$
+DECLARE
+    v_dlvs int8[];
+    v_pids int8[];
+    v_bases int8[];
+    v_idx int4multirange[];
+    v_aged boolean[];
 BEGIN
-    -- a delivery's seqs ascend: those with a first seq below the cut hold some of its messages
-    PERFORM 1 FROM queen.eph_leases l
-      JOIN unnest(p_parts, p_belows) AS u(part, below)
-        ON l.partition = u.part AND (u.below IS NULL OR l.seqs[1] < u.below)
-     WHERE l.tenant = p_tenant AND l.queue = p_queue
-     ORDER BY l.dlv FOR UPDATE OF l;
-    UPDATE queen.eph_leases l
-       SET seqs = ARRAY(SELECT z.s FROM unnest(l.seqs) AS z(s) WHERE z.s >= u.below
-                         ORDER BY z.s),
-           atts = ARRAY(SELECT z.a FROM unnest(l.seqs, l.atts) AS z(s, a) WHERE z.s >= u.below
-                         ORDER BY z.s)
-      FROM unnest(p_parts, p_belows) AS u(part, below)
-     WHERE l.tenant = p_tenant AND l.queue = p_queue AND l.partition = u.part
-       AND (u.below IS NULL OR l.seqs[1] < u.below);
-    DELETE FROM queen.eph_leases l
-     WHERE l.tenant = p_tenant AND l.queue = p_queue AND cardinality(l.seqs) = 0;
+    n := 0;
+    bytes := 0;
+    aged_n := 0;
+    aged_bytes := 0;
+    -- a delivery's seqs ascend: those with a first seq below the cut hold some of its messages.
+    -- Only the rows locked here are changed: a row that a later statement would see first
+    -- (its pop committed since) could be held by an ack waiting for one of these.
+    SELECT array_agg(x.dlv) INTO v_dlvs
+      FROM (SELECT l.dlv FROM queen.eph_leases l
+              JOIN unnest(p_parts, p_belows) AS u(part, below)
+                ON l.partition = u.part AND (u.below IS NULL OR l.seqs[1] < u.below)
+             WHERE l.tenant = p_tenant AND l.queue = p_queue
+             ORDER BY l.dlv FOR UPDATE OF l) x;
+    IF v_dlvs IS NOT NULL THEN
+        UPDATE queen.eph_leases l
+           SET seqs = ARRAY(SELECT z.s FROM unnest(l.seqs) AS z(s) WHERE z.s >= u.below
+                             ORDER BY z.s),
+               atts = ARRAY(SELECT z.a FROM unnest(l.seqs, l.atts) AS z(s, a)
+                             WHERE z.s >= u.below ORDER BY z.s)
+          FROM unnest(p_parts, p_belows) AS u(part, below)
+         WHERE l.tenant = p_tenant AND l.queue = p_queue AND l.dlv = ANY (v_dlvs)
+           AND l.partition = u.part;
+        DELETE FROM queen.eph_leases l
+         WHERE l.tenant = p_tenant AND l.queue = p_queue AND l.dlv = ANY (v_dlvs)
+           AND cardinality(l.seqs) = 0;
+    END IF;
+    SELECT array_agg(c.pid ORDER BY u.part, c.base), array_agg(c.base ORDER BY u.part, c.base),
+           array_agg(int4multirange(int4range(0, least(
+                         cardinality(c.sizes),
+                         coalesce(u.below - c.base, cardinality(c.sizes)))::int4))
+                     ORDER BY u.part, c.base),
+           array_agg(c.base < coalesce(u.aged, 0) ORDER BY u.part, c.base)
+      INTO v_pids, v_bases, v_idx, v_aged
+      FROM unnest(p_parts, p_belows, p_aged) AS u(part, below, aged)
+      JOIN queen.eph_partitions p
+        ON p.tenant = p_tenant AND p.queue = p_queue AND p.partition = u.part
+      -- a range of the chunks' key per partition
+     CROSS JOIN LATERAL (
+           SELECT k.pid, k.base, k.sizes FROM queen.eph_chunks k
+            WHERE k.pid = p.id AND k.base < coalesce(u.below, 9223372036854775807)) c;
+    IF v_pids IS NULL THEN
+        RETURN;
+    END IF;
+    IF true = ALL (v_aged) OR false = ALL (v_aged) THEN
+        SELECT s.n, s.bytes INTO n, bytes FROM queen.eph_strike_v1(v_pids, v_bases, v_idx) s;
+        IF v_aged[1] THEN
+            aged_n := n;
+            aged_bytes := bytes;
+        END IF;
+        RETURN;
+    END IF;
+    -- both kinds: all the chunks locked in one order first, so that the two strikes that
+    -- count them apart wait for nothing
+    PERFORM 1 FROM unnest(v_pids, v_bases) WITH ORDINALITY AS u(pid, base, o)
+      JOIN queen.eph_chunks c ON c.pid = u.pid AND c.base = u.base
+     ORDER BY u.o FOR UPDATE OF c;
+    SELECT s.n, s.bytes INTO aged_n, aged_bytes
+      FROM queen.eph_strike_v1(
+               ARRAY(SELECT u.pid FROM unnest(v_pids, v_aged) WITH ORDINALITY AS u(pid, a, o)
+                      WHERE u.a ORDER BY u.o),
+               ARRAY(SELECT u.base FROM unnest(v_bases, v_aged) WITH ORDINALITY AS u(base, a, o)
+                      WHERE u.a ORDER BY u.o),
+               ARRAY(SELECT u.idx FROM unnest(v_idx, v_aged) WITH ORDINALITY AS u(idx, a, o)
+                      WHERE u.a ORDER BY u.o)) s;
     SELECT s.n, s.bytes INTO n, bytes
-      FROM (SELECT array_agg(c.pid ORDER BY u.part, c.base) AS pids,
-                   array_agg(c.base ORDER BY u.part, c.base) AS bases,
-                   array_agg(int4multirange(int4range(0, least(
-                                 cardinality(c.sizes),
-                                 coalesce(u.below - c.base, cardinality(c.sizes)))::int4))
-                             ORDER BY u.part, c.base) AS idx
-              FROM unnest(p_parts, p_belows) AS u(part, below)
-              JOIN queen.eph_partitions p
-                ON p.tenant = p_tenant AND p.queue = p_queue AND p.partition = u.part
-              -- a range of the chunks' key per partition
-              CROSS JOIN LATERAL (
-                    SELECT k.pid, k.base, k.sizes FROM queen.eph_chunks k
-                     WHERE k.pid = p.id AND k.base < coalesce(u.below, 9223372036854775807)) c) k
-     CROSS JOIN LATERAL queen.eph_strike_v1(k.pids, k.bases, k.idx) s;
-    n := coalesce(n, 0);
-    bytes := coalesce(bytes, 0);
+      FROM queen.eph_strike_v1(
+               ARRAY(SELECT u.pid FROM unnest(v_pids, v_aged) WITH ORDINALITY AS u(pid, a, o)
+                      WHERE NOT u.a ORDER BY u.o),
+               ARRAY(SELECT u.base FROM unnest(v_bases, v_aged) WITH ORDINALITY AS u(base, a, o)
+                      WHERE NOT u.a ORDER BY u.o),
+               ARRAY(SELECT u.idx FROM unnest(v_idx, v_aged) WITH ORDINALITY AS u(idx, a, o)
+                      WHERE NOT u.a ORDER BY u.o)) s;
+    aged_n := coalesce(aged_n, 0);
+    aged_bytes := coalesce(aged_bytes, 0);
+    n := coalesce(n, 0) + aged_n;
+    bytes := coalesce(bytes, 0) + aged_bytes;
 END;
 $$;
 
--- Drops the messages older than p_ttl_s seconds (0 = no age limit), and their leases.
-CREATE OR REPLACE FUNCTION queen.eph_expire_v2(p_tenant uuid, p_queue text, p_ttl_s int4,
-                                               OUT n int8, OUT bytes int8)
+-- The messages older than p_ttl_s seconds (0 = no age limit): the partitions that have some,
+-- and for each the seq below which its messages are (whole chunks, the oldest: created_at is
+-- taken under the partition's row lock, so it grows with base in a partition); n and bytes
+-- are what those chunks held when read (unlocked: a push's estimate of what ttl drops).
+CREATE OR REPLACE FUNCTION queen.eph_expired_v1(p_tenant uuid, p_queue text, p_ttl_s int4,
+                                                OUT parts text[], OUT belows int8[],
+                                                OUT n int8, OUT bytes int8)
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 AS $$
 DECLARE
     v_cutoff timestamptz;
     v_oldest timestamptz;
-    v_keep int8;
-    v_parts text[] := '{}';
-    v_belows int8[] := '{}';
+    v_below int8;
     r record;
 BEGIN
+    parts := '{}';
+    belows := '{}';
     n := 0;
     bytes := 0;
     IF p_ttl_s IS NULL OR p_ttl_s <= 0 THEN
@@ -292,33 +353,41 @@ BEGIN
         SELECT c.created_at INTO v_oldest FROM queen.eph_chunks c
          WHERE c.pid = r.id ORDER BY c.base LIMIT 1;
         CONTINUE WHEN v_oldest IS NULL OR v_oldest >= v_cutoff;
-        -- created_at is taken under the partition's row lock, so it grows with base in a
-        -- partition: the expired chunks are a prefix; this walk stops at the first live one.
-        v_keep := NULL;
-        SELECT c.base INTO v_keep FROM queen.eph_chunks c
+        -- the first chunk that is not expired, else one past the last message of the last
+        -- (not NULL, "all": a chunk that a push adds meanwhile is not expired)
+        v_below := NULL;
+        SELECT c.base INTO v_below FROM queen.eph_chunks c
          WHERE c.pid = r.id AND c.created_at >= v_cutoff ORDER BY c.base LIMIT 1;
-        v_parts := v_parts || r.partition;
-        v_belows := v_belows || v_keep;
+        IF v_below IS NULL THEN
+            SELECT c.base + cardinality(c.sizes) INTO v_below FROM queen.eph_chunks c
+             WHERE c.pid = r.id ORDER BY c.base DESC LIMIT 1;
+        END IF;
+        parts := parts || r.partition;
+        belows := belows || v_below;
+        SELECT n + coalesce(sum(c.live), 0),
+               bytes + coalesce(sum((SELECT coalesce(sum(z.b), 0)
+                                       FROM unnest(c.sizes) WITH ORDINALITY AS z(b, i)
+                                      WHERE NOT c.gone @> (z.i - 1)::int4)), 0)
+          INTO n, bytes
+          FROM queen.eph_chunks c WHERE c.pid = r.id AND c.base < v_below;
     END LOOP;
-    SELECT c.n, c.bytes INTO n, bytes
-      FROM queen.eph_cut_v1(p_tenant, p_queue, v_parts, v_belows) c;
 END;
 $$;
 
--- dropOldest: drops the shortest prefix of the queue (by seq, over all partitions) that
--- holds at least p_len messages and p_bytes bytes, with their leases.
-CREATE OR REPLACE FUNCTION queen.eph_drop_oldest_v1(p_tenant uuid, p_queue text, p_len int8,
-                                                    p_bytes int8, OUT n int8, OUT bytes int8)
+-- dropOldest: the last seq of the shortest prefix of the queue (by seq, over all partitions)
+-- that holds at least p_len messages and p_bytes bytes (NULL: the whole queue), not counting
+-- the messages of partition p_parts[i] below p_belows[i] (whole chunks, which another drop of
+-- the same call takes: the ttl's).
+CREATE OR REPLACE FUNCTION queen.eph_oldest_v1(p_tenant uuid, p_queue text, p_len int8,
+                                               p_bytes int8, p_parts text[], p_belows int8[])
+RETURNS int8
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 AS $$
 DECLARE
     v_k int8 := 16;
     v_cut int8;
     v_rank int8;
-    v_parts text[];
 BEGIN
-    n := 0;
-    bytes := 0;
     LOOP
         -- the first v_k chunks of each partition, merged by base (the seq ranges of two
         -- chunks never overlap): a correct prefix of the queue up to its v_k-th chunk
@@ -327,8 +396,10 @@ BEGIN
           FROM (SELECT c.base + u.i - 1 AS seq, dense_rank() OVER (ORDER BY c.base) AS rank,
                        count(*) OVER w AS cnt, sum(u.size) OVER w AS sum
                   FROM queen.eph_partitions p
+                  LEFT JOIN unnest(p_parts, p_belows) AS t(part, below) ON t.part = p.partition
                  CROSS JOIN LATERAL (SELECT k.base, k.sizes, k.gone FROM queen.eph_chunks k
-                                      WHERE k.pid = p.id ORDER BY k.base LIMIT v_k) c
+                                      WHERE k.pid = p.id AND k.base >= coalesce(t.below, 0)
+                                      ORDER BY k.base LIMIT v_k) c
                  CROSS JOIN LATERAL unnest(c.sizes) WITH ORDINALITY AS u(size, i)
                  WHERE p.tenant = p_tenant AND p.queue = p_queue
                    AND NOT c.gone @> (u.i - 1)::int4
@@ -340,16 +411,14 @@ BEGIN
         -- queue is the prefix (v_cut NULL)
         EXIT WHEN NOT EXISTS (
             SELECT 1 FROM queen.eph_partitions p
+              LEFT JOIN unnest(p_parts, p_belows) AS t(part, below) ON t.part = p.partition
              WHERE p.tenant = p_tenant AND p.queue = p_queue
-               AND (SELECT count(*) FROM (SELECT 1 FROM queen.eph_chunks k WHERE k.pid = p.id
-                                            LIMIT v_k + 1) z) > v_k);
+               AND (SELECT count(*) FROM (SELECT 1 FROM queen.eph_chunks k
+                                           WHERE k.pid = p.id AND k.base >= coalesce(t.below, 0)
+                                           LIMIT v_k + 1) z) > v_k);
         v_k := v_k * 4;
     END LOOP;
-    v_parts := ARRAY(SELECT p.partition FROM queen.eph_partitions p
-                      WHERE p.tenant = p_tenant AND p.queue = p_queue);
-    SELECT c.n, c.bytes INTO n, bytes
-      FROM queen.eph_cut_v1(p_tenant, p_queue, v_parts,
-                            array_fill(v_cut + 1, ARRAY[cardinality(v_parts)])) c;
+    RETURN v_cut;
 END;
 $$;
 
@@ -493,8 +562,14 @@ DECLARE
     v_max_bytes int8;
     v_pid int8;
     v_base int8;
-    v_ttl_n int8;
-    v_ttl_b int8;
+    v_ttl_p text[] := '{}';
+    v_ttl_s int8[] := '{}';
+    v_ttl_n int8 := 0;
+    v_ttl_b int8 := 0;
+    v_cut int8;
+    v_parts text[];
+    v_belows int8[];
+    v_aged int8[];
     v_drop_n int8 := 0;
     v_drop_b int8 := 0;
 BEGIN
@@ -507,12 +582,16 @@ BEGIN
     END IF;
     PERFORM queen.eph_enter_v1(p_tenant, p_queue);
     v_o := queen.eph_options_v1(p_tenant, p_queue);
-    v_ttl_n := 0;
-    v_ttl_b := 0;
+    -- what ttl drops, and below what bounds drop, are found first and dropped in one cut: two
+    -- cuts took their leases in two ascending runs, and an ack holding a lease of the second
+    -- run while waiting for one of the first closed a cycle with the push
     IF (v_o ->> 'ttlSeconds')::int4 > 0 THEN
-        SELECT e.n, e.bytes INTO v_ttl_n, v_ttl_b
-          FROM queen.eph_expire_v2(p_tenant, p_queue, (v_o ->> 'ttlSeconds')::int4) e;
+        SELECT e.parts, e.belows, e.n, e.bytes INTO v_ttl_p, v_ttl_s, v_ttl_n, v_ttl_b
+          FROM queen.eph_expired_v1(p_tenant, p_queue, (v_o ->> 'ttlSeconds')::int4) e;
     END IF;
+    v_parts := v_ttl_p;
+    v_belows := v_ttl_s;
+    v_aged := v_ttl_s;
     v_sizes := ARRAY(SELECT octet_length(u.p) FROM unnest(p_payloads) AS u(p));
     SELECT sum(u.b) INTO v_bytes FROM unnest(v_sizes) AS u(b);
     v_max_len := (v_o ->> 'maxLength')::int8;
@@ -532,9 +611,26 @@ BEGIN
                                 'and its policy is reject', v_depth, v_stored, v_max_len,
                                 v_max_bytes);
         END IF;
-        SELECT d.n, d.bytes INTO v_drop_n, v_drop_b
-          FROM queen.eph_drop_oldest_v1(p_tenant, p_queue, v_depth + v_n - v_max_len,
-                                        v_stored + v_bytes - v_max_bytes) d;
+        v_cut := queen.eph_oldest_v1(p_tenant, p_queue, v_depth + v_n - v_max_len,
+                                     v_stored + v_bytes - v_max_bytes, v_ttl_p, v_ttl_s);
+        -- every partition, below the prefix's end (NULL: all) or the ttl's, the higher
+        SELECT array_agg(p.partition ORDER BY p.partition),
+               array_agg(CASE WHEN v_cut IS NOT NULL THEN greatest(v_cut + 1, t.below) END
+                         ORDER BY p.partition),
+               array_agg(t.below ORDER BY p.partition)
+          INTO v_parts, v_belows, v_aged
+          FROM queen.eph_partitions p
+          LEFT JOIN unnest(v_ttl_p, v_ttl_s) AS t(part, below) ON t.part = p.partition
+         WHERE p.tenant = p_tenant AND p.queue = p_queue;
+    END IF;
+    IF cardinality(v_parts) > 0 THEN
+        SELECT c.n, c.bytes, c.aged_n, c.aged_bytes INTO v_drop_n, v_drop_b, v_ttl_n, v_ttl_b
+          FROM queen.eph_cut_v2(p_tenant, p_queue, v_parts, v_belows, v_aged) c;
+        v_drop_n := v_drop_n - v_ttl_n;
+        v_drop_b := v_drop_b - v_ttl_b;
+    ELSE
+        v_ttl_n := 0;
+        v_ttl_b := 0;
     END IF;
     -- the partition's turn: held to the commit, so the next push of this partition takes a
     -- larger seq value and commits after this one
@@ -612,6 +708,8 @@ DECLARE
     v_need int4 := p_batch;
     v_dropped int8 := 0;
     v_pass int4;
+    v_ttl_p text[];
+    v_ttl_s int8[];
     v_ttl_n int8;
     v_ttl_b int8;
     v_set_n int8;
@@ -627,8 +725,12 @@ BEGIN
     v_ttl_n := 0;
     v_ttl_b := 0;
     IF (v_o ->> 'ttlSeconds')::int4 > 0 THEN
-        SELECT e.n, e.bytes INTO v_ttl_n, v_ttl_b
-          FROM queen.eph_expire_v2(p_tenant, p_queue, (v_o ->> 'ttlSeconds')::int4) e;
+        SELECT e.parts, e.belows INTO v_ttl_p, v_ttl_s
+          FROM queen.eph_expired_v1(p_tenant, p_queue, (v_o ->> 'ttlSeconds')::int4) e;
+        IF cardinality(v_ttl_p) > 0 THEN
+            SELECT c.n, c.bytes INTO v_ttl_n, v_ttl_b
+              FROM queen.eph_cut_v2(p_tenant, p_queue, v_ttl_p, v_ttl_s, v_ttl_s) c;
+        END IF;
     END IF;
     INSERT INTO queen.eph_groups (tenant, queue, grp) VALUES (p_tenant, p_queue, p_group)
     ON CONFLICT DO NOTHING;
