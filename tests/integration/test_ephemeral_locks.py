@@ -176,3 +176,39 @@ def test_a_push_that_drops_by_ttl_then_by_bounds_and_a_pop_that_expires_complete
     # a's and b's messages by ttl (whoever took them), c's first by bounds, each counted once
     assert (g["drops"]["ttl"], g["drops"]["bounds"]) == (2, 1), g
     assert live is not None and g["depth"] == live[0], (g, live)
+
+
+def test_a_pop_that_expires_and_waits_for_a_cursor_and_a_settling_pop_complete(connect):
+    """A pop's ttl drop strikes its chunks with the rest of its settle, at its end: it holds no
+    chunk while it waits for a cursor that another pop of its group holds, that pop waiting in
+    its settle for one of the chunks (it did when the drop struck them at the pop's start)."""
+    setup, watch, holder = connect(), connect(), connect()
+    tenant, q = uuid.uuid4(), f"locks-{uuid.uuid4().hex[:8]}"
+    setup.execute("SELECT queen.eph_pop_v2(%s, %s, NULL, 'g', 1, true)", (tenant, q))  # group g
+    push(setup, tenant, q, "a", 1)
+    push(setup, tenant, q, "b", 1)
+    setup.execute("SELECT queen.eph_configure_v1(%s, %s, %s::jsonb)",
+                  (tenant, q, '{"ttlSeconds": 3600}'))
+    holder.execute("BEGIN")
+    holder.execute("SELECT 1 FROM queen.eph_chunks k JOIN queen.eph_partitions p ON p.id = k.pid"
+                   " WHERE p.tenant = %s AND p.queue = %s AND p.partition = 'a' FOR UPDATE OF k",
+                   (tenant, q))
+    # the first pop takes both messages (autoAck) and waits in its settle for a's chunk
+    first = Call(connect(), "SELECT claimed FROM queen.eph_pop_v2(%s, %s, NULL, 'g', 10, true)",
+                 (tenant, q))
+    wait_for_lock(watch, first)
+    setup.execute("UPDATE queen.eph_chunks k SET created_at = k.created_at - interval '2 hours'"
+                  " FROM queen.eph_partitions p WHERE p.id = k.pid AND p.tenant = %s"
+                  " AND p.queue = %s AND p.partition = 'b'", (tenant, q))
+    # the second expires b's chunk, finds both cursors held, and waits for the first
+    second = Call(connect(), "SELECT claimed FROM queen.eph_pop_v2(%s, %s, NULL, 'g', 10, true)",
+                  (tenant, q))
+    wait_for_lock(watch, second)
+    holder.execute("COMMIT")
+
+    assert first.result() == (2,)
+    assert second.result() == (0,)
+    g = gauges(setup, tenant, q)
+    # b's message: delivered by the first, and dropped by ttl or settled, counted once
+    assert g["depth"] == 0, g
+    assert g["drops"]["ttl"] in (0, 1), g

@@ -48,8 +48,10 @@
 --   queen.eph_width_v1(int4multirange) -> int8            how many int4 it holds
 --   queen.eph_strike_v1(int8[], int8[], int4multirange[]) -> (n, bytes)  mark chunks' messages
 --                                                         gone
+--   queen.eph_unlease_v1(uuid, text, text[], int8[]) -> void  take partitions' prefixes out
+--                                                         of their deliveries
 --   queen.eph_cut_v2(uuid, text, text[], int8[], int8[]) -> (n, bytes, aged_n, aged_bytes)
---                                                         drop partitions' prefixes
+--                                                         then drop them
 --   queen.eph_expired_v1(uuid, text, int4) -> (parts, belows, n, bytes)  what ttlSeconds drops
 --   queen.eph_oldest_v1(uuid, text, int8, int8, text[], int8[]) -> int8  dropOldest: the end
 --                                                         of the prefix that makes room
@@ -77,13 +79,15 @@
 --   0. the queue's transaction advisory lock (eph_key_v1): shared for push, pop, ack and
 --      configure, exclusive for reset and delete, which so never see a call half done;
 --   1. lease rows, ascending by dlv, in one run (ack, drops; a pop's redeliveries take them
---      SKIP LOCKED), then chunk rows, by partition then base, in one run (settle, drops). A
---      push's ttl and bounds drops are one cut (eph_cut_v2), not one run each: the second run
---      went back to lower rows than the first held (tests/integration/test_ephemeral_locks.py);
+--      SKIP LOCKED); then, except in a pop, chunk rows, by partition then base, in one run
+--      (settle, drops). A push's ttl and bounds drops are one run of each, not one of each
+--      per drop: the second run went back to rows lower than the first held;
 --   2. a partition row (push only, FOR NO KEY UPDATE, one per call, after its drops); or
---      cursor rows (pop only) FOR NO KEY UPDATE SKIP LOCKED, and a pop that holds none may
---      then wait for one; then chunk rows again (a pop's settle), which no holder of a
---      chunk row waits for a cursor or partition to get (a pop reads chunks unlocked);
+--      a pop's groups and cursor rows (inserted, then FOR NO KEY UPDATE SKIP LOCKED, and a
+--      pop that holds none may then wait for one); then a pop's chunk rows, its ttl drop's
+--      and its settle's in one run: no holder of a chunk row waits for a cursor or partition
+--      (a pop reads chunks unlocked, and struck its ttl drop's chunks first no longer);
+--   tests/integration/test_ephemeral_locks.py closes each cycle these rules broke;
 --   3. one eph_counts row (this backend's), last, once per call.
 --   Nobody holding a cursor or partition row waits for a lease row, and nobody waits for
 --   anything while holding its counts row, so no two calls deadlock.
@@ -228,11 +232,48 @@ BEGIN
 END;
 $$;
 
--- Drops the messages of partition p_parts[i] below seq p_belows[i] (NULL: all of them) and
--- takes them out of their deliveries, in one pass whatever asked for them (a push's ttl and
--- bounds drops are one call): the deliveries first, ascending by dlv, in one statement, then
--- the chunks, by partition then base, in one statement. aged_n and aged_bytes are the part of
--- n and bytes that the chunks of partition i below p_aged[i] held (NULL: none), what ttl drops.
+-- Takes the messages of partition p_parts[i] below seq p_belows[i] (NULL: all of them) out of
+-- their deliveries, the first half of a drop (eph_cut_v2 is the second): the deliveries are
+-- locked ascending by dlv, in one statement, and only those are changed: a row that a later
+-- statement would see first (its pop committed since) could be held by an ack waiting for one
+-- of these.
+CREATE OR REPLACE FUNCTION queen.eph_unlease_v1(p_tenant uuid, p_queue text, p_parts text[],
+                                                p_belows int8[])
+RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+AS $$
+DECLARE
+    v_dlvs int8[];
+BEGIN
+    -- a delivery's seqs ascend: those with a first seq below the cut hold some of its messages
+    SELECT array_agg(x.dlv) INTO v_dlvs
+      FROM (SELECT l.dlv FROM queen.eph_leases l
+              JOIN unnest(p_parts, p_belows) AS u(part, below)
+                ON l.partition = u.part AND (u.below IS NULL OR l.seqs[1] < u.below)
+             WHERE l.tenant = p_tenant AND l.queue = p_queue
+             ORDER BY l.dlv FOR UPDATE OF l) x;
+    IF v_dlvs IS NULL THEN
+        RETURN;
+    END IF;
+    UPDATE queen.eph_leases l
+       SET seqs = ARRAY(SELECT z.s FROM unnest(l.seqs) AS z(s) WHERE z.s >= u.below
+                         ORDER BY z.s),
+           atts = ARRAY(SELECT z.a FROM unnest(l.seqs, l.atts) AS z(s, a)
+                         WHERE z.s >= u.below ORDER BY z.s)
+      FROM unnest(p_parts, p_belows) AS u(part, below)
+     WHERE l.tenant = p_tenant AND l.queue = p_queue AND l.dlv = ANY (v_dlvs)
+       AND l.partition = u.part;
+    DELETE FROM queen.eph_leases l
+     WHERE l.tenant = p_tenant AND l.queue = p_queue AND l.dlv = ANY (v_dlvs)
+       AND cardinality(l.seqs) = 0;
+END;
+$$;
+
+-- Drops the messages of partition p_parts[i] below seq p_belows[i] (NULL: all of them) from
+-- their chunks, which it locks by partition then base, in one statement, whoever asked for
+-- them (a push's ttl and bounds drops are one call); eph_unlease_v1 took them out of their
+-- deliveries first. aged_n and aged_bytes are the part of n and bytes that the chunks of
+-- partition i below p_aged[i] held (NULL: none), what ttl drops.
 CREATE OR REPLACE FUNCTION queen.eph_cut_v2(p_tenant uuid, p_queue text, p_parts text[],
                                             p_belows int8[], p_aged int8[], OUT n int8,
                                             OUT bytes int8, OUT aged_n int8,
@@ -240,7 +281,6 @@ CREATE OR REPLACE FUNCTION queen.eph_cut_v2(p_tenant uuid, p_queue text, p_parts
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 AS $$
 DECLARE
-    v_dlvs int8[];
     v_pids int8[];
     v_bases int8[];
     v_idx int4multirange[];
@@ -250,28 +290,6 @@ BEGIN
     bytes := 0;
     aged_n := 0;
     aged_bytes := 0;
-    -- a delivery's seqs ascend: those with a first seq below the cut hold some of its messages.
-    -- Only the rows locked here are changed: a row that a later statement would see first
-    -- (its pop committed since) could be held by an ack waiting for one of these.
-    SELECT array_agg(x.dlv) INTO v_dlvs
-      FROM (SELECT l.dlv FROM queen.eph_leases l
-              JOIN unnest(p_parts, p_belows) AS u(part, below)
-                ON l.partition = u.part AND (u.below IS NULL OR l.seqs[1] < u.below)
-             WHERE l.tenant = p_tenant AND l.queue = p_queue
-             ORDER BY l.dlv FOR UPDATE OF l) x;
-    IF v_dlvs IS NOT NULL THEN
-        UPDATE queen.eph_leases l
-           SET seqs = ARRAY(SELECT z.s FROM unnest(l.seqs) AS z(s) WHERE z.s >= u.below
-                             ORDER BY z.s),
-               atts = ARRAY(SELECT z.a FROM unnest(l.seqs, l.atts) AS z(s, a)
-                             WHERE z.s >= u.below ORDER BY z.s)
-          FROM unnest(p_parts, p_belows) AS u(part, below)
-         WHERE l.tenant = p_tenant AND l.queue = p_queue AND l.dlv = ANY (v_dlvs)
-           AND l.partition = u.part;
-        DELETE FROM queen.eph_leases l
-         WHERE l.tenant = p_tenant AND l.queue = p_queue AND l.dlv = ANY (v_dlvs)
-           AND cardinality(l.seqs) = 0;
-    END IF;
     SELECT array_agg(c.pid ORDER BY u.part, c.base), array_agg(c.base ORDER BY u.part, c.base),
            array_agg(int4multirange(int4range(0, least(
                          cardinality(c.sizes),
@@ -624,6 +642,7 @@ BEGIN
          WHERE p.tenant = p_tenant AND p.queue = p_queue;
     END IF;
     IF cardinality(v_parts) > 0 THEN
+        PERFORM queen.eph_unlease_v1(p_tenant, p_queue, v_parts, v_belows);
         SELECT c.n, c.bytes, c.aged_n, c.aged_bytes INTO v_drop_n, v_drop_b, v_ttl_n, v_ttl_b
           FROM queen.eph_cut_v2(p_tenant, p_queue, v_parts, v_belows, v_aged) c;
         v_drop_n := v_drop_n - v_ttl_n;
@@ -708,8 +727,9 @@ DECLARE
     v_need int4 := p_batch;
     v_dropped int8 := 0;
     v_pass int4;
-    v_ttl_p text[];
-    v_ttl_s int8[];
+    v_ttl_p text[] := '{}';  -- what ttl drops: partitions, and the seq below which
+    v_ttl_s int8[] := '{}';
+    v_floor int8;
     v_ttl_n int8;
     v_ttl_b int8;
     v_set_n int8;
@@ -725,11 +745,13 @@ BEGIN
     v_ttl_n := 0;
     v_ttl_b := 0;
     IF (v_o ->> 'ttlSeconds')::int4 > 0 THEN
+        -- their deliveries now (no redelivery gives them), their chunks at the end with the
+        -- settle's, in one run: holding them, this pop could wait below for a cursor that
+        -- another pop holds, and that pop for one of them in its settle. The reads skip them.
         SELECT e.parts, e.belows INTO v_ttl_p, v_ttl_s
           FROM queen.eph_expired_v1(p_tenant, p_queue, (v_o ->> 'ttlSeconds')::int4) e;
         IF cardinality(v_ttl_p) > 0 THEN
-            SELECT c.n, c.bytes INTO v_ttl_n, v_ttl_b
-              FROM queen.eph_cut_v2(p_tenant, p_queue, v_ttl_p, v_ttl_s, v_ttl_s) c;
+            PERFORM queen.eph_unlease_v1(p_tenant, p_queue, v_ttl_p, v_ttl_s);
         END IF;
     END IF;
     INSERT INTO queen.eph_groups (tenant, queue, grp) VALUES (p_tenant, p_queue, p_group)
@@ -831,6 +853,7 @@ BEGIN
                    FOR NO KEY UPDATE;
             END IF;
             v_held := true;
+            v_floor := coalesce(v_ttl_s[array_position(v_ttl_p, r.partition)], 0);
             v_dlv := CASE WHEN p_auto_ack THEN 0 ELSE nextval('queen.eph_seq') END;
             v_head := '{"id":"' || v_epoch || '-';
             v_tail := '-' || v_dlv || '","partition":' || to_json(r.partition)::text
@@ -843,7 +866,7 @@ BEGIN
             WITH RECURSIVE w(base, got) AS (
                 SELECT k.base, k.live - greatest(0, v_pos - k.base + 1)
                   FROM (SELECT c.base, c.live FROM queen.eph_chunks c
-                         WHERE c.pid = r.id AND c.base >= v_pos - v_pos % 256
+                         WHERE c.pid = r.id AND c.base >= greatest(v_pos - v_pos % 256, v_floor)
                          ORDER BY c.base LIMIT 1) k
                 UNION ALL
                 SELECT k.base, w.got + k.live
@@ -895,6 +918,26 @@ BEGIN
     messages := '[' || coalesce(v_out, '') || ']';
     v_set_n := 0;
     v_set_b := 0;
+    IF cardinality(v_ttl_p) > 0 THEN
+        IF cardinality(v_settle_s) > 0 THEN  -- the chunks of both, in one run
+            PERFORM 1
+               FROM (SELECT t.part, k.pid, k.base
+                       FROM unnest(v_ttl_p, v_ttl_s) AS t(part, below)
+                       JOIN queen.eph_partitions p
+                         ON p.tenant = p_tenant AND p.queue = p_queue AND p.partition = t.part
+                       JOIN queen.eph_chunks k ON k.pid = p.id AND k.base < t.below
+                     UNION
+                     SELECT g.part, p.id, g.base
+                       FROM (SELECT DISTINCT u.part, u.seq - u.seq % 256 AS base
+                               FROM unnest(v_settle_p, v_settle_s) AS u(part, seq)) g
+                       JOIN queen.eph_partitions p
+                         ON p.tenant = p_tenant AND p.queue = p_queue AND p.partition = g.part) x
+               JOIN queen.eph_chunks c ON c.pid = x.pid AND c.base = x.base
+              ORDER BY x.part, x.base FOR UPDATE OF c;
+        END IF;
+        SELECT c.n, c.bytes INTO v_ttl_n, v_ttl_b
+          FROM queen.eph_cut_v2(p_tenant, p_queue, v_ttl_p, v_ttl_s, v_ttl_s) c;
+    END IF;
     IF cardinality(v_settle_s) > 0 THEN  -- autoAck, or past retryLimit
         SELECT s.n, s.bytes INTO v_set_n, v_set_b
           FROM queen.eph_settle_v3(p_tenant, p_queue, v_settle_p, v_settle_s, false) s;
