@@ -212,3 +212,27 @@ def test_a_pop_that_expires_and_waits_for_a_cursor_and_a_settling_pop_complete(c
     # b's message: delivered by the first, and dropped by ttl or settled, counted once
     assert g["depth"] == 0, g
     assert g["drops"]["ttl"] in (0, 1), g
+
+
+def test_a_push_that_waited_for_its_partition_takes_its_seqs_after_the_holder(connect):
+    """A push takes its seq value in the UPDATE that locks its partition's row: when it had
+    to wait for the row, it takes it again once the holder committed, so its messages come
+    after the holder's (a cursor past the holder's would skip them otherwise)."""
+    setup, watch, holder = connect(), connect(), connect()
+    tenant, q = uuid.uuid4(), f"locks-{uuid.uuid4().hex[:8]}"
+    push(setup, tenant, q, "p", 1)
+    holder.execute("BEGIN")
+    holder.execute("UPDATE queen.eph_partitions SET last_seq = last_seq"
+                   " WHERE tenant = %s AND queue = %s", (tenant, q))
+    pusher = Call(connect(), "SELECT queen.eph_push_v1(%s, %s, 'p', '{2}'::text[])", (tenant, q))
+    wait_for_lock(watch, pusher)  # its value was taken, below the holder's
+    row = holder.execute("UPDATE queen.eph_partitions SET last_seq = nextval('queen.eph_seq')"
+                         " * 16384 WHERE tenant = %s AND queue = %s RETURNING last_seq",
+                         (tenant, q)).fetchone()
+    holder.execute("COMMIT")
+    assert pusher.result() == (1,)
+    assert row is not None
+    seqs = [r[0] for r in setup.execute(
+        "SELECT k.base FROM queen.eph_chunks k JOIN queen.eph_partitions p ON p.id = k.pid"
+        " WHERE p.tenant = %s AND p.queue = %s ORDER BY k.base", (tenant, q)).fetchall()]
+    assert len(seqs) == 2 and seqs[1] > row[0], (seqs, row)

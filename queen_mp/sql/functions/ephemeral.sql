@@ -44,7 +44,7 @@
 --   queen.eph_key_v1(uuid, text) -> int8                  the queue's advisory lock key
 --   queen.eph_enter_v1(uuid, text) -> text                shared lock of the queue, its row
 --                                                         created if missing; its epoch
---   queen.eph_count_v1(uuid, text, int8 x5) -> void      add to this backend's counter row
+--   queen.eph_count_v2(uuid, text, int8 x5) -> int2      add to this backend's counter row
 --   queen.eph_width_v1(int4multirange) -> int8            how many int4 it holds
 --   queen.eph_strike_v1(int8[], int8[], int4multirange[]) -> (n, bytes)  mark chunks' messages
 --                                                         gone
@@ -139,7 +139,11 @@ AS $$
 DECLARE
     v_epoch text;
 BEGIN
-    PERFORM pg_advisory_xact_lock_shared(queen.eph_key_v1(p_tenant, p_queue));
+    -- PERF(eph): the try is a simple expression, where PERFORM ran a query; it fails only
+    -- while a reset or delete holds the lock (or waits for it), and the wait is then taken
+    IF NOT pg_try_advisory_xact_lock_shared(queen.eph_key_v1(p_tenant, p_queue)) THEN
+        PERFORM pg_advisory_xact_lock_shared(queen.eph_key_v1(p_tenant, p_queue));
+    END IF;
     SELECT q.epoch INTO v_epoch FROM queen.eph_queues q
      WHERE q.tenant = p_tenant AND q.queue = p_queue;
     IF FOUND THEN
@@ -155,13 +159,17 @@ END;
 $$;
 
 -- PERF(eph): a backend adds to its own row of the queue's 16, so concurrent calls rarely wait
--- for one another here; readers sum the rows. plpgsql for its cached plan (see options).
-CREATE OR REPLACE FUNCTION queen.eph_count_v1(p_tenant uuid, p_queue text, p_depth int8,
+-- for one another here; readers sum the rows. plpgsql for its cached plan (see options). It
+-- answers the slot it added to, so that a caller assigns its call, a simple expression, where
+-- PERFORM of a void function ran a query around the call (v1: some 20,000 instructions).
+CREATE OR REPLACE FUNCTION queen.eph_count_v2(p_tenant uuid, p_queue text, p_depth int8,
                                               p_bytes int8, p_bounds int8, p_ttl int8,
                                               p_retry int8)
-RETURNS void
+RETURNS int2
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 AS $$
+DECLARE
+    v_slot int2;
 BEGIN
     INSERT INTO queen.eph_counts AS c (tenant, queue, slot, depth, bytes, drops_bounds,
                                        drops_ttl, drops_retry)
@@ -171,7 +179,9 @@ BEGIN
        SET depth = c.depth + EXCLUDED.depth, bytes = c.bytes + EXCLUDED.bytes,
            drops_bounds = c.drops_bounds + EXCLUDED.drops_bounds,
            drops_ttl = c.drops_ttl + EXCLUDED.drops_ttl,
-           drops_retry = c.drops_retry + EXCLUDED.drops_retry;
+           drops_retry = c.drops_retry + EXCLUDED.drops_retry
+    RETURNING c.slot INTO v_slot;
+    RETURN v_slot;
 END;
 $$;
 
@@ -570,6 +580,7 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET plan_cache_mode = force_generic_plan  -- PERF(eph): see the header
 AS $$
 DECLARE
+    v_epoch text;  -- unused: see eph_enter_v1's call
     v_o jsonb;
     v_n int8 := coalesce(cardinality(p_payloads), 0);
     v_sizes int4[];
@@ -580,8 +591,8 @@ DECLARE
     v_max_bytes int8;
     v_pid int8;
     v_base int8;
-    v_ttl_p text[] := '{}';
-    v_ttl_s int8[] := '{}';
+    v_ttl_p text[];
+    v_ttl_s int8[];
     v_ttl_n int8 := 0;
     v_ttl_b int8 := 0;
     v_cut int8;
@@ -590,15 +601,19 @@ DECLARE
     v_aged int8[];
     v_drop_n int8 := 0;
     v_drop_b int8 := 0;
+    v_slot int2;  -- unused: see eph_count_v2's call
 BEGIN
-    IF v_n = 0 THEN
-        RETURN 0;
-    END IF;
-    IF v_n > 16384 THEN
+    -- PERF(eph): every statement of this function counts (a simple expression some thousand
+    -- instructions, a query some tens of thousands): a push of one message has the fewest
+    IF v_n = 0 OR v_n > 16384 THEN
+        IF v_n = 0 THEN
+            RETURN 0;
+        END IF;
         RAISE EXCEPTION USING ERRCODE = '22023',
             MESSAGE = format('%s messages in one push, over 16384', v_n);
     END IF;
-    PERFORM queen.eph_enter_v1(p_tenant, p_queue);
+    -- an assignment is evaluated as a simple expression, where PERFORM runs a query
+    v_epoch := queen.eph_enter_v1(p_tenant, p_queue);
     v_o := queen.eph_options_v1(p_tenant, p_queue);
     -- what ttl drops, and below what bounds drop, are found first and dropped in one cut: two
     -- cuts took their leases in two ascending runs, and an ack holding a lease of the second
@@ -607,11 +622,14 @@ BEGIN
         SELECT e.parts, e.belows, e.n, e.bytes INTO v_ttl_p, v_ttl_s, v_ttl_n, v_ttl_b
           FROM queen.eph_expired_v1(p_tenant, p_queue, (v_o ->> 'ttlSeconds')::int4) e;
     END IF;
-    v_parts := v_ttl_p;
-    v_belows := v_ttl_s;
-    v_aged := v_ttl_s;
-    v_sizes := ARRAY(SELECT octet_length(u.p) FROM unnest(p_payloads) AS u(p));
-    SELECT sum(u.b) INTO v_bytes FROM unnest(v_sizes) AS u(b);
+    IF v_n = 1 THEN  -- PERF(eph): the usual single message, without a statement
+        v_sizes := ARRAY[octet_length(p_payloads[1])];
+        v_bytes := v_sizes[1];
+    ELSE  -- in the payloads' order, asked for (a sort of n int4s)
+        v_sizes := ARRAY(SELECT octet_length(u.p)
+                           FROM unnest(p_payloads) WITH ORDINALITY AS u(p, o) ORDER BY u.o);
+        SELECT sum(u.b) INTO v_bytes FROM unnest(v_sizes) AS u(b);
+    END IF;
     v_max_len := (v_o ->> 'maxLength')::int8;
     v_max_bytes := (v_o ->> 'maxBytes')::int8;
     IF v_n > v_max_len OR v_bytes > v_max_bytes THEN
@@ -640,31 +658,34 @@ BEGIN
           FROM queen.eph_partitions p
           LEFT JOIN unnest(v_ttl_p, v_ttl_s) AS t(part, below) ON t.part = p.partition
          WHERE p.tenant = p_tenant AND p.queue = p_queue;
+    ELSIF cardinality(v_ttl_p) > 0 THEN
+        v_parts := v_ttl_p;
+        v_belows := v_ttl_s;
+        v_aged := v_ttl_s;
     END IF;
-    IF cardinality(v_parts) > 0 THEN
+    IF v_parts IS NOT NULL THEN  -- v_ttl_n and v_ttl_b: what was dropped, not the estimate
         PERFORM queen.eph_unlease_v1(p_tenant, p_queue, v_parts, v_belows);
         SELECT c.n, c.bytes, c.aged_n, c.aged_bytes INTO v_drop_n, v_drop_b, v_ttl_n, v_ttl_b
           FROM queen.eph_cut_v2(p_tenant, p_queue, v_parts, v_belows, v_aged) c;
         v_drop_n := v_drop_n - v_ttl_n;
         v_drop_b := v_drop_b - v_ttl_b;
-    ELSE
-        v_ttl_n := 0;
-        v_ttl_b := 0;
     END IF;
-    -- the partition's turn: held to the commit, so the next push of this partition takes a
-    -- larger seq value and commits after this one
-    SELECT p.id INTO v_pid FROM queen.eph_partitions p
+    -- the partition's turn: its row is held to the commit, and the seq value that the update
+    -- takes is taken again if it had to wait for the row (READ COMMITTED evaluates an updated
+    -- row's new values again once its holder committed), so the next push of this partition
+    -- takes a larger value and commits after this one. PERF(eph): one statement, where a
+    -- SELECT ... FOR NO KEY UPDATE, then nextval, then this UPDATE were three
+    UPDATE queen.eph_partitions p SET last_seq = nextval('queen.eph_seq') * 16384 + v_n - 1
      WHERE p.tenant = p_tenant AND p.queue = p_queue AND p.partition = p_partition
-       FOR NO KEY UPDATE;
+    RETURNING p.id, p.last_seq - v_n + 1 INTO v_pid, v_base;
     IF NOT FOUND THEN
         INSERT INTO queen.eph_partitions (tenant, queue, partition, id, last_seq)
         VALUES (p_tenant, p_queue, p_partition, nextval('queen.eph_seq'), 0)
         ON CONFLICT DO NOTHING;
-        SELECT p.id INTO v_pid FROM queen.eph_partitions p
+        UPDATE queen.eph_partitions p SET last_seq = nextval('queen.eph_seq') * 16384 + v_n - 1
          WHERE p.tenant = p_tenant AND p.queue = p_queue AND p.partition = p_partition
-           FOR NO KEY UPDATE;
+        RETURNING p.id, p.last_seq - v_n + 1 INTO v_pid, v_base;
     END IF;
-    v_base := nextval('queen.eph_seq') * 16384;
     IF v_n <= 256 THEN
         INSERT INTO queen.eph_chunks (pid, base, payloads, sizes, live, created_at)
         VALUES (v_pid, v_base, p_payloads, v_sizes, v_n, clock_timestamp());
@@ -675,10 +696,8 @@ BEGIN
                least(256, v_n - k * 256), clock_timestamp()
           FROM generate_series(0, (v_n - 1) / 256) AS k;
     END IF;
-    UPDATE queen.eph_partitions p SET last_seq = v_base + v_n - 1
-     WHERE p.tenant = p_tenant AND p.queue = p_queue AND p.partition = p_partition;
-    PERFORM queen.eph_count_v1(p_tenant, p_queue, v_n - v_ttl_n - v_drop_n,
-                               v_bytes - v_ttl_b - v_drop_b, v_drop_n, v_ttl_n, 0);
+    v_slot := queen.eph_count_v2(p_tenant, p_queue, v_n - v_ttl_n - v_drop_n,
+                                 v_bytes - v_ttl_b - v_drop_b, v_drop_n, v_ttl_n, 0);
     RETURN v_n;
 END;
 $$;
@@ -735,6 +754,7 @@ DECLARE
     v_ttl_b int8;
     v_set_n int8;
     v_set_b int8;
+    v_slot int2;  -- unused: see eph_count_v2
     r record;
 BEGIN
     v_epoch := queen.eph_enter_v1(p_tenant, p_queue);
@@ -963,8 +983,8 @@ BEGIN
           FROM queen.eph_settle_v3(p_tenant, p_queue, v_settle_p, v_settle_s, false) s;
     END IF;
     IF v_ttl_n + v_set_n + v_dropped > 0 THEN
-        PERFORM queen.eph_count_v1(p_tenant, p_queue, -v_ttl_n - v_set_n, -v_ttl_b - v_set_b,
-                                   0, v_ttl_n, v_dropped);
+        v_slot := queen.eph_count_v2(p_tenant, p_queue, -v_ttl_n - v_set_n,
+                                     -v_ttl_b - v_set_b, 0, v_ttl_n, v_dropped);
     END IF;
     claimed := p_batch - v_need;
     IF claimed = 0 THEN
@@ -1018,6 +1038,7 @@ DECLARE
     v_k int4;
     v_base int8;
     v_lo int4;
+    v_slot int2;  -- unused: see eph_count_v2
     r record;
 BEGIN
     v_epoch := queen.eph_enter_v1(p_tenant, p_queue);
@@ -1057,7 +1078,7 @@ BEGIN
                                            p_seqs, true) s;
             END IF;
             IF v_set_n > 0 THEN
-                PERFORM queen.eph_count_v1(p_tenant, p_queue, -v_set_n, -v_set_b, 0, 0, 0);
+                v_slot := queen.eph_count_v2(p_tenant, p_queue, -v_set_n, -v_set_b, 0, 0, 0);
             END IF;
             RETURN;
         END IF;
@@ -1124,7 +1145,7 @@ BEGIN
     SELECT s.n, s.bytes INTO v_set_n, v_set_b
       FROM queen.eph_settle_v3(p_tenant, p_queue, v_settle_p, v_settle_s, false) s;
     IF v_set_n + v_dropped > 0 THEN
-        PERFORM queen.eph_count_v1(p_tenant, p_queue, -v_set_n, -v_set_b, 0, 0, v_dropped);
+        v_slot := queen.eph_count_v2(p_tenant, p_queue, -v_set_n, -v_set_b, 0, 0, v_dropped);
     END IF;
     redelivered := cardinality(v_red);
 END;
