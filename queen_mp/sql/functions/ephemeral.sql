@@ -904,7 +904,7 @@ BEGIN
             -- under callgrind, PostgreSQL 15), so the order is checked, not asked for: the
             -- aggregates of one statement take its rows in one sequence, which is seq order
             -- exactly when array_agg's plain output equals its sorted one (a sort of int8s:
-            -- 30.6k -> 31.5k); the text is built again in asked-for order if it ever is not
+            -- 30.6k -> 31.5k). If it ever is not, the text is built again in that order.
             SELECT array_agg(x.seq), array_agg(x.seq ORDER BY x.seq),
                    string_agg(v_head || x.seq || v_tail || x.payload || '}', ',')
               INTO v_taken, v_sorted, v_json
@@ -915,16 +915,13 @@ BEGIN
                        AND c.base + m.i - 1 > v_pos AND NOT c.gone @> (m.i - 1)::int4
                      ORDER BY 1 LIMIT v_need) x;
             IF v_taken IS DISTINCT FROM v_sorted THEN
-                SELECT array_agg(x.seq ORDER BY x.seq),
-                       string_agg(v_head || x.seq || v_tail || x.payload || '}', ','
-                                  ORDER BY x.seq)
-                  INTO v_taken, v_json
-                  FROM (SELECT c.base + m.i - 1 AS seq, m.payload
-                          FROM queen.eph_chunks c
-                         CROSS JOIN LATERAL unnest(c.payloads) WITH ORDINALITY AS m(payload, i)
-                         WHERE c.pid = r.id AND c.base = ANY (v_bases)
-                           AND c.base + m.i - 1 > v_pos AND NOT c.gone @> (m.i - 1)::int4
-                         ORDER BY 1 LIMIT v_need) x;
+                v_taken := v_sorted;
+                SELECT string_agg(v_head || u.seq || v_tail
+                                  || c.payloads[(u.seq - c.base + 1)::int4] || '}', ','
+                                  ORDER BY u.seq)
+                  INTO v_json
+                  FROM unnest(v_taken) AS u(seq)
+                  JOIN queen.eph_chunks c ON c.pid = r.id AND c.base = u.seq - u.seq % 256;
             END IF;
             IF v_taken IS NULL THEN
                 -- what was left there had been dropped (or another pop took it)
