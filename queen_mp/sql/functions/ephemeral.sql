@@ -87,10 +87,10 @@
 --      pop that holds none may then wait for one); then a pop's chunk rows, its ttl drop's
 --      and its settle's in one run: no holder of a chunk row waits for a cursor or partition
 --      (a pop reads chunks unlocked, and struck its ttl drop's chunks first no longer);
---   tests/integration/test_ephemeral_locks.py closes each cycle these rules broke;
 --   3. one eph_counts row (this backend's), last, once per call.
 --   Nobody holding a cursor or partition row waits for a lease row, and nobody waits for
 --   anything while holding its counts row, so no two calls deadlock.
+--   tests/integration/test_ephemeral_locks.py drives each cycle that these rules once broke.
 --
 -- Plans: push, pop and ack (and the functions they call) run with plan_cache_mode
 --   force_generic_plan. Their statements take arrays as parameters, and a custom plan, which
