@@ -236,3 +236,25 @@ def test_a_push_that_waited_for_its_partition_takes_its_seqs_after_the_holder(co
         "SELECT k.base FROM queen.eph_chunks k JOIN queen.eph_partitions p ON p.id = k.pid"
         " WHERE p.tenant = %s AND p.queue = %s ORDER BY k.base", (tenant, q)).fetchall()]
     assert len(seqs) == 2 and seqs[1] > row[0], (seqs, row)
+
+
+def test_two_strikes_of_the_same_messages_count_each_out_once(connect):
+    """A strike that waited for a chunk row another strike held counts only what that one
+    left: the first strikes five messages of ten, the second all ten, and 5 + 5 are counted."""
+    first, second, watch = connect(), connect(), connect()
+    tenant, q = uuid.uuid4(), f"locks-{uuid.uuid4().hex[:8]}"
+    push(first, tenant, q, "p", 10)
+    row = first.execute("SELECT k.pid, k.base FROM queen.eph_chunks k JOIN queen.eph_partitions p"
+                        " ON p.id = k.pid WHERE p.tenant = %s AND p.queue = %s",
+                        (tenant, q)).fetchone()
+    assert row is not None
+    strike = ("SELECT n, bytes FROM queen.eph_strike_v1(%s::int8[], %s::int8[],"
+              " %s::int4multirange[])")
+    first.execute("BEGIN")
+    assert first.execute(strike, ([row[0]], [row[1]], ["{[0,5)}"])).fetchone() == (5, 5)
+    late = Call(second, strike, ([row[0]], [row[1]], ["{[0,10)}"]))
+    wait_for_lock(watch, late)
+    first.execute("COMMIT")
+    assert late.result() == (5, 5)
+    first.execute("SELECT queen.eph_delete_v1(%s, %s)", (tenant, q))  # no caller counted them
+

@@ -209,7 +209,13 @@ DECLARE
     v_n int8[];
     v_last boolean[];
 BEGIN
-    -- the values of the rows as locked (a concurrent strike's, once it committed)
+    -- the rows locked first, then read by a statement of their own, which sees what a strike
+    -- that held one committed: a locking query that waited for a row reads that row again,
+    -- but keeps what its LATERAL subqueries had made of the version it first read (a second
+    -- strike of the same messages counted them out twice: test_ephemeral_locks)
+    PERFORM 1 FROM unnest(p_pids, p_bases) WITH ORDINALITY AS u(pid, base, o)
+      JOIN queen.eph_chunks c ON c.pid = u.pid AND c.base = u.base
+     ORDER BY u.o FOR UPDATE OF c;
     SELECT array_agg(x.pid ORDER BY x.o), array_agg(x.base ORDER BY x.o),
            array_agg(x.new ORDER BY x.o), array_agg(x.n ORDER BY x.o),
            array_agg(x.n >= x.live ORDER BY x.o), coalesce(sum(x.n), 0),
@@ -223,8 +229,7 @@ BEGIN
                           * int4multirange(int4range(0, cardinality(c.sizes))) AS new) d
              CROSS JOIN LATERAL (
                    SELECT count(*) AS n, coalesce(sum(c.sizes[i + 1]), 0) AS bytes
-                     FROM unnest(d.new) AS r, generate_series(lower(r), upper(r) - 1) AS i) w
-             ORDER BY u.o FOR UPDATE OF c) x
+                     FROM unnest(d.new) AS r, generate_series(lower(r), upper(r) - 1) AS i) w) x
      WHERE x.n > 0;
     IF v_pids IS NULL THEN
         RETURN;
