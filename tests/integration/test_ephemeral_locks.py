@@ -258,3 +258,21 @@ def test_two_strikes_of_the_same_messages_count_each_out_once(connect):
     assert late.result() == (5, 5)
     first.execute("SELECT queen.eph_delete_v1(%s, %s)", (tenant, q))  # no caller counted them
 
+
+def test_a_pop_that_skips_a_delivery_due_at_once_answers_it_is_0_ms_away(connect):
+    """A redelivery due at once ('-infinity') that another pop holds is skipped; the pop that
+    got nothing answers wake_in_ms 0 for it (subtracting -infinity failed the pop)."""
+    setup, holder = connect(), connect()
+    tenant, q = uuid.uuid4(), f"locks-{uuid.uuid4().hex[:8]}"
+    push(setup, tenant, q, "p", 1)
+    epoch, seq, dlv = pop(setup, tenant, q, "p", 1)
+    setup.execute("SELECT queen.eph_ack_v2(%s, %s, 'g', %s::text[], %s::int8[], %s::int8[],"
+                  " '{failed}'::text[])", (tenant, q, [epoch], [seq], [dlv]))
+    holder.execute("BEGIN")
+    held = holder.execute("SELECT lease_until::text FROM queen.eph_leases WHERE tenant = %s"
+                          " AND queue = %s FOR UPDATE", (tenant, q)).fetchall()
+    assert held == [("-infinity",)]
+    row = setup.execute("SELECT claimed, wake_in_ms FROM queen.eph_pop_v2(%s, %s, NULL, 'g', 1,"
+                        " false)", (tenant, q)).fetchone()
+    holder.execute("COMMIT")
+    assert row == (0, 0)

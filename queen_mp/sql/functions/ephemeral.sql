@@ -990,8 +990,11 @@ BEGIN
     END IF;
     claimed := p_batch - v_need;
     IF claimed = 0 THEN
-        SELECT greatest(0, ceil(extract(epoch FROM min(l.lease_until) - clock_timestamp())
-                                * 1000))::int8
+        -- a delivery due at once ('-infinity': an ack's redelivery, or one that another pop
+        -- held while this one skipped it) is 0 ms away: subtracting -infinity fails
+        SELECT greatest(0, ceil(extract(epoch FROM greatest(min(l.lease_until),
+                                                            clock_timestamp())
+                                                   - clock_timestamp()) * 1000))::int8
           INTO wake_in_ms
           FROM queen.eph_leases l
          WHERE l.tenant = p_tenant AND l.queue = p_queue AND l.grp = p_group
