@@ -209,27 +209,27 @@ DECLARE
     v_n int8[];
     v_last boolean[];
 BEGIN
-    -- the rows locked first, then read by a statement of their own, which sees what a strike
-    -- that held one committed: a locking query that waited for a row reads that row again,
-    -- but keeps what its LATERAL subqueries had made of the version it first read (a second
-    -- strike of the same messages counted them out twice: test_ephemeral_locks)
-    PERFORM 1 FROM unnest(p_pids, p_bases) WITH ORDINALITY AS u(pid, base, o)
-      JOIN queen.eph_chunks c ON c.pid = u.pid AND c.base = u.base
-     ORDER BY u.o FOR UPDATE OF c;
+    -- the rows locked in the order given; what is struck of each is computed from the row as
+    -- locked (a concurrent strike's, once it committed) by expressions of the locking query
+    -- itself, which PostgreSQL computes again over the row it waited for, and counted outside
+    -- it: a LATERAL subquery of the locking query kept what it had made of the version first
+    -- read (a strike that waited for another's counted out again what that one had struck:
+    -- test_ephemeral_locks)
     SELECT array_agg(x.pid ORDER BY x.o), array_agg(x.base ORDER BY x.o),
            array_agg(x.new ORDER BY x.o), array_agg(x.n ORDER BY x.o),
            array_agg(x.n >= x.live ORDER BY x.o), coalesce(sum(x.n), 0),
            coalesce(sum(x.bytes), 0)
       INTO v_pids, v_bases, v_new, v_n, v_last, n, bytes
-      FROM (SELECT u.o, c.pid, c.base, c.live, d.new, w.n, w.bytes
-              FROM unnest(p_pids, p_bases, p_idx) WITH ORDINALITY AS u(pid, base, idx, o)
-              JOIN queen.eph_chunks c ON c.pid = u.pid AND c.base = u.base
+      FROM (SELECT y.o, y.pid, y.base, y.live, y.new, w.n, w.bytes
+              FROM (SELECT u.o, c.pid, c.base, c.live, c.sizes,
+                           (u.idx - c.gone)
+                           * int4multirange(int4range(0, cardinality(c.sizes))) AS new
+                      FROM unnest(p_pids, p_bases, p_idx) WITH ORDINALITY AS u(pid, base, idx, o)
+                      JOIN queen.eph_chunks c ON c.pid = u.pid AND c.base = u.base
+                     ORDER BY u.o FOR UPDATE OF c) y
              CROSS JOIN LATERAL (
-                   SELECT (u.idx - c.gone)
-                          * int4multirange(int4range(0, cardinality(c.sizes))) AS new) d
-             CROSS JOIN LATERAL (
-                   SELECT count(*) AS n, coalesce(sum(c.sizes[i + 1]), 0) AS bytes
-                     FROM unnest(d.new) AS r, generate_series(lower(r), upper(r) - 1) AS i) w) x
+                   SELECT count(*) AS n, coalesce(sum(y.sizes[i + 1]), 0) AS bytes
+                     FROM unnest(y.new) AS r, generate_series(lower(r), upper(r) - 1) AS i) w) x
      WHERE x.n > 0;
     IF v_pids IS NULL THEN
         RETURN;
