@@ -44,13 +44,17 @@
 --   queen.eph_key_v1(uuid, text) -> int8                  the queue's advisory lock key
 --   queen.eph_enter_v1(uuid, text) -> text                shared lock of the queue, its row
 --                                                         created if missing; its epoch
---   queen.eph_count_v1(uuid, text, int8 x5) -> void      add to this backend's counter row
+--   queen.eph_count_v2(uuid, text, int8 x5) -> int2      add to this backend's counter row
 --   queen.eph_width_v1(int4multirange) -> int8            how many int4 it holds
 --   queen.eph_strike_v1(int8[], int8[], int4multirange[]) -> (n, bytes)  mark chunks' messages
 --                                                         gone
---   queen.eph_cut_v1(uuid, text, text[], int8[]) -> (n, bytes)  drop partitions' prefixes
---   queen.eph_expire_v2(uuid, text, int4) -> (n, bytes)   drop messages older than ttlSeconds
---   queen.eph_drop_oldest_v1(uuid, text, int8, int8) -> (n, bytes)  dropOldest: make room
+--   queen.eph_unlease_v1(uuid, text, text[], int8[]) -> void  take partitions' prefixes out
+--                                                         of their deliveries
+--   queen.eph_cut_v2(uuid, text, text[], int8[], int8[]) -> (n, bytes, aged_n, aged_bytes)
+--                                                         then drop them
+--   queen.eph_expired_v1(uuid, text, int4) -> (parts, belows, n, bytes)  what ttlSeconds drops
+--   queen.eph_oldest_v1(uuid, text, int8, int8, text[], int8[]) -> int8  dropOldest: the end
+--                                                         of the prefix that makes room
 --   queen.eph_settle_v3(uuid, text, text[], int8[], boolean) -> (n, bytes)  strike those no
 --                                                         group needs
 --   (these return what they struck; their caller counts it with the rest, once, last)
@@ -74,15 +78,19 @@
 --   the durable log):
 --   0. the queue's transaction advisory lock (eph_key_v1): shared for push, pop, ack and
 --      configure, exclusive for reset and delete, which so never see a call half done;
---   1. lease rows, ascending by dlv (ack, drops; a pop's redeliveries take them SKIP LOCKED),
---      then chunk rows, by partition then base (settle, drops);
+--   1. lease rows, ascending by dlv, in one run (ack, drops; a pop's redeliveries take them
+--      SKIP LOCKED); then, except in a pop, chunk rows, by partition then base, in one run
+--      (settle, drops). A push's ttl and bounds drops are one run of each, not one of each
+--      per drop: the second run went back to rows lower than the first held;
 --   2. a partition row (push only, FOR NO KEY UPDATE, one per call, after its drops); or
---      cursor rows (pop only) FOR NO KEY UPDATE SKIP LOCKED, and a pop that holds none may
---      then wait for one; then chunk rows again (a pop's settle), which no holder of a
---      chunk row waits for a cursor or partition to get (a pop reads chunks unlocked);
+--      a pop's groups and cursor rows (inserted, then FOR NO KEY UPDATE SKIP LOCKED, and a
+--      pop that holds none may then wait for one); then a pop's chunk rows, its ttl drop's
+--      and its settle's in one run: no holder of a chunk row waits for a cursor or partition
+--      (a pop reads chunks unlocked, and struck its ttl drop's chunks first no longer);
 --   3. one eph_counts row (this backend's), last, once per call.
 --   Nobody holding a cursor or partition row waits for a lease row, and nobody waits for
 --   anything while holding its counts row, so no two calls deadlock.
+--   tests/integration/test_ephemeral_locks.py drives each cycle that these rules once broke.
 --
 -- Plans: push, pop and ack (and the functions they call) run with plan_cache_mode
 --   force_generic_plan. Their statements take arrays as parameters, and a custom plan, which
@@ -131,7 +139,11 @@ AS $$
 DECLARE
     v_epoch text;
 BEGIN
-    PERFORM pg_advisory_xact_lock_shared(queen.eph_key_v1(p_tenant, p_queue));
+    -- PERF(eph): the try is a simple expression, where PERFORM ran a query; it fails only
+    -- while a reset or delete holds the lock (or waits for it), and the wait is then taken
+    IF NOT pg_try_advisory_xact_lock_shared(queen.eph_key_v1(p_tenant, p_queue)) THEN
+        PERFORM pg_advisory_xact_lock_shared(queen.eph_key_v1(p_tenant, p_queue));
+    END IF;
     SELECT q.epoch INTO v_epoch FROM queen.eph_queues q
      WHERE q.tenant = p_tenant AND q.queue = p_queue;
     IF FOUND THEN
@@ -147,13 +159,17 @@ END;
 $$;
 
 -- PERF(eph): a backend adds to its own row of the queue's 16, so concurrent calls rarely wait
--- for one another here; readers sum the rows. plpgsql for its cached plan (see options).
-CREATE OR REPLACE FUNCTION queen.eph_count_v1(p_tenant uuid, p_queue text, p_depth int8,
+-- for one another here; readers sum the rows. plpgsql for its cached plan (see options). It
+-- answers the slot it added to, so that a caller assigns its call, a simple expression, where
+-- PERFORM of a void function ran a query around the call (v1: some 20,000 instructions).
+CREATE OR REPLACE FUNCTION queen.eph_count_v2(p_tenant uuid, p_queue text, p_depth int8,
                                               p_bytes int8, p_bounds int8, p_ttl int8,
                                               p_retry int8)
-RETURNS void
+RETURNS int2
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 AS $$
+DECLARE
+    v_slot int2;
 BEGIN
     INSERT INTO queen.eph_counts AS c (tenant, queue, slot, depth, bytes, drops_bounds,
                                        drops_ttl, drops_retry)
@@ -163,7 +179,9 @@ BEGIN
        SET depth = c.depth + EXCLUDED.depth, bytes = c.bytes + EXCLUDED.bytes,
            drops_bounds = c.drops_bounds + EXCLUDED.drops_bounds,
            drops_ttl = c.drops_ttl + EXCLUDED.drops_ttl,
-           drops_retry = c.drops_retry + EXCLUDED.drops_retry;
+           drops_retry = c.drops_retry + EXCLUDED.drops_retry
+    RETURNING c.slot INTO v_slot;
+    RETURN v_slot;
 END;
 $$;
 
@@ -191,22 +209,27 @@ DECLARE
     v_n int8[];
     v_last boolean[];
 BEGIN
-    -- the values of the rows as locked (a concurrent strike's, once it committed)
+    -- the rows locked in the order given; what is struck of each is computed from the row as
+    -- locked (a concurrent strike's, once it committed) by expressions of the locking query
+    -- itself, which PostgreSQL computes again over the row it waited for, and counted outside
+    -- it: a LATERAL subquery of the locking query kept what it had made of the version first
+    -- read (a strike that waited for another's counted out again what that one had struck:
+    -- test_ephemeral_locks)
     SELECT array_agg(x.pid ORDER BY x.o), array_agg(x.base ORDER BY x.o),
            array_agg(x.new ORDER BY x.o), array_agg(x.n ORDER BY x.o),
            array_agg(x.n >= x.live ORDER BY x.o), coalesce(sum(x.n), 0),
            coalesce(sum(x.bytes), 0)
       INTO v_pids, v_bases, v_new, v_n, v_last, n, bytes
-      FROM (SELECT u.o, c.pid, c.base, c.live, d.new, w.n, w.bytes
-              FROM unnest(p_pids, p_bases, p_idx) WITH ORDINALITY AS u(pid, base, idx, o)
-              JOIN queen.eph_chunks c ON c.pid = u.pid AND c.base = u.base
+      FROM (SELECT y.o, y.pid, y.base, y.live, y.new, w.n, w.bytes
+              FROM (SELECT u.o, c.pid, c.base, c.live, c.sizes,
+                           (u.idx - c.gone)
+                           * int4multirange(int4range(0, cardinality(c.sizes))) AS new
+                      FROM unnest(p_pids, p_bases, p_idx) WITH ORDINALITY AS u(pid, base, idx, o)
+                      JOIN queen.eph_chunks c ON c.pid = u.pid AND c.base = u.base
+                     ORDER BY u.o FOR UPDATE OF c) y
              CROSS JOIN LATERAL (
-                   SELECT (u.idx - c.gone)
-                          * int4multirange(int4range(0, cardinality(c.sizes))) AS new) d
-             CROSS JOIN LATERAL (
-                   SELECT count(*) AS n, coalesce(sum(c.sizes[i + 1]), 0) AS bytes
-                     FROM unnest(d.new) AS r, generate_series(lower(r), upper(r) - 1) AS i) w
-             ORDER BY u.o FOR UPDATE OF c) x
+                   SELECT count(*) AS n, coalesce(sum(y.sizes[i + 1]), 0) AS bytes
+                     FROM unnest(y.new) AS r, generate_series(lower(r), upper(r) - 1) AS i) w) x
      WHERE x.n > 0;
     IF v_pids IS NULL THEN
         RETURN;
@@ -224,63 +247,134 @@ BEGIN
 END;
 $$;
 
--- Drops the messages of partition p_parts[i] below seq p_belows[i] (NULL: all of them) and
--- takes them out of their deliveries: the deliveries first, ascending by dlv, then the
--- chunks, partition by partition, ascending by base.
-CREATE OR REPLACE FUNCTION queen.eph_cut_v1(p_tenant uuid, p_queue text, p_parts text[],
-                                            p_belows int8[], OUT n int8, OUT bytes int8)
+-- Takes the messages of partition p_parts[i] below seq p_belows[i] (NULL: all of them) out of
+-- their deliveries, the first half of a drop (eph_cut_v2 is the second): the deliveries are
+-- locked ascending by dlv, in one statement, and only those are changed: a row that a later
+-- statement would see first (its pop committed since) could be held by an ack waiting for one
+-- of these.
+CREATE OR REPLACE FUNCTION queen.eph_unlease_v1(p_tenant uuid, p_queue text, p_parts text[],
+                                                p_belows int8[])
+RETURNS void
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 AS $$
+DECLARE
+    v_dlvs int8[];
 BEGIN
     -- a delivery's seqs ascend: those with a first seq below the cut hold some of its messages
-    PERFORM 1 FROM queen.eph_leases l
-      JOIN unnest(p_parts, p_belows) AS u(part, below)
-        ON l.partition = u.part AND (u.below IS NULL OR l.seqs[1] < u.below)
-     WHERE l.tenant = p_tenant AND l.queue = p_queue
-     ORDER BY l.dlv FOR UPDATE OF l;
+    SELECT array_agg(x.dlv) INTO v_dlvs
+      FROM (SELECT l.dlv FROM queen.eph_leases l
+              JOIN unnest(p_parts, p_belows) AS u(part, below)
+                ON l.partition = u.part AND (u.below IS NULL OR l.seqs[1] < u.below)
+             WHERE l.tenant = p_tenant AND l.queue = p_queue
+             ORDER BY l.dlv FOR UPDATE OF l) x;
+    IF v_dlvs IS NULL THEN
+        RETURN;
+    END IF;
     UPDATE queen.eph_leases l
        SET seqs = ARRAY(SELECT z.s FROM unnest(l.seqs) AS z(s) WHERE z.s >= u.below
                          ORDER BY z.s),
-           atts = ARRAY(SELECT z.a FROM unnest(l.seqs, l.atts) AS z(s, a) WHERE z.s >= u.below
-                         ORDER BY z.s)
+           atts = ARRAY(SELECT z.a FROM unnest(l.seqs, l.atts) AS z(s, a)
+                         WHERE z.s >= u.below ORDER BY z.s)
       FROM unnest(p_parts, p_belows) AS u(part, below)
-     WHERE l.tenant = p_tenant AND l.queue = p_queue AND l.partition = u.part
-       AND (u.below IS NULL OR l.seqs[1] < u.below);
+     WHERE l.tenant = p_tenant AND l.queue = p_queue AND l.dlv = ANY (v_dlvs)
+       AND l.partition = u.part;
     DELETE FROM queen.eph_leases l
-     WHERE l.tenant = p_tenant AND l.queue = p_queue AND cardinality(l.seqs) = 0;
-    SELECT s.n, s.bytes INTO n, bytes
-      FROM (SELECT array_agg(c.pid ORDER BY u.part, c.base) AS pids,
-                   array_agg(c.base ORDER BY u.part, c.base) AS bases,
-                   array_agg(int4multirange(int4range(0, least(
-                                 cardinality(c.sizes),
-                                 coalesce(u.below - c.base, cardinality(c.sizes)))::int4))
-                             ORDER BY u.part, c.base) AS idx
-              FROM unnest(p_parts, p_belows) AS u(part, below)
-              JOIN queen.eph_partitions p
-                ON p.tenant = p_tenant AND p.queue = p_queue AND p.partition = u.part
-              -- a range of the chunks' key per partition
-              CROSS JOIN LATERAL (
-                    SELECT k.pid, k.base, k.sizes FROM queen.eph_chunks k
-                     WHERE k.pid = p.id AND k.base < coalesce(u.below, 9223372036854775807)) c) k
-     CROSS JOIN LATERAL queen.eph_strike_v1(k.pids, k.bases, k.idx) s;
-    n := coalesce(n, 0);
-    bytes := coalesce(bytes, 0);
+     WHERE l.tenant = p_tenant AND l.queue = p_queue AND l.dlv = ANY (v_dlvs)
+       AND cardinality(l.seqs) = 0;
 END;
 $$;
 
--- Drops the messages older than p_ttl_s seconds (0 = no age limit), and their leases.
-CREATE OR REPLACE FUNCTION queen.eph_expire_v2(p_tenant uuid, p_queue text, p_ttl_s int4,
-                                               OUT n int8, OUT bytes int8)
+-- Drops the messages of partition p_parts[i] below seq p_belows[i] (NULL: all of them) from
+-- their chunks, which it locks by partition then base, in one statement, whoever asked for
+-- them (a push's ttl and bounds drops are one call); eph_unlease_v1 took them out of their
+-- deliveries first. aged_n and aged_bytes are the part of n and bytes that the chunks of
+-- partition i below p_aged[i] held (NULL: none), what ttl drops.
+CREATE OR REPLACE FUNCTION queen.eph_cut_v2(p_tenant uuid, p_queue text, p_parts text[],
+                                            p_belows int8[], p_aged int8[], OUT n int8,
+                                            OUT bytes int8, OUT aged_n int8,
+                                            OUT aged_bytes int8)
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+AS $$
+DECLARE
+    v_pids int8[];
+    v_bases int8[];
+    v_idx int4multirange[];
+    v_aged boolean[];
+BEGIN
+    n := 0;
+    bytes := 0;
+    aged_n := 0;
+    aged_bytes := 0;
+    SELECT array_agg(c.pid ORDER BY u.part, c.base), array_agg(c.base ORDER BY u.part, c.base),
+           array_agg(int4multirange(int4range(0, least(
+                         cardinality(c.sizes),
+                         coalesce(u.below - c.base, cardinality(c.sizes)))::int4))
+                     ORDER BY u.part, c.base),
+           array_agg(c.base < coalesce(u.aged, 0) ORDER BY u.part, c.base)
+      INTO v_pids, v_bases, v_idx, v_aged
+      FROM unnest(p_parts, p_belows, p_aged) AS u(part, below, aged)
+      JOIN queen.eph_partitions p
+        ON p.tenant = p_tenant AND p.queue = p_queue AND p.partition = u.part
+      -- a range of the chunks' key per partition
+     CROSS JOIN LATERAL (
+           SELECT k.pid, k.base, k.sizes FROM queen.eph_chunks k
+            WHERE k.pid = p.id AND k.base < coalesce(u.below, 9223372036854775807)) c;
+    IF v_pids IS NULL THEN
+        RETURN;
+    END IF;
+    IF true = ALL (v_aged) OR false = ALL (v_aged) THEN
+        SELECT s.n, s.bytes INTO n, bytes FROM queen.eph_strike_v1(v_pids, v_bases, v_idx) s;
+        IF v_aged[1] THEN
+            aged_n := n;
+            aged_bytes := bytes;
+        END IF;
+        RETURN;
+    END IF;
+    -- both kinds: all the chunks locked in one order first, so that the two strikes that
+    -- count them apart wait for nothing
+    PERFORM 1 FROM unnest(v_pids, v_bases) WITH ORDINALITY AS u(pid, base, o)
+      JOIN queen.eph_chunks c ON c.pid = u.pid AND c.base = u.base
+     ORDER BY u.o FOR UPDATE OF c;
+    SELECT s.n, s.bytes INTO aged_n, aged_bytes
+      FROM queen.eph_strike_v1(
+               ARRAY(SELECT u.pid FROM unnest(v_pids, v_aged) WITH ORDINALITY AS u(pid, a, o)
+                      WHERE u.a ORDER BY u.o),
+               ARRAY(SELECT u.base FROM unnest(v_bases, v_aged) WITH ORDINALITY AS u(base, a, o)
+                      WHERE u.a ORDER BY u.o),
+               ARRAY(SELECT u.idx FROM unnest(v_idx, v_aged) WITH ORDINALITY AS u(idx, a, o)
+                      WHERE u.a ORDER BY u.o)) s;
+    SELECT s.n, s.bytes INTO n, bytes
+      FROM queen.eph_strike_v1(
+               ARRAY(SELECT u.pid FROM unnest(v_pids, v_aged) WITH ORDINALITY AS u(pid, a, o)
+                      WHERE NOT u.a ORDER BY u.o),
+               ARRAY(SELECT u.base FROM unnest(v_bases, v_aged) WITH ORDINALITY AS u(base, a, o)
+                      WHERE NOT u.a ORDER BY u.o),
+               ARRAY(SELECT u.idx FROM unnest(v_idx, v_aged) WITH ORDINALITY AS u(idx, a, o)
+                      WHERE NOT u.a ORDER BY u.o)) s;
+    aged_n := coalesce(aged_n, 0);
+    aged_bytes := coalesce(aged_bytes, 0);
+    n := coalesce(n, 0) + aged_n;
+    bytes := coalesce(bytes, 0) + aged_bytes;
+END;
+$$;
+
+-- The messages older than p_ttl_s seconds (0 = no age limit): the partitions that have some,
+-- and for each the seq below which its messages are (whole chunks, the oldest: created_at is
+-- taken under the partition's row lock, so it grows with base in a partition); n and bytes
+-- are what those chunks held when read (unlocked: a push's estimate of what ttl drops).
+CREATE OR REPLACE FUNCTION queen.eph_expired_v1(p_tenant uuid, p_queue text, p_ttl_s int4,
+                                                OUT parts text[], OUT belows int8[],
+                                                OUT n int8, OUT bytes int8)
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 AS $$
 DECLARE
     v_cutoff timestamptz;
     v_oldest timestamptz;
-    v_keep int8;
-    v_parts text[] := '{}';
-    v_belows int8[] := '{}';
+    v_below int8;
     r record;
 BEGIN
+    parts := '{}';
+    belows := '{}';
     n := 0;
     bytes := 0;
     IF p_ttl_s IS NULL OR p_ttl_s <= 0 THEN
@@ -292,33 +386,41 @@ BEGIN
         SELECT c.created_at INTO v_oldest FROM queen.eph_chunks c
          WHERE c.pid = r.id ORDER BY c.base LIMIT 1;
         CONTINUE WHEN v_oldest IS NULL OR v_oldest >= v_cutoff;
-        -- created_at is taken under the partition's row lock, so it grows with base in a
-        -- partition: the expired chunks are a prefix; this walk stops at the first live one.
-        v_keep := NULL;
-        SELECT c.base INTO v_keep FROM queen.eph_chunks c
+        -- the first chunk that is not expired, else one past the last message of the last
+        -- (not NULL, "all": a chunk that a push adds meanwhile is not expired)
+        v_below := NULL;
+        SELECT c.base INTO v_below FROM queen.eph_chunks c
          WHERE c.pid = r.id AND c.created_at >= v_cutoff ORDER BY c.base LIMIT 1;
-        v_parts := v_parts || r.partition;
-        v_belows := v_belows || v_keep;
+        IF v_below IS NULL THEN
+            SELECT c.base + cardinality(c.sizes) INTO v_below FROM queen.eph_chunks c
+             WHERE c.pid = r.id ORDER BY c.base DESC LIMIT 1;
+        END IF;
+        parts := parts || r.partition;
+        belows := belows || v_below;
+        SELECT n + coalesce(sum(c.live), 0),
+               bytes + coalesce(sum((SELECT coalesce(sum(z.b), 0)
+                                       FROM unnest(c.sizes) WITH ORDINALITY AS z(b, i)
+                                      WHERE NOT c.gone @> (z.i - 1)::int4)), 0)
+          INTO n, bytes
+          FROM queen.eph_chunks c WHERE c.pid = r.id AND c.base < v_below;
     END LOOP;
-    SELECT c.n, c.bytes INTO n, bytes
-      FROM queen.eph_cut_v1(p_tenant, p_queue, v_parts, v_belows) c;
 END;
 $$;
 
--- dropOldest: drops the shortest prefix of the queue (by seq, over all partitions) that
--- holds at least p_len messages and p_bytes bytes, with their leases.
-CREATE OR REPLACE FUNCTION queen.eph_drop_oldest_v1(p_tenant uuid, p_queue text, p_len int8,
-                                                    p_bytes int8, OUT n int8, OUT bytes int8)
+-- dropOldest: the last seq of the shortest prefix of the queue (by seq, over all partitions)
+-- that holds at least p_len messages and p_bytes bytes (NULL: the whole queue), not counting
+-- the messages of partition p_parts[i] below p_belows[i] (whole chunks, which another drop of
+-- the same call takes: the ttl's).
+CREATE OR REPLACE FUNCTION queen.eph_oldest_v1(p_tenant uuid, p_queue text, p_len int8,
+                                               p_bytes int8, p_parts text[], p_belows int8[])
+RETURNS int8
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 AS $$
 DECLARE
     v_k int8 := 16;
     v_cut int8;
     v_rank int8;
-    v_parts text[];
 BEGIN
-    n := 0;
-    bytes := 0;
     LOOP
         -- the first v_k chunks of each partition, merged by base (the seq ranges of two
         -- chunks never overlap): a correct prefix of the queue up to its v_k-th chunk
@@ -327,8 +429,10 @@ BEGIN
           FROM (SELECT c.base + u.i - 1 AS seq, dense_rank() OVER (ORDER BY c.base) AS rank,
                        count(*) OVER w AS cnt, sum(u.size) OVER w AS sum
                   FROM queen.eph_partitions p
+                  LEFT JOIN unnest(p_parts, p_belows) AS t(part, below) ON t.part = p.partition
                  CROSS JOIN LATERAL (SELECT k.base, k.sizes, k.gone FROM queen.eph_chunks k
-                                      WHERE k.pid = p.id ORDER BY k.base LIMIT v_k) c
+                                      WHERE k.pid = p.id AND k.base >= coalesce(t.below, 0)
+                                      ORDER BY k.base LIMIT v_k) c
                  CROSS JOIN LATERAL unnest(c.sizes) WITH ORDINALITY AS u(size, i)
                  WHERE p.tenant = p_tenant AND p.queue = p_queue
                    AND NOT c.gone @> (u.i - 1)::int4
@@ -340,16 +444,14 @@ BEGIN
         -- queue is the prefix (v_cut NULL)
         EXIT WHEN NOT EXISTS (
             SELECT 1 FROM queen.eph_partitions p
+              LEFT JOIN unnest(p_parts, p_belows) AS t(part, below) ON t.part = p.partition
              WHERE p.tenant = p_tenant AND p.queue = p_queue
-               AND (SELECT count(*) FROM (SELECT 1 FROM queen.eph_chunks k WHERE k.pid = p.id
-                                            LIMIT v_k + 1) z) > v_k);
+               AND (SELECT count(*) FROM (SELECT 1 FROM queen.eph_chunks k
+                                           WHERE k.pid = p.id AND k.base >= coalesce(t.below, 0)
+                                           LIMIT v_k + 1) z) > v_k);
         v_k := v_k * 4;
     END LOOP;
-    v_parts := ARRAY(SELECT p.partition FROM queen.eph_partitions p
-                      WHERE p.tenant = p_tenant AND p.queue = p_queue);
-    SELECT c.n, c.bytes INTO n, bytes
-      FROM queen.eph_cut_v1(p_tenant, p_queue, v_parts,
-                            array_fill(v_cut + 1, ARRAY[cardinality(v_parts)])) c;
+    RETURN v_cut;
 END;
 $$;
 
@@ -483,6 +585,7 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET plan_cache_mode = force_generic_plan  -- PERF(eph): see the header
 AS $$
 DECLARE
+    v_epoch text;  -- unused: see eph_enter_v1's call
     v_o jsonb;
     v_n int8 := coalesce(cardinality(p_payloads), 0);
     v_sizes int4[];
@@ -493,28 +596,45 @@ DECLARE
     v_max_bytes int8;
     v_pid int8;
     v_base int8;
-    v_ttl_n int8;
-    v_ttl_b int8;
+    v_ttl_p text[];
+    v_ttl_s int8[];
+    v_ttl_n int8 := 0;
+    v_ttl_b int8 := 0;
+    v_cut int8;
+    v_parts text[];
+    v_belows int8[];
+    v_aged int8[];
     v_drop_n int8 := 0;
     v_drop_b int8 := 0;
+    v_slot int2;  -- unused: see eph_count_v2's call
 BEGIN
-    IF v_n = 0 THEN
-        RETURN 0;
-    END IF;
-    IF v_n > 16384 THEN
+    -- PERF(eph): every statement of this function counts (a simple expression some thousand
+    -- instructions, a query some tens of thousands): a push of one message has the fewest
+    IF v_n = 0 OR v_n > 16384 THEN
+        IF v_n = 0 THEN
+            RETURN 0;
+        END IF;
         RAISE EXCEPTION USING ERRCODE = '22023',
             MESSAGE = format('%s messages in one push, over 16384', v_n);
     END IF;
-    PERFORM queen.eph_enter_v1(p_tenant, p_queue);
+    -- an assignment is evaluated as a simple expression, where PERFORM runs a query
+    v_epoch := queen.eph_enter_v1(p_tenant, p_queue);
     v_o := queen.eph_options_v1(p_tenant, p_queue);
-    v_ttl_n := 0;
-    v_ttl_b := 0;
+    -- what ttl drops, and below what bounds drop, are found first and dropped in one cut: two
+    -- cuts took their leases in two ascending runs, and an ack holding a lease of the second
+    -- run while waiting for one of the first closed a cycle with the push
     IF (v_o ->> 'ttlSeconds')::int4 > 0 THEN
-        SELECT e.n, e.bytes INTO v_ttl_n, v_ttl_b
-          FROM queen.eph_expire_v2(p_tenant, p_queue, (v_o ->> 'ttlSeconds')::int4) e;
+        SELECT e.parts, e.belows, e.n, e.bytes INTO v_ttl_p, v_ttl_s, v_ttl_n, v_ttl_b
+          FROM queen.eph_expired_v1(p_tenant, p_queue, (v_o ->> 'ttlSeconds')::int4) e;
     END IF;
-    v_sizes := ARRAY(SELECT octet_length(u.p) FROM unnest(p_payloads) AS u(p));
-    SELECT sum(u.b) INTO v_bytes FROM unnest(v_sizes) AS u(b);
+    IF v_n = 1 THEN  -- PERF(eph): the usual single message, without a statement
+        v_sizes := ARRAY[octet_length(p_payloads[1])];
+        v_bytes := v_sizes[1];
+    ELSE  -- in the payloads' order, asked for (a sort of n int4s)
+        v_sizes := ARRAY(SELECT octet_length(u.p)
+                           FROM unnest(p_payloads) WITH ORDINALITY AS u(p, o) ORDER BY u.o);
+        SELECT sum(u.b) INTO v_bytes FROM unnest(v_sizes) AS u(b);
+    END IF;
     v_max_len := (v_o ->> 'maxLength')::int8;
     v_max_bytes := (v_o ->> 'maxBytes')::int8;
     IF v_n > v_max_len OR v_bytes > v_max_bytes THEN
@@ -532,24 +652,45 @@ BEGIN
                                 'and its policy is reject', v_depth, v_stored, v_max_len,
                                 v_max_bytes);
         END IF;
-        SELECT d.n, d.bytes INTO v_drop_n, v_drop_b
-          FROM queen.eph_drop_oldest_v1(p_tenant, p_queue, v_depth + v_n - v_max_len,
-                                        v_stored + v_bytes - v_max_bytes) d;
+        v_cut := queen.eph_oldest_v1(p_tenant, p_queue, v_depth + v_n - v_max_len,
+                                     v_stored + v_bytes - v_max_bytes, v_ttl_p, v_ttl_s);
+        -- every partition, below the prefix's end (NULL: all) or the ttl's, the higher
+        SELECT array_agg(p.partition ORDER BY p.partition),
+               array_agg(CASE WHEN v_cut IS NOT NULL THEN greatest(v_cut + 1, t.below) END
+                         ORDER BY p.partition),
+               array_agg(t.below ORDER BY p.partition)
+          INTO v_parts, v_belows, v_aged
+          FROM queen.eph_partitions p
+          LEFT JOIN unnest(v_ttl_p, v_ttl_s) AS t(part, below) ON t.part = p.partition
+         WHERE p.tenant = p_tenant AND p.queue = p_queue;
+    ELSIF cardinality(v_ttl_p) > 0 THEN
+        v_parts := v_ttl_p;
+        v_belows := v_ttl_s;
+        v_aged := v_ttl_s;
     END IF;
-    -- the partition's turn: held to the commit, so the next push of this partition takes a
-    -- larger seq value and commits after this one
-    SELECT p.id INTO v_pid FROM queen.eph_partitions p
+    IF v_parts IS NOT NULL THEN  -- v_ttl_n and v_ttl_b: what was dropped, not the estimate
+        PERFORM queen.eph_unlease_v1(p_tenant, p_queue, v_parts, v_belows);
+        SELECT c.n, c.bytes, c.aged_n, c.aged_bytes INTO v_drop_n, v_drop_b, v_ttl_n, v_ttl_b
+          FROM queen.eph_cut_v2(p_tenant, p_queue, v_parts, v_belows, v_aged) c;
+        v_drop_n := v_drop_n - v_ttl_n;
+        v_drop_b := v_drop_b - v_ttl_b;
+    END IF;
+    -- the partition's turn: its row is held to the commit, and the seq value that the update
+    -- takes is taken again if it had to wait for the row (READ COMMITTED evaluates an updated
+    -- row's new values again once its holder committed), so the next push of this partition
+    -- takes a larger value and commits after this one. PERF(eph): one statement, where a
+    -- SELECT ... FOR NO KEY UPDATE, then nextval, then this UPDATE were three
+    UPDATE queen.eph_partitions p SET last_seq = nextval('queen.eph_seq') * 16384 + v_n - 1
      WHERE p.tenant = p_tenant AND p.queue = p_queue AND p.partition = p_partition
-       FOR NO KEY UPDATE;
+    RETURNING p.id, p.last_seq - v_n + 1 INTO v_pid, v_base;
     IF NOT FOUND THEN
         INSERT INTO queen.eph_partitions (tenant, queue, partition, id, last_seq)
         VALUES (p_tenant, p_queue, p_partition, nextval('queen.eph_seq'), 0)
         ON CONFLICT DO NOTHING;
-        SELECT p.id INTO v_pid FROM queen.eph_partitions p
+        UPDATE queen.eph_partitions p SET last_seq = nextval('queen.eph_seq') * 16384 + v_n - 1
          WHERE p.tenant = p_tenant AND p.queue = p_queue AND p.partition = p_partition
-           FOR NO KEY UPDATE;
+        RETURNING p.id, p.last_seq - v_n + 1 INTO v_pid, v_base;
     END IF;
-    v_base := nextval('queen.eph_seq') * 16384;
     IF v_n <= 256 THEN
         INSERT INTO queen.eph_chunks (pid, base, payloads, sizes, live, created_at)
         VALUES (v_pid, v_base, p_payloads, v_sizes, v_n, clock_timestamp());
@@ -560,10 +701,8 @@ BEGIN
                least(256, v_n - k * 256), clock_timestamp()
           FROM generate_series(0, (v_n - 1) / 256) AS k;
     END IF;
-    UPDATE queen.eph_partitions p SET last_seq = v_base + v_n - 1
-     WHERE p.tenant = p_tenant AND p.queue = p_queue AND p.partition = p_partition;
-    PERFORM queen.eph_count_v1(p_tenant, p_queue, v_n - v_ttl_n - v_drop_n,
-                               v_bytes - v_ttl_b - v_drop_b, v_drop_n, v_ttl_n, 0);
+    v_slot := queen.eph_count_v2(p_tenant, p_queue, v_n - v_ttl_n - v_drop_n,
+                                 v_bytes - v_ttl_b - v_drop_b, v_drop_n, v_ttl_n, 0);
     RETURN v_n;
 END;
 $$;
@@ -608,14 +747,19 @@ DECLARE
     v_head text;
     v_tail text;
     v_bases int8[];
+    v_sorted int8[];
     v_pos int8;
     v_need int4 := p_batch;
     v_dropped int8 := 0;
     v_pass int4;
+    v_ttl_p text[] := '{}';  -- what ttl drops: partitions, and the seq below which
+    v_ttl_s int8[] := '{}';
+    v_floor int8;
     v_ttl_n int8;
     v_ttl_b int8;
     v_set_n int8;
     v_set_b int8;
+    v_slot int2;  -- unused: see eph_count_v2
     r record;
 BEGIN
     v_epoch := queen.eph_enter_v1(p_tenant, p_queue);
@@ -627,8 +771,14 @@ BEGIN
     v_ttl_n := 0;
     v_ttl_b := 0;
     IF (v_o ->> 'ttlSeconds')::int4 > 0 THEN
-        SELECT e.n, e.bytes INTO v_ttl_n, v_ttl_b
-          FROM queen.eph_expire_v2(p_tenant, p_queue, (v_o ->> 'ttlSeconds')::int4) e;
+        -- their deliveries now (no redelivery gives them), their chunks at the end with the
+        -- settle's, in one run: holding them, this pop could wait below for a cursor that
+        -- another pop holds, and that pop for one of them in its settle. The reads skip them.
+        SELECT e.parts, e.belows INTO v_ttl_p, v_ttl_s
+          FROM queen.eph_expired_v1(p_tenant, p_queue, (v_o ->> 'ttlSeconds')::int4) e;
+        IF cardinality(v_ttl_p) > 0 THEN
+            PERFORM queen.eph_unlease_v1(p_tenant, p_queue, v_ttl_p, v_ttl_s);
+        END IF;
     END IF;
     INSERT INTO queen.eph_groups (tenant, queue, grp) VALUES (p_tenant, p_queue, p_group)
     ON CONFLICT DO NOTHING;
@@ -729,6 +879,7 @@ BEGIN
                    FOR NO KEY UPDATE;
             END IF;
             v_held := true;
+            v_floor := coalesce(v_ttl_s[array_position(v_ttl_p, r.partition)], 0);
             v_dlv := CASE WHEN p_auto_ack THEN 0 ELSE nextval('queen.eph_seq') END;
             v_head := '{"id":"' || v_epoch || '-';
             v_tail := '-' || v_dlv || '","partition":' || to_json(r.partition)::text
@@ -741,7 +892,7 @@ BEGIN
             WITH RECURSIVE w(base, got) AS (
                 SELECT k.base, k.live - greatest(0, v_pos - k.base + 1)
                   FROM (SELECT c.base, c.live FROM queen.eph_chunks c
-                         WHERE c.pid = r.id AND c.base >= v_pos - v_pos % 256
+                         WHERE c.pid = r.id AND c.base >= greatest(v_pos - v_pos % 256, v_floor)
                          ORDER BY c.base LIMIT 1) k
                 UNION ALL
                 SELECT k.base, w.got + k.live
@@ -751,16 +902,32 @@ BEGIN
                         ORDER BY c.base LIMIT 1) k
                  WHERE w.got < v_need)
             SELECT array_agg(w.base) INTO v_bases FROM w;
-            -- PERF(eph): the aggregates take the rows in the subquery's order (a plain scan
-            -- of its sorted output): an ORDER BY of their own sorted them twice more
-            SELECT array_agg(x.seq), string_agg(v_head || x.seq || v_tail || x.payload || '}', ',')
-              INTO v_taken, v_json
+            -- The aggregates must take the messages in seq order (the answer's, the lease's,
+            -- the cursor's last), and PostgreSQL promises no order of a subquery's rows to
+            -- them. PERF(eph): an ORDER BY of the text's aggregate cost a pop and its ack 7%
+            -- more instructions a message (it sorts every message's text again: 30.6k -> 32.8k
+            -- under callgrind, PostgreSQL 15), so the order is checked, not asked for: the
+            -- aggregates of one statement take its rows in one sequence, which is seq order
+            -- exactly when array_agg's plain output equals its sorted one (a sort of int8s:
+            -- 30.6k -> 31.5k). If it ever is not, the text is built again in that order.
+            SELECT array_agg(x.seq), array_agg(x.seq ORDER BY x.seq),
+                   string_agg(v_head || x.seq || v_tail || x.payload || '}', ',')
+              INTO v_taken, v_sorted, v_json
               FROM (SELECT c.base + m.i - 1 AS seq, m.payload
                       FROM queen.eph_chunks c
                      CROSS JOIN LATERAL unnest(c.payloads) WITH ORDINALITY AS m(payload, i)
                      WHERE c.pid = r.id AND c.base = ANY (v_bases)
                        AND c.base + m.i - 1 > v_pos AND NOT c.gone @> (m.i - 1)::int4
                      ORDER BY 1 LIMIT v_need) x;
+            IF v_taken IS DISTINCT FROM v_sorted THEN
+                v_taken := v_sorted;
+                SELECT string_agg(v_head || u.seq || v_tail
+                                  || c.payloads[(u.seq - c.base + 1)::int4] || '}', ','
+                                  ORDER BY u.seq)
+                  INTO v_json
+                  FROM unnest(v_taken) AS u(seq)
+                  JOIN queen.eph_chunks c ON c.pid = r.id AND c.base = u.seq - u.seq % 256;
+            END IF;
             IF v_taken IS NULL THEN
                 -- what was left there had been dropped (or another pop took it)
                 IF r.last_seq > v_pos THEN
@@ -793,18 +960,41 @@ BEGIN
     messages := '[' || coalesce(v_out, '') || ']';
     v_set_n := 0;
     v_set_b := 0;
+    IF cardinality(v_ttl_p) > 0 THEN
+        IF cardinality(v_settle_s) > 0 THEN  -- the chunks of both, in one run
+            PERFORM 1
+               FROM (SELECT t.part, k.pid, k.base
+                       FROM unnest(v_ttl_p, v_ttl_s) AS t(part, below)
+                       JOIN queen.eph_partitions p
+                         ON p.tenant = p_tenant AND p.queue = p_queue AND p.partition = t.part
+                       JOIN queen.eph_chunks k ON k.pid = p.id AND k.base < t.below
+                     UNION
+                     SELECT g.part, p.id, g.base
+                       FROM (SELECT DISTINCT u.part, u.seq - u.seq % 256 AS base
+                               FROM unnest(v_settle_p, v_settle_s) AS u(part, seq)) g
+                       JOIN queen.eph_partitions p
+                         ON p.tenant = p_tenant AND p.queue = p_queue AND p.partition = g.part) x
+               JOIN queen.eph_chunks c ON c.pid = x.pid AND c.base = x.base
+              ORDER BY x.part, x.base FOR UPDATE OF c;
+        END IF;
+        SELECT c.n, c.bytes INTO v_ttl_n, v_ttl_b
+          FROM queen.eph_cut_v2(p_tenant, p_queue, v_ttl_p, v_ttl_s, v_ttl_s) c;
+    END IF;
     IF cardinality(v_settle_s) > 0 THEN  -- autoAck, or past retryLimit
         SELECT s.n, s.bytes INTO v_set_n, v_set_b
           FROM queen.eph_settle_v3(p_tenant, p_queue, v_settle_p, v_settle_s, false) s;
     END IF;
     IF v_ttl_n + v_set_n + v_dropped > 0 THEN
-        PERFORM queen.eph_count_v1(p_tenant, p_queue, -v_ttl_n - v_set_n, -v_ttl_b - v_set_b,
-                                   0, v_ttl_n, v_dropped);
+        v_slot := queen.eph_count_v2(p_tenant, p_queue, -v_ttl_n - v_set_n,
+                                     -v_ttl_b - v_set_b, 0, v_ttl_n, v_dropped);
     END IF;
     claimed := p_batch - v_need;
     IF claimed = 0 THEN
-        SELECT greatest(0, ceil(extract(epoch FROM min(l.lease_until) - clock_timestamp())
-                                * 1000))::int8
+        -- a delivery due at once ('-infinity': an ack's redelivery, or one that another pop
+        -- held while this one skipped it) is 0 ms away: subtracting -infinity fails
+        SELECT greatest(0, ceil(extract(epoch FROM greatest(min(l.lease_until),
+                                                            clock_timestamp())
+                                                   - clock_timestamp()) * 1000))::int8
           INTO wake_in_ms
           FROM queen.eph_leases l
          WHERE l.tenant = p_tenant AND l.queue = p_queue AND l.grp = p_group
@@ -853,6 +1043,7 @@ DECLARE
     v_k int4;
     v_base int8;
     v_lo int4;
+    v_slot int2;  -- unused: see eph_count_v2
     r record;
 BEGIN
     v_epoch := queen.eph_enter_v1(p_tenant, p_queue);
@@ -892,7 +1083,7 @@ BEGIN
                                            p_seqs, true) s;
             END IF;
             IF v_set_n > 0 THEN
-                PERFORM queen.eph_count_v1(p_tenant, p_queue, -v_set_n, -v_set_b, 0, 0, 0);
+                v_slot := queen.eph_count_v2(p_tenant, p_queue, -v_set_n, -v_set_b, 0, 0, 0);
             END IF;
             RETURN;
         END IF;
@@ -959,7 +1150,7 @@ BEGIN
     SELECT s.n, s.bytes INTO v_set_n, v_set_b
       FROM queen.eph_settle_v3(p_tenant, p_queue, v_settle_p, v_settle_s, false) s;
     IF v_set_n + v_dropped > 0 THEN
-        PERFORM queen.eph_count_v1(p_tenant, p_queue, -v_set_n, -v_set_b, 0, 0, v_dropped);
+        v_slot := queen.eph_count_v2(p_tenant, p_queue, -v_set_n, -v_set_b, 0, 0, v_dropped);
     END IF;
     redelivered := cardinality(v_red);
 END;
