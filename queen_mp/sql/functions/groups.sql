@@ -555,6 +555,12 @@ $$;
 CREATE OR REPLACE FUNCTION queen.log_ready_repair_v2(p_after int8, p_limit int4)
 RETURNS TABLE (repaired int8, next_after int8)
 LANGUAGE plpgsql VOLATILE
+-- every statement walks keys of the slice: a not-started record's test was planned as a hash
+-- of the slice's cursors built from a sequential scan of EVERY cursor (33 of a slice's 48 ms
+-- at 50,000 partitions, auto_explain), as log_pop_v1 found for its own statements (pop.sql)
+SET enable_seqscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
 AS $$
 DECLARE
     v_total int8 := 0;
