@@ -349,7 +349,7 @@ def test_a_housekeeping_repair_reads_one_slice_whatever_the_table_holds(broker, 
                         (q,)).fetchone()
     sql = ("SELECT sum(seq_tup_read + COALESCE(idx_tup_fetch, 0)) FROM pg_stat_xact_user_tables"
            " WHERE schemaname = 'queen' AND relname = ANY(%s)")
-    tables = ["log_consumers", "log_partitions", "log_segments", "consumer_groups_meta"]
+    tables = ["log_consumers", "log_partitions", "log_segments"]  # the ones partitions grow
     with db.transaction():
         db.execute("SET LOCAL session_replication_role = replica")  # unflag a pending cursor
         db.execute("UPDATE queen.log_consumers SET ready_at = NULL WHERE partition_id = %s",
@@ -367,7 +367,7 @@ def test_a_housekeeping_repair_reads_one_slice_whatever_the_table_holds(broker, 
         assert repaired == 0
         assert after == db.execute("SELECT id FROM queen.log_partitions WHERE id >= %s"
                                    " ORDER BY id OFFSET 99 LIMIT 1", (lo,)).fetchone()[0]
-        assert reads <= 1000, reads  # about 4 a partition of the slice
+        assert reads <= 1000, reads  # about 6 a partition of the slice
         assert db.execute("SELECT * FROM queen.log_ready_repair_v2(%s, 100)",
                           (hi - 1,)).fetchone()[0] == 1
         assert db.execute(UNLISTED_SQL).fetchone()[0] == 0

@@ -545,22 +545,15 @@ $$;
 -- reached the last partition (the next sweep starts over).
 --
 -- Why slices (issue 26): housekeeping ran the whole repair every round, a join of every cursor
--- with its partition and an anti-join of every started queue's partitions with its cursors.
--- At 55,000 partitions that was 37 ms a round on a vacuumed table and 200-350 ms while a
--- drain left dead cursor versions (pg_stat_statements), every 5 s, competing with the pops
--- for the CPU, and its snapshot held the xmin horizon for as long. A round now reads a
--- bounded number of partitions whatever the table holds; the whole table is swept in
--- partitions / slice rounds.
+-- with its partition and an anti-join of every started queue's partitions with its cursors:
+-- 11,000 buffers and 15-37 ms a round at 50,000 partitions on an idle broker, 50-350 ms under
+-- a drain (pg_stat_statements), every 5 s, beside the pops on the same CPUs. A round now reads
+-- a bounded number of partitions whatever the table holds (about 500-850 buffers, 8-15 ms for
+-- 5,000 partitions); the whole table is swept in partitions / slice rounds.
 -- ---------------------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION queen.log_ready_repair_v2(p_after int8, p_limit int4)
 RETURNS TABLE (repaired int8, next_after int8)
 LANGUAGE plpgsql VOLATILE
--- every statement walks keys of the slice: a not-started record's test was planned as a hash
--- of the slice's cursors built from a sequential scan of EVERY cursor (33 of a slice's 48 ms
--- at 50,000 partitions, auto_explain), as log_pop_v1 found for its own statements (pop.sql)
-SET enable_seqscan = off
-SET enable_hashjoin = off
-SET enable_mergejoin = off
 AS $$
 DECLARE
     v_total int8 := 0;
@@ -577,25 +570,32 @@ BEGIN
         RETURN;
     END IF;
 
-    -- (1) and (2), one record at a time, its queue row first (the lock order of the header)
+    -- (1) and (2), one record at a time, its queue row first (the lock order of the header).
+    -- Every read of the two big tables carries the slice's id range: whatever join the planner
+    -- picks, it reads the slice (a not-started record's test without it was a hash of EVERY
+    -- cursor, 33 of a slice's 48 ms at 50,000 partitions; auto_explain).
     FOR r IN
         SELECT m.queue_id, m.consumer_group
         FROM queen.consumer_groups_meta m
-        WHERE (NOT m.started
-               AND EXISTS (SELECT 1
-                           FROM queen.log_partitions lp
-                           JOIN queen.log_consumers c ON c.partition_id = lp.id
-                           WHERE lp.queue_id = m.queue_id
-                             AND lp.id > p_after AND lp.id <= v_upto
-                             AND c.consumer_group = m.consumer_group))
-           OR (m.started
-               AND EXISTS (SELECT 1 FROM queen.log_partitions lp
-                           WHERE lp.queue_id = m.queue_id
-                             AND lp.id > p_after AND lp.id <= v_upto
-                             AND NOT EXISTS (SELECT 1 FROM queen.log_consumers c
-                                             WHERE c.partition_id = lp.id
-                                               AND c.consumer_group = m.consumer_group)))
-        ORDER BY m.queue_id, m.consumer_group
+        WHERE NOT m.started
+          AND EXISTS (SELECT 1
+                      FROM queen.log_consumers c  -- log_consumers_group_idx
+                      WHERE c.consumer_group = m.consumer_group
+                        AND c.partition_id > p_after AND c.partition_id <= v_upto
+                        AND (c.queue_id = m.queue_id
+                             OR (c.queue_id IS NULL  -- an older build's row: (3) below
+                                 AND EXISTS (SELECT 1 FROM queen.log_partitions lp
+                                             WHERE lp.id = c.partition_id
+                                               AND lp.queue_id = m.queue_id))))
+        UNION
+        SELECT lp.queue_id, g.consumer_group
+        FROM queen.log_partitions lp
+        JOIN queen.consumer_groups_meta g ON g.queue_id = lp.queue_id AND g.started
+        WHERE lp.id > p_after AND lp.id <= v_upto
+          AND NOT EXISTS (SELECT 1 FROM queen.log_consumers c
+                          WHERE c.partition_id = lp.id AND c.consumer_group = g.consumer_group
+                            AND c.partition_id > p_after AND c.partition_id <= v_upto)
+        ORDER BY 1, 2
     LOOP
         PERFORM 1 FROM queen.queues q WHERE q.id = r.queue_id FOR UPDATE;
         UPDATE queen.consumer_groups_meta m SET started = true
