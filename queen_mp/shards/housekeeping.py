@@ -35,6 +35,10 @@ log = logging.getLogger("queen_mp.housekeeping")
 
 _BATCH = 1000
 _PARTITIONS_PER_QUERY = 200
+#: partitions per round of the ready index's backstop (log_ready_repair_v2): a round's repair
+#: costs the same whatever the table holds (the whole repair was 200-350 ms a round at 55,000
+#: partitions under a drain, issue 26); the sweep of the table takes partitions / this rounds
+_READY_PARTITIONS = 5000
 #: first key of ``pg_try_advisory_lock(int4, int4)`` for housekeeping rounds: "QHKP"; the
 #: second is ``shards << 16 | index``. (The two-key form never meets the migrations' bigint
 #: key, queen_mp/db/migrations.py: PostgreSQL keeps the two key spaces apart.)
@@ -55,6 +59,7 @@ class Housekeeping:
         # connection keeps the round's advisory lock, so a round is one session() block
         self.db = Dedicated(dsn, application_name=name,
                             statement_timeout_ms=statement_timeout_ms)
+        self._ready_after = 0  # where the ready index's sweep goes on (partition id)
 
     async def run(self) -> None:
         while True:
@@ -132,7 +137,8 @@ class Housekeeping:
                     break
             # NOTE(queen): the triggers keep the ready index true; a row this finds is a
             # cursor that pops could not see (an older build's, or a bug's), so say so.
-            done["ready"] = await step(retention_procs.repair_ready(conn))
+            done["ready"], self._ready_after = await step(retention_procs.repair_ready(
+                conn, self._ready_after, _READY_PARTITIONS))
             if done["ready"]:
                 log.warning("ready index: %d cursor rows or flags were missing and are "
                             "repaired", done["ready"])
