@@ -194,6 +194,12 @@ class HotRoutes:
         self.edge.account(call.template, answer.status, started)
         return answer
 
+    async def respond_whole(self, call: HotCall, body: bytes
+                            ) -> tuple[int, list[tuple[bytes, bytes]], bytes | None]:
+        """``respond`` to a body read whole, rendered: the front's lean path
+        (queen_mp/processes/uvworker.py), which writes it below ASGI."""
+        return rendered(await self.respond(call, body))
+
     async def _answer(self, call: HotCall, body: bytes | AsyncIterable[bytes], tenant: bytes,
                       sub: str | None, grant: Grant | None) -> Answer:
         if call.method == "GET":

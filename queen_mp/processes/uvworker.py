@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 import httptools
@@ -39,7 +39,11 @@ from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 from uvicorn.server import Server
 from uvicorn_worker import UvicornWorker
 
-from queen_mp.http.hot import HotCall, HotRoutes, rendered
+if TYPE_CHECKING:
+    # NOTE(http): the hot routes come with the app (queen_mp/http/app.py); importing them
+    # here would load psycopg into the supervisor, which loads this module to name gunicorn's
+    # worker class (tests/unit/test_import_weight.py)
+    from queen_mp.http.hot import HotCall, HotRoutes
 
 __all__ = ["BalancedUvicornWorker", "CorkedHttpToolsProtocol", "CorkedTransport", "LeanCycle",
            "QuietExitServer", "own_listeners"]
@@ -161,7 +165,7 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
     not chunked, not expecting 100-continue, no upgrade, HTTP/1.0 or 1.1, that
     ``HotRoutes.match`` takes, arriving while nothing else is in flight on its connection, is
     read whole here (a ``LeanCycle`` stands in as ``self.cycle``) and answered by one task
-    through ``HotRoutes.respond``, which writes uvicorn's bytes for the answer
+    through ``HotRoutes.respond_whole``, writing uvicorn's bytes for the answer
     (tests/unit/test_lean_http.py compares them). Pipelining, keep-alive, ``shutdown``, the
     access log and the task count of a graceful stop see it as a cycle; everything else takes
     uvicorn's path.
@@ -173,7 +177,7 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         hot = getattr(self.app, "hot", None)  # queen_mp.http.app.App's, when it is served bare
         self._hot: HotRoutes | None = (
-            hot if isinstance(hot, HotRoutes) and self.limit_concurrency is None
+            hot if hasattr(hot, "respond_whole") and self.limit_concurrency is None
             and not self.config.reset_contextvars else None)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -268,7 +272,7 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         assert hot is not None
         whole, cycle.chunks = b"".join(cycle.chunks), []
         try:
-            status, headers, body = rendered(await hot.respond(cycle.call, whole))
+            status, headers, body = await hot.respond_whole(cycle.call, whole)
         except BaseException as ex:  # as uvicorn's cycle: logged, answered 500, closed
             self.logger.error("Exception in ASGI application\n", exc_info=ex)
             (status, headers, body), cycle.keep_alive = _FAILED, False
