@@ -10,7 +10,7 @@ middleware's checks (``Authz.principal``, ``Admission.admit``), the responder's 
 failure mapped by ``errors.error_of``, the permits given back, the request counted
 (``EdgeMiddleware.account``), and the answer sent with the headers falcon sends, in falcon's
 order (tests/fuzz: every request answered both ways compares equal, byte for byte). Below ASGI,
-the front's protocol answers most of these requests through ``HotRoutes.respond`` without
+the front's protocol answers most of these requests through ``HotRoutes.respond_whole`` without
 uvicorn's request cycle (queen_mp/processes/uvworker.py).
 
 A request this module does not take goes to falcon whole: another method or route, a header
@@ -40,7 +40,7 @@ from queen_mp.http.errors import error_answer, error_of
 from queen_mp.http.pop import PopResource
 from queen_mp.http.push import PushResource
 
-__all__ = ["HOT_ROUTES", "HotCall", "HotRoutes", "rendered"]
+__all__ = ["HOT_ROUTES", "HotCall", "HotRoutes"]
 
 PUSH = "/api/v1/push"
 ACK = "/api/v1/ack"
