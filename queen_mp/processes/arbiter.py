@@ -21,6 +21,7 @@ from gunicorn.app.base import BaseApplication
 from gunicorn.arbiter import Arbiter
 
 from queen_mp.config import Config
+from queen_mp.heap import freeze_startup_objects
 from queen_mp.processes.forked import exit_now
 
 __all__ = ["FRONT_WORKER_ARGS", "FrontApplication", "FrontArbiter", "front_argv"]
@@ -88,7 +89,11 @@ class FrontArbiter(Arbiter):  # type: ignore[misc]
         unwind through ``Supervisor.run`` and its ``finally: halt()``, so a worker ending on
         its own (a reload, a graceful stop, a failed boot) would stop the shards, unlink the
         shared memory and remove the metrics directory of the broker it belongs to.
+
+        What the arbiter made since the preload is frozen first, as before a shard's fork
+        (``ForkedChild.start``): the worker's collections leave those pages shared.
         """
+        freeze_startup_objects()
         arbiter = os.getpid()
         try:
             return int(super().spawn_worker())

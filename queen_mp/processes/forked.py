@@ -42,6 +42,8 @@ import traceback
 from collections.abc import Callable
 from typing import NoReturn
 
+from queen_mp.heap import freeze_startup_objects
+
 __all__ = ["ForkedChild", "exit_now", "exit_status"]
 
 _NAME_MAX = 15  # bytes of /proc/<pid>/comm
@@ -55,7 +57,14 @@ class ForkedChild:
 
     @classmethod
     def start(cls, target: Callable[[], int], name: str) -> ForkedChild:
-        """Fork; the child runs ``target`` and exits with its status."""
+        """Fork; the child runs ``target`` and exits with its status.
+
+        PERF(memory): what the supervisor made since ``preload`` froze its heap is frozen too
+        before the fork: the child's first collection would otherwise walk those objects and
+        write to their headers, a private copy of each page they sit on (about 1 MB for 4,700
+        objects, measured on a fork's ``Private_Dirty``).
+        """
+        freeze_startup_objects()
         pid = os.fork()
         if pid == 0:
             _run_child(target, name)

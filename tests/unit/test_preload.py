@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 _PROBE = """
-import gc, json, os, sys, threading
+import gc, json, mimetypes, os, sys, threading
 def fds():
     return sorted(os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
                   if os.path.exists(f"/proc/self/fd/{fd}"))
@@ -23,6 +23,8 @@ print(json.dumps({
     "heavy": sorted({"psycopg", "falcon", "uvicorn", "numpy", "prometheus_client"}
                     & {m.split(".")[0] for m in sys.modules}),
     "frozen": gc.get_freeze_count(),
+    "warm": [mimetypes.inited,
+             sys.modules["queen_mp.http.openapi"].document_bytes.cache_info().currsize],
 }))
 """
 
@@ -40,3 +42,5 @@ def test_preload_imports_the_children_modules_and_no_thread_or_descriptor(tmp_pa
     assert seen["threads"] == 1 and seen["python_threads"] == 1
     assert seen["new_fds"] == []
     assert seen["frozen"] > 10_000
+    # what each front worker would otherwise read and build for itself is there already
+    assert seen["warm"] == [True, 1]

@@ -1,0 +1,92 @@
+"""The shard's dedup filter (queen_mp/shards/dedupfilter.py) driven as the shard drives it, for
+its cost per pushed segment and its memory, with no server and no database.
+
+Each case pushes segments of S random hashes to random partitions among ``--partitions``:
+``verified`` then ``committed``, as ``PushFusion._commit`` calls them, with a clock advancing
+at ``--rate`` messages a second. The first half of the segments fills the filter (runs,
+epochs, merges); the second half is measured, inside one ``operator.call`` so that callgrind
+can count it alone::
+
+    .venv/bin/python -m bench.dedupfilter                        # wall clock, 4 cases
+    .venv/bin/python -m bench.dedupfilter --partitions 1 --cases 100:600000
+    valgrind --tool=callgrind --toggle-collect=_operator_call --callgrind-out-file=/dev/null \\
+        .venv/bin/python -m bench.dedupfilter --cases 10:200000  # "Collected : N"
+
+Divide a callgrind count by the measured segments the script prints. ``--memory`` traces the
+filter's allocations (tracemalloc: slower, so its timings are not comparable).
+"""
+
+from __future__ import annotations
+
+import argparse
+import operator
+import random
+import time
+import tracemalloc
+
+from queen_mp.shards.dedupfilter import DedupFilter
+
+WINDOW_S = 3600  # QUEEN_DEDUP_WINDOW's default
+
+
+def run(partitions: int, size: int, total: int, rate: float, entries: int,
+        seed: int = 1) -> dict[str, float]:
+    """Figures of the measured half; ``held_bytes``: what the filter holds at the end, as
+    tracemalloc counts it (0 unless tracing)."""
+    rnd = random.Random(seed)
+    now = [1000.0]
+    filt = DedupFilter(entries, lambda: now[0])
+    keys = [(b"\0" * 16, "bench", f"p-{i}") for i in range(partitions)]
+    last = [0] * partitions
+    segments = [(rnd.randrange(partitions), rnd.randbytes(16 * size))
+                for _ in range(max(2, total // size))]
+    step = size / rate
+
+    def push(lo: int, hi: int) -> None:
+        for p, hashes in segments[lo:hi]:
+            now[0] += step
+            key = keys[p]
+            filt.verified(key, hashes)
+            filt.committed(key, 7 + p, last[p] + 1, size, hashes, WINDOW_S)
+            last[p] += size
+
+    half = len(segments) // 2
+    base = tracemalloc.get_traced_memory()[0]
+    push(0, half)
+    started = time.perf_counter()
+    operator.call(push, half, len(segments))
+    took = time.perf_counter() - started
+    measured = len(segments) - half
+    return {"segments": measured, "us_per_segment": took / measured * 1e6,
+            "us_per_hash": took / (measured * size) * 1e6, "entries": filt.entries,
+            "held_bytes": tracemalloc.get_traced_memory()[0] - base}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cases", default="1:40000,10:200000,100:600000,1000:1000000",
+                    help="segment size:total hashes, comma separated")
+    ap.add_argument("--partitions", type=int, default=1000)
+    ap.add_argument("--rate", type=float, default=30000.0, help="messages a second")
+    ap.add_argument("--entries", type=int, default=8_000_000,
+                    help="the filter's bound (QUEEN_DEDUP_FILTER_ENTRIES)")
+    ap.add_argument("--memory", action="store_true", help="trace the filter's allocations")
+    a = ap.parse_args(argv)
+    for case in a.cases.split(","):
+        size, total = (int(x) for x in case.split(":"))
+        if a.memory:
+            tracemalloc.start()
+        r = run(a.partitions, size, total, a.rate, a.entries)
+        mem = ""
+        if a.memory:
+            tracemalloc.stop()
+            held = r["held_bytes"]
+            mem = f", {held / 1e6:.2f} MB held ({held / max(1, r['entries']):.1f} B an entry)"
+        print(f"segment {size:5d}: {r['segments']:7d} measured, {r['us_per_segment']:8.2f} us "
+              f"a segment, {r['us_per_hash']:6.3f} us a hash, {r['entries']:8d} entries{mem}",
+              flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
