@@ -259,9 +259,17 @@ def _orjson_reads_alike(body: bytes) -> bool:
     return _LONG_RUN not in shapes and _BIG_EXPONENT not in shapes
 
 
-def _brackets(raw: msgspec.Raw) -> int:
+def _brackets(raw: msgspec.Raw | bytes) -> int:
     text = bytes(raw)
     return text.count(b"[") + text.count(b"{")
+
+
+def _deeper_than_orjson(body: bytes, own: int) -> bool:
+    """Whether ``body`` may nest deeper than orjson reads while msgspec reads it: msgspec
+    refuses only past Python's recursion limit (1,000 unless raised, as a test harness can),
+    so where that limit is above orjson's, a body holding more than _MAX_DEPTH brackets
+    besides its ``own`` (those of the body's own structure) takes the exact path."""
+    return sys.getrecursionlimit() > _MAX_DEPTH and _brackets(body) - own > _MAX_DEPTH
 
 
 def decode_push_items(body: bytes, producer_sub: str | None,
@@ -291,12 +299,8 @@ def decode_push_items(body: bytes, producer_sub: str | None,
         return None
     if len(raw_items) > MAX_ITEMS:
         return None
-    # orjson refuses a document nested deeper than _MAX_DEPTH; msgspec refuses one nested past
-    # Python's recursion limit (1,000 unless raised). Where that limit is above orjson's (a
-    # test harness can raise it), payloads holding that many brackets take the exact path; the
-    # body's own are one per item and two around them.
-    deep = sys.getrecursionlimit() > _MAX_DEPTH and (
-        body.count(b"[") + body.count(b"{") - len(raw_items) - 2 > _MAX_DEPTH)
+    # the body's own brackets: one per item and two around them
+    deep = _deeper_than_orjson(body, len(raw_items) + 2)
     # checked names, one str each (a partition may hold "/", a queue may not)
     queues: dict[str, str] = {}
     partitions: dict[str, str] = {}
@@ -438,9 +442,7 @@ def decode_ack_items(body: bytes, batch: bool, max_acks: int) -> list[AckItem] |
     PERF(ack): a typed decode, and what a batch's items share (the partition id text, the
     group, the lease) read once a body: ``parse_ack_item`` was two thirds of a 100-item ack
     batch's in-process instructions."""
-    if not body or not _orjson_reads_alike(body) or (
-            sys.getrecursionlimit() > _MAX_DEPTH
-            and body.count(b"[") + body.count(b"{") > _MAX_DEPTH):
+    if not body or not _orjson_reads_alike(body) or _deeper_than_orjson(body, 0):
         return None
     try:
         if batch:

@@ -54,3 +54,14 @@ def test_without_it_glibc_puts_that_block_in_the_heap() -> None:
 
 def test_zero_leaves_the_allocator_alone() -> None:
     assert fix_mmap_threshold(0) is False
+
+
+def test_freezing_the_startup_objects_raises_only_the_young_generations_threshold() -> None:
+    probe = ("import gc; from queen_mp.heap import freeze_startup_objects; "
+             "before = gc.get_threshold(); freeze_startup_objects(); "
+             "print(*before, *gc.get_threshold(), gc.get_freeze_count() > 0)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out[0] == "700" and out[3] == "20000"  # CPython's default, then ours
+    assert out[1:3] == out[4:6]  # the older generations keep theirs
+    assert out[6] == "True"

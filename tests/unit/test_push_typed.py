@@ -4,6 +4,9 @@ leaves it to that path: never an item the exact path would refuse or read otherw
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import textwrap
 import uuid
 
 import msgspec
@@ -150,3 +153,33 @@ def test_refusals_are_the_exact_paths() -> None:
         assert decode_push_items(body, None, ids) is None
         with pytest.raises((ApiError, RequestError, WireError)):
             exact_json_push(body, None, ids)
+
+
+def test_under_a_raised_recursion_limit_a_payload_deeper_than_orjson_reads_is_refused() -> None:
+    # msgspec reads as deep as Python's recursion limit allows, orjson 1,024 levels: where a
+    # harness raised the limit, the typed decoders must leave such a body to the exact path,
+    # which refuses it; a shallower one is read by both.
+    probe = textwrap.dedent("""
+        import sys
+        sys.setrecursionlimit(20_000)
+        from queen_mp.models.items import decode_push_items, decode_ack_items
+        from queen_mp.http.push import parse_json_push
+        from queen_mp.http.errors import ApiError
+        ids = lambda n: [i.to_bytes(16, "big") for i in range(1, n + 1)]
+        for depth in (1_000, 1_100):
+            payload = b"[" * depth + b"]" * depth
+            body = b'{"items":[{"queue":"q","payload":' + payload + b'}]}'
+            typed = decode_push_items(body, None, ids)
+            try:
+                parse_json_push(body, None, ids)
+                exact = "read"
+            except ApiError as ex:
+                exact = "refused" if "depth limit exceeded" in str(ex) else repr(ex)
+            ack = (b'{"acknowledgments":[{"transactionId":"t","partitionId":"1","x":'
+                   + payload + b'}]}')
+            print(depth, typed is None, exact, decode_ack_items(ack, True, 100) is None)
+    """)
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True).stdout.split("\n")
+    assert out[0] == "1000 False read False"
+    assert out[1] == "1100 True refused True"
