@@ -1,5 +1,5 @@
-"""Popper's claim gate: claims of one worker on the same cursor rows run at most
-``CLAIMS_PER_KEY`` at a time.
+"""Popper's claim gate: claims of one worker on the same cursor rows run one at a time, or
+``CLAIMS_PER_KEY`` at a time while they come back full.
 
 The claim itself is replaced by a recorder (``log_pop_v1`` is covered by the integration
 tests); what is checked here is how many claims run at once, per key.
@@ -27,7 +27,8 @@ class FakeBoard:
 
 
 class RecordingPopper(Popper):
-    """Claims that take until released and count how many run at once, per queue."""
+    """Claims that take until released and count how many run at once, per queue; each
+    claims ``fill`` messages (0: nothing)."""
 
     def __init__(self) -> None:
         super().__init__(pool=None, lot=ParkingLot(FakeBoard(), 0.01),  # type: ignore[arg-type]
@@ -35,6 +36,9 @@ class RecordingPopper(Popper):
         self.running: dict[str | None, int] = {}
         self.most: dict[str | None, int] = {}
         self.release = asyncio.Event()
+        self.turns = asyncio.Semaphore(0)  # with ``stepped``: one claim ends per release()
+        self.stepped = False
+        self.fill = 0
         self.claims = 0
 
     async def _claim(self, r: PopRequest, lease: uuid.UUID | None,
@@ -43,10 +47,16 @@ class RecordingPopper(Popper):
         self.running[r.queue] = self.running.get(r.queue, 0) + 1
         self.most[r.queue] = max(self.most.get(r.queue, 0), self.running[r.queue])
         try:
-            await self.release.wait()
+            if self.stepped:
+                await self.turns.acquire()
+            else:
+                await self.release.wait()
         finally:
             self.running[r.queue] -= 1
-        return pop_procs.ClaimResult([], None)
+        if not self.fill:
+            return pop_procs.ClaimResult([], None)
+        return pop_procs.ClaimResult(
+            [pop_procs.Claim(r.queue or "", 1, "p", 1, self.fill, 1, None, False)], None)
 
 
 def request(queue: str, **kw: Any) -> PopRequest:
@@ -59,8 +69,6 @@ def request(queue: str, **kw: Any) -> PopRequest:
 
 
 def test_claims_on_the_same_rows_wait_for_each_other_others_do_not() -> None:
-    assert CLAIMS_PER_KEY == 2  # the figures below
-
     async def body() -> None:
         p = RecordingPopper()
         pops = [asyncio.create_task(p.pop(request("a"))) for _ in range(5)]
@@ -69,13 +77,13 @@ def test_claims_on_the_same_rows_wait_for_each_other_others_do_not() -> None:
         pops.append(asyncio.create_task(p.pop(request("a", partition="p1"))))
         for _ in range(20):
             await asyncio.sleep(0)
-        # two claims of a/g, two of b/g, one of a/other, one of a/g/p1: four keys
-        assert sum(p.running.values()) == 6
-        assert p.running == {"a": 4, "b": 2}
+        # one claim of a/g, one of b/g, one of a/other, one of a/g/p1: four keys, four claims
+        assert sum(p.running.values()) == 4
+        assert p.running == {"a": 3, "b": 1}
         p.release.set()
         assert await asyncio.gather(*pops) == [None] * 10
         assert p.claims == 10
-        assert p.most["b"] == 2
+        assert p.most["b"] == 1
         assert p.running == {"a": 0, "b": 0}
         await asyncio.sleep(0)
         assert len(p._gates) == 0  # no pop alive, no gate kept
@@ -86,15 +94,14 @@ def test_claims_on_the_same_rows_wait_for_each_other_others_do_not() -> None:
 def test_a_pop_whose_claim_time_ran_out_in_the_gate_claims_nothing() -> None:
     async def body() -> None:
         p = RecordingPopper()
-        first = [asyncio.create_task(p.pop(request("a", timeout_ms=5000)))
-                 for _ in range(CLAIMS_PER_KEY)]
+        first = asyncio.create_task(p.pop(request("a", timeout_ms=5000)))
         for _ in range(5):
             await asyncio.sleep(0)
         late = asyncio.create_task(p.pop(request("a", timeout_ms=40)))  # claims until ~30 ms
         await asyncio.sleep(0.06)
         p.release.set()
-        assert await asyncio.gather(*first, late) == [None] * (CLAIMS_PER_KEY + 1)
-        assert p.claims == CLAIMS_PER_KEY  # the late one never reached the database
+        assert await asyncio.gather(first, late) == [None, None]
+        assert p.claims == 1  # the late one never reached the database
 
     asyncio.run(body())
 
@@ -102,22 +109,21 @@ def test_a_pop_whose_claim_time_ran_out_in_the_gate_claims_nothing() -> None:
 def test_cancelled_pops_leave_the_gate_to_the_next_in_order() -> None:
     async def body() -> None:
         p = RecordingPopper()
-        first = [asyncio.create_task(p.pop(request("a"))) for _ in range(CLAIMS_PER_KEY)]
+        first = asyncio.create_task(p.pop(request("a")))
         for _ in range(3):
             await asyncio.sleep(0)
         queued = [asyncio.create_task(p.pop(request("a"))) for _ in range(3)]
         for _ in range(3):
             await asyncio.sleep(0)
-        assert p.claims == CLAIMS_PER_KEY
+        assert p.claims == 1
         queued[0].cancel()  # cancelled while waiting: leaves the line
         await asyncio.sleep(0)
-        p.release.set()  # the first claims end: their turns go to the first ones still waiting
-        queued[1].cancel()  # cancelled before any claim left: queued[2] is next
-        results = await asyncio.gather(*first, *queued, return_exceptions=True)
-        done, gone, last = results[:CLAIMS_PER_KEY], results[-3:-1], results[-1]
-        assert done == [None] * CLAIMS_PER_KEY and last is None
-        assert all(isinstance(r, asyncio.CancelledError) for r in gone), results
-        assert p.claims == CLAIMS_PER_KEY + 1 and p.running == {"a": 0}
+        p.release.set()  # the first claim ends: the gate goes to the first one still waiting
+        queued[1].cancel()  # cancelled before the first claim left: queued[2] is next
+        results = await asyncio.gather(first, *queued, return_exceptions=True)
+        assert results[0] is None and results[3] is None
+        assert all(isinstance(r, asyncio.CancelledError) for r in results[1:3]), results
+        assert p.claims == 2 and p.running == {"a": 0}
         assert len(p._gates) == 0
 
     asyncio.run(body())
@@ -125,7 +131,7 @@ def test_cancelled_pops_leave_the_gate_to_the_next_in_order() -> None:
 
 def test_a_gate_handed_to_a_cancelled_pop_goes_on_to_the_next() -> None:
     async def body() -> None:
-        gate = _Gate(running=CLAIMS_PER_KEY)
+        gate = _Gate(running=1)
         entered: list[str] = []
 
         async def enter(name: str) -> None:
@@ -136,13 +142,50 @@ def test_a_gate_handed_to_a_cancelled_pop_goes_on_to_the_next() -> None:
         two = asyncio.create_task(enter("two"))
         await asyncio.sleep(0)
         assert len(gate.waiters) == 2
-        _leave(gate)  # a turn handed to one, still counted ...
-        assert gate.running == CLAIMS_PER_KEY
+        _leave(gate)  # handed to one, still counted ...
+        assert gate.running == 1
         one.cancel()  # ... which is cancelled before it runs: two gets it
         await asyncio.wait_for(asyncio.gather(one, two, return_exceptions=True), 5)
         assert one.cancelled() and entered == ["two"]
-        assert gate.running == CLAIMS_PER_KEY and not gate.waiters
+        assert gate.running == 1 and not gate.waiters
         _leave(gate)
-        assert gate.running == CLAIMS_PER_KEY - 1
+        assert gate.running == 0
+
+    asyncio.run(body())
+
+
+async def _settle() -> None:
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+def test_claims_that_come_back_full_open_a_second_turn_short_ones_close_it() -> None:
+    assert CLAIMS_PER_KEY == 2  # the figures below
+
+    async def body() -> None:
+        p = RecordingPopper()
+        p.stepped, p.fill = True, 10  # request(): batch 10, so every claim is full
+        pops = [asyncio.create_task(p.pop(request("a"))) for _ in range(5)]
+        await _settle()
+        assert p.running == {"a": 1}  # no claim came back yet: one turn
+        p.turns.release()
+        await _settle()
+        assert p.running == {"a": 2}  # it was full: two turns
+        p.fill = 5  # the next ones come back short
+        p.turns.release()
+        await _settle()
+        assert p.running == {"a": 1}  # one short claim: back to one turn, no new one starts
+        p.turns.release()
+        await _settle()
+        assert p.running == {"a": 1}  # the other one ended too; the next waiter got the turn
+        p.fill = 10
+        p.turns.release()  # full again: two turns, but only one waiter was left
+        await _settle()
+        assert p.running == {"a": 1}
+        p.turns.release()
+        results = await asyncio.gather(*pops)
+        assert p.claims == 5 and p.most == {"a": 2} and p.running == {"a": 0}
+        assert all(r is not None and r.claims[0].count in (5, 10) for r in results)
+        assert len(p._gates) == 0
 
     asyncio.run(body())
