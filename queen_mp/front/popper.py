@@ -6,10 +6,22 @@ a parked pop holds no database connection. Claiming stops a margin before the ca
 delivered; a waiting pop that got nothing is still held to its deadline so clients do not spin.
 
 Claims of one worker that compete for the same cursor rows (same tenant, queue or discovery
-scope, partition filter and group) run one at a time: concurrent claims would all read and
-lock the same rows of ``log_consumers`` and mostly skip each other's. With 16 consumers of a
+scope, partition filter and group) run one at a time, or ``CLAIMS_PER_KEY`` at a time while
+the key's claims fill their batch: unbounded concurrent claims would all read and lock the
+same rows of ``log_consumers`` and mostly skip each other's. With 16 consumers of a
 100-partition queue under a push load, PostgreSQL spent 4.7 ms a pop that way, 2.7 ms with
 at most two concurrent claims.
+
+Why two while claims come back full: a claim holds its turn until its commit is flushed and
+its answer read back, 2-9 ms on a loaded 2-core machine for a 0.55 ms statement (the WAL
+flush, the worker's event loop serving the other requests meanwhile). Draining a backlog with
+one turn per worker, 8 consumers (pop 100, ack each batch) queued 7-11 ms a pop for it; with
+two, 1-3 ms, for the same PostgreSQL CPU per message. A second claim that finds the first
+one's candidate locked skips it (SKIP LOCKED) and takes the next, which a backlog has. With
+little to claim (a claim that comes back short) the key goes back to one turn: under a push
+load that consumers keep up with, two turns made concurrent claims race for the few ready
+partitions (PostgreSQL CPU per message of bench.suite's mixed section, 16 consumers, up
+from 70-79 to 94-97 us).
 """
 
 from __future__ import annotations
@@ -30,7 +42,11 @@ from queen_mp.front.parking import ParkingLot, ParkKey
 from queen_mp.ipc.wakeboard import bucket_of
 from queen_mp.wire.ids import uuid7
 
-__all__ = ["PopRequest", "Popped", "Popper", "TooManyParked"]
+__all__ = ["CLAIMS_PER_KEY", "PopRequest", "Popped", "Popper", "TooManyParked"]
+
+#: claims of one key that may run at once in one worker while they fill their batch (the
+#: module's docstring says why 2)
+CLAIMS_PER_KEY = 2
 
 _MAX_MARGIN_S = 0.25
 _HINT_SLACK_S = 0.01
@@ -49,7 +65,7 @@ class Popped:
 
 @dataclass(eq=False, slots=True)
 class _Gate:
-    """One claim at a time for the pops of one key, in arrival order.
+    """At most ``width`` claims at a time for the pops of one key, in arrival order.
 
     PERF(queen): not an ``asyncio.Lock`` kept in a ``WeakValueDictionary``: a pop made a
     Lock and its weak entry, and entered and left it through five Python calls each time;
@@ -57,7 +73,8 @@ class _Gate:
     sequential autoAck pop, cProfile of a front worker)."""
 
     users: int = 0  # pops alive on this key; the gate leaves the table with the last
-    busy: bool = False  # a claim of this key runs
+    running: int = 0  # claims of this key running now
+    width: int = 1  # CLAIMS_PER_KEY while the last claim filled its batch, else 1
     waiters: deque[asyncio.Future[None]] = field(default_factory=deque)
 
 
@@ -95,10 +112,10 @@ class Popper:
         wait = r.wait and r.timeout_ms > 0
         woken = False
         while True:
-            if gate.busy or gate.waiters:
+            if gate.running >= gate.width or gate.waiters:
                 await _enter(gate)
             else:
-                gate.busy = True
+                gate.running += 1
             try:
                 claim_s = claim_until - time.monotonic()
                 if claim_s < _MIN_CLAIM_S:
@@ -106,6 +123,7 @@ class Popper:
                 token = self.lot.token(key.bucket)
                 lease = None if r.auto_ack else uuid.UUID(bytes=uuid7())
                 result = await self._claim(r, lease, int(claim_s * 1000))
+                _widen(gate, sum(c.count for c in result.claims) >= r.batch)
             finally:
                 _leave(gate)
             if result.claims:
@@ -139,8 +157,8 @@ class Popper:
 
 
 async def _enter(gate: _Gate) -> None:
-    """Wait for the gate's turn (it is busy, or others wait before us): ``_leave`` hands it
-    over busy, so nothing overtakes a waiter."""
+    """Wait for a turn (every turn is taken, or others wait before us): ``_leave`` hands a
+    turn over still counted, so nothing overtakes a waiter."""
     turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     gate.waiters.append(turn)
     try:
@@ -154,12 +172,25 @@ async def _enter(gate: _Gate) -> None:
         raise
 
 
-def _leave(gate: _Gate) -> None:
-    """The claim is over: the first live waiter gets the gate, still busy; or it is free."""
+def _widen(gate: _Gate, full: bool) -> None:
+    """A claim came back full (more is likely claimable): CLAIMS_PER_KEY turns, and a waiter
+    takes the one that opens now; short: one turn (those running finish)."""
+    gate.width = CLAIMS_PER_KEY if full else 1
     waiters = gate.waiters
-    while waiters:
+    while gate.running < gate.width and waiters:
+        turn = waiters.popleft()
+        if not turn.done():
+            gate.running += 1
+            turn.set_result(None)
+
+
+def _leave(gate: _Gate) -> None:
+    """A claim is over: the first live waiter gets its turn, still counted; or it is free
+    (also when the gate narrowed below the claims running)."""
+    waiters = gate.waiters
+    while waiters and gate.running <= gate.width:
         turn = waiters.popleft()
         if not turn.done():
             turn.set_result(None)
             return
-    gate.busy = False
+    gate.running -= 1

@@ -241,6 +241,7 @@ _NULL = msgspec.Raw(b"null")
 _NUMBER_SHAPES = bytes(48 if 48 <= b <= 57 else 101 if b in (43, 69, 101) else 120
                        for b in range(256))
 _BIG_EXPONENT = b"e000"
+_RESCAN_MAX = 1 << 18  # bodies looked at again without their strings (one piece a quote)
 _MAX_DEPTH = 1024  # orjson's
 _UNSET = msgspec.UNSET
 
@@ -256,6 +257,16 @@ def _orjson_reads_alike(body: bytes) -> bool:
         except UnicodeDecodeError:
             return False
     shapes = body.translate(_NUMBER_SHAPES)
+    if _LONG_RUN not in shapes and _BIG_EXPONENT not in shapes:
+        return True
+    if len(body) > _RESCAN_MAX or b"\\" in body:
+        return False
+    # PERF(ack): text shows so too: a leaseId's hex ("...-e123-...") made a tenth of the
+    # consume benchmark's ack batches take the exact path, 300 us dearer a 100-item body.
+    # Numbers lie outside the strings: in a body msgspec reads (valid JSON) with no backslash,
+    # every quote opens or closes a string, so every other piece between quotes is outside
+    # them (30 us for 100 acks).
+    shapes = b"".join(body.split(b'"')[::2]).translate(_NUMBER_SHAPES)
     return _LONG_RUN not in shapes and _BIG_EXPONENT not in shapes
 
 

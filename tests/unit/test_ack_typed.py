@@ -90,6 +90,19 @@ def test_a_client_batch_takes_the_typed_path() -> None:
     assert {(i.partition_id, i.group, i.status) for i in typed} == {(7, "g", "completed")}
 
 
+def test_number_shapes_inside_strings_keep_the_typed_path() -> None:
+    # a lease id's hex holding "e" and three digits, a 19-digit transactionId: text, no number
+    lease = "0194f1c2-7d3e-7e123-8a4b-1234567890ab"
+    body = orjson.dumps({"acknowledgments": [
+        {"transactionId": f"t-{i}-1234567890123456789", "partitionId": "7", "leaseId": lease}
+        for i in range(3)]})
+    typed = same_reading(body, True)
+    assert typed is not None and len(typed) == 3
+    # the same shapes as numbers outside the strings still leave the body to the exact path
+    for number in (b"1e123", b"1234567890123456789012"):
+        assert decode_ack_items(body[:-1] + b',"x":' + number + b"}", True, MAX_ACKS) is None
+
+
 @pytest.mark.parametrize("extra", [b"1e400", b"12345678901234567890123", b'"\xff"',
                                    b"[" * 1100 + b"]" * 1100])
 def test_what_orjson_refuses_anywhere_goes_to_the_exact_path(extra: bytes) -> None:

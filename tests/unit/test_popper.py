@@ -1,4 +1,5 @@
-"""Popper's claim gate: claims of one worker on the same cursor rows run one at a time.
+"""Popper's claim gate: claims of one worker on the same cursor rows run one at a time, or
+``CLAIMS_PER_KEY`` at a time while they come back full.
 
 The claim itself is replaced by a recorder (``log_pop_v1`` is covered by the integration
 tests); what is checked here is how many claims run at once, per key.
@@ -12,7 +13,7 @@ from typing import Any
 
 from queen_mp.db import pop_procs
 from queen_mp.front.parking import ParkingLot
-from queen_mp.front.popper import Popper, PopRequest, _enter, _Gate, _leave
+from queen_mp.front.popper import CLAIMS_PER_KEY, Popper, PopRequest, _enter, _Gate, _leave
 
 TENANT = bytes(16)
 
@@ -26,7 +27,8 @@ class FakeBoard:
 
 
 class RecordingPopper(Popper):
-    """Claims that take until released and count how many run at once, per queue."""
+    """Claims that take until released and count how many run at once, per queue; each
+    claims ``fill`` messages (0: nothing)."""
 
     def __init__(self) -> None:
         super().__init__(pool=None, lot=ParkingLot(FakeBoard(), 0.01),  # type: ignore[arg-type]
@@ -34,6 +36,9 @@ class RecordingPopper(Popper):
         self.running: dict[str | None, int] = {}
         self.most: dict[str | None, int] = {}
         self.release = asyncio.Event()
+        self.turns = asyncio.Semaphore(0)  # with ``stepped``: one claim ends per release()
+        self.stepped = False
+        self.fill = 0
         self.claims = 0
 
     async def _claim(self, r: PopRequest, lease: uuid.UUID | None,
@@ -42,10 +47,16 @@ class RecordingPopper(Popper):
         self.running[r.queue] = self.running.get(r.queue, 0) + 1
         self.most[r.queue] = max(self.most.get(r.queue, 0), self.running[r.queue])
         try:
-            await self.release.wait()
+            if self.stepped:
+                await self.turns.acquire()
+            else:
+                await self.release.wait()
         finally:
             self.running[r.queue] -= 1
-        return pop_procs.ClaimResult([], None)
+        if not self.fill:
+            return pop_procs.ClaimResult([], None)
+        return pop_procs.ClaimResult(
+            [pop_procs.Claim(r.queue or "", 1, "p", 1, self.fill, 1, None, False)], None)
 
 
 def request(queue: str, **kw: Any) -> PopRequest:
@@ -120,7 +131,7 @@ def test_cancelled_pops_leave_the_gate_to_the_next_in_order() -> None:
 
 def test_a_gate_handed_to_a_cancelled_pop_goes_on_to_the_next() -> None:
     async def body() -> None:
-        gate = _Gate(busy=True)
+        gate = _Gate(running=1)
         entered: list[str] = []
 
         async def enter(name: str) -> None:
@@ -131,13 +142,50 @@ def test_a_gate_handed_to_a_cancelled_pop_goes_on_to_the_next() -> None:
         two = asyncio.create_task(enter("two"))
         await asyncio.sleep(0)
         assert len(gate.waiters) == 2
-        _leave(gate)  # handed to one, still busy ...
-        assert gate.busy
+        _leave(gate)  # handed to one, still counted ...
+        assert gate.running == 1
         one.cancel()  # ... which is cancelled before it runs: two gets it
         await asyncio.wait_for(asyncio.gather(one, two, return_exceptions=True), 5)
         assert one.cancelled() and entered == ["two"]
-        assert gate.busy and not gate.waiters
+        assert gate.running == 1 and not gate.waiters
         _leave(gate)
-        assert not gate.busy
+        assert gate.running == 0
+
+    asyncio.run(body())
+
+
+async def _settle() -> None:
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+def test_claims_that_come_back_full_open_a_second_turn_short_ones_close_it() -> None:
+    assert CLAIMS_PER_KEY == 2  # the figures below
+
+    async def body() -> None:
+        p = RecordingPopper()
+        p.stepped, p.fill = True, 10  # request(): batch 10, so every claim is full
+        pops = [asyncio.create_task(p.pop(request("a"))) for _ in range(5)]
+        await _settle()
+        assert p.running == {"a": 1}  # no claim came back yet: one turn
+        p.turns.release()
+        await _settle()
+        assert p.running == {"a": 2}  # it was full: two turns
+        p.fill = 5  # the next ones come back short
+        p.turns.release()
+        await _settle()
+        assert p.running == {"a": 1}  # one short claim: back to one turn, no new one starts
+        p.turns.release()
+        await _settle()
+        assert p.running == {"a": 1}  # the other one ended too; the next waiter got the turn
+        p.fill = 10
+        p.turns.release()  # full again: two turns, but only one waiter was left
+        await _settle()
+        assert p.running == {"a": 1}
+        p.turns.release()
+        results = await asyncio.gather(*pops)
+        assert p.claims == 5 and p.most == {"a": 2} and p.running == {"a": 0}
+        assert all(r is not None and r.claims[0].count in (5, 10) for r in results)
+        assert len(p._gates) == 0
 
     asyncio.run(body())
