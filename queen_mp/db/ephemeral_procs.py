@@ -18,15 +18,19 @@ from typing import Any
 import orjson
 import psycopg
 
-from queen_mp.db.binarrays import int8_array, text_array
+from queen_mp.db.binarrays import int4_array, int8_array, text_array, uuid_array
 from queen_mp.db.errors import translate
 
-__all__ = ["SQLSTATE_QUEUE_FULL", "AckOutcome", "PopOutcome", "QueueFull", "ack", "configure",
-           "delete", "depth", "list_queues", "pop", "push", "reset"]
+__all__ = ["PUSHED_ALONE", "PUSHED_FULL", "SQLSTATE_QUEUE_FULL", "AckOutcome", "FusedOutcome",
+           "PopOutcome", "QueueFull", "ack", "configure", "delete", "depth", "list_queues", "pop",
+           "push", "push_many", "reset"]
 
 Conn = psycopg.AsyncConnection[Any]
 
 SQLSTATE_QUEUE_FULL = "QE001"
+#: ``push_many``'s verdicts besides a count: refused whole (queue_full), or to push alone
+PUSHED_FULL = -1
+PUSHED_ALONE = -2
 
 
 class QueueFull(Exception):
@@ -47,6 +51,12 @@ class PopOutcome:
 class AckOutcome:
     results: list[dict[str, Any]]  # [{id, outcome}] in input order
     redelivered: int  # how many became claimable again (wake parked pops)
+
+
+@dataclass(frozen=True, slots=True)
+class FusedOutcome:
+    pushed: list[int]  # per request: its count, PUSHED_FULL or PUSHED_ALONE
+    details: list[str | None]  # per request: why it was PUSHED_FULL
 
 
 async def _one(conn: Conn, sql: str, params: tuple[Any, ...], *, writes: bool,
@@ -86,6 +96,20 @@ async def push(conn: Conn, tenant: bytes, queue: str, partition: str,
     row = await _one(conn, "SELECT queen.eph_push_v1(%s, %s, %s, %b::text[])",
                      (_tenant(tenant), queue, partition, text_array(payloads)), writes=True)
     return int(row[0])
+
+
+async def push_many(conn: Conn, tenants: Sequence[bytes], queues: Sequence[str],
+                    partitions: Sequence[str], payloads: Sequence[Sequence[str]]
+                    ) -> FusedOutcome:
+    """Several pushes in one call and transaction (``queen.eph_push_v2``): request i pushes
+    ``payloads[i]`` to ``partitions[i]`` of ``queues[i]`` of ``tenants[i]``; the requests
+    sorted by (tenant, queue, partition)."""
+    row = await _one(conn, "SELECT pushed, details FROM queen.eph_push_v2(%b::uuid[], "
+                           "%b::text[], %b::text[], %b::int4[], %b::text[])",
+                     (uuid_array(tenants), text_array(queues), text_array(partitions),
+                      int4_array([len(p) for p in payloads]),
+                      text_array([x for p in payloads for x in p])), writes=True)
+    return FusedOutcome(row[0], row[1])
 
 
 async def pop(conn: Conn, tenant: bytes, queue: str, partition: str | None, group: str,

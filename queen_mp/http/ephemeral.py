@@ -30,7 +30,7 @@ import orjson
 
 from queen_mp.db import ephemeral_procs
 from queen_mp.db.errors import DatabaseError
-from queen_mp.front.ephemeral import EphemeralPopper, TooManyParked, wake_bucket
+from queen_mp.front.ephemeral import EphemeralPopper, PushFusion, TooManyParked, wake_bucket
 from queen_mp.front.worker import FrontWorker
 from queen_mp.http.authz import tenant_of
 from queen_mp.http.body import read_body
@@ -75,11 +75,18 @@ async def _json(req: falcon.asgi.Request, worker: FrontWorker) -> Any:
 
 
 class _Shared:
-    """What the resources of one app share: the worker and its one ``EphemeralPopper``."""
+    """What the resources of one app share: the worker, its one ``EphemeralPopper`` and its
+    one ``PushFusion``."""
 
     def __init__(self, worker: FrontWorker) -> None:
         self.worker = worker
         self._service: EphemeralPopper | None = None
+        self._fusion: PushFusion | None = None
+
+    def fusion(self) -> PushFusion:
+        if self._fusion is None:  # the worker's pool exists once it started
+            self._fusion = PushFusion(self.worker.pool)
+        return self._fusion
 
     def service(self) -> EphemeralPopper:
         if self._service is None:  # the worker's parking lot exists once it started
@@ -105,6 +112,7 @@ class _Resource:
     def __init__(self, shared: _Shared) -> None:
         self.worker = shared.worker
         self.service = shared.service
+        self.fusion = shared.fusion
 
     def wake(self, tenant: bytes, queue: str) -> None:
         """Wake pops parked on ``queue``: here at once, elsewhere through the board."""
@@ -155,10 +163,11 @@ class EphPushResource(_Resource):
         push = model.parse_push(await _json(req, self.worker))
         tenant = tenant_of(req)
         try:
-            pushed = await call_db(self.worker.pool, lambda conn: ephemeral_procs.push(
-                conn, tenant, push.queue, push.partition, push.payloads))
+            pushed = await self.fusion().push(tenant, push)
         except ephemeral_procs.QueueFull as ex:
             raise QueueFull(f"the ephemeral queue is full: {ex}", queue=push.queue) from None
+        except DatabaseError as ex:
+            raise api_error(ex) from None
         if pushed:
             self.wake(tenant, push.queue)
         _answer(resp, falcon.HTTP_201, {"pushed": pushed})

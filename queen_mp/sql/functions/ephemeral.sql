@@ -60,6 +60,8 @@
 --   (these return what they struck; their caller counts it with the rest, once, last)
 --   queen.eph_configure_v1(uuid, text, jsonb) -> jsonb    declare (upsert eph_config)
 --   queen.eph_push_v1(uuid, text, text, text[]) -> int4   append; QE001 when full (policy reject)
+--   queen.eph_push_v2(uuid[], text[], text[], int4[], text[]) -> (pushed int4[], details text[])
+--                                                         several pushes fused in one call
 --   queen.eph_pop_v2(uuid, text, text, text, int4, boolean)
 --       -> (messages text, claimed int4, wake_in_ms int8, window_ms int4, window_count int4)
 --   queen.eph_ack_v2(uuid, text, text, text[], int8[], int8[], text[])
@@ -74,25 +76,30 @@
 --   queen.eph_queues, eph_counts, eph_partitions, eph_groups, eph_cursors, eph_leases,
 --   eph_chunks; the sequence queen.eph_seq.
 --
--- Lock order (no function touches two queues; these tables are outside every lock space of
---   the durable log):
+-- Lock order (no function but eph_push_v2 touches two queues, and it takes the locks of each
+--   level below in one global order, (tenant, queue[, partition]) bytewise, so that two of
+--   its calls never hold two locks of one level in opposite orders; these tables are outside
+--   every lock space of the durable log):
 --   0. the queue's transaction advisory lock (eph_key_v1): shared for push, pop, ack and
 --      configure, exclusive for reset and delete, which so never see a call half done;
 --   1. lease rows, ascending by dlv, in one run (ack, drops; a pop's redeliveries take them
 --      SKIP LOCKED); then, except in a pop, chunk rows, by partition then base, in one run
 --      (settle, drops). A push's ttl and bounds drops are one run of each, not one of each
 --      per drop: the second run went back to rows lower than the first held;
---   2. a partition row (push only, FOR NO KEY UPDATE, one per call, after its drops); or
+--   2. a partition row (push only, FOR NO KEY UPDATE, one per call, after its drops; a fused
+--      push, eph_push_v2, takes several, after its queues' locks of 0 in one run, in
+--      (tenant, queue, partition) order, and drops nothing); or
 --      a pop's groups and cursor rows (inserted, then FOR NO KEY UPDATE SKIP LOCKED, and a
 --      pop that holds none may then wait for one); then a pop's chunk rows, its ttl drop's
 --      and its settle's in one run: no holder of a chunk row waits for a cursor or partition
 --      (a pop reads chunks unlocked, and struck its ttl drop's chunks first no longer);
---   3. one eph_counts row (this backend's), last, once per call.
+--   3. one eph_counts row (this backend's), last, once per call (eph_push_v2: one per queue,
+--      in queue order).
 --   Nobody holding a cursor or partition row waits for a lease row, and nobody waits for
 --   anything while holding its counts row, so no two calls deadlock.
 --   tests/integration/test_ephemeral_locks.py drives each cycle that these rules once broke.
 --
--- Plans: push, pop and ack (and the functions they call) run with plan_cache_mode
+-- Plans: push (v1 and v2), pop and ack (and the functions they call) run with plan_cache_mode
 --   force_generic_plan. Their statements take arrays as parameters, and a custom plan, which
 --   knows an array's length, always looks cheaper than the generic one: PostgreSQL then
 --   planned them again at every call (measured: a fifth of a pop's CPU per message, a third of
@@ -704,6 +711,215 @@ BEGIN
     v_slot := queen.eph_count_v2(p_tenant, p_queue, v_n - v_ttl_n - v_drop_n,
                                  v_bytes - v_ttl_b - v_drop_b, v_drop_n, v_ttl_n, 0);
     RETURN v_n;
+END;
+$$;
+
+-- Fused pushes: the pushes that reached a front worker while one of its calls was in flight,
+-- in one call and one transaction (queen_mp/front/ephemeral.py PushFusion). Request i pushes
+-- the next p_counts[i] messages of p_payloads to partition p_parts[i] of queue (p_tenants[i],
+-- p_queues[i]). The requests come sorted by (tenant, queue, partition), uuid and text compared
+-- bytewise (COLLATE "C", the caller's sort; 22023 otherwise), so those of one queue, and of one
+-- partition, are neighbours, and every fused call takes its queues' locks and its partitions'
+-- rows in one global order.
+--
+-- pushed[i] is what request i stored: p_counts[i] (all of it), -1 when it was refused whole
+-- (queue_full; details[i] says why, as eph_push_v1's DETAIL), or -2 when it must be pushed
+-- alone with eph_push_v1 (nothing of it was written): it must drop messages first (its queue
+-- has a ttlSeconds, or it is over the bounds of a dropOldest queue), whose lease and chunk
+-- rows come before a partition's in the lock order, or its partition has no row yet (then
+-- every request of the call is -2: the row's insert could wait for another call's while this
+-- one holds rows of others). A request's bounds are checked against the committed state plus
+-- the requests of this call before it (as a push that ran just before it).
+--
+-- The partitions' rows are locked in one run, then each takes one seq value (so seqs still
+-- grow in commit order within a partition), and the messages of one partition (of one request
+-- or of several, in request order) are stored as one push of their sum. PERF(eph): every
+-- statement costs some 15-25 us of executor set-up whatever its rows, so there are as few as
+-- the work allows: one for the requests' sizes, three per queue (its lock and epoch, options,
+-- counts), one lock run, one update, one insert, and one count per queue, whatever the count
+-- of requests; the rest are simple expressions. 22023 also when a partition gets more than
+-- 16,384 messages in one call.
+CREATE OR REPLACE FUNCTION queen.eph_push_v2(p_tenants uuid[], p_queues text[], p_parts text[],
+                                             p_counts int4[], p_payloads text[],
+                                             OUT pushed int4[], OUT details text[])
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET plan_cache_mode = force_generic_plan  -- PERF(eph): see the header
+AS $$
+DECLARE
+    v_r int4 := cardinality(p_counts);
+    v_first int4[];
+    v_bytes int8[];
+    v_total int8;
+    v_i int4;
+    v_o jsonb;
+    v_epoch text;  -- unused: see eph_enter_v1's call in eph_push_v1
+    v_ttl boolean;
+    v_reject boolean;
+    v_max_len int8;
+    v_max_bytes int8;
+    v_depth int8;
+    v_stored int8;
+    v_q0 int4;  -- the first request of the current queue
+    v_qt uuid[] := '{}';  -- the queues that store something, and what
+    v_qq text[] := '{}';
+    v_qn int8[] := '{}';
+    v_qb int8[] := '{}';
+    v_n int8;
+    v_b int8;
+    v_at int4 := 1;  -- where the next stored request's messages start in v_acc
+    v_acc text[];
+    v_pt uuid[] := '{}';  -- the partitions that store something: first in v_acc, how many
+    v_pq text[] := '{}';
+    v_pp text[] := '{}';
+    v_pf int4[] := '{}';
+    v_pn int4[] := '{}';
+    v_k int4 := 0;
+    v_pid int8[];
+    v_base int8[];
+    v_slot int2;  -- unused: see eph_count_v2's call in eph_push_v1
+BEGIN
+    pushed := array_fill(0, ARRAY[v_r]);
+    details := array_fill(NULL::text, ARRAY[v_r]);
+    IF v_r = 0 THEN
+        RETURN;
+    END IF;
+    SELECT array_agg(x.first ORDER BY x.i),
+           array_agg((SELECT coalesce(sum(octet_length(z.p)), 0)
+                        FROM unnest(p_payloads[x.first:x.first + x.n - 1]) AS z(p)) ORDER BY x.i),
+           sum(x.n)
+      INTO v_first, v_bytes, v_total
+      FROM (SELECT u.i, u.n, (sum(u.n) OVER (ORDER BY u.i) - u.n + 1)::int4 AS first
+              FROM unnest(p_counts) WITH ORDINALITY AS u(n, i)) x;
+    IF v_total <> coalesce(cardinality(p_payloads), 0) OR cardinality(p_tenants) <> v_r
+       OR cardinality(p_queues) <> v_r OR cardinality(p_parts) <> v_r THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = 'eph_push_v2: the arrays do not describe the same requests';
+    END IF;
+    -- queue by queue, in the requests' order: its lock and options, its requests' verdicts
+    FOR v_i IN 1..v_r LOOP
+        IF v_i = 1 OR p_tenants[v_i] <> p_tenants[v_q0] OR p_queues[v_i] <> p_queues[v_q0] THEN
+            IF v_i > 1 THEN
+                IF (p_tenants[v_i], p_queues[v_i] COLLATE "C")
+                   < (p_tenants[v_q0], p_queues[v_q0] COLLATE "C") THEN
+                    RAISE EXCEPTION USING ERRCODE = '22023',
+                        MESSAGE = 'eph_push_v2: the requests are not sorted';
+                END IF;
+                IF v_n > 0 THEN
+                    v_qt := v_qt || p_tenants[v_q0];
+                    v_qq := v_qq || p_queues[v_q0];
+                    v_qn := v_qn || v_n;
+                    v_qb := v_qb || v_b;
+                END IF;
+            END IF;
+            v_q0 := v_i;
+            v_n := 0;
+            v_b := 0;
+            v_epoch := queen.eph_enter_v1(p_tenants[v_i], p_queues[v_i]);
+            v_o := queen.eph_options_v1(p_tenants[v_i], p_queues[v_i]);
+            v_ttl := (v_o ->> 'ttlSeconds')::int4 > 0;
+            v_reject := v_o ->> 'policy' = 'reject';
+            v_max_len := (v_o ->> 'maxLength')::int8;
+            v_max_bytes := (v_o ->> 'maxBytes')::int8;
+            IF NOT v_ttl THEN
+                SELECT coalesce(sum(c.depth), 0), coalesce(sum(c.bytes), 0)
+                  INTO v_depth, v_stored
+                  FROM queen.eph_counts c
+                 WHERE c.tenant = p_tenants[v_i] AND c.queue = p_queues[v_i];
+            END IF;
+        ELSIF p_parts[v_i] COLLATE "C" < p_parts[v_i - 1] COLLATE "C" THEN
+            RAISE EXCEPTION USING ERRCODE = '22023',
+                MESSAGE = 'eph_push_v2: the requests are not sorted';
+        END IF;
+        IF v_ttl THEN
+            pushed[v_i] := -2;
+        ELSIF p_counts[v_i] = 0 THEN
+            CONTINUE;
+        ELSIF p_counts[v_i] > v_max_len OR v_bytes[v_i] > v_max_bytes THEN
+            pushed[v_i] := -1;
+            details[v_i] := format('this push (%s messages, %s bytes) is larger than the queue '
+                                   '(maxLength %s, maxBytes %s)', p_counts[v_i], v_bytes[v_i],
+                                   v_max_len, v_max_bytes);
+        ELSIF v_depth + v_n + p_counts[v_i] > v_max_len
+              OR v_stored + v_b + v_bytes[v_i] > v_max_bytes THEN
+            IF v_reject THEN
+                pushed[v_i] := -1;
+                details[v_i] := format('the queue holds %s messages, %s bytes (maxLength %s, '
+                                       'maxBytes %s) and its policy is reject', v_depth + v_n,
+                                       v_stored + v_b, v_max_len, v_max_bytes);
+            ELSE
+                pushed[v_i] := -2;
+            END IF;
+        ELSE
+            pushed[v_i] := p_counts[v_i];
+            v_n := v_n + p_counts[v_i];
+            v_b := v_b + v_bytes[v_i];
+            -- the partition's messages in v_acc: a run of their own (neighbours by partition)
+            IF v_k > 0 AND v_pt[v_k] = p_tenants[v_i] AND v_pq[v_k] = p_queues[v_i]
+               AND v_pp[v_k] = p_parts[v_i] THEN
+                v_pn[v_k] := v_pn[v_k] + p_counts[v_i];
+            ELSE
+                v_k := v_k + 1;
+                v_pt[v_k] := p_tenants[v_i];
+                v_pq[v_k] := p_queues[v_i];
+                v_pp[v_k] := p_parts[v_i];
+                v_pf[v_k] := v_at;
+                v_pn[v_k] := p_counts[v_i];
+            END IF;
+            v_at := v_at + p_counts[v_i];
+        END IF;
+    END LOOP;
+    IF v_n > 0 THEN
+        v_qt := v_qt || p_tenants[v_q0];
+        v_qq := v_qq || p_queues[v_q0];
+        v_qn := v_qn || v_n;
+        v_qb := v_qb || v_b;
+    END IF;
+    IF v_k = 0 THEN
+        RETURN;
+    END IF;
+    IF 16384 < ANY (v_pn) THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = 'eph_push_v2: over 16384 messages for one partition in one call';
+    END IF;
+    -- the partitions' rows, locked in one run (the requests' order) before they take their
+    -- seq values (see eph_push_v1)
+    SELECT array_agg(x.id ORDER BY x.o) INTO v_pid
+      FROM (SELECT u.o, p.id FROM unnest(v_pt, v_pq, v_pp) WITH ORDINALITY AS u(t, q, p, o)
+              JOIN queen.eph_partitions p
+                ON p.tenant = u.t AND p.queue = u.q AND p.partition = u.p
+             ORDER BY u.o FOR NO KEY UPDATE OF p) x;
+    IF coalesce(cardinality(v_pid), 0) < v_k THEN  -- a new partition: all of them alone
+        pushed := array_fill(-2, ARRAY[v_r]);
+        details := array_fill(NULL::text, ARRAY[v_r]);
+        RETURN;
+    END IF;
+    WITH s AS (
+        UPDATE queen.eph_partitions p
+           SET last_seq = nextval('queen.eph_seq') * 16384 + u.n - 1
+          FROM unnest(v_pid, v_pn) WITH ORDINALITY AS u(id, n, o)
+         WHERE p.tenant = v_pt[u.o] AND p.queue = v_pq[u.o] AND p.partition = v_pp[u.o]
+        RETURNING u.o, p.last_seq - u.n + 1 AS base)
+    SELECT array_agg(s.base ORDER BY s.o) INTO v_base FROM s;
+    -- the stored requests' payloads, a run per partition
+    IF v_at - 1 = cardinality(p_payloads) THEN
+        v_acc := p_payloads;
+    ELSE
+        SELECT array_agg(p_payloads[g.k] ORDER BY u.i, g.k) INTO v_acc
+          FROM unnest(v_first, pushed) WITH ORDINALITY AS u(first, n, i)
+         CROSS JOIN LATERAL generate_series(u.first, u.first + u.n - 1) AS g(k)
+         WHERE u.n > 0;
+    END IF;
+    INSERT INTO queen.eph_chunks (pid, base, payloads, sizes, live, created_at)
+    SELECT u.pid, u.base + k * 256, v_acc[u.f + k * 256:u.f + least(u.n, k * 256 + 256) - 1],
+           ARRAY(SELECT octet_length(z.p)
+                   FROM unnest(v_acc[u.f + k * 256:u.f + least(u.n, k * 256 + 256) - 1])
+                        WITH ORDINALITY AS z(p, o) ORDER BY z.o),
+           least(256, u.n - k * 256), clock_timestamp()
+      FROM unnest(v_pid, v_base, v_pf, v_pn) AS u(pid, base, f, n)
+     CROSS JOIN LATERAL generate_series(0, (u.n - 1) / 256) AS k;
+    FOR v_i IN 1..cardinality(v_qt) LOOP
+        v_slot := queen.eph_count_v2(v_qt[v_i], v_qq[v_i], v_qn[v_i], v_qb[v_i], 0, 0, 0);
+    END LOOP;
 END;
 $$;
 
