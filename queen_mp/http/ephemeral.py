@@ -175,8 +175,8 @@ class EphQueueResource(_Resource):
         _answer(resp, falcon.HTTP_200, out)
 
 
-class EphPushResource(_Resource):
-    """``POST /api/v1/ephemeral/push``."""
+class _PostResource(_Resource):
+    """A POST route of the lean path: its ``answer`` to the body, whoever read it."""
 
     async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         (await self.answer(await read_body(req, self.worker.config.max_body_mb << 20),
@@ -187,6 +187,13 @@ class EphPushResource(_Resource):
         return await self.answer(await read_stream(call.content_length, body, call.encoding,
                                                    self.worker.config.max_body_mb << 20),
                                  tenant)
+
+    async def answer(self, body: bytes, tenant: bytes) -> Answer:
+        raise NotImplementedError
+
+
+class EphPushResource(_PostResource):
+    """``POST /api/v1/ephemeral/push``."""
 
     async def answer(self, body: bytes, tenant: bytes) -> Answer:
         push = model.parse_push(_parse(body))
@@ -231,18 +238,8 @@ class EphPopResource(_Resource):
                       % (orjson.dumps(request.queue), popped.messages))
 
 
-class EphAckResource(_Resource):
+class EphAckResource(_PostResource):
     """``POST /api/v1/ephemeral/ack``."""
-
-    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
-        (await self.answer(await read_body(req, self.worker.config.max_body_mb << 20),
-                           tenant_of(req))).apply(resp)
-
-    async def hot(self, call: HotCall, body: bytes | AsyncIterable[bytes],
-                  tenant: bytes) -> Answer:
-        return await self.answer(await read_stream(call.content_length, body, call.encoding,
-                                                   self.worker.config.max_body_mb << 20),
-                                 tenant)
 
     async def answer(self, body: bytes, tenant: bytes) -> Answer:
         ack = model.parse_ack(_parse(body))

@@ -763,12 +763,10 @@ DECLARE
     v_depth int8;
     v_stored int8;
     v_q0 int4;  -- the first request of the current queue
-    v_qt uuid[] := '{}';  -- the queues that store something, and what
+    v_qt uuid[] := '{}';  -- the queues, and what their requests store
     v_qq text[] := '{}';
     v_qn int8[] := '{}';
     v_qb int8[] := '{}';
-    v_n int8;
-    v_b int8;
     v_first int4 := 1;  -- request i's first message in p_payloads
     v_all boolean := true;  -- every request stored
     v_at int4 := 1;  -- where the next stored request's messages start in v_acc
@@ -799,22 +797,16 @@ BEGIN
     -- queue by queue, in the requests' order: its lock, options and counts, then the verdicts
     FOR v_i IN 1..v_r LOOP
         IF v_i = 1 OR p_tenants[v_i] <> p_tenants[v_q0] OR p_queues[v_i] <> p_queues[v_q0] THEN
-            IF v_i > 1 THEN
-                IF (p_tenants[v_i], p_queues[v_i] COLLATE "C")
-                   < (p_tenants[v_q0], p_queues[v_q0] COLLATE "C") THEN
-                    RAISE EXCEPTION USING ERRCODE = '22023',
-                        MESSAGE = 'eph_push_v2: the requests are not sorted';
-                END IF;
-                IF v_n > 0 THEN
-                    v_qt := v_qt || p_tenants[v_q0];
-                    v_qq := v_qq || p_queues[v_q0];
-                    v_qn := v_qn || v_n;
-                    v_qb := v_qb || v_b;
-                END IF;
+            IF v_i > 1 AND (p_tenants[v_i], p_queues[v_i] COLLATE "C")
+                           < (p_tenants[v_q0], p_queues[v_q0] COLLATE "C") THEN
+                RAISE EXCEPTION USING ERRCODE = '22023',
+                    MESSAGE = 'eph_push_v2: the requests are not sorted';
             END IF;
             v_q0 := v_i;
-            v_n := 0;
-            v_b := 0;
+            v_qt := v_qt || p_tenants[v_i];  -- what its requests store, so far
+            v_qq := v_qq || p_queues[v_i];
+            v_qn := v_qn || 0::int8;
+            v_qb := v_qb || 0::int8;
             -- eph_enter_v1's lock (a simple expression), and what it and eph_options_v1 read
             IF NOT pg_try_advisory_xact_lock_shared(queen.eph_key_v1(p_tenants[v_i],
                                                                      p_queues[v_i])) THEN
@@ -853,20 +845,22 @@ BEGIN
             details[v_i] := format('this push (%s messages, %s bytes) is larger than the queue '
                                    '(maxLength %s, maxBytes %s)', p_counts[v_i], p_bytes[v_i],
                                    v_max_len, v_max_bytes);
-        ELSIF v_depth + v_n + p_counts[v_i] > v_max_len
-              OR v_stored + v_b + p_bytes[v_i] > v_max_bytes THEN
+        ELSIF v_depth + v_qn[cardinality(v_qn)] + p_counts[v_i] > v_max_len
+              OR v_stored + v_qb[cardinality(v_qb)] + p_bytes[v_i] > v_max_bytes THEN
             IF v_reject THEN
                 pushed[v_i] := -1;
                 details[v_i] := format('the queue holds %s messages, %s bytes (maxLength %s, '
-                                       'maxBytes %s) and its policy is reject', v_depth + v_n,
-                                       v_stored + v_b, v_max_len, v_max_bytes);
+                                       'maxBytes %s) and its policy is reject',
+                                       v_depth + v_qn[cardinality(v_qn)],
+                                       v_stored + v_qb[cardinality(v_qb)], v_max_len,
+                                       v_max_bytes);
             ELSE
                 pushed[v_i] := -2;
             END IF;
         ELSE
             pushed[v_i] := p_counts[v_i];
-            v_n := v_n + p_counts[v_i];
-            v_b := v_b + p_bytes[v_i];
+            v_qn[cardinality(v_qn)] := v_qn[cardinality(v_qn)] + p_counts[v_i];
+            v_qb[cardinality(v_qb)] := v_qb[cardinality(v_qb)] + p_bytes[v_i];
             -- the partition's messages in v_acc: a run of their own (neighbours by partition)
             IF v_k > 0 AND v_pt[v_k] = p_tenants[v_i] AND v_pq[v_k] = p_queues[v_i]
                AND v_pp[v_k] = p_parts[v_i] THEN
@@ -887,12 +881,6 @@ BEGIN
     IF v_first - 1 IS DISTINCT FROM cardinality(p_payloads) THEN
         RAISE EXCEPTION USING ERRCODE = '22023',
             MESSAGE = 'eph_push_v2: the counts do not add up to the payloads';
-    END IF;
-    IF v_n > 0 THEN
-        v_qt := v_qt || p_tenants[v_q0];
-        v_qq := v_qq || p_queues[v_q0];
-        v_qn := v_qn || v_n;
-        v_qb := v_qb || v_b;
     END IF;
     IF v_k = 0 THEN
         RETURN;
@@ -939,6 +927,7 @@ BEGIN
      CROSS JOIN LATERAL generate_series(0, (u.n - 1) / 256) AS k;
     -- eph_count_v2's statement, per queue in the requests' order
     FOR v_i IN 1..cardinality(v_qt) LOOP
+        CONTINUE WHEN v_qn[v_i] = 0;
         INSERT INTO queen.eph_counts AS c (tenant, queue, slot, depth, bytes, drops_bounds,
                                            drops_ttl, drops_retry)
         VALUES (v_qt[v_i], v_qq[v_i], (pg_backend_pid() % 16)::int2, v_qn[v_i], v_qb[v_i], 0,
