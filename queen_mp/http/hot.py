@@ -24,6 +24,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterable, Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import orjson
@@ -122,6 +123,9 @@ class HotRoutes:
     """``match`` tells whether a scope is one of HOT_ROUTES (or of ``extra``, the (method,
     route template) of other modules' routes taken here: queen_mp/http/ephemeral.py's) as
     falcon would route it; ``serve`` answers it over ASGI, ``respond`` is that answer."""
+
+    #: none unless given (a class default too: tests build the class without ``__init__``)
+    extra: Mapping[tuple[str, str], HotAnswer] = MappingProxyType({})
 
     def __init__(self, find: Callable[[str], Any], strip_trailing_slash: bool,
                  edge: EdgeMiddleware, authz: Authz, admission: Admission, push: PushResource,
