@@ -148,8 +148,8 @@ class PushFusion:
     rows, is most) and as much again of the front's for the call; the durable push fuses.
 
     A request is answered from its own verdict: stored, ``QueueFull`` (nothing of it
-    written), or pushed alone after the fused call committed (one that must drop messages or
-    create its partition: eph_push_v2's header). A fused call that fails stored nothing
+    written), or pushed alone after the fused call (one that must drop messages, or whose
+    queue or partition is new: eph_push_v2's header). A fused call that fails stored nothing
     (autocommit): each of its requests is then pushed alone, so a neighbour's failure is never
     another's answer; only a lost connection after the call was sent (``OutcomeUnknown``: it
     may have committed) is every request's answer.
