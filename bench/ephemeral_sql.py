@@ -8,7 +8,9 @@ cluster (the backend, autovacuum, the writers): what a message costs PostgreSQL 
 figure the storage layout decides.
 
 - ``push``: ``--messages`` (40,000; a quarter of it in pushes of 1) in pushes of 1 and of 100
-  to 4 partitions, each kind to a fresh queue;
+  to 4 partitions, each kind to a fresh queue; ``push x4``: as many again in fused calls
+  (``queen.eph_push_v2``, as a front worker's ``PushFusion`` sends them), each of 4 pushes, one
+  per partition;
 - ``pop+ack``: that queue popped in batches of ``--pop-batch`` (100), each batch acknowledged
   by one call, until empty; by one group, and for pushes of 100 also by two groups in turn.
 
@@ -39,7 +41,7 @@ from bench.push import (
     private_server,
     process_tree,
 )
-from queen_mp.db.binarrays import int8_array, register_arrays, text_array
+from queen_mp.db.binarrays import int4_array, int8_array, register_arrays, text_array, uuid_array
 from queen_mp.db.migrations import apply_migrations
 from queen_mp.models.ephemeral import parse_id
 
@@ -81,6 +83,17 @@ class _Backend:
     def push(self, queue: str, partition: str, n: int) -> None:
         self.conn.execute("SELECT queen.eph_push_v1(%s, %s, %s, %b::text[])",
                           (_TENANT, queue, partition, text_array([_PAYLOAD] * n)))
+
+    def push_fused(self, queue: str, partitions: list[str], n: int) -> None:
+        """One push of ``n`` messages to each of ``partitions`` (sorted), in one call."""
+        k = len(partitions)
+        self.conn.execute("SELECT pushed FROM queen.eph_push_v2(%b::uuid[], %b::text[], "
+                          "%b::text[], %b::int4[], %b::int8[], %b::int4[], %b::text[])",
+                          (uuid_array([_TENANT.bytes] * k), text_array([queue] * k),
+                           text_array(partitions), int4_array([n] * k),
+                           int8_array([n * len(_PAYLOAD)] * k),
+                           int4_array([len(_PAYLOAD)] * (n * k)),
+                           text_array([_PAYLOAD] * (n * k))))
 
     def pop_ack(self, queue: str, group: str, batch: int) -> int:
         row = self.conn.execute("SELECT messages, claimed FROM queen.eph_pop_v2(%s, %s, NULL, "
@@ -132,8 +145,16 @@ def _cell(b: _Backend, batch: int, groups: int, messages: int, pop_batch: int) -
                 done += got
         return done
 
-    rows = [_measure(b, "push", batch, groups, push_all),
-            _measure(b, "pop+ack", pop_batch, groups, drain)]
+    def push_fused() -> int:
+        parts = [f"p{i}" for i in range(4)]
+        for _ in range(per // 4):
+            b.push_fused(queue, parts, batch)
+        return per // 4 * 4 * batch
+
+    rows = [_measure(b, "push", batch, groups, push_all)]
+    if groups == 1:  # the partitions exist now (a fused call creates none)
+        rows.append(_measure(b, "push x4", batch, groups, push_fused))
+    rows.append(_measure(b, "pop+ack", pop_batch, groups, drain))
     left = b.conn.execute("SELECT queen.eph_depth_v1(%s, %s, 10)::text",
                           (_TENANT, queue)).fetchone()
     assert left is not None and orjson.loads(left[0])["depth"] == 0, left

@@ -18,15 +18,20 @@ from typing import Any
 import orjson
 import psycopg
 
-from queen_mp.db.binarrays import int8_array, text_array
+from queen_mp.db.binarrays import int4_array, int8_array, text_array, uuid_array
 from queen_mp.db.errors import translate
 
-__all__ = ["SQLSTATE_QUEUE_FULL", "AckOutcome", "PopOutcome", "QueueFull", "ack", "configure",
-           "delete", "depth", "list_queues", "pop", "push", "reset"]
+__all__ = ["PUSHED_ALONE", "PUSHED_FULL", "SQLSTATE_PUSH_ALONE", "SQLSTATE_QUEUE_FULL",
+           "AckOutcome", "FusedOutcome", "PopOutcome", "QueueFull", "ack", "configure", "delete",
+           "depth", "list_queues", "pop", "push", "push_many", "reset"]
 
 Conn = psycopg.AsyncConnection[Any]
 
 SQLSTATE_QUEUE_FULL = "QE001"
+SQLSTATE_PUSH_ALONE = "QE002"  # eph_push_v2: a partition has no row yet
+#: ``push_many``'s verdicts besides a count: refused whole (queue_full), or to push alone
+PUSHED_FULL = -1
+PUSHED_ALONE = -2
 
 
 class QueueFull(Exception):
@@ -49,6 +54,16 @@ class AckOutcome:
     redelivered: int  # how many became claimable again (wake parked pops)
 
 
+@dataclass(frozen=True, slots=True)
+class FusedOutcome:
+    pushed: list[int]  # per request: its count, PUSHED_FULL or PUSHED_ALONE
+    details: list[str | None]  # per request: why it was PUSHED_FULL
+
+
+class _PushAlone(Exception):
+    pass
+
+
 async def _one(conn: Conn, sql: str, params: tuple[Any, ...], *, writes: bool,
                binary: bool = False) -> Any:
     try:
@@ -57,6 +72,8 @@ async def _one(conn: Conn, sql: str, params: tuple[Any, ...], *, writes: bool,
     except psycopg.Error as ex:
         if ex.sqlstate == SQLSTATE_QUEUE_FULL:
             raise QueueFull(ex.diag.message_detail or "queue_full") from None
+        if ex.sqlstate == SQLSTATE_PUSH_ALONE:
+            raise _PushAlone() from None
         raise translate(ex, commit_sent=writes) from ex
     assert row is not None
     return row
@@ -86,6 +103,33 @@ async def push(conn: Conn, tenant: bytes, queue: str, partition: str,
     row = await _one(conn, "SELECT queen.eph_push_v1(%s, %s, %s, %b::text[])",
                      (_tenant(tenant), queue, partition, text_array(payloads)), writes=True)
     return int(row[0])
+
+
+async def push_many(conn: Conn, tenants: Sequence[bytes], queues: Sequence[str],
+                    partitions: Sequence[str], payloads: Sequence[Sequence[str]]
+                    ) -> FusedOutcome:
+    """Several pushes in one call and transaction (``queen.eph_push_v2``): request i pushes
+    ``payloads[i]`` to ``partitions[i]`` of ``queues[i]`` of ``tenants[i]``; the requests
+    sorted by (tenant, queue, partition). A request that is to be pushed alone is
+    ``PUSHED_ALONE`` (all of them when a queue or partition of the call is new)."""
+    flat = [x for p in payloads for x in p]
+    # PERF(eph): the payloads' UTF-8 sizes here, where an ASCII str knows its own (a statement
+    # of the function's computed them); JSON text from orjson is ASCII unless it has to be not
+    sizes = [len(x) if x.isascii() else len(x.encode()) for x in flat]
+    bytes_, at = [], 0
+    for p in payloads:
+        bytes_.append(sum(sizes[at:at + len(p)]))
+        at += len(p)
+    try:
+        row = await _one(conn, "SELECT pushed, details FROM queen.eph_push_v2(%b::uuid[], "
+                               "%b::text[], %b::text[], %b::int4[], %b::int8[], %b::int4[], "
+                               "%b::text[])",
+                         (uuid_array(tenants), text_array(queues), text_array(partitions),
+                          int4_array([len(p) for p in payloads]), int8_array(bytes_),
+                          int4_array(sizes), text_array(flat)), writes=True)
+    except _PushAlone:  # nothing was written
+        return FusedOutcome([PUSHED_ALONE] * len(tenants), [None] * len(tenants))
+    return FusedOutcome(row[0], row[1])
 
 
 async def pop(conn: Conn, tenant: bytes, queue: str, partition: str | None, group: str,

@@ -179,7 +179,7 @@ def create_app(config: Config, runtime: Runtime, worker: FrontWorker | None = No
                   MessageTracesResource(worker))
     app.add_route("/api/v1/fetch", FetchResource(worker))
     app.add_route("/api/v1/partitions/changed", PartitionsChangedResource(worker))
-    ephemeral.add_routes(app, worker)  # /api/v1/ephemeral/*
+    lean = ephemeral.add_routes(app, worker)  # /api/v1/ephemeral/*
     app.add_route("/api/v1/dlq", DlqResource(worker))
     app.add_route("/api/v1/dlq/retry", DlqRetryResource(worker))
     # NOTE(dlq): plain {transaction_id}: a path converter cannot be followed by /retry, and
@@ -217,7 +217,7 @@ def create_app(config: Config, runtime: Runtime, worker: FrontWorker | None = No
     app.add_route("/streams/v1/cycle", CycleResource(worker))
     app.add_sink(_not_found, prefix="/")
     app.hot = HotRoutes(app._router.find, app.req_options.strip_url_path_trailing_slash,
-                        edge, authz, admission, push, pop, ack, ack_batch)
+                        edge, authz, admission, push, pop, ack, ack_batch, lean)
     return app
 
 

@@ -22,8 +22,9 @@ stand), as do HTTP versions falcon refuses (``App.__call__``).
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterable, Callable
+from collections.abc import AsyncIterable, Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import orjson
@@ -40,7 +41,7 @@ from queen_mp.http.errors import error_answer, error_of
 from queen_mp.http.pop import PopResource
 from queen_mp.http.push import PushResource
 
-__all__ = ["HOT_ROUTES", "HotCall", "HotRoutes"]
+__all__ = ["HOT_ROUTES", "HotAnswer", "HotCall", "HotRoutes"]
 
 PUSH = "/api/v1/push"
 ACK = "/api/v1/ack"
@@ -72,6 +73,11 @@ class HotCall:
     content_length: int | None
     encoding: str | None
     authorization: str | None
+
+
+#: a route another module serves here (``HotRoutes``' ``extra``): the answer to a call, from
+#: its body (whole or its chunks) and the caller's tenant, past the middleware's checks
+HotAnswer = Callable[[HotCall, bytes | AsyncIterable[bytes], bytes], Awaitable[Answer]]
 
 
 class _Body:
@@ -114,12 +120,17 @@ class _Body:
 
 
 class HotRoutes:
-    """``match`` tells whether a scope is one of HOT_ROUTES as falcon would route it;
-    ``serve`` answers it over ASGI, ``respond`` is that answer."""
+    """``match`` tells whether a scope is one of HOT_ROUTES (or of ``extra``, the (method,
+    route template) of other modules' routes taken here: queen_mp/http/ephemeral.py's) as
+    falcon would route it; ``serve`` answers it over ASGI, ``respond`` is that answer."""
+
+    #: none unless given (a class default too: tests build the class without ``__init__``)
+    extra: Mapping[tuple[str, str], HotAnswer] = MappingProxyType({})
 
     def __init__(self, find: Callable[[str], Any], strip_trailing_slash: bool,
                  edge: EdgeMiddleware, authz: Authz, admission: Admission, push: PushResource,
-                 pop: PopResource, ack: AckResource, ack_batch: AckBatchResource) -> None:
+                 pop: PopResource, ack: AckResource, ack_batch: AckBatchResource,
+                 extra: Mapping[tuple[str, str], HotAnswer] | None = None) -> None:
         self._find = find
         self._strip = strip_trailing_slash
         self.edge = edge
@@ -128,6 +139,7 @@ class HotRoutes:
         self.push = push
         self.pop = pop
         self.acks = {ACK: ack, ACK_BATCH: ack_batch}
+        self.extra = dict(extra or {})
 
     def match(self, scope: dict[str, Any]) -> HotCall | None:
         method = scope["method"]
@@ -140,7 +152,7 @@ class HotRoutes:
         if found is None:
             return None
         template = found[3]
-        if (method, template) not in HOT_ROUTES:
+        if (method, template) not in HOT_ROUTES and (method, template) not in self.extra:
             return None
         read: dict[bytes, bytes] = {}
         for name, value in scope["headers"]:
@@ -202,6 +214,9 @@ class HotRoutes:
 
     async def _answer(self, call: HotCall, body: bytes | AsyncIterable[bytes], tenant: bytes,
                       sub: str | None, grant: Grant | None) -> Answer:
+        other = self.extra.get((call.method, call.template)) if self.extra else None
+        if other is not None:
+            return await other(call, body, tenant)
         if call.method == "GET":
             return await self.pop.answer(call.query_string, tenant, call.params["queue"],
                                          call.params.get("partition"))

@@ -60,6 +60,8 @@
 --   (these return what they struck; their caller counts it with the rest, once, last)
 --   queen.eph_configure_v1(uuid, text, jsonb) -> jsonb    declare (upsert eph_config)
 --   queen.eph_push_v1(uuid, text, text, text[]) -> int4   append; QE001 when full (policy reject)
+--   queen.eph_push_v2(uuid[], text[], text[], int4[], int8[], int4[], text[])
+--       -> (pushed int4[], details text[])                several pushes fused in one call
 --   queen.eph_pop_v2(uuid, text, text, text, int4, boolean)
 --       -> (messages text, claimed int4, wake_in_ms int8, window_ms int4, window_count int4)
 --   queen.eph_ack_v2(uuid, text, text, text[], int8[], int8[], text[])
@@ -74,25 +76,30 @@
 --   queen.eph_queues, eph_counts, eph_partitions, eph_groups, eph_cursors, eph_leases,
 --   eph_chunks; the sequence queen.eph_seq.
 --
--- Lock order (no function touches two queues; these tables are outside every lock space of
---   the durable log):
+-- Lock order (no function but eph_push_v2 touches two queues, and it takes the locks of each
+--   level below in one global order, (tenant, queue[, partition]) bytewise, so that two of
+--   its calls never hold two locks of one level in opposite orders; these tables are outside
+--   every lock space of the durable log):
 --   0. the queue's transaction advisory lock (eph_key_v1): shared for push, pop, ack and
 --      configure, exclusive for reset and delete, which so never see a call half done;
 --   1. lease rows, ascending by dlv, in one run (ack, drops; a pop's redeliveries take them
 --      SKIP LOCKED); then, except in a pop, chunk rows, by partition then base, in one run
 --      (settle, drops). A push's ttl and bounds drops are one run of each, not one of each
 --      per drop: the second run went back to rows lower than the first held;
---   2. a partition row (push only, FOR NO KEY UPDATE, one per call, after its drops); or
+--   2. a partition row (push only, FOR NO KEY UPDATE, one per call, after its drops; a fused
+--      push, eph_push_v2, takes several, after its queues' locks of 0 in one run, in
+--      (tenant, queue, partition) order, and drops nothing); or
 --      a pop's groups and cursor rows (inserted, then FOR NO KEY UPDATE SKIP LOCKED, and a
 --      pop that holds none may then wait for one); then a pop's chunk rows, its ttl drop's
 --      and its settle's in one run: no holder of a chunk row waits for a cursor or partition
 --      (a pop reads chunks unlocked, and struck its ttl drop's chunks first no longer);
---   3. one eph_counts row (this backend's), last, once per call.
+--   3. one eph_counts row (this backend's), last, once per call (eph_push_v2: one per queue,
+--      in queue order).
 --   Nobody holding a cursor or partition row waits for a lease row, and nobody waits for
 --   anything while holding its counts row, so no two calls deadlock.
 --   tests/integration/test_ephemeral_locks.py drives each cycle that these rules once broke.
 --
--- Plans: push, pop and ack (and the functions they call) run with plan_cache_mode
+-- Plans: push (v1 and v2), pop and ack (and the functions they call) run with plan_cache_mode
 --   force_generic_plan. Their statements take arrays as parameters, and a custom plan, which
 --   knows an array's length, always looks cheaper than the generic one: PostgreSQL then
 --   planned them again at every call (measured: a fifth of a pop's CPU per message, a third of
@@ -101,6 +108,7 @@
 -- SQLSTATEs raised:
 --   QE001  eph_push_v1: the queue is at maxLength/maxBytes and its policy is 'reject', or the
 --          push alone is larger than the queue's bounds. MESSAGE 'queue_full', DETAIL says which.
+--   QE002  eph_push_v2: a queue or partition has no row yet; push each with eph_push_v1.
 --   22023  eph_push_v1: more than 16,384 messages in one push (the API allows 10,000).
 
 CREATE OR REPLACE FUNCTION queen.eph_defaults_v1()
@@ -704,6 +712,229 @@ BEGIN
     v_slot := queen.eph_count_v2(p_tenant, p_queue, v_n - v_ttl_n - v_drop_n,
                                  v_bytes - v_ttl_b - v_drop_b, v_drop_n, v_ttl_n, 0);
     RETURN v_n;
+END;
+$$;
+
+-- Fused pushes: the pushes that reached a front worker while one of its calls was in flight,
+-- in one call and one transaction (queen_mp/front/ephemeral.py PushFusion). Request i pushes
+-- the next p_counts[i] messages of p_payloads, of p_bytes[i] bytes in all, to partition
+-- p_parts[i] of queue (p_tenants[i], p_queues[i]); p_sizes are the payloads' octet_length
+-- (queen_mp/db/ephemeral_procs.py computes both). The requests come sorted by (tenant, queue,
+-- partition), uuid and text compared bytewise (COLLATE "C", the caller's sort; 22023
+-- otherwise), so those of one queue, and of one partition, are neighbours, and every fused
+-- call takes its queues' locks and its partitions' rows in one global order.
+--
+-- pushed[i] is what request i stored: p_counts[i] (all of it), -1 when it was refused whole
+-- (queue_full; details[i] says why, as eph_push_v1's DETAIL), or -2 when it must be pushed
+-- alone with eph_push_v1 (nothing of it was written): it must drop messages first (its queue
+-- has a ttlSeconds, or it is over the bounds of a dropOldest queue), whose lease and chunk
+-- rows come before a partition's in the lock order. A request's bounds are checked against
+-- the committed state plus the requests of this call before it (as a push that ran just
+-- before it). QE002 (MESSAGE 'push_alone') when a queue or a partition has no row yet:
+-- nothing was written, and each request is to be pushed alone (a row's insert could wait for
+-- another call's while this one holds rows of others).
+--
+-- The partitions' rows are updated one by one in the requests' order, each taking one seq
+-- value (so seqs still grow in commit order within a partition), and the messages of one
+-- partition (of one request or of several, in request order) are stored as one push of
+-- their sum. PERF(eph): a statement costs tens of thousands of instructions of executor
+-- set-up whatever its rows (a function call more), where a simple expression costs about a
+-- thousand, so there are as few statements as the work allows: one per queue (its epoch,
+-- options and counts; eph_enter_v1, eph_options_v1 and the sum were three, and two calls),
+-- one per partition, one insert of every chunk, and one count per queue (eph_count_v2's
+-- statement, inlined), whatever the count of requests. 22023 also when a partition gets more
+-- than 16,384 messages in one call.
+CREATE OR REPLACE FUNCTION queen.eph_push_v2(p_tenants uuid[], p_queues text[], p_parts text[],
+                                             p_counts int4[], p_bytes int8[], p_sizes int4[],
+                                             p_payloads text[],
+                                             OUT pushed int4[], OUT details text[])
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET plan_cache_mode = force_generic_plan  -- PERF(eph): see the header
+AS $$
+DECLARE
+    v_r int4 := cardinality(p_counts);
+    v_i int4;
+    v_o jsonb;
+    v_epoch text;
+    v_ttl boolean;
+    v_reject boolean;
+    v_max_len int8;
+    v_max_bytes int8;
+    v_depth int8;
+    v_stored int8;
+    v_q0 int4;  -- the first request of the current queue
+    v_qt uuid[] := '{}';  -- the queues, and what their requests store
+    v_qq text[] := '{}';
+    v_qn int8[] := '{}';
+    v_qb int8[] := '{}';
+    v_first int4 := 1;  -- request i's first message in p_payloads
+    v_all boolean := true;  -- every request stored
+    v_at int4 := 1;  -- where the next stored request's messages start in v_acc
+    v_acc text[];
+    v_acc_sizes int4[];
+    v_pt uuid[] := '{}';  -- the partitions that store something: first in v_acc, how many
+    v_pq text[] := '{}';
+    v_pp text[] := '{}';
+    v_pf int4[] := '{}';
+    v_pn int4[] := '{}';
+    v_k int4 := 0;
+    v_pid int8[] := '{}';
+    v_base int8[] := '{}';
+    v_id int8;
+    v_seq int8;
+BEGIN
+    pushed := array_fill(0, ARRAY[v_r]);
+    details := array_fill(NULL::text, ARRAY[v_r]);
+    IF v_r = 0 THEN
+        RETURN;
+    END IF;
+    IF cardinality(p_tenants) <> v_r OR cardinality(p_queues) <> v_r
+       OR cardinality(p_parts) <> v_r OR cardinality(p_bytes) <> v_r
+       OR cardinality(p_sizes) IS DISTINCT FROM cardinality(p_payloads) THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = 'eph_push_v2: the arrays do not describe the same requests';
+    END IF;
+    -- queue by queue, in the requests' order: its lock, options and counts, then the verdicts
+    FOR v_i IN 1..v_r LOOP
+        IF v_i = 1 OR p_tenants[v_i] <> p_tenants[v_q0] OR p_queues[v_i] <> p_queues[v_q0] THEN
+            IF v_i > 1 AND (p_tenants[v_i], p_queues[v_i] COLLATE "C")
+                           < (p_tenants[v_q0], p_queues[v_q0] COLLATE "C") THEN
+                RAISE EXCEPTION USING ERRCODE = '22023',
+                    MESSAGE = 'eph_push_v2: the requests are not sorted';
+            END IF;
+            v_q0 := v_i;
+            v_qt := v_qt || p_tenants[v_i];  -- what its requests store, so far
+            v_qq := v_qq || p_queues[v_i];
+            v_qn := v_qn || 0::int8;
+            v_qb := v_qb || 0::int8;
+            -- eph_enter_v1's lock (a simple expression), and what it and eph_options_v1 read
+            IF NOT pg_try_advisory_xact_lock_shared(queen.eph_key_v1(p_tenants[v_i],
+                                                                     p_queues[v_i])) THEN
+                PERFORM pg_advisory_xact_lock_shared(queen.eph_key_v1(p_tenants[v_i],
+                                                                      p_queues[v_i]));
+            END IF;
+            v_epoch := NULL;
+            SELECT q.epoch, queen.eph_defaults_v1() || coalesce(c.options, '{}'::jsonb),
+                   n.depth, n.bytes
+              INTO v_epoch, v_o, v_depth, v_stored
+              FROM queen.eph_queues q
+              LEFT JOIN queen.eph_config c ON c.tenant = q.tenant AND c.queue = q.queue
+             CROSS JOIN LATERAL (SELECT coalesce(sum(k.depth), 0) AS depth,
+                                        coalesce(sum(k.bytes), 0) AS bytes
+                                   FROM queen.eph_counts k
+                                  WHERE k.tenant = q.tenant AND k.queue = q.queue) n
+             WHERE q.tenant = p_tenants[v_i] AND q.queue = p_queues[v_i];
+            IF v_epoch IS NULL THEN  -- a new queue (eph_enter_v1 inserts its row)
+                RAISE EXCEPTION USING ERRCODE = 'QE002', MESSAGE = 'push_alone',
+                    DETAIL = format('queue %s has no row yet', p_queues[v_i]);
+            END IF;
+            v_ttl := (v_o ->> 'ttlSeconds')::int4 > 0;
+            v_reject := v_o ->> 'policy' = 'reject';
+            v_max_len := (v_o ->> 'maxLength')::int8;
+            v_max_bytes := (v_o ->> 'maxBytes')::int8;
+        ELSIF p_parts[v_i] COLLATE "C" < p_parts[v_i - 1] COLLATE "C" THEN
+            RAISE EXCEPTION USING ERRCODE = '22023',
+                MESSAGE = 'eph_push_v2: the requests are not sorted';
+        END IF;
+        IF p_counts[v_i] = 0 THEN
+            CONTINUE;
+        ELSIF v_ttl THEN
+            pushed[v_i] := -2;
+        ELSIF p_counts[v_i] > v_max_len OR p_bytes[v_i] > v_max_bytes THEN
+            pushed[v_i] := -1;
+            details[v_i] := format('this push (%s messages, %s bytes) is larger than the queue '
+                                   '(maxLength %s, maxBytes %s)', p_counts[v_i], p_bytes[v_i],
+                                   v_max_len, v_max_bytes);
+        ELSIF v_depth + v_qn[cardinality(v_qn)] + p_counts[v_i] > v_max_len
+              OR v_stored + v_qb[cardinality(v_qb)] + p_bytes[v_i] > v_max_bytes THEN
+            IF v_reject THEN
+                pushed[v_i] := -1;
+                details[v_i] := format('the queue holds %s messages, %s bytes (maxLength %s, '
+                                       'maxBytes %s) and its policy is reject',
+                                       v_depth + v_qn[cardinality(v_qn)],
+                                       v_stored + v_qb[cardinality(v_qb)], v_max_len,
+                                       v_max_bytes);
+            ELSE
+                pushed[v_i] := -2;
+            END IF;
+        ELSE
+            pushed[v_i] := p_counts[v_i];
+            v_qn[cardinality(v_qn)] := v_qn[cardinality(v_qn)] + p_counts[v_i];
+            v_qb[cardinality(v_qb)] := v_qb[cardinality(v_qb)] + p_bytes[v_i];
+            -- the partition's messages in v_acc: a run of their own (neighbours by partition)
+            IF v_k > 0 AND v_pt[v_k] = p_tenants[v_i] AND v_pq[v_k] = p_queues[v_i]
+               AND v_pp[v_k] = p_parts[v_i] THEN
+                v_pn[v_k] := v_pn[v_k] + p_counts[v_i];
+            ELSE
+                v_k := v_k + 1;
+                v_pt[v_k] := p_tenants[v_i];
+                v_pq[v_k] := p_queues[v_i];
+                v_pp[v_k] := p_parts[v_i];
+                v_pf[v_k] := v_at;
+                v_pn[v_k] := p_counts[v_i];
+            END IF;
+            v_at := v_at + p_counts[v_i];
+        END IF;
+        v_all := v_all AND pushed[v_i] = p_counts[v_i];
+        v_first := v_first + p_counts[v_i];
+    END LOOP;
+    IF v_first - 1 IS DISTINCT FROM cardinality(p_payloads) THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = 'eph_push_v2: the counts do not add up to the payloads';
+    END IF;
+    IF v_k = 0 THEN
+        RETURN;
+    END IF;
+    IF 16384 < ANY (v_pn) THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = 'eph_push_v2: over 16384 messages for one partition in one call';
+    END IF;
+    -- the partitions' turns, in the requests' order: each row is held to the commit, and its
+    -- seq value taken again if it had to wait for it (see eph_push_v1). PERF(eph): one update
+    -- by key each; one statement for all of them, joined to the arrays, was planned (generic
+    -- plan) as a hash join over a scan of the whole table, the dead versions of every push's
+    -- update included, and locked the rows in the scan's order
+    FOR v_i IN 1..v_k LOOP
+        UPDATE queen.eph_partitions p
+           SET last_seq = nextval('queen.eph_seq') * 16384 + v_pn[v_i] - 1
+         WHERE p.tenant = v_pt[v_i] AND p.queue = v_pq[v_i] AND p.partition = v_pp[v_i]
+        RETURNING p.id, p.last_seq - v_pn[v_i] + 1 INTO v_id, v_seq;
+        IF NOT FOUND THEN  -- a new partition: this call undone, each request pushed alone
+            RAISE EXCEPTION USING ERRCODE = 'QE002', MESSAGE = 'push_alone',
+                DETAIL = format('partition %s of queue %s has no row yet', v_pp[v_i], v_pq[v_i]);
+        END IF;
+        v_pid[v_i] := v_id;
+        v_base[v_i] := v_seq;
+    END LOOP;
+    -- the stored requests' payloads, a run per partition
+    IF v_all THEN
+        v_acc := p_payloads;
+        v_acc_sizes := p_sizes;
+    ELSE
+        SELECT array_agg(p_payloads[g.k] ORDER BY u.i, g.k),
+               array_agg(p_sizes[g.k] ORDER BY u.i, g.k)
+          INTO v_acc, v_acc_sizes
+          FROM (SELECT w.i, w.n, sum(w.n) OVER (ORDER BY w.i) - w.n + 1 AS first
+                  FROM unnest(p_counts) WITH ORDINALITY AS w(n, i)) u
+         CROSS JOIN LATERAL generate_series(u.first, u.first + u.n - 1) AS g(k)
+         WHERE pushed[u.i] > 0;
+    END IF;
+    INSERT INTO queen.eph_chunks (pid, base, payloads, sizes, live, created_at)
+    SELECT u.pid, u.base + k * 256, v_acc[u.f + k * 256:u.f + least(u.n, k * 256 + 256) - 1],
+           v_acc_sizes[u.f + k * 256:u.f + least(u.n, k * 256 + 256) - 1],
+           least(256, u.n - k * 256), clock_timestamp()
+      FROM unnest(v_pid, v_base, v_pf, v_pn) AS u(pid, base, f, n)
+     CROSS JOIN LATERAL generate_series(0, (u.n - 1) / 256) AS k;
+    -- eph_count_v2's statement, per queue in the requests' order
+    FOR v_i IN 1..cardinality(v_qt) LOOP
+        CONTINUE WHEN v_qn[v_i] = 0;
+        INSERT INTO queen.eph_counts AS c (tenant, queue, slot, depth, bytes, drops_bounds,
+                                           drops_ttl, drops_retry)
+        VALUES (v_qt[v_i], v_qq[v_i], (pg_backend_pid() % 16)::int2, v_qn[v_i], v_qb[v_i], 0,
+                0, 0)
+        ON CONFLICT (tenant, queue, slot) DO UPDATE
+           SET depth = c.depth + EXCLUDED.depth, bytes = c.bytes + EXCLUDED.bytes;
+    END LOOP;
 END;
 $$;
 
