@@ -15,7 +15,7 @@ The calls of one queue run side by side in PostgreSQL (sql/functions/ephemeral.s
 that every call needs; concurrent pops of a group take different partitions), so nothing here
 serialises them.
 
-Pushes are fused (``PushFusion``): a push that finds none of this worker's in flight goes
+Pushes are fused (``EphemeralPushFusion``): a push that finds none of this worker's in flight goes
 alone, at once; those that arrive meanwhile go out together when it is answered, as one call
 and one transaction (``queen.eph_push_v2``), each answered from its own verdict.
 """
@@ -34,7 +34,8 @@ from queen_mp.front.popper import TooManyParked
 from queen_mp.ipc.wakeboard import bucket_of
 from queen_mp.models.ephemeral import MAX_MESSAGES, PopRequest, Push, Window
 
-__all__ = ["EPH_KEY", "EphemeralPopper", "Popped", "PushFusion", "TooManyParked", "wake_bucket"]
+__all__ = ["EPH_KEY", "EphemeralPopper", "EphemeralPushFusion", "Popped", "TooManyParked",
+           "wake_bucket"]
 
 EPH_KEY = "\x00eph\x00"  # no queue name has a control character: never a durable name
 _MAX_MARGIN_S = 0.25  # no claim starts this close to the deadline (what is leased is sent)
@@ -137,7 +138,7 @@ def _settle(done: asyncio.Future[int], pushed: int | None, error: BaseException 
         done.set_result(pushed or 0)
 
 
-class PushFusion:
+class EphemeralPushFusion:
     """A front worker's ephemeral pushes, at most one call of them in flight: the pushes that
     arrive during a call wait for it and then go out together (sql/functions/ephemeral.sql
     ``eph_push_v2``), in (tenant, queue, partition) order, the order in which every fused call

@@ -36,7 +36,12 @@ import orjson
 
 from queen_mp.db import ephemeral_procs
 from queen_mp.db.errors import DatabaseError
-from queen_mp.front.ephemeral import EphemeralPopper, PushFusion, TooManyParked, wake_bucket
+from queen_mp.front.ephemeral import (
+    EphemeralPopper,
+    EphemeralPushFusion,
+    TooManyParked,
+    wake_bucket,
+)
 from queen_mp.front.worker import FrontWorker
 from queen_mp.http.answer import Answer
 from queen_mp.http.authz import tenant_of
@@ -87,16 +92,16 @@ def _parse(raw: bytes) -> Any:
 
 class _Shared:
     """What the resources of one app share: the worker, its one ``EphemeralPopper`` and its
-    one ``PushFusion``."""
+    one ``EphemeralPushFusion``."""
 
     def __init__(self, worker: FrontWorker) -> None:
         self.worker = worker
         self._service: EphemeralPopper | None = None
-        self._fusion: PushFusion | None = None
+        self._fusion: EphemeralPushFusion | None = None
 
-    def fusion(self) -> PushFusion:
+    def fusion(self) -> EphemeralPushFusion:
         if self._fusion is None:  # the worker's pool exists once it started
-            self._fusion = PushFusion(self.worker.pool)
+            self._fusion = EphemeralPushFusion(self.worker.pool)
         return self._fusion
 
     def service(self) -> EphemeralPopper:

@@ -1,8 +1,9 @@
 """Fused ephemeral pushes: ``queen.eph_push_v2`` (sql/functions/ephemeral.sql) and the front
-worker's ``PushFusion`` (queen_mp/front/ephemeral.py). A fused call answers each request from
-its own verdict (stored, queue_full, or pushed alone), stores nothing of a request it refuses,
-keeps the bounds exact within the call, keeps seqs in commit order within a partition, and
-takes its rows in one order, so two fused calls that wait for each other's partitions end.
+worker's ``EphemeralPushFusion`` (queen_mp/front/ephemeral.py). A fused call answers each
+request from its own verdict (stored, queue_full, or pushed alone), stores nothing of a request
+it refuses, keeps the bounds exact within the call, keeps seqs in commit order within a
+partition, and takes its rows in one order, so two fused calls that wait for each other's
+partitions end.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from queen_mp.db import ephemeral_procs
 from queen_mp.db.binarrays import int4_array, int8_array, register_arrays, text_array, uuid_array
 from queen_mp.db.errors import StatementError
 from queen_mp.db.pooled import failover_pool
-from queen_mp.front.ephemeral import PushFusion
+from queen_mp.front.ephemeral import EphemeralPushFusion
 from queen_mp.models.ephemeral import Push
 
 
@@ -206,7 +207,7 @@ def test_the_front_fuses_concurrent_pushes_and_answers_each(db_dsn, monkeypatch)
             async with pool.connection() as c:
                 await ephemeral_procs.configure(c, t, full, {"maxLength": 30})
                 await ephemeral_procs.configure(c, t, ttl, {"ttlSeconds": 60})
-            fusion = PushFusion(pool)
+            fusion = EphemeralPushFusion(pool)
             pushes = [Push(queue, f"p{i % 3}", tuple(str(i * 10 + j) for j in range(n)))
                       for i in range(60)
                       for queue, n in ((q, 1 + i % 4), (full, 2), (ttl, 1))]
@@ -249,7 +250,7 @@ def test_a_fused_call_that_fails_answers_each_request_on_its_own(db_dsn, monkeyp
         pool = failover_pool(db_dsn, max_size=4, name="fusion-fail-test")
         await pool.open(wait=True)
         try:
-            fusion = PushFusion(pool)
+            fusion = EphemeralPushFusion(pool)
             return await asyncio.gather(*(fusion.push(t, Push(q, "p", (str(i),)))
                                           for i in range(20)))
         finally:

@@ -716,7 +716,7 @@ END;
 $$;
 
 -- Fused pushes: the pushes that reached a front worker while one of its calls was in flight,
--- in one call and one transaction (queen_mp/front/ephemeral.py PushFusion). Request i pushes
+-- in one call and one transaction (queen_mp/front/ephemeral.py EphemeralPushFusion). Request i pushes
 -- the next p_counts[i] messages of p_payloads, of p_bytes[i] bytes in all, to partition
 -- p_parts[i] of queue (p_tenants[i], p_queues[i]); p_sizes are the payloads' octet_length
 -- (queen_mp/db/ephemeral_procs.py computes both). The requests come sorted by (tenant, queue,
