@@ -34,6 +34,8 @@ from queen_mp.wire import (
 )
 from queen_mp.wire.frames import (
     CODEC_ZSTD,
+    SMALL_RUN_BYTES,
+    SMALL_RUN_LEVEL,
     decode_chunk,
     iter_chunks,
     pack_frame,
@@ -333,8 +335,9 @@ def test_grants_and_ack_requests_round_trip(hashes: list[bytes], group: str, que
                 type(record).unpack(packed[:-cut] if hashes else packed + b"\x00" * cut)
 
 
-def test_blob_from_pieces_packs_runs_at_level_1_and_keeps_client_chunks() -> None:
-    # small runs of text and a larger one: each run one level-1 chunk, the client chunk as sent
+def test_blob_from_pieces_packs_runs_by_size_and_keeps_client_chunks() -> None:
+    # small runs of text and a larger one: each run one chunk, at SMALL_RUN_LEVEL under
+    # SMALL_RUN_BYTES and at level 1 above; the client chunk as sent
     rng = random.Random(7)
     text = bytes(rng.choice(b"etaoinshrdlu ") for _ in range(300))
     small = [pack_frame(bytes(range(16)), f"t-{i}".encode(), b'"%s"' % text) for i in range(3)]
@@ -345,8 +348,10 @@ def test_blob_from_pieces_packs_runs_at_level_1_and_keeps_client_chunks() -> Non
                              Piece(PIECE_RAW, 1, small[2]), Piece(PIECE_ZSTD, 3, client),
                              Piece(PIECE_RAW, 4, b"".join(big))])
     chunks = list(iter_chunks(blob))
+    assert len(b"".join(small)) < SMALL_RUN_BYTES < len(b"".join(big))
     assert [(c.count, c.codec) for c in chunks] == [(3, CODEC_ZSTD)] * 2 + [(4, CODEC_ZSTD)]
-    assert bytes(chunks[0].data) == zstd_compress(b"".join(small), 1)
+    assert bytes(chunks[0].data) == zstd_compress(b"".join(small), SMALL_RUN_LEVEL)
+    assert bytes(chunks[0].data) != zstd_compress(b"".join(small), 1)
     assert bytes(chunks[1].data) == client
     assert bytes(chunks[2].data) == zstd_compress(b"".join(big), 1)
     frames = [bytes(decode_chunk(c.codec, c.data, max_size=1 << 20)) for c in chunks]
