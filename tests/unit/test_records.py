@@ -260,6 +260,8 @@ def test_pack_refuses_inconsistent_records() -> None:
 
 
 def _fields(record: PushGroup | PushVerdict) -> dict:
+    if isinstance(record, tuple):  # a NamedTuple record (PushGroup)
+        return record._asdict()
     return {name: getattr(record, name) for name in record.__dataclass_fields__}
 
 
