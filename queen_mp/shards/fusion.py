@@ -219,6 +219,7 @@ class PushFusion:
                  bundle_max: int, max_inflight: int, hold_ms: int,
                  stored: Stored | None = None, dedup_entries: int) -> None:
         self.writer = writer
+        self.loop = asyncio.get_running_loop()  # once: each call is a getpid on Python 3.11
         self.dedup = DedupFilter(dedup_entries)
         self.reply = reply
         self.stored = stored
@@ -253,7 +254,7 @@ class PushFusion:
             # (the shard drains its rings in one go): a 10-partition request becomes one
             # bundle, not one bundle per partition while permits last.
             self._kick_soon = True
-            asyncio.get_running_loop().call_soon(self._kick_arrivals)
+            self.loop.call_soon(self._kick_arrivals)
 
     def _kick_arrivals(self) -> None:
         self._kick_soon = False
@@ -268,7 +269,7 @@ class PushFusion:
                 keys.append(key)
                 self.inflight_keys.add(key)
             self.bundles_inflight += 1
-            task = asyncio.get_running_loop().create_task(self._flush(keys))
+            task = self.loop.create_task(self._flush(keys))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
@@ -391,7 +392,7 @@ class PushFusion:
         asks = self.dedup.wanted(_RECALL_OFFSETS)
         if asks:
             self._recalling = True
-            task = asyncio.get_running_loop().create_task(self._read_back(asks))
+            task = self.loop.create_task(self._read_back(asks))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
