@@ -61,7 +61,6 @@ log = logging.getLogger("queen_mp.shard")
 
 BEAT_EVERY_S = 0.25
 _READ_BATCH = 256
-_PUSH_GROUP_KIND = bytes([KIND_PUSH_GROUP])
 
 
 class Shard:
@@ -145,7 +144,7 @@ class Shard:
                 add = self.fusion.add
                 for record in RecordBatch.unpack(raw).records:
                     # PERF(shard): a front worker's pushes of one turn, without a call each
-                    if record[:1] != _PUSH_GROUP_KIND:
+                    if not record or record[0] != KIND_PUSH_GROUP:
                         self.dispatch(slot, record)
                         continue
                     try:
