@@ -47,6 +47,8 @@ _SUMMARY_EVERY_S = 10.0
 _RECALL_OFFSETS = 1 << 18
 
 Key = tuple[bytes, str, str]  # tenant, queue, partition
+_NO_OFFSETS: list[int] = []  # shared, never written: an Entry's until its first resolve
+_NO_IDS: dict[int, bytes] = {}
 Reply = Callable[[int, bytes], None]  # (slot, a packed PushVerdict)
 Stored = Callable[[set[tuple[bytes, str]]], None]  # (tenant, queue) pairs just committed
 
@@ -66,8 +68,8 @@ class Entry:
         self.slot = slot
         self.group = group
         self.status: bytearray | None = None  # per frame: PENDING, QUEUED or DUPLICATE
-        self.offsets: list[int] = []
-        self.dup_ids: dict[int, bytes] = {}
+        self.offsets: list[int] = _NO_OFFSETS  # made with status, by the first resolve
+        self.dup_ids: dict[int, bytes] = _NO_IDS
         self.remaining = group.count
         self.partition_id = 0
         self.created_us = 0
@@ -97,6 +99,7 @@ class Entry:
         if self.status is None:
             self.status = bytearray(self.group.count)
             self.offsets = [-1] * self.group.count
+            self.dup_ids = {}
         elif self.status[j] != PENDING:
             return
         self.status[j] = status
@@ -315,12 +318,14 @@ class PushFusion:
             self.kick()
 
     async def _commit(self, segments: list[Segment]) -> None:
+        # PERF(fusion): the keys transposed by zip in C, one comprehension for the rest
+        tenants, queues, partitions = zip(*[s.key for s in segments], strict=True)
+        verified = self.dedup.verified
         bundle = PushBundle(
-            queues=[s.key[1] for s in segments], partitions=[s.key[2] for s in segments],
+            queues=queues, partitions=partitions,
             counts=[s.count for s in segments], hashes=[s.hashes for s in segments],
-            verified=[self.dedup.verified(s.key, s.hashes) for s in segments],
-            blobs=[s.blob for s in segments],
-            tenants=[s.key[0] for s in segments])
+            verified=[verified(s.key, s.hashes) for s in segments],
+            blobs=[s.blob for s in segments], tenants=tenants)
         started = time.monotonic()
         results = await self.writer.push_multi(bundle)
         self._adapt(time.monotonic() - started)
@@ -361,14 +366,24 @@ class PushFusion:
         if dup_lookups:
             await self._resolve_duplicates(dup_lookups)
         self._recall()
+        reply = self.reply
         for seg in segments:
+            left = False
             for e in seg.entries:
-                if e.remaining == 0:
-                    self.reply(e.slot, e.answer())
-            # NOTE(queen): SQL wrote nothing for a segment with duplicates; the rest of its
-            # frames go again, ahead of anything that arrived for the partition meanwhile.
-            leftovers = [e for e in seg.entries if e.remaining]
-            if leftovers:
+                if e.remaining:
+                    left = True
+                elif e.run_first >= 0:
+                    # PERF(fusion): the fast path's verdict packed here, no answer() call
+                    g = e.group
+                    reply(e.slot, pack_queued_run(g.generation, g.slot, g.request_id,
+                                                  g.group_index, e.partition_id, e.created_us,
+                                                  e.run_first, g.count))
+                else:
+                    reply(e.slot, e.answer())
+            if left:
+                # NOTE(queen): SQL wrote nothing for a segment with duplicates; the rest of
+                # its frames go again, ahead of anything that arrived for the partition since.
+                leftovers = [e for e in seg.entries if e.remaining]
                 self.pending.setdefault(seg.key, deque()).extendleft(reversed(leftovers))
 
     async def _resolve_duplicates(self, lookups: list[tuple[Segment, int, int, int]]) -> None:
