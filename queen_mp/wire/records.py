@@ -224,10 +224,27 @@ class PushGroup(NamedTuple):
         stop = hashes_at + 16 * count
         if stop > end:
             raise RecordDecodeError("PushGroup names or hashes run past the end", buf)
-        queue = _decode(raw[at : at + queue_len], "queue", buf)
-        partition = _decode(raw[at + queue_len : hashes_at], "partition", buf)
+        try:
+            queue = raw[at : at + queue_len].decode()
+        except UnicodeDecodeError:
+            raise RecordDecodeError("queue is not UTF-8", buf) from None
+        try:
+            partition = raw[at + queue_len : hashes_at].decode()
+        except UnicodeDecodeError:
+            raise RecordDecodeError("partition is not UTF-8", buf) from None
         hashes = raw[hashes_at:stop]
         at = stop
+        if piece_count == 1 and at + _PIECE_HEAD.size <= end:
+            # PERF(wire): one piece (every group of a JSON push), without the loop's list
+            piece_kind, piece_count_, length = _PIECE_HEAD.unpack_from(raw, at)
+            at += _PIECE_HEAD.size
+            if (piece_kind in (PIECE_RAW, PIECE_ZSTD) and at + length == end
+                    and piece_count_ == count):
+                return _TUPLE_NEW(cls, (generation, slot, request_id, group_index, tenant,
+                                        queue, partition, hashes, count,
+                                        (_TUPLE_NEW(Piece, (piece_kind, count, raw[at:])),),
+                                        deadline_ms))
+            at = stop  # not well formed: the loop below says how
         pieces = []
         total = 0
         for _ in range(piece_count):

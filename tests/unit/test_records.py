@@ -142,6 +142,25 @@ def _group() -> PushGroup:
     )
 
 
+def test_a_one_piece_group_that_does_not_add_up_is_refused() -> None:
+    # a one-piece group takes unpack's short path; what it cannot vouch for, the loop refuses
+    good = PushGroup(**{**_fields(_group()), "count": 1, "hashes": bytes(16),
+                        "pieces": (Piece(PIECE_RAW, 1, b"frame-a"),)})
+    packed = good.pack()
+    assert PushGroup.unpack(packed) == good
+    piece_at = len(packed) - len(b"frame-a") - 9  # u8 kind, u32 count, u32 length
+    for at, value, match in ((piece_at, 7, "unknown piece kind"),
+                             (piece_at + 1, 2, "piece counts add up to 2, not 1")):
+        bad = bytearray(packed)
+        bad[at] = value
+        with pytest.raises(RecordDecodeError, match=match):
+            PushGroup.unpack(bytes(bad))
+    with pytest.raises(RecordDecodeError, match="trailing"):
+        PushGroup.unpack(packed + b"x")
+    with pytest.raises(RecordDecodeError, match="runs past the end"):
+        PushGroup.unpack(packed[:-1])
+
+
 def _verdict() -> PushVerdict:
     return PushVerdict(
         generation=3,
