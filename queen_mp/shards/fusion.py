@@ -17,8 +17,8 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from queen_mp.db.bundles import BundleWriter, PushBundle
 from queen_mp.db.errors import DatabaseError
@@ -28,6 +28,7 @@ from queen_mp.wire import frames as wf
 from queen_mp.wire.hashing import hash_prefixes
 from queen_mp.wire.ids import ZERO_UUID
 from queen_mp.wire.records import (
+    PIECE_RAW,
     ItemVerdict,
     PushGroup,
     PushVerdict,
@@ -145,9 +146,12 @@ class Entry:
                            error=error, items=()).pack()
 
 
-@dataclass
+@dataclass(slots=True)
 class Segment:
-    """What one partition contributes to a bundle, and how its frames map back to entries."""
+    """What one partition contributes to a bundle, and how its frames map back to entries.
+
+    PERF(fusion): slots, and no list made for ``followers`` unless the slow path has some:
+    one Segment per partition of every bundle."""
 
     key: Key
     entries: list[Entry]
@@ -157,7 +161,7 @@ class Segment:
     # segment frame k -> (entry, frame j); None on the fast path, where the entries' frames
     # follow each other whole and in order (built on demand by ``ref``)
     refs: list[tuple[Entry, int]] | None
-    followers: list[tuple[Entry, int, int]] = field(default_factory=list)  # (entry, j, leader k)
+    followers: Sequence[tuple[Entry, int, int]] = ()  # (entry, j, leader k)
 
     def ref(self, k: int) -> tuple[Entry, int]:
         if self.refs is None:
@@ -179,7 +183,12 @@ def build_segment(key: Key, entries: list[Entry]) -> Segment:
         g = e.group
         if e.remaining == g.count and (g.count == 1
                                        or len(set(hash_prefixes(g.hashes))) == g.count):
-            return Segment(key, entries, g.hashes, blob_from_pieces(g.pieces), g.count, None)
+            pieces = g.pieces
+            if len(pieces) == 1 and pieces[0].kind == PIECE_RAW:  # a JSON push's group
+                blob = wf.pack_chunk_zstd(pieces[0].data, g.count)
+            else:
+                blob = blob_from_pieces(pieces)
+            return Segment(key, entries, g.hashes, blob, g.count, None)
     elif all(e.remaining == e.group.count for e in entries):
         hashes = b"".join(e.group.hashes for e in entries)
         total = len(hashes) >> 4
