@@ -132,6 +132,7 @@ class Piece(NamedTuple):
     data: bytes
 
 
+_CUT_MAX = 1 << 14  # RecordBatch records up to this size are cut as bytes
 _TUPLE_NEW = tuple.__new__  # a NamedTuple from its fields, without _make's Python frame
 
 
@@ -198,9 +199,11 @@ class PushGroup(NamedTuple):
 
     @classmethod
     def unpack(cls, buf: bytes | bytearray | memoryview) -> Self:
-        # PERF(wire): the record copied once into bytes, then bytes slices: a memoryview per
-        # field and str(view, "utf-8") cost more than the copy; a shard reads every group.
-        raw = buf if type(buf) is bytes else bytes(buf)
+        # PERF(wire): bytes are sliced as they are (a shard reads every group; RecordBatch
+        # cuts its small records as bytes); anything else through one view, its slices copied
+        # to bytes. Either way each piece's frames are copied once.
+        view = type(buf) is not bytes
+        raw = memoryview(buf) if view else buf
         end = len(raw)
         if end < _PUSH_GROUP_HEAD.size:
             raise RecordDecodeError(f"PushGroup of {end} bytes, shorter than its header", buf)
@@ -224,15 +227,19 @@ class PushGroup(NamedTuple):
         stop = hashes_at + 16 * count
         if stop > end:
             raise RecordDecodeError("PushGroup names or hashes run past the end", buf)
+        queue_raw, partition_raw, hashes = (raw[at : at + queue_len],
+                                            raw[at + queue_len : hashes_at], raw[hashes_at:stop])
+        if view:
+            queue_raw, partition_raw, hashes = (bytes(queue_raw), bytes(partition_raw),
+                                                bytes(hashes))
         try:
-            queue = raw[at : at + queue_len].decode()
+            queue = queue_raw.decode()
         except UnicodeDecodeError:
             raise RecordDecodeError("queue is not UTF-8", buf) from None
         try:
-            partition = raw[at + queue_len : hashes_at].decode()
+            partition = partition_raw.decode()
         except UnicodeDecodeError:
             raise RecordDecodeError("partition is not UTF-8", buf) from None
-        hashes = raw[hashes_at:stop]
         at = stop
         if piece_count == 1 and at + _PIECE_HEAD.size <= end:
             # PERF(wire): one piece (every group of a JSON push), without the loop's list
@@ -240,9 +247,10 @@ class PushGroup(NamedTuple):
             at += _PIECE_HEAD.size
             if (piece_kind in (PIECE_RAW, PIECE_ZSTD) and at + length == end
                     and piece_count_ == count):
+                data = bytes(raw[at:]) if view else raw[at:]
                 return _TUPLE_NEW(cls, (generation, slot, request_id, group_index, tenant,
                                         queue, partition, hashes, count,
-                                        (_TUPLE_NEW(Piece, (piece_kind, count, raw[at:])),),
+                                        (_TUPLE_NEW(Piece, (piece_kind, count, data)),),
                                         deadline_ms))
             at = stop  # not well formed: the loop below says how
         pieces = []
@@ -256,7 +264,8 @@ class PushGroup(NamedTuple):
             at += _PIECE_HEAD.size
             if at + length > end:
                 raise RecordDecodeError("PushGroup piece runs past the end", buf)
-            pieces.append(_TUPLE_NEW(Piece, (piece_kind, piece_count_, raw[at : at + length])))
+            data = bytes(raw[at : at + length]) if view else raw[at : at + length]
+            pieces.append(_TUPLE_NEW(Piece, (piece_kind, piece_count_, data)))
             total += piece_count_
             at += length
         if at != end:
@@ -588,9 +597,11 @@ class RecordBatch:
 
     @classmethod
     def unpack(cls, buf: bytes | bytearray | memoryview) -> Self:
-        # PERF(wire): a bytes batch (what Ring.read_many returns) is cut into bytes: the
-        # records' own unpack then reads them without a copy of its own (PushGroup).
-        view = buf if type(buf) is bytes else memoryview(buf)
+        # PERF(wire): the records of a bytes batch (what Ring.read_many returns) up to
+        # _CUT_MAX bytes are cut as bytes, cheaper to read than views (PushGroup.unpack);
+        # larger ones stay views, so that their frames are copied once, by their unpack.
+        cut = type(buf) is bytes
+        view = memoryview(buf)
         end = len(view)
         if end < _BATCH_HEAD.size:
             raise RecordDecodeError(f"RecordBatch of {end} bytes, shorter than its header", buf)
@@ -606,7 +617,7 @@ class RecordBatch:
             stop = at + length
             if stop > end:
                 raise RecordDecodeError("RecordBatch record runs past the end", buf)
-            records.append(view[at:stop])
+            records.append(buf[at:stop] if cut and length <= _CUT_MAX else view[at:stop])
             at = stop
         if at != end:
             raise RecordDecodeError(f"{end - at} trailing byte(s) after the RecordBatch", buf)

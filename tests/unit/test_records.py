@@ -233,6 +233,23 @@ def test_a_record_batch_round_trips_to_its_records(groups: list[PushGroup],
     assert unpack_record(packed) == batch
 
 
+def test_a_batch_cuts_small_records_as_bytes_and_keeps_large_ones_as_views() -> None:
+    # small records are cheaper to read as bytes; a large one stays a view of the batch, so
+    # that its frames are copied once (by PushGroup.unpack), not twice
+    small = _group()
+    large = PushGroup(**{**_fields(small), "count": 1, "hashes": bytes(16),
+                         "pieces": (Piece(PIECE_RAW, 1, b"f" * 40_000),)})
+    packed = RecordBatch((small.pack(), large.pack())).pack()
+    cut, kept = RecordBatch.unpack(packed).records
+    assert type(cut) is bytes and isinstance(kept, memoryview)
+    assert PushGroup.unpack(cut) == small
+    assert PushGroup.unpack(kept) == large
+    assert all(type(p.data) is bytes for p in PushGroup.unpack(kept).pieces)
+    # a batch that is not bytes gives views only
+    assert all(isinstance(r, memoryview)
+               for r in RecordBatch.unpack(bytearray(packed)).records)
+
+
 def test_every_truncation_and_extension_of_a_batch_is_a_decode_error() -> None:
     packed = RecordBatch((_group().pack(), b"", _verdict().pack())).pack()
     for cut in range(len(packed)):
