@@ -96,8 +96,9 @@ async def spool_hold(conn: psycopg.AsyncConnection[Any], holder: str, episode: i
 
 
 async def wake_peers(conn: psycopg.AsyncConnection[Any], instance: str) -> bool:
-    """``queen.wake_peers_v1``: does a wake listener of another instance exist?"""
-    cur = await conn.execute("SELECT queen.wake_peers_v1(%s)", (instance,))
+    """``queen.wake_peers_v2``: does a wake listener of another instance listen on this
+    database?"""
+    cur = await conn.execute("SELECT queen.wake_peers_v2(%s)", (instance,))
     row = await cur.fetchone()
     return bool(row and row[0])
 

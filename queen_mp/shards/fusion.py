@@ -17,8 +17,8 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from queen_mp.db.bundles import BundleWriter, PushBundle
 from queen_mp.db.errors import DatabaseError
@@ -28,6 +28,7 @@ from queen_mp.wire import frames as wf
 from queen_mp.wire.hashing import hash_prefixes
 from queen_mp.wire.ids import ZERO_UUID
 from queen_mp.wire.records import (
+    PIECE_RAW,
     ItemVerdict,
     PushGroup,
     PushVerdict,
@@ -47,6 +48,8 @@ _SUMMARY_EVERY_S = 10.0
 _RECALL_OFFSETS = 1 << 18
 
 Key = tuple[bytes, str, str]  # tenant, queue, partition
+_NO_OFFSETS: list[int] = []  # shared, never written: an Entry's until its first resolve
+_NO_IDS: dict[int, bytes] = {}
 Reply = Callable[[int, bytes], None]  # (slot, a packed PushVerdict)
 Stored = Callable[[set[tuple[bytes, str]]], None]  # (tenant, queue) pairs just committed
 
@@ -66,8 +69,8 @@ class Entry:
         self.slot = slot
         self.group = group
         self.status: bytearray | None = None  # per frame: PENDING, QUEUED or DUPLICATE
-        self.offsets: list[int] = []
-        self.dup_ids: dict[int, bytes] = {}
+        self.offsets: list[int] = _NO_OFFSETS  # made with status, by the first resolve
+        self.dup_ids: dict[int, bytes] = _NO_IDS
         self.remaining = group.count
         self.partition_id = 0
         self.created_us = 0
@@ -97,6 +100,7 @@ class Entry:
         if self.status is None:
             self.status = bytearray(self.group.count)
             self.offsets = [-1] * self.group.count
+            self.dup_ids = {}
         elif self.status[j] != PENDING:
             return
         self.status[j] = status
@@ -142,9 +146,12 @@ class Entry:
                            error=error, items=()).pack()
 
 
-@dataclass
+@dataclass(slots=True)
 class Segment:
-    """What one partition contributes to a bundle, and how its frames map back to entries."""
+    """What one partition contributes to a bundle, and how its frames map back to entries.
+
+    PERF(fusion): slots, and no list made for ``followers`` unless the slow path has some:
+    one Segment per partition of every bundle."""
 
     key: Key
     entries: list[Entry]
@@ -154,7 +161,7 @@ class Segment:
     # segment frame k -> (entry, frame j); None on the fast path, where the entries' frames
     # follow each other whole and in order (built on demand by ``ref``)
     refs: list[tuple[Entry, int]] | None
-    followers: list[tuple[Entry, int, int]] = field(default_factory=list)  # (entry, j, leader k)
+    followers: Sequence[tuple[Entry, int, int]] = ()  # (entry, j, leader k)
 
     def ref(self, k: int) -> tuple[Entry, int]:
         if self.refs is None:
@@ -176,7 +183,12 @@ def build_segment(key: Key, entries: list[Entry]) -> Segment:
         g = e.group
         if e.remaining == g.count and (g.count == 1
                                        or len(set(hash_prefixes(g.hashes))) == g.count):
-            return Segment(key, entries, g.hashes, blob_from_pieces(g.pieces), g.count, None)
+            pieces = g.pieces
+            if len(pieces) == 1 and pieces[0].kind == PIECE_RAW:  # a JSON push's group
+                blob = wf.pack_chunk_zstd(pieces[0].data, g.count)
+            else:
+                blob = blob_from_pieces(pieces)
+            return Segment(key, entries, g.hashes, blob, g.count, None)
     elif all(e.remaining == e.group.count for e in entries):
         hashes = b"".join(e.group.hashes for e in entries)
         total = len(hashes) >> 4
@@ -219,6 +231,7 @@ class PushFusion:
                  bundle_max: int, max_inflight: int, hold_ms: int,
                  stored: Stored | None = None, dedup_entries: int) -> None:
         self.writer = writer
+        self.loop = asyncio.get_running_loop()  # once: each call is a getpid on Python 3.11
         self.dedup = DedupFilter(dedup_entries)
         self.reply = reply
         self.stored = stored
@@ -253,7 +266,7 @@ class PushFusion:
             # (the shard drains its rings in one go): a 10-partition request becomes one
             # bundle, not one bundle per partition while permits last.
             self._kick_soon = True
-            asyncio.get_running_loop().call_soon(self._kick_arrivals)
+            self.loop.call_soon(self._kick_arrivals)
 
     def _kick_arrivals(self) -> None:
         self._kick_soon = False
@@ -268,7 +281,7 @@ class PushFusion:
                 keys.append(key)
                 self.inflight_keys.add(key)
             self.bundles_inflight += 1
-            task = asyncio.get_running_loop().create_task(self._flush(keys))
+            task = self.loop.create_task(self._flush(keys))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
@@ -314,12 +327,14 @@ class PushFusion:
             self.kick()
 
     async def _commit(self, segments: list[Segment]) -> None:
+        # PERF(fusion): the keys transposed by zip in C, one comprehension for the rest
+        tenants, queues, partitions = zip(*[s.key for s in segments], strict=True)
+        verified = self.dedup.verified
         bundle = PushBundle(
-            queues=[s.key[1] for s in segments], partitions=[s.key[2] for s in segments],
+            queues=queues, partitions=partitions,
             counts=[s.count for s in segments], hashes=[s.hashes for s in segments],
-            verified=[self.dedup.verified(s.key, s.hashes) for s in segments],
-            blobs=[s.blob for s in segments],
-            tenants=[s.key[0] for s in segments])
+            verified=[verified(s.key, s.hashes) for s in segments],
+            blobs=[s.blob for s in segments], tenants=tenants)
         started = time.monotonic()
         results = await self.writer.push_multi(bundle)
         self._adapt(time.monotonic() - started)
@@ -360,14 +375,24 @@ class PushFusion:
         if dup_lookups:
             await self._resolve_duplicates(dup_lookups)
         self._recall()
+        reply = self.reply
         for seg in segments:
+            left = False
             for e in seg.entries:
-                if e.remaining == 0:
-                    self.reply(e.slot, e.answer())
-            # NOTE(queen): SQL wrote nothing for a segment with duplicates; the rest of its
-            # frames go again, ahead of anything that arrived for the partition meanwhile.
-            leftovers = [e for e in seg.entries if e.remaining]
-            if leftovers:
+                if e.remaining:
+                    left = True
+                elif e.run_first >= 0:
+                    # PERF(fusion): the fast path's verdict packed here, no answer() call
+                    g = e.group
+                    reply(e.slot, pack_queued_run(g.generation, g.slot, g.request_id,
+                                                  g.group_index, e.partition_id, e.created_us,
+                                                  e.run_first, g.count))
+                else:
+                    reply(e.slot, e.answer())
+            if left:
+                # NOTE(queen): SQL wrote nothing for a segment with duplicates; the rest of
+                # its frames go again, ahead of anything that arrived for the partition since.
+                leftovers = [e for e in seg.entries if e.remaining]
                 self.pending.setdefault(seg.key, deque()).extendleft(reversed(leftovers))
 
     async def _resolve_duplicates(self, lookups: list[tuple[Segment, int, int, int]]) -> None:
@@ -391,7 +416,7 @@ class PushFusion:
         asks = self.dedup.wanted(_RECALL_OFFSETS)
         if asks:
             self._recalling = True
-            task = asyncio.get_running_loop().create_task(self._read_back(asks))
+            task = self.loop.create_task(self._read_back(asks))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 

@@ -28,6 +28,7 @@ from queen_mp.heap import freeze_startup_objects
 from queen_mp.ipc.doorbell import AsyncDoorbellWaiter, Doorbell
 from queen_mp.ipc.heartbeat import HeartbeatBoard
 from queen_mp.ipc.ring import Ring
+from queen_mp.ipc.slots import SlotTable
 from queen_mp.ipc.wakeboard import WakeBoard, bucket_of
 from queen_mp.ipc.wakeup import Waker
 from queen_mp.logs import configure_logging
@@ -60,7 +61,7 @@ log = logging.getLogger("queen_mp.shard")
 
 BEAT_EVERY_S = 0.25
 _READ_BATCH = 256
-_PUSH_GROUP_KIND = bytes([KIND_PUSH_GROUP])
+_BATCH_HEAD_BYTES = RecordBatch.packed_size(())
 
 
 class Shard:
@@ -68,6 +69,9 @@ class Shard:
         self.config = config
         self.runtime = runtime
         self.index = index
+        # PERF(shard): the loop kept once: asyncio.get_running_loop() makes a getpid system
+        # call each time on Python 3.11 (its fork check)
+        self.loop = asyncio.get_running_loop()
         self.stop_requested = asyncio.Event()
         self.board = HeartbeatBoard.attach(runtime.heartbeat, runtime.shards)
         self.board.booted(index, os.getpid())
@@ -78,6 +82,8 @@ class Shard:
         self.slot_bells = [Doorbell.attach(runtime.slot_doorbell(s))
                            for s in range(runtime.slots)]
         self.bell = Doorbell.attach(runtime.shard_doorbell(index))
+        self.slot_table = SlotTable.attach(runtime.slot_table)
+        self.live_slots = self.owned_slots()
         self.outbox: list[deque[bytes]] = [deque() for _ in range(runtime.slots)]
         self.flush_scheduled: set[int] = set()  # slots whose flush_outbox is due this iteration
         self.wake_slots: set[int] = set()  # slots to ring at that flush even with nothing sent
@@ -130,7 +136,7 @@ class Shard:
                 self.dispatch(slot, raw)
             more = more or ring.used > 0
         if more:
-            asyncio.get_running_loop().call_soon(self.drain_requests)
+            self.loop.call_soon(self.drain_requests)
 
     def dispatch(self, slot: int, raw: bytes | memoryview) -> None:
         try:
@@ -139,7 +145,7 @@ class Shard:
                 add = self.fusion.add
                 for record in RecordBatch.unpack(raw).records:
                     # PERF(shard): a front worker's pushes of one turn, without a call each
-                    if record[:1] != _PUSH_GROUP_KIND:
+                    if not record or record[0] != KIND_PUSH_GROUP:
                         self.dispatch(slot, record)
                         continue
                     try:
@@ -182,13 +188,25 @@ class Shard:
         self.waker.wake(bucket_of(tenant, queue) for tenant, queue in queues)
         # PERF(pop): ring every front worker (once per loop iteration): one with a parked pop
         # on these queues looks at the board now instead of at its next tick.
-        for slot in range(self.runtime.slots):
+        for slot in self.live_slots:
             self.flush_soon(slot, wake=True)
 
+    def owned_slots(self) -> list[int]:
+        """The worker slots a front worker owns now.
+
+        PERF(ipc): there are twice as many slots as workers (a replacement takes a free one);
+        a wake rang the others too, a FIFO write nobody reads, and once its 64 KiB filled a
+        BlockingIOError each. Re-read every heartbeat: a worker that claims a slot meanwhile
+        has no parked pop yet, and its pops' wake tick covers the rest."""
+        return [slot for slot in range(self.runtime.slots) if self.slot_table.owner(slot)]
+
     def reply(self, slot: int, record: bytes) -> None:
-        """Send a packed verdict (PushVerdict, AckVerdict) to the slot's worker."""
+        """Send a packed verdict (PushVerdict, AckVerdict) to the slot's worker; its flush is
+        scheduled once per loop iteration (``flush_soon``, inline: one call per verdict)."""
         self.outbox[slot].append(record)
-        self.flush_soon(slot)
+        if slot not in self.flush_scheduled:
+            self.flush_scheduled.add(slot)
+            self.loop.call_soon(self.flush_outbox, slot)
 
     def flush_soon(self, slot: int, *, wake: bool = False) -> None:
         """Flush the slot's outbox (and ring its worker) once per loop iteration; ``wake``
@@ -201,7 +219,7 @@ class Shard:
             self.wake_slots.add(slot)
         if slot not in self.flush_scheduled:
             self.flush_scheduled.add(slot)
-            asyncio.get_running_loop().call_soon(self.flush_outbox, slot)
+            self.loop.call_soon(self.flush_outbox, slot)
 
     def flush_outbox(self, slot: int) -> None:
         """Write the slot's pending verdicts; ring its worker if any went or a wake asked.
@@ -214,6 +232,12 @@ class Shard:
         box, ring = self.outbox[slot], self.replies[slot]
         limit = ring.max_record
         sent = False
+        n = len(box)
+        # PERF(ipc): the common case, every pending verdict in one record, sized in C
+        if (n > 1 and sum(map(len, box)) + 4 * n + _BATCH_HEAD_BYTES <= limit
+                and ring.try_write(RecordBatch(tuple(box)).pack())):
+            box.clear()
+            sent = True
         while box:
             if len(box[0]) > limit:
                 # NOTE(queen): blocks this loop until the worker drains the chunks (1 s at
@@ -248,13 +272,14 @@ class Shard:
                 log.error("shard %d: supervisor %d is gone; stopping", self.index, parent)
                 self.stop_requested.set()
             self.board.beat(self.index)
+            self.live_slots = self.owned_slots()
             for slot, box in enumerate(self.outbox):
                 if box:
                     self.flush_outbox(slot)
             await asyncio.sleep(BEAT_EVERY_S)
 
     async def run(self) -> None:
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop_requested.set)
         waiter = AsyncDoorbellWaiter(self.bell, loop, self.drain_requests)
@@ -288,6 +313,7 @@ class Shard:
         await self.writer.close()
         await self.waker.close()
         self.wake_board.close()
+        self.slot_table.close()
         self.board.clear(self.index)
 
 

@@ -539,10 +539,23 @@ def pack_chunk_raw(frames_bytes: bytes | bytearray | memoryview, count: int) -> 
     return b"".join((_CHUNK_HEAD.pack(count, CODEC_RAW, len(frames_bytes)), frames_bytes))
 
 
+#: Frames under this many bytes are compressed at ``SMALL_RUN_LEVEL``, not level 1.
+SMALL_RUN_BYTES = 1024
+#: PERF(wire): a negative level leaves literals unencoded: no Huffman table is built and
+#: written per call. On a few hundred bytes that table was most of the work (a 1-frame
+#: segment, 233 bytes of bench payload: 102 bytes at level 1 and at -1, 5.8 against 1.4 us;
+#: zstd was a fifth of a shard's instructions under 1-item pushes, bench/shardpath.py), and
+#: it buys little: a random-hex payload of 216 bytes takes 176 at level 1, 225 at -1.
+SMALL_RUN_LEVEL = -1
+
+
 def pack_chunk_zstd(
-    frames_bytes: bytes | bytearray | memoryview, count: int, level: int = 1
+    frames_bytes: bytes | bytearray | memoryview, count: int, level: int | None = None
 ) -> bytes:
-    """``count`` frames as one zstd frame with its content size (codec 1)."""
+    """``count`` frames as one zstd frame with its content size (codec 1); ``level`` by
+    default 1, or ``SMALL_RUN_LEVEL`` under ``SMALL_RUN_BYTES``."""
+    if level is None:
+        level = SMALL_RUN_LEVEL if len(frames_bytes) < SMALL_RUN_BYTES else 1
     compressed = zstd_compress(frames_bytes, level)
     return b"".join((_CHUNK_HEAD.pack(count, CODEC_ZSTD, len(compressed)), compressed))
 

@@ -122,13 +122,6 @@ def _decode(raw: bytes, what: str, buf: bytes | bytearray | memoryview) -> str:
         raise RecordDecodeError(f"{what} is not UTF-8", buf) from None
 
 
-def _decode_view(raw: memoryview, what: str, buf: bytes | bytearray | memoryview) -> str:
-    try:
-        return str(raw, "utf-8")
-    except UnicodeDecodeError:
-        raise RecordDecodeError(f"{what} is not UTF-8", buf) from None
-
-
 class Piece(NamedTuple):
     """A run of ``count`` frames of a PushGroup, raw or as a client zstd frame."""
 
@@ -139,17 +132,20 @@ class Piece(NamedTuple):
     data: bytes
 
 
-_make_piece = Piece._make
-_NEW = object.__new__
+_CUT_MAX = 1 << 14  # RecordBatch records up to this size are cut as bytes
+_TUPLE_NEW = tuple.__new__  # a NamedTuple from its fields, without _make's Python frame
 
 
-@dataclass(frozen=True, slots=True)
-class PushGroup:
+class PushGroup(NamedTuple):
     """A front worker's frames for one (tenant, queue, partition), to its owning shard.
 
     ``hashes`` holds one xxh3_128 per frame in frame order across all pieces, so the shard
     dedups without reparsing; the shard may drop the group after ``deadline_ms`` (Unix ms),
     when the worker has answered ``503 timeout`` anyway.
+
+    PERF(wire): a NamedTuple, built in C from its fields: the shard unpacks one per pushed
+    group, and a slots dataclass took eleven descriptor calls to fill (9.4k of the 26k
+    instructions of a 1-item group's unpack, callgrind).
     """
 
     generation: int
@@ -203,8 +199,12 @@ class PushGroup:
 
     @classmethod
     def unpack(cls, buf: bytes | bytearray | memoryview) -> Self:
-        view = memoryview(buf)
-        end = len(view)
+        # PERF(wire): bytes are sliced as they are (a shard reads every group; RecordBatch
+        # cuts its small records as bytes); anything else through one view, its slices copied
+        # to bytes. Either way each piece's frames are copied once.
+        view = type(buf) is not bytes
+        raw = memoryview(buf) if view else buf
+        end = len(raw)
         if end < _PUSH_GROUP_HEAD.size:
             raise RecordDecodeError(f"PushGroup of {end} bytes, shorter than its header", buf)
         (
@@ -219,7 +219,7 @@ class PushGroup:
             queue_len,
             partition_len,
             piece_count,
-        ) = _PUSH_GROUP_HEAD.unpack_from(view, 0)
+        ) = _PUSH_GROUP_HEAD.unpack_from(raw, 0)
         if kind != KIND_PUSH_GROUP:
             raise RecordDecodeError(f"kind {kind}, not a PushGroup", buf)
         at = _PUSH_GROUP_HEAD.size
@@ -227,50 +227,54 @@ class PushGroup:
         stop = hashes_at + 16 * count
         if stop > end:
             raise RecordDecodeError("PushGroup names or hashes run past the end", buf)
-        queue = _decode_view(view[at : at + queue_len], "queue", buf)
-        partition = _decode_view(view[at + queue_len : hashes_at], "partition", buf)
-        hashes = bytes(view[hashes_at:stop])
+        queue_raw, partition_raw, hashes = (raw[at : at + queue_len],
+                                            raw[at + queue_len : hashes_at], raw[hashes_at:stop])
+        if view:
+            queue_raw, partition_raw, hashes = (bytes(queue_raw), bytes(partition_raw),
+                                                bytes(hashes))
+        try:
+            queue = queue_raw.decode()
+        except UnicodeDecodeError:
+            raise RecordDecodeError("queue is not UTF-8", buf) from None
+        try:
+            partition = partition_raw.decode()
+        except UnicodeDecodeError:
+            raise RecordDecodeError("partition is not UTF-8", buf) from None
         at = stop
+        if piece_count == 1 and at + _PIECE_HEAD.size <= end:
+            # PERF(wire): one piece (every group of a JSON push), without the loop's list
+            piece_kind, piece_count_, length = _PIECE_HEAD.unpack_from(raw, at)
+            at += _PIECE_HEAD.size
+            if (piece_kind in (PIECE_RAW, PIECE_ZSTD) and at + length == end
+                    and piece_count_ == count):
+                data = bytes(raw[at:]) if view else raw[at:]
+                return _TUPLE_NEW(cls, (generation, slot, request_id, group_index, tenant,
+                                        queue, partition, hashes, count,
+                                        (_TUPLE_NEW(Piece, (piece_kind, count, data)),),
+                                        deadline_ms))
+            at = stop  # not well formed: the loop below says how
         pieces = []
         total = 0
         for _ in range(piece_count):
             if at + _PIECE_HEAD.size > end:
                 raise RecordDecodeError("PushGroup piece header runs past the end", buf)
-            piece_kind, piece_count_, length = _PIECE_HEAD.unpack_from(view, at)
+            piece_kind, piece_count_, length = _PIECE_HEAD.unpack_from(raw, at)
             if piece_kind not in (PIECE_RAW, PIECE_ZSTD):
                 raise RecordDecodeError(f"unknown piece kind {piece_kind}", buf)
             at += _PIECE_HEAD.size
             if at + length > end:
                 raise RecordDecodeError("PushGroup piece runs past the end", buf)
-            pieces.append(_make_piece((piece_kind, piece_count_, bytes(view[at : at + length]))))
+            data = bytes(raw[at : at + length]) if view else raw[at : at + length]
+            pieces.append(_TUPLE_NEW(Piece, (piece_kind, piece_count_, data)))
             total += piece_count_
             at += length
         if at != end:
             raise RecordDecodeError(f"{end - at} trailing byte(s) after the PushGroup", buf)
         if total != count:
             raise RecordDecodeError(f"piece counts add up to {total}, not {count}", buf)
-        # PERF(wire): the slots' own setters, not the frozen __init__'s object.__setattr__
-        # per field (1.7 against 3.0 us), once per group the shard reads.
-        g = _NEW(cls)
-        _G_GENERATION(g, generation)
-        _G_SLOT(g, slot)
-        _G_REQUEST_ID(g, request_id)
-        _G_GROUP_INDEX(g, group_index)
-        _G_TENANT(g, tenant)
-        _G_QUEUE(g, queue)
-        _G_PARTITION(g, partition)
-        _G_HASHES(g, hashes)
-        _G_COUNT(g, count)
-        _G_PIECES(g, tuple(pieces))
-        _G_DEADLINE_MS(g, deadline_ms)
-        return g
+        return _TUPLE_NEW(cls, (generation, slot, request_id, group_index, tenant, queue,
+                                partition, hashes, count, tuple(pieces), deadline_ms))
 
-
-(_G_GENERATION, _G_SLOT, _G_REQUEST_ID, _G_GROUP_INDEX, _G_TENANT, _G_QUEUE, _G_PARTITION,
- _G_HASHES, _G_COUNT, _G_PIECES, _G_DEADLINE_MS) = (
-    PushGroup.__dict__[name].__set__ for name in (
-        "generation", "slot", "request_id", "group_index", "tenant", "queue", "partition",
-        "hashes", "count", "pieces", "deadline_ms"))
 
 
 class ItemVerdict(NamedTuple):
@@ -593,6 +597,10 @@ class RecordBatch:
 
     @classmethod
     def unpack(cls, buf: bytes | bytearray | memoryview) -> Self:
+        # PERF(wire): the records of a bytes batch (what Ring.read_many returns) up to
+        # _CUT_MAX bytes are cut as bytes, cheaper to read than views (PushGroup.unpack);
+        # larger ones stay views, so that their frames are copied once, by their unpack.
+        cut = type(buf) is bytes
         view = memoryview(buf)
         end = len(view)
         if end < _BATCH_HEAD.size:
@@ -609,7 +617,7 @@ class RecordBatch:
             stop = at + length
             if stop > end:
                 raise RecordDecodeError("RecordBatch record runs past the end", buf)
-            records.append(view[at:stop])
+            records.append(buf[at:stop] if cut and length <= _CUT_MAX else view[at:stop])
             at = stop
         if at != end:
             raise RecordDecodeError(f"{end - at} trailing byte(s) after the RecordBatch", buf)

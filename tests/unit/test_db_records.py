@@ -7,7 +7,6 @@ shapes (and broken ones) without a server.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import datetime as dt
 import uuid
 from typing import Any
@@ -40,9 +39,11 @@ def test_segment_verdicts_by_input_ordinal() -> None:
                             1) == [SegmentVerdict(1, TS, False, None, 0, ())]
 
 
-def test_segment_verdicts_are_frozen_slotted_records() -> None:
+def test_segment_verdicts_are_immutable_records() -> None:
     (v,) = segment_verdicts([queued(0, 1, 1)], 1)
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    assert type(v) is SegmentVerdict
+    assert (v.partition_id, v.queued, v.base_offset, v.window) == (1, True, 1, 3600)
+    with pytest.raises(AttributeError):
         v.base_offset = 2  # type: ignore[misc]
     assert not hasattr(v, "__dict__")
 

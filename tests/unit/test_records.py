@@ -34,6 +34,8 @@ from queen_mp.wire import (
 )
 from queen_mp.wire.frames import (
     CODEC_ZSTD,
+    SMALL_RUN_BYTES,
+    SMALL_RUN_LEVEL,
     decode_chunk,
     iter_chunks,
     pack_frame,
@@ -140,6 +142,25 @@ def _group() -> PushGroup:
     )
 
 
+def test_a_one_piece_group_that_does_not_add_up_is_refused() -> None:
+    # a one-piece group takes unpack's short path; what it cannot vouch for, the loop refuses
+    good = PushGroup(**{**_fields(_group()), "count": 1, "hashes": bytes(16),
+                        "pieces": (Piece(PIECE_RAW, 1, b"frame-a"),)})
+    packed = good.pack()
+    assert PushGroup.unpack(packed) == good
+    piece_at = len(packed) - len(b"frame-a") - 9  # u8 kind, u32 count, u32 length
+    for at, value, match in ((piece_at, 7, "unknown piece kind"),
+                             (piece_at + 1, 2, "piece counts add up to 2, not 1")):
+        bad = bytearray(packed)
+        bad[at] = value
+        with pytest.raises(RecordDecodeError, match=match):
+            PushGroup.unpack(bytes(bad))
+    with pytest.raises(RecordDecodeError, match="trailing"):
+        PushGroup.unpack(packed + b"x")
+    with pytest.raises(RecordDecodeError, match="runs past the end"):
+        PushGroup.unpack(packed[:-1])
+
+
 def _verdict() -> PushVerdict:
     return PushVerdict(
         generation=3,
@@ -212,6 +233,23 @@ def test_a_record_batch_round_trips_to_its_records(groups: list[PushGroup],
     assert unpack_record(packed) == batch
 
 
+def test_a_batch_cuts_small_records_as_bytes_and_keeps_large_ones_as_views() -> None:
+    # small records are cheaper to read as bytes; a large one stays a view of the batch, so
+    # that its frames are copied once (by PushGroup.unpack), not twice
+    small = _group()
+    large = PushGroup(**{**_fields(small), "count": 1, "hashes": bytes(16),
+                         "pieces": (Piece(PIECE_RAW, 1, b"f" * 40_000),)})
+    packed = RecordBatch((small.pack(), large.pack())).pack()
+    cut, kept = RecordBatch.unpack(packed).records
+    assert type(cut) is bytes and isinstance(kept, memoryview)
+    assert PushGroup.unpack(cut) == small
+    assert PushGroup.unpack(kept) == large
+    assert all(type(p.data) is bytes for p in PushGroup.unpack(kept).pieces)
+    # a batch that is not bytes gives views only
+    assert all(isinstance(r, memoryview)
+               for r in RecordBatch.unpack(bytearray(packed)).records)
+
+
 def test_every_truncation_and_extension_of_a_batch_is_a_decode_error() -> None:
     packed = RecordBatch((_group().pack(), b"", _verdict().pack())).pack()
     for cut in range(len(packed)):
@@ -258,6 +296,8 @@ def test_pack_refuses_inconsistent_records() -> None:
 
 
 def _fields(record: PushGroup | PushVerdict) -> dict:
+    if isinstance(record, tuple):  # a NamedTuple record (PushGroup)
+        return record._asdict()
     return {name: getattr(record, name) for name in record.__dataclass_fields__}
 
 
@@ -333,8 +373,9 @@ def test_grants_and_ack_requests_round_trip(hashes: list[bytes], group: str, que
                 type(record).unpack(packed[:-cut] if hashes else packed + b"\x00" * cut)
 
 
-def test_blob_from_pieces_packs_runs_at_level_1_and_keeps_client_chunks() -> None:
-    # small runs of text and a larger one: each run one level-1 chunk, the client chunk as sent
+def test_blob_from_pieces_packs_runs_by_size_and_keeps_client_chunks() -> None:
+    # small runs of text and a larger one: each run one chunk, at SMALL_RUN_LEVEL under
+    # SMALL_RUN_BYTES and at level 1 above; the client chunk as sent
     rng = random.Random(7)
     text = bytes(rng.choice(b"etaoinshrdlu ") for _ in range(300))
     small = [pack_frame(bytes(range(16)), f"t-{i}".encode(), b'"%s"' % text) for i in range(3)]
@@ -345,8 +386,10 @@ def test_blob_from_pieces_packs_runs_at_level_1_and_keeps_client_chunks() -> Non
                              Piece(PIECE_RAW, 1, small[2]), Piece(PIECE_ZSTD, 3, client),
                              Piece(PIECE_RAW, 4, b"".join(big))])
     chunks = list(iter_chunks(blob))
+    assert len(b"".join(small)) < SMALL_RUN_BYTES < len(b"".join(big))
     assert [(c.count, c.codec) for c in chunks] == [(3, CODEC_ZSTD)] * 2 + [(4, CODEC_ZSTD)]
-    assert bytes(chunks[0].data) == zstd_compress(b"".join(small), 1)
+    assert bytes(chunks[0].data) == zstd_compress(b"".join(small), SMALL_RUN_LEVEL)
+    assert bytes(chunks[0].data) != zstd_compress(b"".join(small), 1)
     assert bytes(chunks[1].data) == client
     assert bytes(chunks[2].data) == zstd_compress(b"".join(big), 1)
     frames = [bytes(decode_chunk(c.codec, c.data, max_size=1 << 20)) for c in chunks]

@@ -234,6 +234,26 @@ AS $$
           AND application_name <> left('queen-mp wake listener ' || p_instance, 63))
 $$;
 
+-- Revision: does any other broker instance listen for wake-ups on this database?
+--
+-- Functions: queen.wake_peers_v2(text) -> boolean
+--   As wake_peers_v1, counting only listeners connected to the current database: a NOTIFY
+--   reaches nobody else, and a broker of another database on the same server made every
+--   shard and front worker send its batched NOTIFY (a transaction every 5 ms each under
+--   load) for no listener at all. wake_peers_v1 stays for spool_view_v1.
+-- Tables touched: pg_stat_activity (read). Lock order: none. SQLSTATEs raised: none.
+
+CREATE OR REPLACE FUNCTION queen.wake_peers_v2(p_instance text)
+RETURNS boolean
+LANGUAGE sql STABLE
+AS $$
+    SELECT EXISTS (
+        SELECT 1 FROM pg_stat_activity
+        WHERE datname = current_database()
+          AND application_name LIKE 'queen-mp wake listener %'
+          AND application_name <> left('queen-mp wake listener ' || p_instance, 63))
+$$;
+
 -- server_info_v1: what the console's System page and GET /api/v1/status/system show of the
 -- PostgreSQL server the broker uses (docs/api.md 5.2).
 --
