@@ -410,25 +410,15 @@ def read_frames(
     at = 0
     frames: list[Frame] = []
     append = frames.append
-    unpack = _HEAD.unpack_from
-    # PERF(wire): _plain_head inlined: a QPB1 frames push reads every client frame here, and
-    # two calls a frame were a third of the read.
     for index in range(first_index, first_index + count):
-        if end - at >= 4 + MIN_BODY_LEN:
-            body_len, flags, message_id, tlen = unpack(view, at)
-            stop = at + 4 + body_len
-            p = at + 23 + tlen
-            if not flags and body_len >= MIN_BODY_LEN and stop <= end \
-                    and 0 < tlen <= MAX_TXN_BYTES and p <= stop:
-                try:
-                    text = str(view[at + 23 : p], "utf-8")
-                except UnicodeDecodeError:
-                    pass
-                else:
-                    append(Frame(message_id, None, text, None, 0, view[p:stop], view[at:stop],
-                                 at))
-                    at = stop
-                    continue
+        # PERF(wire): the common frame's head read here, without _read_frame's call: a QPB1
+        # frames push reads every client frame through this loop
+        plain = _plain_head(view, at, end)
+        if plain is not None:
+            message_id, _, text, p, stop = plain
+            append(Frame(message_id, None, text, None, 0, view[p:stop], view[at:stop], at))
+            at = stop
+            continue
         if at >= end:
             raise BadFrame(
                 f"{count} frames announced, {index - first_index} present",
