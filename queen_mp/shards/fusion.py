@@ -28,7 +28,6 @@ from queen_mp.wire import frames as wf
 from queen_mp.wire.hashing import hash_prefixes
 from queen_mp.wire.ids import ZERO_UUID
 from queen_mp.wire.records import (
-    PIECE_RAW,
     ItemVerdict,
     PushGroup,
     PushVerdict,
@@ -183,12 +182,7 @@ def build_segment(key: Key, entries: list[Entry]) -> Segment:
         g = e.group
         if e.remaining == g.count and (g.count == 1
                                        or len(set(hash_prefixes(g.hashes))) == g.count):
-            pieces = g.pieces
-            if len(pieces) == 1 and pieces[0].kind == PIECE_RAW:  # a JSON push's group
-                blob = wf.pack_chunk_zstd(pieces[0].data, g.count)
-            else:
-                blob = blob_from_pieces(pieces)
-            return Segment(key, entries, g.hashes, blob, g.count, None)
+            return Segment(key, entries, g.hashes, blob_from_pieces(g.pieces), g.count, None)
     elif all(e.remaining == e.group.count for e in entries):
         hashes = b"".join(e.group.hashes for e in entries)
         total = len(hashes) >> 4
@@ -197,7 +191,7 @@ def build_segment(key: Key, entries: list[Entry]) -> Segment:
         if len(set(hash_prefixes(hashes))) == total:
             # PERF(queen): the common case keeps client chunks and raw frames as they came.
             return Segment(key, entries, hashes,
-                           blob_from_pieces(p for e in entries for p in e.group.pieces),
+                           blob_from_pieces([p for e in entries for p in e.group.pieces]),
                            total, None)
     # Slow path: intra-flush duplicates or a resubmitted remainder; rebuild from frames.
     leader: dict[bytes, int] = {}
