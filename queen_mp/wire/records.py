@@ -232,14 +232,8 @@ class PushGroup(NamedTuple):
         if view:
             queue_raw, partition_raw, hashes = (bytes(queue_raw), bytes(partition_raw),
                                                 bytes(hashes))
-        try:
-            queue = queue_raw.decode()
-        except UnicodeDecodeError:
-            raise RecordDecodeError("queue is not UTF-8", buf) from None
-        try:
-            partition = partition_raw.decode()
-        except UnicodeDecodeError:
-            raise RecordDecodeError("partition is not UTF-8", buf) from None
+        queue = _decode(queue_raw, "queue", buf)
+        partition = _decode(partition_raw, "partition", buf)
         at = stop
         if piece_count == 1 and at + _PIECE_HEAD.size <= end:
             # PERF(wire): one piece (every group of a JSON push), without the loop's list
