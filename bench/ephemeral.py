@@ -37,14 +37,16 @@ import sys
 import tempfile
 import time
 import uuid
+from contextlib import closing
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import urlencode
 
 import orjson
 import psycopg
 
+from bench.consume import Http
 from bench.push import (
     RoleCpu,
     Server,
@@ -80,57 +82,6 @@ def _payload(producer: int, seq: int) -> dict[str, Any]:
     return {"producer": producer, "seq": seq, "pad": _PAD}
 
 
-class _Http:
-    """One keep-alive HTTP/1.1 connection, a request at a time: what the load client needs and
-    no more (bench/loadgen.py's way). httpx cost this client about 0.9 ms of CPU a request on
-    a loaded 2-core machine, more than the broker and PostgreSQL together spent on a 1-message
-    push: the push cells measured the client."""
-
-    def __init__(self, url: str) -> None:
-        parts = urlsplit(url)
-        self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 80
-        self._head = f"Host: {self.host}:{self.port}\r\n".encode()
-        self._io: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
-
-    async def __aenter__(self) -> _Http:
-        self._io = await asyncio.open_connection(self.host, self.port, limit=1 << 22)
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._io is not None:
-            self._io[1].close()
-            self._io = None
-
-    async def request(self, method: str, path: str, body: bytes | None = None
-                      ) -> tuple[int, bytes]:
-        if self._io is None:
-            await self.__aenter__()
-        assert self._io is not None
-        reader, writer = self._io
-        head = b"%s %s HTTP/1.1\r\n%s" % (method.encode(), path.encode(), self._head)
-        if body is not None:
-            head += b"content-type: application/json\r\ncontent-length: %d\r\n" % len(body)
-        writer.write(head + b"\r\n" + (body or b""))
-        answer = await reader.readuntil(b"\r\n\r\n")
-        status = int(answer[9:12])
-        low = answer.lower()
-        at = low.find(b"\r\ncontent-length:")
-        data = b""
-        if at >= 0:
-            data = await reader.readexactly(int(low[at + 17:low.index(b"\r\n", at + 17)]))
-        elif status not in (204, 304):
-            raise ValueError(f"answer without content-length: {answer[:200]!r}")
-        if b"\r\nconnection: close" in low:
-            await self.__aexit__()
-        return status, data
-
-    async def get(self, path: str, params: dict[str, str]) -> tuple[int, bytes]:
-        return await self.request("GET", f"{path}?{urlencode(params)}")
-
-    async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
-        return await self.request("POST", path, body)
-
-
 class _Kind:
     """The HTTP calls of one kind of queue."""
 
@@ -153,29 +104,29 @@ class _Kind:
             return sum(1 for x in orjson.loads(body) if x.get("status") == "queued")
         return int(orjson.loads(body)["pushed"])
 
-    async def pop_ack(self, http: _Http, batch: int) -> tuple[int, bool]:
+    async def pop_ack(self, http: Http, batch: int) -> tuple[int, bool]:
         """(messages acknowledged, ok) of one pop and its ack."""
         if self.kind == "durable":
-            status, body = await http.get(f"/api/v1/pop/queue/{self.queue}",
-                                          {"batch": str(batch), "wait": "false"})
+            status, body = await http.request("GET", f"/api/v1/pop/queue/{self.queue}?"
+                                              + urlencode({"batch": batch, "wait": "false"}))
             if status == 204:
                 return 0, True
             if status != 200:
                 return 0, False
             msgs = orjson.loads(body)["messages"]
-            status, body = await http.post("/api/v1/ack/batch", orjson.dumps({
+            status, body = await http.request("POST", "/api/v1/ack/batch", orjson.dumps({
                 "acknowledgments": [{"transactionId": m["transactionId"],
                                      "partitionId": m["partitionId"], "leaseId": m["leaseId"],
                                      "status": "completed"} for m in msgs]}))
             return (len(msgs), True) if status == 200 else (0, False)
-        status, body = await http.get("/api/v1/ephemeral/pop",
-                                      {"queue": self.queue, "batch": str(batch)})
+        status, body = await http.request("GET", "/api/v1/ephemeral/pop?"
+                                          + urlencode({"queue": self.queue, "batch": batch}))
         if status != 200:
             return 0, False
         msgs = orjson.loads(body)["messages"]
         if not msgs:
             return 0, True
-        status, body = await http.post("/api/v1/ephemeral/ack", orjson.dumps({
+        status, body = await http.request("POST", "/api/v1/ephemeral/ack", orjson.dumps({
             "queue": self.queue, "acks": [{"id": m["id"]} for m in msgs]}))
         if status != 200:
             return 0, False
@@ -208,11 +159,11 @@ async def _push_cell(url: str, kind: _Kind, batch: int, connections: int, durati
     async def producer(i: int) -> None:
         nonlocal errors
         seq = 0
-        async with _Http(url) as http:
+        with closing(Http(url)) as http:
             while seq == 0 or time.monotonic() < stop:  # a request at least, however slow
                 path, body = kind.push_request(i, seq, batch)
                 t0 = time.perf_counter()
-                status, answer = await http.post(path, body)
+                status, answer = await http.request("POST", path, body)
                 times.append(time.perf_counter() - t0)
                 got = kind.pushed(status, answer)
                 errors += batch - got
@@ -235,10 +186,10 @@ async def _fill(url: str, kind: _Kind, n: int, connections: int) -> int:
     per = -(-n // connections)
 
     async def producer(i: int) -> None:
-        async with _Http(url) as http:
+        with closing(Http(url)) as http:
             while counts[i] < per:
                 path, body = kind.push_request(i, 1_000_000_000 + counts[i], 100)
-                status, answer = await http.post(path, body)
+                status, answer = await http.request("POST", path, body)
                 got = kind.pushed(status, answer)
                 if not got:
                     raise RuntimeError(f"filling {kind.kind}: {status} {answer[:300]!r}")
@@ -258,7 +209,7 @@ async def _pop_cell(url: str, kind: _Kind, batch: int, connections: int, duratio
     async def consumer(i: int) -> None:
         nonlocal errors
         empty = 0
-        async with _Http(url) as http:
+        with closing(Http(url)) as http:
             while (not times or time.monotonic() < stop) and empty < 2:
                 t0 = time.perf_counter()
                 got, ok = await kind.pop_ack(http, batch)
@@ -290,12 +241,14 @@ async def _run(url: str, dsn: str, args: argparse.Namespace, cpu: RoleCpu) -> li
     wal = _Wal(dsn)
     cells: list[Cell] = []
     tag = uuid.uuid4().hex[:6]
-    async with _Http(url) as http:
+    with closing(Http(url)) as http:
         for kind in ("durable", "ephemeral"):
             queue = f"bench-{kind}-{tag}"
             if kind == "ephemeral":
-                status, answer = await http.post("/api/v1/ephemeral/configure", orjson.dumps({
-                    "queue": queue, "options": {"maxLength": 10_000_000, "maxBytes": 1 << 30}}))
+                status, answer = await http.request(
+                    "POST", "/api/v1/ephemeral/configure", orjson.dumps({
+                        "queue": queue,
+                        "options": {"maxLength": 10_000_000, "maxBytes": 1 << 30}}))
                 if status != 201:
                     raise RuntimeError(f"configure: {status} {answer[:300]!r}")
             k = _Kind(kind, queue)
