@@ -74,9 +74,9 @@ async def set_maintenance(conn: psycopg.AsyncConnection[Any], kind: str,
 
 
 async def spool_view(conn: psycopg.AsyncConnection[Any], instance: str) -> dict[str, Any]:
-    """``queen.spool_view_v1``: the maintenance flags, the live spool holds and whether
+    """``queen.spool_view_v2``: the maintenance flags, the live spool holds and whether
     another instance listens, in one snapshot."""
-    cur = await conn.execute("SELECT queen.spool_view_v1(%s)", (instance,))
+    cur = await conn.execute("SELECT queen.spool_view_v2(%s)", (instance,))
     row = await cur.fetchone()
     assert row is not None
     return row[0]
@@ -85,10 +85,10 @@ async def spool_view(conn: psycopg.AsyncConnection[Any], instance: str) -> dict[
 async def spool_hold(conn: psycopg.AsyncConnection[Any], holder: str, episode: int,
                      oldest_us: int | None, ttl_ms: int, instance: str,
                      buckets: list[int] | None = None) -> dict[str, Any]:
-    """``queen.spool_hold_v1``: publish (``oldest_us``, and per bucket of partitions) or
+    """``queen.spool_hold_v2``: publish (``oldest_us``, and per bucket of partitions) or
     withdraw (None) the hold ``episode`` of ``holder`` (a spool directory); answers
     ``spool_view`` of ``instance`` read after the write, with the holders' buckets."""
-    cur = await conn.execute("SELECT queen.spool_hold_v1(%s, %s, %s, %s, %s, %s::int8[])",
+    cur = await conn.execute("SELECT queen.spool_hold_v2(%s, %s, %s, %s, %s, %s::int8[])",
                              (holder, oldest_us, ttl_ms, instance, episode, buckets))
     row = await cur.fetchone()
     assert row is not None

@@ -70,7 +70,7 @@ PUBLISH_TIMEOUT_S = 2.0
 
 #: ``publish(oldest_us or None, episode, buckets or None)``: the instance's hold row (None:
 #: withdraw the hold ``episode`` ended; ``buckets``: the oldest per bucket of partitions, the
-#: drain's); answers ``spool_view_v1`` and the other holders' buckets
+#: drain's); answers ``spool_view_v2`` and the other holders' buckets
 Publisher = Callable[[int | None, int, list[int] | None], Awaitable[dict[str, Any]]]
 
 

@@ -14,7 +14,7 @@ The same listener connection (one per front worker) also keeps the flags board
 switches whenever it (re)connects, and, about once a second, whichever listener of the instance
 finds the board's last re-read older than that re-reads it (the safety net for a lost
 notification). So every worker of every instance sees a change within a second. The re-read
-(``spool_view_v1``) and every notification also carry the other instances' spool holds
+(``spool_view_v2``) and every notification also carry the other instances' spool holds
 (queen_mp/front/spoolhold.py), which the listener writes to the board beside the switches.
 """
 
@@ -62,7 +62,7 @@ def publish_flags(board: FlagsBoard, doc: dict[str, Any], *, force: bool = False
 
 def publish_holds(board: FlagsBoard, doc: dict[str, Any], holder: str,
                   read_ms: int | None = None) -> None:
-    """Store what a ``spool_view_v1`` answer or a notification says of the other holders'
+    """Store what a ``spool_view_v2`` answer or a notification says of the other holders'
     spool holds (nothing if it says nothing of them); ``read_ms``: when that read was sent."""
     holds = doc.get("holds")
     if not isinstance(holds, list):

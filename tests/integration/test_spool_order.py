@@ -109,12 +109,12 @@ def test_a_producers_items_are_stored_in_its_order_across_maintenance(
 
 def hold_row(conn: psycopg.Connection, holder: str, oldest_us: int | None, episode: int,
              buckets: list[int] | None = None) -> dict:
-    return conn.execute("SELECT queen.spool_hold_v1(%s, %s, 10000, 'me', %s, %s::int8[])",
+    return conn.execute("SELECT queen.spool_hold_v2(%s, %s, 10000, 'me', %s, %s::int8[])",
                         (holder, oldest_us, episode, buckets)).fetchone()[0]
 
 
 def test_a_hold_row_is_withdrawn_only_by_the_hold_that_ended(fresh_db_dsn: str) -> None:
-    """queen.spool_hold_v1: a late withdrawal of an ended hold keeps the next one, a late
+    """queen.spool_hold_v2: a late withdrawal of an ended hold keeps the next one, a late
     refresh of an ended hold does not overwrite the next one, a heartbeat keeps the buckets
     of its own hold; the answer lists the live holds and their buckets."""
     with psycopg.connect(fresh_db_dsn, autocommit=True) as conn:

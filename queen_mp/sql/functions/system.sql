@@ -107,17 +107,19 @@ CREATE OR REPLACE TRIGGER system_settings_changed
 --   queen.spool_holds_v1() -> jsonb
 --       {"holds": [{"instance": holder, "oldestUs": int8}, ...]}: the live holds (expires_at
 --       not passed), as every queen_settings notification carries them.
---   queen.spool_view_v1(p_instance text) -> jsonb
+--   queen.spool_view_v2(p_instance text) -> jsonb
 --       maintenance_flags_v1() || spool_holds_v1() || {"peers": bool}: what a front
 --       worker's listener reads about once a second, in one snapshot, so an instance that
 --       learns that maintenance ended learns in the same read who still holds records;
---       "peers" is whether another instance's wake listener is connected (wake_peers_v1).
---   queen.spool_hold_v1(p_holder text, p_oldest_us int8, p_ttl_ms int, p_instance text,
+--       "peers" is whether another instance's wake listener is connected to this database
+--       (wake_peers_v2; v1 also counted listeners of other databases of the server, which
+--       made every front worker send NOTIFYs that reached nobody).
+--   queen.spool_hold_v2(p_holder text, p_oldest_us int8, p_ttl_ms int, p_instance text,
 --                       p_episode int8, p_buckets int8[]) -> jsonb
 --       upserts the holder's row for hold p_episode (a write of an earlier episode than the
 --       row's changes nothing), or with p_oldest_us NULL deletes it if its episode is not
 --       later than p_episode (the withdrawal of an ended hold never removes the next one,
---       whatever order the two writes commit in); then answers spool_view_v1(p_instance)
+--       whatever order the two writes commit in); then answers spool_view_v2(p_instance)
 --       read after the write, in a statement of its own, with "buckets": {holder: [int8]}
 --       of the live holds that published them (p_buckets: the oldest per bucket of
 --       partitions, a drain's; NULL keeps those of the same episode: what a drain published
@@ -142,21 +144,21 @@ LANGUAGE sql STABLE AS $$
     WHERE expires_at > now();
 $$;
 
-CREATE OR REPLACE FUNCTION queen.spool_view_v1(p_instance text)
+CREATE OR REPLACE FUNCTION queen.spool_view_v2(p_instance text)
 RETURNS jsonb
 LANGUAGE sql STABLE AS $$
     SELECT queen.maintenance_flags_v1() || queen.spool_holds_v1()
-           || jsonb_build_object('peers', queen.wake_peers_v1(p_instance));
+           || jsonb_build_object('peers', queen.wake_peers_v2(p_instance));
 $$;
 
-CREATE OR REPLACE FUNCTION queen.spool_hold_v1(p_holder text, p_oldest_us int8,
+CREATE OR REPLACE FUNCTION queen.spool_hold_v2(p_holder text, p_oldest_us int8,
                                                p_ttl_ms int, p_instance text, p_episode int8,
                                                p_buckets int8[])
 RETURNS jsonb
 LANGUAGE plpgsql AS $$
 BEGIN
     IF p_holder IS NULL OR p_episode IS NULL OR p_ttl_ms IS NULL OR p_ttl_ms < 1 THEN
-        RAISE EXCEPTION 'spool_hold_v1: holder, episode and a positive TTL are required'
+        RAISE EXCEPTION 'spool_hold_v2: holder, episode and a positive TTL are required'
             USING ERRCODE = '22023';
     END IF;
     IF p_oldest_us IS NULL THEN
@@ -176,7 +178,7 @@ BEGIN
     END IF;
     -- NOTE(sql): a statement of its own, so its snapshot comes after the version row lock the
     -- trigger took: a maintenance switch committed before this hold is seen here.
-    RETURN queen.spool_view_v1(p_instance) || jsonb_build_object('buckets', COALESCE(
+    RETURN queen.spool_view_v2(p_instance) || jsonb_build_object('buckets', COALESCE(
         (SELECT jsonb_object_agg(instance, to_jsonb(buckets)) FROM queen.spool_holds
          WHERE expires_at > now() AND buckets IS NOT NULL), '{}'::jsonb));
 END
@@ -213,34 +215,17 @@ BEGIN
 END
 $$;
 
--- Revision (old migration 105_wake_peers.sql): does any other broker instance listen for wake-ups?
---
--- Functions: queen.wake_peers_v1(text) -> boolean
---   true when a session of another instance LISTENs on queen_wake (its application_name is
---   'queen-mp wake listener <instance>', queen_mp/ipc/wakeup.py). A shard or front worker with no
---   peer skips its batched NOTIFY: that NOTIFY was a transaction every 5 ms per process under
---   load (most of the commits of a 1-item push benchmark), and each woke every listener
---   backend, for nobody. Asked again every couple of seconds, so a new instance is reached
---   within that delay (a pop parked meanwhile still ends at its deadline or lease hint).
--- Tables touched: pg_stat_activity (read). Lock order: none. SQLSTATEs raised: none.
-
-CREATE OR REPLACE FUNCTION queen.wake_peers_v1(p_instance text)
-RETURNS boolean
-LANGUAGE sql STABLE
-AS $$
-    SELECT EXISTS (
-        SELECT 1 FROM pg_stat_activity
-        WHERE application_name LIKE 'queen-mp wake listener %'
-          AND application_name <> left('queen-mp wake listener ' || p_instance, 63))
-$$;
-
--- Revision: does any other broker instance listen for wake-ups on this database?
+-- Does any other broker instance listen for wake-ups on this database?
 --
 -- Functions: queen.wake_peers_v2(text) -> boolean
---   As wake_peers_v1, counting only listeners connected to the current database: a NOTIFY
---   reaches nobody else, and a broker of another database on the same server made every
---   shard and front worker send its batched NOTIFY (a transaction every 5 ms each under
---   load) for no listener at all. wake_peers_v1 stays for spool_view_v1.
+--   true when a session of another instance, connected to the current database, LISTENs on
+--   queen_wake (its application_name is 'queen-mp wake listener <instance>',
+--   queen_mp/ipc/wakeup.py). A shard or front worker with no peer skips its batched NOTIFY:
+--   that NOTIFY was a transaction every 5 ms per process under load (most of the commits of a
+--   1-item push benchmark), and each woke every listener backend, for nobody. Asked again
+--   every couple of seconds, so a new instance is reached within that delay (a pop parked
+--   meanwhile still ends at its deadline or lease hint). v1 also counted listeners of other
+--   databases of the server, which a NOTIFY never reaches.
 -- Tables touched: pg_stat_activity (read). Lock order: none. SQLSTATEs raised: none.
 
 CREATE OR REPLACE FUNCTION queen.wake_peers_v2(p_instance text)
