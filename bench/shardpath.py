@@ -153,6 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warm", type=int, default=50)
     ap.add_argument("--segments", type=int, default=20, help="1-item groups per bundle")
     ap.add_argument("--partitions", type=int, default=1000)
+    ap.add_argument("--wake-notify", action="store_true",
+                    help="QUEEN_WAKE_NOTIFY on, as a broker runs by default (no other instance "
+                         "listens: the Waker learns that and sends nothing)")
     a = ap.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="queen-shardpath-", dir="/tmp"))
     tmp.chmod(0o755)
@@ -171,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(LIVE_SLOTS):
                 table.claim()
         env = {k: v for k, v in os.environ.items() if not k.startswith("QUEEN_")}
-        env.update({"QUEEN_PG_DSN": dsn, "QUEEN_DATA_DIR": str(tmp), "QUEEN_WAKE_NOTIFY": "0",
+        env.update({"QUEEN_PG_DSN": dsn, "QUEEN_DATA_DIR": str(tmp),
+                    "QUEEN_WAKE_NOTIFY": "1" if a.wake_notify else "0",
                     "QUEEN_LOG_LEVEL": "warning"})
         os.environ.clear()
         os.environ.update(env)

@@ -94,9 +94,15 @@ class Waker:
             return
         self.board.bump(buckets)
         if self.notify:
-            self._pending |= buckets
             if self._task is None or self._task.done():
-                self._task = asyncio.get_running_loop().create_task(self._send_soon())
+                loop = asyncio.get_running_loop()
+                # PERF(ipc): while "nobody else listens" is still believed, the NOTIFY would
+                # be dropped anyway: no task, no 5 ms timer, no connection check per commit
+                # (one each for most ack and push commits of a lone instance).
+                if not self._peers and loop.time() - self._peers_at < _PEERS_EVERY_S:
+                    return
+                self._task = loop.create_task(self._send_soon())
+            self._pending |= buckets
 
     async def _send_soon(self) -> None:
         await asyncio.sleep(_NOTIFY_EVERY_S)
