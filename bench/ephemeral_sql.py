@@ -12,7 +12,9 @@ figure the storage layout decides.
   (``queen.eph_push_v2``, as a front worker's ``EphemeralPushFusion`` sends them), each of 4
   pushes, one per partition;
 - ``pop+ack``: that queue popped in batches of ``--pop-batch`` (100), each batch acknowledged
-  by one call, until empty; by one group, and for pushes of 100 also by two groups in turn.
+  by one call, until empty; by one group, and for pushes of 100 also by two groups in turn,
+  and by one group in batches of 70 (``--odd-batch``): a delivery that is not one push's
+  messages, part of a chunk or runs of two, as a broker's pops of any other size make them.
 
 ``python -m bench.ephemeral_sql`` prints a Markdown table (CPU microseconds per message of the
 backend and of the cluster, and wall microseconds) from a private PostgreSQL cluster
@@ -168,9 +170,11 @@ def run(args: argparse.Namespace) -> list[Row]:
         try:
             apply_migrations(dsn)
             b = _Backend(dsn)
-            for batch, groups in ((1, 1), (100, 1), (100, 2)):
+            for batch, groups, pop_batch in ((1, 1, args.pop_batch), (100, 1, args.pop_batch),
+                                             (100, 2, args.pop_batch),
+                                             (100, 1, args.odd_batch)):
                 messages = args.messages // 4 if batch == 1 else args.messages
-                rows += _cell(b, batch, groups, messages, args.pop_batch)
+                rows += _cell(b, batch, groups, messages, pop_batch)
             b.conn.close()
         finally:
             drop_database(server_dsn, db_name(dsn))
@@ -193,6 +197,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          "(default: a private cluster started for the run)")
     ap.add_argument("--messages", type=int, default=40_000)
     ap.add_argument("--pop-batch", type=int, default=100)
+    ap.add_argument("--odd-batch", type=int, default=70,
+                    help="the pop batch of the last cell, that no push's size divides (70)")
     return ap.parse_args(argv)
 
 

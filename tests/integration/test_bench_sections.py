@@ -47,7 +47,8 @@ def test_the_sql_level_ephemeral_bench_drains_what_it_pushed(pg_server_dsn):
     assert [(r.op, r.batch, r.groups, r.msgs) for r in rows] == [
         ("push", 1, 1, 100), ("push x4", 1, 1, 100), ("pop+ack", 100, 1, 200),
         ("push", 100, 1, 400), ("push x4", 100, 1, 400), ("pop+ack", 100, 1, 800),
-        ("push", 100, 2, 400), ("pop+ack", 100, 2, 800)]
+        ("push", 100, 2, 400), ("pop+ack", 100, 2, 800),
+        ("push", 100, 1, 400), ("push x4", 100, 1, 400), ("pop+ack", 70, 1, 800)]
     assert all(r.cpu_us_per_msg >= 0 and r.wall_us_per_msg > 0 for r in rows), rows
     assert "| pop+ack | 100 | 2 | 800 |" in ephemeral_sql.render(rows)
 

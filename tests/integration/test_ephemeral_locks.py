@@ -259,6 +259,42 @@ def test_two_strikes_of_the_same_messages_count_each_out_once(connect):
     first.execute("SELECT queen.eph_delete_v1(%s, %s)", (tenant, q))  # no caller counted them
 
 
+@pytest.mark.parametrize("first_of", [0, 1])
+def test_two_acks_that_share_a_chunk_leave_it_deleted_and_count_each_message_once(connect,
+                                                                                  first_of):
+    """One group's acks of two deliveries of one chunk (4 and 6 of its 10 messages): the one
+    that waited for the chunk row sees what the other left, so the last one deletes the row
+    (each struck its part, and neither deleted it, when both decided on the row first read)."""
+    first, second, watch = connect(), connect(), connect()
+    tenant, q = uuid.uuid4(), f"locks-{uuid.uuid4().hex[:8]}"
+    push(first, tenant, q, "p", 10)
+    ids = []
+    for batch in (4, 6):
+        row = first.execute("SELECT messages::json FROM queen.eph_pop_v2(%s, %s, 'p', 'g', %s,"
+                            " false)", (tenant, q, batch)).fetchone()
+        assert row is not None and len(row[0]) == batch, row
+        ids.append([m["id"].split("-") for m in row[0]])
+    ack = ("SELECT outcomes FROM queen.eph_ack_v2(%s, %s, 'g', %s::text[], %s::int8[],"
+           " %s::int8[], %s::text[])")
+
+    def params(i: int) -> tuple[Any, ...]:
+        return (tenant, q, [e for e, _, _ in ids[i]], [int(s) for _, s, _ in ids[i]],
+                [int(d) for _, _, d in ids[i]], ["completed"] * len(ids[i]))
+
+    first.execute("BEGIN")
+    assert first.execute(ack, params(first_of)).fetchone() == (["acked"] * len(ids[first_of]),)
+    late = Call(second, ack, params(1 - first_of))
+    wait_for_lock(watch, late)
+    first.execute("COMMIT")
+    assert late.result() == (["acked"] * len(ids[1 - first_of]),)
+    left = first.execute("SELECT count(*) FROM queen.eph_chunks k JOIN queen.eph_partitions p"
+                         " ON p.id = k.pid WHERE p.tenant = %s AND p.queue = %s",
+                         (tenant, q)).fetchone()
+    assert left == (0,)
+    g = gauges(first, tenant, q)
+    assert (g["depth"], g["bytes"]) == (0, 0), g
+
+
 def test_a_pop_that_skips_a_delivery_due_at_once_answers_it_is_0_ms_away(connect):
     """A redelivery due at once ('-infinity') that another pop holds is skipped; the pop that
     got nothing answers wake_in_ms 0 for it (subtracting -infinity failed the pop)."""

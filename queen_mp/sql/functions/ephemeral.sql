@@ -1274,6 +1274,13 @@ DECLARE
     v_k int4;
     v_base int8;
     v_lo int4;
+    v_pid int8;
+    v_groups int8;
+    v_del int8[];
+    v_upd int8[];
+    v_upd_lo int4[];
+    v_upd_n int4[];
+    v_ok boolean;
     v_slot int2;  -- unused: see eph_count_v2
     r record;
 BEGIN
@@ -1285,28 +1292,69 @@ BEGIN
         DELETE FROM queen.eph_leases l
          WHERE l.tenant = p_tenant AND l.queue = p_queue AND l.grp = p_group
            AND l.dlv = p_dlvs[1] AND l.seqs = p_seqs
-        RETURNING l.partition INTO v_part;
+        RETURNING l.partition,
+                  (SELECT p.id FROM queen.eph_partitions p
+                    WHERE p.tenant = l.tenant AND p.queue = l.queue
+                      AND p.partition = l.partition),
+                  (SELECT count(*) FROM queen.eph_groups g
+                    WHERE g.tenant = l.tenant AND g.queue = l.queue)
+             INTO v_part, v_pid, v_groups;
         IF FOUND THEN
             outcomes := array_fill('acked'::text, ARRAY[cardinality(p_seqs)]);
             redelivered := 0;
             v_k := cardinality(p_seqs);
-            v_base := p_seqs[1] - p_seqs[1] % 256;
-            v_lo := (p_seqs[1] % 256)::int4;
-            -- PERF(eph): a run that fills what is left of its chunk, and the queue has one
-            -- group: the chunk row goes, in one statement (settle_v3 and strike_v1 took
-            -- five, and their calls two more). The delivery held every one of them, and
-            -- whatever drops a held message takes it out of its delivery first, so none is
-            -- gone yet; 'gone' is checked all the same. Otherwise the general way below.
             v_set_n := NULL;  -- also what INTO leaves when no row was deleted
-            IF p_seqs[v_k] - p_seqs[1] = v_k - 1 AND p_seqs[v_k] < v_base + 256 THEN
-                DELETE FROM queen.eph_chunks c USING queen.eph_partitions p
-                 WHERE p.tenant = p_tenant AND p.queue = p_queue AND p.partition = v_part
-                   AND c.pid = p.id AND c.base = v_base AND c.live = v_k
+            -- PERF(eph): with one group, the delivery's messages all go now (its cursor is past
+            -- them, no other delivery holds one, and whatever drops a held message takes it
+            -- out of its delivery first, so none is gone yet; 'gone' is checked all the
+            -- same), without a query per message. A run that fills what is left of its chunk:
+            -- the chunk row goes, in one statement (settle_v3 and strike_v1 took five, and
+            -- their calls two more).
+            IF v_groups = 1 AND p_seqs[v_k] - p_seqs[1] = v_k - 1
+               AND p_seqs[v_k] - p_seqs[v_k] % 256 = p_seqs[1] - p_seqs[1] % 256 THEN
+                v_base := p_seqs[1] - p_seqs[1] % 256;
+                v_lo := (p_seqs[1] % 256)::int4;
+                DELETE FROM queen.eph_chunks c
+                 WHERE c.pid = v_pid AND c.base = v_base AND c.live = v_k
                    AND NOT c.gone && int4multirange(int4range(v_lo, v_lo + v_k))
-                   AND (SELECT count(*) FROM queen.eph_groups g
-                         WHERE g.tenant = p_tenant AND g.queue = p_queue) = 1
                 RETURNING v_k, (SELECT sum(z.b) FROM unnest(c.sizes[v_lo + 1:v_lo + v_k]) AS z(b))
                      INTO v_set_n, v_set_b;
+            END IF;
+            -- PERF(eph): otherwise (part of a chunk, or runs of several: a pop's batch that
+            -- is not a push's, pushes of one message), still one group: the chunks locked in
+            -- one run, ascending, what each loses computed from the row as locked (as
+            -- strike_v1 does), then the emptied ones deleted and the others struck in one
+            -- statement; a run with a hole, or a message gone, goes the general way below
+            IF v_set_n IS NULL AND v_groups = 1 THEN
+                SELECT array_agg(x.base) FILTER (WHERE x.live = x.n),
+                       array_agg(x.base) FILTER (WHERE x.live <> x.n),
+                       array_agg(x.lo) FILTER (WHERE x.live <> x.n),
+                       array_agg(x.n) FILTER (WHERE x.live <> x.n),
+                       sum(x.n), sum(x.b), bool_and(x.ok)
+                  INTO v_del, v_upd, v_upd_lo, v_upd_n, v_set_n, v_set_b, v_ok
+                  FROM (SELECT w.base, c.live, w.lo, w.n,
+                               w.hi - w.lo + 1 = w.n
+                               AND NOT c.gone && int4multirange(int4range(w.lo, w.hi + 1)) AS ok,
+                               (SELECT sum(z.b) FROM unnest(c.sizes[w.lo + 1:w.hi + 1]) AS z(b))
+                               AS b
+                          FROM (SELECT u.s - u.s % 256 AS base, min(u.s % 256)::int4 AS lo,
+                                       max(u.s % 256)::int4 AS hi, count(*)::int4 AS n
+                                  FROM unnest(p_seqs) AS u(s) GROUP BY 1) w
+                          JOIN queen.eph_chunks c ON c.pid = v_pid AND c.base = w.base
+                         ORDER BY w.base FOR UPDATE OF c) x;
+                IF v_ok AND v_set_n = v_k THEN
+                    WITH d AS (DELETE FROM queen.eph_chunks c
+                                WHERE c.pid = v_pid AND c.base = ANY (v_del))
+                    UPDATE queen.eph_chunks c
+                       SET gone = c.gone + int4multirange(int4range(
+                                      v_upd_lo[array_position(v_upd, c.base)],
+                                      v_upd_lo[array_position(v_upd, c.base)]
+                                      + v_upd_n[array_position(v_upd, c.base)])),
+                           live = c.live - v_upd_n[array_position(v_upd, c.base)]
+                     WHERE c.pid = v_pid AND c.base = ANY (v_upd);
+                ELSE
+                    v_set_n := NULL;
+                END IF;
             END IF;
             IF v_set_n IS NULL THEN
                 SELECT s.n, s.bytes INTO v_set_n, v_set_b
