@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import time
+from collections.abc import Callable
 
-__all__ = ["fix_mmap_threshold", "freeze_startup_objects"]
+__all__ = ["HeapTrim", "fix_mmap_threshold", "freeze_startup_objects"]
 
 _M_MMAP_THRESHOLD = -3  # glibc's malloc.h
 # PERF(queen): a 1,000-item push allocates some 5,000 tracked objects (frames, items, results)
@@ -45,3 +47,41 @@ def freeze_startup_objects() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(_GEN0_THRESHOLD, *gc.get_threshold()[1:])
+
+
+class HeapTrim:
+    """Gives the C heap's free pages back to the kernel (glibc's ``malloc_trim``) at the first
+    quiet tick after the process worked.
+
+    PERF(memory): what a burst of requests freed stays in glibc's heap, between blocks still
+    in use, so it is never returned on its own (glibc trims only the heap's top): after 4 s of
+    1,000-item JSON pushes each front worker kept 6 MB more than before (37.4 -> 31.1 MB of
+    PSS once trimmed), and carried them into every later load. A trim walks the free lists
+    (about 1 ms in a front worker), so it runs only once a tick saw less than ``quiet_cpu_s``
+    of the process's CPU, once per quiet spell: never under load, where the pages would be
+    used again at once. Without glibc's ``malloc_trim`` (another C library) it does nothing.
+    """
+
+    __slots__ = ("_cpu", "_quiet", "_trim", "_worked")
+
+    def __init__(self, quiet_cpu_s: float = 0.02,
+                 trim: Callable[[int], int] | None = None) -> None:
+        self._trim = trim if trim is not None else getattr(ctypes.CDLL(None), "malloc_trim",
+                                                             None)
+        self._quiet = quiet_cpu_s
+        self._cpu = time.process_time()
+        self._worked = False
+
+    def tick(self) -> bool:
+        """Call it every second or so; True if it trimmed."""
+        cpu = time.process_time()
+        busy, self._cpu = cpu - self._cpu >= self._quiet, cpu
+        if busy:
+            self._worked = True
+            return False
+        if not self._worked or self._trim is None:
+            return False
+        self._worked = False
+        self._trim(0)
+        self._cpu = time.process_time()  # the trim's own CPU is not work
+        return True

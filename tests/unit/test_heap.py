@@ -1,5 +1,6 @@
 """The allocator policy: a fixed mmap threshold keeps large blocks out of the heap even after
-larger ones were freed (glibc's adaptive threshold would have risen past them)."""
+larger ones were freed (glibc's adaptive threshold would have risen past them), and the heap's
+free pages go back once a burst of work is over."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import textwrap
 
 import pytest
 
-from queen_mp.heap import fix_mmap_threshold
+from queen_mp import heap
+from queen_mp.heap import HeapTrim, fix_mmap_threshold
 
 # Frees a 4 MiB block (glibc's adaptive threshold then rises to 4 MiB), allocates 512 KiB and
 # prints how many blocks malloc has mapped on their own (mallinfo2().hblks).
@@ -65,3 +67,35 @@ def test_freezing_the_startup_objects_raises_only_the_young_generations_threshol
     assert out[0] == "700" and out[3] == "20000"  # CPython's default, then ours
     assert out[1:3] == out[4:6]  # the older generations keep theirs
     assert out[6] == "True"
+
+
+def _ticks(monkeypatch: pytest.MonkeyPatch, cpu_per_tick: list[float]) -> list[bool]:
+    """What ``HeapTrim.tick`` does over ticks that each saw that much CPU (a fake clock)."""
+    clock = [0.0]
+    monkeypatch.setattr(heap.time, "process_time", lambda: clock[0])
+    trims: list[int] = []
+    trim = HeapTrim(0.02, trims.append)
+    out = []
+    for cpu in cpu_per_tick:
+        clock[0] += cpu
+        did = trim.tick()
+        assert did == (len(trims) > sum(out))  # True exactly when it called malloc_trim
+        out.append(did)
+    assert set(trims) <= {0}
+    return out
+
+
+def test_the_heap_is_trimmed_once_at_the_first_quiet_tick_after_work(monkeypatch) -> None:
+    assert _ticks(monkeypatch, [0.5, 0.3, 0.001, 0.001, 0.4, 0.019, 0.0]) == [
+        False, False, True, False, False, True, False]
+
+
+def test_a_process_that_never_worked_is_never_trimmed(monkeypatch) -> None:
+    assert _ticks(monkeypatch, [0.001, 0.0, 0.01]) == [False, False, False]
+
+
+@pytest.mark.skipif(not _glibc(), reason="glibc's malloc only (malloc_trim)")
+def test_glibcs_malloc_trim_is_what_it_calls() -> None:
+    trim = HeapTrim(quiet_cpu_s=1e9)  # every tick is quiet
+    trim._worked = True
+    assert trim.tick() is True
