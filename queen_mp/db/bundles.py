@@ -44,7 +44,7 @@ from queen_mp.db.binarrays import (
 from queen_mp.db.calls import PUSH_MULTI, Segment, SegmentVerdict, segment_verdicts
 from queen_mp.db.connect import Conn, Dedicated
 from queen_mp.db.errors import DatabaseError, translate
-from queen_mp.db.prepared import Flight, PreparedCall, first_value
+from queen_mp.db.prepared import Channel, PreparedCall, first_value
 
 __all__ = ["BundleWriter", "PushBundle", "Segment", "SegmentVerdict", "StoredHashes",
            "bundle_params"]
@@ -94,11 +94,12 @@ class BundleWriter:
     """A fixed set of autocommit connections handed out one per bundle.
 
     PERF(queen): a bundle is sent by ``push`` and answered through a callback, from the
-    loop's poll of its connection's socket (``queen_mp.db.prepared.Flight``): no Task, no
-    future and no timer of its own. The statement deadline of every bundle in flight is
-    kept by one watchdog timer, armed for the oldest bundle's deadline when none is armed
-    (an ``asyncio.timeout`` cost 27k instructions a bundle, a Task 19k). A connection that
-    must (re)connect or prepare first takes the coroutine path, under ``Dedicated.run``.
+    loop's watch of its connection's socket (``queen_mp.db.prepared.Channel``, made once per
+    connection): no Task, no future and no timer of its own. The statement deadline of every
+    bundle in flight is kept by one watchdog timer, armed for the oldest bundle's deadline
+    when none is armed (an ``asyncio.timeout`` cost 27k instructions a bundle, a Task 19k).
+    A connection that must (re)connect or prepare first takes the coroutine path, under
+    ``Dedicated.run``.
     """
 
     def __init__(self, dsn: str, size: int, statement_timeout_ms: int,
@@ -114,6 +115,7 @@ class BundleWriter:
         self._idle = list(reversed(self._all))  # popped from the end: the first one first
         self._wanting: deque[Callable[[Dedicated], None]] = deque()
         self._flights: dict[_Bundle, None] = {}  # in flight, oldest (first deadline) first
+        self._channels: dict[Dedicated, Channel] = {}
         self._watchdog: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -177,21 +179,29 @@ class BundleWriter:
 
     def _start(self, db: Dedicated, params: list[bytes], n: int, done: Done) -> None:
         conn = db.usable()
+        channel = self._channels.get(db)
+        if channel is not None and (channel.closed or channel.conn is not conn):
+            channel.close()  # its connection was replaced, or spoke while idle
+            del self._channels[db]
+            channel = None
         if conn is None or not _PUSH.prepared(conn):
             self._spawn(self._push_slowly(db, params, n, done))
             return
         loop = asyncio.get_running_loop()
         try:
+            if channel is None:
+                channel = self._channels[db] = Channel(loop, conn)
             _PUSH.send(conn, params)
-        except psycopg.Error as ex:
+        except (psycopg.Error, OSError) as ex:
             self._release(db)
-            loop.call_soon(done, db.failed(ex))
+            loop.call_soon(done, db.failed(ex) if isinstance(ex, psycopg.Error)
+                           else translate(ex))
             return
-        call = _Bundle(self, db, conn, n, done, loop.time() + self.timeout_s)
+        call = _Bundle(self, db, channel, n, done, loop.time() + self.timeout_s)
         self._flights[call] = None
         if self._watchdog is None:
             self._watchdog = loop.call_at(call.deadline, self._expire)
-        call.flight = Flight(loop, conn, call.landed)
+        channel.call(call.landed)
 
     async def _push_slowly(self, db: Dedicated, params: list[bytes], n: int,
                            done: Done) -> None:
@@ -214,7 +224,7 @@ class BundleWriter:
         try:
             if isinstance(results, BaseException):
                 raise results
-            result = _verdicts(first_value(results, call.conn.pgconn), call.n)
+            result = _verdicts(first_value(results, call.channel.conn.pgconn), call.n)
         except psycopg.Error as ex:
             result = db.failed(ex)
         except DatabaseError as ex:
@@ -241,8 +251,7 @@ class BundleWriter:
                 self._watchdog = loop.call_at(call.deadline, self._expire)
                 return
             del flights[call]
-            if call.flight is not None:
-                call.flight.abandon()
+            call.channel.abandon()
             self._spawn(self._overrun(call))
 
     async def _overrun(self, call: _Bundle) -> None:
@@ -290,6 +299,9 @@ class BundleWriter:
         if self._watchdog is not None:
             self._watchdog.cancel()
             self._watchdog = None
+        for channel in self._channels.values():
+            channel.close()
+        self._channels.clear()
         for db in self._all:
             await db.drop()
 
@@ -297,17 +309,16 @@ class BundleWriter:
 class _Bundle:
     """One bundle in flight on a connection of the writer."""
 
-    __slots__ = ("conn", "db", "deadline", "done", "flight", "n", "writer")
+    __slots__ = ("channel", "db", "deadline", "done", "n", "writer")
 
-    def __init__(self, writer: BundleWriter, db: Dedicated, conn: Conn, n: int, done: Done,
-                 deadline: float) -> None:
+    def __init__(self, writer: BundleWriter, db: Dedicated, channel: Channel, n: int,
+                 done: Done, deadline: float) -> None:
         self.writer = writer
         self.db = db
-        self.conn = conn
+        self.channel = channel
         self.n = n
         self.done = done
         self.deadline = deadline
-        self.flight: Flight | None = None
 
     def landed(self, results: Any) -> None:
         self.writer._landed(self, results)

@@ -7,9 +7,9 @@ machinery around it (the query's conversion and dumpers, the prepared-statement 
 cursor's state and result handling) and its wait (a future and an interval timer per wait)
 came to a good part of the bundle's fixed cost on the shard. Here the statement is prepared
 once per connection under a name of ours; each call is ``PQsendQueryPrepared`` and psycopg's
-own result generator (``generators.execute``), stepped by a ``Flight`` from reader/writer
-callbacks on the socket. libpq still speaks the protocol, psycopg still reads the results and
-turns a failed one into its error class.
+own result generator (``generators.execute``), stepped by the connection's ``Channel`` from
+reader/writer callbacks on its socket. libpq still speaks the protocol, psycopg still reads
+the results and turns a failed one into its error class.
 
 The caller holds the connection alone (a ``Dedicated`` user), as psycopg's own lock would
 ensure: a connection is never shared with a cursor in the middle of a call.
@@ -18,17 +18,19 @@ ensure: a connection is never shared with a cursor in the middle of a call.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import psycopg
 from psycopg import errors as e
 from psycopg import generators, pq
-from psycopg.waiting import READY_R, READY_W, WAIT_R, WAIT_W
+from psycopg.waiting import READY_R, READY_W, WAIT_W
 
 from queen_mp.db.connect import Conn
 
-__all__ = ["Flight", "PreparedCall"]
+__all__ = ["Channel", "PreparedCall", "first_value", "one_result"]
 
 _TUPLES_OK = pq.ExecStatus.TUPLES_OK
 _COMMAND_OK = pq.ExecStatus.COMMAND_OK
@@ -85,67 +87,111 @@ def first_value(results: list[Any], pgconn: Any) -> bytes | None:
     return res.get_value(0, 0) if res.ntuples else None
 
 
-class Flight:
-    """The results of a statement just sent on ``conn``, read as the socket becomes ready:
-    ``landed(results)`` or ``landed(exception)``, once, from a loop callback (never from the
-    constructor). ``abandon`` stops watching (a deadline passed: the caller quarantines the
-    connection)."""
+class Channel:
+    """A connection's socket, watched by the loop for the connection's lifetime, through which
+    the results of its calls are read: ``call(landed)`` after a statement was sent, then
+    ``landed(results)`` or ``landed(exception)`` once, from a loop callback.
 
-    __slots__ = ("fd", "gen", "landed", "loop", "watching")
+    PERF(queen): uvloop's ``add_reader`` on a descriptor it does not watch yet builds its poll
+    handle through a caught KeyError whose traceback Cython makes, about 47k instructions,
+    and ``remove_reader`` drops the handle again: psycopg's wait paid that at every statement.
+    Here the watch is made once. It watches a duplicate of libpq's descriptor, so libpq
+    closing its own (a lost connection, ``PQfinish``) never leaves a closed descriptor
+    registered with libuv, which aborts on one. Input while no call is in flight (a notice,
+    the server going away, or another user of the connection) ends the watch (``closed``):
+    the connection's owner checks it (``quiet``) before its next use, and makes a new watch.
+    """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, conn: Conn, landed: Landed) -> None:
+    __slots__ = ("conn", "fd", "gen", "landed", "loop", "writing")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, conn: Conn) -> None:
         self.loop = loop
-        self.fd = conn.pgconn.socket
-        self.landed = landed
-        self.watching = 0
-        self.gen: Any = generators.execute(conn.pgconn)
-        # the first step flushes the statement; the socket is then watched for what it asks
+        self.conn = conn
+        self.gen: Any = None
+        self.landed: Landed | None = None
+        self.writing = False
+        self.fd = os.dup(conn.pgconn.socket)
         try:
-            self._watch(next(self.gen))
-        except StopIteration as ex:  # libpq had the results already (not seen in practice)
-            self.gen = None
-            loop.call_soon(landed, ex.value)
+            loop.add_reader(self.fd, self._readable)
+        except BaseException:
+            os.close(self.fd)
+            raise
+
+    @property
+    def closed(self) -> bool:
+        return self.fd < 0
+
+    def call(self, landed: Landed) -> None:
+        """Read the results of the statement just sent on the connection."""
+        self.landed = landed
+        self.gen = generators.execute(self.conn.pgconn)
+        try:
+            wait = next(self.gen)  # flushes the statement
+        except StopIteration as ex:  # never seen: results need a read
+            self._land(ex.value, soon=True)
+            return
         except Exception as ex:
-            self.gen = None
-            loop.call_soon(landed, ex)
+            self._land(ex, soon=True)
+            return
+        self._want_write(bool(wait & WAIT_W))
+
+    def _readable(self) -> None:
+        if self.gen is None:
+            self.close()
+        else:
+            self._step(READY_R)
+
+    def _writable(self) -> None:
+        if self.gen is not None:
+            self._step(READY_W)
 
     def _step(self, ready: int) -> None:
-        gen = self.gen
-        if gen is None:
-            return  # a callback queued in the same poll as the one that landed
         try:
-            wait = gen.send(ready)
+            wait = self.gen.send(ready)
         except StopIteration as ex:
-            self._finish()
-            self.landed(ex.value)
+            self._land(ex.value)
             return
         except Exception as ex:
-            self._finish()
-            self.landed(ex)
+            self._land(ex)
             return
-        self._watch(wait)
+        self._want_write(bool(wait & WAIT_W))
 
-    def _watch(self, wait: int) -> None:
-        was, loop = self.watching, self.loop
-        if wait == was:
-            return
-        if was & WAIT_R and not wait & WAIT_R:
-            loop.remove_reader(self.fd)
-        if was & WAIT_W and not wait & WAIT_W:
-            loop.remove_writer(self.fd)
-        if wait & WAIT_R and not was & WAIT_R:
-            loop.add_reader(self.fd, self._step, READY_R)
-        if wait & WAIT_W and not was & WAIT_W:
-            loop.add_writer(self.fd, self._step, READY_W)
-        self.watching = wait
+    def _want_write(self, want: bool) -> None:
+        if want != self.writing and self.fd >= 0:
+            if want:
+                self.loop.add_writer(self.fd, self._writable)
+            else:
+                self.loop.remove_writer(self.fd)
+            self.writing = want
 
-    def _finish(self) -> None:
-        self.gen = None
-        self._watch(0)
+    def _land(self, result: Any, *, soon: bool = False) -> None:
+        landed = self.landed
+        self.gen = self.landed = None
+        self._want_write(False)
+        if landed is not None:
+            if soon:
+                self.loop.call_soon(landed, result)
+            else:
+                landed(result)
 
     def abandon(self) -> None:
-        """Stop reading; ``landed`` will not be called."""
+        """Give up the call in flight (``landed`` is not called) and the watch."""
         gen = self.gen
+        self.gen = self.landed = None
         if gen is not None:
-            self._finish()
             gen.close()
+        self.close()
+
+    def close(self) -> None:
+        """Stop watching; close the duplicate descriptor."""
+        fd = self.fd
+        if fd < 0:
+            return
+        self.fd = -1
+        loop = self.loop
+        with contextlib.suppress(Exception):  # a loop already closed
+            loop.remove_reader(fd)
+            if self.writing:
+                loop.remove_writer(fd)
+        self.writing = False
+        os.close(fd)
