@@ -26,8 +26,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import orjson
 import psycopg
@@ -63,9 +62,11 @@ StoredHashes = list[tuple[int, float, bytes]]  # (base_offset, age in seconds, h
 Done = Callable[[Any], None]  # a bundle's verdicts (list[SegmentVerdict]) or its exception
 
 
-@dataclass(frozen=True)
-class PushBundle:
-    """Parallel arrays, one element per segment (= per partition) of the bundle."""
+class PushBundle(NamedTuple):
+    """Parallel arrays, one element per segment (= per partition) of the bundle.
+
+    PERF(queen): a NamedTuple, one a bundle: a frozen dataclass set its seven fields through
+    ``object.__setattr__``."""
 
     queues: Sequence[str]
     partitions: Sequence[str]
