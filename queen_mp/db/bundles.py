@@ -193,10 +193,10 @@ class BundleWriter:
             if channel is None:
                 channel = self._channels[db] = Channel(loop, conn)
             _PUSH.send(conn, params)
-        except (psycopg.Error, OSError) as ex:
+        except Exception as ex:  # the connection is given back whatever failed here
             self._release(db)
             loop.call_soon(done, db.failed(ex) if isinstance(ex, psycopg.Error)
-                           else translate(ex))
+                           else translate(ex) if isinstance(ex, OSError) else ex)
             return
         call = _Bundle(self, db, channel, n, done, loop.time() + self.timeout_s)
         self._flights[call] = None
