@@ -41,7 +41,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -109,6 +109,19 @@ def cpu_ticks(pids: list[int]) -> dict[int, int]:
             continue
         fields = stat[stat.rindex(b")") + 2:].split()
         out[pid] = int(fields[11]) + int(fields[12])
+    return out
+
+
+def shard_pids(pids: Iterable[int]) -> set[int]:
+    """The broker's shard processes among ``pids`` (named qmp-shard-N by their fork)."""
+    out = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/comm", "rb") as f:
+                if f.read().startswith(b"qmp-shard"):
+                    out.add(pid)
+        except OSError:
+            continue
     return out
 
 

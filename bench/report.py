@@ -99,6 +99,7 @@ COLUMNS: dict[str, tuple[str, Fmt]] = {
     "cpu_pg_all_s": ("CPU PG all s", _f2), "cpu_client_s": ("CPU client s", _f2),
     "cpu_other_s": ("CPU other s", _f2),
     "cpu_us_per_msg": ("CPU us/msg", _f1), "cpu_broker_us_per_msg": ("broker us/msg", _f1),
+    "cpu_shard_us_per_msg": ("shard us/msg", _f1),
     "cpu_pg_us_per_msg": ("PG us/msg", _f1), "cpu_client_us_per_msg": ("client us/msg", _f1),
     "busy_pct": ("busy %", _f1),
     "rss_peak_mb": ("RSS MB", _f1), "pss_peak_mb": ("PSS MB", _f1),

@@ -37,6 +37,7 @@ import uvloop
 from queen_mp.config import Config
 from queen_mp.db.embedded import EmbeddedPostgres
 from queen_mp.db.migrations import apply_migrations
+from queen_mp.heap import freeze_startup_objects
 from queen_mp.ipc import layout
 from queen_mp.ipc.doorbell import Doorbell
 from queen_mp.ipc.ring import Ring
@@ -120,6 +121,10 @@ class Driver:
         self.front = Front(rt, self.loop)
         self.plans = [bundle_records(b, a.segments, a.partitions)
                       for b in range(a.warm + a.bundles)]
+        # as Shard.run does once it is up: the collector's young generation at the shard's
+        # threshold, the startup objects out of its reach (at CPython's default threshold a
+        # tenth of the counted instructions were collections the shard does not make)
+        freeze_startup_objects()
 
     async def run(self, first: int, count: int) -> None:
         for b in range(first, first + count):

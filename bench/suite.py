@@ -101,6 +101,7 @@ from bench.push import (
     med,
     process_tree,
     queen_counters,
+    shard_pids,
 )
 from queen_mp.config import Config
 from queen_mp.db.embedded import EmbeddedPostgres
@@ -252,6 +253,12 @@ class Meter:
             broker, client = out["cpu_broker_s"], out["cpu_client_s"]
             pg = out["cpu_pg_all_s"] if self.arm in PG_ARMS else None
             out["cpu_broker_us_per_msg"] = broker * per if broker is not None else None
+            # the shard processes' part of the broker's (qmp-shard-N: shards/process.py)
+            shards = shard_pids(self.c1["broker"]) if self.c1["broker"] else set()
+            out["cpu_shard_us_per_msg"] = (
+                delta_cpu_s({p: t for p, t in self.c0["broker"].items() if p in shards},
+                            {p: t for p, t in self.c1["broker"].items() if p in shards}) * per
+                if shards else None)
             out["cpu_pg_us_per_msg"] = pg * per if pg is not None else None
             out["cpu_client_us_per_msg"] = client * per
             out["cpu_us_per_msg"] = sum(x for x in (broker, pg, client) if x is not None) * per
@@ -1281,8 +1288,8 @@ FIGURES = ("msgs_per_s", "pushed_per_s", "backlog_end", "requests_per_s", "p50_m
            "p999_ms", "commits_per_s", "msgs_per_commit", "wal_bytes_per_s",
            "wal_bytes_per_msg", "segs_per_commit",
            "cpu_broker_s", "cpu_pg_db_s", "cpu_pg_all_s", "cpu_client_s", "cpu_other_s",
-           "cpu_us_per_msg", "cpu_broker_us_per_msg", "cpu_pg_us_per_msg",
-           "cpu_client_us_per_msg",
+           "cpu_us_per_msg", "cpu_broker_us_per_msg", "cpu_shard_us_per_msg",
+           "cpu_pg_us_per_msg", "cpu_client_us_per_msg",
            "busy_pct", "rss_peak_mb", "pss_peak_mb", "errors", "missing", "max_ms")
 RATIO_FIGURES = ("msgs_per_s", "p50_ms", "p99_ms", "cpu_broker_s", "cpu_us_per_msg",
                  "commits_per_s", "wal_bytes_per_msg")

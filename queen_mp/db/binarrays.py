@@ -13,7 +13,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 from itertools import chain, repeat
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 from psycopg.adapt import Dumper
@@ -30,15 +30,20 @@ _NULL = _LEN.pack(-1)  # an element's length -1: NULL
 _INT4, _INT8, _TEXT, _BYTEA, _UUID = 23, 20, 25, 17, 2950  # element type oids
 _FIXED: dict[tuple[str, int], struct.Struct] = {}  # (element code, length) -> its layout
 _CACHED_SIZES = 256
+_TUPLE_NEW = tuple.__new__
 
 
-class Array:
-    """One array parameter already in its binary form, sent as is."""
+class Array(NamedTuple):
+    """One array parameter already in its binary form, sent as is.
 
-    __slots__ = ("data",)
+    PERF(queen): a NamedTuple made in C (``_array``): seven of them a push bundle, and a
+    class with an ``__init__`` ran a Python frame for each."""
 
-    def __init__(self, data: bytes) -> None:
-        self.data = data
+    data: bytes
+
+
+def _array(data: bytes) -> Array:
+    return _TUPLE_NEW(Array, (data,))  # type: ignore[no-any-return]
 
 
 class _ArrayDumper(Dumper):
@@ -61,7 +66,7 @@ def _varlen(oid: int, items: Sequence[bytes | None]) -> Array:
         parts.append(item)
     if nulls:
         parts[0] = _HEAD.pack(1, 1, oid, len(items), 1)
-    return Array(b"".join(parts))
+    return _array(b"".join(parts))
 
 
 def _fixed(oid: int, code: str, size: int, values: Sequence[int | None]) -> Array:
@@ -73,7 +78,7 @@ def _fixed(oid: int, code: str, size: int, values: Sequence[int | None]) -> Arra
         st = struct.Struct(">iiIii" + ("i" + code) * n)
         if n <= _CACHED_SIZES:
             _FIXED[(code, n)] = st
-    return Array(st.pack(1, 0, oid, n, 1, *chain.from_iterable(zip(repeat(size), values))))
+    return _array(st.pack(1, 0, oid, n, 1, *chain.from_iterable(zip(repeat(size), values))))
 
 
 def text_array(items: Sequence[str | None]) -> Array:

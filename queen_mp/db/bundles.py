@@ -24,12 +24,12 @@ A bundle's answer is decoded into one ``SegmentVerdict`` per segment (``queen_mp
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from typing import TypeVar
+from collections import deque
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any, NamedTuple, TypeVar
 
 import orjson
-from psycopg.types.json import set_json_loads
+import psycopg
 
 from queen_mp.db.binarrays import (
     Array,
@@ -42,8 +42,8 @@ from queen_mp.db.binarrays import (
 )
 from queen_mp.db.calls import PUSH_MULTI, Segment, SegmentVerdict, segment_verdicts
 from queen_mp.db.connect import Conn, Dedicated
-from queen_mp.db.cursors import fetch_one
-from queen_mp.db.errors import DatabaseError
+from queen_mp.db.errors import DatabaseError, translate
+from queen_mp.db.prepared import Channel, PreparedCall, first_value
 
 __all__ = ["BundleWriter", "PushBundle", "Segment", "SegmentVerdict", "StoredHashes",
            "bundle_params"]
@@ -54,12 +54,19 @@ _SEGMENT_AT = "SELECT * FROM queen.log_segment_at_v1(%s::int8, %s::int8)"
 _TXN_HASHES = ("SELECT * FROM queen.log_txn_hashes_v1(%b::int8[], %b::int8[], %b::int8[],"
                " %b::int4[])")
 
+# PERF(queen): the bundle's statement through libpq's prepared call (queen_mp/db/prepared.py),
+# not a cursor; the same text as the timer firer's, with numbered placeholders.
+_PUSH = PreparedCall("qmp_push_multi", PUSH_MULTI.replace("%b", "$%d") % tuple(range(1, 8)), 7)
+
 StoredHashes = list[tuple[int, float, bytes]]  # (base_offset, age in seconds, hashes)
+Done = Callable[[Any], None]  # a bundle's verdicts (list[SegmentVerdict]) or its exception
 
 
-@dataclass(frozen=True)
-class PushBundle:
-    """Parallel arrays, one element per segment (= per partition) of the bundle."""
+class PushBundle(NamedTuple):
+    """Parallel arrays, one element per segment (= per partition) of the bundle.
+
+    PERF(queen): a NamedTuple, one a bundle: a frozen dataclass set its seven fields through
+    ``object.__setattr__``."""
 
     queues: Sequence[str]
     partitions: Sequence[str]
@@ -79,18 +86,22 @@ def bundle_params(bundle: PushBundle) -> tuple[Array, ...]:
 
 
 def _configure(conn: Conn) -> None:
-    # PERF(queen): the bundle's answer is one jsonb array of a verdict per segment; orjson
-    # decodes it in 0.37 of json.loads' time (19 segments: 5.8 against 15.6 us), which more
-    # than pays for building the typed verdicts. Only these connections: their jsonb answers
-    # are the statement's own integers and strings.
-    set_json_loads(orjson.loads, conn)
-    # PERF(queen): the bundle's arrays, built by bundle_params: psycopg's dumpers of 7 lists
-    # of 18 segments took 26k instructions a message, a tenth of the shard's (callgrind).
+    # PERF(queen): the read-back's arrays, built by binarrays (psycopg's dumpers of lists ran
+    # Python per element). The bundle's own arrays go as bytes through ``_PUSH``.
     register_arrays(conn)
 
 
 class BundleWriter:
-    """A fixed set of autocommit connections handed out one per bundle."""
+    """A fixed set of autocommit connections handed out one per bundle.
+
+    PERF(queen): a bundle is sent by ``push`` and answered through a callback, from the
+    loop's watch of its connection's socket (``queen_mp.db.prepared.Channel``, made once per
+    connection): no Task, no future and no timer of its own. The statement deadline of every
+    bundle in flight is kept by one watchdog timer, armed for the oldest bundle's deadline
+    when none is armed (an ``asyncio.timeout`` cost 27k instructions a bundle, a Task 19k).
+    A connection that must (re)connect or prepare first takes the coroutine path, under
+    ``Dedicated.run``.
+    """
 
     def __init__(self, dsn: str, size: int, statement_timeout_ms: int,
                  application_name: str) -> None:
@@ -102,29 +113,156 @@ class BundleWriter:
                                statement_timeout_ms=statement_timeout_ms, prepare_threshold=0,
                                configure=_configure)
                      for _ in range(size)]  # each connects on first use
-        self._idle: asyncio.Queue[Dedicated] = asyncio.Queue()
-        for db in self._all:
-            self._idle.put_nowait(db)
+        self._idle = list(reversed(self._all))  # popped from the end: the first one first
+        self._wanting: deque[Callable[[Dedicated], None]] = deque()
+        self._flights: dict[_Bundle, None] = {}  # in flight, oldest (first deadline) first
+        self._channels: dict[Dedicated, Channel] = {}
+        self._watchdog: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # ------------------------------------------------------------------ connections
+    def _acquire(self, use: Callable[[Dedicated], None]) -> None:
+        if self._idle:
+            use(self._idle.pop())
+        else:
+            self._wanting.append(use)
+
+    def _release(self, db: Dedicated) -> None:
+        if self._wanting:
+            self._wanting.popleft()(db)
+        else:
+            self._idle.append(db)
 
     async def _run(self, work: Callable[[Conn], Awaitable[T]]) -> T:
-        db = await self._idle.get()
+        loop = asyncio.get_running_loop()
+        got: asyncio.Future[Dedicated] = loop.create_future()
+
+        def use(db: Dedicated) -> None:
+            if got.cancelled():
+                self._release(db)
+            else:
+                got.set_result(db)
+
+        self._acquire(use)
+        db = await got
         try:
             return await db.run(work)
         finally:
-            self._idle.put_nowait(db)
+            self._release(db)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ------------------------------------------------------------------ bundles
+    def push(self, bundle: PushBundle, done: Done) -> None:
+        """Send one bundle (one transaction for every segment); ``done`` gets one verdict per
+        segment in input order, or the exception it failed with (a ``DatabaseError``, or
+        anything else for a bug), once, from a loop callback."""
+        params = [a.data for a in bundle_params(bundle)]
+        n = len(bundle.queues)
+        self._acquire(lambda db: self._start(db, params, n, done))
 
     async def push_multi(self, bundle: PushBundle) -> list[SegmentVerdict]:
-        """One transaction for every segment; one verdict per segment, in input order."""
-        params = bundle_params(bundle)
-        n = len(bundle.queues)
+        """``push``, awaited."""
+        got: asyncio.Future[list[SegmentVerdict]] = asyncio.get_running_loop().create_future()
 
-        async def work(conn: Conn) -> list[SegmentVerdict]:
-            row = await fetch_one(conn, PUSH_MULTI, params, prepare=True)
-            if row is None:
-                raise DatabaseError("log_push_multi_v1 returned no row")
-            return segment_verdicts(row[0], n)
+        def done(result: list[SegmentVerdict] | Exception) -> None:
+            if not got.done():
+                if isinstance(result, list):
+                    got.set_result(result)
+                else:
+                    got.set_exception(result)
 
-        return await self._run(work)
+        self.push(bundle, done)
+        return await got
+
+    def _start(self, db: Dedicated, params: list[bytes], n: int, done: Done) -> None:
+        conn = db.usable()
+        channel = self._channels.get(db)
+        if channel is not None and (channel.closed or channel.conn is not conn):
+            channel.close()  # its connection was replaced, or spoke while idle
+            del self._channels[db]
+            channel = None
+        if conn is None or not _PUSH.prepared(conn):
+            self._spawn(self._push_slowly(db, params, n, done))
+            return
+        loop = asyncio.get_running_loop()
+        try:
+            if channel is None:
+                channel = self._channels[db] = Channel(loop, conn)
+            _PUSH.send(conn, params)
+        except Exception as ex:  # the connection is given back whatever failed here
+            self._release(db)
+            loop.call_soon(done, db.failed(ex) if isinstance(ex, psycopg.Error)
+                           else translate(ex) if isinstance(ex, OSError) else ex)
+            return
+        call = _Bundle(self, db, channel, n, done, loop.time() + self.timeout_s)
+        self._flights[call] = None
+        if self._watchdog is None:
+            self._watchdog = loop.call_at(call.deadline, self._expire)
+        channel.call(call.landed)
+
+    async def _push_slowly(self, db: Dedicated, params: list[bytes], n: int,
+                           done: Done) -> None:
+        """The first bundle of a connection: connect and prepare, under ``Dedicated.run``."""
+        try:
+            answer = await db.run(lambda conn: _PUSH.first(conn, params))
+            result: list[SegmentVerdict] | Exception = _verdicts(answer, n)
+        except Exception as ex:
+            result = ex
+        finally:
+            self._release(db)
+        done(result)
+
+    def _landed(self, call: _Bundle, results: Any) -> None:
+        if call not in self._flights:
+            return  # past its deadline: quarantined and answered
+        del self._flights[call]
+        db = call.db
+        result: list[SegmentVerdict] | Exception
+        try:
+            if isinstance(results, BaseException):
+                raise results
+            result = _verdicts(first_value(results, call.channel.conn.pgconn), call.n)
+        except psycopg.Error as ex:
+            result = db.failed(ex)
+        except DatabaseError as ex:
+            result = ex
+        except OSError as ex:
+            # NOTE(db): as Dedicated.run: the socket failed, the connection is not reused
+            self._spawn(db.drop())
+            result = translate(ex)
+        except Exception as ex:  # a bug: the caller logs it
+            result = ex
+        self._release(db)
+        call.done(result)
+
+    def _expire(self) -> None:
+        """Quarantine the connection of every bundle past its deadline; re-arm for the
+        oldest one left."""
+        self._watchdog = None
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        flights = self._flights
+        while flights:
+            call = next(iter(flights))
+            if call.deadline > now:
+                self._watchdog = loop.call_at(call.deadline, self._expire)
+                return
+            del flights[call]
+            call.channel.abandon()
+            self._spawn(self._overrun(call))
+
+    async def _overrun(self, call: _Bundle) -> None:
+        try:
+            error: Exception = await call.db.overrun()
+        except Exception as ex:
+            error = ex
+        finally:
+            self._release(call.db)
+        call.done(error)
 
     async def segments_at(self, lookups: Sequence[tuple[int, int]]) -> list[Segment | None]:
         """Covering segment of each (partition_id, offset); None where retention removed it."""
@@ -159,5 +297,37 @@ class BundleWriter:
         return await self._run(work)
 
     async def close(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+        for channel in self._channels.values():
+            channel.close()
+        self._channels.clear()
         for db in self._all:
             await db.drop()
+
+
+class _Bundle:
+    """One bundle in flight on a connection of the writer."""
+
+    __slots__ = ("channel", "db", "deadline", "done", "n", "writer")
+
+    def __init__(self, writer: BundleWriter, db: Dedicated, channel: Channel, n: int,
+                 done: Done, deadline: float) -> None:
+        self.writer = writer
+        self.db = db
+        self.channel = channel
+        self.n = n
+        self.done = done
+        self.deadline = deadline
+
+    def landed(self, results: Any) -> None:
+        self.writer._landed(self, results)
+
+
+def _verdicts(answer: bytes | None, n: int) -> list[SegmentVerdict]:
+    # PERF(queen): orjson decodes the jsonb answer in 0.37 of json.loads' time (19 segments:
+    # 5.8 against 15.6 us), which more than pays for building the typed verdicts.
+    if answer is None:
+        raise DatabaseError("log_push_multi_v1 returned no row")
+    return segment_verdicts(orjson.loads(answer), n)

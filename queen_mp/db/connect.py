@@ -37,7 +37,14 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from queen_mp.db.binarrays import register_arrays
-from queen_mp.db.errors import NotDurable, StatementError, StatementTimeout, emit, translate
+from queen_mp.db.errors import (
+    DatabaseError,
+    NotDurable,
+    StatementError,
+    StatementTimeout,
+    emit,
+    translate,
+)
 
 if TYPE_CHECKING:
     from psycopg_pool import AsyncConnectionPool
@@ -222,11 +229,16 @@ class Dedicated:
         self.configure = configure
         self._conn: Conn | None = None
 
-    async def _ready(self) -> Conn:
+    def usable(self) -> Conn | None:
+        """The connection if it is open and looks usable now (``quiet``), else None."""
         conn = self._conn
-        if conn is not None and quiet(conn):
-            return conn
+        return conn if conn is not None and quiet(conn) else None
+
+    async def _ready(self) -> Conn:
+        conn = self.usable()
         if conn is not None:
+            return conn
+        if self._conn is not None:
             await self.drop()  # closed by the server while idle (restart, failover)
         backstop = (int(self.timeout_s * 1000) + _BACKSTOP_MS) if self.timeout_s else None
         conn = await connect(self.dsn, application_name=self.application_name,
@@ -246,13 +258,9 @@ class Dedicated:
                 conn = await self._ready()
                 return await work(conn)
         except TimeoutError as ex:
-            await self.quarantine()
-            raise self._timed_out("statement") from ex
+            raise await self.overrun() from ex
         except psycopg.Error as ex:
-            conn = self._conn
-            if conn is not None and (conn.closed or conn.broken):
-                self._conn = None
-            raise translate(ex, commit_sent=commit_sent) from ex
+            raise self.failed(ex, commit_sent=commit_sent) from ex
         except OSError as ex:
             await self.drop()
             raise translate(ex, commit_sent=commit_sent) from ex
@@ -282,8 +290,19 @@ class Dedicated:
             async with asyncio.timeout(self.timeout_s):
                 return await statement
         except TimeoutError as ex:
-            await self.quarantine()
-            raise self._timed_out("statement") from ex
+            raise await self.overrun() from ex
+
+    async def overrun(self) -> StatementTimeout:
+        """A statement passed its deadline: quarantine the connection; the error to raise."""
+        await self.quarantine()
+        return self._timed_out("statement")
+
+    def failed(self, ex: psycopg.Error, *, commit_sent: bool = False) -> DatabaseError:
+        """psycopg's error of a statement, translated; a connection it broke is forgotten."""
+        conn = self._conn
+        if conn is not None and (conn.closed or conn.broken):
+            self._conn = None
+        return translate(ex, commit_sent=commit_sent)
 
     def _timed_out(self, what: str) -> StatementTimeout:
         emit("statement_timeout")

@@ -1,14 +1,17 @@
 """The shard's bundle writer (queen_mp/db/bundles.py) against PostgreSQL: the arrays it builds
-in binary form are the arrays psycopg's own dumpers send, and a bundle it writes is stored as
-given."""
+in binary form are the arrays psycopg's own dumpers send, a bundle it writes is stored as
+given, a bundle past its deadline is cancelled, and a connection the server ended is
+replaced."""
 
 from __future__ import annotations
 
 import asyncio
 import uuid
 
+import psycopg
 import pytest
 
+from queen_mp.db import errors as dberrors
 from queen_mp.db.binarrays import register_arrays
 from queen_mp.db.bundles import BundleWriter, PushBundle, bundle_params
 from queen_mp.db.errors import DatabaseError
@@ -86,3 +89,62 @@ def test_a_misaligned_bundle_is_refused_by_the_database(db_dsn):
 
     with pytest.raises(DatabaseError, match="misaligned"):
         asyncio.run(push())
+
+
+def _one(tag: str) -> PushBundle:
+    return PushBundle([f"bq-{tag}"], ["p"], [1], [uuid.uuid4().bytes], [0], [b"x" * 40],
+                      [bytes(16)])
+
+
+def test_a_bundle_past_its_deadline_is_cancelled_and_the_writer_goes_on(db, db_dsn):
+    """The writer's one watchdog keeps every bundle's deadline: a bundle stuck on a row lock
+    fails with StatementTimeout after its connection is cancelled and quarantined; the next
+    bundle gets a new connection and commits."""
+    tag = uuid.uuid4().hex[:8]
+    events: list[str] = []
+    dberrors.on_event(events.append)
+
+    async def run() -> tuple[BaseException, list]:
+        writer = BundleWriter(db_dsn, 1, 400, "test bundles deadline")
+        try:
+            first = await writer.push_multi(_one(tag))  # provisions the partition
+            with psycopg.connect(db_dsn) as holder:  # a transaction holding its row lock
+                holder.execute("SELECT 1 FROM queen.log_partitions WHERE id = %s FOR UPDATE",
+                               (first[0].partition_id,))
+                with pytest.raises(dberrors.StatementTimeout) as stuck:
+                    await writer.push_multi(_one(tag))
+            return stuck.value, await writer.push_multi(_one(tag))
+        finally:
+            await writer.close()
+
+    try:
+        error, after = asyncio.run(run())
+    finally:
+        dberrors.on_event(None)
+    assert "exceeded 0.4s" in str(error)
+    assert events == ["quarantine", "cancel_sent", "statement_timeout"]
+    assert [v.queued for v in after] == [True]
+    # the cancelled bundle wrote nothing: offsets 1 (first) and 2 (after)
+    assert after[0].base_offset == 2
+
+
+def test_a_connection_the_server_ended_while_idle_is_replaced(db, db_dsn):
+    """A bundle connection terminated by the server between bundles (a restart, a failover)
+    is noticed before the next bundle, which goes on a new connection."""
+    tag = uuid.uuid4().hex[:8]
+
+    async def run() -> list:
+        name = "test bundles idle end"
+        writer = BundleWriter(db_dsn, 1, 10_000, name)
+        try:
+            await writer.push_multi(_one(tag))
+            gone = "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
+            db.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                       " WHERE application_name = %s", (name,))
+            while db.execute(gone, (name,)).fetchone() != (0,):
+                await asyncio.sleep(0.01)  # until the backend has exited (and closed)
+            return await writer.push_multi(_one(tag))
+        finally:
+            await writer.close()
+
+    assert [v.queued for v in asyncio.run(run())] == [True]

@@ -1,0 +1,197 @@
+"""A hot statement sent through psycopg's libpq wrapper (``conn.pgconn``), not a cursor, and
+its answer awaited from the event loop's own poll, not a Task.
+
+Why: the push bundle is one prepared statement a commit, with parameters already in
+PostgreSQL's binary form (``queen_mp.db.binarrays``). Through a cursor, psycopg's Python
+machinery around it (the query's conversion and dumpers, the prepared-statement cache, the
+cursor's state and result handling) and its wait (a future and an interval timer per wait)
+came to a good part of the bundle's fixed cost on the shard. Here the statement is prepared
+once per connection under a name of ours; each call is ``PQsendQueryPrepared`` and psycopg's
+own result generator (``generators.execute``), stepped by the connection's ``Channel`` from
+reader/writer callbacks on its socket. libpq still speaks the protocol, psycopg still reads
+the results and turns a failed one into its error class.
+
+The caller holds the connection alone (a ``Dedicated`` user), as psycopg's own lock would
+ensure: a connection is never shared with a cursor in the middle of a call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import psycopg
+from psycopg import errors as e
+from psycopg import generators, pq
+from psycopg.waiting import READY_R, READY_W, WAIT_W
+
+from queen_mp.db.connect import Conn
+
+__all__ = ["Channel", "PreparedCall", "first_value", "one_result"]
+
+_TUPLES_OK = pq.ExecStatus.TUPLES_OK
+_COMMAND_OK = pq.ExecStatus.COMMAND_OK
+_FATAL_ERROR = pq.ExecStatus.FATAL_ERROR
+
+Landed = Callable[[Any], None]  # the results (a list of PGresult), or the exception raised
+
+
+class PreparedCall:
+    """One statement with ``$n`` placeholders, all of whose parameters go in binary."""
+
+    __slots__ = ("_attr", "_formats", "name", "sql")
+
+    def __init__(self, name: str, sql: str, nparams: int) -> None:
+        self.name = name.encode()
+        self.sql = sql.encode()
+        self._formats = [pq.Format.BINARY] * nparams
+        self._attr = f"_queen_prepared_{name}"  # set on a connection once prepared there
+
+    def prepared(self, conn: Conn) -> bool:
+        return getattr(conn, self._attr, False)
+
+    def send(self, conn: Conn, params: Sequence[bytes]) -> None:
+        """Queue the call on a connection where it is ``prepared`` (its results follow)."""
+        conn.pgconn.send_query_prepared(self.name, params, self._formats)
+
+    async def first(self, conn: Conn, params: Sequence[bytes]) -> bytes | None:
+        """Prepare if needed, call, and wait with psycopg's own wait: the first use of a
+        connection."""
+        pgconn = conn.pgconn
+        if not self.prepared(conn):
+            pgconn.send_prepare(self.name, self.sql)
+            one_result(await conn.wait(generators.execute(pgconn)), pgconn, _COMMAND_OK)
+            setattr(conn, self._attr, True)
+        self.send(conn, params)
+        return first_value(await conn.wait(generators.execute(pgconn)), pgconn)
+
+
+def one_result(results: list[Any], pgconn: Any, want: pq.ExecStatus = _TUPLES_OK) -> Any:
+    """The one result of a call, or psycopg's error for what the server said."""
+    if len(results) != 1:
+        raise e.InternalError(f"{len(results)} results for one statement")
+    res = results[0]
+    if res.status != want:
+        if res.status == _FATAL_ERROR:
+            raise e.error_from_result(res, encoding=pgconn._encoding)
+        raise psycopg.InterfaceError(f"unexpected result {pq.ExecStatus(res.status).name}")
+    return res
+
+
+def first_value(results: list[Any], pgconn: Any) -> bytes | None:
+    """The first column of the first row (text form; None for NULL or no row)."""
+    res = one_result(results, pgconn)
+    return res.get_value(0, 0) if res.ntuples else None
+
+
+class Channel:
+    """A connection's socket, watched by the loop for the connection's lifetime, through which
+    the results of its calls are read: ``call(landed)`` after a statement was sent, then
+    ``landed(results)`` or ``landed(exception)`` once, from a loop callback.
+
+    PERF(queen): uvloop's ``add_reader`` on a descriptor it does not watch yet builds its poll
+    handle through a caught KeyError whose traceback Cython makes, about 47k instructions,
+    and ``remove_reader`` drops the handle again: psycopg's wait paid that at every statement.
+    Here the watch is made once. It watches a duplicate of libpq's descriptor, so libpq
+    closing its own (a lost connection, ``PQfinish``) never leaves a closed descriptor
+    registered with libuv, which aborts on one. Input while no call is in flight (a notice,
+    the server going away, or another user of the connection) ends the watch (``closed``):
+    the connection's owner checks it (``quiet``) before its next use, and makes a new watch.
+    """
+
+    __slots__ = ("conn", "fd", "gen", "landed", "loop", "writing")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, conn: Conn) -> None:
+        self.loop = loop
+        self.conn = conn
+        self.gen: Any = None
+        self.landed: Landed | None = None
+        self.writing = False
+        self.fd = os.dup(conn.pgconn.socket)
+        try:
+            loop.add_reader(self.fd, self._readable)
+        except BaseException:
+            os.close(self.fd)
+            raise
+
+    @property
+    def closed(self) -> bool:
+        return self.fd < 0
+
+    def call(self, landed: Landed) -> None:
+        """Read the results of the statement just sent on the connection."""
+        self.landed = landed
+        self.gen = generators.execute(self.conn.pgconn)
+        try:
+            wait = next(self.gen)  # flushes the statement
+        except StopIteration as ex:  # never seen: results need a read
+            self._land(ex.value, soon=True)
+            return
+        except Exception as ex:
+            self._land(ex, soon=True)
+            return
+        self._want_write(bool(wait & WAIT_W))
+
+    def _readable(self) -> None:
+        if self.gen is None:
+            self.close()
+        else:
+            self._step(READY_R)
+
+    def _writable(self) -> None:
+        if self.gen is not None:
+            self._step(READY_W)
+
+    def _step(self, ready: int) -> None:
+        try:
+            wait = self.gen.send(ready)
+        except StopIteration as ex:
+            self._land(ex.value)
+            return
+        except Exception as ex:
+            self._land(ex)
+            return
+        self._want_write(bool(wait & WAIT_W))
+
+    def _want_write(self, want: bool) -> None:
+        if want != self.writing and self.fd >= 0:
+            if want:
+                self.loop.add_writer(self.fd, self._writable)
+            else:
+                self.loop.remove_writer(self.fd)
+            self.writing = want
+
+    def _land(self, result: Any, *, soon: bool = False) -> None:
+        landed = self.landed
+        self.gen = self.landed = None
+        self._want_write(False)
+        if landed is not None:
+            if soon:
+                self.loop.call_soon(landed, result)
+            else:
+                landed(result)
+
+    def abandon(self) -> None:
+        """Give up the call in flight (``landed`` is not called) and the watch."""
+        gen = self.gen
+        self.gen = self.landed = None
+        if gen is not None:
+            gen.close()
+        self.close()
+
+    def close(self) -> None:
+        """Stop watching; close the duplicate descriptor."""
+        fd = self.fd
+        if fd < 0:
+            return
+        self.fd = -1
+        loop = self.loop
+        with contextlib.suppress(Exception):  # a loop already closed
+            loop.remove_reader(fd)
+            if self.writing:
+                loop.remove_writer(fd)
+        self.writing = False
+        os.close(fd)
