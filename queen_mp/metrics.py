@@ -191,16 +191,6 @@ class Tally:
                 gauge.set(value)
 
 
-def _multiprocess(value: Any) -> bool:
-    return bool(getattr(value, "_multiprocess", False))
-
-
-def _write(value: Any, amount: float) -> None:
-    """``value.inc(amount)`` of a multiprocess value, without its lock and pid check."""
-    value._value += amount
-    value._file.write_value(value._key, value._value, 0.0)
-
-
 class Metrics:
     """The broker's metric families; one instance per process."""
 
@@ -320,28 +310,6 @@ class Metrics:
         # broker would miss the request families it itself is about to add
         self.http_requests.labels(_SCRAPE_ROUTE, "200")
         self.http_latency.labels(_SCRAPE_ROUTE)
-
-    def bundle_committed(self, segments: int, frames: int) -> None:
-        """A push bundle's four figures (shards/fusion.py), written at once.
-
-        PERF(metrics): prometheus_client's multiprocess ``inc`` takes a lock, checks the pid
-        and makes four Python calls to pack one value into the process's mmap file, about 9k
-        instructions; a bundle made five such writes (commits, segments, frames, and the
-        histogram's sum and bucket). Here each value's slot is written through its file
-        directly (``_write``). A shard builds its metrics after its fork and never forks
-        again, which is what the client's pid check is for."""
-        h = self.fusion_items_per_batch
-        if not _multiprocess(h._sum):
-            self.fusion_commits.inc()
-            self.fusion_segments.inc(segments)
-            self.batch_items_fired.inc(frames)
-            h.observe(frames)
-            return
-        _write(self.fusion_commits._value, 1)
-        _write(self.fusion_segments._value, segments)
-        _write(self.batch_items_fired._value, frames)
-        _write(h._sum, frames)
-        _write(h._buckets[bisect_left(h._upper_bounds, frames)], 1)
 
     def db_event(self, event: str) -> None:
         """A database event (queen_mp/db/errors.py ``on_event``): counted at the turn's end."""

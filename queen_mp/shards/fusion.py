@@ -374,6 +374,8 @@ class PushFusion:
         frames = sum(s.count for s in segments)
         self._commits += 1
         self._segments += len(segments)
+        self.metrics.fusion_commits.inc()
+        self.metrics.fusion_segments.inc(len(segments))
         dup_lookups: list[tuple[Segment, int, int, int]] = []  # seg, k, pid, original offset
         stored: set[tuple[bytes, str]] = set()  # (tenant, queue) that got new messages
         for seg, res in zip(segments, results, strict=True):
@@ -399,7 +401,8 @@ class PushFusion:
                 frames -= seg.count
                 for k, off in res.duplicates:
                     dup_lookups.append((seg, k, pid, off))
-        self.metrics.bundle_committed(len(segments), frames)
+        self.metrics.batch_items_fired.inc(frames)
+        self.metrics.fusion_items_per_batch.observe(frames)
         if self.stored is not None and stored:
             self.stored(stored)
         return dup_lookups
