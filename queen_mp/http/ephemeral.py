@@ -55,7 +55,7 @@ from queen_mp.wire.binary_push import check_queue_name
 
 __all__ = ["EphAckResource", "EphConfigureResource", "EphDepthResource", "EphPopResource",
            "EphPushResource", "EphQueueResource", "EphQueuesResource", "EphResetResource",
-           "QueueFull", "QueueNotFound", "add_routes"]
+           "QueueFull", "QueueNotFound", "ack_results", "add_routes"]
 
 
 class QueueNotFound(ApiError):
@@ -255,10 +255,10 @@ class EphAckResource(_PostResource):
             ack.deliveries))
         if out.redelivered:
             self.wake(tenant, ack.queue)
-        return Answer(200, _results(ack, out.outcomes))
+        return Answer(200, ack_results(ack, out.outcomes))
 
 
-def _results(ack: model.Ack, outcomes: list[str]) -> bytes:
+def ack_results(ack: model.Ack, outcomes: list[str]) -> bytes:
     """``{"results": [{id, outcome}]}``. PERF(eph): ids of ours (hex digits, digits and
     dashes) and the outcomes' words need no escaping, so the usual answer is joined as text;
     a dict per id and orjson cost an ack of 100 about 170k instructions, the join 15k
