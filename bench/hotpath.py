@@ -10,6 +10,8 @@ database, the CPU work a request costs the broker between its sockets:
 - ``pop100``: a 100-message claim rendered as JSON (with the lease's hashes);
 - ``ack100``: a 100-acknowledgment batch body parsed, its fast-path request packed and
   unpacked, and the answer rendered;
+- ``ephack100``: the front worker's share of an ephemeral ack of 100 ids (one delivery's, as
+  popped): the body parsed, the call's lists joined as they are sent, the answer rendered;
 - ``qpb1k``: the front worker's share of a 1,000-item binary push (QPB1 frames mode, 10
   partitions, one zstd frame each, as bench/loadgen.py ``--format qpb1`` sends): the body
   parsed and checked, and the 201 answer rendered from its results (the client's zstd frames
@@ -44,8 +46,10 @@ from queen_mp.front.acks import AckOutcome
 from queen_mp.front.delivery import json_messages
 from queen_mp.front.ingest import ItemResult, pieces_of
 from queen_mp.http.ack import AckBatchResource
+from queen_mp.http.ephemeral import ack_results
 from queen_mp.http.push import parse_binary, parse_json_push, render_items
 from queen_mp.ipc.ring import Ring
+from queen_mp.models.ephemeral import parse_ack
 from queen_mp.shards.fusion import Entry, build_segment
 from queen_mp.wire.binary_push import QPB1_MAGIC
 from queen_mp.wire.frames import pack_chunk_raw, pack_frame, zstd_compress
@@ -190,6 +194,22 @@ class AckPath:
         return orjson.dumps([o.to_json() for o in outcomes])
 
 
+class EphAckPath:
+    """An ephemeral ack of ``count`` ids of one delivery: parsed, its lists joined as
+    ``ephemeral_procs.ack`` sends them, every id answered acked."""
+
+    def __init__(self, count: int) -> None:
+        self.body = orjson.dumps({"queue": "hot.q", "acks": [
+            {"id": f"0123456789abcdef-{1_000_000 + i}-555555"} for i in range(count)]})
+        self.outcomes = ["acked"] * count
+
+    def __call__(self) -> bytes:
+        ack = parse_ack(orjson.loads(self.body))
+        for part in (ack.epochs, ack.seqs, ack.deliveries, ack.statuses):
+            ",".join(part)
+        return ack_results(ack, self.outcomes)
+
+
 def compiled_modules() -> dict[str, bool]:
     """Each hot module: True when it was loaded from a compiled extension."""
     return {name: not importlib.import_module(name).__file__.endswith(".py")  # type: ignore[union-attr]
@@ -215,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         known: dict[str, Callable[[], bytes]] = {
             "push1": PushPath(1, 1, ring), "push100": PushPath(100, 10, ring),
-            "pop100": PopPath(100), "ack100": AckPath(100), "qpb1k": Qpb1Path(1000, 10)}
+            "pop100": PopPath(100), "ack100": AckPath(100), "ephack100": EphAckPath(100),
+            "qpb1k": Qpb1Path(1000, 10)}
         for name in a.workloads.split(","):
             work = known[name]
             work()  # warm: lazily built tables and caches are not the per-request cost

@@ -26,7 +26,6 @@ __all__ = ["Array", "bytea_array", "int4_array", "int8_array", "register_arrays"
 # each element is its length and its bytes (big-endian integers, UTF-8 text, uuid's 16 bytes).
 _HEAD = struct.Struct(">iiIii")
 _LEN = struct.Struct(">i")
-_NULL = _LEN.pack(-1)  # an element's length -1: NULL
 _INT4, _INT8, _TEXT, _BYTEA, _UUID = 23, 20, 25, 17, 2950  # element type oids
 _FIXED: dict[tuple[str, int], struct.Struct] = {}  # (element code, length) -> its layout
 _CACHED_SIZES = 256
@@ -53,26 +52,17 @@ class _ArrayDumper(Dumper):
         return obj.data
 
 
-def _varlen(oid: int, items: Sequence[bytes | None]) -> Array:
+def _varlen(oid: int, items: Sequence[bytes]) -> Array:
     parts = [_HEAD.pack(1, 0, oid, len(items), 1)]
     pack = _LEN.pack
-    nulls = 0
     for item in items:
-        if item is None:
-            parts.append(_NULL)
-            nulls = 1
-            continue
         parts.append(pack(len(item)))
         parts.append(item)
-    if nulls:
-        parts[0] = _HEAD.pack(1, 1, oid, len(items), 1)
     return _array(b"".join(parts))
 
 
-def _fixed(oid: int, code: str, size: int, values: Sequence[int | None]) -> Array:
+def _fixed(oid: int, code: str, size: int, values: Sequence[int]) -> Array:
     n = len(values)
-    if None in values:  # NOTE(db): only the ephemeral ack's arrays hold NULLs
-        return _varlen(oid, [None if v is None else struct.pack(">" + code, v) for v in values])
     st = _FIXED.get((code, n))
     if st is None:
         st = struct.Struct(">iiIii" + ("i" + code) * n)
@@ -81,8 +71,8 @@ def _fixed(oid: int, code: str, size: int, values: Sequence[int | None]) -> Arra
     return _array(st.pack(1, 0, oid, n, 1, *chain.from_iterable(zip(repeat(size), values))))
 
 
-def text_array(items: Sequence[str | None]) -> Array:
-    return _varlen(_TEXT, [None if t is None else t.encode() for t in items])
+def text_array(items: Sequence[str]) -> Array:
+    return _varlen(_TEXT, [t.encode() for t in items])
 
 
 def bytea_array(items: Sequence[bytes]) -> Array:
@@ -98,7 +88,7 @@ def int4_array(values: Sequence[int]) -> Array:
     return _fixed(_INT4, "i", 4, values)
 
 
-def int8_array(values: Sequence[int | None]) -> Array:
+def int8_array(values: Sequence[int]) -> Array:
     return _fixed(_INT8, "q", 8, values)
 
 

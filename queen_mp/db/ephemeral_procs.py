@@ -50,7 +50,7 @@ class PopOutcome:
 
 @dataclass(frozen=True, slots=True)
 class AckOutcome:
-    results: list[dict[str, Any]]  # [{id, outcome}] in input order
+    outcomes: list[str]  # per id, in input order: acked | redelivered | stale | unknown
     redelivered: int  # how many became claimable again (wake parked pops)
 
 
@@ -83,12 +83,12 @@ def _tenant(tenant: bytes) -> uuid.UUID:
     return uuid.UUID(bytes=tenant)
 
 
-# PERF(eph): the array parameters (a push's payloads, an ack's ids) go in PostgreSQL's binary
+# PERF(eph): the array parameters (a push's payloads) go in PostgreSQL's binary
 # form (queen_mp/db/binarrays.py; the pool's connections send them, db/connect.py). psycopg's
 # own list dumper escaped every element of a text array through a regular expression: 1.76 ms
 # of a front worker's CPU for a push of 100 200-byte payloads (17.6 us per message, two thirds
-# of the broker's CPU of the push route), 0.55 ms for an ack of 100 ids, against about 0.05 ms
-# per array built in binary (timeit, loaded machine).
+# of the broker's CPU of the push route), against about 0.05 ms per array built in binary
+# (timeit, loaded machine). An ack's ids go as text instead (``ack``).
 
 
 async def configure(conn: Conn, tenant: bytes, queue: str, opts: dict[str, Any]
@@ -141,18 +141,22 @@ async def pop(conn: Conn, tenant: bytes, queue: str, partition: str | None, grou
     return PopOutcome(row[0].encode(), int(row[1]), row[2], int(row[3]), int(row[4]))
 
 
-async def ack(conn: Conn, tenant: bytes, queue: str, group: str, ids: Sequence[str],
-              statuses: Sequence[str], epochs: Sequence[str | None],
-              seqs: Sequence[int | None], deliveries: Sequence[int | None]) -> AckOutcome:
-    """``ids`` parsed by ``models.ephemeral.parse_id`` into ``epochs``, ``seqs``,
-    ``deliveries``."""
-    row = await _one(conn, "SELECT outcomes, redelivered "
-                           "FROM queen.eph_ack_v2(%s, %s, %s, %b::text[], %b::int8[], %b::int8[], "
-                           "%b::text[])",
-                     (_tenant(tenant), queue, group, text_array(epochs), int8_array(seqs),
-                      int8_array(deliveries), text_array(statuses)), writes=True)
-    return AckOutcome([{"id": i, "outcome": o} for i, o in zip(ids, row[0], strict=True)],
-                      int(row[1]))
+async def ack(conn: Conn, tenant: bytes, queue: str, group: str, statuses: Sequence[str],
+              epochs: Sequence[str], seqs: Sequence[str], deliveries: Sequence[str]
+              ) -> AckOutcome:
+    """The ids parsed as ``models.ephemeral.Ack`` holds them ('' where an id is not ours).
+
+    PERF(eph): the lists go as comma-separated text, split and cast by PostgreSQL
+    (``string_to_array``, '' read as NULL; none of their elements has a comma): Python built
+    no int and no array element for them (an ack of 100 cost the front worker 0.6 us a
+    message in ``int()`` and the binary arrays)."""
+    row = await _one(conn, "SELECT outcomes, redelivered FROM queen.eph_ack_v2(%s, %s, %s, "
+                           "string_to_array(%s, ',', ''), "
+                           "string_to_array(%s, ',', '')::int8[], "
+                           "string_to_array(%s, ',', '')::int8[], string_to_array(%s, ','))",
+                     (_tenant(tenant), queue, group, ",".join(epochs), ",".join(seqs),
+                      ",".join(deliveries), ",".join(statuses)), writes=True, binary=True)
+    return AckOutcome(row[0], int(row[1]))
 
 
 async def reset(conn: Conn, tenant: bytes, queue: str) -> int:

@@ -55,7 +55,7 @@ from queen_mp.wire.binary_push import check_queue_name
 
 __all__ = ["EphAckResource", "EphConfigureResource", "EphDepthResource", "EphPopResource",
            "EphPushResource", "EphQueueResource", "EphQueuesResource", "EphResetResource",
-           "QueueFull", "QueueNotFound", "add_routes"]
+           "QueueFull", "QueueNotFound", "ack_results", "add_routes"]
 
 
 class QueueNotFound(ApiError):
@@ -251,11 +251,26 @@ class EphAckResource(_PostResource):
         if not ack.ids:
             return Answer(200, orjson.dumps({"results": []}))
         out = await call_db(self.worker.pool, lambda conn: ephemeral_procs.ack(
-            conn, tenant, ack.queue, ack.group, ack.ids, ack.statuses, ack.epochs, ack.seqs,
+            conn, tenant, ack.queue, ack.group, ack.statuses, ack.epochs, ack.seqs,
             ack.deliveries))
         if out.redelivered:
             self.wake(tenant, ack.queue)
-        return Answer(200, orjson.dumps({"results": out.results}))
+        return Answer(200, ack_results(ack, out.outcomes))
+
+
+def ack_results(ack: model.Ack, outcomes: list[str]) -> bytes:
+    """``{"results": [{id, outcome}]}``. PERF(eph): ids of ours (hex digits, digits and
+    dashes) and the outcomes' words need no escaping, so the usual answer is joined as text;
+    a dict per id and orjson cost an ack of 100 about 170k instructions, the join 15k
+    (callgrind)."""
+    if "" in ack.epochs:  # an id that is not ours may need escaping
+        return orjson.dumps({"results": [{"id": i, "outcome": o}
+                                         for i, o in zip(ack.ids, outcomes, strict=True)]})
+    if outcomes.count("acked") == len(outcomes):
+        return b'{"results":[{"id":"%s","outcome":"acked"}]}' % (
+            '","outcome":"acked"},{"id":"'.join(ack.ids).encode())
+    return ('{"results":[' + ",".join(map('{{"id":"{}","outcome":"{}"}}'.format, ack.ids,
+                                          outcomes)) + "]}").encode()
 
 
 class EphQueuesResource(_Resource):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 from queen_mp.models.errors import InvalidRequest, RequestError
@@ -54,6 +55,7 @@ MAX_ID_CHARS = 64  # an ack's id (the broker's are ~40)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 POLICIES = ("reject", "dropOldest")
 ACK_STATUSES = ("completed", "failed", "retry")
+_STATUSES = frozenset(ACK_STATUSES)
 #: option -> (minimum, maximum) of the integer options; 0 on maxBytes, maxLength and
 #: leaseSeconds means "the default", on ttlSeconds "no age limit", on retryLimit "never
 #: redeliver".
@@ -121,10 +123,12 @@ class Ack:
     group: str
     ids: tuple[str, ...]
     statuses: tuple[str, ...]  # one of ACK_STATUSES per id
-    # each id parsed (``parse_id``): None where it is not a message id
-    epochs: tuple[str | None, ...]
-    seqs: tuple[int | None, ...]
-    deliveries: tuple[int | None, ...]
+    # each id's parts as ``parse_id`` reads them, the seq and delivery as their decimal digits
+    # (they go to PostgreSQL as text: Python's int() of each cost an ack of 100 a fifth of
+    # its parse); '' where the id is not a message id
+    epochs: tuple[str, ...]
+    seqs: tuple[str, ...]
+    deliveries: tuple[str, ...]
 
 
 _HEX = frozenset("0123456789abcdef")
@@ -296,11 +300,52 @@ def parse_ack(doc: Any) -> Ack:
     if len(acks) > MAX_ACKS:
         raise InvalidRequest(f"{len(acks)} acks, over {MAX_ACKS} per call", field="acks",
                              limit=MAX_ACKS)
+    return Ack(queue, group, *(_our_acks(acks) or _acks(acks)))
+
+
+_Parsed = tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], tuple[str, ...],
+                tuple[str, ...]]
+
+
+def _our_acks(acks: list[Any]) -> _Parsed | None:
+    """The usual acks, every id one of ours (a delivery's, as popped), parsed a list at a time;
+    None when any is not (``_acks`` then reads them one by one, and says what is wrong).
+
+    PERF(eph): ``_acks`` took 12.3k instructions an ack of 100 such (callgrind), a third of
+    the front worker's CPU of the ack route past the sockets; the ids are split as one string
+    here, so Python runs no code per id."""
+    n = len(acks)
+    try:
+        ids = [a["id"] for a in acks]
+        parts = "-".join(ids).split("-")
+    except (TypeError, KeyError):  # not an object, no id, or an id that is not a string
+        return None
+    # each id has exactly two dashes: with its neighbours' it could split into 3n parts as well
+    if not n or len(parts) != 3 * n or list(map(str.count, ids, repeat("-"))).count(2) != n:
+        return None
+    epochs, seqs, dlvs = parts[0::3], parts[1::3], parts[2::3]
+    digits = "".join(seqs) + "".join(dlvs)
+    sizes = [*map(len, seqs), *map(len, dlvs)]
+    if (not all(len(e) == 16 and _HEX.issuperset(e) for e in set(epochs))
+            or not (digits.isascii() and digits.isdigit()) or min(sizes) < 1
+            or max(sizes) > 18):
+        return None
+    if list(map(len, acks)).count(1) == n:  # {id} each: completed
+        statuses: tuple[str, ...] = ("completed",) * n
+    else:
+        statuses = tuple([a.get("status", "completed") for a in acks])
+        if (not _STATUSES.issuperset(statuses)
+                or not all(isinstance(a.get("error", ""), str) for a in acks)):
+            return None
+    return tuple(ids), statuses, tuple(epochs), tuple(seqs), tuple(dlvs)
+
+
+def _acks(acks: list[Any]) -> _Parsed:
     ids: list[str] = []
     statuses: list[str] = []
-    epochs: list[str | None] = []
-    seqs: list[int | None] = []
-    deliveries: list[int | None] = []
+    epochs: list[str] = []
+    seqs: list[str] = []
+    deliveries: list[str] = []
     for i, ack in enumerate(acks):
         if not isinstance(ack, dict):
             raise InvalidRequest(f"ack {i} must be an object with a non-empty string id",
@@ -317,13 +362,13 @@ def parse_ack(doc: Any) -> Ack:
             if _CONTROL.search(mid) is not None:
                 raise InvalidRequest(f"ack {i}: id has a control character", field="acks",
                                      index=i)
-            epochs.append(None)
-            seqs.append(None)
-            deliveries.append(None)
+            epochs.append("")
+            seqs.append("")
+            deliveries.append("")
         else:
             epochs.append(parsed[0])
-            seqs.append(parsed[1])
-            deliveries.append(parsed[2])
+            seqs.append(str(parsed[1]))
+            deliveries.append(str(parsed[2]))
         status = ack.get("status")
         if status is None:
             status = "completed"
@@ -335,5 +380,4 @@ def parse_ack(doc: Any) -> Ack:
             raise InvalidRequest(f"ack {i}: error must be a string", field="acks", index=i)
         ids.append(mid)
         statuses.append(status)
-    return Ack(queue, group, tuple(ids), tuple(statuses), tuple(epochs), tuple(seqs),
-               tuple(deliveries))
+    return tuple(ids), tuple(statuses), tuple(epochs), tuple(seqs), tuple(deliveries)

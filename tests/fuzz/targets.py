@@ -238,7 +238,10 @@ def eph_push(data: bytes) -> None:
 def eph_ack(data: bytes) -> None:
     ack = _eph(eph_model.parse_ack, data)
     if ack is not None:
-        assert all("\x00" not in i for i in ack.ids)  # text[] refuses NUL
+        # ephemeral_procs.ack sends them comma-separated: one element each, one per id
+        lists = (ack.epochs, ack.seqs, ack.deliveries, ack.statuses)
+        assert all(len(x) == len(ack.ids) and "," not in "".join(x)
+                   for x in lists)
 
 
 def eph_configure(data: bytes) -> None:

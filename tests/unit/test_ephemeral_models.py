@@ -64,11 +64,35 @@ def test_ack_ids_parse_and_statuses_default_to_completed():
     assert ack.group == m.QUEUE_MODE
     assert ack.statuses == ("retry", "completed", "completed", "completed")
     assert (ack.epochs, ack.seqs, ack.deliveries) == (
-        ("0123456789abcdef", None, None, None), (42, None, None, None), (2, None, None, None))
+        ("0123456789abcdef", "", "", ""), ("42", "", "", ""), ("2", "", "", ""))
     for bad in ({"id": "x\x00"}, {"id": ""}, {"id": "x" * 65}, {"id": "x", "status": "ok"},
                 {"id": "x", "error": 5}, "x"):
         with pytest.raises(InvalidRequest):
             m.parse_ack({"queue": "q", "acks": [bad]})
+
+
+EP = "0123456789abcdef"
+
+
+@pytest.mark.parametrize("acks", [
+    [{"id": f"{EP}-{s}-7"} for s in range(100, 140)],
+    [{"id": f"{EP}-1-7", "status": "retry", "error": "e"}, {"id": f"{EP}-2-7"}],
+    [{"id": f"{EP}-1-7", "error": None}, {"id": f"{EP}-2-7", "status": None}],
+    [{"id": f"{EP}-1-7"}, {"id": f"{EP}-2-7", "status": "failed", "other": 1}],
+    # two dashes in all, not two each: split together, their parts would line up as ours
+    [{"id": f"{EP}-1"}, {"id": "1111111111111111-1234567890123456-5-7"}],
+    [{"id": f"{EP}-1-7"}, {"id": f"{EP.upper()}-1-7"}, {"id": f"{EP}-1-"}],
+    [{"id": f"{EP}-1-7"}, {"id": f"{EP}-1-1234567890123456789"}, {"id": f"{EP}-\u0661-7"}],
+])
+def test_ack_ids_parsed_a_list_at_a_time_as_one_by_one(acks: list[dict]):
+    """``_our_acks`` (the usual acks, parsed together) answers as ``_acks`` would, or leaves
+    the list to it."""
+    fast = m._our_acks(acks)
+    slow = m._acks(acks)
+    assert fast is None or fast == slow
+    assert (fast is not None) == all(m.parse_id(a["id"]) is not None for a in acks) or any(
+        a.get("status", "") is None or a.get("error", "") is None for a in acks)
+    assert m.parse_ack({"queue": "q", "acks": acks}) == m.Ack("q", m.QUEUE_MODE, *slow)
 
 
 @pytest.mark.parametrize(("window", "held", "batch", "waited", "ready"), [
