@@ -245,7 +245,9 @@ class Shard:
         PERF(ipc): the verdicts that fit one ring record travel as one ``RecordBatch``.
         """
         self.flush_scheduled.discard(slot)
-        wake = slot in self.wake_slots
+        # PERF(pop): a wake rings only a worker with a parked pop (queen_mp/front/parking.py
+        # says why none is missed); every ack that released a lease rang every worker.
+        wake = slot in self.wake_slots and self.slot_table.parked(slot)
         self.wake_slots.discard(slot)
         box, ring = self.outbox[slot], self.replies[slot]
         limit = ring.max_record
