@@ -174,7 +174,8 @@ SETTINGS: tuple[Setting, ...] = (
        "10-14% slower than below the cap; 16M kept the broker's RSS above 300 MB (309-313 "
        "against 282-283 MB at 8M).", minimum=0, maximum=400_000_000),
     _s("QUEEN_V2_FUSION_HOLD_MS", int, 15,
-       "Liveness backstop tick of a shard, not a batching window.", minimum=1, maximum=10000),
+       "Liveness backstop tick of a shard while pushes are pending (it sleeps while none "
+       "is), not a batching window.", minimum=1, maximum=10000),
     _s("QUEEN_V2_FUSION_MAX_INFLIGHT", int, 4,
        "Upper bound of the adaptive cap on bundles in flight per shard.", minimum=1,
        maximum=64),

@@ -10,6 +10,11 @@ costs a query per key, not a thousand queries.
 
 A pop takes a ``token`` (the bucket's word) BEFORE it queries; ``park`` returns at once when
 the word has moved since, so a push committing between the query and the park is never missed.
+
+``on_parked(True)`` is called when the first pop parks, BEFORE its token is compared, and
+``on_parked(False)`` when the last one leaves: the worker publishes it on the slot table, and
+a shard rings it after a commit only while it is set. A commit whose ring was skipped because
+nothing was parked yet bumped the board before that comparison, or is seen by the tick.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -43,9 +48,11 @@ class _Waiter:
 
 
 class ParkingLot:
-    def __init__(self, board: WakeBoard, tick_s: float) -> None:
+    def __init__(self, board: WakeBoard, tick_s: float,
+                 on_parked: Callable[[bool], None] | None = None) -> None:
         self.board = board
         self.tick_s = tick_s
+        self.on_parked = on_parked
         self._queues: dict[ParkKey, deque[_Waiter]] = {}
         self._by_bucket: dict[int | None, set[ParkKey]] = {}
         self._parked = 0
@@ -63,11 +70,22 @@ class ParkingLot:
     async def park(self, key: ParkKey, token: int | bytes, until: float, *,
                    front: bool = False) -> None:
         """Wait for a wake of ``key`` or ``until`` (monotonic seconds), whichever is first."""
-        if self.token(key.bucket) != token:
-            return
-        left = until - time.monotonic()
-        if left <= 0:
-            return
+        self._parked += 1
+        if self._parked == 1 and self.on_parked is not None:
+            self.on_parked(True)  # before the token is compared (module docstring)
+        try:
+            if self.token(key.bucket) != token:
+                return
+            left = until - time.monotonic()
+            if left <= 0:
+                return
+            await self._wait(key, left, front)
+        finally:
+            self._parked -= 1
+            if not self._parked and self.on_parked is not None:
+                self.on_parked(False)
+
+    async def _wait(self, key: ParkKey, left: float, front: bool) -> None:
         waiter = _Waiter(key, asyncio.get_running_loop().create_future())
         line = self._queues.get(key)
         if line is None:
@@ -77,13 +95,11 @@ class ParkingLot:
             line.appendleft(waiter)
         else:
             line.append(waiter)
-        self._parked += 1
         self._ensure_watcher()
         try:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(waiter.future), left)
         finally:
-            self._parked -= 1
             with contextlib.suppress(ValueError):
                 line.remove(waiter)
             if not line and self._queues.get(key) is line:

@@ -115,7 +115,9 @@ class FrontWorker:
         self._transactions = Transactions(self.pool, self._ingest,
                                           self.config.max_decompressed_mb << 20)
         self._wake_board = WakeBoard.attach(self.runtime.wake_board)
-        lot = ParkingLot(self._wake_board, self.config.pop_wake_tick_ms / 1000)
+        slots, slot = self._slots, self.slot
+        lot = ParkingLot(self._wake_board, self.config.pop_wake_tick_ms / 1000,
+                         lambda parked: slots.set_parked(slot, parked))
         self.link.on_ring = lot.poke
         self._popper = Popper(self.pool, lot, self.config.max_parked_pops,
                               self.metrics.parked_pops)

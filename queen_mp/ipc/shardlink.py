@@ -83,6 +83,7 @@ class _Outbox:
     """One shard's records not yet in its ring, in order; None keys have no waiter."""
 
     records: list[tuple[Key | None, bytes]] = field(default_factory=list)
+    urgent: bool = False  # a queued record wants the shard now (``post`` records do not)
     # a record larger than the ring, or a full ring: the rest waits behind the pump
     pump: asyncio.Task[None] | None = None
     backlog: deque[bytes] = field(default_factory=deque)
@@ -178,12 +179,20 @@ class ShardLink:
         turn.keys.append(key)
         turn.pending += 1
         self._waiters[key] = _Waiter(future, shard, deadline, turn)
-        self._outboxes[shard].records.append((key, record))
+        box = self._outboxes[shard]
+        box.records.append((key, record))
+        box.urgent = True
         self._flush_soon(loop)
         return future
 
     def post(self, shard: int, record: bytes) -> None:
-        """Queue a record that has no verdict (a lease grant for the ack registry)."""
+        """Queue a record that has no verdict and no hurry (a lease grant for the ack
+        registry): it goes into the ring at the end of the turn, but rings no doorbell.
+
+        PERF(ipc): a grant is only read by the ack that follows it, and every ack rings
+        (the shard drains every ring when woken, grants before acks): ringing for it cost
+        each pop a FIFO write and a shard wake-up. A ring that fills with grants rings
+        from its pump."""
         self._outboxes[shard].records.append((None, record))
         self._flush_soon(self.loop)
 
@@ -216,8 +225,9 @@ class ShardLink:
                     waiter.boots = boots
                 batch.append(record)
             box.records = []
+            urgent, box.urgent = box.urgent, False
             if batch:
-                self._send(shard, box, batch)
+                self._send(shard, box, batch, urgent)
         if waiting and self._boot_retry is None:
             self._boot_retry = self.loop.call_later(_BOOT_POLL_S, self._retry_boot)
 
@@ -225,16 +235,18 @@ class ShardLink:
         self._boot_retry = None
         self._flush()
 
-    def _send(self, shard: int, box: _Outbox, records: list[bytes]) -> None:
+    def _send(self, shard: int, box: _Outbox, records: list[bytes], urgent: bool) -> None:
         ring = self._requests[shard]
         for payload in _batches(records, ring.max_record):
             if box.pump is None and len(payload) <= ring.max_record \
                     and ring.try_write(payload):
                 continue
             box.backlog.append(payload)
+            urgent = True  # a full ring: the shard must drain it
             if box.pump is None:
                 box.pump = self.loop.create_task(self._pump(shard, box))
-        self._bells[shard].ring()
+        if urgent:
+            self._bells[shard].ring()
 
     async def _pump(self, shard: int, box: _Outbox) -> None:
         """Full ring or a record larger than it: publish fragment by fragment as the shard

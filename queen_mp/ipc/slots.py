@@ -9,6 +9,7 @@ Segment layout::
 
     0    magic u64, nslots u64, lock holder pid u64 (diagnostics)
     64   nslots entries of 16 bytes: pid u32, generation u32, process start time u64
+    then nslots u32 words: 1 while the slot's worker has a parked pop (``set_parked``)
 
 The entries change only under a named semaphore used as a mutex (``<name>-lock``); pid and
 generation are also read without it, so they are stored as single aligned u32 words through a
@@ -43,6 +44,10 @@ _HAVE_PROC = os.path.exists("/proc/self/stat")
 
 class NoFreeSlot(RuntimeError):
     """Every slot is owned by a live process."""
+
+
+def _size(nslots: int) -> int:
+    return _ENTRIES_OFF + nslots * (_ENTRY_SIZE + 4)
 
 
 def _proc_stat(pid: int) -> tuple[str, int] | None:
@@ -100,12 +105,13 @@ class SlotTable:
         shm.close_fd()
         self._lock = lock
         magic, nslots, _holder = _HEADER.unpack_from(self._mm, 0)
-        if magic != _MAGIC or size < _ENTRIES_OFF + nslots * _ENTRY_SIZE:
+        if magic != _MAGIC or size < _size(nslots):
             self._mm.close()
             self._lock.close()
             raise ValueError(f"{name}: not a slot table segment")
         self._nslots: int = nslots
         self._words = memoryview(self._mm)[_ENTRIES_OFF:].cast("I")
+        self._parked_off = nslots * _ENTRY_WORDS  # the parked words, after the entries
 
     @staticmethod
     def _lock_name(name: str) -> str:
@@ -117,7 +123,7 @@ class SlotTable:
             raise ValueError("nslots must be >= 1")
         if replace:
             cls.unlink_name(name)
-        size = _ENTRIES_OFF + nslots * _ENTRY_SIZE
+        size = _size(nslots)
         shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600, size=size)
         with mmap.mmap(shm.fd, size) as mm:
             _HEADER.pack_into(mm, 0, _MAGIC, nslots, 0)
@@ -215,6 +221,7 @@ class SlotTable:
                     continue
                 generation = generation % _MAX_GENERATION + 1  # 1..2**32-1; 0 = never claimed
                 self._set_entry(slot, pid, generation, started)
+                self._words[self._parked_off + slot] = 0  # a dead predecessor's pops are gone
                 return slot, generation
         raise NoFreeSlot(f"{self.name}: all {self._nslots} slots are owned by live processes")
 
@@ -238,6 +245,16 @@ class SlotTable:
         """Pid recorded for a slot (0 if free); it may be dead."""
         self._check(slot)
         return self._words[slot * _ENTRY_WORDS]
+
+    def set_parked(self, slot: int, parked: bool) -> None:
+        """The owner of ``slot`` has a parked pop (True) or none any more (False): a shard
+        rings a worker after a commit that woke queues only while it has one."""
+        if not self._mm.closed:  # a pop leaving after the worker closed the table
+            self._words[self._parked_off + slot] = 1 if parked else 0
+
+    def parked(self, slot: int) -> bool:
+        """Whether the worker of ``slot`` said it has a parked pop (one aligned u32 load)."""
+        return bool(self._words[self._parked_off + slot])
 
     def _check(self, slot: int) -> None:
         if not 0 <= slot < self._nslots:

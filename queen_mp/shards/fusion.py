@@ -245,6 +245,8 @@ class PushFusion:
         self._segments = 0
         self._summary_at = time.monotonic()
         self._recalling = False
+        # set while the hold tick sleeps for want of pending pushes; the next ``add`` wakes it
+        self._arrival: asyncio.Future[None] | None = None
 
     # ------------------------------------------------------------------ intake
     def add(self, slot: int, group: PushGroup) -> None:
@@ -252,6 +254,8 @@ class PushFusion:
         queue = self.pending.get(key)
         if queue is None:
             queue = self.pending[key] = deque()
+            if self._arrival is not None:
+                self._wake_tick()
         queue.append(Entry(slot, group))
         if key not in self.inflight_keys:
             self.ready[key] = None
@@ -261,6 +265,11 @@ class PushFusion:
             # bundle, not one bundle per partition while permits last.
             self._kick_soon = True
             self.loop.call_soon(self._kick_arrivals)
+
+    def _wake_tick(self) -> None:
+        arrival, self._arrival = self._arrival, None
+        if arrival is not None and not arrival.done():
+            arrival.set_result(None)
 
     def _kick_arrivals(self) -> None:
         self._kick_soon = False
@@ -278,8 +287,26 @@ class PushFusion:
             self._flush(keys)
 
     async def hold_tick(self) -> None:
-        """Liveness backstop: retry held partitions even if no arrival or commit wakes us."""
+        """Liveness backstop: retry held partitions even if no arrival or commit wakes us.
+
+        PERF(shard): with no push pending there is nothing to retry, so the tick sleeps
+        until one arrives (or the next summary is due) instead of waking every ``hold_s``: a
+        shard that only serves pops and acks paid 67 timer wakes a second for nothing."""
+        loop = self.loop
         while True:
+            if not self.pending:
+                arrival = self._arrival = loop.create_future()
+                timer = loop.call_later(
+                    max(0.0, self._summary_at + _SUMMARY_EVERY_S - time.monotonic()) + 0.01,
+                    _resolve, arrival)
+                try:
+                    await arrival
+                finally:
+                    timer.cancel()
+                    if self._arrival is arrival:
+                        self._arrival = None
+                self._maybe_summary()
+                continue
             await asyncio.sleep(self.hold_s)
             self.kick()
             self._maybe_summary()
@@ -430,6 +457,7 @@ class PushFusion:
                 # its frames go again, ahead of anything that arrived for the partition since.
                 leftovers = [e for e in seg.entries if e.remaining]
                 self.pending.setdefault(seg.key, deque()).extendleft(reversed(leftovers))
+                self._wake_tick()
 
     async def _resolve_duplicates(self, lookups: list[tuple[Segment, int, int, int]]) -> None:
         """Original message ids of duplicates: fetch the covering segments (rare path)."""
@@ -497,6 +525,11 @@ class PushFusion:
                      self._commits, self._segments, self._segments / self._commits, self.cap)
         self._commits = self._segments = 0
         self._summary_at = now
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _frame_id_at(blob: bytes, index: int) -> bytes:

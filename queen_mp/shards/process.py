@@ -101,6 +101,8 @@ class Shard:
         self.wake_board = WakeBoard.attach(runtime.wake_board)
         self.waker = Waker(self.wake_board, runtime.prefix, config.pg_dsn,
                            notify=config.wake_notify)
+        # the acks of the ring pass running now (``drain_requests``), None between passes
+        self._acks_due: list[tuple[int, AckRequest]] | None = None
         self.registry = (AckRegistry(config.ack_registry_mb << 20) if config.ack_registry
                          else None)
         # PERF(ack): the two children looked up once; labels() cost 4 us an ack request
@@ -130,11 +132,23 @@ class Shard:
 
     # ------------------------------------------------------------------ inbound
     def drain_requests(self) -> None:
+        """Every request ring, then the acks read from them.
+
+        NOTE(ack): acks after everything else of the pass, so that a lease grant in another
+        worker's ring (grants ring no doorbell: ipc/shardlink.py ``post``) is in the registry
+        before the ack that reads it, whatever the order of the rings."""
         more = False
-        for slot, ring in enumerate(self.requests):
-            for raw in ring.read_many(_READ_BATCH):
-                self.dispatch(slot, raw)
-            more = more or ring.used > 0
+        acks: list[tuple[int, AckRequest]] = []
+        self._acks_due = acks
+        try:
+            for slot, ring in enumerate(self.requests):
+                for raw in ring.read_many(_READ_BATCH):
+                    self.dispatch(slot, raw)
+                more = more or ring.used > 0
+        finally:
+            self._acks_due = None
+        for slot, req in acks:
+            self.ack(slot, req)
         if more:
             self.loop.call_soon(self.drain_requests)
 
@@ -158,7 +172,11 @@ class Shard:
                 if self.registry is not None:
                     self.registry.grant(LeaseGrant.unpack(raw))
             elif kind == KIND_ACK_REQUEST:
-                self.ack(slot, AckRequest.unpack(raw))
+                req = AckRequest.unpack(raw)
+                if self._acks_due is not None:
+                    self._acks_due.append((slot, req))
+                else:
+                    self.ack(slot, req)
             else:
                 raise RecordDecodeError(f"unexpected record kind {kind}", raw)
         except RecordDecodeError:
@@ -227,7 +245,9 @@ class Shard:
         PERF(ipc): the verdicts that fit one ring record travel as one ``RecordBatch``.
         """
         self.flush_scheduled.discard(slot)
-        wake = slot in self.wake_slots
+        # PERF(pop): a wake rings only a worker with a parked pop (queen_mp/front/parking.py
+        # says why none is missed); every ack that released a lease rang every worker.
+        wake = slot in self.wake_slots and self.slot_table.parked(slot)
         self.wake_slots.discard(slot)
         box, ring = self.outbox[slot], self.replies[slot]
         limit = ring.max_record

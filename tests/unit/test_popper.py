@@ -8,11 +8,12 @@ tests); what is checked here is how many claims run at once, per key.
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from typing import Any
 
 from queen_mp.db import pop_procs
-from queen_mp.front.parking import ParkingLot
+from queen_mp.front.parking import ParkingLot, ParkKey
 from queen_mp.front.popper import CLAIMS_PER_KEY, Popper, PopRequest, _enter, _Gate, _leave
 
 TENANT = bytes(16)
@@ -189,3 +190,28 @@ def test_claims_that_come_back_full_open_a_second_turn_short_ones_close_it() -> 
         assert len(p._gates) == 0
 
     asyncio.run(body())
+
+
+def test_the_parking_lot_says_when_its_first_pop_parks_and_its_last_leaves() -> None:
+    """The worker publishes it for the shards (slot table ``set_parked``), BEFORE the pop
+    compares its token: a commit that bumped the board after that comparison finds it set."""
+    calls: list[tuple[bool, int]] = []
+
+    async def go() -> None:
+        lot = ParkingLot(FakeBoard(), 0.001, lambda parked: calls.append((parked, lot.parked)))
+        key = ParkKey(1, "g", (TENANT, None))
+        deadline = time.monotonic() + 5
+        first = asyncio.ensure_future(lot.park(key, 0, deadline))
+        second = asyncio.ensure_future(lot.park(key, 0, deadline))
+        await asyncio.sleep(0)
+        assert calls == [(True, 1)]
+        await lot.park(key, 1, deadline)  # a moved token: back at once, still published
+        assert calls == [(True, 1)]
+        lot.pass_baton(key)
+        await first
+        assert calls == [(True, 1)]
+        lot.pass_baton(key)
+        await second
+        assert calls == [(True, 1), (False, 0)]
+
+    asyncio.run(go())

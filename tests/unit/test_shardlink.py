@@ -116,3 +116,32 @@ def test_deadlines_fail_what_is_left(runtime: Runtime) -> None:
             await link.stop()
 
     asyncio.run(go())
+
+
+def test_a_grant_alone_goes_into_the_ring_without_a_ring(runtime: Runtime) -> None:
+    """``post`` records (lease grants) wait in the ring for the shard's next wake-up (the ack
+    that reads them rings); the next ``submit`` rings for both."""
+    async def go() -> None:
+        link = ShardLink(runtime, SLOT, GENERATION)
+        await link.start()
+        requests = Ring.attach(runtime.request_ring(SLOT, 0))
+        bell = Doorbell.attach(runtime.shard_doorbell(0))
+        try:
+            link.post(0, b"grant")
+            await asyncio.sleep(0)
+            assert bell.value == 0
+            assert [bytes(r) for r in requests.read_many(10)] == [b"grant"]
+            link.post(0, b"grant 2")
+            await asyncio.sleep(0)
+            ack = link.submit(0, link.next_request_id(), 0, b"ack",
+                              asyncio.get_running_loop().time() + 5)
+            await asyncio.sleep(0)
+            assert bell.value == 1
+            assert [bytes(r) for r in requests.read_many(10)] == [b"grant 2", b"ack"]
+            ack.cancel()
+        finally:
+            for obj in (requests, bell):
+                obj.close()
+            await link.stop()
+
+    asyncio.run(go())

@@ -136,3 +136,18 @@ def test_create_attach_unlink_contract(table_name: str) -> None:
         assert fresh.generation(0) == 0
     assert SlotTable.unlink_name(table_name)
     assert not SlotTable.unlink_name(table_name)
+
+
+def test_parked_words_are_per_slot_and_cleared_by_a_new_owner(table_name: str) -> None:
+    with SlotTable.create(table_name, 2) as table, SlotTable.attach(table_name) as shard:
+        slot, _ = table.claim()
+        assert not shard.parked(slot)
+        table.set_parked(slot, True)
+        assert shard.parked(slot) and not shard.parked(1 - slot)
+        table.set_parked(slot, False)
+        assert not shard.parked(slot)
+        table.set_parked(slot, True)
+        table.release(slot)
+        assert table.claim() == (slot, 2)
+        assert not shard.parked(slot)  # the predecessor's parked pops died with it
+    table.set_parked(slot, False)  # closed: a late pop's call is a no-op
