@@ -73,6 +73,7 @@ from queen_mp.wire.ids import (
     uuid7_unix_ms,
     uuid_from_text,
     uuid_text,
+    uuid_texts,
 )
 from queen_mp.wire.records import (
     ACK_COMMITTED,
@@ -205,5 +206,6 @@ __all__ = [
     "uuid7_unix_ms",
     "uuid_from_text",
     "uuid_text",
+    "uuid_texts",
     "zstd_compress",
 ]

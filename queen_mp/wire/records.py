@@ -401,7 +401,8 @@ class PushVerdict:
             offsets.byteswap()
         if not dup_count:
             # PERF(wire): the common all-queued verdict needs no per-item branch.
-            items = tuple(map(_make_item, zip(statuses, offsets, repeat(b""))))
+            items = tuple(map(_TUPLE_NEW, repeat(ItemVerdict),
+                              zip(statuses, offsets, repeat(b""))))
         else:
             ids = bytes(view[ids_at:end])
             dup_ids = iter([ids[k : k + 16] for k in range(0, len(ids), 16)])
