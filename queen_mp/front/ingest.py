@@ -33,7 +33,7 @@ from queen_mp.models.items import ClientChunk, PushItem
 from queen_mp.spool import SpoolItem, SpoolWriteError
 from queen_mp.wire.frames import iter_frames, pack_frame
 from queen_mp.wire.hashing import hash_blob
-from queen_mp.wire.records import PIECE_RAW, Piece, PushGroup, PushVerdict
+from queen_mp.wire.records import PIECE_RAW, Piece, PushVerdict, pack_push_group
 
 __all__ = [
     "EncryptionUnavailable",
@@ -139,8 +139,11 @@ class Ingest:
                 items, [i for idx in groups.values() for i in idx], tenant, results,
                 held=True):
             return PushResults(_fill_followers(items, results, leader_of))
+        flags = self.flags
         try:
-            await self.encrypt(items, tenant, {q for q, _ in groups})
+            # PERF(queen): the memo answers almost every push: no coroutine then
+            if any(flags.known_encrypted(tenant, q) is not False for q, _ in groups):
+                await self.encrypt(items, tenant, {q for q, _ in groups})
         except FlagsUnavailable as ex:
             log.warning("push spooled: %s", ex)
             await self._spool(items, [i for idx in groups.values() for i in idx], tenant,
@@ -157,12 +160,10 @@ class Ingest:
             # Python step per item
             group = items if len(idx) == n else [items[i] for i in idx]
             # NOTE(memory): only the packed bytes outlive this line, until they are in the ring.
-            record = PushGroup(
-                generation=link.generation, slot=link.slot, request_id=request_id,
-                group_index=gi, tenant=tenant, queue=queue, partition=partition,
-                hashes=hash_blob(map(str.encode, map(_TXN, group))),
-                count=len(idx), pieces=pieces_of(items, idx, chunks),
-                deadline_ms=deadline_ms).pack()
+            record = pack_push_group(
+                link.generation, link.slot, request_id, gi, tenant, queue, partition,
+                hash_blob(map(str.encode, map(_TXN, group))), len(idx),
+                pieces_of(items, idx, chunks), deadline_ms)
             calls.append(link.submit(self.shard_of(tenant, queue, partition), request_id, gi,
                                      record, deadline))
         del record, group
