@@ -7,6 +7,12 @@ database, the CPU work a request costs the broker between its sockets:
 - ``push1`` / ``push100``: parse a JSON push body (1 item; 100 items over 10 partitions), group
   and pack the shard records, through a shared-memory ring, the shard's unpack and segment
   build, its verdicts packed and unpacked, and the 201 answer rendered;
+- ``front1`` / ``front100``: the front worker's whole answer to a JSON push (1 item; 100
+  items of one partition, as bench/suite.py's push section sends them):
+  ``PushResource.answer``, so the body parsed, ``Ingest.push`` (group, hash, pack the shard
+  record, read the shard's verdict record back, results) with a stand-in shard link that
+  answers each record at once with the shard's common all-queued verdict, and the 201
+  rendered; no event loop turn (the verdict is ready when awaited);
 - ``pop100``: a 100-message claim rendered as JSON (with the lease's hashes);
 - ``ack100``: a 100-acknowledgment batch body parsed, its fast-path request packed and
   unpacked, and the answer rendered;
@@ -30,24 +36,31 @@ with what had to be compiled)::
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib
 import operator
 import os
 import struct
 import sys
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
+from functools import partial
+from types import SimpleNamespace
+from typing import Any
 
 import orjson
 
 from queen_mp.db.pop_procs import Claim
 from queen_mp.front.acks import AckOutcome
 from queen_mp.front.delivery import json_messages
-from queen_mp.front.ingest import ItemResult, pieces_of
+from queen_mp.front.ingest import Ingest, ItemResult, pieces_of
+from queen_mp.front.worker import FrontWorker
 from queen_mp.http.ack import AckBatchResource
+from queen_mp.http.answer import Answer
 from queen_mp.http.ephemeral import ack_results
-from queen_mp.http.push import parse_binary, parse_json_push, render_items
+from queen_mp.http.push import PushResource, parse_binary, parse_json_push, render_items
+from queen_mp.ipc.flags import DIRECT
 from queen_mp.ipc.ring import Ring
 from queen_mp.models.ephemeral import parse_ack
 from queen_mp.shards.fusion import Entry, build_segment
@@ -61,6 +74,7 @@ from queen_mp.wire.records import (
     PushVerdict,
     RecordBatch,
     hash_set,
+    pack_queued_run,
     unpack_record,
 )
 
@@ -126,6 +140,62 @@ class PushPath:
                     results[i] = ItemResult("queued", items[i].message_id, v.partition_id,
                                             iv.offset, v.created_at_us)
         return render_items(items, results)  # type: ignore[arg-type]
+
+
+class _AnsweringLink:
+    """A shard link whose records are answered at once: each group all queued, from offset
+    100, unpacked from the shard's packed verdict as the real link's ``_deliver`` does."""
+
+    generation, slot = 1, 0
+
+    def __init__(self, count: int) -> None:
+        self.loop = asyncio.new_event_loop()  # futures and ``time()``; never run
+        self.count = count  # frames per record (the driver's bodies: one group)
+        self.request_id = 0
+
+    def next_request_id(self) -> int:
+        self.request_id += 1
+        return self.request_id
+
+    def submit(self, shard: int, request_id: int, group_index: int, record: bytes,
+               deadline: float) -> asyncio.Future[PushVerdict]:
+        future: asyncio.Future[PushVerdict] = self.loop.create_future()
+        future.set_result(PushVerdict.unpack(pack_queued_run(
+            self.generation, self.slot, request_id, group_index, 7, 1_764_000_000_000_000,
+            100, self.count)))
+        return future
+
+
+class FrontPush:
+    """A JSON push of ``items`` items on one partition, answered by the front worker."""
+
+    def __init__(self, items: int) -> None:
+        self.body = push_body(items, 1)
+        link = _AnsweringLink(items)
+        ingest = Ingest(link, 1, SimpleNamespace(route=lambda: DIRECT),  # type: ignore[arg-type]
+                        5000, SimpleNamespace(known_encrypted=lambda t, q: False),  # type: ignore[arg-type]
+                        None)
+        # the worker's own tally of the results (its metrics' tally stood in for)
+        tally = SimpleNamespace(inc=lambda family, labels, n: None)
+        counter = SimpleNamespace(metrics=SimpleNamespace(tally=tally, messages_pushed=None))
+        self.resource = PushResource(SimpleNamespace(  # type: ignore[arg-type]
+            config=SimpleNamespace(max_decompressed_mb=64), ingest=ingest,
+            count_pushed=partial(FrontWorker.count_pushed, counter)))
+
+    def __call__(self) -> bytes:
+        answer = _finish(self.resource.answer(self.body, TENANT, None, None))
+        assert answer.data is not None
+        return answer.data
+
+
+def _finish(coro: Coroutine[Any, Any, Answer]) -> Answer:
+    """Run ``coro`` to its end with no event loop: it must never wait."""
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    coro.close()
+    raise RuntimeError("the push waited for something")
 
 
 class Qpb1Path:
@@ -235,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         known: dict[str, Callable[[], bytes]] = {
             "push1": PushPath(1, 1, ring), "push100": PushPath(100, 10, ring),
+            "front1": FrontPush(1), "front100": FrontPush(100),
             "pop100": PopPath(100), "ack100": AckPath(100), "ephack100": EphAckPath(100),
             "qpb1k": Qpb1Path(1000, 10)}
         for name in a.workloads.split(","):

@@ -24,7 +24,7 @@ from queen_mp.db.ack_procs import GroupAck
 from queen_mp.db.pooled import Pool, connection, failover_pool
 from queen_mp.front.acks import Acker
 from queen_mp.front.delivery import Claim
-from queen_mp.front.ingest import Ingest, ItemResult
+from queen_mp.front.ingest import Ingest, PushResults
 from queen_mp.front.parking import ParkingLot
 from queen_mp.front.popper import Popper
 from queen_mp.front.queueflags import QueueFlags
@@ -287,13 +287,11 @@ class FrontWorker:
         if self.metrics is not None:
             self.metrics.tally.inc(self.metrics.messages_popped, (), n)
 
-    def count_pushed(self, results: list[ItemResult]) -> None:
+    def count_pushed(self, results: PushResults) -> None:
         if self.metrics is not None:
-            counts: dict[str, int] = {}
-            for r in results:
-                counts[r.status] = counts.get(r.status, 0) + 1
-            for status, n in counts.items():
-                self.metrics.tally.inc(self.metrics.messages_pushed, (status,), n)
+            for status, n in results.counts().items():
+                if n:
+                    self.metrics.tally.inc(self.metrics.messages_pushed, (status,), n)
 
     def shards_alive(self) -> int:
         return self._board.alive(SHARD_STALE_MS) if self._board is not None else 0

@@ -73,6 +73,7 @@ from queen_mp.wire.ids import (
     uuid7_unix_ms,
     uuid_from_text,
     uuid_text,
+    uuid_texts,
 )
 from queen_mp.wire.records import (
     ACK_COMMITTED,
@@ -103,6 +104,7 @@ from queen_mp.wire.records import (
     RecordBatch,
     blob_from_pieces,
     hash_set,
+    pack_push_group,
     pack_queued_run,
     peek_kind,
     unpack_record,
@@ -192,6 +194,7 @@ __all__ = [
     "pack_chunk_zstd",
     "pack_frame",
     "pack_plain_frame",
+    "pack_push_group",
     "pack_queued_run",
     "parse_binary_push",
     "peek_kind",
@@ -205,5 +208,6 @@ __all__ = [
     "uuid7_unix_ms",
     "uuid_from_text",
     "uuid_text",
+    "uuid_texts",
     "zstd_compress",
 ]

@@ -12,10 +12,13 @@ never use them as secrets (lease ids, tokens); those want os.urandom / uuid4.
 
 from __future__ import annotations
 
+import functools
 import os
 import random
+import struct
 import threading
 from time import time_ns
+from typing import Any
 
 from queen_mp.wire.errors import InvalidRequest
 
@@ -28,6 +31,7 @@ __all__ = [
     "uuid7_unix_ms",
     "uuid_from_text",
     "uuid_text",
+    "uuid_texts",
 ]
 
 ZERO_UUID = bytes(16)
@@ -151,3 +155,33 @@ def uuid_from_text(text: str, *, field: str = "id") -> bytes:
     if len(raw) != 16:  # fromhex skips whitespace between pairs
         raise InvalidRequest(f"{field} is not a UUID", field=field)
     return raw
+
+
+_UUID_GROUPS = struct.Struct("8s4s4s4s12s")  # an id's 32 hex digits as the text's groups
+_UUID_BULK = 32  # ids from which numpy's fixed cost (about 60k instructions) pays
+
+
+@functools.cache
+def _numpy_text() -> tuple[Any, Any]:
+    """numpy and the columns of a text's hex digits, imported on first use: the supervisor
+    must not load numpy before the preload sets OPENBLAS_NUM_THREADS (processes/preload.py)."""
+    import numpy
+
+    return numpy, numpy.array([c for c in range(36) if c not in (8, 13, 18, 23)])
+
+
+def uuid_texts(ids: bytes) -> list[bytes]:
+    """Each 16 bytes of ``ids`` as uuid_text's text, ASCII-encoded.
+
+    PERF(wire): C loops for a body's ids: hex digits of all at once, cut into the text's
+    groups (struct) and joined; from _UUID_BULK ids numpy places the digits between the
+    hyphens instead (callgrind, per id: 2.3k instructions cut and joined, 0.5-1k by numpy
+    at 100-1,000 ids, 2.5k by uuid_text and encode, 8.3k formatting each group with %x)."""
+    digits = ids.hex().encode()
+    count = len(ids) // 16
+    if count < _UUID_BULK:
+        return list(map(b"-".join, _UUID_GROUPS.iter_unpack(digits)))
+    np, columns = _numpy_text()
+    text = np.full((count, 36), ord("-"), np.uint8)
+    text[:, columns] = np.frombuffer(digits, np.uint8).reshape(count, 32)
+    return text.view("S36").ravel().tolist()  # type: ignore[no-any-return]

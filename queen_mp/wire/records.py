@@ -37,6 +37,7 @@ from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import repeat
+from operator import itemgetter
 from typing import NamedTuple, Self
 
 from queen_mp.wire.errors import RecordDecodeError
@@ -71,6 +72,7 @@ __all__ = [
     "RecordBatch",
     "blob_from_pieces",
     "hash_set",
+    "pack_push_group",
     "pack_queued_run",
     "peek_kind",
     "unpack_record",
@@ -134,6 +136,40 @@ class Piece(NamedTuple):
 
 _CUT_MAX = 1 << 14  # RecordBatch records up to this size are cut as bytes
 _TUPLE_NEW = tuple.__new__  # a NamedTuple from its fields, without _make's Python frame
+_PIECE_COUNT = itemgetter(1)  # Piece.count
+
+
+def pack_push_group(generation: int, slot: int, request_id: int, group_index: int,
+                    tenant: bytes, queue: str, partition: str, hashes: bytes, count: int,
+                    pieces: Sequence[Piece], deadline_ms: int) -> bytes:
+    """``PushGroup(...).pack()`` of these fields, without building the record: the front
+    worker packs one per group it routes (PERF(wire): a NamedTuple's ``__new__`` is a Python
+    call, with keywords dearer still)."""
+    queue_raw = queue.encode("utf-8")
+    partition_raw = partition.encode("utf-8")
+    if len(tenant) != 16:
+        raise ValueError(f"tenant of {len(tenant)} bytes, not 16")
+    if len(hashes) != 16 * count:
+        raise ValueError(f"{len(hashes)} hash bytes for {count} frames")
+    if sum(map(_PIECE_COUNT, pieces)) != count:
+        raise ValueError(f"piece counts do not add up to {count}")
+    try:
+        parts = [
+            _PUSH_GROUP_HEAD.pack(KIND_PUSH_GROUP, generation, slot, request_id, group_index,
+                                  deadline_ms, tenant, count, len(queue_raw),
+                                  len(partition_raw), len(pieces)),
+            queue_raw,
+            partition_raw,
+            hashes,
+        ]
+        for piece in pieces:
+            if piece.kind not in (PIECE_RAW, PIECE_ZSTD):
+                raise ValueError(f"unknown piece kind {piece.kind}")
+            parts.append(_PIECE_HEAD.pack(piece.kind, piece.count, len(piece.data)))
+            parts.append(piece.data)
+    except struct.error as ex:
+        raise ValueError(f"PushGroup field out of range: {ex}") from None
+    return b"".join(parts)
 
 
 class PushGroup(NamedTuple):
@@ -161,41 +197,7 @@ class PushGroup(NamedTuple):
     deadline_ms: int
 
     def pack(self) -> bytes:
-        queue = self.queue.encode("utf-8")
-        partition = self.partition.encode("utf-8")
-        if len(self.tenant) != 16:
-            raise ValueError(f"tenant of {len(self.tenant)} bytes, not 16")
-        if len(self.hashes) != 16 * self.count:
-            raise ValueError(f"{len(self.hashes)} hash bytes for {self.count} frames")
-        if sum(piece.count for piece in self.pieces) != self.count:
-            raise ValueError(f"piece counts do not add up to {self.count}")
-        try:
-            parts = [
-                _PUSH_GROUP_HEAD.pack(
-                    KIND_PUSH_GROUP,
-                    self.generation,
-                    self.slot,
-                    self.request_id,
-                    self.group_index,
-                    self.deadline_ms,
-                    self.tenant,
-                    self.count,
-                    len(queue),
-                    len(partition),
-                    len(self.pieces),
-                ),
-                queue,
-                partition,
-                self.hashes,
-            ]
-            for piece in self.pieces:
-                if piece.kind not in (PIECE_RAW, PIECE_ZSTD):
-                    raise ValueError(f"unknown piece kind {piece.kind}")
-                parts.append(_PIECE_HEAD.pack(piece.kind, piece.count, len(piece.data)))
-                parts.append(piece.data)
-        except struct.error as ex:
-            raise ValueError(f"PushGroup field out of range: {ex}") from None
-        return b"".join(parts)
+        return pack_push_group(*self)
 
     @classmethod
     def unpack(cls, buf: bytes | bytearray | memoryview) -> Self:
@@ -401,7 +403,8 @@ class PushVerdict:
             offsets.byteswap()
         if not dup_count:
             # PERF(wire): the common all-queued verdict needs no per-item branch.
-            items = tuple(map(_make_item, zip(statuses, offsets, repeat(b""))))
+            items = tuple(map(_TUPLE_NEW, repeat(ItemVerdict),
+                              zip(statuses, offsets, repeat(b""))))
         else:
             ids = bytes(view[ids_at:end])
             dup_ids = iter([ids[k : k + 16] for k in range(0, len(ids), 16)])

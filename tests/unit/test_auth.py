@@ -363,7 +363,7 @@ def test_spooled_items_keep_tenant_and_producer_sub(tmp_path):
     tenant = tenant_from_claim("acme")
     body = json.dumps({"items": [{"queue": "q", "payload": 1, "producerSub": "mallory"}]})
     results = asyncio.run(ingest.push(parse_json_push(body.encode(), "alice"), tenant))
-    assert [r.status for r in results] == ["buffered"]
+    assert [r and r.status for r in results.each] == ["buffered"]
     (item,) = [SpoolItem.decode(r) for r in spool.records]
     assert (item.tenant, item.producer_sub) == (tenant, "alice")
     assert next(iter_frames(item.payload)).producer_sub == "alice"

@@ -19,7 +19,7 @@ from queen_mp.config import Config
 from queen_mp.db.ack_procs import AckItem, GroupAck
 from queen_mp.front.acks import AckOutcome
 from queen_mp.front.delivery import Claim
-from queen_mp.front.ingest import ItemResult
+from queen_mp.front.ingest import ItemResult, PushResults
 from queen_mp.front.popper import Popped, PopRequest
 from queen_mp.http.app import create_app
 from queen_mp.models.items import PushItem
@@ -33,9 +33,9 @@ class FakeIngest:
         return None
 
     async def push(self, items: list[PushItem], tenant: bytes, chunks: Any = ()
-                   ) -> list[ItemResult]:
-        return [ItemResult("queued", bytes([i]) * 16, 7, 100 + i, 1_700_000_000_000_000)
-                for i, _ in enumerate(items)]
+                   ) -> PushResults:
+        return PushResults([ItemResult("queued", bytes([i]) * 16, 7, 100 + i,
+                                       1_700_000_000_000_000) for i, _ in enumerate(items)])
 
 
 class FakePopper:

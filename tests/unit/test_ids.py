@@ -25,6 +25,7 @@ from queen_mp.wire import (
     uuid7_unix_ms,
     uuid_from_text,
     uuid_text,
+    uuid_texts,
 )
 from queen_mp.wire import ids as ids_module
 
@@ -186,3 +187,12 @@ def test_hash_blob_is_one_hash_per_frame_in_order() -> None:
     assert len(blob) == 48
     assert [blob[k : k + 16] for k in (0, 16, 32)] == [txn_hash_bytes(t) for t in txns]
     assert hash_blob([]) == b""
+
+
+@pytest.mark.parametrize("count", [0, 1, 2, 31, 32, 33, 100, 1000])
+def test_uuid_texts_are_uuid_text_encoded(count: int) -> None:
+    """Below and from the count where numpy places the digits: the same text as uuid_text,
+    for random ids, the zero id and the all-ones id."""
+    ids = [os.urandom(16) for _ in range(count)] + [bytes(16), b"\xff" * 16]
+    assert uuid_texts(b"".join(ids)) == [uuid_text(i).encode() for i in ids]
+    assert uuid_texts(b"".join(ids)) == [str(uuid.UUID(bytes=i)).encode() for i in ids]

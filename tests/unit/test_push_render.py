@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import orjson
 
-from queen_mp.front.ingest import ItemResult
+from queen_mp.front.ingest import ItemResult, PushResults, QueuedRun, group_items
 from queen_mp.http.hot import HotCall, HotRoutes
 from queen_mp.http.push import PUSH_PATH, PushResource, render_item, render_items
 from queen_mp.models.items import PushItem
@@ -66,10 +66,11 @@ def _holders_while_awaiting(responder: Callable[[PushResource, AsyncIterator[byt
         verdicts: asyncio.Future[None]
 
         async def push(self, items: list[PushItem], tenant: bytes, chunks: object
-                       ) -> list[ItemResult]:
+                       ) -> PushResults:
             self.entered.set()
             await self.verdicts
-            return [ItemResult("queued", it.message_id, 1, i, 1) for i, it in enumerate(items)]
+            return PushResults([ItemResult("queued", it.message_id, 1, i, 1)
+                                for i, it in enumerate(items)])
 
     async def chunks() -> AsyncIterator[bytes]:
         yield body
@@ -111,3 +112,60 @@ def test_the_body_is_not_held_while_verdicts_are_awaited() -> None:
 
     assert _holders_while_awaiting(falcon_responder) == []
     assert _holders_while_awaiting(hot_responder) == []
+
+
+def _expanded(items: list[PushItem], results: PushResults) -> list[ItemResult]:
+    """``results`` with a result per item of each run, as the per-item path makes them."""
+    each = list(results.each)
+    for run in results.runs:
+        for k, i in enumerate(run.idx):
+            each[i] = ItemResult("queued", items[i].message_id, run.partition_id,
+                                 run.first + k, run.created_us)
+    assert None not in each
+    return each  # type: ignore[return-value]
+
+
+def test_a_queued_run_renders_as_its_items_results_would() -> None:
+    """A run is rendered at once (one template, C loops) into the same bytes as a result per
+    item; so are runs interleaved with other results, a run holding a traced item and a
+    run of one item."""
+    ids = [bytes([i]) * 16 for i in range(9)]
+
+    def it(i: int, txn: str, partition: str = "p-1", trace: bytes | None = None) -> PushItem:
+        return PushItem("orders", partition, txn, ids[i], b"", trace)
+
+    whole = [it(i, f"t-{i}" if i != 2 else 'we"ird\\ \u00e9') for i in range(5)]
+    cases = [
+        (whole, PushResults([None] * 5, (QueuedRun(list(range(5)), 7, 1_764_400_000_123_456,
+                                                   41),))),
+        ([it(0, "a"), it(1, "b", "p-2"), it(2, "c"), it(3, "d", "p-2"), it(4, "e", "p-3"),
+          it(5, "f", "p-4", bytes(16)), it(6, "g", "p-4"), it(7, "h", "p-5")],
+         PushResults([None, None, None, None, ItemResult("failed", ids[4], error="x"),
+                      None, None, ItemResult("buffered", ids[7])],
+                     (QueuedRun([0, 2], 7, 1_764_400_000_000_001, 1),
+                      QueuedRun([1, 3], 8, 1_764_400_000_000_002, 2**40),
+                      QueuedRun([5, 6], 9, 1_764_400_000_000_003, 0)))),
+        ([it(0, "solo")], PushResults([None], (QueuedRun([0], 3, 1, 5),))),
+    ]
+    for items, results in cases:
+        want = render_items(items, _expanded(items, results))
+        assert render_items(items, results.each, results.runs) == want
+        assert orjson.loads(want) == [render_item(i, x, r) for i, (x, r) in enumerate(
+            zip(items, _expanded(items, results), strict=True))]
+
+
+def test_group_items_by_set_sizes_as_by_the_loop() -> None:
+    """One partition and distinct transactionIds are told apart without the loop: the same
+    groups as the loop, and followers only where a transactionId repeats."""
+
+    def it(queue: str, partition: str, txn: str) -> PushItem:
+        return PushItem(queue, partition, txn, MID, b"")
+
+    assert group_items([]) == ({}, None)
+    assert group_items([it("q", "p", "a")]) == ({("q", "p"): [0]}, None)
+    assert group_items([it("q", "p", "a"), it("q", "p", "b"), it("q", "p", "c")]) == (
+        {("q", "p"): [0, 1, 2]}, None)
+    assert group_items([it("q", "p", "a"), it("q", "p2", "a"), it("q2", "p", "a")]) == (
+        {("q", "p"): [0], ("q", "p2"): [1], ("q2", "p"): [2]}, None)
+    assert group_items([it("q", "p", "a"), it("q", "p", "b"), it("q", "p", "a")]) == (
+        {("q", "p"): [0, 1]}, [0, 1, 0])
