@@ -10,7 +10,7 @@ from collections.abc import Iterable
 
 import xxhash
 
-__all__ = ["hash_blob", "hash_hex", "hash_prefixes", "txn_hash", "txn_hash_bytes"]
+__all__ = ["hash_blob", "hash_hex", "hash_prefixes", "txn_hash", "txn_hash_bytes", "txn_hashes"]
 
 _digest = xxhash.xxh3_128_digest
 
@@ -18,6 +18,14 @@ _digest = xxhash.xxh3_128_digest
 def txn_hash(transaction_id: str) -> bytes:
     """The 16-byte identity of a transactionId."""
     return _digest(transaction_id.encode("utf-8"))
+
+
+def txn_hashes(transaction_ids: Iterable[str]) -> list[bytes]:
+    """``txn_hash`` of each transactionId, in order.
+
+    PERF(wire): map over the C encode and digest, no interpreter call per id (an ack batch
+    hashes every item it forwards to the ack registry)."""
+    return list(map(_digest, map(str.encode, transaction_ids)))
 
 
 def txn_hash_bytes(transaction_id: bytes | bytearray | memoryview) -> bytes:
