@@ -162,8 +162,8 @@ async def list_pending(conn: Conn, tenant: bytes, queue: str, limit: int, offset
 # rolls back and retries the round (it logs them; nothing reaches a client).
 
 async def any_due(conn: Conn) -> bool:
-    """``timer_due_v1`` (autocommit, no locks): would a round find work?"""
-    return bool(await _value(conn, "SELECT queen.timer_due_v1()", ()))
+    """``timer_due_v2`` (autocommit, no locks): would a round find work?"""
+    return bool(await _value(conn, "SELECT queen.timer_due_v2()", ()))
 
 
 async def claim_due(conn: Conn, limit: int, max_bytes: int, with_encrypted: bool

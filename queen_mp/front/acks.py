@@ -27,7 +27,7 @@ from queen_mp.db.pooled import Pool, connection
 from queen_mp.front.delivery import Claim, Delivered, unpack_messages
 from queen_mp.ipc.routing import ack_shard
 from queen_mp.ipc.shardlink import ShardGone, ShardLink, verdicts_of
-from queen_mp.wire.hashing import txn_hash
+from queen_mp.wire.hashing import txn_hashes
 from queen_mp.wire.ids import ZERO_UUID
 from queen_mp.wire.records import ACK_COMMITTED, AckRequest, AckVerdict, hash_set
 
@@ -52,12 +52,13 @@ class AckOutcome:
                 "noop": self.noop}
 
 
-@dataclass
+@dataclass(slots=True)
 class _Group:
     partition_id: int
     group: str
     lease_id: uuid.UUID | None
     outcomes: list[AckOutcome] = field(default_factory=list)
+    completed: bool = True  # every item's status is ``completed``
 
 
 class Acker:
@@ -77,19 +78,27 @@ class Acker:
         """Every item's outcome in input order, and the SQL results (for wake-ups, metrics)."""
         groups: dict[tuple[int, str, uuid.UUID | None], _Group] = {}
         ordered: list[AckOutcome] = []
+        g: _Group | None = None
         for item in items:
-            key = (item.partition_id, item.group, item.lease_id)
-            g = groups.get(key)
-            if g is None:
-                g = groups[key] = _Group(item.partition_id, item.group, item.lease_id)
+            # PERF(ack): a batch's items share one partition id, group and lease object
+            # (decode_ack_items reads each once a body): the item's group is the last one's,
+            # found without building and hashing its key (a UUID hashes in Python).
+            if g is None or item.lease_id is not g.lease_id or item.group is not g.group \
+                    or item.partition_id != g.partition_id:
+                key = (item.partition_id, item.group, item.lease_id)
+                g = groups.get(key)
+                if g is None:
+                    g = groups[key] = _Group(item.partition_id, item.group, item.lease_id)
+            if item.status != "completed":
+                g.completed = False
             outcome = AckOutcome(item)
             g.outcomes.append(outcome)
             ordered.append(outcome)
         results: list[GroupAck] = []
-        keys = sorted(groups, key=lambda k: (k[0], k[1], str(k[2])))
+        keys = sorted(groups, key=lambda k: (k[0], k[1], str(k[2]))) if len(groups) > 1 \
+            else list(groups)
         if self.link is not None:
-            fast = [k for k in keys if k[2] is not None
-                    and all(o.item.status == "completed" for o in groups[k].outcomes)]
+            fast = [k for k in keys if k[2] is not None and groups[k].completed]
             answers = await self._fast(tenant, [groups[k] for k in fast])
             done = {k for k, res in zip(fast, answers, strict=True) if res is not None}
             results.extend(res for res in answers if res is not None)
@@ -97,7 +106,7 @@ class Acker:
         if not keys:
             return ordered, results
         sql_groups = [groups[k] for k in keys]
-        completed = all(o.item.status == "completed" for g in sql_groups for o in g.outcomes)
+        completed = all(g.completed for g in sql_groups)
         try:
             async with connection(self.pool, commit_sent=True) as conn:
                 if completed and len(sql_groups) == 1:
@@ -128,7 +137,7 @@ class Acker:
             assert g.lease_id is not None
             req = AckRequest(link.generation, link.slot, request_id, index, tenant,
                              g.lease_id.bytes, g.partition_id, g.group,
-                             hash_set([txn_hash(o.item.transaction_id) for o in g.outcomes]))
+                             hash_set(_txn_hashes(g)))
             calls.append(link.submit(ack_shard(g.partition_id, self.shards), request_id, index,
                                      req.pack(), deadline))
         answers: list[GroupAck | None] = []
@@ -192,9 +201,12 @@ class Acker:
             message.payload, signal.error, created)
 
 
+def _txn_hashes(g: _Group) -> list[bytes]:
+    return txn_hashes([o.item.transaction_id for o in g.outcomes])
+
+
 def _hashes_statuses(g: _Group) -> tuple[list[bytes], list[str]]:
-    return ([txn_hash(o.item.transaction_id) for o in g.outcomes],
-            [o.item.status for o in g.outcomes])
+    return _txn_hashes(g), [o.item.status for o in g.outcomes]
 
 
 def _settle(g: _Group, res: GroupAck) -> GroupAck:

@@ -15,6 +15,7 @@ import orjson
 
 from queen_mp.db.ack_procs import AckItem
 from queen_mp.db.errors import DatabaseError
+from queen_mp.front.acks import AckOutcome
 from queen_mp.front.worker import FrontWorker
 from queen_mp.http.answer import Answer
 from queen_mp.http.authz import tenant_of
@@ -32,6 +33,44 @@ __all__ = ["MAX_BODY", "AckBatchResource", "AckResource"]
 
 MAX_ACKS = 100_000
 MAX_BODY = 64 << 20
+
+
+_COMMIT_ERRORS = frozenset(("timeout", "outcome_unknown", "unavailable"))
+_ITEM = b'{"index":%d,"transactionId":"%s","partitionId":"%d",%s'
+_TAIL = b'"success":%s,"error":%s,"leaseReleased":%s,"dlq":%s,"noop":%s}'
+_JSON_BOOL = {True: b"true", False: b"false"}
+
+
+def _render(outcomes: list[AckOutcome]) -> bytes | None:
+    """The 200 body, byte for byte ``orjson.dumps([o.to_json() for o in outcomes])``; None
+    when some item failed with a commit error (the caller answers 503 with the results).
+
+    PERF(ack): no dict per item and one ``orjson.dumps`` for every transactionId at once
+    (an item was a dict built and serialised, a third of a 100-ack batch's instructions).
+    The ids come back from one dumped list split at ``","``: with no backslash in it, every
+    quote is a string's own, so that sequence occurs only between two strings; otherwise
+    each id is dumped alone."""
+    if not outcomes:
+        return b"[]"
+    ids = [o.item.transaction_id for o in outcomes]
+    dumped = orjson.dumps(ids)
+    txns = (dumped[2:-2].split(b'","') if b"\\" not in dumped
+            else [orjson.dumps(t)[1:-1] for t in ids])
+    tails: dict[tuple[bool, str | None, bool, bool, bool], bytes] = {}
+    parts: list[bytes] = []
+    append = parts.append
+    for o, txn in zip(outcomes, txns, strict=True):
+        key = (o.success, o.error, o.lease_released, o.dlq, o.noop)
+        tail = tails.get(key)
+        if tail is None:
+            if o.error in _COMMIT_ERRORS:
+                return None
+            tail = tails[key] = _TAIL % (
+                _JSON_BOOL[o.success], orjson.dumps(o.error), _JSON_BOOL[o.lease_released],
+                _JSON_BOOL[o.dlq], _JSON_BOOL[o.noop])
+        item = o.item
+        append(_ITEM % (item.index, txn, item.partition_id, tail))
+    return b"[%s]" % b",".join(parts)
 
 
 def _load(body: bytes) -> Any:
@@ -58,9 +97,11 @@ class _AckBase:
         except DatabaseError as ex:
             raise api_error(ex) from None
         self.worker.after_acks(tenant, results)
+        body = _render(outcomes)
+        if body is not None:
+            return Answer(200, body)
         body_items = [o.to_json() for o in outcomes]
-        failed = {o.error for o in outcomes if o.error in ("timeout", "outcome_unknown",
-                                                            "unavailable")}
+        failed = {o.error for o in outcomes if o.error in _COMMIT_ERRORS}
         if failed:
             if "outcome_unknown" in failed:
                 raise OutcomeUnknown("ack commit lost: outcome unknown; retry the call",

@@ -474,32 +474,48 @@ def decode_ack_items(body: bytes, batch: bool, max_acks: int) -> list[AckItem] |
     items: list[AckItem] = []
     append = items.append
     unset = msgspec.UNSET
+    # PERF(ack): the previous item's partition id, status and lease as sent, and what they
+    # read as: a batch repeats them, and comparing with the last one costs less than hashing
+    # each item's fresh string again to find it in the dicts.
+    last_pid: str | int | None = None
+    last_status: str | None = None
+    last_lease = ""
+    partition_id, status, lease_id = 0, "", None
     try:
         for index, a in enumerate(acks):
             txn = a.transactionId
             if not txn or (len(txn) > MAX_TXN_BYTES // 4
                            and len(txn.encode("utf-8")) > MAX_TXN_BYTES):
                 return None
-            partition_id = partitions.get(a.partitionId)
-            if partition_id is None:
-                partition_id = partitions[a.partitionId] = parse_partition_id(a.partitionId,
-                                                                               index)
-            status = _STATUS_OF.get(a.status)
-            if status is None:
-                return None
+            raw_pid = a.partitionId
+            if raw_pid != last_pid:  # NOTE(ack): "7" != 7, so a str never stands for an int
+                known = partitions.get(raw_pid)
+                if known is None:
+                    known = partitions[raw_pid] = parse_partition_id(raw_pid, index)
+                partition_id, last_pid = known, raw_pid
+            if a.status != last_status:
+                mapped = _STATUS_OF.get(a.status)
+                if mapped is None:
+                    return None
+                status, last_status = mapped, a.status
             raw_group = default_group if a.consumerGroup is unset else a.consumerGroup
             group = groups.get(raw_group)
             if group is None:
                 group = groups[raw_group] = parse_group(raw_group)
-            lease_id = None
-            if a.leaseId:
-                lease_id = leases.get(a.leaseId)
-                if lease_id is None:
-                    lease_id = leases[a.leaseId] = _lease_uuid(a.leaseId)
+            lease = a.leaseId
+            if not lease:
+                item_lease = None
+            else:
+                if lease != last_lease:
+                    lease_id = leases.get(lease)
+                    if lease_id is None:
+                        lease_id = leases[lease] = _lease_uuid(lease)
+                    last_lease = lease
+                item_lease = lease_id
             error = a.error
             if error is not None and "\x00" in error:
                 return None
-            append(AckItem(index, txn, partition_id, status, group, lease_id, error))
+            append(AckItem(index, txn, partition_id, status, group, item_lease, error))
     except (RequestError, ValueError):  # wire.errors are ValueErrors
         return None
     return items

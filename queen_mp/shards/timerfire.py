@@ -1,7 +1,7 @@
 """The timer firer of a shard: due timers become messages (docs/api.md 2.5 "Timer ops").
 
 Every ~100 ms (at once again when the previous round was full) an autocommit probe
-(``timer_due_v1``: is anything due?) and, only when it says so, one transaction:
+(``timer_due_v2``: is anything due?) and, only when it says so, one transaction:
 
 1. ``timer_claim_due_v1`` locks the partitions of the earliest due timers, then claims up to
    ``batch`` of those timers ``FOR UPDATE SKIP LOCKED`` (lock order: sql/functions/timers.sql);

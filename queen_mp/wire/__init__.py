@@ -63,7 +63,14 @@ from queen_mp.wire.frames import (
     read_frames,
     zstd_compress,
 )
-from queen_mp.wire.hashing import hash_blob, hash_hex, hash_prefixes, txn_hash, txn_hash_bytes
+from queen_mp.wire.hashing import (
+    hash_blob,
+    hash_hex,
+    hash_prefixes,
+    txn_hash,
+    txn_hash_bytes,
+    txn_hashes,
+)
 from queen_mp.wire.ids import (
     ZERO_UUID,
     ZERO_UUID_TEXT,
@@ -202,6 +209,7 @@ __all__ = [
     "read_frames",
     "txn_hash",
     "txn_hash_bytes",
+    "txn_hashes",
     "unpack_record",
     "uuid7",
     "uuid7_many",

@@ -428,7 +428,7 @@ def test_claim_skips_held_timers_and_locks_partitions_first(fresh_db_dsn):
     with psycopg.connect(fresh_db_dsn, autocommit=True) as setup:
         apply_sql(setup, [sched(q, "a", partition="p1"), sched(q, "b", partition="p1"),
                           sched(q, "c", partition="p2")])
-        assert setup.execute("SELECT queen.timer_due_v1()").fetchone()[0] is True
+        assert setup.execute("SELECT queen.timer_due_v2()").fetchone()[0] is True
         setup.execute("INSERT INTO queen.log_partitions (queue_id, name) SELECT q.id, p.name "
                       "FROM queen.queues q, (VALUES ('p1'), ('p2')) AS p(name) "
                       "WHERE q.name = %s", (q,))
@@ -473,7 +473,7 @@ def test_retention_decides_too_late_versus_absent(fresh_db_dsn):
             qid = db.execute("SELECT id FROM queen.queues WHERE name = %s", (q,)).fetchone()[0]
             assert db.execute("SELECT queen.timer_mark_fired_v1(%s, %s)",
                               ([qid] * len(keys), keys)).fetchone()[0] == 3
-        assert db.execute("SELECT queen.timer_due_v1()").fetchone()[0] is False
+        assert db.execute("SELECT queen.timer_due_v2()").fetchone()[0] is False
         assert db.execute("SELECT queen.timer_purge_v1(600)").fetchone()[0] == 0
         assert db.execute("SELECT queen.timer_retention_s()").fetchone()[0] == 600
         db.execute("UPDATE queen.timers SET fired_at = now() - interval '700 seconds', "
@@ -491,7 +491,7 @@ def test_retention_decides_too_late_versus_absent(fresh_db_dsn):
         apply_sql(db, [sched(q, "m")])
         db.execute("UPDATE queen.system_settings SET value = 'true' "
                    "WHERE key = 'maintenance_mode'")
-        assert db.execute("SELECT queen.timer_due_v1()").fetchone()[0] is False
+        assert db.execute("SELECT queen.timer_due_v2()").fetchone()[0] is False
         assert claim(db) == []
 
 

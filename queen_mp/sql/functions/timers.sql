@@ -11,7 +11,7 @@
 --       apply normalised ops in order, in the caller's transaction; a JSON array of results.
 --   queen.timer_get_v1(uuid, text, text) -> jsonb        one timer (peek), NULL if absent
 --   queen.timer_list_v1(uuid, text, int4, int8) -> jsonb pending timers of a queue, paged
---   queen.timer_due_v1() -> boolean
+--   queen.timer_due_v2() -> boolean
 --       the firer's idle probe (autocommit, no locks): is any pending timer due (and push
 --       maintenance off)?
 --   queen.timer_claim_due_v1(int4, int8, boolean) -> table
@@ -342,13 +342,21 @@ END
 $$;
 
 -- ---------------------------------------------------------------------------------------------
--- timer_due_v1: whether a round would find work; lets an idle firer skip the transaction.
+-- timer_due_v2: whether a round would find work; lets an idle firer skip the transaction.
+-- plpgsql, so its plan is cached per session: v1 was an SQL function, whose body PostgreSQL
+-- planned anew at each call, ten calls a second per shard: 230-250 us of its backend's CPU a
+-- call, 45-65 us as plpgsql (`SELECT 1`: 21 us; 2,000 prepared calls on a private cluster).
 -- ---------------------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION queen.timer_due_v1() RETURNS boolean
-LANGUAGE sql STABLE
-RETURN EXISTS (SELECT 1 FROM queen.timers t WHERE t.state = 'pending' AND t.fire_at <= now())
-       AND NOT COALESCE((SELECT (s.value #>> '{}')::boolean FROM queen.system_settings s
-                         WHERE s.key = 'maintenance_mode'), false);
+CREATE OR REPLACE FUNCTION queen.timer_due_v2() RETURNS boolean
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    RETURN EXISTS (SELECT 1 FROM queen.timers t
+                   WHERE t.state = 'pending' AND t.fire_at <= now())
+           AND NOT COALESCE((SELECT (s.value #>> '{}')::boolean FROM queen.system_settings s
+                             WHERE s.key = 'maintenance_mode'), false);
+END
+$$;
 
 -- ---------------------------------------------------------------------------------------------
 -- timer_claim_due_v1: the firer's claim (lock order in the header).
