@@ -19,7 +19,7 @@ import psycopg
 from psycopg.adapt import Dumper
 from psycopg.pq import Format
 
-__all__ = ["Array", "bytea_array", "int4_array", "int8_array", "register_arrays",
+__all__ = ["Array", "bytea_array", "int4_array", "int8_array", "int8_values", "register_arrays",
            "text_array", "uuid_array"]
 
 # array_recv's form: ndim, has-nulls flag, element type, then (size, lower bound) per dimension;
@@ -29,6 +29,7 @@ _LEN = struct.Struct(">i")
 _INT4, _INT8, _TEXT, _BYTEA, _UUID = 23, 20, 25, 17, 2950  # element type oids
 _FIXED: dict[tuple[str, int], struct.Struct] = {}  # (element code, length) -> its layout
 _CACHED_SIZES = 256
+_INT8_ELEMENTS: dict[int, struct.Struct] = {}  # element count -> layout (int8_values)
 _TUPLE_NEW = tuple.__new__
 
 
@@ -90,6 +91,30 @@ def int4_array(values: Sequence[int]) -> Array:
 
 def int8_array(values: Sequence[int]) -> Array:
     return _fixed(_INT8, "q", 8, values)
+
+
+def int8_values(data: bytes) -> tuple[int, ...]:
+    """The elements of a one-dimensional int8[] without NULLs, in ``array_send``'s form (a
+    result asked in binary); ``()`` for an empty array. Raises ValueError on anything else."""
+    if len(data) < 12:
+        raise ValueError(f"not an int8[]: {data!r}")
+    ndim, _, oid = struct.unpack_from(">iiI", data)
+    if ndim == 0 and oid == _INT8:
+        return ()
+    if ndim != 1 or oid != _INT8:
+        raise ValueError(f"not a one-dimensional int8[] (ndim {ndim}, element oid {oid})")
+    n = struct.unpack_from(">i", data, 12)[0]
+    st = _INT8_ELEMENTS.get(n)
+    if st is None:
+        st = struct.Struct(">" + "iq" * n)
+        if n <= _CACHED_SIZES:
+            _INT8_ELEMENTS[n] = st
+    if len(data) != 20 + st.size:  # a NULL element (length -1, no bytes) lands here too
+        raise ValueError(f"int8[] of {n} elements in {len(data)} bytes")
+    fields = st.unpack_from(data, 20)
+    if n and (min(fields[0::2]) != 8 or max(fields[0::2]) != 8):
+        raise ValueError("int8[] element of a length other than 8")
+    return fields[1::2]
 
 
 def register_arrays(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
