@@ -457,14 +457,6 @@ BEGIN
             FROM unnest(v_tenants, p_queues, p_partitions) WITH ORDINALITY AS b(t, q, p, ord);
     END IF;
 
-    SELECT count(i.pid), count(DISTINCT i.pid) INTO v_locked, v_distinct
-    FROM unnest(v_in_pids) AS i(pid);
-    IF v_distinct <> v_locked THEN
-        RAISE EXCEPTION 'log_push_multi_v2: a partition appears more than once in the bundle (% segments, % distinct partitions)',
-            v_locked, v_distinct
-            USING ERRCODE = '21000';
-    END IF;
-
     -- 3. One set-based pre-lock of every partition row, ascending id (the global lock order),
     --    by primary key, joined back to its input segment. A partition missing here vanished
     --    after provisioning. Per segment it decides (under the row lock, held from then on):
@@ -472,13 +464,14 @@ BEGIN
     --      * the probe: window > 0 and offsets stored above max(verified, txns_start - 1),
     --        which the shard did not verify: those go through log_push_one_v1 (ascending id);
     --        every other segment goes to the set-based writes of step 5.
-    SELECT count(*),
+    --    A partition named twice in the bundle joins twice (its row is locked once).
+    SELECT count(*), count(DISTINCT l.id),
            count(*) FILTER (WHERE b.cnt < 1 OR octet_length(b.h) <> 16 * b.cnt),
            min(l.id) FILTER (WHERE b.cnt < 1 OR octet_length(b.h) <> 16 * b.cnt),
            array_agg(b.o ORDER BY l.id) FILTER (WHERE l.probe),
            array_agg(l.dw ORDER BY b.o),
            array_agg(CASE WHEN l.probe THEN NULL ELSE l.id END ORDER BY b.o)
-    INTO v_locked, v_bad_count, v_bad_pid, v_probe, v_ws, v_opids
+    INTO v_locked, v_distinct, v_bad_count, v_bad_pid, v_probe, v_ws, v_opids
     FROM (
         SELECT lp.id, i.o, qu.dedup_window AS dw,
                qu.dedup_window > 0
@@ -493,6 +486,11 @@ BEGIN
     ) l
     JOIN unnest(p_msg_counts, p_hashes) WITH ORDINALITY AS b(cnt, h, o) ON b.o = l.o;
 
+    IF v_distinct <> v_locked THEN
+        RAISE EXCEPTION 'log_push_multi_v2: a partition appears more than once in the bundle (% segments, % distinct partitions)',
+            v_locked, v_distinct
+            USING ERRCODE = '21000';
+    END IF;
     IF v_locked <> n THEN
         RAISE EXCEPTION 'log_push_multi_v2: % of % partitions vanished before the pre-lock (queue deleted concurrently?)',
             n - v_locked, n
