@@ -1,8 +1,11 @@
 -- push.sql: the push path (life-of-a-push.md sections 4 and 5).
 --
 -- Functions:
---   queen.log_push_multi_v1(text[], text[], int4[], bytea[], int8[], bytea[], uuid[]) -> jsonb
---       one bundle = N segments on N distinct partitions, one transaction (the caller's).
+--   queen.log_push_multi_v2(text[], text[], int4[], bytea[], int8[], bytea[], uuid[]) -> int8[]
+--       one bundle = N segments on N distinct partitions, one transaction (the caller's):
+--       the shards and the timer firer call it.
+--   queen.log_push_multi_v1(same) -> jsonb
+--       v2's answer as JSON objects, for the transaction wire (and so the streams cycle).
 --   queen.log_push_one_v1(int8, int4, int4, bytea, int8, bytea, timestamptz) -> jsonb
 --       THE allocator: the only place an offset is ever assigned (push bundles, the
 --       transaction wire and the streams cycle all call it).
@@ -16,7 +19,7 @@
 --   queen.log_txns        read (dedup probe, primary key range); INSERT one row per segment
 --   queen.log_segments    INSERT one row per segment; read by log_segment_at_v1
 --
--- Lock order (design.md invariant 4), log_push_multi_v1:
+-- Lock order (design.md invariant 4), log_push_multi_v2:
 --   1. provisioning, only if some (tenant, queue, partition) is missing:
 --      INSERT queues ... ORDER BY (tenant, name) ON CONFLICT DO NOTHING, then
 --      INSERT log_partitions ... ORDER BY (queue_id, name) ON CONFLICT DO NOTHING
@@ -24,7 +27,8 @@
 --   2. every partition row of the bundle in ONE statement, ORDER BY log_partitions.id
 --      FOR NO KEY UPDATE OF the partition (queues rows are read, never locked; NO KEY, so a
 --      cursor insert's foreign key check, FOR KEY SHARE, never waits for a push);
---   3. per segment, ascending partition id: log_push_one_v1 re-locks its (already held) row.
+--   3. per segment that needs the dedup probe, ascending partition id: log_push_one_v1
+--      re-locks its (already held) row; the other segments' allocator UPDATE is one statement.
 --   4. the allocator UPDATE's statement trigger (log_partitions_ready, triggers.sql) sets
 --      ready_at on the partitions' caught-up consumer rows: consumer rows after partition
 --      rows, the global order. A partition's creation inserts the cursor rows of its queue's
@@ -50,7 +54,10 @@
 --     {"pid": <int8>, "s": "duplicate", "base": null,   "ts": <int8>,
 --      "dups": [{"i": <frame index in the segment, 0-based>, "off": <original offset>}, ...]}
 --   log_push_multi_v1: a JSON array in INPUT order, element k = the log_push_one_v1 object of
---     input segment k plus "i": k (0-based input ordinal). An empty bundle returns [].
+--     input segment k plus "i": k (0-based input ordinal) and "w" (the queue's dedup window).
+--     An empty bundle returns [].
+--   log_push_multi_v2 (int8[], input order; its revision note below gives the layout): ids,
+--     bases (0 = duplicate), ts, windows, then (segment, frame, offset) per duplicate frame.
 --
 -- Deduplication semantics (window > 0 only):
 --   * scope = the partition (tenant, queue, partition); identity = the 16-byte xxh3_128 hash.
