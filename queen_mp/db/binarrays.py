@@ -106,15 +106,16 @@ def int8_values(data: bytes) -> tuple[int, ...]:
     n = struct.unpack_from(">i", data, 12)[0]
     st = _INT8_ELEMENTS.get(n)
     if st is None:
-        st = struct.Struct(">" + "iq" * n)
+        # PERF(queen): the length words are skipped (``4x``), not made into ints, and checked
+        # as byte strings: a third of the instructions of unpacking both
+        st = struct.Struct(">" + "4xq" * n)
         if n <= _CACHED_SIZES:
             _INT8_ELEMENTS[n] = st
-    if len(data) != 20 + st.size:  # a NULL element (length -1, no bytes) lands here too
-        raise ValueError(f"int8[] of {n} elements in {len(data)} bytes")
-    fields = st.unpack_from(data, 20)
-    if n and (min(fields[0::2]) != 8 or max(fields[0::2]) != 8):
-        raise ValueError("int8[] element of a length other than 8")
-    return fields[1::2]
+    # a NULL element (length -1, no bytes) or another length than 8 fails one of these
+    if (len(data) != 20 + st.size or data[20::12] != data[21::12] or data[21::12] != data[22::12]
+            or data[22::12] != bytes(n) or data[23::12] != b"\x08" * n):
+        raise ValueError(f"not an int8[] of {n} elements without NULLs ({len(data)} bytes)")
+    return st.unpack_from(data, 20)
 
 
 def register_arrays(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
