@@ -40,14 +40,16 @@ Landed = Callable[[Any], None]  # the results (a list of PGresult), or the excep
 
 
 class PreparedCall:
-    """One statement with ``$n`` placeholders, all of whose parameters go in binary."""
+    """One statement with ``$n`` placeholders, all of whose parameters go in binary; its
+    result comes in text, or in binary with ``binary_result``."""
 
-    __slots__ = ("_attr", "_formats", "name", "sql")
+    __slots__ = ("_attr", "_formats", "_result", "name", "sql")
 
-    def __init__(self, name: str, sql: str, nparams: int) -> None:
+    def __init__(self, name: str, sql: str, nparams: int, *, binary_result: bool = False) -> None:
         self.name = name.encode()
         self.sql = sql.encode()
         self._formats = [pq.Format.BINARY] * nparams
+        self._result = pq.Format.BINARY if binary_result else pq.Format.TEXT
         self._attr = f"_queen_prepared_{name}"  # set on a connection once prepared there
 
     def prepared(self, conn: Conn) -> bool:
@@ -55,7 +57,7 @@ class PreparedCall:
 
     def send(self, conn: Conn, params: Sequence[bytes]) -> None:
         """Queue the call on a connection where it is ``prepared`` (its results follow)."""
-        conn.pgconn.send_query_prepared(self.name, params, self._formats)
+        conn.pgconn.send_query_prepared(self.name, params, self._formats, self._result)
 
     async def first(self, conn: Conn, params: Sequence[bytes]) -> bytes | None:
         """Prepare if needed, call, and wait with psycopg's own wait: the first use of a
@@ -82,7 +84,8 @@ def one_result(results: list[Any], pgconn: Any, want: pq.ExecStatus = _TUPLES_OK
 
 
 def first_value(results: list[Any], pgconn: Any) -> bytes | None:
-    """The first column of the first row (text form; None for NULL or no row)."""
+    """The first column of the first row (in the call's result format; None for NULL or no
+    row)."""
     res = one_result(results, pgconn)
     return res.get_value(0, 0) if res.ntuples else None
 

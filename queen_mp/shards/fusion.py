@@ -2,7 +2,7 @@
 
 Frames of a partition accumulate into one segment while that partition's previous flush is in
 flight; a bundle takes up to ``bundle_max`` ready, not-in-flight partitions and commits all of
-their segments in one ``log_push_multi_v1`` transaction. Dispatch fires on arrival whenever a
+their segments in one ``log_push_multi_v2`` transaction. Dispatch fires on arrival whenever a
 bundle permit is free (fire-on-idle); the hold tick is only a backstop. The in-flight cap adapts
 to the commit round trip (Vegas-like), so that under load fewer, larger bundles form.
 

@@ -29,6 +29,7 @@ PUSH_MULTI = (
     "SELECT queen.log_push_multi_v1(%s::text[], %s::text[], %s::int4[], %s::bytea[],"
     " %s::int8[], %s::bytea[], %s::uuid[])"
 )
+PUSH_MULTI_V2 = PUSH_MULTI.replace("log_push_multi_v1", "log_push_multi_v2")
 PUSH_ONE = (
     "SELECT queen.log_push_one_v1(%s::int8, %s::int4, %s::int4, %s::bytea, %s::int8,"
     " %s::bytea, %s::timestamptz)"
@@ -331,6 +332,46 @@ def test_duplicate_segment_does_not_disturb_the_rest_of_the_bundle(db):
     assert res[1]["dups"] == [{"i": 0, "off": 1}]
     assert counts(db, pa) == (1, 1, 1)
     assert counts(db, pb) == (2, 2, 2)
+
+
+def test_v2_answers_one_int8_array_in_input_order(db):
+    """log_push_multi_v2: ids, bases (0 = duplicate), stamps, windows, then the duplicate
+    frames as (segment, frame, offset) triples, ascending segment then frame, whatever the
+    partition ids' order; the shard decodes it (queen_mp.db.calls.segment_verdicts)."""
+    q = uq()
+    push(db, [Seg(q, "a", ["a1", "a2"]), Seg(q, "b", ["b1"]), Seg(q, "c", ["c1", "c2", "c3"])])
+    pa, pb, pc = pid_of(db, q, "a"), pid_of(db, q, "b"), pid_of(db, q, "c")
+    assert pa < pb < pc
+    segs = [Seg(q, "c", ["c9", "c3", "c1"]), Seg(q, "d", ["d1"]), Seg(q, "a", ["a2"]),
+            Seg(q, "b", ["b2", "b3"])]
+    row = db.execute(PUSH_MULTI_V2, (
+        [s.queue for s in segs], [s.partition for s in segs], [len(s.txns) for s in segs],
+        [hblob(s.txns) for s in segs], [0] * len(segs), [s.payload() for s in segs],
+        None)).fetchone()
+    assert row is not None
+    got, n = row[0], len(segs)
+    pd = pid_of(db, q, "d")
+    assert got[:n] == [pc, pd, pa, pb]
+    assert got[n:2 * n] == [0, 1, 0, 2]
+    assert all(isinstance(t, int) and t > 0 for t in got[2 * n:3 * n])
+    assert got[3 * n:4 * n] == [3600] * n
+    assert got[4 * n:] == [0, 1, 3, 0, 2, 1, 2, 0, 2]
+    assert counts(db, pc) == (1, 1, 3) and counts(db, pa) == (1, 1, 2)
+    assert counts(db, pb) == (2, 2, 3)
+    assert db.execute(PUSH_MULTI_V2, ([], [], [], [], [], [], None)).fetchone() == ([],)
+
+
+def test_v2_probe_and_set_based_segments_in_one_bundle(db):
+    """A segment that needs the probe (verified below stored offsets) beside segments that
+    skip it (verified up to the last offset, or a new partition): all stored, one ts rule."""
+    q = uq()
+    push(db, [Seg(q, "a", ["a1"]), Seg(q, "b", ["b1"])])
+    pa, pb = pid_of(db, q, "a"), pid_of(db, q, "b")
+    res = push(db, [Seg(q, "b", ["b2"], verified=1), Seg(q, "a", ["a2"], verified=0),
+                    Seg(q, "n", ["n1"])])
+    assert [(r["s"], r["base"]) for r in res] == [("queued", 2), ("queued", 2), ("queued", 1)]
+    assert res[0]["ts"] == res[1]["ts"] == res[2]["ts"]
+    assert assert_gapless(db, pa) == 2 and assert_gapless(db, pb) == 2
 
 
 def test_duplicate_reports_the_lowest_offset_in_the_window(db):

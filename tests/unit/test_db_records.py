@@ -13,34 +13,32 @@ from typing import Any
 
 import pytest
 
-from queen_mp.db import ack_procs, pop_procs
+from queen_mp.db import ack_procs, bundles, pop_procs
+from queen_mp.db.binarrays import int4_array, int8_array, int8_values
 from queen_mp.db.calls import SegmentVerdict, segment_verdicts
 from queen_mp.db.errors import DatabaseError
 
 TS = 1764530000123456
 
 
-def queued(i: int, pid: int, base: int, w: int = 3600) -> dict[str, Any]:
-    return {"i": i, "s": "queued", "w": w, "ts": TS, "pid": pid, "base": base}
+def answer(pids: list[int], bases: list[int], windows: list[int],
+           dups: tuple[tuple[int, int, int], ...] = ()) -> list[int]:
+    """log_push_multi_v2's int8[]: ids, bases (0 = duplicate), stamps, windows, dup triples."""
+    return [*pids, *bases, *[TS] * len(pids), *windows, *(x for d in dups for x in d)]
 
 
 def test_segment_verdicts_by_input_ordinal() -> None:
-    answer = [queued(1, 20, 7), {"i": 0, "s": "duplicate", "w": 60, "ts": TS, "pid": 10,
-                                 "base": None, "dups": [{"i": 0, "off": 3}, {"i": 2, "off": 5}]},
-              queued(2, 30, 1, w=0)]
-    got = segment_verdicts(answer, 3)
+    got = segment_verdicts(answer([10, 20, 30], [0, 7, 1], [60, 3600, 0],
+                                  ((0, 0, 3), (0, 2, 5))), 3)
     assert got == [
         SegmentVerdict(10, TS, False, None, 60, ((0, 3), (2, 5))),
         SegmentVerdict(20, TS, True, 7, 3600, ()),
         SegmentVerdict(30, TS, True, 1, 0, ()),
     ]
-    # SQL of an older revision had no "w" key, and no "dups" on a duplicate without any
-    assert segment_verdicts([{"i": 0, "s": "duplicate", "ts": TS, "pid": 1, "base": None}],
-                            1) == [SegmentVerdict(1, TS, False, None, 0, ())]
 
 
 def test_segment_verdicts_are_immutable_records() -> None:
-    (v,) = segment_verdicts([queued(0, 1, 1)], 1)
+    (v,) = segment_verdicts(answer([1], [1], [3600]), 1)
     assert type(v) is SegmentVerdict
     assert (v.partition_id, v.queued, v.base_offset, v.window) == (1, True, 1, 3600)
     with pytest.raises(AttributeError):
@@ -48,20 +46,43 @@ def test_segment_verdicts_are_immutable_records() -> None:
     assert not hasattr(v, "__dict__")
 
 
-@pytest.mark.parametrize("answer", [
+@pytest.mark.parametrize("got", [
     None,
-    {"i": 0},
     [],  # fewer verdicts than segments
-    [queued(0, 1, 1), queued(0, 2, 1)],  # an ordinal twice, one missing
-    [queued(0, 1, 1), queued(2, 2, 1)],  # an ordinal out of range
-    [{**queued(0, 1, 1), "s": "stored"}, queued(1, 2, 1)],  # an unknown status
-    [{"s": "queued", "pid": 1, "ts": TS, "base": 1}, queued(1, 2, 1)],  # no ordinal
-    [{"i": 0, "s": "queued", "ts": TS, "base": 1}, queued(1, 2, 1)],  # no partition id
-    [{"i": 0, "s": "duplicate", "ts": TS, "pid": 1, "dups": [{"i": 0}]}, queued(1, 2, 1)],
+    answer([1, 2], [1, 1], [0, 0])[:-1],  # an element short
+    answer([1, 2], [1, 0], [0, 0]),  # a duplicate without its frames
+    answer([1, 2], [1, -3], [0, 0], ((1, 0, 1),)),  # a negative base
+    answer([1, 2], [1, 5], [0, 0], ((1, 0, 1),)),  # frames of a queued segment
+    answer([1, 2], [1, 0], [0, 0], ((2, 0, 1),)),  # frames of an ordinal out of range
+    answer([1, 2], [1, 0], [0, 0], ((1, 0, 1),))[:-1],  # a triple cut short
 ])
-def test_a_malformed_answer_fails_the_whole_bundle(answer: Any) -> None:
+def test_a_malformed_answer_fails_the_whole_bundle(got: Any) -> None:
     with pytest.raises(DatabaseError):
-        segment_verdicts(answer, 2)
+        segment_verdicts(got, 2)
+
+
+def test_int8_values_reads_array_send() -> None:
+    assert int8_values(int8_array([5, -1, 2**62]).data) == (5, -1, 2**62)
+    assert int8_values(b"\0\0\0\0\0\0\0\0\0\0\0\x14") == ()  # '{}'
+    with pytest.raises(ValueError):
+        int8_values(int4_array([1]).data)  # not int8
+    with pytest.raises(ValueError):
+        int8_values(int8_array([1, 2]).data[:-1])  # cut short
+    null = bytearray(int8_array([1, 2]).data)
+    null[4:8] = (1).to_bytes(4, "big")  # has-nulls, the second element NULL (length -1)
+    null[32:] = (-1).to_bytes(4, "big", signed=True)
+    with pytest.raises(ValueError):
+        int8_values(bytes(null))
+
+
+def test_bundle_answer_in_binary_decodes_to_verdicts() -> None:
+    data = int8_array(answer([10, 20], [0, 4], [60, 0], ((0, 1, 9),))).data
+    assert bundles._verdicts(data, 2) == [SegmentVerdict(10, TS, False, None, 60, ((1, 9),)),
+                                          SegmentVerdict(20, TS, True, 4, 0, ())]
+    with pytest.raises(DatabaseError):
+        bundles._verdicts(int4_array([1, 2, 3, 4]).data, 1)
+    with pytest.raises(DatabaseError):
+        bundles._verdicts(None, 1)
 
 
 class _Cursor:

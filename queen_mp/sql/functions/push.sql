@@ -1,8 +1,11 @@
 -- push.sql: the push path (life-of-a-push.md sections 4 and 5).
 --
 -- Functions:
---   queen.log_push_multi_v1(text[], text[], int4[], bytea[], int8[], bytea[], uuid[]) -> jsonb
---       one bundle = N segments on N distinct partitions, one transaction (the caller's).
+--   queen.log_push_multi_v2(text[], text[], int4[], bytea[], int8[], bytea[], uuid[]) -> int8[]
+--       one bundle = N segments on N distinct partitions, one transaction (the caller's):
+--       the shards and the timer firer call it.
+--   queen.log_push_multi_v1(same) -> jsonb
+--       v2's answer as JSON objects, for the transaction wire (and so the streams cycle).
 --   queen.log_push_one_v1(int8, int4, int4, bytea, int8, bytea, timestamptz) -> jsonb
 --       THE allocator: the only place an offset is ever assigned (push bundles, the
 --       transaction wire and the streams cycle all call it).
@@ -16,7 +19,7 @@
 --   queen.log_txns        read (dedup probe, primary key range); INSERT one row per segment
 --   queen.log_segments    INSERT one row per segment; read by log_segment_at_v1
 --
--- Lock order (design.md invariant 4), log_push_multi_v1:
+-- Lock order (design.md invariant 4), log_push_multi_v2:
 --   1. provisioning, only if some (tenant, queue, partition) is missing:
 --      INSERT queues ... ORDER BY (tenant, name) ON CONFLICT DO NOTHING, then
 --      INSERT log_partitions ... ORDER BY (queue_id, name) ON CONFLICT DO NOTHING
@@ -24,7 +27,8 @@
 --   2. every partition row of the bundle in ONE statement, ORDER BY log_partitions.id
 --      FOR NO KEY UPDATE OF the partition (queues rows are read, never locked; NO KEY, so a
 --      cursor insert's foreign key check, FOR KEY SHARE, never waits for a push);
---   3. per segment, ascending partition id: log_push_one_v1 re-locks its (already held) row.
+--   3. per segment that needs the dedup probe, ascending partition id: log_push_one_v1
+--      re-locks its (already held) row; the other segments' allocator UPDATE is one statement.
 --   4. the allocator UPDATE's statement trigger (log_partitions_ready, triggers.sql) sets
 --      ready_at on the partitions' caught-up consumer rows: consumer rows after partition
 --      rows, the global order. A partition's creation inserts the cursor rows of its queue's
@@ -50,7 +54,10 @@
 --     {"pid": <int8>, "s": "duplicate", "base": null,   "ts": <int8>,
 --      "dups": [{"i": <frame index in the segment, 0-based>, "off": <original offset>}, ...]}
 --   log_push_multi_v1: a JSON array in INPUT order, element k = the log_push_one_v1 object of
---     input segment k plus "i": k (0-based input ordinal). An empty bundle returns [].
+--     input segment k plus "i": k (0-based input ordinal) and "w" (the queue's dedup window).
+--     An empty bundle returns [].
+--   log_push_multi_v2 (int8[], input order; its revision note below gives the layout): ids,
+--     bases (0 = duplicate), ts, windows, then (segment, frame, offset) per duplicate frame.
 --
 -- Deduplication semantics (window > 0 only):
 --   * scope = the partition (tenant, queue, partition); identity = the 16-byte xxh3_128 hash.
@@ -319,7 +326,34 @@ COMMENT ON FUNCTION queen.log_push_one_v1(int8, int4, int4, bytea, int8, bytea, 
 -- segment that needs the probe calls log_push_one_v1 as before. Both INSERTs read only the
 -- bundle's own arrays (no join, so no plan of theirs depends on table statistics).
 
-CREATE OR REPLACE FUNCTION queen.log_push_multi_v1(
+-- Revision (issue 26, pgpush): the bundle answers arrays, and its per-segment plpgsql is gone.
+--
+-- Functions:
+--   queen.log_push_multi_v2(text[], text[], int4[], bytea[], int8[], bytea[], uuid[]) -> int8[]
+--       (new: the live body; same arguments, locks, lock order and SQLSTATEs as v1)
+--   queen.log_push_multi_v1(same) -> jsonb: now the jsonb form of v2's answer, for the
+--       transaction wire (log_transaction_wire_v1) and tests that read the objects.
+--
+-- Why: bench/pushsql.py under callgrind (private cluster, 20 one-message segments a bundle):
+-- about 5.0M instructions a bundle, of which the jsonb answer ~1.0M (jsonb_build_object looks
+-- up the output function of every argument's type at every call, 34k instructions a segment;
+-- the aggregate and its text output on top), and the step-5 loop of plpgsql around a handful
+-- of array subscripts per segment. The shard then decoded the JSON again.
+--
+-- Now the pre-lock statement also joins each locked row to its input (ordinal, count, hash
+-- blob, promise) and decides, set-based, the guards (msg_count, stride) and which segments
+-- need the dedup probe; plpgsql loops only over those (rare: a partition the shard's filter
+-- does not know). The answer is one int8[] of 4n + 3d elements, input order:
+--   [1 .. n]         partition id of segment k
+--   [n+1 .. 2n]      base offset of segment k, 0 = duplicate (offsets start at 1)
+--   [2n+1 .. 3n]     ts: created_at of segment k in epoch microseconds (the bundle timestamp
+--                    for a duplicate)
+--   [3n+1 .. 4n]     the queue's dedup window in seconds
+--   then d triples   (k - 1, frame index, offset of the stored original) per duplicate frame,
+--                    ascending k then frame (log_push_one_v1's "dups")
+-- An empty bundle answers '{}'. The completeness guard (P0004) holds as before.
+
+CREATE OR REPLACE FUNCTION queen.log_push_multi_v2(
     p_queues     text[],
     p_partitions text[],
     p_msg_counts int4[],
@@ -327,7 +361,7 @@ CREATE OR REPLACE FUNCTION queen.log_push_multi_v1(
     p_verified   int8[],
     p_blobs      bytea[],
     p_tenants    uuid[] DEFAULT NULL
-) RETURNS jsonb
+) RETURNS int8[]
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 AS $$
 DECLARE
@@ -335,20 +369,23 @@ DECLARE
     n           int4 := COALESCE(cardinality(p_queues), 0);
     v_tenants   uuid[];
     v_in_pids   int8[];
-    v_ords      int4[];
-    v_pids      int8[];
-    v_windows   int4[];
     v_locked    int4;
     v_distinct  int4;
     v_ts        timestamptz;
-    v_lasts     int8[];
-    v_starts    int8[];
-    v_res       jsonb[];
-    v_o         int4;
-    v_c         int4;
+    v_bad_count int4;
+    v_bad_pid   int8;
+    v_bad_len   int4;
+    v_probe     int4[];
+    v_ws        int4[];
     v_opids     int8[];
-    v_ows       int4[];
-    v_out       jsonb;
+    v_ppids     int8[];
+    v_res       jsonb;
+    v_o         int4;
+    v_k         int4;
+    v_pids      int8[];
+    v_bases     int8[];
+    v_tss       int8[];
+    v_dups      int8[] := '{}';
     v_missing   int4;
 BEGIN
     -- 1. Alignment guard: a silent misalignment would demux verdicts to the wrong requests.
@@ -358,21 +395,21 @@ BEGIN
        OR COALESCE(cardinality(p_verified), 0) <> n
        OR COALESCE(cardinality(p_blobs), 0) <> n
        OR (p_tenants IS NOT NULL AND cardinality(p_tenants) <> n) THEN
-        RAISE EXCEPTION 'log_push_multi_v1: misaligned bundle arrays (queues %, partitions %, msg_counts %, hashes %, verified %, blobs %, tenants %)',
+        RAISE EXCEPTION 'log_push_multi_v2: misaligned bundle arrays (queues %, partitions %, msg_counts %, hashes %, verified %, blobs %, tenants %)',
             cardinality(p_queues), cardinality(p_partitions), cardinality(p_msg_counts),
             cardinality(p_hashes), cardinality(p_verified), cardinality(p_blobs),
             cardinality(p_tenants)
             USING ERRCODE = '22023';
     END IF;
     IF n = 0 THEN
-        RETURN '[]'::jsonb;
+        RETURN '{}'::int8[];
     END IF;
     IF array_position(p_queues, NULL) IS NOT NULL
        OR array_position(p_partitions, NULL) IS NOT NULL
        OR array_position(p_msg_counts, NULL) IS NOT NULL
        OR array_position(p_hashes, NULL) IS NOT NULL
        OR array_position(p_blobs, NULL) IS NOT NULL THEN
-        RAISE EXCEPTION 'log_push_multi_v1: NULL queue, partition, msg_count, hashes or blob in bundle'
+        RAISE EXCEPTION 'log_push_multi_v2: NULL queue, partition, msg_count, hashes or blob in bundle'
             USING ERRCODE = '22023';
     END IF;
 
@@ -386,7 +423,18 @@ BEGIN
     END IF;
 
     -- 2. Resolution (input order, NULL = missing); provisioning only if something is missing.
-    v_in_pids := queen.log_partition_ids_v1(v_tenants, p_queues, p_partitions);
+    --    Each name is resolved by a correlated scalar subquery, in which the names are
+    --    parameters of an equality on both unique keys whatever the statistics say (old
+    --    migration 100, below). Inline, not a function of its own: a nested plpgsql call with
+    --    its own SET clause cost about 20k instructions a bundle (bench/pushsql.py).
+    SELECT array_agg(
+               (SELECT lp.id
+                FROM queen.queues qu
+                JOIN queen.log_partitions lp ON lp.queue_id = qu.id AND lp.name = b.p
+                WHERE qu.tenant = b.t AND qu.name = b.q)
+               ORDER BY b.ord)
+    INTO v_in_pids
+    FROM unnest(v_tenants, p_queues, p_partitions) WITH ORDINALITY AS b(t, q, p, ord);
 
     IF array_position(v_in_pids, NULL) IS NOT NULL THEN
         -- Ordered on the unique keys: ON CONFLICT takes speculative locks in row order, so two
@@ -406,77 +454,104 @@ BEGIN
         ORDER BY qu.id, b.p
         ON CONFLICT (queue_id, name) DO NOTHING;
 
-        v_in_pids := queen.log_partition_ids_v1(v_tenants, p_queues, p_partitions);
+            SELECT array_agg(
+                       (SELECT lp.id
+                        FROM queen.queues qu
+                        JOIN queen.log_partitions lp ON lp.queue_id = qu.id AND lp.name = b.p
+                        WHERE qu.tenant = b.t AND qu.name = b.q)
+                       ORDER BY b.ord)
+            INTO v_in_pids
+            FROM unnest(v_tenants, p_queues, p_partitions) WITH ORDINALITY AS b(t, q, p, ord);
     END IF;
 
     -- 3. One set-based pre-lock of every partition row, ascending id (the global lock order),
-    --    by primary key. A partition missing here vanished after provisioning.
-    SELECT array_agg(i.ord ORDER BY i.pid), array_agg(i.pid ORDER BY i.pid),
-           count(*), count(DISTINCT i.pid)
-    INTO v_ords, v_pids, v_locked, v_distinct
-    FROM unnest(v_in_pids) WITH ORDINALITY AS i(pid, ord)
-    WHERE i.pid IS NOT NULL;
+    --    by primary key, joined back to its input segment. A partition missing here vanished
+    --    after provisioning. Per segment it decides (under the row lock, held from then on):
+    --      * the guards of log_push_one_v1 (msg_count >= 1, 16 x msg_count bytes of hashes);
+    --      * the probe: window > 0 and offsets stored above max(verified, txns_start - 1),
+    --        which the shard did not verify: those go through log_push_one_v1 (ascending id);
+    --        every other segment goes to the set-based writes of step 5.
+    --    A partition named twice in the bundle joins twice (its row is locked once).
+    SELECT count(*), count(DISTINCT l.id),
+           count(*) FILTER (WHERE b.cnt < 1 OR octet_length(b.h) <> 16 * b.cnt),
+           min(l.id) FILTER (WHERE b.cnt < 1 OR octet_length(b.h) <> 16 * b.cnt),
+           array_agg(b.o ORDER BY l.id) FILTER (WHERE l.probe),
+           array_agg(l.dw ORDER BY b.o),
+           array_agg(CASE WHEN l.probe THEN NULL ELSE l.id END ORDER BY b.o)
+    INTO v_locked, v_distinct, v_bad_count, v_bad_pid, v_probe, v_ws, v_opids
+    FROM (
+        SELECT lp.id, i.o, qu.dedup_window AS dw,
+               qu.dedup_window > 0
+               AND GREATEST(COALESCE(p_verified[i.o], 0), lp.txns_start - 1) < lp.last_offset
+                   AS probe
+        FROM queen.log_partitions lp
+        JOIN queen.queues qu ON qu.id = lp.queue_id
+        JOIN unnest(v_in_pids) WITH ORDINALITY AS i(pid, o) ON i.pid = lp.id
+        WHERE lp.id = ANY (v_in_pids)
+        ORDER BY lp.id
+        FOR NO KEY UPDATE OF lp
+    ) l
+    JOIN unnest(p_msg_counts, p_hashes) WITH ORDINALITY AS b(cnt, h, o) ON b.o = l.o;
 
     IF v_distinct <> v_locked THEN
-        RAISE EXCEPTION 'log_push_multi_v1: a partition appears more than once in the bundle (% segments, % distinct partitions)',
+        RAISE EXCEPTION 'log_push_multi_v2: a partition appears more than once in the bundle (% segments, % distinct partitions)',
             v_locked, v_distinct
             USING ERRCODE = '21000';
     END IF;
-
-    SELECT array_agg(l.dw ORDER BY l.id), array_agg(l.last_offset ORDER BY l.id),
-           array_agg(l.txns_start ORDER BY l.id), count(*)
-    INTO v_windows, v_lasts, v_starts, v_locked
-    FROM (
-        SELECT lp.id, qu.dedup_window AS dw, lp.last_offset, lp.txns_start
-        FROM queen.log_partitions lp
-        JOIN queen.queues qu ON qu.id = lp.queue_id
-        WHERE lp.id = ANY (v_pids)
-        ORDER BY lp.id
-        FOR NO KEY UPDATE OF lp
-    ) l;
-
     IF v_locked <> n THEN
-        RAISE EXCEPTION 'log_push_multi_v1: % of % partitions vanished before the pre-lock (queue deleted concurrently?)',
+        RAISE EXCEPTION 'log_push_multi_v2: % of % partitions vanished before the pre-lock (queue deleted concurrently?)',
             n - v_locked, n
             USING ERRCODE = '40001';
+    END IF;
+    IF v_bad_count > 0 THEN
+        -- log_push_one_v1's own guards, same messages and SQLSTATE (lowest partition id first)
+        SELECT b.cnt, octet_length(b.h) INTO v_k, v_bad_len
+        FROM unnest(v_in_pids, p_msg_counts, p_hashes) AS b(pid, cnt, h)
+        WHERE b.pid = v_bad_pid;
+        IF v_k < 1 THEN
+            RAISE EXCEPTION 'log_push_one_v1: msg_count must be >= 1 (got %)', v_k
+                USING ERRCODE = '22023';
+        END IF;
+        RAISE EXCEPTION 'log_push_one_v1: hash blob stride mismatch on partition %: % bytes for % frames (want %)',
+            v_bad_pid, v_bad_len, v_k, 16 * v_k
+            USING ERRCODE = '22023';
     END IF;
 
     -- 4. The bundle timestamp, once, with every partition lock held.
     v_ts := clock_timestamp();
 
-    -- 5. A segment with stored offsets its shard did not verify (window > 0, something above
-    --    max(verified, txns_start - 1): the pre-lock read both under the row lock it holds
-    --    from then on) needs the dedup probe, so it goes through log_push_one_v1 as before,
-    --    ascending partition id. Every other segment is marked for the writes of step 6.
-    v_res := array_fill(NULL::jsonb, ARRAY[n]);
-    v_opids := array_fill(NULL::int8, ARRAY[n]);
-    v_ows := array_fill(NULL::int4, ARRAY[n]);
-    FOR k IN 1 .. n LOOP
-        v_o := v_ords[k];
-        v_c := p_msg_counts[v_o];
-        v_ows[v_o] := v_windows[k];
-        IF v_windows[k] > 0
-           AND GREATEST(COALESCE(p_verified[v_o], 0), v_starts[k] - 1) < v_lasts[k] THEN
-            v_res[v_o] := queen.log_push_one_v1(
-                              v_pids[k], v_windows[k], v_c, p_hashes[v_o],
-                              COALESCE(p_verified[v_o], 0), p_blobs[v_o], v_ts)
-                          || jsonb_build_object('i', v_o - 1, 'w', v_windows[k]);
-            CONTINUE;
+    -- The probe path, ascending partition id: log_push_one_v1 as before. Its answers are
+    -- spliced into the result arrays of step 5 by ordinal.
+    v_pids := array_fill(NULL::int8, ARRAY[n]);
+    v_bases := array_fill(NULL::int8, ARRAY[n]);
+    v_tss := array_fill(NULL::int8, ARRAY[n]);
+    IF v_probe IS NOT NULL THEN
+        FOREACH v_o IN ARRAY v_probe LOOP
+            v_res := queen.log_push_one_v1(
+                         v_in_pids[v_o], v_ws[v_o], p_msg_counts[v_o], p_hashes[v_o],
+                         COALESCE(p_verified[v_o], 0), p_blobs[v_o], v_ts);
+            v_pids[v_o] := v_in_pids[v_o];
+            v_bases[v_o] := COALESCE((v_res ->> 'base')::int8, 0);
+            v_tss[v_o] := (v_res ->> 'ts')::int8;
+            IF v_res ? 'dups' THEN
+                v_dups := v_dups || ARRAY(
+                    SELECT x FROM jsonb_array_elements(v_res -> 'dups') WITH ORDINALITY AS d(e, r),
+                         LATERAL unnest(ARRAY[(v_o - 1)::int8, (d.e ->> 'i')::int8,
+                                              (d.e ->> 'off')::int8]) WITH ORDINALITY AS u(x, c)
+                    ORDER BY d.r, u.c);
+            END IF;
+        END LOOP;
+        IF cardinality(v_dups) > 0 THEN
+            -- ascending segment ordinal (the probe ran in partition id order)
+            SELECT array_agg(u.x ORDER BY t.k, t.f, u.c) INTO v_dups
+            FROM (SELECT v_dups[3 * r - 2] AS k, v_dups[3 * r - 1] AS f, r
+                  FROM generate_series(1, cardinality(v_dups) / 3) AS r) t,
+                 LATERAL unnest(ARRAY[v_dups[3 * t.r - 2], v_dups[3 * t.r - 1],
+                                      v_dups[3 * t.r]]) WITH ORDINALITY AS u(x, c);
         END IF;
-        -- log_push_one_v1's own guards, same messages and SQLSTATE
-        IF v_c < 1 THEN
-            RAISE EXCEPTION 'log_push_one_v1: msg_count must be >= 1 (got %)', v_c
-                USING ERRCODE = '22023';
-        END IF;
-        IF octet_length(p_hashes[v_o]) <> 16 * v_c THEN
-            RAISE EXCEPTION 'log_push_one_v1: hash blob stride mismatch on partition %: % bytes for % frames (want %)',
-                v_pids[k], octet_length(p_hashes[v_o]), v_c, 16 * v_c
-                USING ERRCODE = '22023';
-        END IF;
-        v_opids[v_o] := v_pids[k];
-    END LOOP;
+    END IF;
 
-    -- 6. The marked segments, one statement: log_push_one_v1's allocator UPDATE for all of
+    -- 5. The other segments, one statement: log_push_one_v1's allocator UPDATE for all of
     --    them (`lp.id = ANY` keeps it a primary key probe whatever the join method), then
     --    their segment rows and sidecar rows (always, dedup or not: ack-by-transactionId
     --    resolves through it). Results in input order, and the completeness guard: every
@@ -501,27 +576,70 @@ BEGIN
         SELECT a.pid, a.base, a.cnt, a.created, h.hashes
         FROM a JOIN unnest(p_hashes) WITH ORDINALITY AS h(hashes, o) ON h.o = a.o
     )
-    SELECT jsonb_agg(COALESCE(r.res, CASE WHEN a.base IS NOT NULL THEN jsonb_build_object(
-               'pid', a.pid, 's', 'queued', 'base', a.base,
-               'ts', (extract(epoch FROM a.created) * 1000000)::int8,
-               'i', r.o - 1, 'w', r.w) END) ORDER BY r.o),
-           count(*) FILTER (WHERE r.res IS NULL AND a.base IS NULL)
-    INTO v_out, v_missing
-    FROM unnest(v_res, v_ows) WITH ORDINALITY AS r(res, w, o)
+    SELECT array_agg(COALESCE(r.pid, a.pid) ORDER BY r.o)
+           || array_agg(COALESCE(r.base, a.base) ORDER BY r.o)
+           || array_agg(COALESCE(r.ts, (extract(epoch FROM a.created) * 1000000)::int8)
+                        ORDER BY r.o)
+           || array_agg(r.w::int8 ORDER BY r.o)
+           || v_dups,
+           count(*) FILTER (WHERE r.base IS NULL AND a.base IS NULL)
+    INTO v_pids, v_missing
+    FROM unnest(v_pids, v_bases, v_tss, v_ws) WITH ORDINALITY AS r(pid, base, ts, w, o)
     LEFT JOIN a ON a.o = r.o;
-    IF v_missing <> 0 OR jsonb_array_length(v_out) <> n THEN
-        RAISE EXCEPTION 'log_push_multi_v1: completeness guard: % inputs, % without a result',
+    IF v_missing <> 0 OR array_position(v_pids, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'log_push_multi_v2: completeness guard: % inputs, % without a result',
             n, v_missing
             USING ERRCODE = 'P0004';
     END IF;
 
-    RETURN v_out;
+    RETURN v_pids;
+END
+$$;
+
+COMMENT ON FUNCTION queen.log_push_multi_v2(text[], text[], int4[], bytea[], int8[], bytea[], uuid[]) IS
+'Push one bundle (one segment per distinct partition). Returns int8[]: n partition ids, n base '
+'offsets (0 = duplicate), n timestamps (epoch us), n dedup windows, then a (segment, frame, '
+'original offset) triple per duplicate frame; input order.';
+
+-- log_push_multi_v1: v2's answer as the JSON array of objects the transaction wire embeds in
+-- its own answer ({"i","pid","s","base","ts","w"[,"dups"]}, input order; [] when empty).
+CREATE OR REPLACE FUNCTION queen.log_push_multi_v1(
+    p_queues     text[],
+    p_partitions text[],
+    p_msg_counts int4[],
+    p_hashes     bytea[],
+    p_verified   int8[],
+    p_blobs      bytea[],
+    p_tenants    uuid[] DEFAULT NULL
+) RETURNS jsonb
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+AS $$
+DECLARE
+    v   int8[] := queen.log_push_multi_v2(p_queues, p_partitions, p_msg_counts, p_hashes,
+                                          p_verified, p_blobs, p_tenants);
+    n   int4 := COALESCE(cardinality(p_queues), 0);
+BEGIN
+    RETURN COALESCE((
+        SELECT jsonb_agg(
+                   CASE WHEN v[n + k] > 0
+                        THEN jsonb_build_object('i', k - 1, 'pid', v[k], 's', 'queued',
+                                                'base', v[n + k], 'ts', v[2 * n + k],
+                                                'w', v[3 * n + k])
+                        ELSE jsonb_build_object('i', k - 1, 'pid', v[k], 's', 'duplicate',
+                                                'base', NULL, 'ts', v[2 * n + k],
+                                                'w', v[3 * n + k], 'dups', (
+            SELECT jsonb_agg(jsonb_build_object('i', v[4 * n + 3 * r - 1],
+                                                'off', v[4 * n + 3 * r]) ORDER BY r)
+            FROM generate_series(1, (cardinality(v) - 4 * n) / 3) AS r
+            WHERE v[4 * n + 3 * r - 2] = k - 1)) END
+                   ORDER BY k)
+        FROM generate_series(1, n) AS k), '[]'::jsonb);
 END
 $$;
 
 COMMENT ON FUNCTION queen.log_push_multi_v1(text[], text[], int4[], bytea[], int8[], bytea[], uuid[]) IS
-'Push one bundle (one segment per distinct partition). Returns a JSON array in input order of '
-'{"i","pid","s","base","ts"[,"dups"]} (see log_push_one_v1).';
+'log_push_multi_v2 answered as a JSON array in input order of '
+'{"i","pid","s","base","ts","w"[,"dups"]} (see log_push_one_v1).';
 
 -- ---------------------------------------------------------------------------------------------
 -- log_segment_at_v1: the segment covering p_off (base_offset <= p_off < base_offset +
@@ -544,28 +662,7 @@ $$;
 
 -- (old migration 100_push_resolve.sql: its note is above log_push_multi_v1.)
 
--- ---------------------------------------------------------------------------------------------
--- log_partition_ids_v1: partition id per (tenant, queue, partition) name, input order, NULL
--- where it does not exist. Each lookup is a correlated subquery, so the names are parameters
--- of an equality on both unique keys whatever the statistics say.
--- ---------------------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION queen.log_partition_ids_v1(p_tenants uuid[], p_queues text[], p_partitions text[])
-RETURNS int8[]
-LANGUAGE plpgsql STABLE PARALLEL SAFE
-AS $$
-BEGIN
-    -- plpgsql, not sql: its statement plan is cached per session (an SQL function's body is
-    -- planned again at every call, 0.25 ms a bundle).
-    RETURN (
-        SELECT array_agg(
-                   (SELECT lp.id
-                    FROM queen.queues qu
-                    JOIN queen.log_partitions lp ON lp.queue_id = qu.id AND lp.name = b.p
-                    WHERE qu.tenant = b.t AND qu.name = b.q)
-                   ORDER BY b.ord)
-        FROM unnest(p_tenants, p_queues, p_partitions) WITH ORDINALITY AS b(t, q, p, ord));
-END
-$$;
+-- (log_partition_ids_v1, the resolution of old migration 100, is inline in log_push_multi_v2.)
 
 -- The dedup probe of log_push_one_v1 is one large statement whose custom plans cost about
 -- 0.5 ms of planning per segment (most of a small bundle's database time); its generic plan is
@@ -575,9 +672,7 @@ ALTER FUNCTION queen.log_push_one_v1(int8, int4, int4, bytea, int8, bytea, times
     SET plan_cache_mode = force_generic_plan;
 
 -- The same for the bundle's own statements (the pre-lock was planned anew at every call).
-ALTER FUNCTION queen.log_push_multi_v1(text[], text[], int4[], bytea[], int8[], bytea[], uuid[])
-    SET plan_cache_mode = force_generic_plan;
-ALTER FUNCTION queen.log_partition_ids_v1(uuid[], text[], text[])
+ALTER FUNCTION queen.log_push_multi_v2(text[], text[], int4[], bytea[], int8[], bytea[], uuid[])
     SET plan_cache_mode = force_generic_plan;
 
 -- Revision (old migration 115_dedup_recall.sql): stored transaction hashes of an offset range, for a shard's dedup
