@@ -142,6 +142,7 @@ def test_011_carries_the_messages_of_009_over(pg_server_dsn, tmp_path: Path):
     shutil.copytree(SQL_DIR, tree)
     (tree / "schema" / "011_ephemeral_chunks.sql").unlink()
     (tree / "schema" / "012_ephemeral_uncompressed.sql").unlink()  # it alters 011's table
+    (tree / "schema" / "013_ephemeral_leases_inline.sql").unlink()  # later than 011
     dsn = make_database(pg_server_dsn)
     tenant = uuid.UUID(int=0)
     base = 16384 * 7
@@ -168,7 +169,7 @@ def test_011_carries_the_messages_of_009_over(pg_server_dsn, tmp_path: Path):
                 (0, ['"m0"', '"m1"', '"m2"', None, None, '"m5"'], [4, 4, 4, 0, 0, 4],
                  "{[3,5)}", 4),
                 (256, ['"m256"', '"m257"'], [6, 6], "{}", 2)]
-            row = conn.execute("SELECT messages FROM queen.eph_pop_v2(%s, 'old', NULL, 'g', 10, "
+            row = conn.execute("SELECT messages FROM queen.eph_pop_v3(%s, 'old', NULL, 'g', 10, "
                                "false)", (tenant,)).fetchone()
             assert row is not None
             msgs = orjson.loads(row[0])
