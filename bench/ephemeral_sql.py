@@ -1,8 +1,8 @@
 """Ephemeral queues in SQL alone: PostgreSQL CPU per message of push, pop and ack, no broker.
 
 ``bench/ephemeral.py`` measures the routes, where the broker, the HTTP client and the load of
-the machine share the figures. This one calls ``queen.eph_push_v1``, ``eph_pop_v2`` and
-``eph_ack_v2`` over one connection, one call after the other, and reads from ``/proc`` (so the
+the machine share the figures. This one calls ``queen.eph_push_v1``, ``eph_pop_v3`` and
+``eph_ack_v3`` over one connection, one call after the other, and reads from ``/proc`` (so the
 server must run on this machine) the CPU time of that connection's backend and of the whole
 cluster (the backend, autovacuum, the writers): what a message costs PostgreSQL itself, the
 figure the storage layout decides.
@@ -98,7 +98,7 @@ class _Backend:
                            text_array([_PAYLOAD] * (n * k))))
 
     def pop_ack(self, queue: str, group: str, batch: int) -> int:
-        row = self.conn.execute("SELECT messages, claimed FROM queen.eph_pop_v2(%s, %s, NULL, "
+        row = self.conn.execute("SELECT messages, claimed FROM queen.eph_pop_v3(%s, %s, NULL, "
                                 "%s, %s, false)", (_TENANT, queue, group, batch),
                                 binary=True).fetchone()
         assert row is not None
@@ -107,7 +107,7 @@ class _Backend:
         parts = [parse_id(m["id"]) for m in orjson.loads(row[0])]
         ok = [p for p in parts if p is not None]
         out = self.conn.execute(
-            "SELECT outcomes FROM queen.eph_ack_v2(%s, %s, %s, %b::text[], %b::int8[], "
+            "SELECT outcomes FROM queen.eph_ack_v3(%s, %s, %s, %b::text[], %b::int8[], "
             "%b::int8[], %b::text[])",
             (_TENANT, queue, group, text_array([p[0] for p in ok]),
              int8_array([p[1] for p in ok]), int8_array([p[2] for p in ok]),

@@ -135,7 +135,7 @@ async def push_many(conn: Conn, tenants: Sequence[bytes], queues: Sequence[str],
 async def pop(conn: Conn, tenant: bytes, queue: str, partition: str | None, group: str,
               batch: int, auto_ack: bool) -> PopOutcome:
     row = await _one(conn, "SELECT messages, claimed, wake_in_ms, window_ms, window_count "
-                           "FROM queen.eph_pop_v2(%s, %s, %s, %s, %s, %s)",
+                           "FROM queen.eph_pop_v3(%s, %s, %s, %s, %s, %s)",
                      (_tenant(tenant), queue, partition, group, batch, auto_ack), writes=True,
                      binary=True)  # PERF(eph): the server sends the text as it is (textsend)
     return PopOutcome(row[0].encode(), int(row[1]), row[2], int(row[3]), int(row[4]))
@@ -150,7 +150,7 @@ async def ack(conn: Conn, tenant: bytes, queue: str, group: str, statuses: Seque
     (``string_to_array``, '' read as NULL; none of their elements has a comma): Python built
     no int and no array element for them (an ack of 100 cost the front worker 0.6 us a
     message in ``int()`` and the binary arrays)."""
-    row = await _one(conn, "SELECT outcomes, redelivered FROM queen.eph_ack_v2(%s, %s, %s, "
+    row = await _one(conn, "SELECT outcomes, redelivered FROM queen.eph_ack_v3(%s, %s, %s, "
                            "string_to_array(%s, ',', ''), "
                            "string_to_array(%s, ',', '')::int8[], "
                            "string_to_array(%s, ',', '')::int8[], string_to_array(%s, ','))",

@@ -98,6 +98,45 @@ def test_a_chunks_payloads_are_stored_out_of_line_uncompressed(broker, db_dsn):
     assert [m["payload"]["i"] for m in pop(c, q, "g", 100)] == list(range(100))
 
 
+def test_a_large_deliverys_row_is_stored_uncompressed_in_its_page(broker, db_dsn):
+    """schema 013: a pop of 600 messages (a 7 kB row of seqs and delivery counts) is neither
+    compressed (pglz at the pop, again at the ack) nor moved out of line."""
+    q, c = uq(), broker.client
+    push(c, q, list(range(600)))
+    got = pop(c, q, "g", 600)
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT pg_column_compression(l.seqs), pg_column_compression(l.atts), "
+            "cardinality(l.seqs), pg_column_size(l.seqs) FROM queen.eph_leases l "
+            "WHERE l.queue = %s", (q,)).fetchone()
+    assert row is not None and row[:3] == (None, None, 600) and row[3] > 4800, row
+    assert set(ack(c, q, "g", got)) == {"acked"}
+    assert depth(c, q)["pending"] == 0
+    assert chunks(db_dsn, q) == []
+
+
+def test_deliveries_across_two_chunks_free_what_they_acknowledged(broker, db_dsn):
+    """The ack of a delivery that ends inside the next chunk (pops of 70 over pushes of 100):
+    the first chunk goes when the run was what it had left, the second loses its run."""
+    q, c = uq(), broker.client
+    for i in range(3):
+        push(c, q, list(range(i * 100, i * 100 + 100)))
+    got = [pop(c, q, "g", 70) for _ in range(4)]
+    assert [m["payload"] for batch in got for m in batch] == list(range(280))
+    assert set(ack(c, q, "g", got[0])) == {"acked"}  # one chunk, part of it
+    assert chunks(db_dsn, q) == [(100, 30, 0), (100, 100, 0), (100, 100, 0)]
+    assert set(ack(c, q, "g", got[1])) == {"acked"}  # its end, then the next one's start
+    assert chunks(db_dsn, q) == [(100, 60, 0), (100, 100, 0)]
+    assert set(ack(c, q, "g", got[3])) == {"acked"}  # out of order: inside the third
+    assert chunks(db_dsn, q) == [(100, 60, 0), (100, 30, 0)]
+    assert set(ack(c, q, "g", got[2])) == {"acked"}  # the second's end and the third's
+    assert chunks(db_dsn, q) == [(100, 20, 0)]
+    assert depth(c, q)["pending"] == 20
+    assert set(ack(c, q, "g", got[2])) == {"unknown"}  # nothing is counted twice
+    assert depth(c, q)["pending"] == 20
+    assert [m["payload"] for m in pop(c, q, "g", 70)] == list(range(280, 300))
+
+
 def test_a_later_group_starts_at_what_is_still_stored_inside_a_chunk(broker, db_dsn):
     q, c = uq(), broker.client
     assert pop(c, q, "first", 1) == []  # registered: messages now wait for it
@@ -142,6 +181,7 @@ def test_011_carries_the_messages_of_009_over(pg_server_dsn, tmp_path: Path):
     shutil.copytree(SQL_DIR, tree)
     (tree / "schema" / "011_ephemeral_chunks.sql").unlink()
     (tree / "schema" / "012_ephemeral_uncompressed.sql").unlink()  # it alters 011's table
+    (tree / "schema" / "013_ephemeral_leases_inline.sql").unlink()  # later than 011
     dsn = make_database(pg_server_dsn)
     tenant = uuid.UUID(int=0)
     base = 16384 * 7
@@ -168,7 +208,7 @@ def test_011_carries_the_messages_of_009_over(pg_server_dsn, tmp_path: Path):
                 (0, ['"m0"', '"m1"', '"m2"', None, None, '"m5"'], [4, 4, 4, 0, 0, 4],
                  "{[3,5)}", 4),
                 (256, ['"m256"', '"m257"'], [6, 6], "{}", 2)]
-            row = conn.execute("SELECT messages FROM queen.eph_pop_v2(%s, 'old', NULL, 'g', 10, "
+            row = conn.execute("SELECT messages FROM queen.eph_pop_v3(%s, 'old', NULL, 'g', 10, "
                                "false)", (tenant,)).fetchone()
             assert row is not None
             msgs = orjson.loads(row[0])

@@ -67,7 +67,7 @@ def drain(c: psycopg.Connection, tenant: uuid.UUID, queue: str) -> list[tuple[st
     """(partition, payload) of every message, in the order one group pops them (autoAck)."""
     out: list[tuple[str, Any]] = []
     while True:
-        row = c.execute("SELECT messages::json FROM queen.eph_pop_v2(%s, %s, NULL, 'g', 1000, "
+        row = c.execute("SELECT messages::json FROM queen.eph_pop_v3(%s, %s, NULL, 'g', 1000, "
                         "true)", (tenant, queue)).fetchone()
         assert row is not None
         if not row[0]:
