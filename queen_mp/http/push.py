@@ -177,6 +177,18 @@ def _run_rows(items: Sequence[PushItem], run: QueuedRun) -> list[bytes] | None:
     return list(map(template.__mod__, zip(idx, ids, txns, offsets, ids, txns, strict=True)))
 
 
+def _json_array(rows: list[bytes]) -> bytes:
+    """The JSON array of ``rows`` (each a JSON value), in one copy of them.
+
+    PERF(http): ``b"[" + b",".join(rows) + b"]"`` copied a 1,000-item answer (some 400 KB)
+    three times, each copy a fresh mapping of its own; the brackets go on the end rows."""
+    if not rows:
+        return b"[]"
+    rows[0] = b"[" + rows[0]
+    rows[-1] += b"]"
+    return b",".join(rows)
+
+
 def render_items(items: Sequence[PushItem], results: list[ItemResult | None],
                  runs: Sequence[QueuedRun] = ()) -> bytes:
     """The JSON answer of a push: one object per item, in request order; ``results`` is
@@ -184,7 +196,7 @@ def render_items(items: Sequence[PushItem], results: list[ItemResult | None],
     if len(runs) == 1 and len(runs[0].idx) == len(items):
         rows = _run_rows(items, runs[0])
         if rows is not None:
-            return b"[" + b",".join(rows) + b"]"
+            return _json_array(rows)
     if runs:
         results = list(results)
         parts: list[bytes | None] = [None] * len(items)
@@ -221,7 +233,9 @@ def render_items(items: Sequence[PushItem], results: list[ItemResult | None],
         txn = dumps(item.transaction_id)
         append(i, template % (i, mid, txn, b"null" if r.offset is None else b"%d" % r.offset,
                               mid, txn))
-    return b"[" + b",".join(parts) + b"]"  # type: ignore[arg-type]
+    if len(parts) == 1:  # PERF(http): a 1-item answer skips the call
+        return b"[" + parts[0] + b"]"  # type: ignore[operator]
+    return _json_array(parts)  # type: ignore[arg-type]
 
 
 def render_counts(results: PushResults) -> dict[str, int]:
