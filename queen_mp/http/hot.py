@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterable, Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+import msgspec
 import orjson
 
 from queen_mp.auth import ANONYMOUS_ADMIN
@@ -61,9 +61,11 @@ Receive = Callable[[], Any]
 Send = Callable[[dict[str, Any]], Any]
 
 
-@dataclass(frozen=True, slots=True)
-class HotCall:
-    """A request this module takes, as far as its scope tells."""
+class HotCall(msgspec.Struct, frozen=True, gc=False):
+    """A request this module takes, as far as its scope tells.
+
+    PERF(http): a frozen Struct, built in C (a frozen dataclass's ``__init__`` is a Python
+    call and an ``object.__setattr__`` per field: 10k instructions), one per request."""
 
     method: str
     path: str
