@@ -172,6 +172,9 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
     """
 
     _stopping = False
+    #: loop time the connection last went idle (None while a request is in flight)
+    _idle_since: float | None = None
+    _idle_timer: asyncio.TimerHandle | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -189,7 +192,45 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         if type(cycle) is LeanCycle:
             cycle.disconnected = True  # its answer, if any comes, is dropped
             self.cycle = None  # type: ignore[assignment]
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
         super().connection_lost(exc)
+
+    # PERF(http): uvicorn arms a keep-alive timer after every answer and cancels it at the
+    # next request's first bytes: a TimerHandle and a libuv timer start and stop per request.
+    # Here one timer per connection stays armed; when it fires it closes the connection if
+    # it has been idle ``timeout_keep_alive`` seconds, else re-arms for the rest of that time
+    # (or, while a request is in flight, lets the next answer arm it again).
+    def _unset_keepalive_if_required(self) -> None:
+        self._idle_since = None
+
+    def on_response_complete(self) -> None:
+        # uvicorn's, arming the keep-alive timer only when none is armed
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self._idle_since = None
+        self.flow.resume_reading()
+        if self.pipeline:
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+            return
+        self._idle_since = now = self.loop.time()
+        if self._idle_timer is None:
+            self._idle_timer = self.loop.call_at(now + self.timeout_keep_alive,
+                                                 self._idle_check)
+
+    def _idle_check(self) -> None:
+        self._idle_timer = None
+        since = self._idle_since
+        if since is None or self.transport.is_closing():
+            return
+        due = since + self.timeout_keep_alive
+        if due <= self.loop.time():
+            self.timeout_keep_alive_handler()
+        else:
+            self._idle_timer = self.loop.call_at(due, self._idle_check)
 
     def shutdown(self) -> None:
         self._stopping = True

@@ -298,7 +298,7 @@ def test_pack_refuses_inconsistent_records() -> None:
 def _fields(record: PushGroup | PushVerdict) -> dict:
     if isinstance(record, tuple):  # a NamedTuple record (PushGroup)
         return record._asdict()
-    return {name: getattr(record, name) for name in record.__dataclass_fields__}
+    return {name: getattr(record, name) for name in record.__struct_fields__}
 
 
 def test_unpack_refuses_inconsistent_bytes() -> None:
