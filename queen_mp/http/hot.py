@@ -86,13 +86,15 @@ class _Body:
     """The body's chunks from the ASGI events, as falcon's stream yields them: at most
     Content-Length bytes (the first event's included), until an event says no more body (a
     disconnect says so too). With no ``first`` event, the first chunk is received when the
-    body is first read (``gone`` tells whether that event was a disconnect)."""
+    body is first read (``gone`` tells whether that first event was a disconnect: falcon
+    answers nobody then, but answers a body cut short by a later one)."""
 
-    __slots__ = ("_buffer", "_left", "_receive", "gone")
+    __slots__ = ("_buffer", "_left", "_received", "_receive", "gone")
 
     def __init__(self, first: dict[str, Any] | None, receive: Receive,
                  declared: int | None) -> None:
         self._receive = receive
+        self._received = first is not None
         self.gone = False
         self._buffer = b""
         self._left = 1 << 63 if declared is None else declared
@@ -115,6 +117,7 @@ class _Body:
             return chunk
         while self._left > 0:
             event = await self._receive()
+            first, self._received = not self._received, True
             chunk = event.get("body", b"")
             if chunk:
                 if len(chunk) > self._left:
@@ -122,7 +125,7 @@ class _Body:
                 self._left -= len(chunk)
             if not event.get("more_body", False):
                 self._left = 0
-                self.gone = event["type"] == "http.disconnect"
+                self.gone = first and event["type"] == "http.disconnect"
             if chunk:
                 return chunk
         raise StopAsyncIteration
