@@ -25,7 +25,7 @@ __all__ = ["Array", "bytea_array", "int4_array", "int8_array", "register_arrays"
 # array_recv's form: ndim, has-nulls flag, element type, then (size, lower bound) per dimension;
 # each element is its length and its bytes (big-endian integers, UTF-8 text, uuid's 16 bytes).
 _HEAD = struct.Struct(">iiIii")
-_LEN_PACK = struct.Struct(">i").pack
+_LEN = struct.Struct(">i")
 _INT4, _INT8, _TEXT, _BYTEA, _UUID = 23, 20, 25, 17, 2950  # element type oids
 _FIXED: dict[tuple[str, int], struct.Struct] = {}  # (element code, length) -> its layout
 _CACHED_SIZES = 256
@@ -53,12 +53,12 @@ class _ArrayDumper(Dumper):
 
 
 def _varlen(oid: int, items: Sequence[bytes]) -> Array:
-    # PERF(queen): each element's length word and its bytes interleaved by map/zip/chain in C:
-    # the loop over the elements ran two appends and a pack call an element in the
-    # interpreter (five such arrays a push bundle, one element a segment each).
-    return _array(b"".join(chain((_HEAD.pack(1, 0, oid, len(items), 1),),
-                                 chain.from_iterable(zip(map(_LEN_PACK, map(len, items)),
-                                                         items, strict=True)))))
+    parts = [_HEAD.pack(1, 0, oid, len(items), 1)]
+    pack = _LEN.pack
+    for item in items:
+        parts.append(pack(len(item)))
+        parts.append(item)
+    return _array(b"".join(parts))
 
 
 def _fixed(oid: int, code: str, size: int, values: Sequence[int]) -> Array:
@@ -72,7 +72,7 @@ def _fixed(oid: int, code: str, size: int, values: Sequence[int]) -> Array:
 
 
 def text_array(items: Sequence[str]) -> Array:
-    return _varlen(_TEXT, list(map(str.encode, items)))
+    return _varlen(_TEXT, [t.encode() for t in items])
 
 
 def bytea_array(items: Sequence[bytes]) -> Array:

@@ -33,7 +33,7 @@ import struct
 import time
 from bisect import bisect_left
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -243,48 +243,72 @@ class DedupFilter:
     def verified(self, key: Key, hashes: bytes) -> int:
         """``p_verified`` for a segment of these hashes: the highest offset up to which the
         shard knows every stored hash of the window and none of these may be among them."""
-        part = self._parts.get(key)
-        if part is None:
-            return 0
-        limit = part.known_to(self.clock()) if part.gaps else part.hi
-        if limit <= 0:
-            return 0
-        lowest = part.lowest_match(hashes)
-        return limit if lowest == 0 else min(limit, lowest - 1)
+        return self.verified_all((key,), (hashes,))[0]
+
+    def verified_all(self, keys: Sequence[Key], hashes: Sequence[bytes]) -> list[int]:
+        """``verified`` of each segment of a bundle (PERF(filter): one call a bundle, not one
+        a segment: a call was most of a 1-item segment's cost here)."""
+        parts = self._parts
+        now = None
+        out: list[int] = []
+        for key, blob in zip(keys, hashes, strict=True):
+            part = parts.get(key)
+            if part is None:
+                out.append(0)
+                continue
+            if part.gaps:
+                if now is None:
+                    now = self.clock()
+                limit = part.known_to(now)
+            else:
+                limit = part.hi
+            if limit <= 0:
+                out.append(0)
+                continue
+            lowest = part.lowest_match(blob)
+            out.append(limit if lowest == 0 else min(limit, lowest - 1))
+        return out
 
     def committed(self, key: Key, pid: int, base: int, count: int, hashes: bytes,
                   window_s: int) -> None:
         """A segment of ours was stored at ``base .. base + count - 1``."""
+        self.committed_all(((key, pid, base, count, hashes, window_s),))
+
+    def committed_all(self, stored: Iterable[tuple[Key, int, int, int, bytes, int]]) -> None:
+        """``committed`` of each ``(key, pid, base, count, hashes, window_s)`` a bundle stored
+        (PERF(filter): one call a bundle)."""
         if self.max_entries == 0:
             return  # the filter is off: every push probes the whole window
         now = self.clock()
-        if window_s <= 0:
-            self._drop(key)  # no probe at all: nothing to remember
-            return
-        part = self._parts.get(key)
-        if part is None or part.pid != pid or base <= part.hi or window_s > part.window:
-            # First sight, a recreated partition, or a longer window than the one entries
-            # were forgotten by: everything below `base` is a gap.
-            self._drop(key)
-            part = self._parts[key] = _Partition(pid, window_s)
-        else:
-            self._parts.move_to_end(key)
-            part.window = window_s
-        if base > part.hi + 1:  # written by someone else
-            part.flush_hot()
-            lo = part.hi + 1
-            part.gaps[lo] = (base - 1, now + window_s + CLOCK_MARGIN_S)
-            self._wanted[(key, lo)] = part
-        added = part.add(base, hashes, now)
-        part.hi = base + count - 1
-        # PERF(filter): the calls only when there is something to do (most segments: none)
-        runs = part.runs
-        if runs and (runs[0].epoch + 1) * part.span < now - window_s - CLOCK_MARGIN_S:
-            added -= part.expire(now - window_s - CLOCK_MARGIN_S)
-        part.held += added
-        self.entries += added
-        if self.entries > self.max_entries:
-            self._bound()
+        parts = self._parts
+        for key, pid, base, count, hashes, window_s in stored:
+            if window_s <= 0:
+                self._drop(key)  # no probe at all: nothing to remember
+                continue
+            part = parts.get(key)
+            if part is None or part.pid != pid or base <= part.hi or window_s > part.window:
+                # First sight, a recreated partition, or a longer window than the one entries
+                # were forgotten by: everything below `base` is a gap.
+                self._drop(key)
+                part = parts[key] = _Partition(pid, window_s)
+            else:
+                parts.move_to_end(key)
+                part.window = window_s
+            if base > part.hi + 1:  # written by someone else
+                part.flush_hot()
+                lo = part.hi + 1
+                part.gaps[lo] = (base - 1, now + window_s + CLOCK_MARGIN_S)
+                self._wanted[(key, lo)] = part
+            added = part.add(base, hashes, now)
+            part.hi = base + count - 1
+            # PERF(filter): the calls only when there is something to do (most segments: none)
+            runs = part.runs
+            if runs and (runs[0].epoch + 1) * part.span < now - window_s - CLOCK_MARGIN_S:
+                added -= part.expire(now - window_s - CLOCK_MARGIN_S)
+            part.held += added
+            self.entries += added
+            if self.entries > self.max_entries:
+                self._bound()
 
     def wanted(self, limit: int) -> list[Recall]:
         """Read-backs of gaps, each asked once, up to ``limit`` offsets together (at least
