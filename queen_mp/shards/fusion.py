@@ -408,8 +408,6 @@ class PushFusion:
         frames = sum(s.count for s in segments)
         self._commits += 1
         self._segments += len(segments)
-        self.metrics.fusion_commits.inc()
-        self.metrics.fusion_segments.inc(len(segments))
         dup_lookups: list[tuple[Segment, int, int, int]] = []  # seg, k, pid, original offset
         stored: set[tuple[bytes, str]] = set()  # (tenant, queue) that got new messages
         remember: list[tuple[Key, int, int, int, bytes, int]] = []  # for the dedup filter
@@ -439,8 +437,7 @@ class PushFusion:
                 for k, off in res.duplicates:
                     dup_lookups.append((seg, k, pid, off))
         self.dedup.committed_all(remember)
-        self.metrics.batch_items_fired.inc(frames)
-        self.metrics.fusion_items_per_batch.observe(frames)
+        self.metrics.push_bundle(len(segments), frames)
         if self.stored is not None and stored:
             self.stored(stored)
         return dup_lookups
