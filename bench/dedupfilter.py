@@ -2,8 +2,9 @@
 its cost per pushed segment and its memory, with no server and no database.
 
 Each case pushes segments of S random hashes to random partitions among ``--partitions``:
-``verified`` then ``committed``, as ``PushFusion._commit`` calls them, with a clock advancing
-at ``--rate`` messages a second. The first half of the segments fills the filter (runs,
+``verified`` then ``committed``, with a clock advancing at ``--rate`` messages a second; with
+``--bundle N``, N segments a call through ``verified_all`` and ``committed_all``, as
+``PushFusion`` calls them for a bundle. The first half of the segments fills the filter (runs,
 epochs, merges); the second half is measured, inside one ``operator.call`` so that callgrind
 can count it alone::
 
@@ -30,7 +31,7 @@ WINDOW_S = 3600  # QUEEN_DEDUP_WINDOW's default
 
 
 def run(partitions: int, size: int, total: int, rate: float, entries: int,
-        seed: int = 1) -> dict[str, float]:
+        seed: int = 1, bundle: int = 1) -> dict[str, float]:
     """Figures of the measured half; ``held_bytes``: what the filter holds at the end, as
     tracemalloc counts it (0 unless tracing)."""
     rnd = random.Random(seed)
@@ -43,12 +44,23 @@ def run(partitions: int, size: int, total: int, rate: float, entries: int,
     step = size / rate
 
     def push(lo: int, hi: int) -> None:
-        for p, hashes in segments[lo:hi]:
-            now[0] += step
-            key = keys[p]
-            filt.verified(key, hashes)
-            filt.committed(key, 7 + p, last[p] + 1, size, hashes, WINDOW_S)
-            last[p] += size
+        if bundle == 1:
+            for p, hashes in segments[lo:hi]:
+                now[0] += step
+                key = keys[p]
+                filt.verified(key, hashes)
+                filt.committed(key, 7 + p, last[p] + 1, size, hashes, WINDOW_S)
+                last[p] += size
+            return
+        for at in range(lo, hi, bundle):  # as PushFusion calls it: one call a bundle each way
+            chunk = segments[at:min(at + bundle, hi)]
+            now[0] += step * len(chunk)
+            filt.verified_all([keys[p] for p, _ in chunk], [h for _, h in chunk])
+            stored = []
+            for p, hashes in chunk:
+                stored.append((keys[p], 7 + p, last[p] + 1, size, hashes, WINDOW_S))
+                last[p] += size
+            filt.committed_all(stored)
 
     half = len(segments) // 2
     base = tracemalloc.get_traced_memory()[0]
@@ -71,12 +83,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--entries", type=int, default=8_000_000,
                     help="the filter's bound (QUEEN_DEDUP_FILTER_ENTRIES)")
     ap.add_argument("--memory", action="store_true", help="trace the filter's allocations")
+    ap.add_argument("--bundle", type=int, default=1,
+                    help="segments a call (verified_all/committed_all, as a shard's bundle "
+                         "makes them); 1: verified/committed segment by segment")
     a = ap.parse_args(argv)
     for case in a.cases.split(","):
         size, total = (int(x) for x in case.split(":"))
         if a.memory:
             tracemalloc.start()
-        r = run(a.partitions, size, total, a.rate, a.entries)
+        r = run(a.partitions, size, total, a.rate, a.entries, bundle=a.bundle)
         mem = ""
         if a.memory:
             tracemalloc.stop()

@@ -32,14 +32,15 @@ from typing import Any, NamedTuple, TypeVar
 import psycopg
 
 from queen_mp.db.binarrays import (
-    Array,
-    bytea_array,
+    bytea_data,
     int4_array,
+    int4_data,
     int8_array,
+    int8_data,
     int8_values,
     register_arrays,
-    text_array,
-    uuid_array,
+    text_data,
+    uuid_data,
 )
 from queen_mp.db.calls import PUSH_MULTI, Segment, SegmentVerdict, segment_verdicts
 from queen_mp.db.connect import Conn, Dedicated
@@ -80,12 +81,12 @@ class PushBundle(NamedTuple):
     tenants: Sequence[bytes]  # 16 bytes each
 
 
-def bundle_params(bundle: PushBundle) -> tuple[Array, ...]:
-    """The seven arrays of ``log_push_multi_v2``, in its parameter order."""
-    return (text_array(bundle.queues), text_array(bundle.partitions),
-            int4_array(bundle.counts), bytea_array(bundle.hashes),
-            int8_array(bundle.verified), bytea_array(bundle.blobs),
-            uuid_array(bundle.tenants))
+def bundle_params(bundle: PushBundle) -> list[bytes]:
+    """The seven arrays of ``log_push_multi_v2`` in binary form, in its parameter order."""
+    return [text_data(bundle.queues), text_data(bundle.partitions),
+            int4_data(bundle.counts), bytea_data(bundle.hashes),
+            int8_data(bundle.verified), bytea_data(bundle.blobs),
+            uuid_data(bundle.tenants)]
 
 
 def _configure(conn: Conn) -> None:
@@ -163,7 +164,7 @@ class BundleWriter:
         """Send one bundle (one transaction for every segment); ``done`` gets one verdict per
         segment in input order, or the exception it failed with (a ``DatabaseError``, or
         anything else for a bug), once, from a loop callback."""
-        params = [a.data for a in bundle_params(bundle)]
+        params = bundle_params(bundle)
         n = len(bundle.queues)
         self._acquire(lambda db: self._start(db, params, n, done))
 

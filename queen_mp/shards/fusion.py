@@ -18,7 +18,7 @@ import logging
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from queen_mp.db.bundles import BundleWriter, PushBundle, SegmentVerdict
 from queen_mp.db.errors import DatabaseError
@@ -49,6 +49,7 @@ _RECALL_OFFSETS = 1 << 18
 Key = tuple[bytes, str, str]  # tenant, queue, partition
 _NO_OFFSETS: list[int] = []  # shared, never written: an Entry's until its first resolve
 _NO_IDS: dict[int, bytes] = {}
+_TUPLE_NEW = tuple.__new__
 Reply = Callable[[int, bytes], None]  # (slot, a packed PushVerdict)
 Stored = Callable[[set[tuple[bytes, str]]], None]  # (tenant, queue) pairs just committed
 
@@ -57,8 +58,9 @@ class Entry:
     """One ``PushGroup`` from one front worker: its frames and their verdicts so far.
 
     PERF(fusion): the per-frame state (``status``, ``offsets``, ``dup_ids``) is made by the
-    first ``resolve``: the fast path answers a whole entry with ``resolve_run`` and never
-    needs it.
+    first ``resolve``: the fast path answers a whole entry with one run (``run_first``: every
+    frame queued at ``run_first``, ``run_first + 1``, ...; ``PushFusion._committed`` sets it
+    for an entry with nothing resolved yet) and never needs it.
     """
 
     __slots__ = ("created_us", "dup_ids", "frames", "group", "offsets", "partition_id",
@@ -108,12 +110,6 @@ class Entry:
             self.dup_ids[j] = original
         self.remaining -= 1
 
-    def resolve_run(self, first: int) -> None:
-        """Every frame queued at ``first``, ``first + 1``, ...: the fast path's verdict,
-        recorded without a per-frame step (only for an entry with nothing resolved yet)."""
-        self.run_first = first
-        self.remaining = 0
-
     def verdict(self) -> PushVerdict:
         g = self.group
         items: tuple[ItemVerdict, ...] = ()
@@ -145,12 +141,12 @@ class Entry:
                            error=error, items=()).pack()
 
 
-@dataclass(slots=True)
-class Segment:
+class Segment(NamedTuple):
     """What one partition contributes to a bundle, and how its frames map back to entries.
 
-    PERF(fusion): slots, and no list made for ``followers`` unless the slow path has some:
-    one Segment per partition of every bundle."""
+    PERF(fusion): a NamedTuple made in C (``_segment``), one per partition of every bundle: a
+    slots dataclass ran its ``__init__`` in Python; no list is made for ``followers`` unless
+    the slow path has some."""
 
     key: Key
     entries: list[Entry]
@@ -158,14 +154,24 @@ class Segment:
     blob: bytes
     count: int                                    # frames stored by this segment
     # segment frame k -> (entry, frame j); None on the fast path, where the entries' frames
-    # follow each other whole and in order (built on demand by ``ref``)
+    # follow each other whole and in order (``ref`` walks them)
     refs: list[tuple[Entry, int]] | None
     followers: Sequence[tuple[Entry, int, int]] = ()  # (entry, j, leader k)
 
     def ref(self, k: int) -> tuple[Entry, int]:
-        if self.refs is None:
-            self.refs = [(e, j) for e in self.entries for j in range(e.group.count)]
-        return self.refs[k]
+        if self.refs is not None:
+            return self.refs[k]
+        for e in self.entries:
+            if k < e.group.count:
+                return e, k
+            k -= e.group.count
+        raise IndexError(k)
+
+
+def _segment(key: Key, entries: list[Entry], hashes: bytes, blob: bytes, count: int
+             ) -> Segment:
+    """A fast-path Segment (no refs, no followers), built in C."""
+    return _TUPLE_NEW(Segment, (key, entries, hashes, blob, count, None, ()))  # type: ignore[no-any-return]
 
 
 def _message_id(frame: bytes | memoryview) -> bytes:
@@ -182,7 +188,7 @@ def build_segment(key: Key, entries: list[Entry]) -> Segment:
         g = e.group
         if e.remaining == g.count and (g.count == 1
                                        or len(set(hash_prefixes(g.hashes))) == g.count):
-            return Segment(key, entries, g.hashes, blob_from_pieces(g.pieces), g.count, None)
+            return _segment(key, entries, g.hashes, blob_from_pieces(g.pieces), g.count)
     elif all(e.remaining == e.group.count for e in entries):
         hashes = b"".join(e.group.hashes for e in entries)
         total = len(hashes) >> 4
@@ -190,9 +196,9 @@ def build_segment(key: Key, entries: list[Entry]) -> Segment:
         # shared prefix (a repeat, or a 2^-64 accident) takes the exact slow path below.
         if len(set(hash_prefixes(hashes))) == total:
             # PERF(queen): the common case keeps client chunks and raw frames as they came.
-            return Segment(key, entries, hashes,
-                           blob_from_pieces([p for e in entries for p in e.group.pieces]),
-                           total, None)
+            return _segment(key, entries, hashes,
+                            blob_from_pieces([p for e in entries for p in e.group.pieces]),
+                            total)
     # Slow path: intra-flush duplicates or a resubmitted remainder; rebuild from frames.
     leader: dict[bytes, int] = {}
     refs = []
@@ -333,12 +339,13 @@ class PushFusion:
                 self._flushed(keys)
                 return
             # PERF(fusion): the keys transposed by zip in C, one comprehension for the rest
-            tenants, queues, partitions = zip(*[s.key for s in segments], strict=True)
-            verified = self.dedup.verified
+            keys_of = [s.key for s in segments]
+            hashes = [s.hashes for s in segments]
+            tenants, queues, partitions = zip(*keys_of, strict=True)
             bundle = PushBundle(
                 queues=queues, partitions=partitions,
-                counts=[s.count for s in segments], hashes=[s.hashes for s in segments],
-                verified=[verified(s.key, s.hashes) for s in segments],
+                counts=[s.count for s in segments], hashes=hashes,
+                verified=self.dedup.verified_all(keys_of, hashes),
                 blobs=[s.blob for s in segments], tenants=tenants)
             started = time.monotonic()
             self.writer.push(bundle, lambda result: self._landed(keys, segments, started,
@@ -401,10 +408,9 @@ class PushFusion:
         frames = sum(s.count for s in segments)
         self._commits += 1
         self._segments += len(segments)
-        self.metrics.fusion_commits.inc()
-        self.metrics.fusion_segments.inc(len(segments))
         dup_lookups: list[tuple[Segment, int, int, int]] = []  # seg, k, pid, original offset
         stored: set[tuple[bytes, str]] = set()  # (tenant, queue) that got new messages
+        remember: list[tuple[Key, int, int, int, bytes, int]] = []  # for the dedup filter
         for seg, res in zip(segments, results, strict=True):
             pid = res.partition_id
             ts = res.created_at_us
@@ -413,10 +419,12 @@ class PushFusion:
             if res.queued:
                 stored.add((seg.key[0], seg.key[1]))
                 base: int = res.base_offset  # type: ignore[assignment]  # set when queued
-                self.dedup.committed(seg.key, pid, base, seg.count, seg.hashes, res.window)
+                remember.append((seg.key, pid, base, seg.count, seg.hashes, res.window))
                 if seg.refs is None:
                     for e in seg.entries:
-                        e.resolve_run(base)
+                        # PERF(fusion): Entry.resolve_run inline, once per group of a bundle
+                        e.run_first = base
+                        e.remaining = 0
                         base += e.group.count
                     continue
                 for k, (e, j) in enumerate(seg.refs):
@@ -428,8 +436,8 @@ class PushFusion:
                 frames -= seg.count
                 for k, off in res.duplicates:
                     dup_lookups.append((seg, k, pid, off))
-        self.metrics.batch_items_fired.inc(frames)
-        self.metrics.fusion_items_per_batch.observe(frames)
+        self.dedup.committed_all(remember)
+        self.metrics.push_bundle(len(segments), frames)
         if self.stored is not None and stored:
             self.stored(stored)
         return dup_lookups

@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from queen_mp.db import errors as dberrors
-from queen_mp.db.binarrays import register_arrays
+from queen_mp.db.binarrays import Array, register_arrays
 from queen_mp.db.bundles import BundleWriter, PushBundle, bundle_params
 from queen_mp.db.errors import DatabaseError
 from tests.pgharness import module_db_dsn
@@ -36,7 +36,7 @@ def _bundle(tag: str, n: int) -> PushBundle:
 @pytest.mark.parametrize("n", [1, 4, 19])
 def test_binary_arrays_equal_what_psycopg_sends(db, n):
     bundle = _bundle("eq", n)
-    mine = bundle_params(bundle)
+    mine = [Array(data) for data in bundle_params(bundle)]  # the bytes, sent as is
     theirs = (list(bundle.queues), list(bundle.partitions), list(bundle.counts),
               list(bundle.hashes), list(bundle.verified), list(bundle.blobs),
               [uuid.UUID(bytes=t) for t in bundle.tenants])

@@ -315,3 +315,25 @@ def test_never_a_promise_over_a_live_hash_with_other_writers(
             assert f.verified(KEY, hashes(f"fresh-{step}")) == off - 1
         else:
             assert f.verified(KEY, hashes(f"fresh-{step}")) <= off - 1
+
+
+def test_a_bundle_at_once_is_its_segments_one_by_one() -> None:
+    """``committed_all``/``verified_all`` (one call a bundle, as fusion makes them) leave the
+    state and give the promises of ``committed``/``verified`` called segment by segment,
+    including a partition twice in one bundle, one without a window, a gap and a bound that
+    drops partitions."""
+    keys = [(b"\0" * 16, "q", f"p{i}") for i in range(5)]
+    rows = [(keys[0], 7, 1, 2, hashes("a", "b"), 3600), (keys[4], 11, 1, 1, hashes("f"), 0),
+            (keys[1], 8, 1, 1, hashes("c"), 3600), (keys[0], 7, 3, 1, hashes("d"), 3600),
+            (keys[2], 9, 5, 1, hashes("e"), 3600),
+            (keys[3], 10, 1, 40, hashes(*(f"x{i}" for i in range(40))), 3600)]
+    one, many = DedupFilter(44, Clock()), DedupFilter(44, Clock())
+    for row in rows:
+        one.committed(*row)
+    many.committed_all(rows)
+    probes = [hashes("y"), hashes("z"), hashes("e"), hashes("x3"), hashes("q")]
+    expected = [one.verified(k, h) for k, h in zip(keys, probes, strict=True)]
+    assert many.verified_all(keys, probes) == expected
+    assert expected != [0] * 5  # something was promised
+    assert many.entries == one.entries
+    assert [r.lo for r in many.wanted(1 << 20)] == [r.lo for r in one.wanted(1 << 20)] != []

@@ -88,3 +88,20 @@ def test_a_sampled_gauge_is_written_at_flushes_where_it_changed() -> None:
     asyncio.run(turns())
     assert written == [5.0, 7.0, 0.0]
     assert _samples(counter) == [("c_total", [], 3.0)]
+
+
+def test_push_bundle_leaves_the_samples_of_the_public_updates() -> None:
+    """``Metrics.push_bundle`` writes through the samples' values: the same samples as
+    ``inc`` and ``observe``, for frame counts on, between and beyond the bucket bounds."""
+    from queen_mp.metrics import Metrics
+
+    direct, fast = Metrics("direct"), Metrics("fast")
+    for segments, frames in [(1, 1), (3, 0), (2, 3), (20, 20), (5, 16384), (1, 20000)]:
+        direct.fusion_commits.inc()
+        direct.fusion_segments.inc(segments)
+        direct.batch_items_fired.inc(frames)
+        direct.fusion_items_per_batch.observe(frames)
+        fast.push_bundle(segments, frames)
+    for name in ("fusion_commits", "fusion_segments", "batch_items_fired",
+                 "fusion_items_per_batch"):
+        assert _samples(getattr(fast, name)) == _samples(getattr(direct, name)), name
