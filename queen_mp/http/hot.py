@@ -89,7 +89,7 @@ class _Body:
     body is first read (``gone`` tells whether that first event was a disconnect: falcon
     answers nobody then, but answers a body cut short by a later one)."""
 
-    __slots__ = ("_buffer", "_left", "_received", "_receive", "gone")
+    __slots__ = ("_buffer", "_left", "_receive", "_received", "gone")
 
     def __init__(self, first: dict[str, Any] | None, receive: Receive,
                  declared: int | None) -> None:
