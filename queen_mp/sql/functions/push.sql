@@ -422,21 +422,23 @@ BEGIN
         v_tenants := p_tenants;
     END IF;
 
-    -- 2. Resolution (input order, NULL = missing); provisioning only if something is missing.
-    --    Each name is resolved by a correlated scalar subquery, in which the names are
-    --    parameters of an equality on both unique keys whatever the statistics say (old
-    --    migration 100, below). Inline, not a function of its own: a nested plpgsql call with
-    --    its own SET clause cost about 20k instructions a bundle (bench/pushsql.py).
-    SELECT array_agg(
-               (SELECT lp.id
-                FROM queen.queues qu
-                JOIN queen.log_partitions lp ON lp.queue_id = qu.id AND lp.name = b.p
-                WHERE qu.tenant = b.t AND qu.name = b.q)
-               ORDER BY b.ord)
-    INTO v_in_pids
-    FROM unnest(v_tenants, p_queues, p_partitions) WITH ORDINALITY AS b(t, q, p, ord);
+    -- 2. Resolution (input order, NULL = missing); provisioning only if something is missing,
+    --    then the names resolved once more. Each name is resolved by a correlated scalar
+    --    subquery, in which the names are parameters of an equality on both unique keys
+    --    whatever the statistics say (old migration 100, below). Inline, not a function of its
+    --    own: a nested plpgsql call with its own SET clause cost about 20k instructions a
+    --    bundle (bench/pushsql.py).
+    FOR v_round IN 1..2 LOOP
+        SELECT array_agg(
+                   (SELECT lp.id
+                    FROM queen.queues qu
+                    JOIN queen.log_partitions lp ON lp.queue_id = qu.id AND lp.name = b.p
+                    WHERE qu.tenant = b.t AND qu.name = b.q)
+                   ORDER BY b.ord)
+        INTO v_in_pids
+        FROM unnest(v_tenants, p_queues, p_partitions) WITH ORDINALITY AS b(t, q, p, ord);
+        EXIT WHEN v_round = 2 OR array_position(v_in_pids, NULL) IS NULL;
 
-    IF array_position(v_in_pids, NULL) IS NOT NULL THEN
         -- Ordered on the unique keys: ON CONFLICT takes speculative locks in row order, so two
         -- bundles creating overlapping sets cannot convoy or deadlock.
         INSERT INTO queen.queues (tenant, name)
@@ -453,16 +455,7 @@ BEGIN
         WHERE b.pid IS NULL
         ORDER BY qu.id, b.p
         ON CONFLICT (queue_id, name) DO NOTHING;
-
-            SELECT array_agg(
-                       (SELECT lp.id
-                        FROM queen.queues qu
-                        JOIN queen.log_partitions lp ON lp.queue_id = qu.id AND lp.name = b.p
-                        WHERE qu.tenant = b.t AND qu.name = b.q)
-                       ORDER BY b.ord)
-            INTO v_in_pids
-            FROM unnest(v_tenants, p_queues, p_partitions) WITH ORDINALITY AS b(t, q, p, ord);
-    END IF;
+    END LOOP;
 
     -- 3. One set-based pre-lock of every partition row, ascending id (the global lock order),
     --    by primary key, joined back to its input segment. A partition missing here vanished
