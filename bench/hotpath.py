@@ -238,7 +238,7 @@ class PopPath:
         hashes: list[bytes] = []
         messages = json_messages(self.claim, self.lease, "__QUEUE_MODE__", None, 1 << 24,
                                  hashes)
-        return b'{"messages":[' + b",".join(messages) + b"]}"
+        return b'{"messages":[' + messages + b"]}"
 
 
 class AckPath:

@@ -464,10 +464,10 @@ _STATUS_OF = {s: s for s in STATUSES} | {"success": "completed"}
 def _column(values: list[Any], read: Callable[[Any], Any]) -> list[Any]:
     """``values`` each replaced by what ``read`` makes of it, ``read`` called once per
     distinct value (a batch repeats its partition id, status, group and lease)."""
-    distinct = set(values)
-    if len(distinct) == 1:
-        return [read(values[0])] * len(values)
-    return list(map({v: read(v) for v in distinct}.__getitem__, values))
+    first = values[0]
+    if values.count(first) == len(values):  # PERF(ack): comparing is cheaper than hashing
+        return [read(first)] * len(values)
+    return list(map({v: read(v) for v in set(values)}.__getitem__, values))
 
 
 def _status(raw: str) -> str:
