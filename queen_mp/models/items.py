@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import json
 import math
-import operator
 import re
 import reprlib
 import sys
@@ -430,7 +429,7 @@ def parse_ack_item(doc: Any, index: int, default_group: str | None) -> AckItem:
 
 
 class _TypedAck(msgspec.Struct):
-    """An acknowledgment as ``decode_ack_items`` reads it."""
+    """An acknowledgment as ``decode_ack_batch`` reads it (its columns in this order)."""
 
     transactionId: str
     partitionId: str | int
@@ -487,12 +486,6 @@ def _error(raw: str | None) -> str | None:
     return raw
 
 
-_TXN = operator.attrgetter("transactionId")
-_PID = operator.attrgetter("partitionId")
-_STATUS = operator.attrgetter("status")
-_GROUP = operator.attrgetter("consumerGroup")
-_LEASE = operator.attrgetter("leaseId")
-_ERROR = operator.attrgetter("error")
 
 
 def _typed_acks(body: bytes, batch: bool) -> tuple[Sequence[_TypedAck], str | None] | None:
@@ -538,7 +531,10 @@ def decode_ack_batch(body: bytes, batch: bool, max_acks: int) -> AckBatch | None
         return None
     if not acks:
         return AckBatch([], [], [], [], [], [])
-    txns = list(map(_TXN, acks))
+    # PERF(ack): the columns by one tuple per item (in _TypedAck's field order) transposed
+    # in C; an attribute read per field and item cost a fifth of the decode
+    txns, pids, statuses, groups, leases, errors = map(
+        list, zip(*map(msgspec.structs.astuple, acks), strict=True))
     if "" in txns or (max(map(len, txns)) > MAX_TXN_BYTES // 4 and any(
             len(t.encode("utf-8")) > MAX_TXN_BYTES for t in txns)):
         return None
@@ -548,11 +544,9 @@ def decode_ack_batch(body: bytes, batch: bool, max_acks: int) -> AckBatch | None
 
     try:
         # NOTE(ack): "7" != 7 as keys, so a str never stands for an int; no bool gets here
-        return AckBatch(txns, _column(list(map(_PID, acks)), _partition_id),
-                        _column(list(map(_STATUS, acks)), _status),
-                        _column(list(map(_GROUP, acks)), group_of),
-                        _column(list(map(_LEASE, acks)), _lease),
-                        _column(list(map(_ERROR, acks)), _error))
+        return AckBatch(txns, _column(pids, _partition_id), _column(statuses, _status),
+                        _column(groups, group_of), _column(leases, _lease),
+                        _column(errors, _error))
     except (RequestError, ValueError):  # wire.errors are ValueErrors
         return None
 
