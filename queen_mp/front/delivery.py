@@ -210,12 +210,12 @@ def json_messages(claim: Claim, lease_id: str | None, group: str, cipher: Payloa
     parts = template * n
     parts[1::k] = _uuid_texts(mids)
     parts[3::k] = (dumped[2:-2].split(b'","') if b"\\" not in dumped
-                                else [orjson.dumps(t)[1:-1] for t in txns])
+                   else [orjson.dumps(t)[1:-1] for t in txns])
     parts[5::k] = ([b"null"] * n if traces.count(None) == n
-                                else list(map(_uuid_json, traces)))
+                   else list(map(_uuid_json, traces)))
     parts[7::k] = payloads
     parts[9::k] = ([b"null"] * n if subs.count(None) == n
-                                else list(map(_sub_json, subs)))
+                   else list(map(_sub_json, subs)))
     parts[11::k] = stamps
     parts[13::k] = orjson.dumps(offsets)[1:-1].split(b",")
     parts[-1] = parts[-1][:-1]
