@@ -52,11 +52,12 @@ from typing import Any
 import orjson
 
 from queen_mp.db.pop_procs import Claim
-from queen_mp.front.acks import AckOutcome
+from queen_mp.front.acks import COMMITTED
 from queen_mp.front.delivery import json_messages
 from queen_mp.front.ingest import Ingest, ItemResult, pieces_of
 from queen_mp.front.worker import FrontWorker
 from queen_mp.http.ack import AckBatchResource
+from queen_mp.http.ack import _render as render_acks
 from queen_mp.http.answer import Answer
 from queen_mp.http.ephemeral import ack_results
 from queen_mp.http.push import PushResource, parse_binary, parse_json_push, render_items
@@ -66,7 +67,7 @@ from queen_mp.models.ephemeral import parse_ack
 from queen_mp.shards.fusion import Entry, build_segment
 from queen_mp.wire.binary_push import QPB1_MAGIC
 from queen_mp.wire.frames import pack_chunk_raw, pack_frame, zstd_compress
-from queen_mp.wire.hashing import txn_hash
+from queen_mp.wire.hashing import txn_hash, txn_hashes
 from queen_mp.wire.ids import uuid7, uuid7_many
 from queen_mp.wire.records import (
     AckRequest,
@@ -238,7 +239,7 @@ class PopPath:
         hashes: list[bytes] = []
         messages = json_messages(self.claim, self.lease, "__QUEUE_MODE__", None, 1 << 24,
                                  hashes)
-        return b'{"messages":[' + b",".join(messages) + b"]}"
+        return b'{"messages":[' + messages + b"]}"
 
 
 class AckPath:
@@ -252,16 +253,15 @@ class AckPath:
         self.resource = AckBatchResource.__new__(AckBatchResource)
 
     def __call__(self) -> bytes:
-        items = self.resource.parse(self.body)
-        outcomes = [AckOutcome(item) for item in items]
-        lease = items[0].lease_id
+        batch = self.resource.parse(self.body)
+        lease = batch.lease_ids[0]
         assert lease is not None
-        raw = AckRequest(1, 0, 1, 0, TENANT, lease.bytes, items[0].partition_id, items[0].group,
-                         hash_set([txn_hash(o.item.transaction_id) for o in outcomes])).pack()
+        raw = AckRequest(1, 0, 1, 0, TENANT, lease.bytes, batch.partition_ids[0],
+                         batch.groups[0], hash_set(txn_hashes(batch.transaction_ids))).pack()
         unpack_record(raw)
-        for o in outcomes:
-            o.success = o.lease_released = True
-        return orjson.dumps([o.to_json() for o in outcomes])
+        body = render_acks(batch, [COMMITTED] * len(batch))
+        assert body is not None
+        return body
 
 
 class EphAckPath:

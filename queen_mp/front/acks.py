@@ -15,13 +15,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import uuid
-from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from queen_mp.db import ack_procs
-from queen_mp.db.ack_procs import AckItem, DlqFiling, GroupAck
+from queen_mp.db.ack_procs import AckBatch, AckItem, DlqFiling, GroupAck
 from queen_mp.db.errors import DatabaseError, OutcomeUnknown, StatementTimeout
 from queen_mp.db.pooled import Pool, connection
 from queen_mp.front.delivery import Claim, Delivered, unpack_messages
@@ -31,13 +31,21 @@ from queen_mp.wire.hashing import txn_hashes
 from queen_mp.wire.ids import ZERO_UUID
 from queen_mp.wire.records import ACK_COMMITTED, AckRequest, AckVerdict, hash_set
 
-__all__ = ["AckOutcome", "Acker"]
+__all__ = ["COMMITTED", "AckOutcome", "Acker", "Verdict"]
 
 _FAST_PATH_TIMEOUT_S = 5.0
 
 
+#: An item's answer: success, error, leaseReleased, dlq, noop (docs/api.md 2.4).
+Verdict = tuple[bool, str | None, bool, bool, bool]
+#: The verdict of every item of a group the ack shard committed.
+COMMITTED: Verdict = (True, None, True, False, False)
+
+
 @dataclass(slots=True)
 class AckOutcome:
+    """An item's verdict as the SQL path settles it."""
+
     item: AckItem
     success: bool = False
     error: str | None = None
@@ -45,20 +53,35 @@ class AckOutcome:
     dlq: bool = False
     noop: bool = False
 
-    def to_json(self) -> dict[str, Any]:
-        return {"index": self.item.index, "transactionId": self.item.transaction_id,
-                "partitionId": str(self.item.partition_id), "success": self.success,
-                "error": self.error, "leaseReleased": self.lease_released, "dlq": self.dlq,
-                "noop": self.noop}
-
 
 @dataclass(slots=True)
 class _Group:
     partition_id: int
     group: str
     lease_id: uuid.UUID | None
-    outcomes: list[AckOutcome] = field(default_factory=list)
-    completed: bool = True  # every item's status is ``completed``
+    indexes: Sequence[int]  # its items' places in the batch
+    completed: bool  # every item's status is ``completed``
+    outcomes: list[AckOutcome] = field(default_factory=list)  # the SQL path's
+
+
+def _groups(batch: AckBatch) -> list[_Group]:
+    """The batch's (partition, group, lease) groups, in (partition id, group) order (the
+    global lock order).
+
+    PERF(ack): the common batch (one partition, group and lease: one pop's messages) is
+    found so by three C counts, without a key per item (a UUID hashes in Python)."""
+    n = len(batch)
+    pids, names, leases, statuses = (batch.partition_ids, batch.groups, batch.lease_ids,
+                                     batch.statuses)
+    if n and pids.count(pids[0]) == n and names.count(names[0]) == n \
+            and leases.count(leases[0]) == n:
+        return [_Group(pids[0], names[0], leases[0], range(n),
+                       statuses.count("completed") == n)]
+    found: dict[tuple[int, str, uuid.UUID | None], list[int]] = {}
+    for index, key in enumerate(zip(pids, names, leases, strict=True)):
+        found.setdefault(key, []).append(index)
+    return [_Group(*key, found[key], all(statuses[i] == "completed" for i in found[key]))
+            for key in sorted(found, key=lambda k: (k[0], k[1], str(k[2])))]
 
 
 class Acker:
@@ -73,83 +96,73 @@ class Acker:
         self.link: ShardLink | None = None
         self.shards = 0
 
-    async def ack(self, tenant: bytes, items: Iterable[AckItem]
-                  ) -> tuple[list[AckOutcome], list[GroupAck]]:
-        """Every item's outcome in input order, and the SQL results (for wake-ups, metrics)."""
-        groups: dict[tuple[int, str, uuid.UUID | None], _Group] = {}
-        ordered: list[AckOutcome] = []
-        g: _Group | None = None
-        for item in items:
-            # PERF(ack): a batch's items share one partition id, group and lease object
-            # (decode_ack_items reads each once a body): the item's group is the last one's,
-            # found without building and hashing its key (a UUID hashes in Python).
-            if g is None or item.lease_id is not g.lease_id or item.group is not g.group \
-                    or item.partition_id != g.partition_id:
-                key = (item.partition_id, item.group, item.lease_id)
-                g = groups.get(key)
-                if g is None:
-                    g = groups[key] = _Group(item.partition_id, item.group, item.lease_id)
-            if item.status != "completed":
-                g.completed = False
-            outcome = AckOutcome(item)
-            g.outcomes.append(outcome)
-            ordered.append(outcome)
+    async def ack(self, tenant: bytes, batch: AckBatch
+                  ) -> tuple[list[Verdict], list[GroupAck]]:
+        """Every item's verdict in input order, and the SQL results (for wake-ups, metrics)."""
+        groups = _groups(batch)
+        # every item's, until a group the shard did not commit settles its own below
+        verdicts: list[Verdict] = [COMMITTED] * len(batch)
         results: list[GroupAck] = []
-        keys = sorted(groups, key=lambda k: (k[0], k[1], str(k[2]))) if len(groups) > 1 \
-            else list(groups)
         if self.link is not None:
-            fast = [k for k in keys if k[2] is not None and groups[k].completed]
-            answers = await self._fast(tenant, [groups[k] for k in fast])
-            done = {k for k, res in zip(fast, answers, strict=True) if res is not None}
+            fast = [g for g in groups if g.lease_id is not None and g.completed]
+            answers = await self._fast(tenant, batch, fast)
             results.extend(res for res in answers if res is not None)
-            keys = [k for k in keys if k not in done]
-        if not keys:
-            return ordered, results
-        sql_groups = [groups[k] for k in keys]
-        completed = all(g.completed for g in sql_groups)
+            committed = {id(g) for g, res in zip(fast, answers, strict=True) if res is not None}
+            groups = [g for g in groups if id(g) not in committed]
+        if not groups:
+            return verdicts, results
+        for g in groups:
+            g.outcomes = [AckOutcome(batch.item(i)) for i in g.indexes]
         try:
-            async with connection(self.pool, commit_sent=True) as conn:
-                if completed and len(sql_groups) == 1:
-                    # one statement that commits itself (no nack: no DLQ filing after it)
-                    sql_results = [await self._one(conn, tenant, sql_groups[0])]
-                else:
-                    async with conn.transaction():
-                        sql_results = await self._sql(conn, tenant, sql_groups, completed)
+            results.extend(await self._settled(tenant, groups))
         except DatabaseError as ex:
             code = ("timeout" if isinstance(ex, StatementTimeout) else
                     "outcome_unknown" if isinstance(ex, OutcomeUnknown) else "unavailable")
-            for g in sql_groups:
+            for g in groups:
                 for o in g.outcomes:
                     o.success = o.lease_released = o.dlq = o.noop = False
                     o.error = code
-            return ordered, results
-        results.extend(sql_results)
-        return ordered, results
+        for g in groups:
+            for o in g.outcomes:
+                verdicts[o.item.index] = (o.success, o.error, o.lease_released, o.dlq, o.noop)
+        return verdicts, results
 
-    async def _fast(self, tenant: bytes, groups: list[_Group]) -> list[GroupAck | None]:
+    async def _settled(self, tenant: bytes, groups: list[_Group]) -> list[GroupAck]:
+        """The SQL path of ``groups``, in ONE transaction (an ack and the DLQ filing it asks
+        for commit together)."""
+        completed = all(g.completed for g in groups)
+        async with connection(self.pool, commit_sent=True) as conn:
+            if completed and len(groups) == 1:
+                # one statement that commits itself (no nack: no DLQ filing after it)
+                return [await self._one(conn, tenant, groups[0])]
+            async with conn.transaction():
+                return await self._sql(conn, tenant, groups, completed)
+
+    async def _fast(self, tenant: bytes, batch: AckBatch, groups: list[_Group]
+                    ) -> list[GroupAck | None]:
         """The registry + fusion path of each group; None = take the SQL path for it."""
         link = self.link
         assert link is not None
         request_id = link.next_request_id()
         deadline = asyncio.get_running_loop().time() + _FAST_PATH_TIMEOUT_S
         calls = []
+        txns = batch.transaction_ids
         for index, g in enumerate(groups):
             assert g.lease_id is not None
+            ids = txns if len(g.indexes) == len(txns) else [txns[i] for i in g.indexes]
             req = AckRequest(link.generation, link.slot, request_id, index, tenant,
                              g.lease_id.bytes, g.partition_id, g.group,
-                             hash_set(_txn_hashes(g)))
+                             hash_set(txn_hashes(ids)))
             calls.append(link.submit(ack_shard(g.partition_id, self.shards), request_id, index,
                                      req.pack(), deadline))
         answers: list[GroupAck | None] = []
-        for g, verdict in zip(groups, await verdicts_of(calls), strict=True):
+        for verdict in await verdicts_of(calls):
             if isinstance(verdict, BaseException) and \
                     not isinstance(verdict, ShardGone | TimeoutError):
                 raise verdict
             if not isinstance(verdict, AckVerdict) or verdict.status != ACK_COMMITTED:
                 answers.append(None)  # a miss, a rejection, ShardGone or a timeout
                 continue
-            for o in g.outcomes:
-                o.success = o.lease_released = True
             # the shard already woke the pops parked on the queue (no queue named here)
             answers.append(GroupAck(True, None, verdict.new - verdict.old, True))
         return answers

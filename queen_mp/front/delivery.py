@@ -14,6 +14,7 @@ from binascii import hexlify
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
+from itertools import islice
 from typing import Any
 
 import orjson
@@ -124,67 +125,101 @@ def unpack_messages(claim: Claim, cipher: PayloadCipher | None, max_chunk: int, 
             offset += 1
 
 
-def _template(claim: Claim, lease_id: str | None, group: str) -> bytes:
-    """A message object of the claim with ``%`` slots for the id's five hex groups,
-    transactionId, traceId, data, producerSub, createdAt (JSON values) and offset (an
-    integer). Every constant is orjson's own rendering of the value the dict form held."""
+def _message_parts(claim: Claim, lease_id: str | None, group: str) -> list[bytes]:
+    """A message object of the claim as its constant pieces, each followed by the slot of a
+    variable part: the id's hex, transactionId (its JSON text without the quotes), traceId,
+    data, producerSub, createdAt (JSON values) and offset; the last piece ends the object
+    and holds the "," that joins it to the next. Every constant is orjson's own rendering
+    of the value the dict form held."""
     dumps = orjson.dumps
-
-    def const(*parts: bytes) -> bytes:
-        return b"".join(parts).replace(b"%", b"%%")
-
-    return b"".join((
-        b'{"id":"%s-%s-%s-%s-%s","transactionId":%s,"traceId":%s,"data":%s,"producerSub":%s,'
-        b'"createdAt":%s',
-        const(b',"queue":', dumps(claim.queue), b',"partitionId":',
-              dumps(str(claim.partition_id)), b',"partition":', dumps(claim.partition),
-              b',"offset":'),
-        b"%d",
-        const(b',"leaseId":', dumps(lease_id), b',"consumerGroup":', dumps(group),
-              b',"deliveryAttempt":', dumps(claim.attempt), b"}")))
+    return [b'{"id":"', b"", b'","transactionId":"', b"", b'","traceId":', b"", b',"data":',
+            b"", b',"producerSub":', b"", b',"createdAt":', b"",
+            b"".join((b',"queue":', dumps(claim.queue), b',"partitionId":',
+                      dumps(str(claim.partition_id)), b',"partition":', dumps(claim.partition),
+                      b',"offset":')),
+            b"",
+            b"".join((b',"leaseId":', dumps(lease_id), b',"consumerGroup":', dumps(group),
+                      b',"deliveryAttempt":', dumps(claim.attempt), b"},"))]
 
 
-def _uuid_json(raw: bytes) -> bytes:
+# where each of a UUID's 32 hex digits goes in its 36-character text, and the "," after it
+_UUID_AT = [k + (k >= 8) + (k >= 12) + (k >= 16) + (k >= 20) for k in range(32)]
+
+
+def _uuid_texts(raws: list[bytes]) -> list[bytes]:
+    """Each 16-byte id's UUID text (without quotes), all in one pass of slice assignments."""
+    n = len(raws)
+    hexed = hexlify(b"".join(raws))
+    out = bytearray(b"-" * 36 + b",") * n
+    for k, at in enumerate(_UUID_AT):
+        out[at::37] = hexed[k::32]
+    return bytes(out[:-1]).split(b",")
+
+
+def _uuid_json(raw: bytes | None) -> bytes:
+    if not raw:
+        return b"null"
     h = hexlify(raw)
     return b'"%s-%s-%s-%s-%s"' % (h[:8], h[8:12], h[12:16], h[16:20], h[20:])
 
 
+def _sub_json(sub: str | None) -> bytes:
+    return b"null" if sub is None else orjson.dumps(sub)
+
+
 def json_messages(claim: Claim, lease_id: str | None, group: str, cipher: PayloadCipher | None,
-                  max_chunk: int, hashes: list[bytes]) -> list[bytes]:
-    """The JSON object of each claimed message, in offset order, byte for byte what orjson
-    makes of the docs/api.md 2.2 message (id, transactionId, traceId, data, producerSub,
-    createdAt, queue, partitionId, partition, offset, leaseId, consumerGroup,
+                  max_chunk: int, hashes: list[bytes]) -> bytes:
+    """The JSON objects of the claimed messages, in offset order, joined by ",": byte for
+    byte what orjson makes of each docs/api.md 2.2 message (id, transactionId, traceId, data,
+    producerSub, createdAt, queue, partitionId, partition, offset, leaseId, consumerGroup,
     deliveryAttempt); appends each message's transaction hash to ``hashes`` (the lease grant).
 
-    PERF(pop): filled into one template per claim from the frame's fields: no message
-    record and no dict per message, and nothing serialised twice (about three times less
-    front CPU per message than building and dumping a dict).
+    PERF(pop): by columns: the frames' fields gathered in C (islice over ``frame_rows``,
+    ``zip``), each column rendered by whole-list operations (every id's UUID text by 32 slice
+    assignments, every transactionId by one ``orjson.dumps``, the offsets by another), the
+    pieces laid out by slice assignments and joined once; no message record, no dict and no
+    template fill per message. The transactionIds' dumped list splits at ``","`` when it holds
+    no backslash (every quote is then a string's own); otherwise each is dumped alone.
     """
-    out: list[bytes] = []
-    append, remember = out.append, hashes.append
-    dumps = orjson.dumps
-    digest = txn_hash_bytes
-    end = claim.end
-    template = _template(claim, lease_id, group)
+    rows: list[tuple[Any, ...]] = []
+    stamps: list[bytes] = []
+    offsets: list[int] = []
     stamped: datetime | None = None
     stamp = b""
     for offset, created, frames, before in _claimed_chunks(claim, max_chunk):
         if created != stamped:  # PERF(pop): one rendering per distinct segment time
-            stamped, stamp = created, dumps(iso_ms(created))
-        for mid, trace, txn, txn_raw, sub, flags, payload in frame_rows(frames, skip=before):
-            if offset > end:
-                break
-            if flags:
-                payload = _plain_payload(claim, offset, flags, payload, cipher)
-            remember(digest(txn_raw))
-            h = hexlify(mid)  # PERF(pop): the id's groups go into the template's slots
-            append(template % (
-                h[:8], h[8:12], h[12:16], h[16:20], h[20:], dumps(txn),
-                _uuid_json(trace) if trace else b"null",
-                payload if payload else b"null", b"null" if sub is None else dumps(sub), stamp,
-                offset))
-            offset += 1
-    return out
+            stamped, stamp = created, orjson.dumps(iso_ms(created))
+        had = len(rows)
+        rows.extend(islice(frame_rows(frames, skip=before), max(0, claim.end - offset + 1)))
+        stamps += [stamp] * (len(rows) - had)
+        offsets += range(offset, offset + len(rows) - had)
+    n = len(rows)
+    if not n:
+        return b""
+    mids, traces, txns, raws, subs, flags, payloads = map(list, zip(*rows, strict=True))
+    hashes.extend(map(txn_hash_bytes, raws))
+    if flags.count(0) != n:
+        for i, f in enumerate(flags):
+            if f:
+                payloads[i] = _plain_payload(claim, offsets[i], f, payloads[i], cipher)
+    if min(map(len, payloads)) == 0:
+        payloads = [p if len(p) else b"null" for p in payloads]
+    dumped = orjson.dumps(txns)
+    template = _message_parts(claim, lease_id, group)
+    k = len(template)
+    parts = template * n
+    parts[1::k] = _uuid_texts(mids)
+    parts[3::k] = (dumped[2:-2].split(b'","') if b"\\" not in dumped
+                   else [orjson.dumps(t)[1:-1] for t in txns])
+    parts[5::k] = ([b"null"] * n if traces.count(None) == n
+                   else list(map(_uuid_json, traces)))
+    parts[7::k] = payloads
+    parts[9::k] = ([b"null"] * n if subs.count(None) == n
+                   else list(map(_sub_json, subs)))
+    parts[11::k] = stamps
+    parts[13::k] = orjson.dumps(offsets)[1:-1].split(b",")
+    parts[-1] = parts[-1][:-1]
+    return b"".join(parts)
 
 
 def _str16(text: str) -> bytes:

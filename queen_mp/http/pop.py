@@ -148,8 +148,10 @@ class PopResource:
                 messages: list[bytes] = []
                 for claim in popped.claims:
                     delivered = hashes[claim.partition_id] = []
-                    messages += json_messages(claim, popped.lease_id, request.group,
-                                              worker.cipher, limit, delivered)
+                    rendered = json_messages(claim, popped.lease_id, request.group,
+                                             worker.cipher, limit, delivered)
+                    if rendered:
+                        messages.append(rendered)
                 body = orjson.dumps(_answer(popped, request.group, extra,
                                             orjson.Fragment(b"[%s]" % b",".join(messages))))
                 content_type = JSON_UTF8

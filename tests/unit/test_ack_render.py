@@ -1,5 +1,5 @@
 """The ack answer's body (``queen_mp.http.ack._render``) is byte for byte what orjson makes of
-each outcome's ``to_json``, whatever the transactionIds hold; an outcome with a commit error
+each item's ``_item_json``, whatever the transactionIds hold; a verdict with a commit error
 leaves the answer to the 503 path."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from queen_mp.db.ack_procs import AckItem
-from queen_mp.front.acks import AckOutcome
-from queen_mp.http.ack import _render
+from queen_mp.db.ack_procs import AckBatch, AckItem
+from queen_mp.front.acks import Verdict
+from queen_mp.http.ack import _item_json, _render
 
 LEASE = uuid.UUID(int=42)
 # quotes, backslashes, the `","` the renderer splits at, controls, non-ASCII
@@ -24,28 +24,41 @@ OUTCOME = st.tuples(TXN, st.integers(1, (1 << 63) - 1), st.booleans(), ERRORS, s
                     st.booleans(), st.booleans())
 
 
-def _outcomes(rows: list[tuple[str, int, bool, str | None, bool, bool, bool]]
-              ) -> list[AckOutcome]:
-    return [AckOutcome(AckItem(i, txn, pid, "completed", "__QUEUE_MODE__", LEASE, None),
-                       success, error, released, dlq, noop)
-            for i, (txn, pid, success, error, released, dlq, noop) in enumerate(rows)]
+Rows = list[tuple[str, int, bool, str | None, bool, bool, bool]]
+
+
+def _batch(rows: Rows) -> tuple[AckBatch, list[Verdict]]:
+    batch = AckBatch.of([AckItem(i, txn, pid, "completed", "__QUEUE_MODE__", LEASE, None)
+                         for i, (txn, pid, *_) in enumerate(rows)])
+    return batch, [(success, error, released, dlq, noop)
+                   for _, _, success, error, released, dlq, noop in rows]
+
+
+def _dicts(rows: Rows) -> bytes:
+    batch, verdicts = _batch(rows)
+    return orjson.dumps([_item_json(batch, i, v) for i, v in enumerate(verdicts)])
+
+
+def _body(rows: Rows) -> bytes | None:
+    return _render(*_batch(rows))
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
 @given(rows=st.lists(OUTCOME, max_size=8))
-def test_rendered_as_orjson_renders_the_dicts(
-        rows: list[tuple[str, int, bool, str | None, bool, bool, bool]]) -> None:
-    outcomes = _outcomes(rows)
-    assert _render(outcomes) == orjson.dumps([o.to_json() for o in outcomes])
+def test_rendered_as_orjson_renders_the_dicts(rows: Rows) -> None:
+    assert _body(rows) == _dicts(rows)
 
 
 def test_a_batch_of_one_lease_is_rendered_as_the_dicts() -> None:
-    outcomes = _outcomes([(f"t-{i}", 7, True, None, True, False, False) for i in range(100)])
-    assert _render(outcomes) == orjson.dumps([o.to_json() for o in outcomes])
+    rows: Rows = [(f"t-{i}", 7, True, None, True, False, False) for i in range(100)]
+    assert _body(rows) == _dicts(rows)
+    assert orjson.loads(_dicts(rows))[99] == {
+        "index": 99, "transactionId": "t-99", "partitionId": "7", "success": True,
+        "error": None, "leaseReleased": True, "dlq": False, "noop": False}
 
 
 def test_a_commit_error_is_left_to_the_503_path() -> None:
     for code in ("timeout", "outcome_unknown", "unavailable"):
-        outcomes = _outcomes([("a", 7, True, None, True, False, False),
-                              ("b", 7, False, code, False, False, False)])
-        assert _render(outcomes) is None
+        assert _body([("a", 7, True, None, True, False, False),
+                      ("b", 7, False, code, False, False, False)]) is None
+        assert _body([("a", 7, False, code, False, False, False)] * 2) is None

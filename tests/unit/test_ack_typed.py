@@ -1,4 +1,4 @@
-"""The typed ack decoder (``decode_ack_items``) reads a body as the exact path does
+"""The typed ack decoder (``decode_ack_batch``) reads a body as the exact path does
 (``parse_ack_item``), or leaves it to that path: never an item it would refuse or read
 otherwise."""
 
@@ -15,7 +15,7 @@ from queen_mp.db.ack_procs import AckItem
 from queen_mp.http.ack import MAX_ACKS, AckBatchResource, AckResource, _load
 from queen_mp.http.errors import ApiError
 from queen_mp.models.errors import RequestError
-from queen_mp.models.items import decode_ack_items
+from queen_mp.models.items import decode_ack_batch
 from queen_mp.wire.errors import WireError
 from tests.unit.test_push_typed import dump  # three spellings of one document
 
@@ -29,7 +29,8 @@ def exact(body: bytes, batch: bool) -> list[AckItem]:
 
 
 def same_reading(body: bytes, batch: bool) -> list[AckItem] | None:
-    typed = decode_ack_items(body, batch, MAX_ACKS)
+    decoded = decode_ack_batch(body, batch, MAX_ACKS)
+    typed = decoded.items() if decoded is not None else None
     try:
         want = exact(body, batch)
     except (ApiError, RequestError, WireError):
@@ -100,7 +101,7 @@ def test_number_shapes_inside_strings_keep_the_typed_path() -> None:
     assert typed is not None and len(typed) == 3
     # the same shapes as numbers outside the strings still leave the body to the exact path
     for number in (b"1e123", b"1234567890123456789012"):
-        assert decode_ack_items(body[:-1] + b',"x":' + number + b"}", True, MAX_ACKS) is None
+        assert decode_ack_batch(body[:-1] + b',"x":' + number + b"}", True, MAX_ACKS) is None
 
 
 @pytest.mark.parametrize("extra", [b"1e400", b"12345678901234567890123", b'"\xff"',
@@ -108,5 +109,5 @@ def test_number_shapes_inside_strings_keep_the_typed_path() -> None:
 def test_what_orjson_refuses_anywhere_goes_to_the_exact_path(extra: bytes) -> None:
     body = (b'{"acknowledgments":[{"transactionId":"t","partitionId":"7"}],"x":' + extra
             + b"}")
-    assert decode_ack_items(body, True, MAX_ACKS) is None
+    assert decode_ack_batch(body, True, MAX_ACKS) is None
     same_reading(body, True)

@@ -16,8 +16,8 @@ import pytest
 from queen.http import push_binary as client
 
 from queen_mp.config import Config
-from queen_mp.db.ack_procs import AckItem, GroupAck
-from queen_mp.front.acks import AckOutcome
+from queen_mp.db.ack_procs import AckBatch, GroupAck
+from queen_mp.front.acks import COMMITTED, Verdict
 from queen_mp.front.delivery import Claim
 from queen_mp.front.ingest import ItemResult, PushResults
 from queen_mp.front.popper import Popped, PopRequest
@@ -50,11 +50,11 @@ class FakePopper:
 
 
 class FakeAcker:
-    async def ack(self, tenant: bytes, items: list[AckItem]
-                  ) -> tuple[list[AckOutcome], list[GroupAck]]:
-        lost = any(i.transaction_id == "lost" for i in items)
-        return ([AckOutcome(i, not lost, "outcome_unknown" if lost else None, not lost)
-                 for i in items], [])
+    async def ack(self, tenant: bytes, batch: AckBatch
+                  ) -> tuple[list[Verdict], list[GroupAck]]:
+        verdict = ((False, "outcome_unknown", False, False, False)
+                   if "lost" in batch.transaction_ids else COMMITTED)
+        return [verdict] * len(batch), []
 
 
 class FakeWorker:

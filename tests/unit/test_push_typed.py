@@ -162,7 +162,7 @@ def test_under_a_raised_recursion_limit_a_payload_deeper_than_orjson_reads_is_re
     probe = textwrap.dedent("""
         import sys
         sys.setrecursionlimit(20_000)
-        from queen_mp.models.items import decode_push_items, decode_ack_items
+        from queen_mp.models.items import decode_push_items, decode_ack_batch
         from queen_mp.http.push import parse_json_push
         from queen_mp.http.errors import ApiError
         ids = lambda n: [i.to_bytes(16, "big") for i in range(1, n + 1)]
@@ -177,7 +177,7 @@ def test_under_a_raised_recursion_limit_a_payload_deeper_than_orjson_reads_is_re
                 exact = "refused" if "depth limit exceeded" in str(ex) else repr(ex)
             ack = (b'{"acknowledgments":[{"transactionId":"t","partitionId":"1","x":'
                    + payload + b'}]}')
-            print(depth, typed is None, exact, decode_ack_items(ack, True, 100) is None)
+            print(depth, typed is None, exact, decode_ack_batch(ack, True, 100) is None)
     """)
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                          check=True).stdout.split("\n")
