@@ -127,7 +127,7 @@ class PushPath:
                 entry = Entry(0, group)
                 build_segment((group.tenant, group.queue, group.partition), [entry])
                 entry.partition_id, entry.created_us = 7, 1_764_000_000_000_000
-                entry.resolve_run(100)
+                entry.run_first, entry.remaining = 100, 0  # as PushFusion._committed
                 verdicts.append(entry.verdict().pack())
         self.ring.try_write(RecordBatch(tuple(verdicts)).pack())
         # the front worker again: verdicts to results, results to the answer
