@@ -30,6 +30,7 @@ A JSON ``null`` in an optional field reads as not given. Unknown keys are ignore
 from __future__ import annotations
 
 import datetime as dt
+import reprlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,7 +118,8 @@ def _entries(doc: dict[str, Any], limit: int) -> list[Any]:
 def _integer(value: Any, field: str, index: int | None, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= _INT64:
         where = f"entry {index}: " if index is not None else ""
-        raise InvalidRequest(f"{where}'{field}' must be an integer >= {minimum}, got {value!r}",
+        raise InvalidRequest(f"{where}'{field}' must be an integer >= {minimum}, "
+                             f"got {reprlib.repr(value)}",
                              field=field, index=index)
     return value
 
@@ -187,6 +189,6 @@ def parse_changed(body: bytes) -> tuple[ChangedEntry, ...]:
             after = int(after)
         else:
             raise InvalidRequest(f"entry {i}: 'after' must be the 'next' of an earlier answer, "
-                                 f"got {after!r}", field="after", index=i)
+                                 f"got {reprlib.repr(after)}", field="after", index=i)
         out.append(ChangedEntry(queue, limit, since, after))
     return tuple(out)
