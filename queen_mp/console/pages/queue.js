@@ -137,7 +137,7 @@ function browser(name, detail) {
       { label: 'Partition', value: (m) => m.partition },
       { label: 'Offset', num: true, value: (m) => num(m.offset) },
       { label: 'Transaction id', value: (m) => h('button.link', {
-        type: 'button', on: { click: () => open(m) }, dataset: { testid: 'message-row' } }, m.transactionId) },
+        type: 'button', on: { click: () => open(m).catch((e) => toast(e.message, 'error')) }, dataset: { testid: 'message-row' } }, m.transactionId) },
       { label: 'Status', value: (m) => badge(m.status, m.status === 'dead_letter' ? 'warn' : '') },
       { label: 'Created', value: (m) => when(m.createdAt) },
     ], page.messages, { empty: 'No message in this range.' }));
