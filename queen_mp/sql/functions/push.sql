@@ -18,6 +18,7 @@
 --                         last_offset, last_write_at quantised to 1 s, last_created_at) - HOT
 --   queen.log_txns        read (dedup probe, primary key range); INSERT one row per segment
 --   queen.log_segments    INSERT one row per segment; read by log_segment_at_v1
+--   queen.log_consumers   UPDATE ready_at of the pushed partitions' caught-up cursors
 --
 -- Lock order (design.md invariant 4), log_push_multi_v2:
 --   1. provisioning, only if some (tenant, queue, partition) is missing:
@@ -29,9 +30,9 @@
 --      cursor insert's foreign key check, FOR KEY SHARE, never waits for a push);
 --   3. per segment that needs the dedup probe, ascending partition id: log_push_one_v1
 --      re-locks its (already held) row; the other segments' allocator UPDATE is one statement.
---   4. the allocator UPDATE's statement trigger (log_partitions_ready, triggers.sql) sets
---      ready_at on the partitions' caught-up consumer rows: consumer rows after partition
---      rows, the global order. A partition's creation inserts the cursor rows of its queue's
+--   4. the allocator UPDATE's statement (log_push_one_v1: the statement after it) sets
+--      ready_at on the partitions' caught-up consumer rows (the ready index, triggers.sql):
+--      consumer rows after partition rows, the global order. A partition's creation inserts the cursor rows of its queue's
 --      recorded groups (log_partitions_cursors), new rows nobody else can hold.
 --   log_push_one_v1 alone locks exactly one log_partitions row; a caller that pushes to several
 --   partitions in one transaction must call it in ascending partition id order (or pre-lock).
@@ -257,6 +258,11 @@ BEGIN
             USING ERRCODE = 'P0002';
     END IF;
     v_base := v_last - p_msg_count + 1;
+
+    -- The ready index's allocator half (triggers.sql), in a statement after the one that
+    -- took the row lock: the partition's caught-up cursors become ready at this segment.
+    UPDATE queen.log_consumers c SET ready_at = v_created
+    WHERE c.partition_id = p_pid AND c.ready_at IS NULL AND c.committed_offset < v_last;
 
     INSERT INTO queen.log_segments (partition_id, base_offset, msg_count, created_at, payload)
     VALUES (p_pid, v_base, p_msg_count, v_created, p_blob);
@@ -559,7 +565,16 @@ BEGIN
         FROM unnest(v_opids, p_msg_counts) WITH ORDINALITY AS s(pid, cnt, o)
         WHERE lp.id = ANY (v_opids) AND lp.id = s.pid
         RETURNING s.o, s.pid, s.cnt, lp.last_offset - s.cnt + 1 AS base,
-                  lp.last_created_at AS created
+                  lp.last_offset AS last, lp.last_created_at AS created
+    ), rdy AS (
+        -- The ready index's allocator half (triggers.sql): the caught-up cursors of these
+        -- partitions become ready at the new segment. This statement's snapshot was taken
+        -- after step 3 locked the partition rows, which the protocol requires. A primary key
+        -- probe per partition, ascending id (the global order of consumer rows); no `= ANY`
+        -- beside the join key, or each probe would descend once per element of the array.
+        UPDATE queen.log_consumers c SET ready_at = g.created
+        FROM (SELECT a.pid, a.last, a.created FROM a ORDER BY a.pid) g
+        WHERE c.partition_id = g.pid AND c.ready_at IS NULL AND c.committed_offset < g.last
     ), seg AS (
         INSERT INTO queen.log_segments (partition_id, base_offset, msg_count, created_at, payload)
         SELECT a.pid, a.base, a.cnt, a.created, b.blob
