@@ -521,7 +521,6 @@ BEGIN
 
     -- The probe path, ascending partition id: log_push_one_v1 as before. Its answers are
     -- spliced into the result arrays of step 5 by ordinal.
-    v_pids := array_fill(NULL::int8, ARRAY[n]);
     v_bases := array_fill(NULL::int8, ARRAY[n]);
     v_tss := array_fill(NULL::int8, ARRAY[n]);
     IF v_probe IS NOT NULL THEN
@@ -529,7 +528,6 @@ BEGIN
             v_res := queen.log_push_one_v1(
                          v_in_pids[v_o], v_ws[v_o], p_msg_counts[v_o], p_hashes[v_o],
                          COALESCE(p_verified[v_o], 0), p_blobs[v_o], v_ts);
-            v_pids[v_o] := v_in_pids[v_o];
             v_bases[v_o] := COALESCE((v_res ->> 'base')::int8, 0);
             v_tss[v_o] := (v_res ->> 'ts')::int8;
             IF v_res ? 'dups' THEN
@@ -562,10 +560,11 @@ BEGIN
                                      OR clock_timestamp() - lp.last_write_at > interval '1 second'
                                    THEN clock_timestamp() ELSE lp.last_write_at END,
             last_created_at = GREATEST(lp.last_created_at, v_ts)
-        FROM unnest(v_opids, p_msg_counts) WITH ORDINALITY AS s(pid, cnt, o)
+        FROM unnest(v_opids, p_msg_counts, p_blobs, p_hashes) WITH ORDINALITY
+             AS s(pid, cnt, blob, hashes, o)
         WHERE lp.id = ANY (v_opids) AND lp.id = s.pid
         RETURNING s.o, s.pid, s.cnt, lp.last_offset - s.cnt + 1 AS base,
-                  lp.last_offset AS last, lp.last_created_at AS created
+                  lp.last_offset AS last, lp.last_created_at AS created, s.blob, s.hashes
     ), rdy AS (
         -- The ready index's allocator half (triggers.sql): the caught-up cursors of these
         -- partitions become ready at the new segment. This statement's snapshot was taken
@@ -577,22 +576,23 @@ BEGIN
         WHERE c.partition_id = g.pid AND c.ready_at IS NULL AND c.committed_offset < g.last
     ), seg AS (
         INSERT INTO queen.log_segments (partition_id, base_offset, msg_count, created_at, payload)
-        SELECT a.pid, a.base, a.cnt, a.created, b.blob
-        FROM a JOIN unnest(p_blobs) WITH ORDINALITY AS b(blob, o) ON b.o = a.o
+        SELECT a.pid, a.base, a.cnt, a.created, a.blob FROM a
     ), txn AS (
         INSERT INTO queen.log_txns (partition_id, base_offset, msg_count, created_at, hashes)
-        SELECT a.pid, a.base, a.cnt, a.created, h.hashes
-        FROM a JOIN unnest(p_hashes) WITH ORDINALITY AS h(hashes, o) ON h.o = a.o
+        SELECT a.pid, a.base, a.cnt, a.created, a.hashes FROM a
     )
-    SELECT array_agg(COALESCE(r.pid, a.pid) ORDER BY r.o)
+    -- Every answered segment's partition is its input's (v_in_pids) and its window was read
+    -- by the pre-lock (v_ws): only bases and timestamps are aggregated (two ordered
+    -- aggregates, not four: each one costs its executor start-up and its sort per bundle).
+    SELECT v_in_pids
            || array_agg(COALESCE(r.base, a.base) ORDER BY r.o)
            || array_agg(COALESCE(r.ts, (extract(epoch FROM a.created) * 1000000)::int8)
                         ORDER BY r.o)
-           || array_agg(r.w::int8 ORDER BY r.o)
+           || v_ws
            || v_dups,
            count(*) FILTER (WHERE r.base IS NULL AND a.base IS NULL)
     INTO v_pids, v_missing
-    FROM unnest(v_pids, v_bases, v_tss, v_ws) WITH ORDINALITY AS r(pid, base, ts, w, o)
+    FROM unnest(v_bases, v_tss) WITH ORDINALITY AS r(base, ts, o)
     LEFT JOIN a ON a.o = r.o;
     IF v_missing <> 0 OR array_position(v_pids, NULL) IS NOT NULL THEN
         RAISE EXCEPTION 'log_push_multi_v2: completeness guard: % inputs, % without a result',
