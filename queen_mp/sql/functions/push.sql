@@ -471,26 +471,28 @@ BEGIN
     --        which the shard did not verify: those go through log_push_one_v1 (ascending id);
     --        every other segment goes to the set-based writes of step 5.
     --    A partition named twice in the bundle joins twice (its row is locked once).
+    --    Each segment's count, hashes and promise ride along in the one unnest joined to the
+    --    locked rows (a second unnest joined by ordinal was rescanned per row: n^2 rows).
     SELECT count(*), count(DISTINCT l.id),
-           count(*) FILTER (WHERE b.cnt < 1 OR octet_length(b.h) <> 16 * b.cnt),
-           min(l.id) FILTER (WHERE b.cnt < 1 OR octet_length(b.h) <> 16 * b.cnt),
-           array_agg(b.o ORDER BY l.id) FILTER (WHERE l.probe),
-           array_agg(l.dw ORDER BY b.o),
-           array_agg(CASE WHEN l.probe THEN NULL ELSE l.id END ORDER BY b.o)
+           count(*) FILTER (WHERE l.cnt < 1 OR octet_length(l.h) <> 16 * l.cnt),
+           min(l.id) FILTER (WHERE l.cnt < 1 OR octet_length(l.h) <> 16 * l.cnt),
+           array_agg(l.o ORDER BY l.id) FILTER (WHERE l.probe),
+           array_agg(l.dw ORDER BY l.o),
+           array_agg(CASE WHEN l.probe THEN NULL ELSE l.id END ORDER BY l.o)
     INTO v_locked, v_distinct, v_bad_count, v_bad_pid, v_probe, v_ws, v_opids
     FROM (
-        SELECT lp.id, i.o, qu.dedup_window AS dw,
+        SELECT lp.id, i.o, i.cnt, i.h, qu.dedup_window AS dw,
                qu.dedup_window > 0
-               AND GREATEST(COALESCE(p_verified[i.o], 0), lp.txns_start - 1) < lp.last_offset
+               AND GREATEST(COALESCE(i.ver, 0), lp.txns_start - 1) < lp.last_offset
                    AS probe
         FROM queen.log_partitions lp
         JOIN queen.queues qu ON qu.id = lp.queue_id
-        JOIN unnest(v_in_pids) WITH ORDINALITY AS i(pid, o) ON i.pid = lp.id
+        JOIN unnest(v_in_pids, p_msg_counts, p_hashes, p_verified) WITH ORDINALITY
+             AS i(pid, cnt, h, ver, o) ON i.pid = lp.id
         WHERE lp.id = ANY (v_in_pids)
         ORDER BY lp.id
         FOR NO KEY UPDATE OF lp
-    ) l
-    JOIN unnest(p_msg_counts, p_hashes) WITH ORDINALITY AS b(cnt, h, o) ON b.o = l.o;
+    ) l;
 
     IF v_distinct <> v_locked THEN
         RAISE EXCEPTION 'log_push_multi_v2: a partition appears more than once in the bundle (% segments, % distinct partitions)',
