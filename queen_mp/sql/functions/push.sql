@@ -32,8 +32,9 @@
 --      re-locks its (already held) row; the other segments' allocator UPDATE is one statement.
 --   4. the allocator UPDATE's statement (log_push_one_v1: the statement after it) sets
 --      ready_at on the partitions' caught-up consumer rows (the ready index, triggers.sql):
---      consumer rows after partition rows, the global order. A partition's creation inserts the cursor rows of its queue's
---      recorded groups (log_partitions_cursors), new rows nobody else can hold.
+--      consumer rows after partition rows, the global order. A partition's creation inserts
+--      the cursor rows of its queue's recorded groups (log_partitions_cursors), new rows
+--      nobody else can hold.
 --   log_push_one_v1 alone locks exactly one log_partitions row; a caller that pushes to several
 --   partitions in one transaction must call it in ascending partition id order (or pre-lock).
 --
