@@ -565,6 +565,46 @@ def test_push_one_called_directly(db):
     assert assert_gapless(db, pid) == 3
 
 
+def _cursor_ready_at(conn, pid: int, group: str):
+    return conn.execute(
+        "SELECT ready_at FROM queen.log_consumers WHERE partition_id = %s AND consumer_group = %s",
+        (pid, group)).fetchone()[0]
+
+
+@pytest.mark.parametrize("path", ["bundle", "push_one"])
+def test_a_push_makes_the_caught_up_cursors_ready_at_its_segment(db, path):
+    """The allocators keep the ready index (triggers.sql): a caught-up cursor (ready_at NULL)
+    becomes ready at the created_at of the segment that grows its partition; a cursor that
+    already waits keeps its older time; a cursor of another partition is not touched."""
+    q = uq()
+    push(db, [Seg(q, "p", ["a"]), Seg(q, "other", ["b"])])
+    pid, other = pid_of(db, q, "p"), pid_of(db, q, "other")
+    db.execute(
+        "INSERT INTO queen.log_consumers (partition_id, consumer_group, committed_offset) "
+        "VALUES (%s, 'caught_up', 1), (%s, 'waiting', 0), (%s, 'caught_up', 1)",
+        (pid, pid, other))
+    assert _cursor_ready_at(db, pid, "caught_up") is None
+    waiting = _cursor_ready_at(db, pid, "waiting")
+    assert waiting is not None
+    if path == "bundle":
+        push(db, [Seg(q, "p", ["c"], verified=1)])
+    else:
+        db.execute(PUSH_ONE, (pid, 0, 1, hblob(["c"]), 0, b"x", None))
+    created = segments(db, pid)[-1][2]
+    assert _cursor_ready_at(db, pid, "caught_up") == created
+    assert _cursor_ready_at(db, pid, "waiting") == waiting
+    assert _cursor_ready_at(db, other, "caught_up") is None
+
+
+@pytest.mark.parametrize("name", ["", "x" * 256, "é" * 128])
+def test_a_partition_name_outside_1_to_255_bytes_is_refused_at_creation(db, name):
+    """schema/015 dropped the CHECK constraint; the creation trigger keeps the rule."""
+    q = uq()
+    with pytest.raises(psycopg.errors.CheckViolation):
+        push(db, [Seg(q, name, ["a"])])
+    assert push(db, [Seg(q, "y" * 255, ["a"])])[0]["s"] == "queued"
+
+
 # ---------------------------------------------------------------------------------------------
 # created_at, HOT
 # ---------------------------------------------------------------------------------------------

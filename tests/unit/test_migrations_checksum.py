@@ -107,12 +107,13 @@ def test_the_package_tree_has_one_live_body_per_function():
             homes.setdefault(match[2], []).append(family.filename)
         assert not re.search(r"^CREATE\s+TRIGGER", family.sql, re.I | re.M), family.filename
     assert {name: files for name, files in homes.items() if len(files) > 1} == {}
-    assert len(homes) == 134
+    assert len(homes) == 133
     for migration in tree.migrations:
         assert not create.search(migration.sql), migration.filename
     assert [m.filename for m in tree.migrations] == [
         "001_baseline.sql", "002_ready_index.sql", "003_traces.sql", "004_reads.sql",
         "005_keys.sql", "006_streams.sql", "007_cursors_cascade.sql", "008_ephemeral.sql",
         "009_ephemeral_rows.sql", "010_spool_holds.sql", "011_ephemeral_chunks.sql",
-        "012_ephemeral_uncompressed.sql", "013_ephemeral_leases_inline.sql"]
+        "012_ephemeral_uncompressed.sql", "013_ephemeral_leases_inline.sql",
+        "015_hot_checks.sql"]
     assert len(tree.legacy) == 24

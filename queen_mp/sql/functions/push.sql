@@ -18,6 +18,7 @@
 --                         last_offset, last_write_at quantised to 1 s, last_created_at) - HOT
 --   queen.log_txns        read (dedup probe, primary key range); INSERT one row per segment
 --   queen.log_segments    INSERT one row per segment; read by log_segment_at_v1
+--   queen.log_consumers   UPDATE ready_at of the pushed partitions' caught-up cursors
 --
 -- Lock order (design.md invariant 4), log_push_multi_v2:
 --   1. provisioning, only if some (tenant, queue, partition) is missing:
@@ -29,10 +30,11 @@
 --      cursor insert's foreign key check, FOR KEY SHARE, never waits for a push);
 --   3. per segment that needs the dedup probe, ascending partition id: log_push_one_v1
 --      re-locks its (already held) row; the other segments' allocator UPDATE is one statement.
---   4. the allocator UPDATE's statement trigger (log_partitions_ready, triggers.sql) sets
---      ready_at on the partitions' caught-up consumer rows: consumer rows after partition
---      rows, the global order. A partition's creation inserts the cursor rows of its queue's
---      recorded groups (log_partitions_cursors), new rows nobody else can hold.
+--   4. the allocator UPDATE's statement (log_push_one_v1: the statement after it) sets
+--      ready_at on the partitions' caught-up consumer rows (the ready index, triggers.sql):
+--      consumer rows after partition rows, the global order. A partition's creation inserts
+--      the cursor rows of its queue's recorded groups (log_partitions_cursors), new rows
+--      nobody else can hold.
 --   log_push_one_v1 alone locks exactly one log_partitions row; a caller that pushes to several
 --   partitions in one transaction must call it in ascending partition id order (or pre-lock).
 --
@@ -258,6 +260,11 @@ BEGIN
     END IF;
     v_base := v_last - p_msg_count + 1;
 
+    -- The ready index's allocator half (triggers.sql), in a statement after the one that
+    -- took the row lock: the partition's caught-up cursors become ready at this segment.
+    UPDATE queen.log_consumers c SET ready_at = v_created
+    WHERE c.partition_id = p_pid AND c.ready_at IS NULL AND c.committed_offset < v_last;
+
     INSERT INTO queen.log_segments (partition_id, base_offset, msg_count, created_at, payload)
     VALUES (p_pid, v_base, p_msg_count, v_created, p_blob);
     -- Always, dedup or not: ack-by-transactionId resolves through it.
@@ -465,26 +472,28 @@ BEGIN
     --        which the shard did not verify: those go through log_push_one_v1 (ascending id);
     --        every other segment goes to the set-based writes of step 5.
     --    A partition named twice in the bundle joins twice (its row is locked once).
+    --    Each segment's count, hashes and promise ride along in the one unnest joined to the
+    --    locked rows (a second unnest joined by ordinal was rescanned per row: n^2 rows).
     SELECT count(*), count(DISTINCT l.id),
-           count(*) FILTER (WHERE b.cnt < 1 OR octet_length(b.h) <> 16 * b.cnt),
-           min(l.id) FILTER (WHERE b.cnt < 1 OR octet_length(b.h) <> 16 * b.cnt),
-           array_agg(b.o ORDER BY l.id) FILTER (WHERE l.probe),
-           array_agg(l.dw ORDER BY b.o),
-           array_agg(CASE WHEN l.probe THEN NULL ELSE l.id END ORDER BY b.o)
+           count(*) FILTER (WHERE l.cnt < 1 OR octet_length(l.h) <> 16 * l.cnt),
+           min(l.id) FILTER (WHERE l.cnt < 1 OR octet_length(l.h) <> 16 * l.cnt),
+           array_agg(l.o ORDER BY l.id) FILTER (WHERE l.probe),
+           array_agg(l.dw ORDER BY l.o),
+           array_agg(CASE WHEN l.probe THEN NULL ELSE l.id END ORDER BY l.o)
     INTO v_locked, v_distinct, v_bad_count, v_bad_pid, v_probe, v_ws, v_opids
     FROM (
-        SELECT lp.id, i.o, qu.dedup_window AS dw,
+        SELECT lp.id, i.o, i.cnt, i.h, qu.dedup_window AS dw,
                qu.dedup_window > 0
-               AND GREATEST(COALESCE(p_verified[i.o], 0), lp.txns_start - 1) < lp.last_offset
+               AND GREATEST(COALESCE(i.ver, 0), lp.txns_start - 1) < lp.last_offset
                    AS probe
         FROM queen.log_partitions lp
         JOIN queen.queues qu ON qu.id = lp.queue_id
-        JOIN unnest(v_in_pids) WITH ORDINALITY AS i(pid, o) ON i.pid = lp.id
+        JOIN unnest(v_in_pids, p_msg_counts, p_hashes, p_verified) WITH ORDINALITY
+             AS i(pid, cnt, h, ver, o) ON i.pid = lp.id
         WHERE lp.id = ANY (v_in_pids)
         ORDER BY lp.id
         FOR NO KEY UPDATE OF lp
-    ) l
-    JOIN unnest(p_msg_counts, p_hashes) WITH ORDINALITY AS b(cnt, h, o) ON b.o = l.o;
+    ) l;
 
     IF v_distinct <> v_locked THEN
         RAISE EXCEPTION 'log_push_multi_v2: a partition appears more than once in the bundle (% segments, % distinct partitions)',
@@ -515,7 +524,6 @@ BEGIN
 
     -- The probe path, ascending partition id: log_push_one_v1 as before. Its answers are
     -- spliced into the result arrays of step 5 by ordinal.
-    v_pids := array_fill(NULL::int8, ARRAY[n]);
     v_bases := array_fill(NULL::int8, ARRAY[n]);
     v_tss := array_fill(NULL::int8, ARRAY[n]);
     IF v_probe IS NOT NULL THEN
@@ -523,7 +531,6 @@ BEGIN
             v_res := queen.log_push_one_v1(
                          v_in_pids[v_o], v_ws[v_o], p_msg_counts[v_o], p_hashes[v_o],
                          COALESCE(p_verified[v_o], 0), p_blobs[v_o], v_ts);
-            v_pids[v_o] := v_in_pids[v_o];
             v_bases[v_o] := COALESCE((v_res ->> 'base')::int8, 0);
             v_tss[v_o] := (v_res ->> 'ts')::int8;
             IF v_res ? 'dups' THEN
@@ -556,28 +563,39 @@ BEGIN
                                      OR clock_timestamp() - lp.last_write_at > interval '1 second'
                                    THEN clock_timestamp() ELSE lp.last_write_at END,
             last_created_at = GREATEST(lp.last_created_at, v_ts)
-        FROM unnest(v_opids, p_msg_counts) WITH ORDINALITY AS s(pid, cnt, o)
+        FROM unnest(v_opids, p_msg_counts, p_blobs, p_hashes) WITH ORDINALITY
+             AS s(pid, cnt, blob, hashes, o)
         WHERE lp.id = ANY (v_opids) AND lp.id = s.pid
         RETURNING s.o, s.pid, s.cnt, lp.last_offset - s.cnt + 1 AS base,
-                  lp.last_created_at AS created
+                  lp.last_offset AS last, lp.last_created_at AS created, s.blob, s.hashes
+    ), rdy AS (
+        -- The ready index's allocator half (triggers.sql): the caught-up cursors of these
+        -- partitions become ready at the new segment. This statement's snapshot was taken
+        -- after step 3 locked the partition rows, which the protocol requires. A primary key
+        -- probe per partition, ascending id (the global order of consumer rows); no `= ANY`
+        -- beside the join key, or each probe would descend once per element of the array.
+        UPDATE queen.log_consumers c SET ready_at = g.created
+        FROM (SELECT a.pid, a.last, a.created FROM a ORDER BY a.pid) g
+        WHERE c.partition_id = g.pid AND c.ready_at IS NULL AND c.committed_offset < g.last
     ), seg AS (
         INSERT INTO queen.log_segments (partition_id, base_offset, msg_count, created_at, payload)
-        SELECT a.pid, a.base, a.cnt, a.created, b.blob
-        FROM a JOIN unnest(p_blobs) WITH ORDINALITY AS b(blob, o) ON b.o = a.o
+        SELECT a.pid, a.base, a.cnt, a.created, a.blob FROM a
     ), txn AS (
         INSERT INTO queen.log_txns (partition_id, base_offset, msg_count, created_at, hashes)
-        SELECT a.pid, a.base, a.cnt, a.created, h.hashes
-        FROM a JOIN unnest(p_hashes) WITH ORDINALITY AS h(hashes, o) ON h.o = a.o
+        SELECT a.pid, a.base, a.cnt, a.created, a.hashes FROM a
     )
-    SELECT array_agg(COALESCE(r.pid, a.pid) ORDER BY r.o)
+    -- Every answered segment's partition is its input's (v_in_pids) and its window was read
+    -- by the pre-lock (v_ws): only bases and timestamps are aggregated (two ordered
+    -- aggregates, not four: each one costs its executor start-up and its sort per bundle).
+    SELECT v_in_pids
            || array_agg(COALESCE(r.base, a.base) ORDER BY r.o)
            || array_agg(COALESCE(r.ts, (extract(epoch FROM a.created) * 1000000)::int8)
                         ORDER BY r.o)
-           || array_agg(r.w::int8 ORDER BY r.o)
+           || v_ws
            || v_dups,
            count(*) FILTER (WHERE r.base IS NULL AND a.base IS NULL)
     INTO v_pids, v_missing
-    FROM unnest(v_pids, v_bases, v_tss, v_ws) WITH ORDINALITY AS r(pid, base, ts, w, o)
+    FROM unnest(v_bases, v_tss) WITH ORDINALITY AS r(base, ts, o)
     LEFT JOIN a ON a.o = r.o;
     IF v_missing <> 0 OR array_position(v_pids, NULL) IS NOT NULL THEN
         RAISE EXCEPTION 'log_push_multi_v2: completeness guard: % inputs, % without a result',

@@ -82,15 +82,19 @@ CREATE OR REPLACE TRIGGER log_partitions_cascade_truncate
 --      partition row FOR SHARE (taken with SKIP LOCKED: never waits), having read last_offset
 --      from the row it locked (READ COMMITTED locks and returns the newest committed version).
 --   2. An allocator holds the partition row FOR UPDATE / FOR NO KEY UPDATE (both conflict
---      with FOR SHARE) from before it writes offsets until it commits, and then, in a later
---      statement of its own, log_partitions_ready sets ready_at on every cursor of the
---      partition that is NULL and behind the new last_offset.
+--      with FOR SHARE) from before it writes offsets until it commits, and then, in a
+--      statement whose snapshot was taken after it got the lock, sets ready_at on every
+--      cursor of the partition that is NULL and behind the new last_offset (push.sql: the
+--      allocator UPDATE's own statement in log_push_multi_v2, which locked the rows in an
+--      earlier one; the statement after the UPDATE in log_push_one_v1). The allocators are
+--      the only writers of last_offset; a statement trigger did this until issue 26 (pg1)
+--      measured its transition tables and plpgsql call at ~160k instructions a bundle.
 --   So a NULL committed before the allocator took the row is seen by its later statement and
 --   set; a NULL cannot be committed while the allocator holds the row (1 skips, and writes a
 --   time instead); a cursor writer the allocator's UPDATE finds holding a NULL row is waited
 --   for and re-checked. Writers that do not move committed_offset leave the column alone.
--- Lock order: log_partitions_ready waits for consumer rows while holding partition rows (the
---   global order); log_consumers_ready holds a consumer row and never waits for a partition.
+-- Lock order: the allocators wait for consumer rows while holding partition rows (the global
+--   order); log_consumers_ready holds a consumer row and never waits for a partition.
 -- ---------------------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION queen.log_consumers_ready() RETURNS trigger
 LANGUAGE plpgsql AS $$
@@ -151,46 +155,25 @@ CREATE OR REPLACE TRIGGER log_consumers_ready_update
                        OR (NEW.ready_at IS NULL AND OLD.ready_at IS NOT NULL))
     EXECUTE FUNCTION queen.log_consumers_ready();
 
--- The allocator's half: the caught-up cursors of every partition whose last_offset grew in
--- this statement become ready at the first new message (the statement wrote one segment per
--- partition, stamped last_created_at). Statement level: one call per push bundle.
-CREATE OR REPLACE FUNCTION queen.log_partitions_ready() RETURNS trigger
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_ids  int8[];
-    v_lasts int8[];
-    v_ats  timestamptz[];
-BEGIN
-    SELECT array_agg(n.id ORDER BY n.id), array_agg(n.last_offset ORDER BY n.id),
-           array_agg(COALESCE(n.last_created_at, clock_timestamp()) ORDER BY n.id)
-    INTO v_ids, v_lasts, v_ats
-    FROM grown_new n JOIN grown_old o ON o.id = n.id
-    WHERE n.last_offset > o.last_offset;
-    IF v_ids IS NULL THEN
-        RETURN NULL;
-    END IF;
-    -- `= ANY` keeps it a primary key probe per partition whatever the plan cache holds
-    UPDATE queen.log_consumers c SET ready_at = g.at
-    FROM unnest(v_ids, v_lasts, v_ats) AS g(id, last, at)
-    WHERE c.partition_id = ANY (v_ids) AND c.partition_id = g.id
-      AND c.ready_at IS NULL AND c.committed_offset < g.last;
-    RETURN NULL;
-END
-$$;
-
-CREATE OR REPLACE TRIGGER log_partitions_ready
-    AFTER UPDATE ON queen.log_partitions
-    REFERENCING OLD TABLE AS grown_old NEW TABLE AS grown_new
-    FOR EACH STATEMENT EXECUTE FUNCTION queen.log_partitions_ready();
-
 -- A partition created after a group's start gets that group's cursor at its log start
 -- (api.md 2.2: the recorded start is "used for partitions created later too"; every message
 -- of a new partition comes after it). The queue rows are taken FOR KEY SHARE first, which
 -- group_start_v1's FOR UPDATE excludes: either the group start sees this partition or this
--- statement sees the group.
+-- statement sees the group. It also keeps a partition name to 1..255 bytes (23514, as the
+-- CHECK constraint did that schema/015_hot_checks.sql dropped from the allocators' path).
 CREATE OR REPLACE FUNCTION queen.log_partitions_cursors() RETURNS trigger
 LANGUAGE plpgsql AS $$
+DECLARE
+    v_bad text;
 BEGIN
+    SELECT n.name INTO v_bad FROM created_parts n
+    WHERE octet_length(n.name) NOT BETWEEN 1 AND 255
+    LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'log_partitions: partition name of % bytes (1..255 allowed)',
+            octet_length(v_bad)
+            USING ERRCODE = '23514';
+    END IF;
     PERFORM 1 FROM queen.queues q
     WHERE q.id IN (SELECT n.queue_id FROM created_parts n)
     ORDER BY q.id
