@@ -220,7 +220,7 @@ def build_segment(key: Key, entries: list[Entry]) -> Segment:
             refs.append((e, j))
             hashes.append(h)
             raw.append(frames[j])
-    blob = wf.pack_chunk_run(b"".join(raw), len(raw)) if raw else b""
+    blob = wf.pack_chunk_zstd(b"".join(raw), len(raw)) if raw else b""
     return Segment(key, entries, b"".join(hashes), blob, len(refs), refs, followers)
 
 

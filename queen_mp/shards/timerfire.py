@@ -186,7 +186,7 @@ class TimerFirer:
                 conn, [k[1] for k in keys], [k[2] for k in keys],
                 [len(segments[k]) for k in keys],
                 [b"".join(h for h, _ in segments[k]) for k in keys],
-                [wf.pack_chunk_run(b"".join(f for _, f in segments[k]), len(segments[k]))
+                [wf.pack_chunk_zstd(b"".join(f for _, f in segments[k]), len(segments[k]))
                  for k in keys],
                 [k[0] for k in keys])
             retry: dict[SegmentKey, list[tuple[bytes, bytes]]] = {}

@@ -38,7 +38,6 @@ __all__ = [
     "iter_frames",
     "pack_chunk",
     "pack_chunk_raw",
-    "pack_chunk_run",
     "pack_chunk_zstd",
     "pack_frame",
     "pack_plain_frame",
@@ -561,32 +560,6 @@ def pack_chunk_zstd(
         level = SMALL_RUN_LEVEL if len(frames_bytes) < SMALL_RUN_BYTES else 1
     # PERF(wire): the thread's compressor looked up here, not through zstd_compress and
     # _compressor: two calls less for every segment a shard builds
-    cache: dict[int, zstandard.ZstdCompressor] | None = getattr(_local, "cctx", None)
-    cctx = cache.get(level) if cache is not None else None
-    compressed = (cctx or _compressor(level)).compress(frames_bytes)
-    return b"".join((_CHUNK_HEAD.pack(count, CODEC_ZSTD, len(compressed)), compressed))
-
-
-#: Runs of frames the broker packs itself under this many bytes are stored raw (codec 0).
-#: PERF(wire): a zstd frame costs a fixed ~17k instructions however small its input (one
-#: 255-byte frame: 19.3k instructions through ``pack_chunk_zstd``, 2.3k raw), about a sixth of
-#: a shard's work per message under 1-item pushes (bench/shardpath.py), and what it saves is
-#: little: a single frame of an event with random ids (241 bytes) came out 9 bytes LARGER,
-#: one of bench/pushsql.py's padded payload 142 bytes smaller (WAL 738 -> 881 bytes a message
-#: of a 20x1 bundle); two such event frames (481 bytes) saved 51 bytes a message, eight 133.
-#: Every reader decodes both codecs (``decode_chunk``; QPF1 records carry the codec byte).
-RAW_RUN_BYTES = 512
-
-
-def pack_chunk_run(frames_bytes: bytes | bytearray | memoryview, count: int) -> bytes:
-    """``count`` frames the broker packs itself: raw under ``RAW_RUN_BYTES``, else one zstd
-    frame at ``pack_chunk_zstd``'s default level."""
-    size = len(frames_bytes)
-    if size < RAW_RUN_BYTES:
-        return b"".join((_CHUNK_HEAD.pack(count, CODEC_RAW, size), frames_bytes))
-    # PERF(wire): pack_chunk_zstd's body, not a call to it (3k instructions a segment of
-    # push100 in bench/hotpath.py)
-    level = SMALL_RUN_LEVEL if size < SMALL_RUN_BYTES else 1
     cache: dict[int, zstandard.ZstdCompressor] | None = getattr(_local, "cctx", None)
     cctx = cache.get(level) if cache is not None else None
     compressed = (cctx or _compressor(level)).compress(frames_bytes)

@@ -43,7 +43,7 @@ from typing import NamedTuple, Self
 import msgspec
 
 from queen_mp.wire.errors import RecordDecodeError
-from queen_mp.wire.frames import CODEC_ZSTD, pack_chunk, pack_chunk_run
+from queen_mp.wire.frames import CODEC_ZSTD, pack_chunk, pack_chunk_zstd
 
 __all__ = [
     "ACK_COMMITTED",
@@ -652,11 +652,10 @@ def unpack_record(buf: bytes | bytearray | memoryview) -> Record:
 
 
 def blob_from_pieces(pieces: Sequence[Piece]) -> bytes:
-    """Consecutive raw pieces become one chunk (``pack_chunk_run``: raw if small, else zstd);
-    client chunks are kept byte for byte."""
+    """Consecutive raw pieces become one zstd chunk; client chunks are kept byte for byte."""
     if len(pieces) == 1 and pieces[0].kind == PIECE_RAW:
         # PERF(wire): a JSON push's group, one run of frames: no lists to build and join
-        return pack_chunk_run(pieces[0].data, pieces[0].count)
+        return pack_chunk_zstd(pieces[0].data, pieces[0].count)
     out: list[bytes] = []
     run: list[bytes] = []
     run_count = 0
@@ -666,9 +665,9 @@ def blob_from_pieces(pieces: Sequence[Piece]) -> bytes:
             run_count += p.count
             continue
         if run:
-            out.append(pack_chunk_run(b"".join(run), run_count))
+            out.append(pack_chunk_zstd(b"".join(run), run_count))
             run, run_count = [], 0
         out.append(pack_chunk(CODEC_ZSTD, p.count, p.data))
     if run:
-        out.append(pack_chunk_run(b"".join(run), run_count))
+        out.append(pack_chunk_zstd(b"".join(run), run_count))
     return b"".join(out)

@@ -25,15 +25,7 @@ import pytest
 import xxhash
 import zstandard
 
-from queen_mp.wire.frames import (
-    CODEC_RAW,
-    CODEC_ZSTD,
-    FLAG_TRACE,
-    RAW_RUN_BYTES,
-    decode_chunk,
-    iter_chunks,
-    iter_frames,
-)
+from queen_mp.wire.frames import FLAG_TRACE, decode_chunk, iter_chunks, iter_frames
 from queen_mp.wire.ids import uuid_text
 
 PUSH = "/api/v1/push"
@@ -190,31 +182,12 @@ def test_single_item_answer_has_every_field_of_api_2_1(broker, db):
     [(hashes,)] = db.execute("SELECT hashes FROM queen.log_txns WHERE partition_id = %s",
                              (pid,)).fetchall()
     assert bytes(hashes) == xxhash.xxh3_128_digest(b"order-1001")
-    # a JSON group is packed as one chunk; a run under RAW_RUN_BYTES is stored raw (codec 0)
+    # api.md 3.2: a JSON group is packed as one zstd chunk, the frame carries its content size
     [(_, _, base, count, _, blob)] = segment_rows(db, q)
     assert (base, count) == (1, 1)
     [(n, codec, data, frames)] = decode_blob(blob)
-    assert (n, codec) == (1, CODEC_RAW)
-    assert data == frames[0].raw and len(data) < RAW_RUN_BYTES
-
-
-def test_a_json_group_of_raw_run_bytes_or_more_is_one_zstd_chunk(broker, db):
-    """api.md 3.2: a larger run is one zstd frame, which carries its content size."""
-    q = uq()
-    items = [{"queue": q, "partition": "p", "payload": {"k": k, "pad": "ab" * 40}}
-             for k in range(8)]
-    r = broker.client.post(PUSH, json={"items": items})
-    assert r.status_code == 201 and [x["status"] for x in r.json()] == ["queued"] * 8
-    blobs = [blob for *_, blob in segment_rows(db, q)]
-    chunks = [c for blob in blobs for c in decode_blob(blob)]
-    assert sum(n for n, *_ in chunks) == 8
-    for _, codec, data, frames in chunks:
-        size = sum(len(f.raw) for f in frames)
-        if size >= RAW_RUN_BYTES:
-            assert codec == CODEC_ZSTD and zstandard.frame_content_size(data) == size
-        else:
-            assert codec == CODEC_RAW
-    assert any(codec == CODEC_ZSTD for _, codec, *_ in chunks)
+    assert (n, codec) == (1, 1)
+    assert zstandard.frame_content_size(data) == len(frames[0].raw)
 
 
 def test_empty_items_is_201_empty_array(broker):

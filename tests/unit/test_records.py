@@ -33,9 +33,7 @@ from queen_mp.wire import (
     unpack_record,
 )
 from queen_mp.wire.frames import (
-    CODEC_RAW,
     CODEC_ZSTD,
-    RAW_RUN_BYTES,
     SMALL_RUN_BYTES,
     SMALL_RUN_LEVEL,
     decode_chunk,
@@ -396,26 +394,6 @@ def test_blob_from_pieces_packs_runs_by_size_and_keeps_client_chunks() -> None:
     assert bytes(chunks[2].data) == zstd_compress(b"".join(big), 1)
     frames = [bytes(decode_chunk(c.codec, c.data, max_size=1 << 20)) for c in chunks]
     assert frames == [b"".join(small)] * 2 + [b"".join(big)]
-
-
-def test_blob_from_pieces_stores_runs_under_raw_run_bytes_raw() -> None:
-    # one frame alone (the 1-item push), a raw run beside a client chunk, and the boundary:
-    # under RAW_RUN_BYTES the chunk is the frames as they are, at it one zstd frame
-    one = pack_frame(bytes(range(16)), b"t-1", b'{"total":30}')
-    [chunk] = iter_chunks(blob_from_pieces([Piece(PIECE_RAW, 1, one)]))
-    assert (chunk.count, chunk.codec, bytes(chunk.data)) == (1, CODEC_RAW, one)
-    client = zstd_compress(one, 3)
-    blob = blob_from_pieces([Piece(PIECE_RAW, 1, one), Piece(PIECE_ZSTD, 1, client),
-                             Piece(PIECE_RAW, 1, one)])
-    assert [(c.count, c.codec, bytes(c.data)) for c in iter_chunks(blob)] == [
-        (1, CODEC_RAW, one), (1, CODEC_ZSTD, client), (1, CODEC_RAW, one)]
-    for size, codec in ((RAW_RUN_BYTES - 1, CODEC_RAW), (RAW_RUN_BYTES, CODEC_ZSTD)):
-        frame = pack_frame(bytes(16), b"t", b"")
-        frame = pack_frame(bytes(16), b"t", b'"%s"' % (b"x" * (size - len(frame) - 2)))
-        assert len(frame) == size
-        [chunk] = iter_chunks(blob_from_pieces([Piece(PIECE_RAW, 1, frame)]))
-        assert chunk.codec == codec
-        assert bytes(decode_chunk(chunk.codec, chunk.data, max_size=1 << 20)) == frame
 
 
 @given(u32, u16, u64, u32, i64, i64, st.integers(-(2**40), 2**40), st.integers(1, 50))
