@@ -596,15 +596,6 @@ def test_a_push_makes_the_caught_up_cursors_ready_at_its_segment(db, path):
     assert _cursor_ready_at(db, other, "caught_up") is None
 
 
-@pytest.mark.parametrize("name", ["", "x" * 256, "é" * 128])
-def test_a_partition_name_outside_1_to_255_bytes_is_refused_at_creation(db, name):
-    """schema/015 dropped the CHECK constraint; the creation trigger keeps the rule."""
-    q = uq()
-    with pytest.raises(psycopg.errors.CheckViolation):
-        push(db, [Seg(q, name, ["a"])])
-    assert push(db, [Seg(q, "y" * 255, ["a"])])[0]["s"] == "queued"
-
-
 # ---------------------------------------------------------------------------------------------
 # created_at, HOT
 # ---------------------------------------------------------------------------------------------

@@ -159,21 +159,10 @@ CREATE OR REPLACE TRIGGER log_consumers_ready_update
 -- (api.md 2.2: the recorded start is "used for partitions created later too"; every message
 -- of a new partition comes after it). The queue rows are taken FOR KEY SHARE first, which
 -- group_start_v1's FOR UPDATE excludes: either the group start sees this partition or this
--- statement sees the group. It also keeps a partition name to 1..255 bytes (23514, as the
--- CHECK constraint did that schema/015_hot_checks.sql dropped from the allocators' path).
+-- statement sees the group.
 CREATE OR REPLACE FUNCTION queen.log_partitions_cursors() RETURNS trigger
 LANGUAGE plpgsql AS $$
-DECLARE
-    v_bad text;
 BEGIN
-    SELECT n.name INTO v_bad FROM created_parts n
-    WHERE octet_length(n.name) NOT BETWEEN 1 AND 255
-    LIMIT 1;
-    IF FOUND THEN
-        RAISE EXCEPTION 'log_partitions: partition name of % bytes (1..255 allowed)',
-            octet_length(v_bad)
-            USING ERRCODE = '23514';
-    END IF;
     PERFORM 1 FROM queen.queues q
     WHERE q.id IN (SELECT n.queue_id FROM created_parts n)
     ORDER BY q.id
