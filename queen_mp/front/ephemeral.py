@@ -26,6 +26,8 @@ import asyncio
 import time
 from dataclasses import dataclass
 
+import orjson
+
 from queen_mp.db import ephemeral_procs
 from queen_mp.db.errors import Conflict, DatabaseError, OutcomeUnknown
 from queen_mp.db.pooled import Pool, connection
@@ -35,7 +37,7 @@ from queen_mp.ipc.wakeboard import bucket_of
 from queen_mp.models.ephemeral import MAX_MESSAGES, PopRequest, Push, Window
 
 __all__ = ["EPH_KEY", "EphemeralPopper", "EphemeralPushFusion", "Popped", "TooManyParked",
-           "wake_bucket"]
+           "render_messages", "wake_bucket"]
 
 EPH_KEY = "\x00eph\x00"  # no queue name has a control character: never a durable name
 _MAX_MARGIN_S = 0.25  # no claim starts this close to the deadline (what is leased is sent)
@@ -56,6 +58,35 @@ def wake_bucket(tenant: bytes, queue: str) -> int:
 class Popped:
     messages: bytes  # a JSON array
     count: int
+
+
+_SEP = b"\x1e"  # between two payloads of a claim (eph_pop_v4): never in JSON text
+
+
+def render_messages(out: ephemeral_procs.PopOutcome) -> bytes:
+    """A claim's messages as the answer's JSON array, ``[{id, partition, attempts, payload}]``
+    with ids ``<epoch>-<seq>-<dlv>`` and payloads verbatim.
+
+    PERF(eph): PostgreSQL answers runs of consecutive seqs and their payloads as one byte
+    string, and each message is one ``bytes %`` here, in C (map over zip): eph_pop_v3 built
+    every message's JSON in SQL, some 23k instructions of the backend a message. A payload is
+    JSON text as ``models.items.dumps_json`` wrote it, whose control characters are always
+    escaped, so 0x1e separates two of them."""
+    if not out.claimed:
+        return b"[]"
+    bodies = out.payloads.split(_SEP)
+    if len(bodies) != out.claimed:  # a payload that is not dumps_json's: never stored
+        raise ValueError(f"eph_pop_v4 answered {out.claimed} messages, {len(bodies)} payloads")
+    head = b'{"id":"' + out.epoch.encode() + b"-%d"
+    rendered: list[bytes] = []
+    at = 0
+    for part, dlv, att, first, n in zip(out.parts, out.dlvs, out.atts, out.firsts, out.counts,
+                                        strict=True):
+        tail = b'-%d","partition":' % dlv + orjson.dumps(part) + b',"attempts":%d,"payload":' % att
+        rendered += map((head + tail.replace(b"%", b"%%") + b"%b}").__mod__,
+                        zip(range(first, first + n), bodies[at:at + n], strict=True))
+        at += n
+    return b"[" + b",".join(rendered) + b"]"
 
 
 def _join(parts: list[bytes]) -> bytes:
@@ -95,7 +126,7 @@ class EphemeralPopper:
             got = await self._claim(tenant, r, r.batch - held)
             now = time.monotonic()
             if got.claimed:
-                parts.append(got.messages)
+                parts.append(render_messages(got))
                 held += got.claimed
                 first_at = first_at if first_at is not None else now
                 if woken:
