@@ -944,8 +944,9 @@ $$;
 -- columns that the broker renders (queen_mp/front/ephemeral.py render_messages): runs of
 -- messages of consecutive seqs, run i being counts[i] messages from seq firsts[i], of
 -- partition parts[i], delivery dlvs[i], delivered atts[i] times; payloads is their payloads,
--- run after run, joined by the byte 0x1e (a stored payload is JSON text as orjson or json
--- write it, where a control character is always escaped); epoch is the queue's. PERF(eph): v3
+-- those of a run joined by the byte 0x1e, the runs by 0x1f (a stored payload is JSON text as
+-- orjson or json write it, where a control character is always escaped); epoch is the
+-- queue's. PERF(eph): v3
 -- built every message's JSON object here, a statement's row each (unnest, a sort, three
 -- aggregates, five concatenations): some 23k instructions a message of a pop of 100
 -- (callgrind, PostgreSQL 15); a run is one array slice joined by array_to_string. claimed is
@@ -973,7 +974,7 @@ DECLARE
     v_due boolean;  -- a delivery of the group may be due
     v_lease interval;
     v_retry int4;
-    v_pay text;  -- the payloads so far, 0x1e-separated (NULL: none)
+    v_pay text;  -- the payloads so far, as payloads holds them (NULL: none)
     v_firsts int8[];
     v_plain int8[];
     v_counts int4[];
@@ -1094,7 +1095,7 @@ BEGIN
             -- a message dropped meanwhile is gone from its chunk: it is not redelivered
             -- (a run of its own each: their delivery counts differ)
             SELECT array_agg(x.seq ORDER BY x.seq), array_agg(x.att ORDER BY x.seq),
-                   string_agg(x.payload, E'\x1e' ORDER BY x.seq)
+                   string_agg(x.payload, E'\x1f' ORDER BY x.seq)
               INTO v_taken, v_atts, v_run_pay
               FROM (SELECT u.seq, u.att + 1 AS att, m.payload
                       FROM queen.eph_partitions p
@@ -1106,7 +1107,7 @@ BEGIN
                                                  FROM unnest(v_red) AS z(s)))
                        AND NOT c.gone @> (m.i - 1)::int4) x;
             CONTINUE WHEN v_taken IS NULL;
-            v_pay := CASE WHEN v_pay IS NULL THEN v_run_pay ELSE v_pay || E'\x1e' || v_run_pay END;
+            v_pay := CASE WHEN v_pay IS NULL THEN v_run_pay ELSE v_pay || E'\x1f' || v_run_pay END;
             parts := parts || array_fill(r.partition, ARRAY[cardinality(v_taken)]);
             dlvs := dlvs || array_fill(v_dlv, ARRAY[cardinality(v_taken)]);
             atts := atts || v_atts;
@@ -1180,7 +1181,7 @@ BEGIN
             -- joined again in that order.
             SELECT array_agg(w.first), array_agg(w.first ORDER BY w.first),
                    array_agg(w.n ORDER BY w.first),
-                   string_agg(array_to_string(w.payloads[w.lo + 1:w.lo + w.n], E'\x1e'), E'\x1e'),
+                   string_agg(array_to_string(w.payloads[w.lo + 1:w.lo + w.n], E'\x1e'), E'\x1f'),
                    sum(w.n)::int4, max(w.first + w.n - 1)
               INTO v_plain, v_firsts, v_counts, v_run_pay, v_k, v_last
               FROM (SELECT v.base + v.lo AS first, v.lo, v.payloads,
@@ -1219,7 +1220,7 @@ BEGIN
             IF v_plain IS DISTINCT FROM v_firsts THEN
                 SELECT string_agg(array_to_string(c.payloads[(u.f - c.base + 1)::int4
                                                              :(u.f - c.base + u.n)::int4],
-                                                  E'\x1e'), E'\x1e' ORDER BY u.f)
+                                                  E'\x1e'), E'\x1f' ORDER BY u.f)
                   INTO v_run_pay
                   FROM unnest(v_firsts, v_counts) AS u(f, n)
                   JOIN queen.eph_chunks c ON c.pid = r.id AND c.base = u.f - u.f % 256;
@@ -1233,7 +1234,7 @@ BEGIN
                 END IF;
                 CONTINUE;
             END IF;
-            v_pay := CASE WHEN v_pay IS NULL THEN v_run_pay ELSE v_pay || E'\x1e' || v_run_pay END;
+            v_pay := CASE WHEN v_pay IS NULL THEN v_run_pay ELSE v_pay || E'\x1f' || v_run_pay END;
             parts := parts || array_fill(r.partition, ARRAY[cardinality(v_firsts)]);
             dlvs := dlvs || array_fill(v_dlv, ARRAY[cardinality(v_firsts)]);
             atts := atts || array_fill(1, ARRAY[cardinality(v_firsts)]);
