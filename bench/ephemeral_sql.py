@@ -1,7 +1,7 @@
 """Ephemeral queues in SQL alone: PostgreSQL CPU per message of push, pop and ack, no broker.
 
 ``bench/ephemeral.py`` measures the routes, where the broker, the HTTP client and the load of
-the machine share the figures. This one calls ``queen.eph_push_v1``, ``eph_pop_v3`` and
+the machine share the figures. This one calls ``queen.eph_push_v1``, ``eph_pop_v4`` and
 ``eph_ack_v3`` over one connection, one call after the other, and reads from ``/proc`` (so the
 server must run on this machine) the CPU time of that connection's backend and of the whole
 cluster (the backend, autovacuum, the writers): what a message costs PostgreSQL itself, the
@@ -43,8 +43,10 @@ from bench.push import (
     private_server,
     process_tree,
 )
+from queen_mp.db import ephemeral_procs
 from queen_mp.db.binarrays import int4_array, int8_array, register_arrays, text_array, uuid_array
 from queen_mp.db.migrations import apply_migrations
+from queen_mp.front.ephemeral import render_messages
 from queen_mp.models.ephemeral import parse_id
 
 _TENANT = uuid.UUID(int=0)
@@ -98,13 +100,13 @@ class _Backend:
                            text_array([_PAYLOAD] * (n * k))))
 
     def pop_ack(self, queue: str, group: str, batch: int) -> int:
-        row = self.conn.execute("SELECT messages, claimed FROM queen.eph_pop_v3(%s, %s, NULL, "
-                                "%s, %s, false)", (_TENANT, queue, group, batch),
-                                binary=True).fetchone()
+        row = self.conn.execute(ephemeral_procs.POP_SQL, (_TENANT, queue, None, group, batch,
+                                                          False), binary=True).fetchone()
         assert row is not None
-        if not row[1]:
+        got = ephemeral_procs.pop_outcome(row)
+        if not got.claimed:
             return 0
-        parts = [parse_id(m["id"]) for m in orjson.loads(row[0])]
+        parts = [parse_id(m["id"]) for m in orjson.loads(render_messages(got))]
         ok = [p for p in parts if p is not None]
         out = self.conn.execute(
             "SELECT outcomes FROM queen.eph_ack_v3(%s, %s, %s, %b::text[], %b::int8[], "

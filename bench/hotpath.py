@@ -18,6 +18,9 @@ database, the CPU work a request costs the broker between its sockets:
   unpacked, and the answer rendered;
 - ``ephack100``: the front worker's share of an ephemeral ack of 100 ids (one delivery's, as
   popped): the body parsed, the call's lists joined as they are sent, the answer rendered;
+- ``ephpop100``: an ephemeral claim of 100 messages (one run, as ``queen.eph_pop_v4`` answers
+  a pop of one push's chunk) rendered as the answer's JSON (``render_messages``); psycopg's load
+  of the row is not in it;
 - ``qpb1k``: the front worker's share of a 1,000-item binary push (QPB1 frames mode, 10
   partitions, one zstd frame each, as bench/loadgen.py ``--format qpb1`` sends): the body
   parsed and checked, and the 201 answer rendered from its results (the client's zstd frames
@@ -51,9 +54,11 @@ from typing import Any
 
 import orjson
 
+from queen_mp.db.ephemeral_procs import PopOutcome
 from queen_mp.db.pop_procs import Claim
 from queen_mp.front.acks import COMMITTED
 from queen_mp.front.delivery import json_messages
+from queen_mp.front.ephemeral import render_messages
 from queen_mp.front.ingest import Ingest, ItemResult, pieces_of
 from queen_mp.front.worker import FrontWorker
 from queen_mp.http.ack import AckBatchResource
@@ -280,6 +285,18 @@ class EphAckPath:
         return ack_results(ack, self.outcomes)
 
 
+class EphPopPath:
+    """An ephemeral claim of ``count`` messages, one run, rendered as the answer's JSON."""
+
+    def __init__(self, count: int) -> None:
+        payload = orjson.dumps({"producer": 1, "seq": 1, "pad": "x" * 160})
+        self.out = PopOutcome("0123456789abcdef", ["p"], [1_000_001], [1], [1_638_400],
+                              [count], b"\x1e".join([payload] * count), count, None, 0, 0)
+
+    def __call__(self) -> bytes:
+        return render_messages(self.out)
+
+
 def compiled_modules() -> dict[str, bool]:
     """Each hot module: True when it was loaded from a compiled extension."""
     return {name: not importlib.import_module(name).__file__.endswith(".py")  # type: ignore[union-attr]
@@ -307,6 +324,7 @@ def main(argv: list[str] | None = None) -> int:
             "push1": PushPath(1, 1, ring), "push100": PushPath(100, 10, ring),
             "front1": FrontPush(1), "front100": FrontPush(100),
             "pop100": PopPath(100), "ack100": AckPath(100), "ephack100": EphAckPath(100),
+            "ephpop100": EphPopPath(100),
             "qpb1k": Qpb1Path(1000, 10)}
         for name in a.workloads.split(","):
             work = known[name]

@@ -22,16 +22,21 @@ import os
 import secrets
 import shutil
 import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import orjson
 import psycopg
 import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from queen_mp.db import ephemeral_procs
 from queen_mp.db.embedded import EmbeddedPostgres
 from queen_mp.db.migrations import apply_migrations
+from queen_mp.front.ephemeral import render_messages
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SQL_DIR = REPO_ROOT / "queen_mp" / "sql"
@@ -216,3 +221,12 @@ def private_pg() -> Iterator[EmbeddedPostgres]:
             server.stop(mode="immediate")
         finally:
             shutil.rmtree(base, ignore_errors=True)
+
+
+def eph_pop(conn: psycopg.Connection, tenant: uuid.UUID, queue: str, partition: str | None,
+            group: str, batch: int, auto_ack: bool) -> list[dict[str, Any]]:
+    """The messages of one ``queen.eph_pop_v4`` call as the broker renders them."""
+    row = conn.execute(ephemeral_procs.POP_SQL, (tenant, queue, partition, group, batch, auto_ack),
+                       binary=True).fetchone()
+    assert row is not None
+    return orjson.loads(render_messages(ephemeral_procs.pop_outcome(row)))

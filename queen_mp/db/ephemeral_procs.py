@@ -21,9 +21,10 @@ import psycopg
 from queen_mp.db.binarrays import int4_array, int8_array, text_array, uuid_array
 from queen_mp.db.errors import translate
 
-__all__ = ["PUSHED_ALONE", "PUSHED_FULL", "SQLSTATE_PUSH_ALONE", "SQLSTATE_QUEUE_FULL",
-           "AckOutcome", "FusedOutcome", "PopOutcome", "QueueFull", "ack", "configure", "delete",
-           "depth", "list_queues", "pop", "push", "push_many", "reset"]
+__all__ = ["POP_SQL", "PUSHED_ALONE", "PUSHED_FULL", "SQLSTATE_PUSH_ALONE",
+           "SQLSTATE_QUEUE_FULL", "AckOutcome", "FusedOutcome", "PopOutcome", "QueueFull", "ack",
+           "configure", "delete", "depth", "list_queues", "pop", "pop_outcome", "push",
+           "push_many", "reset"]
 
 Conn = psycopg.AsyncConnection[Any]
 
@@ -41,7 +42,17 @@ class QueueFull(Exception):
 
 @dataclass(frozen=True, slots=True)
 class PopOutcome:
-    messages: bytes  # the JSON array of the answer's messages, payloads verbatim
+    """A claim as ``queen.eph_pop_v4`` answers it: runs of messages of consecutive seqs, that
+    ``queen_mp.front.ephemeral.render_messages`` renders (run i: ``counts[i]`` messages from
+    seq ``firsts[i]``)."""
+
+    epoch: str  # the queue's incarnation, the first part of every id
+    parts: list[str]  # per run: its partition,
+    dlvs: list[int]  # its delivery (0: autoAck), the last part of its ids,
+    atts: list[int]  # how many times its messages were delivered, this one included,
+    firsts: list[int]  # its first seq,
+    counts: list[int]  # its length
+    payloads: bytes  # every run's payloads (JSON text) in order, joined by b"\x1e"
     claimed: int
     wake_in_ms: int | None  # nothing claimed: when a lease of the group expires (None: none)
     window_ms: int  # the queue's windowBuffer (0, 0: none)
@@ -134,11 +145,18 @@ async def push_many(conn: Conn, tenants: Sequence[bytes], queues: Sequence[str],
 
 async def pop(conn: Conn, tenant: bytes, queue: str, partition: str | None, group: str,
               batch: int, auto_ack: bool) -> PopOutcome:
-    row = await _one(conn, "SELECT messages, claimed, wake_in_ms, window_ms, window_count "
-                           "FROM queen.eph_pop_v3(%s, %s, %s, %s, %s, %s)",
-                     (_tenant(tenant), queue, partition, group, batch, auto_ack), writes=True,
-                     binary=True)  # PERF(eph): the server sends the text as it is (textsend)
-    return PopOutcome(row[0].encode(), int(row[1]), row[2], int(row[3]), int(row[4]))
+    row = await _one(conn, POP_SQL, (_tenant(tenant), queue, partition, group, batch, auto_ack),
+                     writes=True, binary=True)  # PERF(eph): the payloads' bytes as they are
+    return pop_outcome(row)
+
+
+#: ``pop``'s statement, parameters (tenant uuid, queue, partition, group, batch, autoAck); its
+#: row, fetched in binary, is ``pop_outcome``'s (the benches and tests call it too)
+POP_SQL = "SELECT * FROM queen.eph_pop_v4(%s, %s, %s, %s, %s, %s)"
+
+
+def pop_outcome(row: tuple[Any, ...]) -> PopOutcome:
+    return PopOutcome(*row[:7], int(row[7]), row[8], int(row[9]), int(row[10]))
 
 
 async def ack(conn: Conn, tenant: bytes, queue: str, group: str, statuses: Sequence[str],

@@ -26,6 +26,8 @@ import asyncio
 import time
 from dataclasses import dataclass
 
+import orjson
+
 from queen_mp.db import ephemeral_procs
 from queen_mp.db.errors import Conflict, DatabaseError, OutcomeUnknown
 from queen_mp.db.pooled import Pool, connection
@@ -35,7 +37,7 @@ from queen_mp.ipc.wakeboard import bucket_of
 from queen_mp.models.ephemeral import MAX_MESSAGES, PopRequest, Push, Window
 
 __all__ = ["EPH_KEY", "EphemeralPopper", "EphemeralPushFusion", "Popped", "TooManyParked",
-           "wake_bucket"]
+           "render_messages", "wake_bucket"]
 
 EPH_KEY = "\x00eph\x00"  # no queue name has a control character: never a durable name
 _MAX_MARGIN_S = 0.25  # no claim starts this close to the deadline (what is leased is sent)
@@ -56,6 +58,40 @@ def wake_bucket(tenant: bytes, queue: str) -> int:
 class Popped:
     messages: bytes  # a JSON array
     count: int
+
+
+_SEP = b"\x1e"  # between two payloads of a run (eph_pop_v4): never in JSON text
+_RUN = b"\x1f"  # between two runs
+
+
+def render_messages(out: ephemeral_procs.PopOutcome) -> bytes:
+    """A claim's messages as the answer's JSON array, ``[{id, partition, attempts, payload}]``
+    with ids ``<epoch>-<seq>-<dlv>`` and payloads verbatim.
+
+    A payload is JSON text as ``models.items.dumps_json`` wrote it, whose control characters
+    are always escaped, so 0x1e and 0x1f never occur in one. PERF(eph): a run is one format,
+    made of its payloads by a ``replace`` of their separator with the next message's head, and
+    applied to the run's seqs: C passes over the bytes and no Python per message (a split
+    and a ``%`` per message cost 2.5x more instructions, a str format 3x)."""
+    if not out.claimed:
+        return b"[]"
+    blob = out.payloads
+    if b"%" in blob:
+        blob = blob.replace(b"%", b"%%")
+    runs = [blob] if len(out.counts) == 1 else blob.split(_RUN)
+    epoch = out.epoch.encode()
+    rendered = []
+    for run, part, dlv, att, first, n in zip(runs, out.parts, out.dlvs, out.atts, out.firsts,
+                                             out.counts, strict=True):
+        head = b'{"id":"%b-%%d-%d","partition":%b,"attempts":%d,"payload":' % (
+            epoch, dlv, orjson.dumps(part).replace(b"%", b"%%"), att)
+        try:
+            rendered.append(b"".join((head, run.replace(_SEP, b"}," + head), b"}"))
+                            % tuple(range(first, first + n)))
+        except TypeError:  # a separator inside a payload: never one that dumps_json wrote
+            raise ValueError(f"eph_pop_v4: a run of {n} messages does not hold {n} payloads"
+                             ) from None
+    return b"[" + b",".join(rendered) + b"]"
 
 
 def _join(parts: list[bytes]) -> bytes:
@@ -95,7 +131,7 @@ class EphemeralPopper:
             got = await self._claim(tenant, r, r.batch - held)
             now = time.monotonic()
             if got.claimed:
-                parts.append(got.messages)
+                parts.append(render_messages(got))
                 held += got.claimed
                 first_at = first_at if first_at is not None else now
                 if woken:

@@ -25,6 +25,7 @@ from queen_mp.db.errors import StatementError
 from queen_mp.db.pooled import failover_pool
 from queen_mp.front.ephemeral import EphemeralPushFusion
 from queen_mp.models.ephemeral import Push
+from tests.pgharness import eph_pop
 
 
 @pytest.fixture
@@ -67,12 +68,10 @@ def drain(c: psycopg.Connection, tenant: uuid.UUID, queue: str) -> list[tuple[st
     """(partition, payload) of every message, in the order one group pops them (autoAck)."""
     out: list[tuple[str, Any]] = []
     while True:
-        row = c.execute("SELECT messages::json FROM queen.eph_pop_v3(%s, %s, NULL, 'g', 1000, "
-                        "true)", (tenant, queue)).fetchone()
-        assert row is not None
-        if not row[0]:
+        msgs = eph_pop(c, tenant, queue, None, "g", 1000, True)
+        if not msgs:
             return out
-        out += [(m["partition"], m["payload"]) for m in row[0]]
+        out += [(m["partition"], m["payload"]) for m in msgs]
 
 
 def depth(c: psycopg.Connection, tenant: uuid.UUID, queue: str) -> int:

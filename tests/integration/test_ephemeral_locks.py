@@ -17,6 +17,8 @@ from typing import Any
 import psycopg
 import pytest
 
+from tests.pgharness import eph_pop
+
 DEADLOCK_TIMEOUT = "50ms"
 
 
@@ -85,10 +87,9 @@ def push(conn: psycopg.Connection, tenant: uuid.UUID, queue: str, partition: str
 def pop(conn: psycopg.Connection, tenant: uuid.UUID, queue: str, partition: str,
         batch: int) -> tuple[str, int, int]:
     """(epoch, seq, dlv) of the one message a pop of ``partition`` gets."""
-    row = conn.execute("SELECT messages::json FROM queen.eph_pop_v3(%s, %s, %s, 'g', %s, false)",
-                       (tenant, queue, partition, batch)).fetchone()
-    assert row is not None and len(row[0]) == 1, row
-    epoch, seq, dlv = row[0][0]["id"].split("-")
+    msgs = eph_pop(conn, tenant, queue, partition, "g", batch, False)
+    assert len(msgs) == 1, msgs
+    epoch, seq, dlv = msgs[0]["id"].split("-")
     return epoch, int(seq), int(dlv)
 
 
@@ -162,7 +163,7 @@ def test_a_push_that_drops_by_ttl_then_by_bounds_and_a_pop_that_expires_complete
     wait_for_lock(watch, pusher)
     setup.execute(age, (tenant, q, "a"))
     # the pop expires a and b: a's chunk, then b's (the push's, when it struck it first)
-    popper = Call(connect(), "SELECT claimed FROM queen.eph_pop_v3(%s, %s, NULL, 'g2', 1, true)",
+    popper = Call(connect(), "SELECT claimed FROM queen.eph_pop_v4(%s, %s, NULL, 'g2', 1, true)",
                   (tenant, q))
     wait_for_lock(watch, popper, or_end=True)
     holder.execute("COMMIT")
@@ -184,7 +185,7 @@ def test_a_pop_that_expires_and_waits_for_a_cursor_and_a_settling_pop_complete(c
     its settle for one of the chunks (it did when the drop struck them at the pop's start)."""
     setup, watch, holder = connect(), connect(), connect()
     tenant, q = uuid.uuid4(), f"locks-{uuid.uuid4().hex[:8]}"
-    setup.execute("SELECT queen.eph_pop_v3(%s, %s, NULL, 'g', 1, true)", (tenant, q))  # group g
+    setup.execute("SELECT queen.eph_pop_v4(%s, %s, NULL, 'g', 1, true)", (tenant, q))  # group g
     push(setup, tenant, q, "a", 1)
     push(setup, tenant, q, "b", 1)
     setup.execute("SELECT queen.eph_configure_v1(%s, %s, %s::jsonb)",
@@ -194,14 +195,14 @@ def test_a_pop_that_expires_and_waits_for_a_cursor_and_a_settling_pop_complete(c
                    " WHERE p.tenant = %s AND p.queue = %s AND p.partition = 'a' FOR UPDATE OF k",
                    (tenant, q))
     # the first pop takes both messages (autoAck) and waits in its settle for a's chunk
-    first = Call(connect(), "SELECT claimed FROM queen.eph_pop_v3(%s, %s, NULL, 'g', 10, true)",
+    first = Call(connect(), "SELECT claimed FROM queen.eph_pop_v4(%s, %s, NULL, 'g', 10, true)",
                  (tenant, q))
     wait_for_lock(watch, first)
     setup.execute("UPDATE queen.eph_chunks k SET created_at = k.created_at - interval '2 hours'"
                   " FROM queen.eph_partitions p WHERE p.id = k.pid AND p.tenant = %s"
                   " AND p.queue = %s AND p.partition = 'b'", (tenant, q))
     # the second expires b's chunk, finds both cursors held, and waits for the first
-    second = Call(connect(), "SELECT claimed FROM queen.eph_pop_v3(%s, %s, NULL, 'g', 10, true)",
+    second = Call(connect(), "SELECT claimed FROM queen.eph_pop_v4(%s, %s, NULL, 'g', 10, true)",
                   (tenant, q))
     wait_for_lock(watch, second)
     holder.execute("COMMIT")
@@ -270,10 +271,9 @@ def test_two_acks_that_share_a_chunk_leave_it_deleted_and_count_each_message_onc
     push(first, tenant, q, "p", 10)
     ids = []
     for batch in (4, 6):
-        row = first.execute("SELECT messages::json FROM queen.eph_pop_v3(%s, %s, 'p', 'g', %s,"
-                            " false)", (tenant, q, batch)).fetchone()
-        assert row is not None and len(row[0]) == batch, row
-        ids.append([m["id"].split("-") for m in row[0]])
+        msgs = eph_pop(first, tenant, q, "p", "g", batch, False)
+        assert len(msgs) == batch, msgs
+        ids.append([m["id"].split("-") for m in msgs])
     ack = ("SELECT outcomes FROM queen.eph_ack_v3(%s, %s, 'g', %s::text[], %s::int8[],"
            " %s::int8[], %s::text[])")
 
@@ -308,7 +308,7 @@ def test_a_pop_that_skips_a_delivery_due_at_once_answers_it_is_0_ms_away(connect
     held = holder.execute("SELECT lease_until::text FROM queen.eph_leases WHERE tenant = %s"
                           " AND queue = %s FOR UPDATE", (tenant, q)).fetchall()
     assert held == [("-infinity",)]
-    row = setup.execute("SELECT claimed, wake_in_ms FROM queen.eph_pop_v3(%s, %s, NULL, 'g', 1,"
+    row = setup.execute("SELECT claimed, wake_in_ms FROM queen.eph_pop_v4(%s, %s, NULL, 'g', 1,"
                         " false)", (tenant, q)).fetchone()
     holder.execute("COMMIT")
     assert row == (0, 0)

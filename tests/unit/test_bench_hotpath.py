@@ -6,7 +6,8 @@ import pytest
 
 from bench import hotpath
 
-WORKLOADS = ("push1", "push100", "front1", "front100", "pop100", "ack100", "ephack100", "qpb1k")
+WORKLOADS = ("push1", "push100", "front1", "front100", "pop100", "ack100", "ephack100", "ephpop100",
+             "qpb1k")
 
 
 @pytest.mark.parametrize("workload", WORKLOADS)

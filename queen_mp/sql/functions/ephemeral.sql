@@ -62,8 +62,9 @@
 --   queen.eph_push_v1(uuid, text, text, text[]) -> int4   append; QE001 when full (policy reject)
 --   queen.eph_push_v2(uuid[], text[], text[], int4[], int8[], int4[], text[])
 --       -> (pushed int4[], details text[])                several pushes fused in one call
---   queen.eph_pop_v3(uuid, text, text, text, int4, boolean)
---       -> (messages text, claimed int4, wake_in_ms int8, window_ms int4, window_count int4)
+--   queen.eph_pop_v4(uuid, text, text, text, int4, boolean)
+--       -> (epoch text, parts text[], dlvs int8[], atts int4[], firsts int8[], counts int4[],
+--           payloads bytea, claimed int4, wake_in_ms int8, window_ms int4, window_count int4)
 --   queen.eph_ack_v3(uuid, text, text, text[], int8[], int8[], text[])
 --       -> (outcomes text[], redelivered int4)
 --   queen.eph_reset_v1(uuid, text) -> int8                dropped messages
@@ -939,21 +940,30 @@ END;
 $$;
 
 -- Up to p_batch messages for p_group (redeliveries first, then new ones, the partitions whose
--- cursor is furthest behind first); p_partition NULL = any partition. messages is the JSON
--- array of the answer ([{id, partition, attempts, payload}], payloads verbatim), claimed its
--- length; wake_in_ms, when nothing was claimable, says when a lease of this group expires
--- (NULL: none); window_ms and window_count are the queue's windowBuffer (a waiting pop that
--- got fewer messages than its batch decides with them whether to wait for more: v1 had it read
--- the options in a call of its own). The messages of one partition handed out by one pop are
--- one delivery: one
+-- cursor is furthest behind first); p_partition NULL = any partition. The answer comes as
+-- columns that the broker renders (queen_mp/front/ephemeral.py render_messages): runs of
+-- messages of consecutive seqs, run i being counts[i] messages from seq firsts[i], of
+-- partition parts[i], delivery dlvs[i], delivered atts[i] times; payloads is their payloads,
+-- those of a run joined by the byte 0x1e, the runs by 0x1f (a stored payload is JSON text as
+-- orjson or json write it, where a control character is always escaped); epoch is the
+-- queue's. PERF(eph): v3
+-- built every message's JSON object here, a statement's row each (unnest, a sort, three
+-- aggregates, five concatenations): some 23k instructions a message of a pop of 100
+-- (callgrind, PostgreSQL 15); a run is one array slice joined by array_to_string. claimed is
+-- the count of messages; wake_in_ms, when nothing was claimable, says when a lease of this
+-- group expires (NULL: none); window_ms and window_count are the queue's windowBuffer (a
+-- waiting pop that got fewer messages than its batch decides with them whether to wait for
+-- more). The messages of one partition handed out by one pop are one delivery: one
 -- eph_leases row, whose dlv (a value of queen.eph_seq, 0 with autoAck) ends their ids. A
 -- partition whose cursor another pop of the group holds is skipped; a pop that found nothing
 -- else waits for the first such cursor, so it answers empty only when nothing was there.
-CREATE OR REPLACE FUNCTION queen.eph_pop_v3(p_tenant uuid, p_queue text, p_partition text,
+CREATE OR REPLACE FUNCTION queen.eph_pop_v4(p_tenant uuid, p_queue text, p_partition text,
                                             p_group text, p_batch int4, p_auto_ack boolean,
-                                            OUT messages text, OUT claimed int4,
-                                            OUT wake_in_ms int8, OUT window_ms int4,
-                                            OUT window_count int4)
+                                            OUT epoch text, OUT parts text[], OUT dlvs int8[],
+                                            OUT atts int4[], OUT firsts int8[],
+                                            OUT counts int4[], OUT payloads bytea,
+                                            OUT claimed int4, OUT wake_in_ms int8,
+                                            OUT window_ms int4, OUT window_count int4)
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET plan_cache_mode = force_generic_plan  -- PERF(eph): see the header
 AS $$
@@ -964,22 +974,23 @@ DECLARE
     v_due boolean;  -- a delivery of the group may be due
     v_lease interval;
     v_retry int4;
-    v_out text;  -- the messages' JSON objects so far, comma-separated (NULL: none)
+    v_pay text;  -- the payloads so far, as payloads holds them (NULL: none)
+    v_firsts int8[];
+    v_plain int8[];
+    v_counts int4[];
     v_settle_p text[] := '{}';
     v_settle_s int8[] := '{}';
     v_skipped text[] := '{}';
     v_held boolean := false;
     v_k int4;
     v_dlv int8;
+    v_run_pay text;
+    v_last int8;
     v_red int8[];
     v_red_a int4[];
     v_gone int8[];
     v_taken int8[];
     v_atts int4[];
-    v_json text;
-    v_head text;
-    v_tail text;
-    v_sorted int8[];
     v_pos int8;
     v_need int4 := p_batch;
     v_dropped int8 := 0;
@@ -994,6 +1005,11 @@ DECLARE
     v_slot int2;  -- unused: see eph_count_v2
     r record;
 BEGIN
+    parts := '{}';
+    dlvs := '{}';
+    atts := '{}';
+    firsts := '{}';
+    counts := '{}';
     -- PERF(eph): eph_enter_v1's lock (a simple expression), then one statement for what
     -- eph_enter_v1 and eph_options_v1 read (two calls and two statements), whether the group
     -- has its row (an INSERT ... ON CONFLICT at every pop) and whether any of its deliveries
@@ -1077,11 +1093,10 @@ BEGIN
             CONTINUE WHEN cardinality(v_red) = 0;
             v_dlv := CASE WHEN p_auto_ack THEN 0 ELSE nextval('queen.eph_seq') END;
             -- a message dropped meanwhile is gone from its chunk: it is not redelivered
+            -- (a run of its own each: their delivery counts differ)
             SELECT array_agg(x.seq ORDER BY x.seq), array_agg(x.att ORDER BY x.seq),
-                   string_agg('{"id":"' || v_epoch || '-' || x.seq || '-' || v_dlv
-                              || '","partition":' || to_json(r.partition)::text || ',"attempts":'
-                              || x.att || ',"payload":' || x.payload || '}', ',' ORDER BY x.seq)
-              INTO v_taken, v_atts, v_json
+                   string_agg(x.payload, E'\x1f' ORDER BY x.seq)
+              INTO v_taken, v_atts, v_run_pay
               FROM (SELECT u.seq, u.att + 1 AS att, m.payload
                       FROM queen.eph_partitions p
                       JOIN queen.eph_chunks c ON c.pid = p.id
@@ -1092,7 +1107,12 @@ BEGIN
                                                  FROM unnest(v_red) AS z(s)))
                        AND NOT c.gone @> (m.i - 1)::int4) x;
             CONTINUE WHEN v_taken IS NULL;
-            v_out := CASE WHEN v_out IS NULL THEN v_json ELSE v_out || ',' || v_json END;
+            v_pay := CASE WHEN v_pay IS NULL THEN v_run_pay ELSE v_pay || E'\x1f' || v_run_pay END;
+            parts := parts || array_fill(r.partition, ARRAY[cardinality(v_taken)]);
+            dlvs := dlvs || array_fill(v_dlv, ARRAY[cardinality(v_taken)]);
+            atts := atts || v_atts;
+            firsts := firsts || v_taken;
+            counts := counts || array_fill(1, ARRAY[cardinality(v_taken)]);
             IF p_auto_ack THEN
                 v_settle_p := v_settle_p || array_fill(r.partition, ARRAY[cardinality(v_taken)]);
                 v_settle_s := v_settle_s || v_taken;
@@ -1143,63 +1163,69 @@ BEGIN
             v_held := true;
             v_floor := coalesce(v_ttl_s[array_position(v_ttl_p, r.partition)], 0);
             v_dlv := CASE WHEN p_auto_ack THEN 0 ELSE nextval('queen.eph_seq') END;
-            v_head := '{"id":"' || v_epoch || '-';
-            v_tail := '-' || v_dlv || '","partition":' || to_json(r.partition)::text
-                      || ',"attempts":1,"payload":';
             -- PERF(eph): the chunks past the cursor, in order, until they hold v_need messages
             -- (a lower bound for the first, whose live messages may be at or below the
             -- cursor): one index probe per chunk (with a generic plan and the table's
             -- statistics, a plain ordered scan was planned as a scan and sort of the whole
             -- table), and only those chunks are read and detoasted; the walk is an InitPlan
-            -- of the read (v2 ran it as a statement of its own), whose index scan takes
-            -- their bases as one array. Of the first chunk only what is past the cursor is
-            -- unnested (a slice), so a pop that starts inside a chunk sorts no message that
-            -- it does not hand out.
-            -- The aggregates must take the messages in seq order (the answer's, the lease's,
-            -- the cursor's last), and PostgreSQL promises no order of a subquery's rows to
-            -- them. PERF(eph): an ORDER BY of the text's aggregate cost a pop and its ack 7%
-            -- more instructions a message (it sorts every message's text again: 30.6k -> 32.8k
-            -- under callgrind, PostgreSQL 15), so the order is checked, not asked for: the
-            -- aggregates of one statement take its rows in one sequence, which is seq order
-            -- exactly when array_agg's plain output equals its sorted one (a sort of int8s:
-            -- 30.6k -> 31.5k). If it ever is not, the text is built again in that order.
-            SELECT array_agg(x.seq), array_agg(x.seq ORDER BY x.seq),
-                   string_agg(v_head || x.seq || v_tail || x.payload || '}', ',')
-              INTO v_taken, v_sorted, v_json
-              FROM (SELECT c.base + m.i + s.lo - 2 AS seq, m.payload
-                      FROM queen.eph_chunks c
-                     CROSS JOIN LATERAL (SELECT greatest(1, v_pos - c.base + 2)::int4 AS lo) s
-                     CROSS JOIN LATERAL unnest(CASE WHEN s.lo = 1 THEN c.payloads
-                                                   ELSE c.payloads[s.lo:] END)
-                                        WITH ORDINALITY AS m(payload, i)
-                     WHERE c.pid = r.id
-                       AND c.base = ANY (ARRAY(
-                           WITH RECURSIVE w(base, got) AS (
-                               SELECT k.base, k.live - greatest(0, v_pos - k.base + 1)
-                                 FROM (SELECT c1.base, c1.live FROM queen.eph_chunks c1
-                                        WHERE c1.pid = r.id
-                                          AND c1.base >= greatest(v_pos - v_pos % 256, v_floor)
-                                        ORDER BY c1.base LIMIT 1) k
-                               UNION ALL
-                               SELECT k.base, w.got + k.live
-                                 FROM w CROSS JOIN LATERAL (
-                                      SELECT c2.base, c2.live FROM queen.eph_chunks c2
-                                       WHERE c2.pid = r.id AND c2.base > w.base
-                                       ORDER BY c2.base LIMIT 1) k
-                                WHERE w.got < v_need)
-                           SELECT w.base FROM w))
-                       AND NOT c.gone @> (m.i + s.lo - 2)::int4
-                     ORDER BY 1 LIMIT v_need) x;
-            IF v_taken IS DISTINCT FROM v_sorted THEN
-                v_taken := v_sorted;
-                SELECT string_agg(v_head || u.seq || v_tail
-                                  || c.payloads[(u.seq - c.base + 1)::int4] || '}', ','
-                                  ORDER BY u.seq)
-                  INTO v_json
-                  FROM unnest(v_taken) AS u(seq)
-                  JOIN queen.eph_chunks c ON c.pid = r.id AND c.base = u.seq - u.seq % 256;
+            -- of the read, whose index scan takes their bases as one array. What a chunk
+            -- holds past the cursor is its runs (the range past the cursor less its gone
+            -- set), and the runs are taken in order until they hold v_need messages: a run
+            -- is one slice of the chunk's payloads, joined by array_to_string, so no row of
+            -- this statement is a message (v3 unnested, filtered, sorted and rendered each).
+            -- The payloads must be joined in seq order, and PostgreSQL promises no order of
+            -- a subquery's rows to an aggregate; PERF(eph): an ORDER BY of string_agg sorts
+            -- (copies) the runs' text, so the order is checked, not asked for: the aggregates
+            -- of one statement take its rows in one sequence, which is seq order exactly when
+            -- array_agg's plain output equals its sorted one. If it ever is not, the text is
+            -- joined again in that order.
+            SELECT array_agg(w.first), array_agg(w.first ORDER BY w.first),
+                   array_agg(w.n ORDER BY w.first),
+                   string_agg(array_to_string(w.payloads[w.lo + 1:w.lo + w.n], E'\x1e'), E'\x1f'),
+                   sum(w.n)::int4, max(w.first + w.n - 1)
+              INTO v_plain, v_firsts, v_counts, v_run_pay, v_k, v_last
+              FROM (SELECT v.base + v.lo AS first, v.lo, v.payloads,
+                           least(v.len, v_need - v.before)::int4 AS n
+                      FROM (SELECT c.base, c.payloads, lower(g.r) AS lo,
+                                   upper(g.r) - lower(g.r) AS len,
+                                   coalesce(sum(upper(g.r) - lower(g.r))
+                                            OVER (ORDER BY c.base, lower(g.r)
+                                                  ROWS BETWEEN UNBOUNDED PRECEDING
+                                                           AND 1 PRECEDING), 0) AS before
+                              FROM queen.eph_chunks c
+                             CROSS JOIN LATERAL unnest(
+                                   int4multirange(int4range(
+                                       least(greatest(0, v_pos - c.base + 1),
+                                             cardinality(c.sizes))::int4,
+                                       cardinality(c.sizes)))
+                                   - c.gone) AS g(r)
+                             WHERE c.pid = r.id
+                               AND c.base = ANY (ARRAY(
+                                   WITH RECURSIVE w(base, got) AS (
+                                       SELECT k.base, k.live - greatest(0, v_pos - k.base + 1)
+                                         FROM (SELECT c1.base, c1.live FROM queen.eph_chunks c1
+                                                WHERE c1.pid = r.id
+                                                  AND c1.base >= greatest(v_pos - v_pos % 256,
+                                                                          v_floor)
+                                                ORDER BY c1.base LIMIT 1) k
+                                       UNION ALL
+                                       SELECT k.base, w.got + k.live
+                                         FROM w CROSS JOIN LATERAL (
+                                              SELECT c2.base, c2.live FROM queen.eph_chunks c2
+                                               WHERE c2.pid = r.id AND c2.base > w.base
+                                               ORDER BY c2.base LIMIT 1) k
+                                        WHERE w.got < v_need)
+                                   SELECT w.base FROM w))) v
+                     WHERE v.before < v_need) w;
+            IF v_plain IS DISTINCT FROM v_firsts THEN
+                SELECT string_agg(array_to_string(c.payloads[(u.f - c.base + 1)::int4
+                                                             :(u.f - c.base + u.n)::int4],
+                                                  E'\x1e'), E'\x1f' ORDER BY u.f)
+                  INTO v_run_pay
+                  FROM unnest(v_firsts, v_counts) AS u(f, n)
+                  JOIN queen.eph_chunks c ON c.pid = r.id AND c.base = u.f - u.f % 256;
             END IF;
-            IF v_taken IS NULL THEN
+            IF v_firsts IS NULL THEN
                 -- what was left there had been dropped (or another pop took it)
                 IF r.last_seq > v_pos THEN
                     UPDATE queen.eph_cursors c SET pos = r.last_seq
@@ -1208,33 +1234,43 @@ BEGIN
                 END IF;
                 CONTINUE;
             END IF;
-            v_out := CASE WHEN v_out IS NULL THEN v_json ELSE v_out || ',' || v_json END;
+            v_pay := CASE WHEN v_pay IS NULL THEN v_run_pay ELSE v_pay || E'\x1f' || v_run_pay END;
+            parts := parts || array_fill(r.partition, ARRAY[cardinality(v_firsts)]);
+            dlvs := dlvs || array_fill(v_dlv, ARRAY[cardinality(v_firsts)]);
+            atts := atts || array_fill(1, ARRAY[cardinality(v_firsts)]);
+            firsts := firsts || v_firsts;
+            counts := counts || v_counts;
             IF p_auto_ack THEN
-                UPDATE queen.eph_cursors c SET pos = v_taken[cardinality(v_taken)]
+                UPDATE queen.eph_cursors c SET pos = v_last
                  WHERE c.tenant = p_tenant AND c.queue = p_queue AND c.grp = p_group
                    AND c.partition = r.partition;
-                v_settle_p := v_settle_p || array_fill(r.partition, ARRAY[cardinality(v_taken)]);
-                v_settle_s := v_settle_s || v_taken;
+                v_settle_p := v_settle_p || array_fill(r.partition, ARRAY[v_k]);
+                v_settle_s := v_settle_s
+                              || ARRAY(SELECT s.s FROM unnest(v_firsts, v_counts) AS u(f, n)
+                                        CROSS JOIN LATERAL generate_series(u.f, u.f + u.n - 1)
+                                                           AS s(s));
             ELSE  -- PERF(eph): the cursor's move and the delivery's row in one statement
                 WITH u AS (
-                    UPDATE queen.eph_cursors c SET pos = v_taken[cardinality(v_taken)]
+                    UPDATE queen.eph_cursors c SET pos = v_last
                      WHERE c.tenant = p_tenant AND c.queue = p_queue AND c.grp = p_group
                        AND c.partition = r.partition
                     RETURNING c.partition)
                 INSERT INTO queen.eph_leases (tenant, queue, grp, dlv, partition, seqs, atts,
                                               lease_until)
-                SELECT p_tenant, p_queue, p_group, v_dlv, u.partition, v_taken,
-                       array_fill(1, ARRAY[cardinality(v_taken)]), clock_timestamp() + v_lease
+                SELECT p_tenant, p_queue, p_group, v_dlv, u.partition,
+                       -- the runs ascending, each ascending (a nested loop: in order)
+                       ARRAY(SELECT s.s FROM unnest(v_firsts, v_counts) AS u(f, n)
+                              CROSS JOIN LATERAL generate_series(u.f, u.f + u.n - 1) AS s(s)),
+                       array_fill(1, ARRAY[v_k]), clock_timestamp() + v_lease
                   FROM u;
             END IF;
-            v_need := v_need - cardinality(v_taken);
+            v_need := v_need - v_k;
             EXIT WHEN v_need <= 0;
         END LOOP;
     END LOOP;
 
-    -- PERF(eph): a text, not an array of them joined at the end: appending a delivery's
-    -- JSON to a text[] and array_to_string copied and converted every message twice more
-    messages := '[' || coalesce(v_out, '') || ']';
+    epoch := v_epoch;
+    payloads := convert_to(coalesce(v_pay, ''), 'UTF8');
     v_set_n := 0;
     v_set_b := 0;
     IF cardinality(v_ttl_p) > 0 THEN
