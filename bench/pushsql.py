@@ -119,8 +119,7 @@ class Driver:
 
     def call(self, idx: list[int], bundle: bundles.PushBundle) -> None:
         """One bundle, each segment promising what this driver wrote before it."""
-        params = bundles.bundle_params(
-            bundle._replace(verified=[self.last[i] for i in idx]))
+        params = bundles.bundle_params(bundle._replace(verified=[self.last[i] for i in idx]))
         pgconn = self.conn.pgconn
         bundles._PUSH.send(self.conn, params)  # as the shard sends it (result format too)
         results = []

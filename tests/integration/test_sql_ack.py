@@ -2,7 +2,7 @@
 
 ack-internals.md "The authoritative decision procedure" and api.md 2.4: log_ack_by_hash_v1
 (resolution, signal, branch table, noop / stale / unresolved / clamped, repeat safety),
-log_dlq_head_v1 (DLQ filing), log_ack_at_v1 (registry fast path) and log_ack_multi_v1 (fusion).
+log_dlq_head_v1 (DLQ filing), log_ack_at_v1 (registry fast path) and log_ack_multi_v2 (fusion).
 
 Data comes from the real push procedure; leases are written straight into log_consumers with
 the lead's conventions (lease_id, worker_id = lease_id::text, lease_expires_at, batch_start,
@@ -44,9 +44,10 @@ DLQ_HEAD = (
 )
 ACK_AT = "SELECT queen.log_ack_at_v1(%s::uuid, %s::int8, %s::text, %s::uuid, %s::int8, %s::int4)"
 ACK_MULTI = (
-    "SELECT queen.log_ack_multi_v1(%s::uuid, %s::int8[], %s::text[], %s::uuid[], %s::int8[],"
+    "SELECT queen.log_ack_multi_v2(%s::uuid, %s::int8[], %s::text[], %s::uuid[], %s::int8[],"
     " %s::int4[])"
 )
+MULTI_ERRORS = (None, "lease_invalid", "partition_not_found", "beyond_batch", "partly_committed")
 G = "billing"
 RESULT_KEYS = {"ok", "error", "old", "new", "acked", "leaseReleased", "dlq", "poison",
                "signalIndex", "signal", "dropped", "retryCount", "noop", "stale", "unresolved",
@@ -178,9 +179,14 @@ def ack_at(conn, pid: int, lease_id, batch_end: int, count: int = 1, group: str 
 
 def ack_multi(conn, rows: list[tuple[int, str, uuid.UUID | None, int, int]],
               tenant: uuid.UUID = DEFAULT_TENANT) -> list[dict]:
-    return conn.execute(ACK_MULTI, (
+    """log_ack_multi_v2's (code, old, new) per row as log_ack_at_v1's objects plus "i"."""
+    flat = conn.execute(ACK_MULTI, (
         tenant, [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows],
         [r[3] for r in rows], [r[4] for r in rows])).fetchone()[0]
+    assert len(flat) == 3 * len(rows)
+    return [{"i": k, "ok": flat[3 * k] == 0, "error": MULTI_ERRORS[flat[3 * k]],
+             "old": flat[3 * k + 1], "new": flat[3 * k + 2], "leaseReleased": flat[3 * k] == 0}
+            for k in range(len(rows))]
 
 
 def dlq_rows(conn, pid: int, group: str = G) -> list[dict]:
@@ -615,7 +621,7 @@ def test_cursor_never_moves_backwards(db):
 
 
 # ---------------------------------------------------------------------------------------------
-# log_ack_at_v1 and log_ack_multi_v1
+# log_ack_at_v1 and log_ack_multi_v2
 # ---------------------------------------------------------------------------------------------
 
 def test_ack_at_advances_releases_and_resets(db):
@@ -704,6 +710,36 @@ def test_ack_multi_answers_in_input_order_and_equals_separate_ack_at_calls(db):
     assert state(parts_m) == state(parts_s)
 
 
+def test_ack_multi_rejections_equal_separate_ack_at_calls(db):
+    """Every way a row can fail (and a plain advance beside them) answers as log_ack_at_v1
+    does, changing nothing of the failed rows; the foreign tenant's row is not found."""
+    def scenario() -> tuple[list[tuple], list[Part]]:
+        q = uq("rej")
+        ok, partly, nogroup, foreign = (make_part(db, 6, queue=q, name=n)
+                                        for n in ("ok", "partly", "nogroup", "foreign"))
+        live = lease(db, ok.pid, 1, 4)
+        inside = lease(db, partly.pid, 3, 6)
+        set_cursor(db, partly.pid, 4)  # a lease-less ack moved the cursor inside the batch
+        mine = lease(db, foreign.pid, 1, 6)
+        rows = [(partly.pid, G, inside, 6, 4), (ok.pid, G, live, 4, 4),
+                (nogroup.pid, "nobody", uuid.uuid4(), 2, 2), (2 ** 62, G, uuid.uuid4(), 1, 1),
+                (foreign.pid, G, mine, 6, 6)]
+        return rows, [ok, partly, nogroup, foreign]
+
+    rows_m, parts_m = scenario()
+    before = [consumer(db, p.pid) for p in parts_m[1:]]
+    res = [r for r in ack_multi(db, rows_m[:4])]
+    res.append(ack_multi(db, rows_m[4:], tenant=uuid.uuid4())[0])
+    assert [r["error"] for r in res] == ["partly_committed", None, "lease_invalid",
+                                        "partition_not_found", "partition_not_found"]
+    assert [consumer(db, p.pid) for p in parts_m[1:]] == before
+    rows_s, _ = scenario()
+    singles = [ack_at(db, pid, lid, end, cnt, group=g) for pid, g, lid, end, cnt in rows_s[:4]]
+    pid, g, lid, end, cnt = rows_s[4]
+    singles.append(ack_at(db, pid, lid, end, cnt, group=g, tenant=uuid.uuid4()))
+    assert [{k: v for k, v in r.items() if k != "i"} for r in res] == singles
+
+
 def test_ack_multi_empty_and_misaligned(db):
     assert ack_multi(db, []) == []
     with pytest.raises(psycopg.errors.InvalidParameterValue):
@@ -736,7 +772,7 @@ def test_ack_multi_locks_consumer_rows_in_key_order(db, db_dsn):
             while time.monotonic() < deadline:
                 if probe.execute(
                         "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                        " AND wait_event_type = 'Lock' AND query LIKE '%%log_ack_multi_v1%%'"
+                        " AND wait_event_type = 'Lock' AND query LIKE '%%log_ack_multi_v2%%'"
                 ).fetchone()[0]:
                     break
                 time.sleep(0.02)

@@ -161,10 +161,12 @@ def test_ack_answers() -> None:
     got = asyncio.run(ack_procs.ack_at(_Conn([(bad,)]), bytes(16), 1, "g",  # type: ignore[arg-type]
                                        bytes(16), 4, 1))
     assert got == ack_procs.Advance(False, "partition_not_found", 0, 0, False)
-    multi = [{"i": 1, "ok": True, "error": None, "old": 1, "new": 4, "leaseReleased": True},
-             {"i": 0, "ok": False, "error": "lease_invalid", "old": 0, "new": 0,
-              "leaseReleased": False}]
-    got = asyncio.run(ack_procs.ack_multi(_Conn([(multi,)]), bytes(16), [1, 2],  # type: ignore[arg-type]
-                                          ["g", "g"], [bytes(16)] * 2, [4, 4], [1, 1]))
+    multi = [1, 0, 0, 0, 1, 4, 2, None, None]  # log_ack_multi_v2: (code, old, new) per row
+    got = asyncio.run(ack_procs.ack_multi(_Conn([(multi,)]), bytes(16), [1, 2, 3],  # type: ignore[arg-type]
+                                          ["g"] * 3, [bytes(16)] * 3, [4] * 3, [1] * 3))
     assert got == [ack_procs.Advance(False, "lease_invalid", 0, 0, False),
-                   ack_procs.Advance(True, None, 1, 4, True)]
+                   ack_procs.Advance(True, None, 1, 4, True),
+                   ack_procs.Advance(False, "partition_not_found", 0, 0, False)]
+    for bad_answer in (None, [0, 1], [5, 0, 0], [None, 0, 0]):
+        with pytest.raises(DatabaseError):
+            ack_procs.advances(bad_answer, 1)

@@ -10,8 +10,8 @@
 --       ("dlq": true) and moves the cursor past it.
 --   queen.log_ack_at_v1(uuid, int8, text, uuid, int8, int4) -> jsonb
 --       positional full-batch `completed` ack (the ack registry fast path).
---   queen.log_ack_multi_v1(uuid, int8[], text[], uuid[], int8[], int4[]) -> jsonb
---       ack fusion: log_ack_at_v1 for N rows in one transaction.
+--   queen.log_ack_multi_v2(uuid, int8[], text[], uuid[], int8[], int4[]) -> int8[]
+--       ack fusion: log_ack_at_v1's decision for N rows in one transaction.
 --
 -- Tables touched:
 --   queen.queues          read (tenant check, retry_limit, dead_letter_queue,
@@ -38,7 +38,7 @@
 --     consumer -> partition, which can deadlock with a transaction-wire ack that holds the
 --     partition row and inserts the same consumer row. Neither KEY SHARE waits for a push
 --     (an allocator holds partition rows FOR NO KEY UPDATE and queue rows FOR KEY SHARE).
---   * log_ack_multi_v1 locks its consumer rows one by one in ascending
+--   * log_ack_multi_v2 locks its consumer rows one by one in ascending
 --     (partition_id, consumer_group COLLATE "C") order, the primary key order.
 --   A caller that runs several of these in one transaction must call them in that same order,
 --   after any partition row lock it takes.
@@ -49,7 +49,7 @@
 --          (the broker maps the alias `success` to `completed` before the call); NULL offset
 --          (log_dlq_head_v1)
 --   23502  not_null_violation: log_dlq_head_v1 with a NULL message id or transaction id
---   P0004  assert_failure: log_ack_multi_v1 completeness guard
+--   P0004  assert_failure: log_ack_multi_v2 completeness guard (and its locked row moved)
 --
 -- Transaction isolation: READ COMMITTED. Every statement after the consumer row lock sees what
 -- committed before it (the pushes the acked positions came from, the previous ack).
@@ -78,8 +78,10 @@
 --                     "beyond_batch" | "partly_committed", "old": int8|null, "new": int8|null,
 --                     "leaseReleased": bool}   (partly_committed: the cursor is already inside
 --                     the leased batch; the broker falls back to log_ack_by_hash_v1)
---   log_ack_multi_v1: a JSON array in INPUT order, element k = the log_ack_at_v1 object of
---     row k plus "i": k (0-based input ordinal). Empty input returns [].
+--   log_ack_multi_v2 (int8[], not jsonb): 3 elements per row in INPUT order, row k at
+--     3k+1 .. 3k+3 (1-based): code (0 = log_ack_at_v1's ok, lease released; 1 lease_invalid,
+--     2 partition_not_found, 3 beyond_batch, 4 partly_committed), old, new (as log_ack_at_v1:
+--     NULL for partition_not_found). Empty input returns {}.
 --
 -- Lease conventions (shared with the pop path):
 --   live lease      lease_id IS NOT NULL AND lease_expires_at > now(); worker_id = lease_id::text
@@ -666,67 +668,163 @@ COMMENT ON FUNCTION queen.log_ack_at_v1(uuid, int8, text, uuid, int8, int4) IS
 'beyond_batch.';
 
 -- ---------------------------------------------------------------------------------------------
--- log_ack_multi_v1: ack fusion, N positional acks in one transaction. Rows with the same
+-- log_ack_multi_v2: ack fusion, N positional acks in one transaction. Rows with the same
 -- (partition, group, lease) were folded by the caller (max batch_end); two different leases on
 -- one (partition, group) stay two rows and are validated independently (the second one sees
--- the first one's release). Each row is exactly log_ack_at_v1.
+-- the first one's release). Each row decides exactly as log_ack_at_v1 does, written out here.
+--
+-- Revision (issue 26): replaces log_ack_multi_v1 (jsonb, a log_ack_at_v1 call per row).
+-- Why: the suite's consume loop acks each 100-message pop with one row here. A row cost its
+-- backend 626 thousand instructions (bench/popsql.py --callgrind), of which about 110
+-- thousand were the jsonb answer (an object per row, the || of its ordinal, to_jsonb) and the
+-- ordering query around a one-row call, and about 45 thousand the nested function call; the
+-- shard then parsed the JSON text with the stdlib. Now: one int8[] read in binary, the row's
+-- statements inline, no ordering query for one row, the tenant checked through the cursor's
+-- queue_id (one join less), and the cursor row updated by the ctid its locking read returned
+-- (that read locks the newest version, so the ctid is the row's current one; no other
+-- transaction can move it while the lock is held).
 -- ---------------------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION queen.log_ack_multi_v1(
+CREATE OR REPLACE FUNCTION queen.log_ack_multi_v2(
     p_tenant        uuid,
     p_partition_ids int8[],
     p_groups        text[],
     p_lease_ids     uuid[],
     p_batch_ends    int8[],
     p_counts        int4[]
-) RETURNS jsonb
+) RETURNS int8[]
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 AS $$
 DECLARE
-    n      int4 := COALESCE(cardinality(p_partition_ids), 0);
-    v_res  jsonb[];
-    r      record;
+    n             int4 := COALESCE(cardinality(p_partition_ids), 0);
+    v_res         int8[];
+    v_order       int4[];
+    k             int4;
+    v_pid         int8;
+    v_grp         text;
+    v_bend        int8;
+    v_lease_in    uuid;
+    v_ctid        tid;
+    v_old         int8;
+    v_lease       uuid;
+    v_expires     timestamptz;
+    v_batch_end   int8;
+    v_batch_start int8;
+    v_new         int8;
 BEGIN
     IF COALESCE(cardinality(p_groups), 0) <> n
        OR COALESCE(cardinality(p_lease_ids), 0) <> n
        OR COALESCE(cardinality(p_batch_ends), 0) <> n
        OR COALESCE(cardinality(p_counts), 0) <> n THEN
-        RAISE EXCEPTION 'log_ack_multi_v1: misaligned arrays (partitions %, groups %, leases %, batch_ends %, counts %)',
+        RAISE EXCEPTION 'log_ack_multi_v2: misaligned arrays (partitions %, groups %, leases %, batch_ends %, counts %)',
             cardinality(p_partition_ids), cardinality(p_groups), cardinality(p_lease_ids),
             cardinality(p_batch_ends), cardinality(p_counts)
             USING ERRCODE = '22023';
     END IF;
     IF n = 0 THEN
-        RETURN '[]'::jsonb;
+        RETURN '{}'::int8[];
     END IF;
     IF array_position(p_partition_ids, NULL) IS NOT NULL
        OR array_position(p_groups, NULL) IS NOT NULL THEN
-        RAISE EXCEPTION 'log_ack_multi_v1: NULL partition id or group'
+        RAISE EXCEPTION 'log_ack_multi_v2: NULL partition id or group'
             USING ERRCODE = '22023';
     END IF;
 
-    v_res := array_fill(NULL::jsonb, ARRAY[n]);
+    v_res := array_fill(NULL::int8, ARRAY[3 * n]);
     -- The lock order: consumer rows ascending by (partition_id, consumer_group) in the
     -- primary key's collation; input ordinal last so equal keys run in input order.
-    FOR r IN
-        SELECT u.pid, u.grp, u.lease, u.bend, u.cnt, u.o::int4 AS o
-        FROM unnest(p_partition_ids, p_groups, p_lease_ids, p_batch_ends, p_counts)
-             WITH ORDINALITY AS u(pid, grp, lease, bend, cnt, o)
-        ORDER BY u.pid, u.grp COLLATE "C", u.o
-    LOOP
-        v_res[r.o] := queen.log_ack_at_v1(p_tenant, r.pid, r.grp, r.lease, r.bend, r.cnt)
-                      || jsonb_build_object('i', r.o - 1);
-    END LOOP;
-
-    IF array_position(v_res, NULL) IS NOT NULL THEN
-        RAISE EXCEPTION 'log_ack_multi_v1: completeness guard: % inputs, missing result at ordinal %',
-            n, array_position(v_res, NULL)
-            USING ERRCODE = 'P0004';
+    IF n = 1 THEN
+        v_order := '{1}';
+    ELSE
+        SELECT array_agg(u.o::int4 ORDER BY u.pid, u.grp COLLATE "C", u.o) INTO v_order
+        FROM unnest(p_partition_ids, p_groups) WITH ORDINALITY AS u(pid, grp, o);
     END IF;
 
-    RETURN to_jsonb(v_res);
+    FOREACH k IN ARRAY v_order LOOP
+        v_pid := p_partition_ids[k];
+        v_grp := p_groups[k];
+        v_lease_in := p_lease_ids[k];
+        v_bend := p_batch_ends[k];
+        -- PERF: lock + tenant check in one statement, the queue reached by the cursor's own
+        -- queue_id (the partition's queue, never changes: schema/002_ready_index.sql), not
+        -- through the partition row; the failure path pays a second probe. A row an older
+        -- build left without queue_id (the families' repair fills it) answers lease_invalid
+        -- here, and the broker takes the authoritative path for it.
+        SELECT c.ctid, c.committed_offset, c.lease_id, c.lease_expires_at, c.batch_end,
+               c.batch_start
+        INTO v_ctid, v_old, v_lease, v_expires, v_batch_end, v_batch_start
+        FROM queen.log_consumers c
+        JOIN queen.queues q ON q.id = c.queue_id
+        WHERE c.partition_id = v_pid AND c.consumer_group = v_grp AND q.tenant = p_tenant
+        FOR UPDATE OF c;
+
+        IF NOT FOUND THEN
+            PERFORM 1
+            FROM queen.log_partitions lp
+            JOIN queen.queues q ON q.id = lp.queue_id
+            WHERE lp.id = v_pid AND q.tenant = p_tenant;
+            IF NOT FOUND THEN
+                v_res[3 * k - 2] := 2;  -- partition_not_found: old and new stay NULL
+            ELSE
+                v_res[3 * k - 2] := 1;  -- lease_invalid: the group has no cursor here
+                v_res[3 * k - 1] := 0;
+                v_res[3 * k] := 0;
+            END IF;
+            CONTINUE;
+        END IF;
+
+        v_res[3 * k - 1] := v_old;
+        v_res[3 * k] := v_old;
+        IF v_lease_in IS NULL OR v_lease IS DISTINCT FROM v_lease_in
+           OR NOT (v_expires > now()) THEN
+            v_res[3 * k - 2] := 1;  -- lease_invalid
+            CONTINUE;
+        END IF;
+        IF v_bend IS NULL OR v_batch_end IS NULL OR v_bend > v_batch_end THEN
+            v_res[3 * k - 2] := 3;  -- beyond_batch
+            CONTINUE;
+        END IF;
+        -- NOTE(ack): part of the batch was already committed (a lease-less ack moved the
+        -- cursor inside it): those items must be answered noop, which only the hash path can
+        -- tell.
+        IF v_batch_start IS NOT NULL AND v_old >= v_batch_start THEN
+            v_res[3 * k - 2] := 4;  -- partly_committed
+            CONTINUE;
+        END IF;
+
+        v_new := GREATEST(v_old, v_bend);
+        UPDATE queen.log_consumers c SET
+            committed_offset  = v_new,
+            batch_retry_count = 0,
+            attempt_count     = 0,
+            total_consumed    = c.total_consumed + (v_new - v_old),
+            last_consumed_at  = CASE WHEN v_new > v_old THEN now() ELSE c.last_consumed_at END,
+            released_lease_id = c.lease_id,
+            lease_id          = NULL,
+            worker_id         = NULL,
+            lease_expires_at  = NULL
+        WHERE c.ctid = v_ctid AND c.partition_id = v_pid AND c.consumer_group = v_grp;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'log_ack_multi_v2: the locked cursor row (%, %) moved', v_pid, v_grp
+                USING ERRCODE = 'P0004';
+        END IF;
+        v_res[3 * k - 2] := 0;
+        v_res[3 * k] := v_new;
+    END LOOP;
+
+    FOR k IN 1 .. n LOOP
+        IF v_res[3 * k - 2] IS NULL THEN
+            RAISE EXCEPTION 'log_ack_multi_v2: completeness guard: % inputs, missing result at ordinal %',
+                n, k
+                USING ERRCODE = 'P0004';
+        END IF;
+    END LOOP;
+
+    RETURN v_res;
 END
 $$;
 
-COMMENT ON FUNCTION queen.log_ack_multi_v1(uuid, int8[], text[], uuid[], int8[], int4[]) IS
-'Ack fusion: log_ack_at_v1 per row in (partition_id, consumer_group) order; returns a JSON '
-'array in input order of {"i","ok","error","old","new","leaseReleased"}.';
+COMMENT ON FUNCTION queen.log_ack_multi_v2(uuid, int8[], text[], uuid[], int8[], int4[]) IS
+'Ack fusion: log_ack_at_v1''s decision per row in (partition_id, consumer_group) order; returns '
+'int8[] of 3 per row in input order: code (0 ok and lease released, 1 lease_invalid, '
+'2 partition_not_found, 3 beyond_batch, 4 partly_committed), old cursor, new cursor (NULL '
+'for partition_not_found).';

@@ -1,0 +1,220 @@
+"""The consume loop on a live broker, per process role: front worker, shard, PostgreSQL, client.
+
+bench/hotpath.py counts what the front worker's pop and ack functions cost in-process; the
+suite's consume cell reports the broker's CPU per message, which on a shared 2-core machine
+moves by a third between runs of the same code. This runs the consume cell's load on one real
+broker (``QUEEN_WORKERS=1``, one shard, the consumers in this process: pop batch ``--batch``
+from one partition with a long poll, one ``/ack/batch`` per pop, ``--consumers`` of them) after
+an untimed pre-fill of ``--messages`` over 100 partitions in 1,000-item pushes, and reports, per
+consumed message, each broker process's user and system CPU (``/proc``), the CPU of the
+database's backends and of this process.
+
+With ``--callgrind`` the broker runs under ``valgrind --tool=callgrind --trace-children=yes``
+and the figure is instructions per message of the front worker and of the shard: each process
+is zeroed, left idle ``--idle`` seconds and dumped (its idle rate: timers and housekeeping
+run on wall-clock time, which valgrind stretches), zeroed again, and dumped after the drain;
+the idle rate times the drain's duration is subtracted. ``callgrind_control`` gets each pid::
+
+    PYTHONPATH=<tree> python bench/liveroles.py --callgrind /tmp/lr --messages 10000
+
+Run it with ``PYTHONPATH=<tree>`` from outside the tree to measure that tree's code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import glob
+import os
+import secrets
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import consume as cons
+from bench import push as pb
+
+SERVER = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
+_HZ = os.sysconf("SC_CLK_TCK")
+
+
+def _times(pid: int) -> tuple[int, int]:
+    """(utime, stime) of ``pid`` in clock ticks; (0, 0) once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return 0, 0
+    return int(fields[11]), int(fields[12])
+
+
+def _role(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            comm = f.read().strip()
+    except OSError:
+        return "gone"
+    return "shard" if comm.startswith("qmp-shard") else "front/supervisor"
+
+
+def _total(path: str) -> int:
+    """The instruction total of one callgrind dump."""
+    with open(path) as f:
+        for line in f:
+            if line.startswith(("summary:", "totals:")):
+                return int(line.split()[1])
+    raise RuntimeError(f"no totals in {path}")
+
+
+def _control(flag: str, pids: list[int]) -> None:
+    for pid in pids:  # always one pid: without it callgrind_control acts on every process
+        subprocess.run(["callgrind_control", flag, str(pid)], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def start(tmp: Path, dsn: str, callgrind: str | None) -> pb.Server:
+    if callgrind is None:
+        return pb.start_queen(tmp, dsn, 1, 1)
+    port = pb.free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("QUEEN_", "BENCH_"))}
+    env.update({"QUEEN_PORT": str(port), "QUEEN_DATA_DIR": str(tmp), "QUEEN_WORKERS": "1",
+                "QUEEN_V2_FUSION_SHARDS": "1", "QUEEN_LOG_LEVEL": "info",
+                "QUEEN_SHUTDOWN_TIMEOUT_S": "20", "QUEEN_PG_DSN": dsn})
+    argv = ["valgrind", "--tool=callgrind", "--trace-children=yes",
+            f"--callgrind-out-file={callgrind}/cg.%p", sys.executable, "-m",
+            "queen_mp.processes.cli", "serve"]
+    log = tmp / "broker.log"
+    return pb.Server("queen-mp", f"http://127.0.0.1:{port}", pb._spawn(argv, env, log), log, dsn)
+
+
+async def prefill(url: str, queue: str, n: int) -> None:
+    http = cons.Http(url, timeout=300)
+    try:
+        for s in range(0, n, 1000):
+            body = cons.push_body([(queue, f"p-{(s + i) % 100:03d}", f"{queue}-{s + i}",
+                                    cons.payload("p", s + i)) for i in range(min(1000, n - s))])
+            status, answer = await http.request("POST", "/api/v1/push", body)
+            if cons.push_verdict(status, answer) != "queued":
+                raise RuntimeError(f"pre-fill push answered {status}: {answer[:200]!r}")
+    finally:
+        http.close()
+
+
+async def drain(url: str, queue: str, n: int, batch: int, consumers: int) -> float:
+    """Seconds until ``n`` messages were acked."""
+    acked = 0
+    done = asyncio.Event()
+
+    def on_batch(msgs: list[dict[str, Any]] | None, count: Any) -> None:
+        nonlocal acked
+        if msgs is None:
+            acked += count
+            if acked >= n:
+                done.set()
+
+    st = cons.OpStats()
+    https = [cons.Http(url) for _ in range(consumers)]
+    for h in https:
+        await h.connect()
+    t0 = time.monotonic()
+    tasks = [asyncio.create_task(cons.consumer_loop(cons.Arm("queen-mp", url), h, queue, batch,
+                                                    1, "tp", st, on_batch, 0.01, wait_ms=1000))
+             for h in https]
+    try:
+        await asyncio.wait_for(done.wait(), 600)
+        return time.monotonic() - t0
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for h in https:
+            h.close()
+        if st.errors:
+            print(f"consumer errors: {dict(st.errors)}")
+
+
+async def run(args: argparse.Namespace) -> None:
+    rid = secrets.token_hex(3)
+    name = f"queen_bench_{rid}_q"
+    dsn = pb.create_database(args.server_dsn, name)
+    tmp = Path(tempfile.mkdtemp(prefix="queen-liveroles-"))
+    if args.callgrind:
+        os.makedirs(args.callgrind, exist_ok=True)
+    srv = start(tmp, dsn, args.callgrind)
+    mon = pb.Monitor(args.server_dsn)
+    try:
+        for _ in range(3000):
+            try:
+                if pb.http_get(srv.url + "/health", timeout=2)[0] == 200:
+                    break
+            except OSError:
+                pass
+            await asyncio.sleep(0.2)
+        queue = f"lr-{rid}"
+        await prefill(srv.url, queue, args.messages)
+        await asyncio.sleep(2)
+        broker = [p for p in pb.process_tree(srv.proc.pid) if p != srv.proc.pid]
+        idle_rate: dict[int, float] = {}
+        if args.callgrind:
+            _control("-z", broker)
+            t_idle = time.monotonic()
+            await asyncio.sleep(args.idle)
+            _control("-d", broker)
+            t_idle = time.monotonic() - t_idle
+            idle_rate = {p: _total(max(glob.glob(f"{args.callgrind}/cg.{p}.*"),
+                                       key=os.path.getmtime)) / t_idle for p in broker}
+            _control("-z", broker)
+        backends = mon.backend_pids(name)
+        before = {p: _times(p) for p in broker + backends}
+        r0 = os.times()
+        t = time.monotonic()
+        seconds = await drain(srv.url, queue, args.messages, args.batch, args.consumers)
+        r1 = os.times()
+        after = {p: _times(p) for p in broker + backends}
+        if args.callgrind:
+            _control("-d", broker)
+        window = time.monotonic() - t
+        n = args.messages
+        print(f"{n} messages, batch {args.batch}, {args.consumers} consumers: {seconds:.2f} s, "
+              f"{n / seconds:,.0f} msgs/s")
+        print("| role | pid | user us/msg | sys us/msg | instr/msg (idle subtracted) |")
+        print("|---|---|---:|---:|---:|")
+        for p in broker:
+            u, s = (after[p][k] - before[p][k] for k in (0, 1))
+            instr = "-"
+            if args.callgrind:
+                dump = max(glob.glob(f"{args.callgrind}/cg.{p}.*"), key=os.path.getmtime)
+                instr = f"{(_total(dump) - idle_rate[p] * window) / n:,.0f}"
+            print(f"| {_role(p)} | {p} | {u / _HZ * 1e6 / n:.2f} | {s / _HZ * 1e6 / n:.2f} | "
+                  f"{instr} |")
+        u = sum(after[p][0] - before[p][0] for p in backends)
+        s = sum(after[p][1] - before[p][1] for p in backends)
+        print(f"| PostgreSQL backends | {len(backends)} | {u / _HZ * 1e6 / n:.2f} | "
+              f"{s / _HZ * 1e6 / n:.2f} | - |")
+        print(f"| client (this process) | {os.getpid()} | {(r1.user - r0.user) * 1e6 / n:.2f} | "
+              f"{(r1.system - r0.system) * 1e6 / n:.2f} | - |")
+    finally:
+        pb.kill_tree(srv.proc.pid)
+        await asyncio.sleep(1)
+        mon.close()
+        pb.drop_database(args.server_dsn, name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--server-dsn", default=SERVER)
+    ap.add_argument("--messages", type=int, default=60_000)
+    ap.add_argument("--batch", type=int, default=100)
+    ap.add_argument("--consumers", type=int, default=4)
+    ap.add_argument("--callgrind", metavar="DIR", default=None,
+                    help="run the broker under callgrind, its dumps in DIR")
+    ap.add_argument("--idle", type=float, default=10.0, help="seconds of idle rate (callgrind)")
+    asyncio.run(run(ap.parse_args(argv)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
