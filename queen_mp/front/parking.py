@@ -40,6 +40,7 @@ class ParkKey(NamedTuple):
 
 
 def _expire(future: asyncio.Future[None]) -> None:
+    """A parked pop's deadline: it returns as if woken, unless a wake came first."""
     if not future.done():
         future.set_result(None)
 
