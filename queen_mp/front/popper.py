@@ -31,7 +31,7 @@ import contextlib
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from prometheus_client import Gauge
 
@@ -75,7 +75,9 @@ class _Gate:
     users: int = 0  # pops alive on this key; the gate leaves the table with the last
     running: int = 0  # claims of this key running now
     width: int = 1  # CLAIMS_PER_KEY while the last claim filled its batch, else 1
-    waiters: deque[asyncio.Future[None]] = field(default_factory=deque)
+    # NOTE(memory): made by the first pop that waits for a turn; most keys never see one,
+    # and an empty deque is 624 bytes (a parked pop holds its key's gate)
+    waiters: deque[asyncio.Future[None]] | None = None
 
 
 class Popper:
@@ -160,7 +162,10 @@ async def _enter(gate: _Gate) -> None:
     """Wait for a turn (every turn is taken, or others wait before us): ``_leave`` hands a
     turn over still counted, so nothing overtakes a waiter."""
     turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    gate.waiters.append(turn)
+    waiters = gate.waiters
+    if waiters is None:
+        waiters = gate.waiters = deque()
+    waiters.append(turn)
     try:
         await turn
     except asyncio.CancelledError:
@@ -168,7 +173,7 @@ async def _enter(gate: _Gate) -> None:
             _leave(gate)  # handed over as we were cancelled: pass it on
         else:
             with contextlib.suppress(ValueError):  # ``_leave`` may have dropped it already
-                gate.waiters.remove(turn)
+                waiters.remove(turn)
         raise
 
 
