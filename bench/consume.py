@@ -46,6 +46,7 @@ import secrets
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import types
 from collections import Counter
@@ -322,6 +323,59 @@ def e2e_breakdown(sent: dict[str, tuple[float, float]], recv: dict[str, float],
     return {"messages": len(rows), "all_ms": means(rows),
             "slowest_1pct_ms": means(rows[-max(1, len(rows) // 100):]),
             "pop_ms": op_ms("pop"), "ack_ms": op_ms("ack")}
+
+
+class PgWaits:
+    """What the arm's database backends were doing during a window, sampled from
+    ``pg_stat_activity`` every ``every_s`` on a connection of its own in a thread (opt-in:
+    ``--e2e-pg-waits``; the sampling costs the client and PostgreSQL a little CPU). Counts by
+    (role, statement, wait event): "cpu" where the backend waits on nothing (running or
+    runnable), else PostgreSQL's wait event, e.g. IO:WALSync (its own WAL flush) or
+    LWLock:WALWrite (queued behind another backend's flush)."""
+
+    _SQL = ("SELECT application_name, wait_event_type, wait_event, query FROM pg_stat_activity "
+            "WHERE datname = %s AND state = 'active' AND pid <> pg_backend_pid()")
+
+    def __init__(self, server_dsn: str, database: str, every_s: float = 0.005) -> None:
+        self.server_dsn, self.database, self.every_s = server_dsn, database, every_s
+        self.counts: Counter[tuple[str, str, str]] = Counter()
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pg-waits", daemon=True)
+
+    def __enter__(self) -> PgWaits:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        with psycopg.connect(self.server_dsn, autocommit=True,
+                             application_name="bench-pg-waits") as conn:
+            while not self._stop.wait(self.every_s):
+                for app, wtype, wevent, query in conn.execute(self._SQL, (self.database,)):
+                    self.counts[(_role(app or ""), _statement(query or ""),
+                                 f"{wtype}:{wevent}" if wtype else "cpu")] += 1
+                self.samples += 1
+
+    def report(self, top: int = 12) -> dict[str, Any]:
+        """Shares of all active-backend samples, largest first."""
+        total = sum(self.counts.values())
+        return {"samples": self.samples, "active_backend_samples": total,
+                "top": [{"role": r, "statement": q, "wait": w, "share": round(n / total, 3)}
+                        for (r, q, w), n in self.counts.most_common(top)] if total else []}
+
+
+def _role(app: str) -> str:
+    """'queen-mp shard 0 acks' -> 'shard acks', 'queen-mp front-1234' -> 'front'."""
+    return re.sub(r"[-\s]*\d+", "", app.removeprefix("queen-mp ")).strip() or "?"
+
+
+def _statement(query: str) -> str:
+    m = re.search(r"queen\.(\w+)", query)
+    return m.group(1) if m else query.split(None, 1)[0].lower() if query else "?"
 
 
 async def consumer_loop(arm: Arm, http: Http, queue: str, batch: int, partitions: int,
@@ -618,6 +672,10 @@ class Bench:
             warm_errors = dict(push_errors)
             push_errors.clear()
             probe = self.probe(arm.name)
+            waits = (PgWaits(a.server_dsn, db_name(self.dbs[arm.name]))
+                     if a.e2e_pg_waits else None)
+            if waits is not None:
+                waits.__enter__()
             interval = 1 / a.e2e_rate
             t_start = mono()
             nxt = t_start
@@ -651,6 +709,8 @@ class Bench:
                 await asyncio.wait(inflight)
             window = mono() - t_start
             cpu = probe.stop()
+            if waits is not None:
+                waits.__exit__()
             deadline = mono() + a.e2e_grace
             while mono() < deadline and any(t not in recv for t in sent):
                 await asyncio.sleep(0.02)
@@ -678,6 +738,7 @@ class Bench:
             "samples_ms": [round(x * 1e3, 3) for x in from_answer],
             "breakdown": (e2e_breakdown(sent, recv, st.ops) if a.e2e_consumers == 1
                           else None),
+            "pg_waits": waits.report() if waits is not None else None,
         }
 
     # -------------------------------------------------------------- 2. consume throughput
@@ -1261,6 +1322,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--e2e-partitions", type=int, default=10)
     ap.add_argument("--e2e-batch", type=int, default=10, help="pop batch (10)")
     ap.add_argument("--e2e-consumers", type=int, default=1)
+    ap.add_argument("--e2e-pg-waits", action="store_true",
+                    help="sample pg_stat_activity of the arm's database during each e2e "
+                         "window (wait events by role and statement; costs a little CPU)")
     ap.add_argument("--e2e-grace", type=float, default=3.0,
                     help="wait for stragglers after a window (3 s)")
     ap.add_argument("--poll-ms", type=float, default=10.0,

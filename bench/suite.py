@@ -1118,7 +1118,7 @@ class Suite(cons.Bench):
                             "sent_per_s": r["rate_per_s"],
                             "redelivered": r["redelivered"],
                             "behind": r["pushes_behind_schedule"],
-                            "breakdown": r.get("breakdown")}
+                            "breakdown": r.get("breakdown"), "pg_waits": r.get("pg_waits")}
                     cell.update(self.take_meter().stop(r["cpu_s"]["client"], r["pushed"]))
                 lat = percentiles([x / 1e3 for x in samples], (50, 90, 99, 99.9))
                 cell.update({"section": "e2e", "variant": f"{a.e2e_rate * a.e2e_items:g}/s",
@@ -1135,6 +1135,10 @@ class Suite(cons.Bench):
                     print(f"    where it went (ms), all: {b['all_ms']}\n"
                           f"    slowest 1%: {b['slowest_1pct_ms']}\n"
                           f"    consumer pop {b['pop_ms']}, ack {b['ack_ms']}", flush=True)
+                if cell.get("pg_waits"):
+                    print("    PostgreSQL, share of active-backend samples: " + ", ".join(
+                        f"{w['role']} {w['statement']} {w['wait']} {w['share']:.0%}"
+                        for w in cell["pg_waits"]["top"][:8]), flush=True)
                 await asyncio.sleep(a.pause)
         self.settle(force=True)
 

@@ -1,11 +1,12 @@
-"""bench/consume.py's e2e breakdown: each message's time from its push answer to the pop
-answer that carried it, laid on the one consumer's timeline of pops and acks."""
+"""bench/consume.py's e2e breakdown (each message's time from its push answer to the pop
+answer that carried it, laid on the one consumer's timeline of pops and acks) and the names
+its PostgreSQL wait sampler gives roles and statements."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.consume import e2e_breakdown
+from bench.consume import _role, _statement, e2e_breakdown
 
 
 def test_a_message_caught_by_a_waiting_pop_is_all_that_pop() -> None:
@@ -48,3 +49,12 @@ def test_the_slowest_one_percent_is_the_tail_only() -> None:
 
 def test_no_delivered_message_no_breakdown() -> None:
     assert e2e_breakdown({"a": (0.0, 1.0)}, {}, [("pop", 0.0, 2.0)]) is None
+
+
+def test_pg_waits_name_roles_and_statements() -> None:
+    assert _role("queen-mp shard 0 acks") == "shard acks"
+    assert _role("queen-mp front-12345") == "front"
+    assert _role("bench-baseline") == "bench-baseline"
+    assert _statement("SELECT * FROM queen.log_pop_v1($1, $2)") == "log_pop_v1"
+    assert _statement("WITH x AS (DELETE ...)") == "with"
+    assert _statement("") == "?"
