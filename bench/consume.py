@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import contextlib
 import datetime as dt
 import json
@@ -45,6 +46,7 @@ import secrets
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import types
 from collections import Counter
@@ -247,6 +249,8 @@ class OpStats:
     ack_lat: list[float] = field(default_factory=list)
     errors: Counter[str] = field(default_factory=Counter)
     samples: list[str] = field(default_factory=list)
+    # (kind "pop" / "ack", sent, answer read) of every request: e2e_breakdown's timeline
+    ops: list[tuple[str, float, float]] = field(default_factory=list)
 
     def error(self, key: str, what: str) -> None:
         self.errors[key] += 1
@@ -271,6 +275,109 @@ class OpStats:
                 "errors": dict(self.errors), "error_samples": self.samples}
 
 
+def e2e_breakdown(sent: dict[str, tuple[float, float]], recv: dict[str, float],
+                  ops: list[tuple[str, float, float]]) -> dict[str, Any] | None:
+    """Where a message's e2e time went, on the one consumer's timeline: the pop that carried
+    it was already waiting when the push was answered (``caught``: all of it is that pop), or
+    the consumer was busy and came back later: the rest of earlier pops and acks after the push
+    answer, the client's own gaps between them, then the carrying pop from send to answer.
+    Means in ms over every message and over the slowest 1% (what makes the p99)."""
+    pops = {t1: t0 for kind, t0, t1 in ops if kind == "pop"}
+    timeline = sorted((t0, t1, kind) for kind, t0, t1 in ops)
+    starts = [t0 for t0, _, _ in timeline]
+    rows: list[tuple[float, dict[str, float]]] = []
+    for txn, (_, t_a) in sent.items():
+        t_r = recv.get(txn)
+        if t_r is None or t_r not in pops:
+            continue
+        p0 = pops[t_r]
+        if p0 <= t_a:
+            rows.append((t_r - t_a, {"caught": t_r - t_a}))
+            continue
+        part = {"earlier_pop": 0.0, "ack": 0.0, "client_gap": 0.0, "carrying_pop": t_r - p0}
+        busy = 0.0
+        i = max(0, bisect.bisect_right(starts, t_a) - 1)
+        while i < len(timeline) and timeline[i][0] < p0:
+            o0, o1, kind = timeline[i]
+            span = max(0.0, min(o1, p0) - max(o0, t_a))
+            part["ack" if kind == "ack" else "earlier_pop"] += span
+            busy += span
+            i += 1
+        part["client_gap"] = max(0.0, p0 - t_a - busy)
+        rows.append((t_r - t_a, part))
+    if not rows:
+        return None
+    rows.sort(key=lambda r: r[0])
+
+    def means(sel: list[tuple[float, dict[str, float]]]) -> dict[str, float]:
+        keys = ("caught", "earlier_pop", "ack", "client_gap", "carrying_pop")
+        return {k: round(sum(p.get(k, 0.0) for _, p in sel) / len(sel) * 1e3, 3)
+                for k in keys} | {
+            "caught_share": round(sum("caught" in p for _, p in sel) / len(sel), 3)}
+
+    def op_ms(kind: str) -> dict[str, float | None]:
+        lat = percentiles([t1 - t0 for k, t0, t1 in ops if k == kind], (50, 99))
+        return {k: round(v, 3) if v is not None else None for k, v in lat.items()
+                if k in ("p50", "p99", "max")}
+
+    return {"messages": len(rows), "all_ms": means(rows),
+            "slowest_1pct_ms": means(rows[-max(1, len(rows) // 100):]),
+            "pop_ms": op_ms("pop"), "ack_ms": op_ms("ack")}
+
+
+class PgWaits:
+    """What the arm's database backends were doing during a window, sampled from
+    ``pg_stat_activity`` every ``every_s`` on a connection of its own in a thread (opt-in:
+    ``--e2e-pg-waits``; the sampling costs the client and PostgreSQL a little CPU). Counts by
+    (role, statement, wait event): "cpu" where the backend waits on nothing (running or
+    runnable), else PostgreSQL's wait event, e.g. IO:WALSync (its own WAL flush) or
+    LWLock:WALWrite (queued behind another backend's flush)."""
+
+    _SQL = ("SELECT application_name, wait_event_type, wait_event, query FROM pg_stat_activity "
+            "WHERE datname = %s AND state = 'active' AND pid <> pg_backend_pid()")
+
+    def __init__(self, server_dsn: str, database: str, every_s: float = 0.005) -> None:
+        self.server_dsn, self.database, self.every_s = server_dsn, database, every_s
+        self.counts: Counter[tuple[str, str, str]] = Counter()
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pg-waits", daemon=True)
+
+    def __enter__(self) -> PgWaits:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        with psycopg.connect(self.server_dsn, autocommit=True,
+                             application_name="bench-pg-waits") as conn:
+            while not self._stop.wait(self.every_s):
+                for app, wtype, wevent, query in conn.execute(self._SQL, (self.database,)):
+                    self.counts[(_role(app or ""), _statement(query or ""),
+                                 f"{wtype}:{wevent}" if wtype else "cpu")] += 1
+                self.samples += 1
+
+    def report(self, top: int = 12) -> dict[str, Any]:
+        """Shares of all active-backend samples, largest first."""
+        total = sum(self.counts.values())
+        return {"samples": self.samples, "active_backend_samples": total,
+                "top": [{"role": r, "statement": q, "wait": w, "share": round(n / total, 3)}
+                        for (r, q, w), n in self.counts.most_common(top)] if total else []}
+
+
+def _role(app: str) -> str:
+    """'queen-mp shard 0 acks' -> 'shard acks', 'queen-mp front-1234' -> 'front'."""
+    return re.sub(r"[-\s]*\d+", "", app.removeprefix("queen-mp ")).strip() or "?"
+
+
+def _statement(query: str) -> str:
+    m = re.search(r"queen\.(\w+)", query)
+    return m.group(1) if m else query.split(None, 1)[0].lower() if query else "?"
+
+
 async def consumer_loop(arm: Arm, http: Http, queue: str, batch: int, partitions: int,
                         group: str, st: OpStats, on_batch: Any, poll_s: float,
                         wait_ms: int = 2000) -> None:
@@ -287,6 +394,7 @@ async def consumer_loop(arm: Arm, http: Http, queue: str, batch: int, partitions
         t1 = mono()
         st.pops += 1
         st.pop_lat.append(t1 - t0)
+        st.ops.append(("pop", t0, t1))
         if status == 204:
             st.empty_pops += 1
             if not arm.long_poll:
@@ -307,7 +415,9 @@ async def consumer_loop(arm: Arm, http: Http, queue: str, batch: int, partitions
             except HttpError as ex:
                 st.error("ack_" + str(ex).split(":")[0], str(ex))
                 continue
-            st.ack_lat.append(mono() - t2)
+            t3 = mono()
+            st.ack_lat.append(t3 - t2)
+            st.ops.append(("ack", t2, t3))
             if status == 200:
                 ok = body.count(b'"success":true')
                 st.acked += ok
@@ -562,6 +672,10 @@ class Bench:
             warm_errors = dict(push_errors)
             push_errors.clear()
             probe = self.probe(arm.name)
+            waits = (PgWaits(a.server_dsn, db_name(self.dbs[arm.name]))
+                     if a.e2e_pg_waits else None)
+            if waits is not None:
+                waits.__enter__()
             interval = 1 / a.e2e_rate
             t_start = mono()
             nxt = t_start
@@ -595,6 +709,8 @@ class Bench:
                 await asyncio.wait(inflight)
             window = mono() - t_start
             cpu = probe.stop()
+            if waits is not None:
+                waits.__exit__()
             deadline = mono() + a.e2e_grace
             while mono() < deadline and any(t not in recv for t in sent):
                 await asyncio.sleep(0.02)
@@ -620,6 +736,9 @@ class Bench:
             "warmup_push_errors": warm_errors,
             "cpu_s": cpu,
             "samples_ms": [round(x * 1e3, 3) for x in from_answer],
+            "breakdown": (e2e_breakdown(sent, recv, st.ops) if a.e2e_consumers == 1
+                          else None),
+            "pg_waits": waits.report() if waits is not None else None,
         }
 
     # -------------------------------------------------------------- 2. consume throughput
@@ -1203,6 +1322,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--e2e-partitions", type=int, default=10)
     ap.add_argument("--e2e-batch", type=int, default=10, help="pop batch (10)")
     ap.add_argument("--e2e-consumers", type=int, default=1)
+    ap.add_argument("--e2e-pg-waits", action="store_true",
+                    help="sample pg_stat_activity of the arm's database during each e2e "
+                         "window (wait events by role and statement; costs a little CPU)")
     ap.add_argument("--e2e-grace", type=float, default=3.0,
                     help="wait for stragglers after a window (3 s)")
     ap.add_argument("--poll-ms", type=float, default=10.0,

@@ -1117,7 +1117,8 @@ class Suite(cons.Bench):
                     cell = {"msgs": r["pushed"], "missing": r["missing"],
                             "sent_per_s": r["rate_per_s"],
                             "redelivered": r["redelivered"],
-                            "behind": r["pushes_behind_schedule"]}
+                            "behind": r["pushes_behind_schedule"],
+                            "breakdown": r.get("breakdown"), "pg_waits": r.get("pg_waits")}
                     cell.update(self.take_meter().stop(r["cpu_s"]["client"], r["pushed"]))
                 lat = percentiles([x / 1e3 for x in samples], (50, 90, 99, 99.9))
                 cell.update({"section": "e2e", "variant": f"{a.e2e_rate * a.e2e_items:g}/s",
@@ -1129,6 +1130,15 @@ class Suite(cons.Bench):
                 print(f"  e2e r{rnd} {arm:<9} p50 {lat['p50'] or 0:.1f} ms p99 "
                       f"{lat['p99'] or 0:.1f} ms p99.9 {lat['p99_9'] or 0:.1f} ms, "
                       f"missing {cell['missing']}", flush=True)
+                if cell.get("breakdown"):
+                    b = cell["breakdown"]
+                    print(f"    where it went (ms), all: {b['all_ms']}\n"
+                          f"    slowest 1%: {b['slowest_1pct_ms']}\n"
+                          f"    consumer pop {b['pop_ms']}, ack {b['ack_ms']}", flush=True)
+                if cell.get("pg_waits"):
+                    print("    PostgreSQL, share of active-backend samples: " + ", ".join(
+                        f"{w['role']} {w['statement']} {w['wait']} {w['share']:.0%}"
+                        for w in cell["pg_waits"]["top"][:8]), flush=True)
                 await asyncio.sleep(a.pause)
         self.settle(force=True)
 

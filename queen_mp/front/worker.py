@@ -38,7 +38,7 @@ from queen_mp.ipc.routing import ack_shard
 from queen_mp.ipc.shardlink import ShardLink
 from queen_mp.ipc.slots import SlotTable
 from queen_mp.ipc.wakeboard import WakeBoard, bucket_of
-from queen_mp.ipc.wakeup import WakeListener, Waker
+from queen_mp.ipc.wakeup import WakeListener, Waker, WorkerBells
 from queen_mp.metrics import Metrics, mark_process_dead
 from queen_mp.models.system import ShardState, WorkerState
 from queen_mp.runtime import Runtime
@@ -81,6 +81,7 @@ class FrontWorker:
         self.acker = Acker(self.pool, config.max_decompressed_mb << 20)
         self.waker: Waker | None = None
         self._listener: WakeListener | None = None
+        self._bells: WorkerBells | None = None
         self._flags: FlagsBoard | None = None
         self._drainer: Drainer | None = None
         self.hold: SpoolHold | None = None
@@ -121,13 +122,20 @@ class FrontWorker:
         self.link.on_ring = lot.poke
         self._popper = Popper(self.pool, lot, self.config.max_parked_pops,
                               self.metrics.parked_pops)
+        bells = self._bells = WorkerBells(slots, self.runtime.slot_doorbell, slot)
+
+        def rung() -> None:
+            lot.poke()  # this worker's own parked pops
+            bells.ring()  # and every other worker's
+
         self.waker = Waker(self._wake_board, self.runtime.prefix, self.config.pg_dsn,
-                           notify=self.config.wake_notify)
+                           notify=self.config.wake_notify, rung=rung)
         # NOTE(queen): always started: besides wakes (QUEEN_WAKE_NOTIFY) the listener keeps
         # the maintenance switches fresh on the flags board.
         self._listener = WakeListener(self._wake_board, self.runtime.prefix,
                                       self.config.pg_dsn, wake=self.config.wake_notify,
-                                      flags=self._flags, holder=self.holder)
+                                      flags=self._flags, holder=self.holder,
+                                      bumped=lot.poke)
         self._listener.start()
         if not self._flags.read().known:
             # the instance's first worker: do not serve pushes before the switches are known
@@ -156,6 +164,8 @@ class FrontWorker:
             await self._listener.stop()
         if self.waker is not None:
             await self.waker.close()
+        if self._bells is not None:
+            self._bells.close()
         if self.link is not None:
             await self.link.stop()
         await self.pool.close()

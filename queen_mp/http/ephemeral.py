@@ -139,11 +139,11 @@ class _Resource:
         self.fusion = shared.fusion
 
     def wake(self, tenant: bytes, queue: str) -> None:
-        """Wake pops parked on ``queue``: here at once, elsewhere through the board."""
+        """Wake pops parked on ``queue``: the waker pokes this worker's and rings the other
+        workers' (ipc/wakeup.py ``WorkerBells``); other instances hear it through the board."""
         waker = self.worker.waker
         if waker is not None:
             waker.wake([wake_bucket(tenant, queue)])
-            self.worker.popper.lot.poke()
 
 
 class EphConfigureResource(_Resource):

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import orjson
@@ -33,10 +33,12 @@ from queen_mp.db.connect import Conn, Dedicated, connect
 from queen_mp.db.errors import DatabaseError
 from queen_mp.db.procs import maintenance_flags as fetch_flags
 from queen_mp.db.procs import set_maintenance
+from queen_mp.ipc.doorbell import Doorbell
 from queen_mp.ipc.flags import FlagsBoard, monotonic_ms
+from queen_mp.ipc.slots import SlotTable
 from queen_mp.ipc.wakeboard import WAKE_BUCKETS, WakeBoard
 
-__all__ = ["CHANNEL", "SETTINGS_CHANNEL", "WakeListener", "Waker", "fetch_flags",
+__all__ = ["CHANNEL", "SETTINGS_CHANNEL", "WakeListener", "Waker", "WorkerBells", "fetch_flags",
            "publish_flags", "publish_holds", "set_maintenance"]
 
 log = logging.getLogger("queen_mp.wakeup")
@@ -73,11 +75,47 @@ def publish_holds(board: FlagsBoard, doc: dict[str, Any], holder: str,
     board.publish_peers(bool(others), present, min(others) if others else 0, read_ms)
 
 
-class Waker:
-    """Bumps local buckets now; forwards them to other instances at most once per tick."""
+class WorkerBells:
+    """Rings every front worker that has a parked pop, but the caller's own slot: a wake a
+    front worker sends (an ack settled in SQL, a transaction, a DLQ requeue, an ephemeral push)
+    reaches their parked pops at once, as a shard's commit does (shards/process.py), instead
+    of at their next wake-board tick (up to QUEEN_POP_WAKE_TICK_MS later)."""
 
-    def __init__(self, board: WakeBoard, instance: str, dsn: str, *, notify: bool) -> None:
+    def __init__(self, slots: SlotTable, doorbell_name: Callable[[int], str], own: int) -> None:
+        self.slots = slots
+        self.doorbell_name = doorbell_name
+        self.own = own
+        self._bells: dict[int, Doorbell] = {}
+
+    def ring(self) -> None:
+        slots = self.slots
+        for slot in range(slots.nslots):
+            if slot == self.own or not slots.parked(slot) or not slots.owner(slot):
+                continue
+            bell = self._bells.get(slot)
+            if bell is None:
+                try:
+                    bell = self._bells[slot] = Doorbell.attach(self.doorbell_name(slot))
+                except FileNotFoundError:
+                    continue  # the runtime is going away
+            bell.ring()
+
+    def close(self) -> None:
+        for bell in self._bells.values():
+            bell.close()
+        self._bells.clear()
+
+
+class Waker:
+    """Bumps local buckets now; forwards them to other instances at most once per tick.
+
+    ``rung`` (front workers) is called after each bump: the worker's own parked pops look at
+    the board and the other workers' are rung, rather than at their next tick."""
+
+    def __init__(self, board: WakeBoard, instance: str, dsn: str, *, notify: bool,
+                 rung: Callable[[], None] | None = None) -> None:
         self.board = board
+        self.rung = rung
         self.instance = instance
         self.dsn = dsn
         self.notify = notify
@@ -93,6 +131,8 @@ class Waker:
         if not buckets:
             return
         self.board.bump(buckets)
+        if self.rung is not None:
+            self.rung()
         if self.notify:
             if self._task is None or self._task.done():
                 loop = asyncio.get_running_loop()
@@ -151,11 +191,16 @@ class Waker:
 
 class WakeListener:
     """LISTENs for other instances' wakes and replays them onto the local board; keeps the
-    flags board fresh (``queen_settings`` notifications, re-read on connect and ~1 s)."""
+    flags board fresh (``queen_settings`` notifications, re-read on connect and ~1 s).
+
+    ``bumped`` is called after each replay: every front worker listens, so each one pokes
+    its own parked pops then, not at their next tick."""
 
     def __init__(self, board: WakeBoard | None, instance: str, dsn: str, *,
-                 wake: bool = True, flags: FlagsBoard | None = None, holder: str = "") -> None:
+                 wake: bool = True, flags: FlagsBoard | None = None, holder: str = "",
+                 bumped: Callable[[], None] | None = None) -> None:
         self.board = board
+        self.bumped = bumped
         self.instance = instance
         self.holder = holder  # this instance's key in queen.spool_holds
         self.dsn = dsn
@@ -183,6 +228,8 @@ class WakeListener:
                             # a restart of PostgreSQL) are lost: every parked pop of this
                             # instance looks once more.
                             self.board.bump(list(range(WAKE_BUCKETS)))
+                            if self.bumped is not None:
+                                self.bumped()
                     connected_before = True
                     if self.flags is None:
                         async for note in conn.notifies():
@@ -241,6 +288,8 @@ class WakeListener:
             return
         buckets = {int(b) for b in rest.split(",") if b.isdigit() and int(b) < WAKE_BUCKETS}
         self.board.bump(buckets)
+        if buckets and self.bumped is not None:
+            self.bumped()
 
     async def stop(self) -> None:
         if self._task is not None:
