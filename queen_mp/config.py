@@ -219,10 +219,9 @@ SETTINGS: tuple[Setting, ...] = (
     _s("QUEEN_ACK_REGISTRY_MB", int, 64, "Memory bound of the ack registry per shard.",
        minimum=1, maximum=65536),
     # --- pop path
-    _s("QUEEN_POP_WAKE_TICK_MS", int, 50,
-       "Backstop tick at which a front worker with parked pops looks at the shared wake board "
-       "(every wake of the instance, and a replayed NOTIFY, rings it at once).",
-       minimum=1, maximum=1000),
+    _s("QUEEN_POP_WAKE_TICK_MS", int, 5,
+       "Tick at which a front worker with parked pops looks at the shared wake board; "
+       "wake-ups of one queue within a tick coalesce.", minimum=1, maximum=1000),
     _s("QUEEN_WAKE_NOTIFY", bool, True,
        "Send wake-ups to other broker instances over PostgreSQL LISTEN/NOTIFY (batched)."),
     _s("QUEEN_MAX_PARKED_POPS", int, 10000,

@@ -143,8 +143,7 @@ class ParkingLot:
 
     def poke(self) -> None:
         """Look at the board now, not at the next tick: a shard rings every front worker
-        after a commit that bumped it, a front worker after a wake it sent, and the worker's
-        listener after it replayed another instance's (the tick is the backstop)."""
+        after a commit that bumped it (the tick stays for other instances' wakes)."""
         if not self._parked:
             return
         snap = self.board.snapshot()
