@@ -137,7 +137,7 @@ class PushPath:
                 v = unpack_record(record)
                 assert isinstance(v, PushVerdict)
                 idx = list(groups.values())[v.group_index]
-                for i, iv in zip(idx, v.items, strict=True):
+                for i, iv in zip(idx, v.each(), strict=True):
                     results[i] = ItemResult("queued", items[i].message_id, v.partition_id,
                                             iv.offset, v.created_at_us)
         return render_items(items, results)  # type: ignore[arg-type]
