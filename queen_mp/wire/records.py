@@ -418,13 +418,13 @@ class PushVerdict(msgspec.Struct, frozen=True, gc=False):
         offsets.frombytes(view[offsets_at:ids_at])
         if _BIG_ENDIAN_HOST:
             offsets.byteswap()
-        if not dup_count and n > 1 and _consecutive(offsets, n):
-            # PERF(wire): the shard's common verdict (every frame queued, one run) stays a
-            # run: no ItemVerdict per frame for the front worker to build and then read
-            # back into a run (a 100-item group: 243k instructions, now about 10k)
-            return cls(generation, slot, request_id, group_index, status, partition_id,
-                       created_at_us, error, (), (offsets[0], n))
         if not dup_count:
+            if n > 1 and _consecutive(offsets, n):
+                # PERF(wire): the shard's common verdict (every frame queued, one run) stays
+                # a run: no ItemVerdict per frame for the front worker to build and then read
+                # back into a run (a 100-item group: 243k instructions, now about 10k)
+                return cls(generation, slot, request_id, group_index, status, partition_id,
+                           created_at_us, error, (), (offsets[0], n))
             # PERF(wire): the common all-queued verdict needs no per-item branch.
             items = tuple(map(_TUPLE_NEW, repeat(ItemVerdict),
                               zip(statuses, offsets, repeat(b""))))
