@@ -59,7 +59,8 @@ from queen_mp.db.pop_procs import Claim
 from queen_mp.front.acks import COMMITTED
 from queen_mp.front.delivery import json_messages
 from queen_mp.front.ephemeral import render_messages
-from queen_mp.front.ingest import Ingest, ItemResult, pieces_of
+from queen_mp.front.ingest import Ingest, ItemResult, group_items, pieces_of
+from queen_mp.front.ingest import _queued_run as queued_run
 from queen_mp.front.worker import FrontWorker
 from queen_mp.http.ack import AckBatchResource
 from queen_mp.http.ack import _render as render_acks
@@ -72,14 +73,14 @@ from queen_mp.models.ephemeral import parse_ack
 from queen_mp.shards.fusion import Entry, build_segment
 from queen_mp.wire.binary_push import QPB1_MAGIC
 from queen_mp.wire.frames import pack_chunk_raw, pack_frame, zstd_compress
-from queen_mp.wire.hashing import txn_hash, txn_hashes
+from queen_mp.wire.hashing import hash_blob, txn_hashes
 from queen_mp.wire.ids import uuid7, uuid7_many
 from queen_mp.wire.records import (
     AckRequest,
-    PushGroup,
     PushVerdict,
     RecordBatch,
     hash_set,
+    pack_push_group,
     pack_queued_run,
     unpack_record,
 )
@@ -104,7 +105,9 @@ def push_body(items: int, partitions: int) -> bytes:
 
 
 class PushPath:
-    """What one push costs the front worker and the shard, minus sockets and PostgreSQL."""
+    """What one push costs the front worker and the shard, minus sockets and PostgreSQL: the
+    front worker's steps are ``Ingest.push``'s (group, hash, pack; verdicts to runs), the
+    shard's ``PushFusion``'s fast path (one segment per group, each answered with its run)."""
 
     def __init__(self, items: int, partitions: int, ring: Ring) -> None:
         self.body = push_body(items, partitions)
@@ -113,15 +116,12 @@ class PushPath:
 
     def __call__(self) -> bytes:
         items = parse_json_push(self.body)
-        groups: dict[tuple[str, str], list[int]] = {}
-        for i, it in enumerate(items):
-            groups.setdefault((it.queue, it.partition), []).append(i)
+        groups, _ = group_items(items)
         self.request_id += 1
-        records = [PushGroup(
-            generation=1, slot=0, request_id=self.request_id, group_index=gi, tenant=TENANT,
-            queue=q, partition=p, hashes=b"".join(txn_hash(items[i].transaction_id)
-                                                  for i in idx),
-            count=len(idx), pieces=pieces_of(items, idx, ()), deadline_ms=0).pack()
+        records = [pack_push_group(
+            1, 0, self.request_id, gi, TENANT, q, p,
+            hash_blob(map(str.encode, (items[i].transaction_id for i in idx))), len(idx),
+            pieces_of(items, idx, ()), 0)
             for gi, ((q, p), idx) in enumerate(groups.items())]
         self.ring.try_write(RecordBatch(tuple(records)).pack())
         # the shard: one ring record, a segment per partition, a verdict per group
@@ -131,21 +131,27 @@ class PushPath:
                 group = unpack_record(record)
                 entry = Entry(0, group)
                 build_segment((group.tenant, group.queue, group.partition), [entry])
-                entry.partition_id, entry.created_us = 7, 1_764_000_000_000_000
-                entry.run_first, entry.remaining = 100, 0  # as PushFusion._committed
-                verdicts.append(entry.verdict().pack())
+                verdicts.append(pack_queued_run(group.generation, group.slot, group.request_id,
+                                                group.group_index, 7, 1_764_000_000_000_000,
+                                                100, group.count))
         self.ring.try_write(RecordBatch(tuple(verdicts)).pack())
-        # the front worker again: verdicts to results, results to the answer
+        # the front worker again: verdicts to runs (or results), results to the answer
         results: list[ItemResult | None] = [None] * len(items)
+        members = list(groups.values())
+        runs = []
         for raw in self.ring.read_many(64):
             for record in unpack_record(raw).records:
                 v = unpack_record(record)
                 assert isinstance(v, PushVerdict)
-                idx = list(groups.values())[v.group_index]
-                for i, iv in zip(idx, v.items, strict=True):
+                idx = members[v.group_index]
+                run = queued_run(idx, v)
+                if run is not None:
+                    runs.append(run)
+                    continue
+                for i, iv in zip(idx, v.items or v.each(), strict=True):
                     results[i] = ItemResult("queued", items[i].message_id, v.partition_id,
                                             iv.offset, v.created_at_us)
-        return render_items(items, results)  # type: ignore[arg-type]
+        return render_items(items, results, runs)
 
 
 class _AnsweringLink:

@@ -178,7 +178,7 @@ class Ingest:
                 if run is not None:
                     runs.append(run)
                     continue
-                for i, v in zip(idx, outcome.items, strict=True):
+                for i, v in zip(idx, outcome.items or outcome.each(), strict=True):
                     queued = v.status == 0
                     results[i] = ItemResult(
                         QUEUED if queued else DUPLICATE,
@@ -280,8 +280,15 @@ def group_items(items: Sequence[PushItem]
 def _queued_run(idx: list[int], verdict: PushVerdict) -> QueuedRun | None:
     """The verdict of the group ``idx`` as one run, when it queued every item at consecutive
     offsets (the shard's common answer); None otherwise."""
+    if len(idx) < 2:  # one item: its result costs no more
+        return None
+    if verdict.queued_run is not None:
+        first, count = verdict.queued_run
+        if count != len(idx) or first < 0:
+            return None
+        return QueuedRun(idx, verdict.partition_id, verdict.created_at_us, first)
     its = verdict.items
-    if len(its) != len(idx) or len(its) < 2:  # one item: its result costs no more
+    if len(its) != len(idx):
         return None
     first = its[0].offset
     if first < 0 or any(map(_STATUS, its)) \

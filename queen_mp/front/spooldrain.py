@@ -575,7 +575,7 @@ class Drainer:
 
     def _settle(self, batch: list[_Entry], idx: list[int], outcome: object) -> None:
         if isinstance(outcome, PushVerdict) and outcome.status == 0:
-            for n, v in zip(idx, outcome.items, strict=True):
+            for n, v in zip(idx, outcome.each(), strict=True):
                 batch[n].verdict = _Verdict.DONE
                 if v.status == 0:
                     self.counters.queued += 1

@@ -124,7 +124,24 @@ def uuid7_many(n: int) -> list[bytes]:
                 value = nxt if nxt & _RAND_B_MASK else _after(value)
             _last = values[-1]
         _last_ms = _last >> 80
+    if n >= _UUID_BULK and isinstance(values, range):
+        return _consecutive_ids(first, n)
     return [value.to_bytes(16, "big") for value in values]
+
+
+_U64 = (1 << 64) - 1
+
+
+def _consecutive_ids(first: int, n: int) -> list[bytes]:
+    """The ids ``first`` .. ``first + n - 1`` (no carry out of their low 64 bits).
+
+    PERF(wire): numpy writes the two big-endian halves of every id and cuts them into bytes:
+    ``int.to_bytes`` was 1.5k instructions an id (a 100-item push: 155k), this about 0.2k."""
+    np = _numpy_text()[0]
+    out = np.empty(n, _id_halves())
+    out["hi"] = first >> 64
+    out["lo"] = np.arange(first & _U64, (first & _U64) + n, dtype=np.uint64)
+    return out.view("V16").tolist()  # type: ignore[no-any-return]
 
 
 def is_uuid7(raw: bytes | bytearray | memoryview) -> bool:
@@ -168,6 +185,12 @@ def _numpy_text() -> tuple[Any, Any]:
     import numpy
 
     return numpy, numpy.array([c for c in range(36) if c not in (8, 13, 18, 23)])
+
+
+@functools.cache
+def _id_halves() -> Any:
+    """numpy's dtype of an id as its two big-endian u64 halves."""
+    return _numpy_text()[0].dtype([("hi", ">u8"), ("lo", ">u8")])
 
 
 def uuid_texts(ids: bytes) -> list[bytes]:

@@ -196,3 +196,15 @@ def test_uuid_texts_are_uuid_text_encoded(count: int) -> None:
     ids = [os.urandom(16) for _ in range(count)] + [bytes(16), b"\xff" * 16]
     assert uuid_texts(b"".join(ids)) == [uuid_text(i).encode() for i in ids]
     assert uuid_texts(b"".join(ids)) == [str(uuid.UUID(bytes=i)).encode() for i in ids]
+
+
+@pytest.mark.parametrize("rand_b", [0, 12345, (1 << 62) - 100])
+def test_a_bulk_block_is_the_consecutive_ids(monkeypatch: pytest.MonkeyPatch,
+                                             rand_b: int) -> None:
+    # from _UUID_BULK ids numpy writes the block: each id the 16 big-endian bytes of its int
+    _counter_near(monkeypatch, (0xABC << 62) | rand_b)
+    minted = uuid7_many(100)
+    values = [int.from_bytes(raw, "big") for raw in minted]
+    assert values == list(range(values[0], values[0] + 100))
+    assert all(type(raw) is bytes and _marks_ok(raw) for raw in minted)
+    assert values[0] & ((1 << 62) - 1) == rand_b

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from array import array
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -122,8 +123,16 @@ def test_push_group_round_trips(group: PushGroup) -> None:
 def test_push_verdict_round_trips(verdict: PushVerdict) -> None:
     packed = verdict.pack()
     assert peek_kind(packed) == KIND_PUSH_VERDICT
-    assert PushVerdict.unpack(packed) == verdict
-    assert unpack_record(memoryview(packed)) == verdict
+    for unpacked in (PushVerdict.unpack(packed), unpack_record(memoryview(packed))):
+        assert isinstance(unpacked, PushVerdict)
+        assert unpacked.each() == verdict.each() and unpacked.pack() == packed
+        # a verdict of 2+ frames all queued at consecutive offsets comes back as a run
+        run = len(verdict.items) > 1 and all(
+            v.status == ITEM_QUEUED and v.offset == verdict.items[0].offset + j
+            for j, v in enumerate(verdict.items))
+        assert unpacked == (msgspec.structs.replace(
+            verdict, items=(), queued_run=(verdict.items[0].offset, len(verdict.items)))
+            if run else verdict)
 
 
 def _group() -> PushGroup:
@@ -324,6 +333,12 @@ def test_a_thousand_items_pack_and_unpack() -> None:
     packed = verdict.pack()
     assert len(packed) == 48 + 1000 * 9 + 10 * 16
     assert PushVerdict.unpack(packed) == verdict
+    queued = PushVerdict(1, 2, 3, 4, VERDICT_OK, 17, 5, "", items[:990])
+    assert PushVerdict.unpack(queued.pack()).queued_run == (base, 990)
+    for n in (5, 990):  # the ends of a run, two frames between them swapped: no run
+        swapped = (*items[:2], items[3], items[2], *items[4:n])
+        assert PushVerdict.unpack(PushVerdict(1, 2, 3, 4, VERDICT_OK, 17, 5, "", swapped)
+                                  .pack()).items == swapped
     offsets = array("q")
     offsets.frombytes(packed[48 + 1000 : 48 + 9000])
     assert offsets[0] == base and offsets[-1] == 9
@@ -336,7 +351,8 @@ def test_a_queued_run_packs_as_its_items_would(first: int, count: int) -> None:
     head = {**_fields(_verdict()), "items": ()}
     run = PushVerdict(**{**head, "queued_run": (first, count)})
     assert run.pack() == PushVerdict(**{**head, "items": items}).pack()
-    assert PushVerdict.unpack(run.pack()).items == items
+    assert PushVerdict.unpack(run.pack()).each() == items
+    assert PushVerdict.unpack(run.pack()).queued_run == ((first, count) if count > 1 else None)
 
 
 def test_a_queued_run_refuses_items_and_overflow() -> None:
