@@ -59,11 +59,9 @@ from queen_mp.db.pop_procs import Claim
 from queen_mp.front.acks import COMMITTED
 from queen_mp.front.delivery import json_messages
 from queen_mp.front.ephemeral import render_messages
-from queen_mp.front.ingest import Ingest, ItemResult, group_items, pieces_of
-from queen_mp.front.ingest import _queued_run as queued_run
+from queen_mp.front.ingest import Ingest, ItemResult, group_items, pieces_of, queued_run
 from queen_mp.front.worker import FrontWorker
-from queen_mp.http.ack import AckBatchResource
-from queen_mp.http.ack import _render as render_acks
+from queen_mp.http.ack import AckBatchResource, render_acks
 from queen_mp.http.answer import Answer
 from queen_mp.http.ephemeral import ack_results
 from queen_mp.http.push import PushResource, parse_binary, parse_json_push, render_items

@@ -214,12 +214,9 @@ class Acker:
             message.payload, signal.error, created)
 
 
-def _txn_hashes(g: _Group) -> list[bytes]:
-    return txn_hashes([o.item.transaction_id for o in g.outcomes])
-
-
 def _hashes_statuses(g: _Group) -> tuple[list[bytes], list[str]]:
-    return _txn_hashes(g), [o.item.status for o in g.outcomes]
+    outs = g.outcomes
+    return txn_hashes([o.item.transaction_id for o in outs]), [o.item.status for o in outs]
 
 
 def _settle(g: _Group, res: GroupAck) -> GroupAck:

@@ -43,6 +43,7 @@ __all__ = [
     "QueuedRun",
     "group_items",
     "pieces_of",
+    "queued_run",
 ]
 
 log = logging.getLogger("queen_mp.ingest")
@@ -78,6 +79,12 @@ class QueuedRun(msgspec.Struct, frozen=True, gc=False):
     partition_id: int
     created_us: int
     first: int
+
+    def expand(self, items: Sequence[PushItem], results: list[ItemResult | None]) -> None:
+        """Write each of the run's items its own result (where one is needed after all)."""
+        pid, first, created = self.partition_id, self.first, self.created_us
+        for k, i in enumerate(self.idx):
+            results[i] = ItemResult(QUEUED, items[i].message_id, pid, first + k, created)
 
 
 class PushResults(msgspec.Struct, frozen=True, gc=False):
@@ -174,7 +181,7 @@ class Ingest:
             if isinstance(outcome, TimeoutError):
                 raise outcome
             if isinstance(outcome, PushVerdict) and outcome.status == 0:
-                run = _queued_run(idx, outcome)
+                run = queued_run(idx, outcome)
                 if run is not None:
                     runs.append(run)
                     continue
@@ -196,9 +203,7 @@ class Ingest:
         if leader_of is not None and runs:
             # a follower copies its leader's result: a run's leaders get theirs
             for run in runs:
-                for k, i in enumerate(run.idx):
-                    results[i] = ItemResult(QUEUED, items[i].message_id, run.partition_id,
-                                            run.first + k, run.created_us)
+                run.expand(items, results)
             runs = []
         return PushResults(_fill_followers(items, results, leader_of), tuple(runs))
 
@@ -277,7 +282,7 @@ def group_items(items: Sequence[PushItem]
     return groups, leader_of if followers else None
 
 
-def _queued_run(idx: list[int], verdict: PushVerdict) -> QueuedRun | None:
+def queued_run(idx: list[int], verdict: PushVerdict) -> QueuedRun | None:
     """The verdict of the group ``idx`` as one run, when it queued every item at consecutive
     offsets (the shard's common answer); None otherwise."""
     if len(idx) < 2:  # one item: its result costs no more

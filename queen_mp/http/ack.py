@@ -29,7 +29,7 @@ from queen_mp.http.errors import (
 )
 from queen_mp.models.items import decode_ack_batch, parse_ack_item
 
-__all__ = ["MAX_BODY", "AckBatchResource", "AckResource"]
+__all__ = ["MAX_BODY", "AckBatchResource", "AckResource", "render_acks"]
 
 MAX_ACKS = 100_000
 MAX_BODY = 64 << 20
@@ -57,7 +57,7 @@ def _tail(pid: int, verdict: Verdict) -> bytes:
         _JSON_BOOL[noop])
 
 
-def _render(batch: AckBatch, verdicts: list[Verdict]) -> bytes | None:
+def render_acks(batch: AckBatch, verdicts: list[Verdict]) -> bytes | None:
     """The 200 body, byte for byte ``orjson.dumps`` of each item's ``_item_json``; None when
     some item failed with a commit error (the caller answers 503 with the results).
 
@@ -117,7 +117,7 @@ class _AckBase:
         except DatabaseError as ex:
             raise api_error(ex) from None
         self.worker.after_acks(tenant, results)
-        body = _render(batch, verdicts)
+        body = render_acks(batch, verdicts)
         if body is not None:
             return Answer(200, body)
         body_items = [_item_json(batch, i, v) for i, v in enumerate(verdicts)]

@@ -206,9 +206,7 @@ def render_items(items: Sequence[PushItem], results: list[ItemResult | None],
                 for i, row in zip(run.idx, rows, strict=True):
                     parts[i] = row
                 continue
-            for k, i in enumerate(run.idx):
-                results[i] = ItemResult(QUEUED, items[i].message_id, run.partition_id,
-                                        run.first + k, run.created_us)
+            run.expand(items, results)
     else:
         parts = [None] * len(items)
     templates: dict[Shared, bytes | None] = {}

@@ -1,4 +1,4 @@
-"""The ack answer's body (``queen_mp.http.ack._render``) is byte for byte what orjson makes of
+"""The ack answer's body (``queen_mp.http.ack.render_acks``) is byte for byte what orjson makes of
 each item's ``_item_json``, whatever the transactionIds hold; a verdict with a commit error
 leaves the answer to the 503 path."""
 
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from queen_mp.db.ack_procs import AckBatch, AckItem
 from queen_mp.front.acks import Verdict
-from queen_mp.http.ack import _item_json, _render
+from queen_mp.http.ack import _item_json, render_acks
 
 LEASE = uuid.UUID(int=42)
 # quotes, backslashes, the `","` the renderer splits at, controls, non-ASCII
@@ -40,7 +40,7 @@ def _dicts(rows: Rows) -> bytes:
 
 
 def _body(rows: Rows) -> bytes | None:
-    return _render(*_batch(rows))
+    return render_acks(*_batch(rows))
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
