@@ -6,6 +6,9 @@
 --       (NULL time = the log start): first starts, seeks and subscriptions share it.
 --   queen.log_pending_at_v1(int8, int8) -> timestamptz
 --       created_at of the segment holding an offset (the ready index's and the claim's time).
+--   queen.log_ready_at_v1(int8, int8, int8, timestamptz) -> timestamptz
+--       the ready index's flag of a cursor at a committed offset; every writer that moves a
+--       cursor sets it (the protocol that keeps it true is written at the function).
 --   queen.pop_scope_ids_v1(uuid, text, text, text) -> int8[]: the queues a pop may claim.
 --   queen.pop_scope_v4(int8[], text) -> table: those queues' options and the group's start.
 --   queen.log_pop_v1(uuid, text, text, text, text, text, int4, int4, boolean, text,
@@ -24,12 +27,13 @@
 --                               (group_start_v1, groups.sql), nothing otherwise
 --   queen.log_consumers         INSERT the cursor rows of a first start (group_start_v1);
 --                               read by the ready index; SELECT ... FOR UPDATE SKIP LOCKED;
---                               UPDATE lease / cursor columns (ready_at kept by trigger)
+--                               UPDATE lease / cursor columns, and ready_at where the cursor
+--                               moves (log_ready_at_v1)
 --   queen.log_segments          read (covering segments of each claim; delay cut-off)
 --
 -- Lock order (design.md invariant 4): no log_partitions row lock, except the FOR SHARE ...
---   SKIP LOCKED that the log_consumers trigger takes (never waits) when an autoAck claim or
---   a settled flag finds the cursor caught up. A first start locks its queue rows, then
+--   SKIP LOCKED that log_ready_at_v1 takes (never waits) when an autoAck claim or a settled
+--   flag finds the cursor caught up. A first start locks its queue rows, then
 --   inserts the cursor rows in ascending partition id order (a speculative insertion may wait
 --   for another transaction inserting the same key; the ascending order keeps those waits
 --   acyclic). Existing cursor rows are then locked with SKIP LOCKED, which never waits, so a
@@ -89,7 +93,7 @@ $$;
 -- log_pending_at_v1: created_at of the segment holding p_offset (NULL if none is stored), one
 -- backward probe of the primary key. plpgsql, so the probe's plan is cached per session (an
 -- SQL function with a subquery is not inlined, and was planned anew at every call: 30 us a
--- row). The ready trigger and the pop's next-message time share it; set-based statements
+-- row). log_ready_at_v1 and the pop's next-message time share it; set-based statements
 -- (group_start_v1, the repair) write the same probe as a LATERAL subquery.
 -- ---------------------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION queen.log_pending_at_v1(p_partition_id int8, p_offset int8)
@@ -100,6 +104,79 @@ BEGIN
     RETURN (SELECT s.created_at FROM queen.log_segments s
             WHERE s.partition_id = p_partition_id AND s.base_offset <= p_offset
             ORDER BY s.base_offset DESC LIMIT 1);
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- log_ready_at_v1: the ready_at a cursor of partition p_pid must carry once its committed_offset
+-- is p_committed (schema/002_ready_index.sql): the created_at of its oldest pending message,
+-- NULL when it has consumed everything. Every writer that moves committed_offset (or clears
+-- the flag) sets ready_at to this in the same UPDATE, after it locked the cursor row: pop.sql
+-- (autoAck claim, settle), ack.sql (every ack procedure, the lease-less first touch),
+-- groups.sql (subscription, seek, start), admin.sql (purge). next_offset/next_created_at are
+-- the cursor's claim record (below): when the claim that recorded them is what was consumed,
+-- the answer is that time without a partition read; pass NULLs to have it looked up.
+--
+-- The protocol that makes NULL safe (the pop would never find a NULL cursor with data):
+--   1. NULL is returned only while this transaction holds the partition row FOR SHARE (taken
+--      with SKIP LOCKED: never waits), having read last_offset from the row it locked (READ
+--      COMMITTED locks and returns the newest committed version).
+--   2. An allocator holds the partition row FOR UPDATE / FOR NO KEY UPDATE (both conflict
+--      with FOR SHARE) from before it writes offsets until it commits, and then, in a
+--      statement whose snapshot was taken after it got the lock, sets ready_at on every
+--      cursor of the partition that is NULL and behind the new last_offset (push.sql: the
+--      allocator UPDATE's own statement in log_push_multi_v2, which locked the rows in an
+--      earlier one; the statement after the UPDATE in log_push_one_v1). The allocators are
+--      the only writers of last_offset.
+--   So a NULL committed before the allocator took the row is seen by its later statement and
+--   set; a NULL cannot be committed while the allocator holds the row (1 skips, and answers a
+--   time instead); a cursor writer the allocator's UPDATE finds holding a NULL row is waited
+--   for and re-checked. A time while nothing is pending is allowed (a pop that finds so
+--   settles it through here). A missing partition (being deleted) answers a time too.
+-- The claim record: next_created_at is the created_at of the segment holding next_offset
+--   (a stored segment never changes, an offset is never reused), so next_offset =
+--   p_committed + 1 with a time means that message was pending; if retention removed it
+--   since, the time is older than the real head (never younger: the pop's maxWait test
+--   relies on that) and non-NULL, which is safe.
+-- Lock order: the allocators wait for consumer rows while holding partition rows (the global
+--   order); this holds a consumer row and never waits for a partition.
+-- Why not a trigger (issue 26, cons8): log_consumers_ready, a BEFORE row trigger, did this
+--   for every writer; its plpgsql call and partition read cost ~89k instructions an ack
+--   (bench/popsql.py), where the claim record answers from the locked row.
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION queen.log_ready_at_v1(p_pid int8, p_committed int8,
+                                                 p_next_offset int8, p_next_at timestamptz)
+RETURNS timestamptz
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_last int8;
+    v_from int8;
+    v_off  int8;
+BEGIN
+    IF p_next_at IS NOT NULL AND p_next_offset = p_committed + 1 THEN
+        RETURN p_next_at;
+    END IF;
+    SELECT lp.last_offset, lp.log_start_offset INTO v_last, v_from
+    FROM queen.log_partitions lp WHERE lp.id = p_pid;
+    IF NOT FOUND THEN
+        RETURN clock_timestamp();
+    END IF;
+    v_off := GREATEST(p_committed + 1, v_from);
+    IF v_off > v_last THEN
+        -- Caught up as far as this snapshot sees: NULL only under the partition's FOR SHARE.
+        SELECT lp.last_offset, lp.log_start_offset INTO v_last, v_from
+        FROM queen.log_partitions lp WHERE lp.id = p_pid
+        FOR SHARE SKIP LOCKED;
+        IF NOT FOUND THEN
+            RETURN clock_timestamp();  -- an allocator holds it: data may be arriving
+        END IF;
+        v_off := GREATEST(p_committed + 1, v_from);
+        IF v_off > v_last THEN
+            RETURN NULL;
+        END IF;
+    END IF;
+    RETURN COALESCE(queen.log_pending_at_v1(p_pid, v_off), clock_timestamp());
 END
 $$;
 
@@ -264,7 +341,7 @@ $$;
 -- (group_start_v1, and the log_partitions insert trigger for partitions created later), so
 -- the pop no longer creates them as it finds data. The wake-up time of an answer with no
 -- claim comes from the same walk (it visits every ready cursor when it claims nothing).
--- A listed cursor found caught up is settled (ready_at := NULL, which the trigger verifies).
+-- A listed cursor found caught up is settled (ready_at := NULL through log_ready_at_v1).
 
 -- Revision (issue 26, bench/popsql.py): a queue pop reads its one queue's scope row once.
 --
@@ -525,9 +602,10 @@ BEGIN
         v_start := GREATEST(v_cur.committed_offset + 1, v_part.log_start_offset);
         IF v_start > v_part.last_offset THEN
             -- Listed but caught up (its flag was set while a push held the partition, or
-            -- retention removed what it had): the trigger clears the flag unless a push
-            -- holds the partition right now.
-            UPDATE queen.log_consumers c SET ready_at = NULL
+            -- retention removed what it had): the flag is cleared unless a push holds the
+            -- partition right now (no claim record: it may be what retention removed).
+            UPDATE queen.log_consumers c
+            SET ready_at = queen.log_ready_at_v1(v_cand.pid, v_cur.committed_offset, NULL, NULL)
             WHERE c.partition_id = v_cand.pid AND c.consumer_group = p_group;
             CONTINUE;
         END IF;
@@ -576,7 +654,8 @@ BEGIN
                 total_consumed = c.total_consumed + (v_end - v_cur.committed_offset),
                 last_consumed_at = v_now, last_popped_at = v_now,
                 attempt_count = 0, batch_retry_count = 0,
-                next_offset = v_end + 1, next_created_at = v_next_at
+                next_offset = v_end + 1, next_created_at = v_next_at,
+                ready_at = queen.log_ready_at_v1(v_cand.pid, v_end, v_end + 1, v_next_at)
             WHERE c.partition_id = v_cand.pid AND c.consumer_group = p_group;
         ELSE
             v_expires := v_now + make_interval(secs => v_cand.lease_time);
