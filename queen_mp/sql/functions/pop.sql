@@ -701,31 +701,34 @@ BEGIN
         RETURN;
     END IF;
 
-    -- The claims' partitions and queue by primary key (a join with the scope would read
-    -- every partition of the queue).
-    IF v_claimed = 1 THEN
-        -- PERF(pop): one claim (every pop of partitions=1) needs no unnest and no sort by
-        -- claim: its segments come in primary key order (bench/popsql.py).
+    IF v_claimed = 1 AND v_cand.pid = v_pids[1] THEN
+        -- PERF(pop): one claim that was the walk's last candidate (every pop of partitions=1
+        -- that claims): the queue's and the partition's names and the encryption flag are the
+        -- ones read with it (v_cand, v_part: no later candidate replaced them), so its
+        -- segments are the statement, in primary key order: no join, no sort
+        -- (bench/popsql.py).
         RETURN QUERY
-        SELECT q.name::text, lp.id, lp.name::text, v_starts[1], v_ends[1], v_attempts[1],
-               v_expiries[1], q.encryption_enabled,
-               seg.base_offset, seg.created_at, seg.payload, NULL::int8
-        FROM queen.log_partitions lp
-        JOIN queen.queues q ON q.id = lp.queue_id
-        LEFT JOIN LATERAL (
-            SELECT s.base_offset, s.created_at, s.payload
-            FROM queen.log_segments s
-            WHERE s.partition_id = lp.id
-              AND s.base_offset <= v_ends[1]
-              AND s.base_offset >= COALESCE(
-                    (SELECT max(s2.base_offset) FROM queen.log_segments s2
-                     WHERE s2.partition_id = lp.id AND s2.base_offset <= v_starts[1]),
-                    v_starts[1])
-        ) seg ON true
-        WHERE lp.id = v_pids[1]
-        ORDER BY seg.base_offset;
+        SELECT v_cand.qname::text, v_pids[1], v_part.name::text, v_starts[1], v_ends[1],
+               v_attempts[1], v_expiries[1], v_cand.encrypted,
+               s.base_offset, s.created_at, s.payload, NULL::int8
+        FROM queen.log_segments s
+        WHERE s.partition_id = v_pids[1]
+          AND s.base_offset <= v_ends[1]
+          AND s.base_offset >= COALESCE(
+                (SELECT max(s2.base_offset) FROM queen.log_segments s2
+                 WHERE s2.partition_id = v_pids[1] AND s2.base_offset <= v_starts[1]),
+                v_starts[1])
+        ORDER BY s.base_offset;
+        IF NOT FOUND THEN  -- retained away: the claim's one row without segment columns
+            RETURN QUERY
+            SELECT v_cand.qname::text, v_pids[1], v_part.name::text, v_starts[1], v_ends[1],
+                   v_attempts[1], v_expiries[1], v_cand.encrypted, NULL::int8,
+                   NULL::timestamptz, NULL::bytea, NULL::int8;
+        END IF;
         RETURN;
     END IF;
+    -- The claims' partitions and queue by primary key (a join with the scope would read
+    -- every partition of the queue).
     RETURN QUERY
     SELECT q.name::text, cl.pid, lp.name::text, cl.s, cl.e, cl.a, cl.x, q.encryption_enabled,
            seg.base_offset, seg.created_at, seg.payload, NULL::int8
