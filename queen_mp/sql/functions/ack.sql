@@ -765,13 +765,15 @@ BEGIN
         -- queue_id (the partition's queue, never changes: schema/002_ready_index.sql), not
         -- through the partition row; the failure path pays a second probe. A row an older
         -- build left without queue_id (the families' repair fills it) answers lease_invalid
-        -- here, and the broker takes the authoritative path for it.
+        -- here, and the broker takes the authoritative path for it. The tenant is a
+        -- subquery, a primary key probe: as a join, the generic plan read the queues of the
+        -- tenant (a bitmap scan of its index) and filtered them by id.
         SELECT c.ctid, c.committed_offset, c.lease_id, c.lease_expires_at, c.batch_end,
                c.batch_start
         INTO v_ctid, v_old, v_lease, v_expires, v_batch_end, v_batch_start
         FROM queen.log_consumers c
-        JOIN queen.queues q ON q.id = c.queue_id
-        WHERE c.partition_id = v_pid AND c.consumer_group = v_grp AND q.tenant = p_tenant
+        WHERE c.partition_id = v_pid AND c.consumer_group = v_grp
+          AND (SELECT q.tenant FROM queen.queues q WHERE q.id = c.queue_id) = p_tenant
         FOR UPDATE OF c;
 
         IF NOT FOUND THEN
