@@ -219,7 +219,9 @@ $$;
 -- start on each (sub_mode NULL = not recorded yet; started: its cursor rows exist, schema/002).
 -- Plain SQL, so the planner inlines it into each caller. (v2 took the scope's filters and
 -- applied them here; v3 had no retry delay and no max wait: issue 27, both read from the queue
--- row the pop reads anyway.)
+-- row the pop reads anyway.) The record is a LATERAL primary key probe per queue: as a plain
+-- join, the pop's generic plans read every record of the group name (on every queue, its
+-- group index) into a Materialize and filtered them by queue.
 -- ---------------------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION queen.pop_scope_v4(p_ids int8[], p_group text)
 RETURNS TABLE (id int8, name text, priority int4, lease_time int4, delayed int4, window_s int4,
@@ -235,7 +237,10 @@ AS $$
            CASE WHEN q.max_wait_time_seconds > 0
                 THEN make_interval(secs => q.max_wait_time_seconds) END
     FROM queen.queues q
-    LEFT JOIN queen.consumer_groups_meta m ON m.queue_id = q.id AND m.consumer_group = p_group
+    LEFT JOIN LATERAL (SELECT m.subscription_mode, m.subscription_from, m.started
+                       FROM queen.consumer_groups_meta m
+                       WHERE m.queue_id = q.id AND m.consumer_group = p_group
+                       OFFSET 0) m ON true
     WHERE q.id = ANY (p_ids)
 $$;
 
