@@ -42,6 +42,7 @@
 -- SQLSTATEs raised:
 --   22023  invalid_parameter_value: batch < 1, max_partitions < 1, unknown subscription mode,
 --          neither queue nor namespace/task given
+--   P0004  assert_failure: a claim's cursor row, locked by the pop, was not found by its ctid
 --
 -- Isolation: READ COMMITTED. log_partitions.last_offset is read without a lock: a push's offsets
 --   become visible only at its commit, and one partition's pushes commit in offset order (one
@@ -587,8 +588,10 @@ BEGIN
             CONTINUE;
         END IF;
 
+        -- PERF(pop): the claim below updates the row by the ctid read here (a TID scan, not
+        -- a second index probe), as log_ack_multi_v2 does
         SELECT c.committed_offset, c.lease_id, c.lease_expires_at, c.batch_start,
-               c.attempt_count
+               c.attempt_count, c.ctid
         INTO v_cur
         FROM queen.log_consumers c
         WHERE c.partition_id = v_cand.pid AND c.consumer_group = p_group
@@ -661,7 +664,8 @@ BEGIN
                 attempt_count = 0, batch_retry_count = 0,
                 next_offset = v_end + 1, next_created_at = v_next_at,
                 ready_at = queen.log_ready_at_v1(v_cand.pid, v_end, v_end + 1, v_next_at)
-            WHERE c.partition_id = v_cand.pid AND c.consumer_group = p_group;
+            WHERE c.ctid = v_cur.ctid
+              AND c.partition_id = v_cand.pid AND c.consumer_group = p_group;
         ELSE
             v_expires := v_now + make_interval(secs => v_cand.lease_time);
             UPDATE queen.log_consumers c
@@ -669,7 +673,12 @@ BEGIN
                 lease_expires_at = v_expires, leased_at = v_now, last_popped_at = v_now,
                 batch_start = v_start, batch_end = v_end, attempt_count = v_attempt,
                 next_offset = v_end + 1, next_created_at = v_next_at
-            WHERE c.partition_id = v_cand.pid AND c.consumer_group = p_group;
+            WHERE c.ctid = v_cur.ctid
+              AND c.partition_id = v_cand.pid AND c.consumer_group = p_group;
+        END IF;
+        IF NOT FOUND THEN  -- the row is locked by this pop: its version cannot have moved
+            RAISE EXCEPTION 'log_pop_v1: the locked cursor row (%, %) moved', v_cand.pid, p_group
+                USING ERRCODE = 'P0004';
         END IF;
 
         v_queue_id := v_cand.qid;
