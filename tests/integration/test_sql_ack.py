@@ -107,11 +107,12 @@ def configure(conn, part: Part, **opts) -> None:
 
 
 def insert_cursor(conn, pid: int, group: str) -> None:
-    """The cursor row as the broker's writers create it: with its queue (the writers set
-    queue_id and ready_at themselves, pop.sql's log_ready_at_v1; no trigger fills them)."""
+    """The cursor row (at 0) as the broker's writers create it: with its queue and its ready
+    flag (the writers set both themselves, pop.sql's log_ready_at_v1; no trigger does)."""
     conn.execute(
-        "INSERT INTO queen.log_consumers (partition_id, consumer_group, queue_id) "
-        "SELECT lp.id, %s, lp.queue_id FROM queen.log_partitions lp WHERE lp.id = %s "
+        "INSERT INTO queen.log_consumers (partition_id, consumer_group, queue_id, ready_at) "
+        "SELECT lp.id, %s, lp.queue_id, queen.log_ready_at_v1(lp.id, 0, NULL, NULL)"
+        " FROM queen.log_partitions lp WHERE lp.id = %s "
         "ON CONFLICT DO NOTHING", (group, pid))
 
 
@@ -142,7 +143,8 @@ def consumer(conn, pid: int, group: str = G) -> dict | None:
 def set_cursor(conn, pid: int, committed: int, group: str = G, **extra) -> None:
     insert_cursor(conn, pid, group)
     sets = "".join(f", {k} = %({k})s" for k in extra)
-    conn.execute("UPDATE queen.log_consumers SET committed_offset = %(c)s" + sets +
+    conn.execute("UPDATE queen.log_consumers SET committed_offset = %(c)s,"
+                 " ready_at = queen.log_ready_at_v1(partition_id, %(c)s, NULL, NULL)" + sets +
                  " WHERE partition_id = %(pid)s AND consumer_group = %(g)s",
                  {**extra, "c": committed, "pid": pid, "g": group})
 
