@@ -2,7 +2,7 @@
 
 ``bench/ephemeral.py`` measures the routes, where the broker, the HTTP client and the load of
 the machine share the figures. This one calls ``queen.eph_push_v1``, ``eph_pop_v4`` and
-``eph_ack_v3`` over one connection, one call after the other, and reads from ``/proc`` (so the
+``eph_ack_v4`` over one connection, one call after the other, and reads from ``/proc`` (so the
 server must run on this machine) the CPU time of that connection's backend and of the whole
 cluster (the backend, autovacuum, the writers): what a message costs PostgreSQL itself, the
 figure the storage layout decides.
@@ -108,13 +108,13 @@ class _Backend:
             return 0
         parts = [parse_id(m["id"]) for m in orjson.loads(render_messages(got))]
         ok = [p for p in parts if p is not None]
-        out = self.conn.execute(
-            "SELECT outcomes FROM queen.eph_ack_v3(%s, %s, %s, %b::text[], %b::int8[], "
-            "%b::int8[], %b::text[])",
-            (_TENANT, queue, group, text_array([p[0] for p in ok]),
-             int8_array([p[1] for p in ok]), int8_array([p[2] for p in ok]),
-             text_array(["completed"] * len(ok)))).fetchone()
-        assert out is not None and all(o == "acked" for o in out[0]), out
+        n = len(ok)
+        row = self.conn.execute(ephemeral_procs.ACK_SQL, ephemeral_procs.ack_params(
+            _TENANT.bytes, queue, group, ["completed"] * n, [p[0] for p in ok],
+            [str(p[1]) for p in ok], [str(p[2]) for p in ok]), binary=True).fetchone()
+        assert row is not None
+        out = ephemeral_procs.ack_outcome(row, n).outcomes
+        assert out == ["acked"] * n, out
         return len(ok)
 
 
