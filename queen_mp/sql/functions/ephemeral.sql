@@ -594,7 +594,7 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET plan_cache_mode = force_generic_plan  -- PERF(eph): see the header
 AS $$
 DECLARE
-    v_epoch text;  -- unused: see eph_enter_v1's call
+    v_epoch text;  -- NULL: the queue has no row yet
     v_o jsonb;
     v_n int8 := coalesce(cardinality(p_payloads), 0);
     v_sizes int4[];
@@ -615,7 +615,6 @@ DECLARE
     v_aged int8[];
     v_drop_n int8 := 0;
     v_drop_b int8 := 0;
-    v_slot int2;  -- unused: see eph_count_v2's call
 BEGIN
     -- PERF(eph): every statement of this function counts (a simple expression some thousand
     -- instructions, a query some tens of thousands): a push of one message has the fewest
@@ -626,9 +625,28 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = '22023',
             MESSAGE = format('%s messages in one push, over 16384', v_n);
     END IF;
-    -- an assignment is evaluated as a simple expression, where PERFORM runs a query
-    v_epoch := queen.eph_enter_v1(p_tenant, p_queue);
-    v_o := queen.eph_options_v1(p_tenant, p_queue);
+    -- PERF(eph): eph_enter_v1's lock (a simple expression), then one statement for what
+    -- eph_enter_v1 and eph_options_v1 read and the queue's counts (as eph_push_v2 reads them):
+    -- two calls and three statements before
+    IF NOT pg_try_advisory_xact_lock_shared(queen.eph_key_v1(p_tenant, p_queue)) THEN
+        PERFORM pg_advisory_xact_lock_shared(queen.eph_key_v1(p_tenant, p_queue));
+    END IF;
+    SELECT q.epoch, queen.eph_defaults_v1() || coalesce(c.options, '{}'::jsonb), n.depth,
+           n.bytes
+      INTO v_epoch, v_o, v_depth, v_stored
+      FROM queen.eph_queues q
+      LEFT JOIN queen.eph_config c ON c.tenant = q.tenant AND c.queue = q.queue
+     CROSS JOIN LATERAL (SELECT coalesce(sum(k.depth), 0) AS depth,
+                                coalesce(sum(k.bytes), 0) AS bytes
+                           FROM queen.eph_counts k
+                          WHERE k.tenant = q.tenant AND k.queue = q.queue) n
+     WHERE q.tenant = p_tenant AND q.queue = p_queue;
+    IF v_epoch IS NULL THEN  -- a new queue: eph_enter_v1 inserts its row
+        v_epoch := queen.eph_enter_v1(p_tenant, p_queue);
+        v_o := queen.eph_options_v1(p_tenant, p_queue);
+        SELECT coalesce(sum(c.depth), 0), coalesce(sum(c.bytes), 0) INTO v_depth, v_stored
+          FROM queen.eph_counts c WHERE c.tenant = p_tenant AND c.queue = p_queue;
+    END IF;
     -- what ttl drops, and below what bounds drop, are found first and dropped in one cut: two
     -- cuts took their leases in two ascending runs, and an ack holding a lease of the second
     -- run while waiting for one of the first closed a cycle with the push
@@ -651,9 +669,8 @@ BEGIN
             DETAIL = format('this push (%s messages, %s bytes) is larger than the queue '
                             '(maxLength %s, maxBytes %s)', v_n, v_bytes, v_max_len, v_max_bytes);
     END IF;
-    SELECT coalesce(sum(c.depth), 0) - v_ttl_n, coalesce(sum(c.bytes), 0) - v_ttl_b
-      INTO v_depth, v_stored
-      FROM queen.eph_counts c WHERE c.tenant = p_tenant AND c.queue = p_queue;
+    v_depth := v_depth - v_ttl_n;
+    v_stored := v_stored - v_ttl_b;
     IF v_depth + v_n > v_max_len OR v_stored + v_bytes > v_max_bytes THEN
         IF v_o ->> 'policy' = 'reject' THEN
             RAISE EXCEPTION USING ERRCODE = 'QE001', MESSAGE = 'queue_full',
@@ -710,8 +727,15 @@ BEGIN
                least(256, v_n - k * 256), clock_timestamp()
           FROM generate_series(0, (v_n - 1) / 256) AS k;
     END IF;
-    v_slot := queen.eph_count_v2(p_tenant, p_queue, v_n - v_ttl_n - v_drop_n,
-                                 v_bytes - v_ttl_b - v_drop_b, v_drop_n, v_ttl_n, 0);
+    -- PERF(eph): eph_count_v2's statement, inlined (a plpgsql call costs its own set-up)
+    INSERT INTO queen.eph_counts AS c (tenant, queue, slot, depth, bytes, drops_bounds,
+                                       drops_ttl, drops_retry)
+    VALUES (p_tenant, p_queue, (pg_backend_pid() % 16)::int2, v_n - v_ttl_n - v_drop_n,
+            v_bytes - v_ttl_b - v_drop_b, v_drop_n, v_ttl_n, 0)
+    ON CONFLICT (tenant, queue, slot) DO UPDATE
+       SET depth = c.depth + EXCLUDED.depth, bytes = c.bytes + EXCLUDED.bytes,
+           drops_bounds = c.drops_bounds + EXCLUDED.drops_bounds,
+           drops_ttl = c.drops_ttl + EXCLUDED.drops_ttl;
     RETURN v_n;
 END;
 $$;
