@@ -198,6 +198,28 @@ def test_pops_over_chunks_of_one_message_read_them_in_order(broker, db_dsn):
     assert depth(c, q)["pending"] == 7
 
 
+def test_one_groups_ack_of_a_delivery_over_three_chunks_deletes_and_strikes_each(broker,
+                                                                                   db_dsn):
+    """The ack of a whole delivery of one group whose messages sit in three chunks, the first
+    keeping a message of another delivery (eph_ack_v4's one-group way, neither one chunk nor
+    two): the chunks it empties go, the first loses what it acknowledged, each counted once."""
+    q, c = uq(), broker.client
+    for i in range(3):
+        push(c, q, [f"m{i}{j}" for j in range(3)])
+    first = pop(c, q, "g", 1)
+    got = pop(c, q, "g", 8)
+    assert [m["payload"] for m in first + got] == [
+        f"m{i}{j}" for i in range(3) for j in range(3)]
+    assert set(ack(c, q, "g", got)) == {"acked"}
+    assert chunks(db_dsn, q) == [(3, 1, 0)]
+    assert depth(c, q)["pending"] == 1
+    assert set(ack(c, q, "g", got)) == {"unknown"}
+    assert set(ack(c, q, "g", first)) == {"acked"}
+    assert chunks(db_dsn, q) == []
+    d = depth(c, q)
+    assert (d["pending"], d["bytes"]) == (0, 0), d
+
+
 def test_drop_oldest_cuts_inside_a_chunk_and_redeliveries_read_from_it(broker, db_dsn):
     q, c = uq(), broker.client
     r = c.post(f"{E}/configure", json={"queue": q, "options": {

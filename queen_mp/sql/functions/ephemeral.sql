@@ -1464,7 +1464,8 @@ DECLARE
     v_lo int4;
     v_pid int8;
     v_groups int8;
-    v_del int8[];
+    v_del_t tid[];  -- the chunks the usual ack deletes, and those it strikes
+    v_upd_t tid[];
     v_upd int8[];
     v_upd_lo int4[];
     v_upd_n int4[];
@@ -1602,32 +1603,42 @@ BEGIN
             -- strike_v1 does), then the emptied ones deleted and the others struck in one
             -- statement; a run with a hole, or a message gone, goes the general way below
             IF v_set_n IS NULL AND v_groups = 1 THEN
-                SELECT array_agg(x.base) FILTER (WHERE x.live = x.n),
+                SELECT array_agg(x.ctid) FILTER (WHERE x.live = x.n),
+                       array_agg(x.ctid) FILTER (WHERE x.live <> x.n),
                        array_agg(x.base) FILTER (WHERE x.live <> x.n),
                        array_agg(x.lo) FILTER (WHERE x.live <> x.n),
                        array_agg(x.n) FILTER (WHERE x.live <> x.n),
                        sum(x.n), sum(x.b), bool_and(x.ok)
-                  INTO v_del, v_upd, v_upd_lo, v_upd_n, v_set_n, v_set_b, v_ok
-                  FROM (SELECT w.base, c.live, w.lo, w.n,
+                  INTO v_del_t, v_upd_t, v_upd, v_upd_lo, v_upd_n, v_set_n, v_set_b, v_ok
+                  FROM (SELECT w.base, c.ctid, c.live, w.lo, w.n,
                                w.hi - w.lo + 1 = w.n
                                AND NOT c.gone && int4multirange(int4range(w.lo, w.hi + 1)) AS ok,
-                               (SELECT sum(z.b) FROM unnest(c.sizes[w.lo + 1:w.hi + 1]) AS z(b))
-                               AS b
+                               -- PERF(eph): a chunk's one message without the subquery
+                               -- (pushes of 1: some 8k instructions a chunk)
+                               CASE WHEN w.lo = w.hi THEN c.sizes[w.lo + 1]
+                                    ELSE (SELECT sum(z.b)
+                                            FROM unnest(c.sizes[w.lo + 1:w.hi + 1]) AS z(b))
+                               END AS b
                           FROM (SELECT u.s - u.s % 256 AS base, min(u.s % 256)::int4 AS lo,
                                        max(u.s % 256)::int4 AS hi, count(*)::int4 AS n
-                                  FROM unnest(p_seqs) AS u(s) GROUP BY 1) w
-                          JOIN queen.eph_chunks c ON c.pid = v_pid AND c.base = w.base
-                         ORDER BY w.base FOR UPDATE OF c) x;
+                                  FROM unnest(p_seqs) AS u(s) GROUP BY 1 ORDER BY 1) w
+                         -- PERF(eph): a probe by key each, ascending, and the rows then
+                         -- deleted or struck by the ctid it locked (the newest version, which
+                         -- no one else can change now): by their keys, joined or = ANY, the
+                         -- generic plans read every chunk of the partition (a bitmap scan on
+                         -- pid, or with the table's statistics a scan of the table)
+                         CROSS JOIN LATERAL (
+                               SELECT k.ctid, k.live, k.gone, k.sizes FROM queen.eph_chunks k
+                                WHERE k.pid = v_pid AND k.base = w.base FOR UPDATE) c) x;
                 IF v_ok AND v_set_n = v_k THEN
-                    WITH d AS (DELETE FROM queen.eph_chunks c
-                                WHERE c.pid = v_pid AND c.base = ANY (v_del))
+                    WITH d AS (DELETE FROM queen.eph_chunks c WHERE c.ctid = ANY (v_del_t))
                     UPDATE queen.eph_chunks c
                        SET gone = c.gone + int4multirange(int4range(
                                       v_upd_lo[array_position(v_upd, c.base)],
                                       v_upd_lo[array_position(v_upd, c.base)]
                                       + v_upd_n[array_position(v_upd, c.base)])),
                            live = c.live - v_upd_n[array_position(v_upd, c.base)]
-                     WHERE c.pid = v_pid AND c.base = ANY (v_upd);
+                     WHERE c.ctid = ANY (v_upd_t);
                 ELSE
                     v_set_n := NULL;
                 END IF;
