@@ -44,6 +44,7 @@
 --   queen.eph_key_v1(uuid, text) -> int8                  the queue's advisory lock key
 --   queen.eph_enter_v1(uuid, text) -> text                shared lock of the queue, its row
 --                                                         created if missing; its epoch
+--   queen.eph_head_v1(uuid, text) -> (epoch, options, depth, bytes)  a push's first read
 --   queen.eph_count_v2(uuid, text, int8 x5) -> int2      add to this backend's counter row
 --   queen.eph_width_v1(int4multirange) -> int8            how many int4 it holds
 --   queen.eph_strike_v1(int8[], int8[], int4multirange[]) -> (n, bytes)  mark chunks' messages
@@ -165,6 +166,24 @@ BEGIN
      WHERE q.tenant = p_tenant AND q.queue = p_queue;
     RETURN v_epoch;
 END;
+$$;
+
+-- What a push reads of its queue first: its epoch, options and counts (no row: the queue has
+-- no row yet). PERF(eph): a SQL function of one SELECT, inlined into the caller's statement
+-- (no call of its own); eph_enter_v1, eph_options_v1 and the sum were three statements.
+CREATE OR REPLACE FUNCTION queen.eph_head_v1(p_tenant uuid, p_queue text)
+RETURNS TABLE (epoch text, options jsonb, depth int8, bytes int8)
+LANGUAGE sql STABLE PARALLEL SAFE
+AS $$
+    SELECT q.epoch, queen.eph_defaults_v1() || coalesce(c.options, '{}'::jsonb), n.depth,
+           n.bytes
+      FROM queen.eph_queues q
+      LEFT JOIN queen.eph_config c ON c.tenant = q.tenant AND c.queue = q.queue
+     CROSS JOIN LATERAL (SELECT coalesce(sum(k.depth), 0)::int8 AS depth,
+                                coalesce(sum(k.bytes), 0)::int8 AS bytes
+                           FROM queen.eph_counts k
+                          WHERE k.tenant = q.tenant AND k.queue = q.queue) n
+     WHERE q.tenant = p_tenant AND q.queue = p_queue
 $$;
 
 -- PERF(eph): a backend adds to its own row of the queue's 16, so concurrent calls rarely wait
@@ -631,16 +650,8 @@ BEGIN
     IF NOT pg_try_advisory_xact_lock_shared(queen.eph_key_v1(p_tenant, p_queue)) THEN
         PERFORM pg_advisory_xact_lock_shared(queen.eph_key_v1(p_tenant, p_queue));
     END IF;
-    SELECT q.epoch, queen.eph_defaults_v1() || coalesce(c.options, '{}'::jsonb), n.depth,
-           n.bytes
-      INTO v_epoch, v_o, v_depth, v_stored
-      FROM queen.eph_queues q
-      LEFT JOIN queen.eph_config c ON c.tenant = q.tenant AND c.queue = q.queue
-     CROSS JOIN LATERAL (SELECT coalesce(sum(k.depth), 0) AS depth,
-                                coalesce(sum(k.bytes), 0) AS bytes
-                           FROM queen.eph_counts k
-                          WHERE k.tenant = q.tenant AND k.queue = q.queue) n
-     WHERE q.tenant = p_tenant AND q.queue = p_queue;
+    SELECT h.epoch, h.options, h.depth, h.bytes INTO v_epoch, v_o, v_depth, v_stored
+      FROM queen.eph_head_v1(p_tenant, p_queue) h;
     IF v_epoch IS NULL THEN  -- a new queue: eph_enter_v1 inserts its row
         v_epoch := queen.eph_enter_v1(p_tenant, p_queue);
         v_o := queen.eph_options_v1(p_tenant, p_queue);
@@ -839,16 +850,8 @@ BEGIN
                                                                       p_queues[v_i]));
             END IF;
             v_epoch := NULL;
-            SELECT q.epoch, queen.eph_defaults_v1() || coalesce(c.options, '{}'::jsonb),
-                   n.depth, n.bytes
-              INTO v_epoch, v_o, v_depth, v_stored
-              FROM queen.eph_queues q
-              LEFT JOIN queen.eph_config c ON c.tenant = q.tenant AND c.queue = q.queue
-             CROSS JOIN LATERAL (SELECT coalesce(sum(k.depth), 0) AS depth,
-                                        coalesce(sum(k.bytes), 0) AS bytes
-                                   FROM queen.eph_counts k
-                                  WHERE k.tenant = q.tenant AND k.queue = q.queue) n
-             WHERE q.tenant = p_tenants[v_i] AND q.queue = p_queues[v_i];
+            SELECT h.epoch, h.options, h.depth, h.bytes INTO v_epoch, v_o, v_depth, v_stored
+              FROM queen.eph_head_v1(p_tenants[v_i], p_queues[v_i]) h;
             IF v_epoch IS NULL THEN  -- a new queue (eph_enter_v1 inserts its row)
                 RAISE EXCEPTION USING ERRCODE = 'QE002', MESSAGE = 'push_alone',
                     DETAIL = format('queue %s has no row yet', p_queues[v_i]);
