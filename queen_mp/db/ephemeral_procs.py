@@ -166,7 +166,13 @@ def pop_outcome(row: tuple[Any, ...]) -> PopOutcome:
 async def ack(conn: Conn, tenant: bytes, queue: str, group: str, statuses: Sequence[str],
               epochs: Sequence[str], seqs: Sequence[str], deliveries: Sequence[str]
               ) -> AckOutcome:
-    """The ids parsed as ``models.ephemeral.Ack`` holds them ('' where an id is not ours)."""
+    """The ids parsed as ``models.ephemeral.Ack`` holds them ('' where an id is not ours).
+
+    A lone id that is not ours is 'unknown' without a call: its lists would go as '', which
+    ``string_to_array`` reads as no element at all, not as one NULL (PostgreSQL answered no
+    outcome, and the route a 500)."""
+    if len(seqs) == 1 and not epochs[0]:
+        return AckOutcome(["unknown"], 0)
     row = await _one(conn, ACK_SQL, ack_params(tenant, queue, group, statuses, epochs, seqs,
                                                deliveries), writes=True, binary=True)
     return ack_outcome(row, len(seqs))

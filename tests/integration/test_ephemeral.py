@@ -287,6 +287,7 @@ def test_ack_outcomes_retry_limit_and_drops(broker):
     again = pop(c, q, batch=2, group="g")
     assert [(m["payload"], m["attempts"]) for m in again] == [("x", 2)]
     assert again[0]["id"] != x["id"]
+    assert ack(c, q, [{"id": "garbage"}], group="g") == ["unknown"]  # alone, too
     # the first delivery's id is fenced off once the message was redelivered
     assert ack(c, q, [{"id": x["id"]}], group="g") == ["unknown"]
     # retryLimit 1: a second failure drops it (settled, counted)
