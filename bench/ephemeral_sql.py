@@ -233,12 +233,18 @@ def instructions(args: argparse.Namespace) -> list[InstrRow]:
     return rows
 
 
-def render_instructions(rows: list[InstrRow]) -> str:
-    lines = ["| pushes of | pop batch | push instr/call | pop instr/call | ack instr/call "
-             "| pop+ack instr/msg |", "|---:|---:|---:|---:|---:|---:|"]
-    lines += [f"| {r.push_size} | {r.pop_batch} | {r.push:,.0f} | {r.pop:,.0f} | {r.ack:,.0f} "
-              f"| {(r.pop + r.ack) / r.pop_batch:,.0f} |" for r in rows]
+def _markdown(head: list[str], cells: list[list[str]]) -> str:
+    """A Markdown table, the first column left-aligned, the others right-aligned."""
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    lines += ["| " + " | ".join(c) + " |" for c in cells]
     return "\n".join(lines) + "\n"
+
+
+def render_instructions(rows: list[InstrRow]) -> str:
+    return _markdown(["pushes of", "pop batch", "push instr/call", "pop instr/call",
+                      "ack instr/call", "pop+ack instr/msg"],
+                     [[str(r.push_size), str(r.pop_batch), f"{r.push:,.0f}", f"{r.pop:,.0f}",
+                       f"{r.ack:,.0f}", f"{(r.pop + r.ack) / r.pop_batch:,.0f}"] for r in rows])
 
 
 def run(args: argparse.Namespace) -> list[Row]:
@@ -260,11 +266,11 @@ def run(args: argparse.Namespace) -> list[Row]:
 
 
 def render(rows: list[Row]) -> str:
-    lines = ["| op | batch | groups | msgs | backend CPU us/msg | cluster CPU us/msg "
-             "| wall us/msg |", "|---|---:|---:|---:|---:|---:|---:|"]
-    lines += [f"| {r.op} | {r.batch} | {r.groups} | {r.msgs:,} | {r.cpu_us_per_msg:.1f} | "
-              f"{r.cluster_us_per_msg:.1f} | {r.wall_us_per_msg:.1f} |" for r in rows]
-    return "\n".join(lines) + "\n"
+    return _markdown(["op", "batch", "groups", "msgs", "backend CPU us/msg",
+                      "cluster CPU us/msg", "wall us/msg"],
+                     [[r.op, str(r.batch), str(r.groups), f"{r.msgs:,}",
+                       f"{r.cpu_us_per_msg:.1f}", f"{r.cluster_us_per_msg:.1f}",
+                       f"{r.wall_us_per_msg:.1f}"] for r in rows])
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
