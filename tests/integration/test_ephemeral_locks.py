@@ -303,6 +303,41 @@ def test_two_acks_that_share_a_chunk_leave_it_deleted_and_count_each_message_onc
     assert (g["depth"], g["bytes"]) == (0, 0), g
 
 
+def test_an_ack_over_three_chunks_that_waited_for_one_deletes_what_the_other_left(connect):
+    """One group's acks of two deliveries that share a chunk: the first delivery's messages
+    sit in three chunks (eph_ack_v4's one-group way: a probe and lock by key each, then the
+    delete or strike by ctid), the second holds the rest of the third chunk and is acked
+    first. The first ack waits for that chunk's row and decides on the row as it was left:
+    the chunk goes, and every message is counted out once."""
+    first, second, watch = connect(), connect(), connect()
+    tenant, q = uuid.uuid4(), f"locks-{uuid.uuid4().hex[:8]}"
+    for _ in range(3):
+        push(first, tenant, q, "p", 3)
+    ids = []
+    for batch in (7, 2):
+        msgs = eph_pop(first, tenant, q, "p", "g", batch, False)
+        assert len(msgs) == batch, msgs
+        ids.append([m["id"].split("-") for m in msgs])
+    ack = ("SELECT outcomes FROM queen.eph_ack_v4(%s, %s, 'g', %s::text[], %s::int8[],"
+           " %s::int8[], '{completed}'::text[])")
+
+    def params(i: int) -> tuple[Any, ...]:
+        return (tenant, q, [ids[i][0][0]], [int(s) for _, s, _ in ids[i]], [int(ids[i][0][2])])
+
+    second.execute("BEGIN")
+    assert second.execute(ack, params(1)).fetchone() == (None,)
+    late = Call(first, ack, params(0))
+    wait_for_lock(watch, late)
+    second.execute("COMMIT")
+    assert late.result() == (None,)
+    left = first.execute("SELECT count(*) FROM queen.eph_chunks k JOIN queen.eph_partitions p"
+                         " ON p.id = k.pid WHERE p.tenant = %s AND p.queue = %s",
+                         (tenant, q)).fetchone()
+    assert left == (0,)
+    g = gauges(first, tenant, q)
+    assert (g["depth"], g["bytes"]) == (0, 0), g
+
+
 def test_a_pop_that_skips_a_delivery_due_at_once_answers_it_is_0_ms_away(connect):
     """A redelivery due at once ('-infinity') that another pop holds is skipped; the pop that
     got nothing answers wake_in_ms 0 for it (subtracting -infinity failed the pop)."""
