@@ -105,6 +105,9 @@ class Chunk(NamedTuple):
     raw: memoryview
 
 
+_tuple_new = tuple.__new__
+
+
 def _plural(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
@@ -557,8 +560,10 @@ def decompress_bounded(
         )
     try:
         # PERF(wire): single-shot into a buffer of exactly the announced size; libzstd refuses
-        # to write past it, so a lying header cannot make this allocate more.
-        out = _decompressor().decompress(data, max_output_size=max_size, allow_extra_data=False)
+        # to write past it, so a lying header cannot make this allocate more. The arguments
+        # by position (max_output_size, read_across_frames, allow_extra_data): by keyword,
+        # their parsing was 3k of the 31k instructions a pop spent on a 10-frame chunk.
+        out = _decompressor().decompress(data, max_size, False, False)
     except zstandard.ZstdError as ex:
         raise BadFrame(f"bad zstd frame: {ex}", offset=0, field="zstd", raw=data) from None
     if len(out) != size:
@@ -633,7 +638,9 @@ def iter_chunks(blob: bytes | bytearray | memoryview) -> Iterator[Chunk]:
                 field="chunk",
                 raw=view,
             )
-        yield Chunk(count, codec, view[start:stop], view[at:stop])
+        # PERF(wire): tuple.__new__ in C, not the namedtuple's Python __new__ (2.5k
+        # instructions a chunk; a pop of 100 messages pushed 10 at a time reads 10 chunks)
+        yield _tuple_new(Chunk, (count, codec, view[start:stop], view[at:stop]))
         at = stop
 
 
