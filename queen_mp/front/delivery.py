@@ -183,7 +183,9 @@ def json_messages(claim: Claim, lease_id: str | None, group: str, cipher: Payloa
     mids: list[bytes] = []
     raws: list[bytes | memoryview] = []
     payloads: list[bytes | memoryview] = []
-    traces: list[bytes | None] = []
+    # NOTE(pop): per message only from the first chunk ``frame_rows`` reads (before it, every
+    # message had none: no trace, no producer, no flag)
+    traces: list[bytes | None] | None = None
     subs: list[str | None] = []
     flags: list[int] = []
     stamps: list[bytes] = []
@@ -202,14 +204,18 @@ def json_messages(claim: Claim, lease_id: str | None, group: str, cipher: Payloa
             mids += plain[0]
             raws += plain[1]
             payloads += plain[2]
-            traces += [None] * k
-            subs += [None] * k
-            flags += [0] * k
+            if traces is not None:
+                traces += [None] * k
+                subs += [None] * k
+                flags += [0] * k
         else:
             rows = list(islice(frame_rows(frames, skip=before), take))
             k = len(rows)
             if not k:
                 continue
+            if traces is None:
+                had = len(offsets)
+                traces, subs, flags = [None] * had, [None] * had, [0] * had
             m, t, _, r, u, f, p = zip(*rows, strict=True)
             mids += m
             traces += t
@@ -223,20 +229,24 @@ def json_messages(claim: Claim, lease_id: str | None, group: str, cipher: Payloa
     if not n:
         return b""
     hashes.extend(map(txn_hash_bytes, raws))
-    if flags.count(0) != n:
-        for i, f in enumerate(flags):
-            if f:
-                payloads[i] = _plain_payload(claim, offsets[i], f, payloads[i], cipher)
-    if min(map(len, payloads)) == 0:
+    if traces is None:
+        traces_json: bytes | list[bytes] = b"null"
+        subs_json: bytes | list[bytes] = b"null"
+    else:
+        if flags.count(0) != n:
+            for i, f in enumerate(flags):
+                if f:
+                    payloads[i] = _plain_payload(claim, offsets[i], f, payloads[i], cipher)
+        traces_json = (b"null" if traces.count(None) == n else list(map(_uuid_json, traces)))
+        subs_json = b"null" if subs.count(None) == n else list(map(_sub_json, subs))
+    if b"" in payloads:
         payloads = [p if len(p) else b"null" for p in payloads]
     dumps = orjson.dumps
     return _layout([
         b'{"id":"', uuid_texts(b"".join(mids)), b'","transactionId":"',
         raws if len(b"".join(raws).translate(None, _JSON_ESCAPED)) == sum(map(len, raws))
         else [dumps(str(r, "utf-8"))[1:-1] for r in raws],
-        b'","traceId":', b"null" if traces.count(None) == n else list(map(_uuid_json, traces)),
-        b',"data":', payloads,
-        b',"producerSub":', b"null" if subs.count(None) == n else list(map(_sub_json, subs)),
+        b'","traceId":', traces_json, b',"data":', payloads, b',"producerSub":', subs_json,
         b',"createdAt":', stamps[0] if stamps.count(stamps[0]) == n else stamps,
         b',"queue":', dumps(claim.queue), b',"partitionId":', dumps(str(claim.partition_id)),
         b',"partition":', dumps(claim.partition), b',"offset":',
