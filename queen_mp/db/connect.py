@@ -14,6 +14,9 @@ answered for. So no connection trusts the server's default:
   would otherwise leave the server's default in force without a word. One round trip per new
   connection, none per statement.
 
+The same startup packet asks for ``TimeZone=UTC`` (``UTC_OPTION``), for speed only: where a
+pooler drops it, times still come back right, in the server's zone.
+
 The factories: ``connect`` (one asyncio connection), ``connect_blocking`` (a blocking one, for
 the migration runner), ``make_pool`` (a psycopg_pool pool: the front workers'), and
 ``Dedicated``: one long-lived connection of a single sequential user (a shard's bundle writers,
