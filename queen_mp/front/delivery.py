@@ -52,7 +52,6 @@ _RECORD_HEAD = struct.Struct("<Qq")
 _JSON_ESCAPED = bytes(range(32)) + b'"\\'
 
 
-
 class Undeliverable(Exception):
     """A stored segment cannot be decoded or decrypted: the message cannot be rendered."""
 
