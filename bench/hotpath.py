@@ -14,6 +14,10 @@ database, the CPU work a request costs the broker between its sockets:
   answers each record at once with the shard's common all-queued verdict, and the 201
   rendered; no event loop turn (the verdict is ready when awaited);
 - ``pop100``: a 100-message claim rendered as JSON (with the lease's hashes);
+- ``pop100s10``: a 100-message claim over 10 segments of 10 (as bench/liveroles.py's pre-fill
+  of 1,000-item pushes over 100 partitions stores them), each segment's time a new datetime
+  in psycopg's zone (``Etc/UTC``), rendered as JSON, and its lease grant's hash set made as
+  ``FrontWorker.grant_leases`` makes it;
 - ``ack100``: a 100-acknowledgment batch body parsed, its fast-path request packed and
   unpacked, and the answer rendered;
 - ``ephack100``: the front worker's share of an ephemeral ack of 100 ids (one delivery's, as
@@ -47,10 +51,11 @@ import struct
 import sys
 import uuid
 from collections.abc import Callable, Coroutine
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from functools import partial
 from types import SimpleNamespace
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import orjson
 
@@ -70,7 +75,7 @@ from queen_mp.ipc.ring import Ring
 from queen_mp.models.ephemeral import parse_ack
 from queen_mp.shards.fusion import Entry, build_segment
 from queen_mp.wire.binary_push import QPB1_MAGIC
-from queen_mp.wire.frames import pack_chunk_raw, pack_frame, zstd_compress
+from queen_mp.wire.frames import pack_chunk_raw, pack_chunk_zstd, pack_frame, zstd_compress
 from queen_mp.wire.hashing import hash_blob, txn_hashes
 from queen_mp.wire.ids import uuid7, uuid7_many
 from queen_mp.wire.records import (
@@ -251,6 +256,35 @@ class PopPath:
         return b'{"messages":[' + messages + b"]}"
 
 
+class PopSegmentsPath:
+    """``count`` messages over ``segments`` segments, their times new each round (as a pop's
+    rows bring them), rendered as JSON with the lease grant's hash set."""
+
+    def __init__(self, count: int, segments: int) -> None:
+        payload = orjson.dumps(PAYLOAD)
+        per = count // segments
+        self.blobs = []
+        for s in range(segments):
+            frames = b"".join(pack_frame(uuid7(), f"t-{s * per + i}".encode(), payload)
+                              for i in range(per))
+            self.blobs.append((1 + s * per, pack_chunk_zstd(frames, per)))
+        self.count = count
+        self.lease = str(uuid.UUID(int=42))
+        self.t0 = datetime(2026, 12, 2, 12, 0, 0, 123000, tzinfo=ZoneInfo("Etc/UTC"))
+        self.round = 0
+
+    def __call__(self) -> bytes:
+        self.round += 1
+        t = self.t0 + timedelta(seconds=self.round)
+        claim = Claim("hot.q", 7, "p0", 1, self.count, 1, t, False,
+                      [(base, t + timedelta(milliseconds=i), blob)
+                       for i, (base, blob) in enumerate(self.blobs)])
+        hashes: list[bytes] = []
+        messages = json_messages(claim, self.lease, "__QUEUE_MODE__", None, 1 << 24, hashes)
+        hash_set(hashes)
+        return b'{"messages":[' + messages + b"]}"
+
+
 class AckPath:
     """A 100-ack batch body parsed, its fast-path request packed and unpacked, answered."""
 
@@ -326,8 +360,8 @@ def main(argv: list[str] | None = None) -> int:
         known: dict[str, Callable[[], bytes]] = {
             "push1": PushPath(1, 1, ring), "push100": PushPath(100, 10, ring),
             "front1": FrontPush(1), "front100": FrontPush(100),
-            "pop100": PopPath(100), "ack100": AckPath(100), "ephack100": EphAckPath(100),
-            "ephpop100": EphPopPath(100),
+            "pop100": PopPath(100), "pop100s10": PopSegmentsPath(100, 10),
+            "ack100": AckPath(100), "ephack100": EphAckPath(100), "ephpop100": EphPopPath(100),
             "qpb1k": Qpb1Path(1000, 10)}
         for name in a.workloads.split(","):
             work = known[name]

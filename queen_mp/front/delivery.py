@@ -27,8 +27,10 @@ from queen_mp.wire.frames import (
     frame_rows,
     iter_chunks,
     iter_frames,
+    plain_columns,
 )
 from queen_mp.wire.hashing import txn_hash_bytes
+from queen_mp.wire.ids import uuid_texts
 from queen_mp.wire.times import iso_ms
 
 __all__ = [
@@ -46,6 +48,8 @@ _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _CLAIM_SPAN = struct.Struct("<QQII")
 _RECORD_HEAD = struct.Struct("<Qq")
+#: the bytes orjson writes escaped inside a JSON string
+_JSON_ESCAPED = bytes(range(32)) + b'"\\'
 
 
 class Undeliverable(Exception):
@@ -125,35 +129,28 @@ def unpack_messages(claim: Claim, cipher: PayloadCipher | None, max_chunk: int, 
             offset += 1
 
 
-def _message_parts(claim: Claim, lease_id: str | None, group: str) -> list[bytes]:
-    """A message object of the claim as its constant pieces, each followed by the slot of a
-    variable part: the id's hex, transactionId (its JSON text without the quotes), traceId,
-    data, producerSub, createdAt (JSON values) and offset; the last piece ends the object
-    and holds the "," that joins it to the next. Every constant is orjson's own rendering
-    of the value the dict form held."""
-    dumps = orjson.dumps
-    return [b'{"id":"', b"", b'","transactionId":"', b"", b'","traceId":', b"", b',"data":',
-            b"", b',"producerSub":', b"", b',"createdAt":', b"",
-            b"".join((b',"queue":', dumps(claim.queue), b',"partitionId":',
-                      dumps(str(claim.partition_id)), b',"partition":', dumps(claim.partition),
-                      b',"offset":')),
-            b"",
-            b"".join((b',"leaseId":', dumps(lease_id), b',"consumerGroup":', dumps(group),
-                      b',"deliveryAttempt":', dumps(claim.attempt), b"},"))]
-
-
-# where each of a UUID's 32 hex digits goes in its 36-character text, and the "," after it
-_UUID_AT = [k + (k >= 8) + (k >= 12) + (k >= 16) + (k >= 20) for k in range(32)]
-
-
-def _uuid_texts(raws: list[bytes]) -> list[bytes]:
-    """Each 16-byte id's UUID text (without quotes), all in one pass of slice assignments."""
-    n = len(raws)
-    hexed = hexlify(b"".join(raws))
-    out = bytearray(b"-" * 36 + b",") * n
-    for k, at in enumerate(_UUID_AT):
-        out[at::37] = hexed[k::32]
-    return bytes(out[:-1]).split(b",")
+def _layout(pieces: list[bytes | list[bytes]], n: int) -> bytes:
+    """``n`` objects laid out from ``pieces`` and joined once: a constant (bytes) is the same
+    in every object, a column (a list of ``n``) gives each object its own; the last constant
+    holds the "," that joins an object to the next. PERF(pop): adjacent constants are
+    merged, so a column that is one value for all (traceId and producerSub null, one
+    segment's createdAt), passed as a constant, costs no slot per object."""
+    consts = [b""]
+    columns: list[list[bytes]] = []
+    for piece in pieces:
+        if isinstance(piece, bytes):
+            consts[-1] += piece
+        else:
+            columns.append(piece)
+            consts.append(b"")
+    template = [b""] * (2 * len(consts) - 1)
+    template[::2] = consts
+    k = len(template)
+    parts = template * n
+    for at, column in enumerate(columns):
+        parts[2 * at + 1 :: k] = column
+    parts[-1] = parts[-1][:-1]
+    return b"".join(parts)
 
 
 def _uuid_json(raw: bytes | None) -> bytes:
@@ -174,52 +171,87 @@ def json_messages(claim: Claim, lease_id: str | None, group: str, cipher: Payloa
     producerSub, createdAt, queue, partitionId, partition, offset, leaseId, consumerGroup,
     deliveryAttempt); appends each message's transaction hash to ``hashes`` (the lease grant).
 
-    PERF(pop): by columns: the frames' fields gathered in C (islice over ``frame_rows``,
-    ``zip``), each column rendered by whole-list operations (every id's UUID text by 32 slice
-    assignments, every transactionId by one ``orjson.dumps``, the offsets by another), the
-    pieces laid out by slice assignments and joined once; no message record, no dict and no
-    template fill per message. The transactionIds' dumped list splits at ``","`` when it holds
-    no backslash (every quote is then a string's own); otherwise each is dumped alone.
+    PERF(pop): by columns: a chunk of plain frames gives its fields as columns
+    (``plain_columns``), any other chunk by ``frame_rows`` transposed in C; each column is
+    rendered by whole-list operations (every id's UUID text by ``uuid_texts``, the
+    offsets by one ``orjson.dumps``), the pieces laid out by slice assignments and joined
+    once; no message record, no dict and no template fill per message. A transactionId goes
+    into the answer as its stored UTF-8 bytes when none holds a byte JSON escapes (orjson
+    escapes only ``"``, ``\\`` and controls); otherwise each is dumped by orjson.
     """
-    rows: list[tuple[Any, ...]] = []
+    mids: list[bytes] = []
+    raws: list[bytes | memoryview] = []
+    payloads: list[bytes | memoryview] = []
+    # NOTE(pop): per message only from the first chunk ``frame_rows`` reads (before it, every
+    # message had none: no trace, no producer, no flag)
+    traces: list[bytes | None] | None = None
+    subs: list[str | None] = []
+    flags: list[int] = []
     stamps: list[bytes] = []
     offsets: list[int] = []
     stamped: datetime | None = None
     stamp = b""
     for offset, created, frames, before in _claimed_chunks(claim, max_chunk):
-        if created != stamped:  # PERF(pop): one rendering per distinct segment time
+        if created is not stamped and created != stamped:
+            # PERF(pop): one rendering per distinct segment time
             stamped, stamp = created, orjson.dumps(iso_ms(created))
-        had = len(rows)
-        rows.extend(islice(frame_rows(frames, skip=before), max(0, claim.end - offset + 1)))
-        stamps += [stamp] * (len(rows) - had)
-        offsets += range(offset, offset + len(rows) - had)
-    n = len(rows)
+        take = max(0, claim.end - offset + 1)
+        plain = plain_columns(frames if isinstance(frames, bytes) else bytes(frames),
+                              skip=before, take=take)
+        if plain is not None:
+            k = len(plain[0])
+            mids += plain[0]
+            raws += plain[1]
+            payloads += plain[2]
+            if traces is not None:
+                traces += [None] * k
+                subs += [None] * k
+                flags += [0] * k
+        else:
+            rows = list(islice(frame_rows(frames, skip=before), take))
+            k = len(rows)
+            if not k:
+                continue
+            if traces is None:
+                had = len(offsets)
+                traces, subs, flags = [None] * had, [None] * had, [0] * had
+            m, t, _, r, u, f, p = zip(*rows, strict=True)
+            mids += m
+            traces += t
+            raws += r
+            subs += u
+            flags += f
+            payloads += p
+        stamps += [stamp] * k
+        offsets += range(offset, offset + k)
+    n = len(offsets)
     if not n:
         return b""
-    mids, traces, txns, raws, subs, flags, payloads = map(list, zip(*rows, strict=True))
     hashes.extend(map(txn_hash_bytes, raws))
-    if flags.count(0) != n:
-        for i, f in enumerate(flags):
-            if f:
-                payloads[i] = _plain_payload(claim, offsets[i], f, payloads[i], cipher)
-    if min(map(len, payloads)) == 0:
+    if traces is None:
+        traces_json: bytes | list[bytes] = b"null"
+        subs_json: bytes | list[bytes] = b"null"
+    else:
+        if flags.count(0) != n:
+            for i, f in enumerate(flags):
+                if f:
+                    payloads[i] = _plain_payload(claim, offsets[i], f, payloads[i], cipher)
+        traces_json = (b"null" if traces.count(None) == n else list(map(_uuid_json, traces)))
+        subs_json = b"null" if subs.count(None) == n else list(map(_sub_json, subs))
+    if b"" in payloads:
         payloads = [p if len(p) else b"null" for p in payloads]
-    dumped = orjson.dumps(txns)
-    template = _message_parts(claim, lease_id, group)
-    k = len(template)
-    parts = template * n
-    parts[1::k] = _uuid_texts(mids)
-    parts[3::k] = (dumped[2:-2].split(b'","') if b"\\" not in dumped
-                   else [orjson.dumps(t)[1:-1] for t in txns])
-    parts[5::k] = ([b"null"] * n if traces.count(None) == n
-                   else list(map(_uuid_json, traces)))
-    parts[7::k] = payloads
-    parts[9::k] = ([b"null"] * n if subs.count(None) == n
-                   else list(map(_sub_json, subs)))
-    parts[11::k] = stamps
-    parts[13::k] = orjson.dumps(offsets)[1:-1].split(b",")
-    parts[-1] = parts[-1][:-1]
-    return b"".join(parts)
+    dumps = orjson.dumps
+    return _layout([
+        b'{"id":"', uuid_texts(b"".join(mids)), b'","transactionId":"',
+        raws if len(b"".join(raws).translate(None, _JSON_ESCAPED)) == sum(map(len, raws))
+        else [dumps(str(r, "utf-8"))[1:-1] for r in raws],
+        b'","traceId":', traces_json, b',"data":', payloads, b',"producerSub":', subs_json,
+        b',"createdAt":', stamps[0] if stamps.count(stamps[0]) == n else stamps,
+        b',"queue":', dumps(claim.queue), b',"partitionId":', dumps(str(claim.partition_id)),
+        b',"partition":', dumps(claim.partition), b',"offset":',
+        dumps(offsets)[1:-1].split(b","),
+        b',"leaseId":', dumps(lease_id), b',"consumerGroup":', dumps(group),
+        b',"deliveryAttempt":', dumps(claim.attempt), b"},"], n)
 
 
 def _str16(text: str) -> bytes:

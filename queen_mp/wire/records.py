@@ -487,13 +487,28 @@ def pack_queued_run(generation: int, slot: int, request_id: int, group_index: in
     return b"".join((head, bytes(count), offsets))
 
 
+_SET_BULK = 32  # hashes from which numpy's sort pays (its fixed cost, some 25k instructions)
+
+
 def hash_set(hashes: Iterable[bytes]) -> bytes:
     """A set of 16-byte hashes as LeaseGrant and AckRequest carry it: ascending, distinct,
     back to back, so that two sets are equal exactly when their bytes are.
 
     PERF(ack): the ack shard compares a 100-message ack with its grant as two byte strings;
-    a frozenset per record cost one object per hash on each side and in each unpack."""
-    return b"".join(sorted(set(hashes)))
+    a frozenset per record cost one object per hash on each side and in each unpack. From
+    ``_SET_BULK`` hashes numpy sorts them as 16-byte strings (unsigned, byte by byte, as
+    bytes compare) and drops repeats: a pop's grant and its ack each made a set and sorted
+    100 bytes objects, 108k instructions, 56k so (callgrind)."""
+    listed = hashes if isinstance(hashes, list) else list(hashes)
+    if len(listed) < _SET_BULK:
+        return b"".join(sorted(set(listed)))
+    import numpy  # NOTE(wire): only here, in a front worker; never in the supervisor
+
+    ordered = numpy.sort(numpy.frombuffer(b"".join(listed), "S16"))
+    later = ordered[1:] != ordered[:-1]  # each one that differs from the one before it
+    if not later.all():
+        ordered = numpy.concatenate((ordered[:1], ordered[1:][later]))
+    return ordered.tobytes()  # type: ignore[no-any-return]
 
 
 def _hash_bytes(view: memoryview, at: int, n: int, buf: bytes | bytearray | memoryview

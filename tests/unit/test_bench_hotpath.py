@@ -6,7 +6,8 @@ import pytest
 
 from bench import hotpath
 
-WORKLOADS = ("push1", "push100", "front1", "front100", "pop100", "ack100", "ephack100", "ephpop100",
+WORKLOADS = ("push1", "push100", "front1", "front100", "pop100", "pop100s10", "ack100", "ephack100",
+             "ephpop100",
              "qpb1k")
 
 

@@ -118,13 +118,13 @@ def test_psycopg_stays_inside_queen_mp_db() -> None:
 
 
 def test_the_session_options_pin_synchronous_commit_last() -> None:
-    assert db_connect.session_options("dbname=x") == "-c synchronous_commit=on"
+    assert db_connect.session_options("dbname=x") == "-c synchronous_commit=on -c TimeZone=UTC"
     assert db_connect.session_options("dbname=x", 35_000) == (
-        "-c synchronous_commit=on -c statement_timeout=35000")
+        "-c synchronous_commit=on -c TimeZone=UTC -c statement_timeout=35000")
     # a DSN's own options are kept, ours come after them (PostgreSQL: the last one wins)
     assert db_connect.session_options(
         "dbname=x options='-c synchronous_commit=off -c work_mem=8MB'") == (
-        "-c synchronous_commit=off -c work_mem=8MB -c synchronous_commit=on")
+        "-c synchronous_commit=off -c work_mem=8MB -c synchronous_commit=on -c TimeZone=UTC")
     assert db_connect.session_options(
         "postgresql://h/x?options=-c%20search_path%3Dq") == (
-        "-c search_path=q -c synchronous_commit=on")
+        "-c search_path=q -c synchronous_commit=on -c TimeZone=UTC")

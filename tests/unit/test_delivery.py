@@ -112,3 +112,54 @@ def test_an_encrypted_message_without_a_key_is_undeliverable() -> None:
     claim = Claim("q", 7, "p", 1, 1, 1, None, True, [(1, T0, pack_chunk_raw(frame, 1))])
     with pytest.raises(Undeliverable, match="no QUEEN_ENCRYPTION_KEY"):
         json_messages(claim, None, "g", None, 1 << 20, [])
+
+
+# ------------------------------------------------ the JSON of a pop over many segments
+_txns = st.text(st.characters(blacklist_categories=["Cs"]), min_size=1, max_size=10) | \
+    st.sampled_from(['a"b', "back\\slash", "tab\there", "nul\x00", "ünïcødé", "😀", "\x7f"])
+_payloads = st.sampled_from([b"", b'{"a":{"b":[1,{"c":null}]}}', b'"\\u00e9\\n"', b"[1,2]",
+                             '{"k":"ünï😀"}'.encode(), b"3.5", b"true"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(segments=st.lists(st.lists(st.lists(st.tuples(
+           _txns, _payloads, st.booleans(), st.none() | _names, st.booleans()),
+           min_size=1, max_size=5), min_size=1, max_size=3), min_size=1, max_size=3),
+       plain_only=st.booleans(), zstd=st.booleans(), lease=st.none() | st.just("0191-lease"),
+       gap=st.booleans(), data=st.data())
+def test_json_messages_of_mixed_chunks_equal_the_dict_form(
+        segments: list[list[list[tuple[str, bytes, bool, str | None, bool]]]],
+        plain_only: bool, zstd: bool, lease: str | None, gap: bool,
+        data: st.DataObject) -> None:
+    """Chunks of plain frames (read by ``plain_columns``) next to chunks with traced,
+    producer or encrypted frames (read by ``frame_rows``), over segments of their own times,
+    one segment possibly retained away: the answer is byte for byte, and parsed, the dict
+    form of each message."""
+    cipher = PayloadCipher(bytes(range(32)).hex())
+    stored, base, offset = [], 10, 10
+    for s, chunks in enumerate(segments):
+        blob = []
+        for chunk in chunks:
+            frames = b"".join(
+                pack_frame((offset + i).to_bytes(16, "big"), txn.encode(),
+                           cipher.encrypt(payload) if enc and not plain_only else payload,
+                           trace_id=(offset + i).to_bytes(16, "little")
+                           if traced and not plain_only else None,
+                           producer_sub=None if plain_only else sub,
+                           encrypted=enc and not plain_only)
+                for i, (txn, payload, traced, sub, enc) in enumerate(chunk))
+            blob.append((pack_chunk_zstd if zstd else pack_chunk_raw)(frames, len(chunk)))
+            offset += len(chunk)
+        if not (gap and s == 1):
+            stored.append((base, datetime(2026, 11, 30, 12, s, tzinfo=UTC), b"".join(blob)))
+        base = offset
+    start = data.draw(st.integers(10, offset - 1))
+    end = data.draw(st.integers(start, offset - 1))
+    claim = Claim("q\u00e9", 7, "p/1", start, end, 3, None, False, stored)
+    hashes: list[bytes] = []
+    got = json_messages(claim, lease, "g", cipher, 1 << 20, hashes)
+    want = list(unpack_messages(claim, cipher, 1 << 20))
+    dicts = [_message_dict(m, lease, "g") for m in want]
+    assert got == b",".join(map(orjson.dumps, dicts))
+    assert orjson.loads(b"[%s]" % got) == orjson.loads(orjson.dumps(dicts))
+    assert hashes == [m.hash for m in want]

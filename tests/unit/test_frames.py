@@ -31,6 +31,7 @@ from queen_mp.wire import (
     pack_chunk_raw,
     pack_chunk_zstd,
     pack_frame,
+    plain_columns,
     read_frames,
     uuid7,
     uuid7_many,
@@ -364,3 +365,34 @@ def test_the_client_pop_decoder_reads_our_chunks() -> None:
     assert messages[3]["producerSub"] == "alice"
     assert messages[3]["partitionId"] == "18"
     assert decoded["partitionsClaimed"] == 2
+
+
+@settings(max_examples=150, deadline=None)
+@given(frames=st.lists(_frame_args, min_size=1, max_size=8), skip=st.integers(0, 10),
+       take=st.integers(0, 10))
+def test_plain_columns_are_frame_rows_fields_or_none(frames: list[tuple], skip: int,
+                                                     take: int) -> None:
+    blob = b"".join(pack_frame(*args) for args in frames)
+    rows = list(frame_rows(blob, skip=skip))[:take]
+    got = plain_columns(blob, skip=skip, take=take)
+    if got is None:  # a frame with flags: frame_rows reads it
+        assert any(flags for *_, flags, _ in rows)
+        return
+    assert all(not flags for *_, flags, _ in rows)
+    assert got == ([r[0] for r in rows], [bytes(r[3]) for r in rows],
+                   [bytes(r[6]) for r in rows])
+
+
+def test_plain_columns_leave_bad_or_unusual_frames_to_frame_rows() -> None:
+    good = pack_frame(MID, b"txn", b"[1]")
+    assert plain_columns(good * 2, take=2) == ([MID, MID], [b"txn"] * 2, [b"[1]"] * 2)
+    assert plain_columns(good * 2, skip=1, take=5) == ([MID], [b"txn"], [b"[1]"])
+    assert plain_columns(good + good[:-1], take=1) == ([MID], [b"txn"], [b"[1]"])
+    for cut in range(1, len(good)):  # truncated: frame_rows words the BadFrame
+        assert plain_columns(good + good[:cut], take=2) is None
+    assert plain_columns(good + pack_frame(MID, b"t", b"{}", trace_id=TRACE), take=2) is None
+    assert plain_columns(pack_frame(MID, b"t", b"{}", producer_sub="s"), take=1) is None
+    bad_utf8 = _raw_frame(0, MID, struct.pack("<H", 2), b"\xc3\x28", b"{}")
+    assert plain_columns(good + bad_utf8, take=2) is None
+    with pytest.raises(BadFrame):
+        list(frame_rows(good + bad_utf8))

@@ -374,6 +374,21 @@ def test_hash_sets_are_equal_exactly_when_their_bytes_are(a: list[bytes],
     assert len(hash_set(a)) == 16 * len(set(a))
 
 
+_edgy = st.sampled_from([bytes(16), b"\xff" * 16, bytes(15) + b"\x01", b"\x80" + bytes(15),
+                         b"\x7f" + b"\xff" * 15, b"a" + bytes(15)]) | st.binary(min_size=16,
+                                                                                 max_size=16)
+
+
+@settings(max_examples=100, deadline=None)
+@given(a=st.lists(_edgy, min_size=20, max_size=150), repeats=st.integers(0, 40))
+def test_a_hash_set_is_its_distinct_hashes_ascending_by_bytes(a: list[bytes],
+                                                              repeats: int) -> None:
+    """Below and from the size where numpy sorts them (NUL and high bytes included)."""
+    a = a + a[:repeats]
+    assert hash_set(a) == b"".join(sorted(set(a)))
+    assert hash_set(iter(a)) == hash_set(a)
+
+
 @settings(max_examples=100, deadline=None)
 @given(hashes=_hashes, group=st.text(max_size=20), queue=st.text(max_size=20), n=i64, u=u64)
 def test_grants_and_ack_requests_round_trip(hashes: list[bytes], group: str, queue: str,
