@@ -30,7 +30,7 @@ from queen_mp.db.migrations import apply_migrations, load_sql_tree
 from tests.pgharness import SQL_DIR, drop_database, make_database
 
 LEGACY = Path(__file__).parent / "data" / "legacy_chain_bfc65e0.tar.gz"
-FUNCTIONS = 133  # functions and trigger functions the family files define
+FUNCTIONS = 134  # functions and trigger functions the family files define
 
 
 @pytest.fixture(scope="module")
