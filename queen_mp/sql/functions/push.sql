@@ -429,21 +429,26 @@ BEGIN
         v_tenants := p_tenants;
     END IF;
 
-    -- 2. Resolution (input order, NULL = missing); provisioning only if something is missing,
-    --    then the names resolved once more. Each name is resolved by a correlated scalar
-    --    subquery, in which the names are parameters of an equality on both unique keys
-    --    whatever the statistics say (old migration 100, below). Inline, not a function of its
-    --    own: a nested plpgsql call with its own SET clause cost about 20k instructions a
-    --    bundle (bench/pushsql.py).
+    -- 2. Resolution (input order, NULL = missing): partition id and the queue's dedup window;
+    --    provisioning only if something is missing, then the names resolved once more. Each
+    --    name is resolved by a LATERAL subquery kept apart by OFFSET 0, in which the names are
+    --    parameters of an equality on both unique keys whatever the statistics say (old
+    --    migration 100, below): the lateral reference makes it the inner side of a nested loop
+    --    over the unnest, whose order array_agg keeps (no ORDER BY, no sort). The window comes
+    --    with the id, so the pre-lock no longer joins queues (a primary key probe a segment).
+    --    Inline, not a function of its own: a nested plpgsql call with its own SET clause cost
+    --    about 20k instructions a bundle (bench/pushsql.py).
     FOR v_round IN 1..2 LOOP
-        SELECT array_agg(
-                   (SELECT lp.id
-                    FROM queen.queues qu
-                    JOIN queen.log_partitions lp ON lp.queue_id = qu.id AND lp.name = b.p
-                    WHERE qu.tenant = b.t AND qu.name = b.q)
-                   ORDER BY b.ord)
-        INTO v_in_pids
-        FROM unnest(v_tenants, p_queues, p_partitions) WITH ORDINALITY AS b(t, q, p, ord);
+        SELECT array_agg(r.id), array_agg(r.dw)
+        INTO v_in_pids, v_ws
+        FROM unnest(v_tenants, p_queues, p_partitions) AS b(t, q, p)
+        LEFT JOIN LATERAL (
+            SELECT lp.id, qu.dedup_window AS dw
+            FROM queen.queues qu
+            JOIN queen.log_partitions lp ON lp.queue_id = qu.id AND lp.name = b.p
+            WHERE qu.tenant = b.t AND qu.name = b.q
+            OFFSET 0
+        ) r ON true;
         EXIT WHEN v_round = 2 OR array_position(v_in_pids, NULL) IS NULL;
 
         -- Ordered on the unique keys: ON CONFLICT takes speculative locks in row order, so two
@@ -478,16 +483,14 @@ BEGIN
            count(*) FILTER (WHERE l.cnt < 1 OR octet_length(l.h) <> 16 * l.cnt),
            min(l.id) FILTER (WHERE l.cnt < 1 OR octet_length(l.h) <> 16 * l.cnt),
            array_agg(l.o ORDER BY l.id) FILTER (WHERE l.probe),
-           array_agg(l.dw ORDER BY l.o),
            array_agg(CASE WHEN l.probe THEN NULL ELSE l.id END ORDER BY l.o)
-    INTO v_locked, v_distinct, v_bad_count, v_bad_pid, v_probe, v_ws, v_opids
+    INTO v_locked, v_distinct, v_bad_count, v_bad_pid, v_probe, v_opids
     FROM (
-        SELECT lp.id, i.o, i.cnt, i.h, qu.dedup_window AS dw,
-               qu.dedup_window > 0
+        SELECT lp.id, i.o, i.cnt, i.h,
+               v_ws[i.o] > 0
                AND GREATEST(COALESCE(i.ver, 0), lp.txns_start - 1) < lp.last_offset
                    AS probe
         FROM queen.log_partitions lp
-        JOIN queen.queues qu ON qu.id = lp.queue_id
         JOIN unnest(v_in_pids, p_msg_counts, p_hashes, p_verified) WITH ORDINALITY
              AS i(pid, cnt, h, ver, o) ON i.pid = lp.id
         WHERE lp.id = ANY (v_in_pids)
@@ -585,7 +588,7 @@ BEGIN
         SELECT a.pid, a.base, a.cnt, a.created, a.hashes FROM a
     )
     -- Every answered segment's partition is its input's (v_in_pids) and its window was read
-    -- by the pre-lock (v_ws): only bases and timestamps are aggregated (two ordered
+    -- by the resolution (v_ws): only bases and timestamps are aggregated (two ordered
     -- aggregates, not four: each one costs its executor start-up and its sort per bundle).
     SELECT v_in_pids
            || array_agg(COALESCE(r.base, a.base) ORDER BY r.o)
