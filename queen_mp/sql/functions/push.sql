@@ -392,6 +392,9 @@ DECLARE
     v_pids      int8[];
     v_bases     int8[];
     v_tss       int8[];
+    v_wos       int8[];
+    v_wbases    int8[];
+    v_wtss      int8[];
     v_dups      int8[] := '{}';
     v_missing   int4;
 BEGIN
@@ -527,9 +530,9 @@ BEGIN
 
     -- The probe path, ascending partition id: log_push_one_v1 as before. Its answers are
     -- spliced into the result arrays of step 5 by ordinal.
-    v_bases := array_fill(NULL::int8, ARRAY[n]);
-    v_tss := array_fill(NULL::int8, ARRAY[n]);
     IF v_probe IS NOT NULL THEN
+        v_bases := array_fill(NULL::int8, ARRAY[n]);
+        v_tss := array_fill(NULL::int8, ARRAY[n]);
         FOREACH v_o IN ARRAY v_probe LOOP
             v_res := queen.log_push_one_v1(
                          v_in_pids[v_o], v_ws[v_o], p_msg_counts[v_o], p_hashes[v_o],
@@ -588,19 +591,27 @@ BEGIN
         SELECT a.pid, a.base, a.cnt, a.created, a.hashes FROM a
     )
     -- Every answered segment's partition is its input's (v_in_pids) and its window was read
-    -- by the resolution (v_ws): only bases and timestamps are aggregated (two ordered
-    -- aggregates, not four: each one costs its executor start-up and its sort per bundle).
-    SELECT v_in_pids
-           || array_agg(COALESCE(r.base, a.base) ORDER BY r.o)
-           || array_agg(COALESCE(r.ts, (extract(epoch FROM a.created) * 1000000)::int8)
-                        ORDER BY r.o)
-           || v_ws
-           || v_dups,
-           count(*) FILTER (WHERE r.base IS NULL AND a.base IS NULL)
-    INTO v_pids, v_missing
-    FROM unnest(v_bases, v_tss) WITH ORDINALITY AS r(base, ts, o)
-    LEFT JOIN a ON a.o = r.o;
-    IF v_missing <> 0 OR array_position(v_pids, NULL) IS NOT NULL THEN
+    -- by the resolution (v_ws): only the written segments' ordinals, bases and timestamps
+    -- are aggregated, in input order from one sort (an aggregate's own ORDER BY sorts apart;
+    -- a join back to every input ordinal cost a function scan, a sort and a merge join).
+    SELECT array_agg(w.o), array_agg(w.base), array_agg(w.ts)
+    INTO v_wos, v_wbases, v_wtss
+    FROM (SELECT a.o, a.base, (extract(epoch FROM a.created) * 1000000)::int8 AS ts
+          FROM a ORDER BY a.o) w;
+    IF v_probe IS NOT NULL THEN
+        -- Rare: the probe path's answers and these, by ordinal.
+        SELECT array_agg(COALESCE(r.base, w.base) ORDER BY r.o),
+               array_agg(COALESCE(r.ts, w.ts) ORDER BY r.o)
+        INTO v_wbases, v_wtss
+        FROM unnest(v_bases, v_tss) WITH ORDINALITY AS r(base, ts, o)
+        LEFT JOIN unnest(v_wos, v_wbases, v_wtss) AS w(o, base, ts) ON w.o = r.o;
+    END IF;
+    v_pids := v_in_pids || v_wbases || v_wtss || v_ws || v_dups;
+    -- The completeness guard: every input ordinal has exactly one result (a's ordinals are
+    -- distinct: each input row joins one partition row, updated once).
+    v_missing := n - COALESCE(cardinality(v_wos), 0) - COALESCE(cardinality(v_probe), 0);
+    IF v_missing <> 0 OR cardinality(v_pids) < 4 * n
+       OR array_position(v_pids, NULL) IS NOT NULL THEN
         RAISE EXCEPTION 'log_push_multi_v2: completeness guard: % inputs, % without a result',
             n, v_missing
             USING ERRCODE = 'P0004';
