@@ -482,12 +482,14 @@ BEGIN
     --    A partition named twice in the bundle joins twice (its row is locked once).
     --    Each segment's count, hashes and promise ride along in the one unnest joined to the
     --    locked rows (a second unnest joined by ordinal was rescanned per row: n^2 rows).
+    --    The probe list comes in ascending id, the order of the locked subquery's rows, which
+    --    an aggregate without ORDER BY keeps (its own ORDER BY would sort them again); the
+    --    set-based segments are the input's partitions less those.
     SELECT count(*), count(DISTINCT l.id),
            count(*) FILTER (WHERE l.cnt < 1 OR octet_length(l.h) <> 16 * l.cnt),
            min(l.id) FILTER (WHERE l.cnt < 1 OR octet_length(l.h) <> 16 * l.cnt),
-           array_agg(l.o ORDER BY l.id) FILTER (WHERE l.probe),
-           array_agg(CASE WHEN l.probe THEN NULL ELSE l.id END ORDER BY l.o)
-    INTO v_locked, v_distinct, v_bad_count, v_bad_pid, v_probe, v_opids
+           array_agg(l.o) FILTER (WHERE l.probe)
+    INTO v_locked, v_distinct, v_bad_count, v_bad_pid, v_probe
     FROM (
         SELECT lp.id, i.o, i.cnt, i.h,
                v_ws[i.o] > 0
@@ -530,10 +532,12 @@ BEGIN
 
     -- The probe path, ascending partition id: log_push_one_v1 as before. Its answers are
     -- spliced into the result arrays of step 5 by ordinal.
+    v_opids := v_in_pids;
     IF v_probe IS NOT NULL THEN
         v_bases := array_fill(NULL::int8, ARRAY[n]);
         v_tss := array_fill(NULL::int8, ARRAY[n]);
         FOREACH v_o IN ARRAY v_probe LOOP
+            v_opids[v_o] := NULL;
             v_res := queen.log_push_one_v1(
                          v_in_pids[v_o], v_ws[v_o], p_msg_counts[v_o], p_hashes[v_o],
                          COALESCE(p_verified[v_o], 0), p_blobs[v_o], v_ts);
