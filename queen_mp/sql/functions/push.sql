@@ -565,7 +565,10 @@ BEGIN
     --    them (`lp.id = ANY` keeps it a primary key probe whatever the join method), then
     --    their segment rows and sidecar rows (always, dedup or not: ack-by-transactionId
     --    resolves through it). Results in input order, and the completeness guard: every
-    --    input ordinal has exactly one result.
+    --    input ordinal has exactly one result. PERF(queen): the inserts take each blob and
+    --    hash blob by ordinal from the arguments (plpgsql holds array arguments expanded, so
+    --    a subscript is a lookup), not through the allocator's rows: the hash join and the
+    --    CTE's tuplestore copied every payload twice.
     WITH a AS (
         UPDATE queen.log_partitions lp SET
             last_offset     = lp.last_offset + s.cnt,
@@ -573,11 +576,10 @@ BEGIN
                                      OR clock_timestamp() - lp.last_write_at > interval '1 second'
                                    THEN clock_timestamp() ELSE lp.last_write_at END,
             last_created_at = GREATEST(lp.last_created_at, v_ts)
-        FROM unnest(v_opids, p_msg_counts, p_blobs, p_hashes) WITH ORDINALITY
-             AS s(pid, cnt, blob, hashes, o)
+        FROM unnest(v_opids, p_msg_counts) WITH ORDINALITY AS s(pid, cnt, o)
         WHERE lp.id = ANY (v_opids) AND lp.id = s.pid
         RETURNING s.o, s.pid, s.cnt, lp.last_offset - s.cnt + 1 AS base,
-                  lp.last_offset AS last, lp.last_created_at AS created, s.blob, s.hashes
+                  lp.last_offset AS last, lp.last_created_at AS created
     ), rdy AS (
         -- The ready index's allocator half (triggers.sql): the caught-up cursors of these
         -- partitions become ready at the new segment. This statement's snapshot was taken
@@ -589,10 +591,10 @@ BEGIN
         WHERE c.partition_id = g.pid AND c.ready_at IS NULL AND c.committed_offset < g.last
     ), seg AS (
         INSERT INTO queen.log_segments (partition_id, base_offset, msg_count, created_at, payload)
-        SELECT a.pid, a.base, a.cnt, a.created, a.blob FROM a
+        SELECT a.pid, a.base, a.cnt, a.created, p_blobs[a.o] FROM a
     ), txn AS (
         INSERT INTO queen.log_txns (partition_id, base_offset, msg_count, created_at, hashes)
-        SELECT a.pid, a.base, a.cnt, a.created, a.hashes FROM a
+        SELECT a.pid, a.base, a.cnt, a.created, p_hashes[a.o] FROM a
     )
     -- Every answered segment's partition is its input's (v_in_pids) and its window was read
     -- by the resolution (v_ws): only the written segments' ordinals, bases and timestamps
