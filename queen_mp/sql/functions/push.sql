@@ -480,24 +480,24 @@ BEGIN
     --        which the shard did not verify: those go through log_push_one_v1 (ascending id);
     --        every other segment goes to the set-based writes of step 5.
     --    A partition named twice in the bundle joins twice (its row is locked once).
-    --    Each segment's count, hashes and promise ride along in the one unnest joined to the
-    --    locked rows (a second unnest joined by ordinal was rescanned per row: n^2 rows).
+    --    Each segment's count, hashes and promise are taken by its ordinal from the arguments
+    --    (expanded arrays: a subscript is a lookup; a second unnest joined by ordinal was
+    --    rescanned per row, n^2 rows, and carrying them through the join copied the hashes).
     --    The probe list comes in ascending id, the order of the locked subquery's rows, which
     --    an aggregate without ORDER BY keeps (its own ORDER BY would sort them again); the
     --    set-based segments are the input's partitions less those.
-    SELECT count(*), count(DISTINCT l.id),
-           count(*) FILTER (WHERE l.cnt < 1 OR octet_length(l.h) <> 16 * l.cnt),
-           min(l.id) FILTER (WHERE l.cnt < 1 OR octet_length(l.h) <> 16 * l.cnt),
-           array_agg(l.o) FILTER (WHERE l.probe)
+    SELECT count(*), count(DISTINCT l.id), count(*) FILTER (WHERE l.bad),
+           min(l.id) FILTER (WHERE l.bad), array_agg(l.o) FILTER (WHERE l.probe)
     INTO v_locked, v_distinct, v_bad_count, v_bad_pid, v_probe
     FROM (
-        SELECT lp.id, i.o, i.cnt, i.h,
+        SELECT lp.id, i.o,
+               p_msg_counts[i.o] < 1
+               OR octet_length(p_hashes[i.o]) <> 16 * p_msg_counts[i.o] AS bad,
                v_ws[i.o] > 0
-               AND GREATEST(COALESCE(i.ver, 0), lp.txns_start - 1) < lp.last_offset
+               AND GREATEST(COALESCE(p_verified[i.o], 0), lp.txns_start - 1) < lp.last_offset
                    AS probe
         FROM queen.log_partitions lp
-        JOIN unnest(v_in_pids, p_msg_counts, p_hashes, p_verified) WITH ORDINALITY
-             AS i(pid, cnt, h, ver, o) ON i.pid = lp.id
+        JOIN unnest(v_in_pids) WITH ORDINALITY AS i(pid, o) ON i.pid = lp.id
         WHERE lp.id = ANY (v_in_pids)
         ORDER BY lp.id
         FOR NO KEY UPDATE OF lp
