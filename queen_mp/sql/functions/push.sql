@@ -444,12 +444,12 @@ BEGIN
     FOR v_round IN 1..2 LOOP
         SELECT array_agg(r.id), array_agg(r.dw)
         INTO v_in_pids, v_ws
-        FROM unnest(v_tenants, p_queues, p_partitions) AS b(t, q, p)
+        FROM unnest(p_partitions) WITH ORDINALITY AS b(p, o)
         LEFT JOIN LATERAL (
             SELECT lp.id, qu.dedup_window AS dw
             FROM queen.queues qu
             JOIN queen.log_partitions lp ON lp.queue_id = qu.id AND lp.name = b.p
-            WHERE qu.tenant = b.t AND qu.name = b.q
+            WHERE qu.tenant = v_tenants[b.o] AND qu.name = p_queues[b.o]
             OFFSET 0
         ) r ON true;
         EXIT WHEN v_round = 2 OR array_position(v_in_pids, NULL) IS NULL;
@@ -571,14 +571,14 @@ BEGIN
     --    CTE's tuplestore copied every payload twice.
     WITH a AS (
         UPDATE queen.log_partitions lp SET
-            last_offset     = lp.last_offset + s.cnt,
+            last_offset     = lp.last_offset + p_msg_counts[s.o],
             last_write_at   = CASE WHEN lp.last_write_at IS NULL
                                      OR clock_timestamp() - lp.last_write_at > interval '1 second'
                                    THEN clock_timestamp() ELSE lp.last_write_at END,
             last_created_at = GREATEST(lp.last_created_at, v_ts)
-        FROM unnest(v_opids, p_msg_counts) WITH ORDINALITY AS s(pid, cnt, o)
+        FROM unnest(v_opids) WITH ORDINALITY AS s(pid, o)
         WHERE lp.id = ANY (v_opids) AND lp.id = s.pid
-        RETURNING s.o, s.pid, s.cnt, lp.last_offset - s.cnt + 1 AS base,
+        RETURNING s.o, s.pid, p_msg_counts[s.o] AS cnt, lp.last_offset - p_msg_counts[s.o] + 1 AS base,
                   lp.last_offset AS last, lp.last_created_at AS created
     ), rdy AS (
         -- The ready index's allocator half (triggers.sql): the caught-up cursors of these
