@@ -359,6 +359,27 @@ COMMENT ON FUNCTION queen.log_push_one_v1(int8, int4, int4, bytea, int8, bytea, 
 --   then d triples   (k - 1, frame index, offset of the stored original) per duplicate frame,
 --                    ascending k then frame (log_push_one_v1's "dups")
 -- An empty bundle answers '{}'. The completeness guard (P0004) holds as before.
+--
+-- Revision (issue 26, pg2): the bundle's fixed cost, three statements of fewer plan nodes.
+--
+-- Functions: queen.log_push_multi_v2 replaced (same signature, answer, locks, lock order and
+-- SQLSTATEs).
+--
+-- Why: bench/pushsql.py under callgrind, main at 4f60f65: 3,734,019 instructions a 20x1
+-- bundle, 1,074,680 a 1x1, 2,588,482 a 10x100. Nearly all of it is executor start-up and
+-- per-row work of the three statements (resolution, pre-lock, writes): every plan node's
+-- initialisation, every function of a ROWS FROM unnest, every ordered aggregate's own sort,
+-- every column carried through a join, a hash table or a CTE's tuplestore costs per bundle or
+-- per segment; the CHECK constraints of the three written tables (~160k a bundle) stay.
+--
+-- Now: the resolution returns each partition's dedup window with its id (the pre-lock no
+-- longer joins queues); each statement unnests one array (names, ids) and takes every other
+-- per-segment value by ordinal from the arguments (plpgsql expands array arguments, so a
+-- subscript is a lookup), so no payload or hash blob crosses a join or a tuplestore; the
+-- pre-lock aggregates no partition ids and sorts no probe list (its rows come in id order);
+-- the answer aggregates the written segments alone, from one sort by ordinal, joined back to
+-- every input ordinal only when a segment took the probe path. 20x1 3,151,390, 1x1 943,215,
+-- 10x100 2,130,340.
 
 CREATE OR REPLACE FUNCTION queen.log_push_multi_v2(
     p_queues     text[],
