@@ -374,6 +374,44 @@ def test_v2_probe_and_set_based_segments_in_one_bundle(db):
     assert assert_gapless(db, pa) == 2 and assert_gapless(db, pb) == 2
 
 
+def test_v2_writes_each_segment_its_own_blob_hashes_and_window(db):
+    """Input order against partition id order, two queues of different windows, a probe
+    segment between set-based ones: every segment stored with its own payload, hashes and
+    count at its own partition's next offset, under one timestamp, and answered with its own
+    queue's window (the bundle takes them by input ordinal, not through its joins)."""
+    q1, q2 = uq(), uq()
+    db.execute("INSERT INTO queen.queues (name, dedup_window) VALUES (%s, 0)", (q2,))
+    for seg in (Seg(q1, "a", ["a1"]), Seg(q1, "b", ["b1"]), Seg(q2, "c", ["c1"])):
+        push(db, [seg])
+    pa, pb, pc = pid_of(db, q1, "a"), pid_of(db, q1, "b"), pid_of(db, q2, "c")
+    assert pa < pb < pc
+    segs = [Seg(q2, "c", ["c2", "c3", "c4"], verified=0, blob=b"payload of c"),
+            Seg(q1, "a", ["a2"], verified=0, blob=b"payload of a"),  # probes offset 1
+            Seg(q1, "n", ["n1", "n2"], blob=b"payload of n"),
+            Seg(q1, "b", ["b2", "b3"], verified=1, blob=b"payload of b")]
+    row = db.execute(PUSH_MULTI_V2, (
+        [s.queue for s in segs], [s.partition for s in segs], [len(s.txns) for s in segs],
+        [hblob(s.txns) for s in segs], [s.verified for s in segs], [s.payload() for s in segs],
+        None)).fetchone()
+    assert row is not None
+    got, n = row[0], len(segs)
+    pn = pid_of(db, q1, "n")
+    assert got[:n] == [pc, pa, pn, pb]
+    assert got[n:2 * n] == [2, 2, 1, 2]
+    assert len(set(got[2 * n:3 * n])) == 1
+    assert got[3 * n:4 * n] == [0, 3600, 3600, 3600]
+    assert got[4 * n:] == []
+    for seg, pid, base in zip(segs, (pc, pa, pn, pb), (2, 2, 1, 2), strict=True):
+        stored = db.execute(
+            "SELECT s.msg_count, s.payload, t.msg_count, t.hashes, s.created_at, t.created_at "
+            "FROM queen.log_segments s JOIN queen.log_txns t USING (partition_id, base_offset) "
+            "WHERE s.partition_id = %s AND s.base_offset = %s", (pid, base)).fetchone()
+        assert stored is not None, seg
+        assert stored[:4] == (len(seg.txns), seg.payload(), len(seg.txns), hblob(seg.txns))
+        assert epoch_us(stored[4]) == epoch_us(stored[5]) == got[2 * n]
+        assert assert_gapless(db, pid) == base + len(seg.txns) - 1
+
+
 def test_duplicate_reports_the_lowest_offset_in_the_window(db):
     q = uq()
     push(db, [Seg(q, "p", ["w"])])
