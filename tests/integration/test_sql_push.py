@@ -410,6 +410,10 @@ def test_v2_writes_each_segment_its_own_blob_hashes_and_window(db):
         assert stored[:4] == (len(seg.txns), seg.payload(), len(seg.txns), hblob(seg.txns))
         assert epoch_us(stored[4]) == epoch_us(stored[5]) == got[2 * n]
         assert assert_gapless(db, pid) == base + len(seg.txns) - 1
+    # segments of one queue (its window once, each partition by name; one of them new)
+    res = push(db, [Seg(q2, "new", ["x1"]), Seg(q2, "c", ["c5"])])
+    assert [(r["pid"], r["s"], r["base"], r["w"]) for r in res] == [
+        (pid_of(db, q2, "new"), "queued", 1, 0), (pc, "queued", 5, 0)]
 
 
 def test_duplicate_reports_the_lowest_offset_in_the_window(db):

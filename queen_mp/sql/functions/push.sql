@@ -379,7 +379,8 @@ COMMENT ON FUNCTION queen.log_push_one_v1(int8, int4, int4, bytea, int8, bytea, 
 -- pre-lock aggregates no partition ids and sorts no probe list (its rows come in id order);
 -- the answer aggregates the written segments alone, from one sort by ordinal, joined back to
 -- every input ordinal only when a segment took the probe path. 20x1 3,151,390, 1x1 943,215,
--- 10x100 2,130,340.
+-- 10x100 2,130,340. A bundle of one queue resolves the queue once (InitPlans) and each
+-- partition with one index probe: 20x1 3,043,293, 1x1 947,348, 10x100 2,092,665.
 
 CREATE OR REPLACE FUNCTION queen.log_push_multi_v2(
     p_queues     text[],
@@ -405,6 +406,7 @@ DECLARE
     v_bad_len   int4;
     v_probe     int4[];
     v_ws        int4[];
+    v_one       boolean := false;
     v_opids     int8[];
     v_ppids     int8[];
     v_res       jsonb;
@@ -454,25 +456,46 @@ BEGIN
     END IF;
 
     -- 2. Resolution (input order, NULL = missing): partition id and the queue's dedup window;
-    --    provisioning only if something is missing, then the names resolved once more. Each
-    --    name is resolved by a LATERAL subquery kept apart by OFFSET 0, in which the names are
-    --    parameters of an equality on both unique keys whatever the statistics say (old
-    --    migration 100, below): the lateral reference makes it the inner side of a nested loop
-    --    over the unnest, whose order array_agg keeps (no ORDER BY, no sort). The window comes
-    --    with the id, so the pre-lock no longer joins queues (a primary key probe a segment).
-    --    Inline, not a function of its own: a nested plpgsql call with its own SET clause cost
-    --    about 20k instructions a bundle (bench/pushsql.py).
+    --    provisioning only if something is missing, then the names resolved once more. The
+    --    names are parameters of an equality on both unique keys whatever the statistics say
+    --    (old migration 100, below), in one of two shapes:
+    --      * every segment of one queue (a shard's bundle of 1-item pushes, mostly): the queue
+    --        once, two uncorrelated sub-selects (InitPlans), and each partition by a correlated
+    --        scalar sub-select on (queue_id, name): one index probe a segment, not two
+    --        (bench/pushsql.py 20x1: 3.15M -> 3.04M instructions; the test costs a 1x1 4k);
+    --      * otherwise each name by a LATERAL subquery kept apart by OFFSET 0: the lateral
+    --        reference makes it the inner side of a nested loop over the unnest.
+    --    array_agg keeps the unnest's order (no ORDER BY, no sort). The window comes with the
+    --    id, so the pre-lock no longer joins queues (a primary key probe a segment). Inline,
+    --    not a function of its own: a nested plpgsql call with its own SET clause cost about
+    --    20k instructions a bundle (bench/pushsql.py).
+    IF n > 1 THEN
+        v_one := v_tenants[1] = ALL (v_tenants) AND p_queues[1] = ALL (p_queues);
+    END IF;
     FOR v_round IN 1..2 LOOP
-        SELECT array_agg(r.id), array_agg(r.dw)
-        INTO v_in_pids, v_ws
-        FROM unnest(p_partitions) WITH ORDINALITY AS b(p, o)
-        LEFT JOIN LATERAL (
-            SELECT lp.id, qu.dedup_window AS dw
-            FROM queen.queues qu
-            JOIN queen.log_partitions lp ON lp.queue_id = qu.id AND lp.name = b.p
-            WHERE qu.tenant = v_tenants[b.o] AND qu.name = p_queues[b.o]
-            OFFSET 0
-        ) r ON true;
+        IF v_one THEN
+            SELECT array_agg((SELECT lp.id FROM queen.log_partitions lp
+                              WHERE lp.queue_id = (SELECT qu.id FROM queen.queues qu
+                                                   WHERE qu.tenant = v_tenants[1]
+                                                     AND qu.name = p_queues[1])
+                                AND lp.name = b.p)),
+                   array_fill((SELECT qu.dedup_window FROM queen.queues qu
+                               WHERE qu.tenant = v_tenants[1] AND qu.name = p_queues[1]),
+                              ARRAY[n])
+            INTO v_in_pids, v_ws
+            FROM unnest(p_partitions) AS b(p);
+        ELSE
+            SELECT array_agg(r.id), array_agg(r.dw)
+            INTO v_in_pids, v_ws
+            FROM unnest(p_partitions) WITH ORDINALITY AS b(p, o)
+            LEFT JOIN LATERAL (
+                SELECT lp.id, qu.dedup_window AS dw
+                FROM queen.queues qu
+                JOIN queen.log_partitions lp ON lp.queue_id = qu.id AND lp.name = b.p
+                WHERE qu.tenant = v_tenants[b.o] AND qu.name = p_queues[b.o]
+                OFFSET 0
+            ) r ON true;
+        END IF;
         EXIT WHEN v_round = 2 OR array_position(v_in_pids, NULL) IS NULL;
 
         -- Ordered on the unique keys: ON CONFLICT takes speculative locks in row order, so two
