@@ -622,7 +622,8 @@ BEGIN
             last_created_at = GREATEST(lp.last_created_at, v_ts)
         FROM unnest(v_opids) WITH ORDINALITY AS s(pid, o)
         WHERE lp.id = ANY (v_opids) AND lp.id = s.pid
-        RETURNING s.o, s.pid, p_msg_counts[s.o] AS cnt, lp.last_offset - p_msg_counts[s.o] + 1 AS base,
+        RETURNING s.o, s.pid, p_msg_counts[s.o] AS cnt,
+                  lp.last_offset - p_msg_counts[s.o] + 1 AS base,
                   lp.last_offset AS last, lp.last_created_at AS created
     ), rdy AS (
         -- The ready index's allocator half (triggers.sql): the caught-up cursors of these
