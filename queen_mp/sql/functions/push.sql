@@ -401,7 +401,6 @@ DECLARE
     v_locked    int4;
     v_distinct  int4;
     v_ts        timestamptz;
-    v_bad_count int4;
     v_bad_pid   int8;
     v_bad_len   int4;
     v_probe     int4[];
@@ -530,9 +529,9 @@ BEGIN
     --    The probe list comes in ascending id, the order of the locked subquery's rows, which
     --    an aggregate without ORDER BY keeps (its own ORDER BY would sort them again); the
     --    set-based segments are the input's partitions less those.
-    SELECT count(*), count(DISTINCT l.id), count(*) FILTER (WHERE l.bad),
-           min(l.id) FILTER (WHERE l.bad), array_agg(l.o) FILTER (WHERE l.probe)
-    INTO v_locked, v_distinct, v_bad_count, v_bad_pid, v_probe
+    SELECT count(*), count(DISTINCT l.id), min(l.id) FILTER (WHERE l.bad),
+           array_agg(l.o) FILTER (WHERE l.probe)
+    INTO v_locked, v_distinct, v_bad_pid, v_probe
     FROM (
         SELECT lp.id, i.o,
                p_msg_counts[i.o] < 1
@@ -557,7 +556,7 @@ BEGIN
             n - v_locked, n
             USING ERRCODE = '40001';
     END IF;
-    IF v_bad_count > 0 THEN
+    IF v_bad_pid IS NOT NULL THEN
         -- log_push_one_v1's own guards, same messages and SQLSTATE (lowest partition id first)
         SELECT b.cnt, octet_length(b.h) INTO v_k, v_bad_len
         FROM unnest(v_in_pids, p_msg_counts, p_hashes) AS b(pid, cnt, h)
