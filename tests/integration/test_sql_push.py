@@ -588,6 +588,48 @@ def test_same_partition_twice_in_one_bundle_raises(db):
     assert [r["s"] for r in res] == ["queued", "queued"]
 
 
+def test_partition_deleted_while_the_bundle_waits_for_its_lock_is_retryable(db, db_dsn):
+    """A partition resolved, then deleted (its queue dropped) while the bundle waits to lock it:
+    40001, nothing written, the other partition of the bundle untouched."""
+    q = uq()
+    push(db, [Seg(q, "a", ["x"])])
+    push(db, [Seg(q, "b", ["x"])])
+    pa, pb = pid_of(db, q, "a"), pid_of(db, q, "b")
+    errors: list[BaseException] = []
+    with psycopg.connect(db_dsn) as blocker, psycopg.connect(db_dsn, autocommit=True) as probe:
+        blocker.execute("SELECT 1 FROM queen.log_partitions WHERE id = %s FOR UPDATE", (pb,))
+
+        def run() -> None:
+            try:
+                with psycopg.connect(db_dsn, autocommit=True) as c:
+                    push(c, [Seg(q, "b", ["b1"]), Seg(q, "a", ["a1"])])
+            except BaseException as ex:
+                errors.append(ex)
+
+        t = threading.Thread(target=run)
+        t.start()
+        try:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                waiting = probe.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock' AND query LIKE '%%log_push_multi_v1%%'"
+                ).fetchone()[0]
+                if waiting:
+                    break
+                time.sleep(0.02)
+            else:
+                pytest.fail("the bundle never waited on the blocked partition")
+            blocker.execute("DELETE FROM queen.log_partitions WHERE id = %s", (pb,))
+            blocker.commit()
+        finally:
+            blocker.rollback()
+            t.join(timeout=30)
+    assert len(errors) == 1 and isinstance(errors[0], psycopg.errors.SerializationFailure), errors
+    assert "vanished" in str(errors[0])
+    assert counts(db, pa) == (1, 1, 1)
+
+
 def test_push_one_unknown_partition_raises(db):
     with pytest.raises(psycopg.errors.NoDataFound):
         db.execute(PUSH_ONE, (-1, 3600, 1, hblob(["a"]), 0, b"x", None))

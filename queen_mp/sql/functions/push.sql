@@ -530,9 +530,9 @@ BEGIN
     --    The probe list comes in ascending id, the order of the locked subquery's rows, which
     --    an aggregate without ORDER BY keeps (its own ORDER BY would sort them again); the
     --    set-based segments are the input's partitions less those.
-    SELECT count(*), count(DISTINCT l.id), min(l.id) FILTER (WHERE l.bad),
+    SELECT count(DISTINCT l.id), min(l.id) FILTER (WHERE l.bad),
            array_agg(l.o) FILTER (WHERE l.probe)
-    INTO v_locked, v_distinct, v_bad_pid, v_probe
+    INTO v_distinct, v_bad_pid, v_probe
     FROM (
         SELECT lp.id, i.o,
                p_msg_counts[i.o] < 1
@@ -547,14 +547,17 @@ BEGIN
         FOR NO KEY UPDATE OF lp
     ) l;
 
-    IF v_distinct <> v_locked THEN
-        RAISE EXCEPTION 'log_push_multi_v2: a partition appears more than once in the bundle (% segments, % distinct partitions)',
-            v_locked, v_distinct
-            USING ERRCODE = '21000';
-    END IF;
-    IF v_locked <> n THEN
+    IF v_distinct <> n THEN
+        -- A partition named twice, or one that vanished: the input tells which.
+        SELECT count(DISTINCT x.pid) INTO v_locked
+        FROM unnest(v_in_pids) AS x(pid) WHERE x.pid IS NOT NULL;
+        IF v_locked <> cardinality(array_remove(v_in_pids, NULL)) THEN
+            RAISE EXCEPTION 'log_push_multi_v2: a partition appears more than once in the bundle (% segments, % distinct partitions)',
+                n, v_locked
+                USING ERRCODE = '21000';
+        END IF;
         RAISE EXCEPTION 'log_push_multi_v2: % of % partitions vanished before the pre-lock (queue deleted concurrently?)',
-            n - v_locked, n
+            n - v_distinct, n
             USING ERRCODE = '40001';
     END IF;
     IF v_bad_pid IS NOT NULL THEN
