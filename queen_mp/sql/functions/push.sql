@@ -399,7 +399,7 @@ DECLARE
     n           int4 := COALESCE(cardinality(p_queues), 0);
     v_tenants   uuid[];
     v_in_pids   int8[];
-    v_locked    int4;
+    v_named     int4;
     v_distinct  int4;
     v_ts        timestamptz;
     v_bad_pid   int8;
@@ -549,11 +549,11 @@ BEGIN
 
     IF v_distinct <> n THEN
         -- A partition named twice, or one that vanished: the input tells which.
-        SELECT count(DISTINCT x.pid) INTO v_locked
+        SELECT count(DISTINCT x.pid) INTO v_named
         FROM unnest(v_in_pids) AS x(pid) WHERE x.pid IS NOT NULL;
-        IF v_locked <> cardinality(array_remove(v_in_pids, NULL)) THEN
+        IF v_named <> cardinality(array_remove(v_in_pids, NULL)) THEN
             RAISE EXCEPTION 'log_push_multi_v2: a partition appears more than once in the bundle (% segments, % distinct partitions)',
-                n, v_locked
+                n, v_named
                 USING ERRCODE = '21000';
         END IF;
         RAISE EXCEPTION 'log_push_multi_v2: % of % partitions vanished before the pre-lock (queue deleted concurrently?)',
