@@ -380,8 +380,9 @@ COMMENT ON FUNCTION queen.log_push_one_v1(int8, int4, int4, bytea, int8, bytea, 
 -- the answer aggregates the written segments alone, from one sort by ordinal, joined back to
 -- every input ordinal only when a segment took the probe path. 20x1 3,151,390, 1x1 943,215,
 -- 10x100 2,130,340. A bundle of one queue resolves the queue once (InitPlans) and each
--- partition with one index probe, and the guard is one aggregate: 20x1 3,036,000, 1x1 940,316,
--- 10x100 2,085,293.
+-- partition with one index probe, and the pre-lock's guards are two aggregates (the lowest
+-- bad partition id; the distinct partitions locked, a shortfall told apart on the error path
+-- from the input): 20x1 3,027,679, 1x1 933,163, 10x100 2,077,387.
 
 CREATE OR REPLACE FUNCTION queen.log_push_multi_v2(
     p_queues     text[],
