@@ -16,12 +16,13 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 import psycopg
 import pytest
 import xxhash
 
-from tests.pgharness import module_db_dsn
+from tests.pgharness import module_db_dsn, wait_for_lock_wait
 
 db_dsn = module_db_dsn  # this module's own database (the docstring says why)
 
@@ -62,13 +63,40 @@ class Seg:
         return self.blob or ("|".join(self.txns)).encode()
 
 
-def push(conn: psycopg.Connection, segs: list[Seg], tenants: list | None = None) -> list[dict]:
-    row = conn.execute(PUSH_MULTI, (
+def _push_with(statement: str, conn: psycopg.Connection, segs: list[Seg],
+               tenants: list | None) -> Any:
+    row = conn.execute(statement, (
         [s.queue for s in segs], [s.partition for s in segs], [len(s.txns) for s in segs],
         [hblob(s.txns) for s in segs], [s.verified for s in segs],
         [s.payload() for s in segs], tenants)).fetchone()
     assert row is not None
     return row[0]
+
+
+def push(conn: psycopg.Connection, segs: list[Seg], tenants: list | None = None) -> list[dict]:
+    """log_push_multi_v1: one JSON object a segment."""
+    return _push_with(PUSH_MULTI, conn, segs, tenants)
+
+
+def push_v2(conn: psycopg.Connection, segs: list[Seg], tenants: list | None = None) -> list[int]:
+    """log_push_multi_v2: its int8[] answer."""
+    return _push_with(PUSH_MULTI_V2, conn, segs, tenants)
+
+
+def push_in_thread(dsn: str, segs: list[Seg], errors: list[BaseException]) -> threading.Thread:
+    """``push`` on a connection of its own in a started thread; what it raises goes to
+    ``errors``."""
+
+    def run() -> None:
+        try:
+            with psycopg.connect(dsn, autocommit=True) as c:
+                push(c, segs)
+        except BaseException as ex:  # reported by the caller
+            errors.append(ex)
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t
 
 
 def pid_of(conn, queue: str, partition: str, tenant: uuid.UUID = DEFAULT_TENANT) -> int:
@@ -211,28 +239,11 @@ def test_bundle_locks_partitions_in_ascending_id_order(db, db_dsn):
         # hold the middle partition: a bundle over c, a, b (input order) must hold a and wait
         # on b, and must not have touched c yet
         blocker.execute("SELECT 1 FROM queen.log_partitions WHERE id = %s FOR UPDATE", (pb,))
-
-        def run() -> None:
-            try:
-                with psycopg.connect(db_dsn, autocommit=True) as c:
-                    push(c, [Seg(q, "c", ["c1"]), Seg(q, "a", ["a1"]), Seg(q, "b", ["b1"])])
-            except BaseException as ex:  # pragma: no cover - reported below
-                errors.append(ex)
-
-        t = threading.Thread(target=run)
-        t.start()
+        t = push_in_thread(db_dsn, [Seg(q, "c", ["c1"]), Seg(q, "a", ["a1"]),
+                                    Seg(q, "b", ["b1"])], errors)
         try:
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline:
-                waiting = probe.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                    "AND wait_event_type = 'Lock' AND query LIKE '%%log_push_multi_v1%%'"
-                ).fetchone()[0]
-                if waiting:
-                    break
-                time.sleep(0.02)
-            else:
-                pytest.fail("the bundle never waited on the blocked partition")
+            wait_for_lock_wait(probe, "log_push_multi_v1",
+                               "the bundle never waited on the blocked partition")
             with pytest.raises(psycopg.errors.LockNotAvailable):
                 probe.execute("SELECT 1 FROM queen.log_partitions WHERE id = %s "
                               "FOR UPDATE NOWAIT", (pa,))
@@ -344,12 +355,7 @@ def test_v2_answers_one_int8_array_in_input_order(db):
     assert pa < pb < pc
     segs = [Seg(q, "c", ["c9", "c3", "c1"]), Seg(q, "d", ["d1"]), Seg(q, "a", ["a2"]),
             Seg(q, "b", ["b2", "b3"])]
-    row = db.execute(PUSH_MULTI_V2, (
-        [s.queue for s in segs], [s.partition for s in segs], [len(s.txns) for s in segs],
-        [hblob(s.txns) for s in segs], [0] * len(segs), [s.payload() for s in segs],
-        None)).fetchone()
-    assert row is not None
-    got, n = row[0], len(segs)
+    got, n = push_v2(db, segs), len(segs)
     pd = pid_of(db, q, "d")
     assert got[:n] == [pc, pd, pa, pb]
     assert got[n:2 * n] == [0, 1, 0, 2]
@@ -389,12 +395,7 @@ def test_v2_writes_each_segment_its_own_blob_hashes_and_window(db):
             Seg(q1, "a", ["a2"], verified=0, blob=b"payload of a"),  # probes offset 1
             Seg(q1, "n", ["n1", "n2"], blob=b"payload of n"),
             Seg(q1, "b", ["b2", "b3"], verified=1, blob=b"payload of b")]
-    row = db.execute(PUSH_MULTI_V2, (
-        [s.queue for s in segs], [s.partition for s in segs], [len(s.txns) for s in segs],
-        [hblob(s.txns) for s in segs], [s.verified for s in segs], [s.payload() for s in segs],
-        None)).fetchone()
-    assert row is not None
-    got, n = row[0], len(segs)
+    got, n = push_v2(db, segs), len(segs)
     pn = pid_of(db, q1, "n")
     assert got[:n] == [pc, pa, pn, pb]
     assert got[n:2 * n] == [2, 2, 1, 2]
@@ -598,28 +599,10 @@ def test_partition_deleted_while_the_bundle_waits_for_its_lock_is_retryable(db, 
     errors: list[BaseException] = []
     with psycopg.connect(db_dsn) as blocker, psycopg.connect(db_dsn, autocommit=True) as probe:
         blocker.execute("SELECT 1 FROM queen.log_partitions WHERE id = %s FOR UPDATE", (pb,))
-
-        def run() -> None:
-            try:
-                with psycopg.connect(db_dsn, autocommit=True) as c:
-                    push(c, [Seg(q, "b", ["b1"]), Seg(q, "a", ["a1"])])
-            except BaseException as ex:
-                errors.append(ex)
-
-        t = threading.Thread(target=run)
-        t.start()
+        t = push_in_thread(db_dsn, [Seg(q, "b", ["b1"]), Seg(q, "a", ["a1"])], errors)
         try:
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline:
-                waiting = probe.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                    "AND wait_event_type = 'Lock' AND query LIKE '%%log_push_multi_v1%%'"
-                ).fetchone()[0]
-                if waiting:
-                    break
-                time.sleep(0.02)
-            else:
-                pytest.fail("the bundle never waited on the blocked partition")
+            wait_for_lock_wait(probe, "log_push_multi_v1",
+                               "the bundle never waited on the blocked partition")
             blocker.execute("DELETE FROM queen.log_partitions WHERE id = %s", (pb,))
             blocker.commit()
         finally:
