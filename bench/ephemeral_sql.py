@@ -2,7 +2,7 @@
 
 ``bench/ephemeral.py`` measures the routes, where the broker, the HTTP client and the load of
 the machine share the figures. This one calls ``queen.eph_push_v1``, ``eph_pop_v4`` and
-``eph_ack_v3`` over one connection, one call after the other, and reads from ``/proc`` (so the
+``eph_ack_v4`` over one connection, one call after the other, and reads from ``/proc`` (so the
 server must run on this machine) the CPU time of that connection's backend and of the whole
 cluster (the backend, autovacuum, the writers): what a message costs PostgreSQL itself, the
 figure the storage layout decides.
@@ -43,6 +43,7 @@ from bench.push import (
     private_server,
     process_tree,
 )
+from bench.pushsql import _exit_total
 from queen_mp.db import ephemeral_procs
 from queen_mp.db.binarrays import int4_array, int8_array, register_arrays, text_array, uuid_array
 from queen_mp.db.migrations import apply_migrations
@@ -99,7 +100,10 @@ class _Backend:
                            int4_array([len(_PAYLOAD)] * (n * k)),
                            text_array([_PAYLOAD] * (n * k))))
 
-    def pop_ack(self, queue: str, group: str, batch: int) -> int:
+    def pop_ack(self, queue: str, group: str, batch: int, acker: _Backend | None = None
+                ) -> int:
+        """A pop of ``batch`` and the ack of what it got (on ``acker``'s connection if given);
+        the messages moved."""
         row = self.conn.execute(ephemeral_procs.POP_SQL, (_TENANT, queue, None, group, batch,
                                                           False), binary=True).fetchone()
         assert row is not None
@@ -108,13 +112,13 @@ class _Backend:
             return 0
         parts = [parse_id(m["id"]) for m in orjson.loads(render_messages(got))]
         ok = [p for p in parts if p is not None]
-        out = self.conn.execute(
-            "SELECT outcomes FROM queen.eph_ack_v3(%s, %s, %s, %b::text[], %b::int8[], "
-            "%b::int8[], %b::text[])",
-            (_TENANT, queue, group, text_array([p[0] for p in ok]),
-             int8_array([p[1] for p in ok]), int8_array([p[2] for p in ok]),
-             text_array(["completed"] * len(ok)))).fetchone()
-        assert out is not None and all(o == "acked" for o in out[0]), out
+        n = len(ok)
+        row = (acker or self).conn.execute(ephemeral_procs.ACK_SQL, ephemeral_procs.ack_params(
+            _TENANT.bytes, queue, group, ["completed"] * n, [p[0] for p in ok],
+            [str(p[1]) for p in ok], [str(p[2]) for p in ok]), binary=True).fetchone()
+        assert row is not None
+        out = ephemeral_procs.ack_outcome(row, n).outcomes
+        assert out == ["acked"] * n, out
         return len(ok)
 
 
@@ -165,6 +169,84 @@ def _cell(b: _Backend, batch: int, groups: int, messages: int, pop_batch: int) -
     return rows
 
 
+@dataclass(frozen=True)
+class InstrRow:
+    push_size: int
+    pop_batch: int
+    push: float  # instructions a call
+    pop: float
+    ack: float
+
+
+def _calls(dsn: str, pattern: str, n: int, fn: object, pair: bool = False) -> list[int]:
+    """``n`` calls of ``fn`` on a fresh backend (a pair: ``fn(first, second)``), closed after;
+    the instruction totals callgrind wrote when they exited."""
+    bs = [_Backend(dsn) for _ in range(2 if pair else 1)]
+    for _ in range(n):
+        fn(*bs)  # type: ignore[operator]
+    for b in bs:
+        b.conn.close()
+    return [_exit_total(pattern.format(pid=b.pid)) for b in bs]
+
+
+def _instr_cell(dsn: str, pattern: str, size: int, batch: int, calls: int, warmup: int
+                ) -> InstrRow:
+    """Pushes of ``size`` to 4 partitions of a fresh queue, then pops of ``batch`` by one
+    group, each acknowledged whole: a backend (pair) that made ``warmup + calls`` calls minus
+    one that made ``warmup``, per call."""
+    queue = f"cg-{size}-{batch}-{uuid.uuid4().hex[:6]}"
+    b = _Backend(dsn)
+    b.conn.execute("SELECT queen.eph_configure_v1(%s, %s, %s::jsonb)", (
+        _TENANT, queue, '{"maxLength": 10000000, "maxBytes": 1073741824}'))
+    b.pop_ack(queue, "g", 1)  # the group registered: the messages wait for it
+    b.conn.close()
+    at = iter(range(1 << 30))
+
+    def push(b: _Backend) -> None:
+        b.push(queue, f"p{next(at) % 4}", size)
+
+    def pop_ack(p: _Backend, a: _Backend) -> None:
+        assert p.pop_ack(queue, "g", batch, acker=a), "the queue ran dry"
+
+    short = _calls(dsn, pattern, warmup, push)
+    long = _calls(dsn, pattern, warmup + calls, push)
+    _calls(dsn, pattern, -(-(2 * warmup + calls) * batch // size) + 8, push)
+    pshort = _calls(dsn, pattern, warmup, pop_ack, pair=True)
+    plong = _calls(dsn, pattern, warmup + calls, pop_ack, pair=True)
+    return InstrRow(size, batch, (long[0] - short[0]) / calls, (plong[0] - pshort[0]) / calls,
+                    (plong[1] - pshort[1]) / calls)
+
+
+def instructions(args: argparse.Namespace) -> list[InstrRow]:
+    """``--callgrind``: instructions a call of push, pop and ack, the server (``--server-dsn``,
+    on this machine) run under callgrind, its backends' files named by ``--callgrind``."""
+    rows = []
+    dsn = create_database(args.server_dsn, f"queen_bench_{uuid.uuid4().hex[:8]}_ephcg")
+    try:
+        apply_migrations(dsn)
+        for size, batch in ((100, args.pop_batch), (100, args.odd_batch), (1, args.pop_batch)):
+            calls, warmup = (args.calls, args.warmup) if size > 1 else (
+                max(1, args.calls // 3), max(1, args.warmup // 2))
+            rows.append(_instr_cell(dsn, args.callgrind, size, batch, calls, warmup))
+    finally:
+        drop_database(args.server_dsn, db_name(dsn))
+    return rows
+
+
+def _markdown(head: list[str], cells: list[list[str]]) -> str:
+    """A Markdown table, the first column left-aligned, the others right-aligned."""
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    lines += ["| " + " | ".join(c) + " |" for c in cells]
+    return "\n".join(lines) + "\n"
+
+
+def render_instructions(rows: list[InstrRow]) -> str:
+    return _markdown(["pushes of", "pop batch", "push instr/call", "pop instr/call",
+                      "ack instr/call", "pop+ack instr/msg"],
+                     [[str(r.push_size), str(r.pop_batch), f"{r.push:,.0f}", f"{r.pop:,.0f}",
+                       f"{r.ack:,.0f}", f"{(r.pop + r.ack) / r.pop_batch:,.0f}"] for r in rows])
+
+
 def run(args: argparse.Namespace) -> list[Row]:
     rows: list[Row] = []
     with private_server(args.server_dsn) as server_dsn:
@@ -184,11 +266,11 @@ def run(args: argparse.Namespace) -> list[Row]:
 
 
 def render(rows: list[Row]) -> str:
-    lines = ["| op | batch | groups | msgs | backend CPU us/msg | cluster CPU us/msg "
-             "| wall us/msg |", "|---|---:|---:|---:|---:|---:|---:|"]
-    lines += [f"| {r.op} | {r.batch} | {r.groups} | {r.msgs:,} | {r.cpu_us_per_msg:.1f} | "
-              f"{r.cluster_us_per_msg:.1f} | {r.wall_us_per_msg:.1f} |" for r in rows]
-    return "\n".join(lines) + "\n"
+    return _markdown(["op", "batch", "groups", "msgs", "backend CPU us/msg",
+                      "cluster CPU us/msg", "wall us/msg"],
+                     [[r.op, str(r.batch), str(r.groups), f"{r.msgs:,}",
+                       f"{r.cpu_us_per_msg:.1f}", f"{r.cluster_us_per_msg:.1f}",
+                       f"{r.wall_us_per_msg:.1f}"] for r in rows])
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -201,11 +283,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--pop-batch", type=int, default=100)
     ap.add_argument("--odd-batch", type=int, default=70,
                     help="the pop batch of the last cell, that no push's size divides (70)")
-    return ap.parse_args(argv)
+    ap.add_argument("--callgrind", metavar="PATTERN", default=None,
+                    help="count instructions instead: the --server-dsn server runs under "
+                         "valgrind --tool=callgrind --trace-children=yes, its backends' "
+                         "--callgrind-out-file as PATTERN with {pid}, e.g. '/tmp/cg/cg.{pid}'")
+    ap.add_argument("--calls", type=int, default=30,
+                    help="--callgrind: measured calls a cell (pushes of 1: a third)")
+    ap.add_argument("--warmup", type=int, default=10,
+                    help="--callgrind: unmeasured calls first (pushes of 1: half)")
+    args = ap.parse_args(argv)
+    if args.callgrind and not args.server_dsn:
+        ap.error("--callgrind needs --server-dsn (the server run under callgrind)")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
-    print(render(run(parse_args(argv))))
+    args = parse_args(argv)
+    if args.callgrind:
+        print(render_instructions(instructions(args)))
+    else:
+        print(render(run(args)))
     return 0
 
 

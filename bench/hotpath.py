@@ -54,7 +54,7 @@ from typing import Any
 
 import orjson
 
-from queen_mp.db.ephemeral_procs import PopOutcome
+from queen_mp.db.ephemeral_procs import PopOutcome, ack_outcome, ack_params
 from queen_mp.db.pop_procs import Claim
 from queen_mp.front.acks import COMMITTED
 from queen_mp.front.delivery import json_messages
@@ -274,19 +274,18 @@ class AckPath:
 
 
 class EphAckPath:
-    """An ephemeral ack of ``count`` ids of one delivery: parsed, its lists joined as
-    ``ephemeral_procs.ack`` sends them, every id answered acked."""
+    """An ephemeral ack of ``count`` ids of one delivery: parsed, its parameters made as
+    ``ephemeral_procs.ack`` makes them, every id answered acked (PostgreSQL's NULL)."""
 
     def __init__(self, count: int) -> None:
         self.body = orjson.dumps({"queue": "hot.q", "acks": [
             {"id": f"0123456789abcdef-{1_000_000 + i}-555555"} for i in range(count)]})
-        self.outcomes = ["acked"] * count
 
     def __call__(self) -> bytes:
         ack = parse_ack(orjson.loads(self.body))
-        for part in (ack.epochs, ack.seqs, ack.deliveries, ack.statuses):
-            ",".join(part)
-        return ack_results(ack, self.outcomes)
+        ack_params(bytes(16), ack.queue, ack.group, ack.statuses, ack.epochs, ack.seqs,
+                   ack.deliveries)
+        return ack_results(ack, ack_outcome((None, 0), len(ack.seqs)).outcomes)
 
 
 class EphPopPath:

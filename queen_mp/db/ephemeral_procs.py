@@ -10,6 +10,7 @@ psycopg errors do not leave this module.
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,10 +22,10 @@ import psycopg
 from queen_mp.db.binarrays import int4_array, int8_array, text_array, uuid_array
 from queen_mp.db.errors import translate
 
-__all__ = ["POP_SQL", "PUSHED_ALONE", "PUSHED_FULL", "SQLSTATE_PUSH_ALONE",
+__all__ = ["ACK_SQL", "POP_SQL", "PUSHED_ALONE", "PUSHED_FULL", "SQLSTATE_PUSH_ALONE",
            "SQLSTATE_QUEUE_FULL", "AckOutcome", "FusedOutcome", "PopOutcome", "QueueFull", "ack",
-           "configure", "delete", "depth", "list_queues", "pop", "pop_outcome", "push",
-           "push_many", "reset"]
+           "ack_outcome", "ack_params", "configure", "delete", "depth", "list_queues", "pop",
+           "pop_outcome", "push", "push_many", "reset"]
 
 Conn = psycopg.AsyncConnection[Any]
 
@@ -90,7 +91,10 @@ async def _one(conn: Conn, sql: str, params: tuple[Any, ...], *, writes: bool,
     return row
 
 
+@functools.lru_cache(maxsize=1024)
 def _tenant(tenant: bytes) -> uuid.UUID:
+    """PERF(eph): a worker serves few tenants, and uuid.UUID() is Python code that checks its
+    argument: some 4 us a call (timeit), of a push, pop or ack whose front share is 10-20."""
     return uuid.UUID(bytes=tenant)
 
 
@@ -164,17 +168,46 @@ async def ack(conn: Conn, tenant: bytes, queue: str, group: str, statuses: Seque
               ) -> AckOutcome:
     """The ids parsed as ``models.ephemeral.Ack`` holds them ('' where an id is not ours).
 
-    PERF(eph): the lists go as comma-separated text, split and cast by PostgreSQL
+    A lone id that is not ours is 'unknown' without a call: its lists would go as '', which
+    ``string_to_array`` reads as no element at all, not as one NULL (PostgreSQL answered no
+    outcome, and the route a 500)."""
+    if len(seqs) == 1 and not epochs[0]:
+        return AckOutcome(["unknown"], 0)
+    row = await _one(conn, ACK_SQL, ack_params(tenant, queue, group, statuses, epochs, seqs,
+                                               deliveries), writes=True, binary=True)
+    return ack_outcome(row, len(seqs))
+
+
+#: ``ack``'s statement; its parameters are ``ack_params``', its row (binary) ``ack_outcome``'s
+#: (the benches and tests call them too)
+ACK_SQL = ("SELECT outcomes, redelivered FROM queen.eph_ack_v4(%s, %s, %s, "
+           "string_to_array(%s, ',', ''), string_to_array(%s, ',', '')::int8[], "
+           "string_to_array(%s, ',', '')::int8[], string_to_array(%s, ','))")
+
+
+def ack_params(tenant: bytes, queue: str, group: str, statuses: Sequence[str],
+               epochs: Sequence[str], seqs: Sequence[str], deliveries: Sequence[str]
+               ) -> tuple[Any, ...]:
+    """PERF(eph): the lists go as comma-separated text, split and cast by PostgreSQL
     (``string_to_array``, '' read as NULL; none of their elements has a comma): Python built
     no int and no array element for them (an ack of 100 cost the front worker 0.6 us a
-    message in ``int()`` and the binary arrays)."""
-    row = await _one(conn, "SELECT outcomes, redelivered FROM queen.eph_ack_v3(%s, %s, %s, "
-                           "string_to_array(%s, ',', ''), "
-                           "string_to_array(%s, ',', '')::int8[], "
-                           "string_to_array(%s, ',', '')::int8[], string_to_array(%s, ','))",
-                     (_tenant(tenant), queue, group, ",".join(epochs), ",".join(seqs),
-                      ",".join(deliveries), ",".join(statuses)), writes=True, binary=True)
-    return AckOutcome(row[0], int(row[1]))
+    message in ``int()`` and the binary arrays). A list whose elements are all one goes as
+    that one (``queen.eph_ack_v4`` spreads it), as the usual ack's epochs, deliveries and
+    statuses do: PostgreSQL splits, casts and compares one, not one per id."""
+    n = len(seqs)
+    return (_tenant(tenant), queue, group, _one_or_all(epochs, n), ",".join(seqs),
+            _one_or_all(deliveries, n), _one_or_all(statuses, n))
+
+
+def _one_or_all(items: Sequence[str], n: int) -> str:
+    """``items`` joined by commas, or its one element when all ``n`` are that one (not '')."""
+    # PERF(eph): count compares in C, mostly by identity (parse_ack slices one split)
+    return items[0] if items[0] and items.count(items[0]) == n else ",".join(items)
+
+
+def ack_outcome(row: tuple[Any, ...], n: int) -> AckOutcome:
+    """``n`` ids' outcomes; PostgreSQL answers none (NULL) when every one is 'acked'."""
+    return AckOutcome(["acked"] * n if row[0] is None else row[0], int(row[1]))
 
 
 async def reset(conn: Conn, tenant: bytes, queue: str) -> int:

@@ -287,6 +287,7 @@ def test_ack_outcomes_retry_limit_and_drops(broker):
     again = pop(c, q, batch=2, group="g")
     assert [(m["payload"], m["attempts"]) for m in again] == [("x", 2)]
     assert again[0]["id"] != x["id"]
+    assert ack(c, q, [{"id": "garbage"}], group="g") == ["unknown"]  # alone, too
     # the first delivery's id is fenced off once the message was redelivered
     assert ack(c, q, [{"id": x["id"]}], group="g") == ["unknown"]
     # retryLimit 1: a second failure drops it (settled, counted)
@@ -300,6 +301,27 @@ def test_ack_outcomes_retry_limit_and_drops(broker):
     z = pop(c, q, group="g")[0]
     assert c.post(f"{E}/reset", json={"queue": q}).json() == {"queue": q, "dropped": 1}
     assert ack(c, q, [{"id": z["id"]}], group="g") == ["stale"]
+
+
+def test_a_deliverys_ids_acked_together_answer_each_outcome(broker):
+    """The broker sends a delivery's ids as one epoch, delivery and status (eph_ack_v4 spreads
+    them): every outcome is the one each id would get alone, not only 'acked'."""
+    q = uq()
+    c = broker.client
+    push(c, q, ["a", "b", "c", "d"])
+    first = pop(c, q, batch=4, group="g")
+    # the same id twice, and a part of the delivery: the first occurrence acts
+    assert ack(c, q, [{"id": first[1]["id"]}, {"id": first[1]["id"]}], group="g") == [
+        "acked", "unknown"]
+    rest = [first[0], first[2], first[3]]
+    assert ack(c, q, [{"id": m["id"], "status": "failed"} for m in rest], group="g") == [
+        "redelivered"] * 3
+    again = pop(c, q, batch=4, group="g")
+    assert [(m["payload"], m["attempts"]) for m in again] == [("a", 2), ("c", 2), ("d", 2)]
+    # the older delivery's ids are fenced off, all of them
+    assert ack(c, q, [{"id": m["id"]} for m in rest], group="g") == ["unknown"] * 3
+    assert c.post(f"{E}/reset", json={"queue": q}).json() == {"queue": q, "dropped": 3}
+    assert ack(c, q, [{"id": m["id"]} for m in again], group="g") == ["stale"] * 3
 
 
 def test_an_expired_lease_redelivers_and_a_parked_pop_wakes_for_it(broker):

@@ -176,6 +176,50 @@ def test_a_pop_cut_inside_a_later_run_of_a_chunk_resumes_after_it(broker, db_dsn
     assert chunks(db_dsn, q) == []
 
 
+def test_pops_over_chunks_of_one_message_read_them_in_order(broker, db_dsn):
+    """Pushes of one message (a chunk each): a pop reads its batch from the chunks in one range
+    scan (eph_pop_v4), past the cursor, whatever another group still keeps stored below it."""
+    q, c = uq(), broker.client
+    for g in ("first", "later"):
+        assert pop(c, q, g, 1) == []  # registered: messages now wait for both
+    for i in range(7):
+        push(c, q, [f"m{i}"])
+    assert chunks(db_dsn, q) == [(1, 1, 0)] * 7
+    taken = pop(c, q, "first", 5)
+    assert [m["payload"] for m in taken] == [f"m{i}" for i in range(5)]
+    assert set(ack(c, q, "first", taken)) == {"acked"}  # still stored: 'later' needs them
+    head = pop(c, q, "later", 2)
+    assert [m["payload"] for m in head] == ["m0", "m1"]
+    # the cursor sits on a chunk still stored; the next batch starts after it
+    rest = pop(c, q, "later", 4)
+    assert [m["payload"] for m in rest] == ["m2", "m3", "m4", "m5"]
+    assert [m["payload"] for m in pop(c, q, "first", 10)] == ["m5", "m6"]
+    assert [m["payload"] for m in pop(c, q, "later", 10)] == ["m6"]
+    assert depth(c, q)["pending"] == 7
+
+
+def test_one_groups_ack_of_a_delivery_over_three_chunks_deletes_and_strikes_each(broker,
+                                                                                   db_dsn):
+    """The ack of a whole delivery of one group whose messages sit in three chunks, the first
+    keeping a message of another delivery (eph_ack_v4's one-group way, neither one chunk nor
+    two): the chunks it empties go, the first loses what it acknowledged, each counted once."""
+    q, c = uq(), broker.client
+    for i in range(3):
+        push(c, q, [f"m{i}{j}" for j in range(3)])
+    first = pop(c, q, "g", 1)
+    got = pop(c, q, "g", 8)
+    assert [m["payload"] for m in first + got] == [
+        f"m{i}{j}" for i in range(3) for j in range(3)]
+    assert set(ack(c, q, "g", got)) == {"acked"}
+    assert chunks(db_dsn, q) == [(3, 1, 0)]
+    assert depth(c, q)["pending"] == 1
+    assert set(ack(c, q, "g", got)) == {"unknown"}
+    assert set(ack(c, q, "g", first)) == {"acked"}
+    assert chunks(db_dsn, q) == []
+    d = depth(c, q)
+    assert (d["pending"], d["bytes"]) == (0, 0), d
+
+
 def test_drop_oldest_cuts_inside_a_chunk_and_redeliveries_read_from_it(broker, db_dsn):
     q, c = uq(), broker.client
     r = c.post(f"{E}/configure", json={"queue": q, "options": {

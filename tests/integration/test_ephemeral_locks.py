@@ -125,7 +125,7 @@ def test_a_push_that_drops_by_ttl_then_by_bounds_and_an_ack_of_both_complete(con
     pusher = Call(connect(), "SELECT queen.eph_push_v1(%s, %s, 'c', '{1}'::text[])", (tenant, q))
     wait_for_lock(watch, pusher)
     # the ack takes d1, then waits for d2
-    acker = Call(connect(), "SELECT outcomes FROM queen.eph_ack_v3(%s, %s, 'g', %s::text[],"
+    acker = Call(connect(), "SELECT outcomes FROM queen.eph_ack_v4(%s, %s, 'g', %s::text[],"
                             " %s::int8[], %s::int8[], '{completed,completed}'::text[])",
                  (tenant, q, [epoch, epoch], [b1, a1], [d1, d2]))
     wait_for_lock(watch, acker)
@@ -260,12 +260,16 @@ def test_two_strikes_of_the_same_messages_count_each_out_once(connect):
     first.execute("SELECT queen.eph_delete_v1(%s, %s)", (tenant, q))  # no caller counted them
 
 
+@pytest.mark.parametrize("each", [False, True], ids=["as-the-broker-sends", "an-item-per-id"])
 @pytest.mark.parametrize("first_of", [0, 1])
 def test_two_acks_that_share_a_chunk_leave_it_deleted_and_count_each_message_once(connect,
-                                                                                  first_of):
+                                                                                  first_of,
+                                                                                  each):
     """One group's acks of two deliveries of one chunk (4 and 6 of its 10 messages): the one
     that waited for the chunk row sees what the other left, so the last one deletes the row
-    (each struck its part, and neither deleted it, when both decided on the row first read)."""
+    (each struck its part, and neither deleted it, when both decided on the row first read).
+    Each ack as the broker sends it (one epoch, delivery and status for all its ids: the usual
+    ack's path) or with an element per id (the general path)."""
     first, second, watch = connect(), connect(), connect()
     tenant, q = uuid.uuid4(), f"locks-{uuid.uuid4().hex[:8]}"
     push(first, tenant, q, "p", 10)
@@ -274,19 +278,58 @@ def test_two_acks_that_share_a_chunk_leave_it_deleted_and_count_each_message_onc
         msgs = eph_pop(first, tenant, q, "p", "g", batch, False)
         assert len(msgs) == batch, msgs
         ids.append([m["id"].split("-") for m in msgs])
-    ack = ("SELECT outcomes FROM queen.eph_ack_v3(%s, %s, 'g', %s::text[], %s::int8[],"
+    ack = ("SELECT outcomes FROM queen.eph_ack_v4(%s, %s, 'g', %s::text[], %s::int8[],"
            " %s::int8[], %s::text[])")
 
     def params(i: int) -> tuple[Any, ...]:
-        return (tenant, q, [e for e, _, _ in ids[i]], [int(s) for _, s, _ in ids[i]],
-                [int(d) for _, _, d in ids[i]], ["completed"] * len(ids[i]))
+        k = len(ids[i]) if each else 1
+        return (tenant, q, [e for e, _, _ in ids[i]][:k], [int(s) for _, s, _ in ids[i]],
+                [int(d) for _, _, d in ids[i]][:k], ["completed"] * k)
+
+    def acked(i: int) -> tuple[list[str] | None]:
+        return (["acked"] * len(ids[i]) if each else None,)
 
     first.execute("BEGIN")
-    assert first.execute(ack, params(first_of)).fetchone() == (["acked"] * len(ids[first_of]),)
+    assert first.execute(ack, params(first_of)).fetchone() == acked(first_of)
     late = Call(second, ack, params(1 - first_of))
     wait_for_lock(watch, late)
     first.execute("COMMIT")
-    assert late.result() == (["acked"] * len(ids[1 - first_of]),)
+    assert late.result() == acked(1 - first_of)
+    left = first.execute("SELECT count(*) FROM queen.eph_chunks k JOIN queen.eph_partitions p"
+                         " ON p.id = k.pid WHERE p.tenant = %s AND p.queue = %s",
+                         (tenant, q)).fetchone()
+    assert left == (0,)
+    g = gauges(first, tenant, q)
+    assert (g["depth"], g["bytes"]) == (0, 0), g
+
+
+def test_an_ack_over_three_chunks_that_waited_for_one_deletes_what_the_other_left(connect):
+    """One group's acks of two deliveries that share a chunk: the first delivery's messages
+    sit in three chunks (eph_ack_v4's one-group way: a probe and lock by key each, then the
+    delete or strike by ctid), the second holds the rest of the third chunk and is acked
+    first. The first ack waits for that chunk's row and decides on the row as it was left:
+    the chunk goes, and every message is counted out once."""
+    first, second, watch = connect(), connect(), connect()
+    tenant, q = uuid.uuid4(), f"locks-{uuid.uuid4().hex[:8]}"
+    for _ in range(3):
+        push(first, tenant, q, "p", 3)
+    ids = []
+    for batch in (7, 2):
+        msgs = eph_pop(first, tenant, q, "p", "g", batch, False)
+        assert len(msgs) == batch, msgs
+        ids.append([m["id"].split("-") for m in msgs])
+    ack = ("SELECT outcomes FROM queen.eph_ack_v4(%s, %s, 'g', %s::text[], %s::int8[],"
+           " %s::int8[], '{completed}'::text[])")
+
+    def params(i: int) -> tuple[Any, ...]:
+        return (tenant, q, [ids[i][0][0]], [int(s) for _, s, _ in ids[i]], [int(ids[i][0][2])])
+
+    second.execute("BEGIN")
+    assert second.execute(ack, params(1)).fetchone() == (None,)
+    late = Call(first, ack, params(0))
+    wait_for_lock(watch, late)
+    second.execute("COMMIT")
+    assert late.result() == (None,)
     left = first.execute("SELECT count(*) FROM queen.eph_chunks k JOIN queen.eph_partitions p"
                          " ON p.id = k.pid WHERE p.tenant = %s AND p.queue = %s",
                          (tenant, q)).fetchone()
@@ -302,7 +345,7 @@ def test_a_pop_that_skips_a_delivery_due_at_once_answers_it_is_0_ms_away(connect
     tenant, q = uuid.uuid4(), f"locks-{uuid.uuid4().hex[:8]}"
     push(setup, tenant, q, "p", 1)
     epoch, seq, dlv = pop(setup, tenant, q, "p", 1)
-    setup.execute("SELECT queen.eph_ack_v3(%s, %s, 'g', %s::text[], %s::int8[], %s::int8[],"
+    setup.execute("SELECT queen.eph_ack_v4(%s, %s, 'g', %s::text[], %s::int8[], %s::int8[],"
                   " '{failed}'::text[])", (tenant, q, [epoch], [seq], [dlv]))
     holder.execute("BEGIN")
     held = holder.execute("SELECT lease_until::text FROM queen.eph_leases WHERE tenant = %s"

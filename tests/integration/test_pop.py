@@ -381,6 +381,46 @@ def test_partitions_claims_several_under_one_lease_and_batch_caps_the_total(brok
     assert len(body["messages"]) == 5
 
 
+def test_a_one_claim_answer_is_its_segments_whichever_statement_reads_them(broker, db):
+    """log_pop_v1 answers a lone claim that ended its walk (every partitions=1 pop that claims)
+    with a statement of its segments alone, the names from the walk; a walk that went on past
+    its claim answers through the statement for several claims: both give the covering
+    segments in offset order, and a claim whose segments are gone is one row without them."""
+    q = uq("pop")
+    push_n(broker.client, q, "a", 3)
+    push_n(broker.client, q, "a", 2, start=3)  # segments at 1 and 4
+    push_n(broker.client, q, "b", 1)
+    sql = ("SELECT queue_name, partition_name, start_off, end_off, encrypted, base_offset"
+           " FROM queen.log_pop_v1(%s, %s, %s, NULL, NULL, %s, %s, %s, %s, 'all', NULL, %s,"
+           " 5000)")
+    tenant = uuid.UUID(int=0)
+
+    def sql_pop(group: str, batch: int, parts: int, partition: str | None = None,
+                auto_ack: bool = False) -> list[tuple]:
+        return db.execute(sql, (tenant, q, partition, group, batch, parts, auto_ack,
+                                uuid.uuid4())).fetchall()
+
+    assert sql_pop(uq("g"), 10, 1) == [(q, "a", 1, 5, False, 1), (q, "a", 1, 5, False, 4)]
+    assert sql_pop(uq("g"), 4, 1) == [(q, "a", 1, 4, False, 1), (q, "a", 1, 4, False, 4)]
+    # b listed but caught up, after a: the walk claims a, then meets b and settles it
+    g = uq("g")
+    assert sql_pop(g, 10, 1, "b", auto_ack=True) == [(q, "b", 1, 1, False, 1)]
+    db.execute("UPDATE queen.log_consumers c SET ready_at = now() FROM queen.log_partitions lp"
+               " WHERE lp.id = c.partition_id AND lp.name = 'b' AND c.consumer_group = %s"
+               " AND c.queue_id = lp.queue_id", (g,))
+    assert sql_pop(g, 10, 2) == [(q, "a", 1, 5, False, 1), (q, "a", 1, 5, False, 4)]
+    assert db.execute("SELECT c.ready_at FROM queen.log_consumers c JOIN queen.log_partitions"
+                      " lp ON lp.id = c.partition_id WHERE lp.name = 'b'"
+                      " AND c.consumer_group = %s AND c.queue_id = lp.queue_id",
+                      (g,)).fetchone() == (None,)
+    # the segments went between the claim's read of the partition and its answer (as a
+    # retention run may): one row, the claim without segment columns
+    db.execute("DELETE FROM queen.log_segments s USING queen.log_partitions lp"
+               " WHERE lp.id = s.partition_id AND lp.name = 'a' AND lp.queue_id ="
+               " (SELECT id FROM queen.queues WHERE name = %s)", (q,))
+    assert sql_pop(uq("g"), 10, 1, "a") == [(q, "a", 1, 5, False, None)]
+
+
 def test_partition_route_claims_only_that_partition(broker):
     q, g = uq("pop"), uq("g")
     push_n(broker.client, q, "older", 2)

@@ -16,6 +16,7 @@ from collections.abc import Callable
 import httpx
 import psycopg
 import pytest
+import xxhash
 
 from tests.integration.test_pop import (
     QUEUE_MODE,
@@ -284,6 +285,62 @@ def test_delete_keeping_metadata_drops_the_cursors_and_the_next_pop_restarts(bro
     again = drain(broker.client, q, g)  # from the recorded start: the log start
     assert sorted((m["partition"], m["offset"]) for m in again) == [("a", 1), ("a", 2),
                                                                     ("b", 1)]
+
+
+def test_every_cursor_writer_sets_the_flag_itself(broker, db):
+    """No trigger keeps the index since cons8: each writer that moves a cursor sets ready_at
+    through pop.sql's log_ready_at_v1. After every kind of move (a seek to the log start, to
+    its end, to a time; a subscription move; a lease-less ack; a purge) no cursor with
+    something pending is unlisted, and none with nothing pending stays listed."""
+    q, g, h = uq("writers"), uq("g"), uq("h")
+    push_n(broker.client, q, "a", 3)
+    between = db.execute("SELECT clock_timestamp()").fetchone()[0]
+    time.sleep(0.01)
+    push_n(broker.client, q, "b", 2)
+    got = drain(broker.client, q, g)  # started, everything consumed
+    assert len(got) == 5
+    b_msgs = sorted((m["offset"], m["partitionId"], m["transactionId"]) for m in got
+                    if m["partition"] == "b")
+
+    def listed(group: str) -> list[str]:
+        assert db.execute(UNLISTED_SQL).fetchone()[0] == 0
+        return [r[0] for r in db.execute(
+            "SELECT lp.name FROM queen.log_consumers c JOIN queen.log_partitions lp"
+            " ON lp.id = c.partition_id JOIN queen.queues q ON q.id = lp.queue_id"
+            " WHERE q.name = %s AND c.consumer_group = %s AND c.ready_at IS NOT NULL"
+            " ORDER BY 1", (q, group))]
+
+    seek = "SELECT queen.group_seek_v1(%s, %s, %s, %s, %s)"
+    assert listed(g) == []
+    db.execute(seek, (TENANT, g, q, "beginning", None))
+    assert listed(g) == ["a", "b"]
+    db.execute(seek, (TENANT, g, q, "end", None))
+    assert listed(g) == []
+    db.execute(seek, (TENANT, g, q, "timestamp", between))
+    assert listed(g) == ["b"]
+    # lease-less acks of b's messages: the first leaves one pending, the second none
+    ack = ("SELECT queen.log_ack_by_hash_v1(%s::uuid, %s::int8, %s::text, NULL::uuid,"
+           " %s::bytea[], ARRAY['completed'])")
+    for (_, pid, tx), left in zip(b_msgs, (["b"], []), strict=True):
+        assert db.execute(ack, (TENANT, pid, g, [xxhash.xxh3_128_digest(tx.encode())])
+                          ).fetchone()[0]["ok"] is True
+        assert listed(g) == left
+
+    # h's cursors made by a seek to the end (nothing consumed), then moved by a subscription
+    db.execute(seek, (TENANT, h, q, "end", None))
+    assert listed(h) == []
+    db.execute("SELECT * FROM queen.group_subscription_v1(%s, %s, %s, %s)",
+               (TENANT, h, q, between))
+    assert listed(h) == ["b"]
+
+    # a purge moves every cursor below its new log start up to it: nothing is pending
+    db.execute(seek, (TENANT, g, q, "beginning", None))
+    assert listed(g) == ["a", "b"]
+    db.execute("SELECT queen.queue_purge_v1(%s, %s)", (TENANT, q))
+    assert listed(g) == [] and listed(h) == []
+    # and the next push lists them again (the allocators' half)
+    push_n(broker.client, q, "a", 1)
+    assert listed(g) == ["a"] and listed(h) == ["a"]
 
 
 @pytest.mark.parametrize("damage", ["flag", "queue_id", "cursor", "unstarted"])

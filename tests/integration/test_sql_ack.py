@@ -106,6 +106,16 @@ def configure(conn, part: Part, **opts) -> None:
                  {**opts, "pid": part.pid})
 
 
+def insert_cursor(conn, pid: int, group: str) -> None:
+    """The cursor row (at 0) as the broker's writers create it: with its queue and its ready
+    flag (the writers set both themselves, pop.sql's log_ready_at_v1; no trigger does)."""
+    conn.execute(
+        "INSERT INTO queen.log_consumers (partition_id, consumer_group, queue_id, ready_at) "
+        "SELECT lp.id, %s, lp.queue_id, queen.log_ready_at_v1(lp.id, 0, NULL, NULL)"
+        " FROM queen.log_partitions lp WHERE lp.id = %s "
+        "ON CONFLICT DO NOTHING", (group, pid))
+
+
 def lease(conn, pid: int, start: int, end: int, group: str = G, seconds: float = 60,
           **extra) -> uuid.UUID:
     """Give (pid, group) a live lease over [start, end]; returns the lease id."""
@@ -113,9 +123,7 @@ def lease(conn, pid: int, start: int, end: int, group: str = G, seconds: float =
     cols = {"lease_id": lid, "worker_id": str(lid), "batch_start": start, "batch_end": end,
             "secs": seconds, **extra}
     extra_sets = "".join(f", {k} = %({k})s" for k in extra)
-    conn.execute(
-        "INSERT INTO queen.log_consumers (partition_id, consumer_group) "
-        "VALUES (%(pid)s, %(g)s) ON CONFLICT DO NOTHING", {"pid": pid, "g": group})
+    insert_cursor(conn, pid, group)
     conn.execute(
         "UPDATE queen.log_consumers SET lease_id = %(lease_id)s, worker_id = %(worker_id)s, "
         "lease_expires_at = now() + make_interval(secs => %(secs)s), leased_at = now(), "
@@ -133,10 +141,10 @@ def consumer(conn, pid: int, group: str = G) -> dict | None:
 
 
 def set_cursor(conn, pid: int, committed: int, group: str = G, **extra) -> None:
-    conn.execute("INSERT INTO queen.log_consumers (partition_id, consumer_group) "
-                 "VALUES (%s, %s) ON CONFLICT DO NOTHING", (pid, group))
+    insert_cursor(conn, pid, group)
     sets = "".join(f", {k} = %({k})s" for k in extra)
-    conn.execute("UPDATE queen.log_consumers SET committed_offset = %(c)s" + sets +
+    conn.execute("UPDATE queen.log_consumers SET committed_offset = %(c)s,"
+                 " ready_at = queen.log_ready_at_v1(partition_id, %(c)s, NULL, NULL)" + sets +
                  " WHERE partition_id = %(pid)s AND consumer_group = %(g)s",
                  {**extra, "c": committed, "pid": pid, "g": group})
 

@@ -640,15 +640,21 @@ def _cursor_ready_at(conn, pid: int, group: str):
 
 @pytest.mark.parametrize("path", ["bundle", "push_one"])
 def test_a_push_makes_the_caught_up_cursors_ready_at_its_segment(db, path):
-    """The allocators keep the ready index (triggers.sql): a caught-up cursor (ready_at NULL)
-    becomes ready at the created_at of the segment that grows its partition; a cursor that
-    already waits keeps its older time; a cursor of another partition is not touched."""
+    """The allocators keep the ready index (push.sql, pop.sql's log_ready_at_v1): a caught-up
+    cursor (ready_at NULL) becomes ready at the created_at of the segment that grows its
+    partition; a cursor that already waits keeps its older time; a cursor of another
+    partition is not touched. The rows are written as the cursor writers write them, their
+    flag from log_ready_at_v1."""
     q = uq()
     push(db, [Seg(q, "p", ["a"]), Seg(q, "other", ["b"])])
     pid, other = pid_of(db, q, "p"), pid_of(db, q, "other")
     db.execute(
-        "INSERT INTO queen.log_consumers (partition_id, consumer_group, committed_offset) "
-        "VALUES (%s, 'caught_up', 1), (%s, 'waiting', 0), (%s, 'caught_up', 1)",
+        "INSERT INTO queen.log_consumers (partition_id, consumer_group, committed_offset,"
+        " queue_id, ready_at)"
+        " SELECT v.pid, v.g, v.c, lp.queue_id, queen.log_ready_at_v1(v.pid, v.c, NULL, NULL)"
+        " FROM (VALUES (%s::int8, 'caught_up', 1::int8), (%s, 'waiting', 0),"
+        "              (%s, 'caught_up', 1)) v(pid, g, c)"
+        " JOIN queen.log_partitions lp ON lp.id = v.pid",
         (pid, pid, other))
     assert _cursor_ready_at(db, pid, "caught_up") is None
     waiting = _cursor_ready_at(db, pid, "waiting")

@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import uuid
 from pathlib import Path
 from types import ModuleType
 
@@ -169,6 +170,59 @@ def test_a_changed_family_file_is_reapplied_and_what_no_file_defines_is_dropped(
     assert not any(n.startswith("queen.extra_v1") for n in functions_of(dsn))
     assert len(functions_of(dsn)) == FUNCTIONS
     assert apply_migrations(dsn, root) == []
+
+
+#: cursors that have something to deliver and are not in the ready index (test_ready_index)
+UNLISTED_SQL = """
+    SELECT count(*) FROM queen.log_consumers c
+    JOIN queen.log_partitions lp ON lp.id = c.partition_id
+    WHERE (c.ready_at IS NULL OR c.queue_id IS NULL)
+      AND GREATEST(c.committed_offset + 1, lp.log_start_offset) <= lp.last_offset"""
+
+
+def test_an_upgrade_drops_the_ready_trigger_and_the_writers_keep_the_index_true(
+        tmp_path, two_dbs):
+    """A database migrated with the row trigger that kept the ready index until cons8
+    (data/ready_trigger_4f60f65.sql, appended to triggers.sql) and written to under it: the
+    upgrade drops the trigger and its function, and from then on the cursor writers
+    themselves (log_ready_at_v1) keep every pending cursor listed and clear caught-up ones."""
+    from tests.integration.test_sql_push import Seg, pid_of, push, uq
+
+    root = tmp_path / "sql"
+    shutil.copytree(SQL_DIR, root)
+    triggers = root / "functions" / "triggers.sql"
+    old = (Path(__file__).parent / "data" / "ready_trigger_4f60f65.sql").read_text()
+    triggers.write_text(triggers.read_text() + old)
+    dsn = two_dbs[0]
+    apply_migrations(dsn, root)
+    names = ("SELECT tgname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid"
+             " WHERE c.relname = 'log_consumers' AND NOT t.tgisinternal ORDER BY 1")
+    with psycopg.connect(dsn, autocommit=True) as db:
+        assert [r[0] for r in db.execute(names)] == ["log_consumers_ready_insert",
+                                                     "log_consumers_ready_update"]
+        q = uq("upg")
+        push(db, [Seg(q, "pending", ["a", "b"]), Seg(q, "done", ["c"])])
+        pending, done = pid_of(db, q, "pending"), pid_of(db, q, "done")
+        # rows as that build's writers left them: queue_id and ready_at from its trigger
+        db.execute("INSERT INTO queen.log_consumers (partition_id, consumer_group,"
+                   " committed_offset) VALUES (%s, 'g', 0), (%s, 'g', 1)", (pending, done))
+        flags = "SELECT ready_at IS NOT NULL FROM queen.log_consumers WHERE partition_id = %s"
+        assert [db.execute(flags, (p,)).fetchone()[0] for p in (pending, done)] == [True, False]
+
+    assert apply_migrations(dsn, SQL_DIR) == ["functions/triggers.sql"]
+    assert "queen.log_consumers_ready()" not in functions_of(dsn)
+    assert len(functions_of(dsn)) == FUNCTIONS
+    with psycopg.connect(dsn, autocommit=True) as db:
+        assert db.execute(names).fetchall() == []
+        assert db.execute(UNLISTED_SQL).fetchone()[0] == 0
+        push(db, [Seg(q, "done", ["d"], verified=1)])  # the allocator lists the caught-up one
+        assert db.execute(flags, (done,)).fetchone()[0] is True
+        pop = ("SELECT partition_id, end_off FROM queen.log_pop_v1(%s, %s, %s, NULL, NULL,"
+               " 'g', 10, 1, true, 'all', NULL, NULL, 5000)")
+        for part, pid, end in (("pending", pending, 2), ("done", done, 2)):
+            assert db.execute(pop, (uuid.UUID(int=0), q, part)).fetchall() == [(pid, end)]
+            assert db.execute(flags, (pid,)).fetchone()[0] is False  # caught up: cleared
+            assert db.execute(UNLISTED_SQL).fetchone()[0] == 0
 
 
 def test_a_failing_family_file_changes_nothing(tmp_path, two_dbs):

@@ -19,15 +19,17 @@
 --   queen.log_partitions  read (tenant check, txns_start, last_offset, name); never locked,
 --                         except the one FOR KEY SHARE of the first-touch insert below
 --   queen.log_txns        read (hash resolution, primary key range of one partition)
---   queen.log_consumers   SELECT ... FOR UPDATE, UPDATE (cursor, lease, counters); INSERT of a
+--   queen.log_consumers   SELECT ... FOR UPDATE, UPDATE (cursor, lease, counters, and ready_at
+--                         where the cursor moves: pop.sql's log_ready_at_v1); INSERT of a
 --                         missing row by a lease-less log_ack_by_hash_v1 only
 --   queen.log_dlq         read (idempotency probe), INSERT (log_dlq_head_v1 only)
 --
 -- Lock order (design.md invariant 4):
 --   * log_ack_by_hash_v1, log_dlq_head_v1, log_ack_at_v1 lock exactly ONE log_consumers row
 --     (FOR UPDATE OF the consumer row; partitions and queues are joined, never locked). No
---     log_partitions row lock is ever held by the ack path, so an ack cannot form a cycle with
---     the push serializer (which locks partition rows only).
+--     log_partitions row lock is ever waited for by the ack path (log_ready_at_v1's FOR SHARE
+--     is SKIP LOCKED), so an ack cannot form a cycle with the push serializer (which locks
+--     partition rows only).
 --   * NOTE(ack): one exception, first touch only: a lease-less log_ack_by_hash_v1 on a
 --     (partition, group) that has no consumer row yet inserts it, after taking FOR KEY SHARE
 --     on its queue row (a group's start, FOR UPDATE of that row, then inserts cursor rows
@@ -252,8 +254,11 @@ BEGIN
                       WHERE lp.id = p_partition_id)
         FOR KEY SHARE;
         PERFORM 1 FROM queen.log_partitions lp WHERE lp.id = p_partition_id FOR KEY SHARE;
-        INSERT INTO queen.log_consumers (partition_id, consumer_group, committed_offset)
-        VALUES (p_partition_id, p_group, 0)
+        INSERT INTO queen.log_consumers (partition_id, consumer_group, committed_offset,
+                                         queue_id, ready_at)
+        SELECT p_partition_id, p_group, 0, lp.queue_id,
+               queen.log_ready_at_v1(p_partition_id, 0, NULL, NULL)
+        FROM queen.log_partitions lp WHERE lp.id = p_partition_id
         ON CONFLICT (partition_id, consumer_group) DO NOTHING;
 
         SELECT c.committed_offset, c.lease_id, c.lease_expires_at, c.released_lease_id,
@@ -428,6 +433,10 @@ BEGIN
        OR (v_reset_att AND v_attempts <> 0) THEN
         UPDATE queen.log_consumers c SET
             committed_offset  = v_new,
+            ready_at          = CASE WHEN v_new > v_old
+                                     THEN queen.log_ready_at_v1(c.partition_id, v_new,
+                                                                c.next_offset, c.next_created_at)
+                                     ELSE c.ready_at END,
             batch_retry_count = v_count,
             attempt_count     = CASE WHEN v_reset_att THEN 0 ELSE c.attempt_count END,
             total_consumed    = c.total_consumed + (v_new - v_old),
@@ -562,6 +571,10 @@ BEGIN
 
     UPDATE queen.log_consumers c SET
         committed_offset  = v_new,
+        ready_at          = CASE WHEN v_new > v_old
+                                 THEN queen.log_ready_at_v1(c.partition_id, v_new,
+                                                            c.next_offset, c.next_created_at)
+                                 ELSE c.ready_at END,
         batch_retry_count = 0,
         attempt_count     = 0,
         total_consumed    = c.total_consumed + (v_new - v_old),
@@ -647,6 +660,10 @@ BEGIN
     v_new := GREATEST(v_old, p_batch_end);
     UPDATE queen.log_consumers c SET
         committed_offset  = v_new,
+        ready_at          = CASE WHEN v_new > v_old
+                                 THEN queen.log_ready_at_v1(c.partition_id, v_new,
+                                                            c.next_offset, c.next_created_at)
+                                 ELSE c.ready_at END,
         batch_retry_count = 0,
         attempt_count     = 0,
         total_consumed    = c.total_consumed + (v_new - v_old),
@@ -748,13 +765,15 @@ BEGIN
         -- queue_id (the partition's queue, never changes: schema/002_ready_index.sql), not
         -- through the partition row; the failure path pays a second probe. A row an older
         -- build left without queue_id (the families' repair fills it) answers lease_invalid
-        -- here, and the broker takes the authoritative path for it.
+        -- here, and the broker takes the authoritative path for it. The tenant is a
+        -- subquery, a primary key probe: as a join, the generic plan read the queues of the
+        -- tenant (a bitmap scan of its index) and filtered them by id.
         SELECT c.ctid, c.committed_offset, c.lease_id, c.lease_expires_at, c.batch_end,
                c.batch_start
         INTO v_ctid, v_old, v_lease, v_expires, v_batch_end, v_batch_start
         FROM queen.log_consumers c
-        JOIN queen.queues q ON q.id = c.queue_id
-        WHERE c.partition_id = v_pid AND c.consumer_group = v_grp AND q.tenant = p_tenant
+        WHERE c.partition_id = v_pid AND c.consumer_group = v_grp
+          AND (SELECT q.tenant FROM queen.queues q WHERE q.id = c.queue_id) = p_tenant
         FOR UPDATE OF c;
 
         IF NOT FOUND THEN
@@ -794,6 +813,15 @@ BEGIN
         v_new := GREATEST(v_old, v_bend);
         UPDATE queen.log_consumers c SET
             committed_offset  = v_new,
+            -- PERF: log_ready_at_v1's claim-record answer written out (no call on the
+            -- common path: the batch acked is the last claim)
+            ready_at          = CASE WHEN c.next_offset = v_new + 1
+                                      AND c.next_created_at IS NOT NULL
+                                     THEN c.next_created_at
+                                     WHEN v_new > v_old
+                                     THEN queen.log_ready_at_v1(c.partition_id, v_new,
+                                                                NULL, NULL)
+                                     ELSE c.ready_at END,
             batch_retry_count = 0,
             attempt_count     = 0,
             total_consumed    = c.total_consumed + (v_new - v_old),

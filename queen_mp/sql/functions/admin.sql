@@ -48,6 +48,8 @@
 --                               DELETE below the cut (purge)
 --   queen.log_partitions        also UPDATE log_start_offset (purge)
 --   queen.message_traces        DELETE below the new log start (purge)
+--   queen.log_consumers         also UPDATE of the cursors below the new log start (purge:
+--                               cursor, lease, ready_at through pop.sql's log_ready_at_v1)
 --   queen.consumer_groups_meta, queen.log_dlq, queen.timers   read; DELETE by cascade (delete)
 --
 -- Lock order (design.md invariant 4; schema/001_baseline.sql header):
@@ -424,6 +426,7 @@ BEGIN
             -- clears it
             UPDATE queen.log_consumers c
             SET committed_offset = v_start - 1,
+                ready_at = queen.log_ready_at_v1(v_part.id, v_start - 1, NULL, NULL),
                 released_lease_id = COALESCE(c.lease_id, c.released_lease_id),
                 lease_id = NULL, worker_id = NULL, lease_expires_at = NULL,
                 attempt_count = 0, batch_retry_count = 0

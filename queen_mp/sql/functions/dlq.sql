@@ -32,7 +32,7 @@
 --   dlq_retry_v1 locks exactly ONE log_partitions row, FIRST (SELECT ... FOR NO KEY UPDATE OF the
 --   partition, before anything else), then deletes log_dlq rows, then calls log_push_one_v1,
 --   which re-locks the row it already holds. Consumer rows are touched only by the allocator's
---   statement trigger (ready_at, triggers.sql), after the partition row: the order
+--   ready_at statement (push.sql; pop.sql's log_ready_at_v1), after the partition row: the order
 --   partition -> consumer is kept. log_dlq rows are outside the global
 --   order: the ack path only INSERTs them (under a consumer row lock, never waiting on a
 --   log_dlq row lock), and dlq_delete_v1 locks log_dlq rows alone, so a retry waiting on a

@@ -28,8 +28,9 @@
 --   queen.log_segments          read only (created_at of the first unconsumed message; the
 --                               segment at or after a time, through log_cursor_before_v1)
 --   queen.log_consumers         read; DELETE (group_delete_v1); UPDATE cursor/lease/retry
---                               columns (subscription, seek); INSERT missing rows (seek,
---                               group_start_v1, log_ready_repair_v2)
+--                               columns and ready_at (subscription, seek: pop.sql's
+--                               log_ready_at_v1); INSERT missing rows with queue_id and
+--                               ready_at (seek, group_start_v1, log_ready_repair_v2)
 --   queen.consumer_groups_meta  read; DELETE (group_delete_v1); INSERT/UPDATE (subscription);
 --                               UPDATE started (group_delete_v1 keeping the records, repair)
 --
@@ -49,7 +50,7 @@
 --   partition created around a group's start gets its cursor.
 --   No log_partitions row is locked explicitly. The only locks on them are the FOR KEY SHARE
 --   locks of foreign key checks (cursor inserts -> log_partitions, record upserts -> queues)
---   and the trigger's FOR SHARE SKIP LOCKED (never waits). A push holds its partition rows
+--   and log_ready_at_v1's FOR SHARE SKIP LOCKED (never waits). A push holds its partition rows
 --   with FOR NO KEY UPDATE, which a FOR KEY SHARE does not wait for.
 --
 -- SQLSTATEs raised:
@@ -391,12 +392,16 @@ BEGIN
     FOR UPDATE OF c;
 
     UPDATE queen.log_consumers c
-    SET committed_offset = queen.log_cursor_before_v1(lp.id, p_from),
+    SET committed_offset = t.committed,
+        ready_at = queen.log_ready_at_v1(t.id, t.committed, NULL, NULL),
         released_lease_id = COALESCE(c.lease_id, c.released_lease_id),
         lease_id = NULL, worker_id = NULL, lease_expires_at = NULL,
         attempt_count = 0, batch_retry_count = 0
-    FROM queen.log_partitions lp
-    WHERE lp.id = c.partition_id AND lp.queue_id = ANY (v_qids)
+    FROM (SELECT lp.id, queen.log_cursor_before_v1(lp.id, p_from) AS committed
+          FROM queen.log_partitions lp
+          WHERE lp.queue_id = ANY (v_qids)
+          OFFSET 0) t
+    WHERE t.id = c.partition_id
       AND c.consumer_group = p_group
       AND c.total_consumed = 0
       AND NOT (c.lease_id IS NOT NULL AND c.lease_expires_at > v_now);
@@ -445,9 +450,10 @@ BEGIN
 
     -- 1. Missing cursor rows, ascending partition id, before any existing row is locked. A
     --    new row is invisible to others until commit, so only a concurrent insert of the same
-    --    key (a pop's, also ascending) can wait on it.
-    INSERT INTO queen.log_consumers AS c (partition_id, consumer_group)
-    SELECT lp.id, p_group
+    --    key (a pop's, also ascending) can wait on it. Flagged ready until 2. sets the cursor
+    --    (a flag while caught up is allowed, NULL needs log_ready_at_v1's lock).
+    INSERT INTO queen.log_consumers AS c (partition_id, consumer_group, queue_id, ready_at)
+    SELECT lp.id, p_group, v_qid, clock_timestamp()
     FROM queen.log_partitions lp
     WHERE lp.queue_id = v_qid
     ORDER BY lp.id
@@ -463,16 +469,21 @@ BEGIN
     FOR UPDATE OF c;
 
     UPDATE queen.log_consumers c
-    SET committed_offset = CASE p_target
-                               WHEN 'beginning' THEN lp.log_start_offset - 1
-                               WHEN 'end' THEN lp.last_offset
-                               ELSE queen.log_cursor_before_v1(lp.id, p_from)
-                           END,
+    SET committed_offset = t.committed,
+        ready_at = queen.log_ready_at_v1(t.id, t.committed, NULL, NULL),
         released_lease_id = COALESCE(c.lease_id, c.released_lease_id),
         lease_id = NULL, worker_id = NULL, lease_expires_at = NULL,
         attempt_count = 0, batch_retry_count = 0
-    FROM queen.log_partitions lp
-    WHERE lp.id = c.partition_id AND lp.queue_id = v_qid AND c.consumer_group = p_group;
+    FROM (SELECT lp.id,
+                 CASE p_target
+                     WHEN 'beginning' THEN lp.log_start_offset - 1
+                     WHEN 'end' THEN lp.last_offset
+                     ELSE queen.log_cursor_before_v1(lp.id, p_from)
+                 END AS committed
+          FROM queen.log_partitions lp
+          WHERE lp.queue_id = v_qid
+          OFFSET 0) t
+    WHERE t.id = c.partition_id AND c.consumer_group = p_group;
     GET DIAGNOSTICS v_n = ROW_COUNT;
     RETURN v_n;
 END
@@ -511,7 +522,9 @@ BEGIN
                      WHERE seg.partition_id = s.id
                        AND seg.base_offset <= GREATEST(s.start_c + 1, s.log_start_offset)
                      ORDER BY seg.base_offset DESC LIMIT 1),
-                    clock_timestamp()) END
+                    clock_timestamp())
+                -- caught up in this snapshot: NULL only under the partition's FOR SHARE
+                ELSE queen.log_ready_at_v1(s.id, s.start_c, NULL, NULL) END
     FROM (
         SELECT lp.id, lp.queue_id, lp.last_offset, lp.log_start_offset,
                CASE WHEN m.subscription_from IS NULL THEN lp.log_start_offset - 1
@@ -540,7 +553,7 @@ $$;
 -- on a queue where a partition of the slice has none (group_start_v1, at the recorded start);
 -- (3) queue_id where it is NULL; (4) ready_at on cursors that have something pending but no
 -- flag. It only ever adds rows and flags, so it is safe beside running pops, pushes and acks.
--- repaired = the number of rows created or set: 0 when the triggers kept everything true
+-- repaired = the number of rows created or set: 0 when the writers kept everything true
 -- (housekeeping logs anything else); next_after = the slice's last id, or 0 once the slice
 -- reached the last partition (the next sweep starts over).
 --

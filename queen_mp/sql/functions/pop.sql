@@ -6,6 +6,9 @@
 --       (NULL time = the log start): first starts, seeks and subscriptions share it.
 --   queen.log_pending_at_v1(int8, int8) -> timestamptz
 --       created_at of the segment holding an offset (the ready index's and the claim's time).
+--   queen.log_ready_at_v1(int8, int8, int8, timestamptz) -> timestamptz
+--       the ready index's flag of a cursor at a committed offset; every writer that moves a
+--       cursor sets it (the protocol that keeps it true is written at the function).
 --   queen.pop_scope_ids_v1(uuid, text, text, text) -> int8[]: the queues a pop may claim.
 --   queen.pop_scope_v4(int8[], text) -> table: those queues' options and the group's start.
 --   queen.log_pop_v1(uuid, text, text, text, text, text, int4, int4, boolean, text,
@@ -24,12 +27,13 @@
 --                               (group_start_v1, groups.sql), nothing otherwise
 --   queen.log_consumers         INSERT the cursor rows of a first start (group_start_v1);
 --                               read by the ready index; SELECT ... FOR UPDATE SKIP LOCKED;
---                               UPDATE lease / cursor columns (ready_at kept by trigger)
+--                               UPDATE lease / cursor columns, and ready_at where the cursor
+--                               moves (log_ready_at_v1)
 --   queen.log_segments          read (covering segments of each claim; delay cut-off)
 --
 -- Lock order (design.md invariant 4): no log_partitions row lock, except the FOR SHARE ...
---   SKIP LOCKED that the log_consumers trigger takes (never waits) when an autoAck claim or
---   a settled flag finds the cursor caught up. A first start locks its queue rows, then
+--   SKIP LOCKED that log_ready_at_v1 takes (never waits) when an autoAck claim or a settled
+--   flag finds the cursor caught up. A first start locks its queue rows, then
 --   inserts the cursor rows in ascending partition id order (a speculative insertion may wait
 --   for another transaction inserting the same key; the ascending order keeps those waits
 --   acyclic). Existing cursor rows are then locked with SKIP LOCKED, which never waits, so a
@@ -38,6 +42,7 @@
 -- SQLSTATEs raised:
 --   22023  invalid_parameter_value: batch < 1, max_partitions < 1, unknown subscription mode,
 --          neither queue nor namespace/task given
+--   P0004  assert_failure: a claim's cursor row, locked by the pop, was not found by its ctid
 --
 -- Isolation: READ COMMITTED. log_partitions.last_offset is read without a lock: a push's offsets
 --   become visible only at its commit, and one partition's pushes commit in offset order (one
@@ -89,7 +94,7 @@ $$;
 -- log_pending_at_v1: created_at of the segment holding p_offset (NULL if none is stored), one
 -- backward probe of the primary key. plpgsql, so the probe's plan is cached per session (an
 -- SQL function with a subquery is not inlined, and was planned anew at every call: 30 us a
--- row). The ready trigger and the pop's next-message time share it; set-based statements
+-- row). log_ready_at_v1 and the pop's next-message time share it; set-based statements
 -- (group_start_v1, the repair) write the same probe as a LATERAL subquery.
 -- ---------------------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION queen.log_pending_at_v1(p_partition_id int8, p_offset int8)
@@ -100,6 +105,79 @@ BEGIN
     RETURN (SELECT s.created_at FROM queen.log_segments s
             WHERE s.partition_id = p_partition_id AND s.base_offset <= p_offset
             ORDER BY s.base_offset DESC LIMIT 1);
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- log_ready_at_v1: the ready_at a cursor of partition p_pid must carry once its committed_offset
+-- is p_committed (schema/002_ready_index.sql): the created_at of its oldest pending message,
+-- NULL when it has consumed everything. Every writer that moves committed_offset (or clears
+-- the flag) sets ready_at to this in the same UPDATE, after it locked the cursor row: pop.sql
+-- (autoAck claim, settle), ack.sql (every ack procedure, the lease-less first touch),
+-- groups.sql (subscription, seek, start), admin.sql (purge). next_offset/next_created_at are
+-- the cursor's claim record (below): when the claim that recorded them is what was consumed,
+-- the answer is that time without a partition read; pass NULLs to have it looked up.
+--
+-- The protocol that makes NULL safe (the pop would never find a NULL cursor with data):
+--   1. NULL is returned only while this transaction holds the partition row FOR SHARE (taken
+--      with SKIP LOCKED: never waits), having read last_offset from the row it locked (READ
+--      COMMITTED locks and returns the newest committed version).
+--   2. An allocator holds the partition row FOR UPDATE / FOR NO KEY UPDATE (both conflict
+--      with FOR SHARE) from before it writes offsets until it commits, and then, in a
+--      statement whose snapshot was taken after it got the lock, sets ready_at on every
+--      cursor of the partition that is NULL and behind the new last_offset (push.sql: the
+--      allocator UPDATE's own statement in log_push_multi_v2, which locked the rows in an
+--      earlier one; the statement after the UPDATE in log_push_one_v1). The allocators are
+--      the only writers of last_offset.
+--   So a NULL committed before the allocator took the row is seen by its later statement and
+--   set; a NULL cannot be committed while the allocator holds the row (1 skips, and answers a
+--   time instead); a cursor writer the allocator's UPDATE finds holding a NULL row is waited
+--   for and re-checked. A time while nothing is pending is allowed (a pop that finds so
+--   settles it through here). A missing partition (being deleted) answers a time too.
+-- The claim record: next_created_at is the created_at of the segment holding next_offset
+--   (a stored segment never changes, an offset is never reused), so next_offset =
+--   p_committed + 1 with a time means that message was pending; if retention removed it
+--   since, the time is older than the real head (never younger: the pop's maxWait test
+--   relies on that) and non-NULL, which is safe.
+-- Lock order: the allocators wait for consumer rows while holding partition rows (the global
+--   order); this holds a consumer row and never waits for a partition.
+-- Why not a trigger (issue 26, cons8): log_consumers_ready, a BEFORE row trigger, did this
+--   for every writer; its plpgsql call and partition read cost ~89k instructions an ack
+--   (bench/popsql.py), where the claim record answers from the locked row.
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION queen.log_ready_at_v1(p_pid int8, p_committed int8,
+                                                 p_next_offset int8, p_next_at timestamptz)
+RETURNS timestamptz
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_last int8;
+    v_from int8;
+    v_off  int8;
+BEGIN
+    IF p_next_at IS NOT NULL AND p_next_offset = p_committed + 1 THEN
+        RETURN p_next_at;
+    END IF;
+    SELECT lp.last_offset, lp.log_start_offset INTO v_last, v_from
+    FROM queen.log_partitions lp WHERE lp.id = p_pid;
+    IF NOT FOUND THEN
+        RETURN clock_timestamp();
+    END IF;
+    v_off := GREATEST(p_committed + 1, v_from);
+    IF v_off > v_last THEN
+        -- Caught up as far as this snapshot sees: NULL only under the partition's FOR SHARE.
+        SELECT lp.last_offset, lp.log_start_offset INTO v_last, v_from
+        FROM queen.log_partitions lp WHERE lp.id = p_pid
+        FOR SHARE SKIP LOCKED;
+        IF NOT FOUND THEN
+            RETURN clock_timestamp();  -- an allocator holds it: data may be arriving
+        END IF;
+        v_off := GREATEST(p_committed + 1, v_from);
+        IF v_off > v_last THEN
+            RETURN NULL;
+        END IF;
+    END IF;
+    RETURN COALESCE(queen.log_pending_at_v1(p_pid, v_off), clock_timestamp());
 END
 $$;
 
@@ -142,7 +220,9 @@ $$;
 -- start on each (sub_mode NULL = not recorded yet; started: its cursor rows exist, schema/002).
 -- Plain SQL, so the planner inlines it into each caller. (v2 took the scope's filters and
 -- applied them here; v3 had no retry delay and no max wait: issue 27, both read from the queue
--- row the pop reads anyway.)
+-- row the pop reads anyway.) The record is a LATERAL primary key probe per queue: as a plain
+-- join, the pop's generic plans read every record of the group name (on every queue, its
+-- group index) into a Materialize and filtered them by queue.
 -- ---------------------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION queen.pop_scope_v4(p_ids int8[], p_group text)
 RETURNS TABLE (id int8, name text, priority int4, lease_time int4, delayed int4, window_s int4,
@@ -158,7 +238,10 @@ AS $$
            CASE WHEN q.max_wait_time_seconds > 0
                 THEN make_interval(secs => q.max_wait_time_seconds) END
     FROM queen.queues q
-    LEFT JOIN queen.consumer_groups_meta m ON m.queue_id = q.id AND m.consumer_group = p_group
+    LEFT JOIN LATERAL (SELECT m.subscription_mode, m.subscription_from, m.started
+                       FROM queen.consumer_groups_meta m
+                       WHERE m.queue_id = q.id AND m.consumer_group = p_group
+                       OFFSET 0) m ON true
     WHERE q.id = ANY (p_ids)
 $$;
 
@@ -264,7 +347,7 @@ $$;
 -- (group_start_v1, and the log_partitions insert trigger for partitions created later), so
 -- the pop no longer creates them as it finds data. The wake-up time of an answer with no
 -- claim comes from the same walk (it visits every ready cursor when it claims nothing).
--- A listed cursor found caught up is settled (ready_at := NULL, which the trigger verifies).
+-- A listed cursor found caught up is settled (ready_at := NULL through log_ready_at_v1).
 
 -- Revision (issue 26, bench/popsql.py): a queue pop reads its one queue's scope row once.
 --
@@ -505,8 +588,10 @@ BEGIN
             CONTINUE;
         END IF;
 
+        -- PERF(pop): the claim below updates the row by the ctid read here (a TID scan, not
+        -- a second index probe), as log_ack_multi_v2 does
         SELECT c.committed_offset, c.lease_id, c.lease_expires_at, c.batch_start,
-               c.attempt_count
+               c.attempt_count, c.ctid
         INTO v_cur
         FROM queen.log_consumers c
         WHERE c.partition_id = v_cand.pid AND c.consumer_group = p_group
@@ -525,9 +610,10 @@ BEGIN
         v_start := GREATEST(v_cur.committed_offset + 1, v_part.log_start_offset);
         IF v_start > v_part.last_offset THEN
             -- Listed but caught up (its flag was set while a push held the partition, or
-            -- retention removed what it had): the trigger clears the flag unless a push
-            -- holds the partition right now.
-            UPDATE queen.log_consumers c SET ready_at = NULL
+            -- retention removed what it had): the flag is cleared unless a push holds the
+            -- partition right now (no claim record: it may be what retention removed).
+            UPDATE queen.log_consumers c
+            SET ready_at = queen.log_ready_at_v1(v_cand.pid, v_cur.committed_offset, NULL, NULL)
             WHERE c.partition_id = v_cand.pid AND c.consumer_group = p_group;
             CONTINUE;
         END IF;
@@ -576,8 +662,10 @@ BEGIN
                 total_consumed = c.total_consumed + (v_end - v_cur.committed_offset),
                 last_consumed_at = v_now, last_popped_at = v_now,
                 attempt_count = 0, batch_retry_count = 0,
-                next_offset = v_end + 1, next_created_at = v_next_at
-            WHERE c.partition_id = v_cand.pid AND c.consumer_group = p_group;
+                next_offset = v_end + 1, next_created_at = v_next_at,
+                ready_at = queen.log_ready_at_v1(v_cand.pid, v_end, v_end + 1, v_next_at)
+            WHERE c.ctid = v_cur.ctid
+              AND c.partition_id = v_cand.pid AND c.consumer_group = p_group;
         ELSE
             v_expires := v_now + make_interval(secs => v_cand.lease_time);
             UPDATE queen.log_consumers c
@@ -585,7 +673,12 @@ BEGIN
                 lease_expires_at = v_expires, leased_at = v_now, last_popped_at = v_now,
                 batch_start = v_start, batch_end = v_end, attempt_count = v_attempt,
                 next_offset = v_end + 1, next_created_at = v_next_at
-            WHERE c.partition_id = v_cand.pid AND c.consumer_group = p_group;
+            WHERE c.ctid = v_cur.ctid
+              AND c.partition_id = v_cand.pid AND c.consumer_group = p_group;
+        END IF;
+        IF NOT FOUND THEN  -- the row is locked by this pop: its version cannot have moved
+            RAISE EXCEPTION 'log_pop_v1: the locked cursor row (%, %) moved', v_cand.pid, p_group
+                USING ERRCODE = 'P0004';
         END IF;
 
         v_queue_id := v_cand.qid;
@@ -622,31 +715,34 @@ BEGIN
         RETURN;
     END IF;
 
-    -- The claims' partitions and queue by primary key (a join with the scope would read
-    -- every partition of the queue).
-    IF v_claimed = 1 THEN
-        -- PERF(pop): one claim (every pop of partitions=1) needs no unnest and no sort by
-        -- claim: its segments come in primary key order (bench/popsql.py).
+    IF v_claimed = 1 AND v_cand.pid = v_pids[1] THEN
+        -- PERF(pop): one claim that was the walk's last candidate (every pop of partitions=1
+        -- that claims): the queue's and the partition's names and the encryption flag are the
+        -- ones read with it (v_cand, v_part: no later candidate replaced them), so its
+        -- segments are the statement, in primary key order: no join, no sort
+        -- (bench/popsql.py).
         RETURN QUERY
-        SELECT q.name::text, lp.id, lp.name::text, v_starts[1], v_ends[1], v_attempts[1],
-               v_expiries[1], q.encryption_enabled,
-               seg.base_offset, seg.created_at, seg.payload, NULL::int8
-        FROM queen.log_partitions lp
-        JOIN queen.queues q ON q.id = lp.queue_id
-        LEFT JOIN LATERAL (
-            SELECT s.base_offset, s.created_at, s.payload
-            FROM queen.log_segments s
-            WHERE s.partition_id = lp.id
-              AND s.base_offset <= v_ends[1]
-              AND s.base_offset >= COALESCE(
-                    (SELECT max(s2.base_offset) FROM queen.log_segments s2
-                     WHERE s2.partition_id = lp.id AND s2.base_offset <= v_starts[1]),
-                    v_starts[1])
-        ) seg ON true
-        WHERE lp.id = v_pids[1]
-        ORDER BY seg.base_offset;
+        SELECT v_cand.qname::text, v_pids[1], v_part.name::text, v_starts[1], v_ends[1],
+               v_attempts[1], v_expiries[1], v_cand.encrypted,
+               s.base_offset, s.created_at, s.payload, NULL::int8
+        FROM queen.log_segments s
+        WHERE s.partition_id = v_pids[1]
+          AND s.base_offset <= v_ends[1]
+          AND s.base_offset >= COALESCE(
+                (SELECT max(s2.base_offset) FROM queen.log_segments s2
+                 WHERE s2.partition_id = v_pids[1] AND s2.base_offset <= v_starts[1]),
+                v_starts[1])
+        ORDER BY s.base_offset;
+        IF NOT FOUND THEN  -- retained away: the claim's one row without segment columns
+            RETURN QUERY
+            SELECT v_cand.qname::text, v_pids[1], v_part.name::text, v_starts[1], v_ends[1],
+                   v_attempts[1], v_expiries[1], v_cand.encrypted, NULL::int8,
+                   NULL::timestamptz, NULL::bytea, NULL::int8;
+        END IF;
         RETURN;
     END IF;
+    -- The claims' partitions and queue by primary key (a join with the scope would read
+    -- every partition of the queue).
     RETURN QUERY
     SELECT q.name::text, cl.pid, lp.name::text, cl.s, cl.e, cl.a, cl.x, q.encryption_enabled,
            seg.base_offset, seg.created_at, seg.payload, NULL::int8

@@ -31,7 +31,7 @@
 --   3. per segment that needs the dedup probe, ascending partition id: log_push_one_v1
 --      re-locks its (already held) row; the other segments' allocator UPDATE is one statement.
 --   4. the allocator UPDATE's statement (log_push_one_v1: the statement after it) sets
---      ready_at on the partitions' caught-up consumer rows (the ready index, triggers.sql):
+--      ready_at on the partitions' caught-up consumer rows (the ready index, pop.sql):
 --      consumer rows after partition rows, the global order. A partition's creation inserts
 --      the cursor rows of its queue's recorded groups (log_partitions_cursors), new rows
 --      nobody else can hold.
@@ -260,8 +260,9 @@ BEGIN
     END IF;
     v_base := v_last - p_msg_count + 1;
 
-    -- The ready index's allocator half (triggers.sql), in a statement after the one that
-    -- took the row lock: the partition's caught-up cursors become ready at this segment.
+    -- The ready index's allocator half (pop.sql, log_ready_at_v1), in a statement after the
+    -- one that took the row lock: the partition's caught-up cursors become ready at this
+    -- segment.
     UPDATE queen.log_consumers c SET ready_at = v_created
     WHERE c.partition_id = p_pid AND c.ready_at IS NULL AND c.committed_offset < v_last;
 
@@ -630,8 +631,8 @@ BEGIN
                   lp.last_offset - p_msg_counts[s.o] + 1 AS base,
                   lp.last_offset AS last, lp.last_created_at AS created
     ), rdy AS (
-        -- The ready index's allocator half (triggers.sql): the caught-up cursors of these
-        -- partitions become ready at the new segment. This statement's snapshot was taken
+        -- The ready index's allocator half (pop.sql, log_ready_at_v1): the caught-up cursors
+        -- of these partitions become ready at the new segment. This statement's snapshot was taken
         -- after step 3 locked the partition rows, which the protocol requires. A primary key
         -- probe per partition, ascending id (the global order of consumer rows); no `= ANY`
         -- beside the join key, or each probe would descend once per element of the array.

@@ -71,95 +71,16 @@ CREATE OR REPLACE TRIGGER log_partitions_cascade_truncate
     AFTER TRUNCATE ON queen.log_partitions
     FOR EACH STATEMENT EXECUTE FUNCTION queen.log_partitions_cascade_truncate();
 
--- ---------------------------------------------------------------------------------------------
--- The ready index (schema/002_ready_index.sql): log_consumers.ready_at is the created_at of the
--- oldest message a cursor has not consumed, NULL when it has consumed everything. It may be
--- set while nothing is pending (a pop that finds so settles it); it must never be NULL while
--- something is, or the pop would not find the partition.
---
--- The protocol that makes NULL safe:
---   1. NULL is written only by log_consumers_ready below, and only while it holds the
---      partition row FOR SHARE (taken with SKIP LOCKED: never waits), having read last_offset
---      from the row it locked (READ COMMITTED locks and returns the newest committed version).
---   2. An allocator holds the partition row FOR UPDATE / FOR NO KEY UPDATE (both conflict
---      with FOR SHARE) from before it writes offsets until it commits, and then, in a
---      statement whose snapshot was taken after it got the lock, sets ready_at on every
---      cursor of the partition that is NULL and behind the new last_offset (push.sql: the
---      allocator UPDATE's own statement in log_push_multi_v2, which locked the rows in an
---      earlier one; the statement after the UPDATE in log_push_one_v1). The allocators are
---      the only writers of last_offset; a statement trigger did this until issue 26 (pg1)
---      measured its transition tables and plpgsql call at ~160k instructions a bundle.
---   So a NULL committed before the allocator took the row is seen by its later statement and
---   set; a NULL cannot be committed while the allocator holds the row (1 skips, and writes a
---   time instead); a cursor writer the allocator's UPDATE finds holding a NULL row is waited
---   for and re-checked. Writers that do not move committed_offset leave the column alone.
--- Lock order: the allocators wait for consumer rows while holding partition rows (the global
---   order); log_consumers_ready holds a consumer row and never waits for a partition.
--- ---------------------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION queen.log_consumers_ready() RETURNS trigger
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_last int8;
-    v_from int8;
-    v_off  int8;
-BEGIN
-    IF NEW.queue_id IS NULL THEN
-        SELECT lp.queue_id INTO NEW.queue_id
-        FROM queen.log_partitions lp WHERE lp.id = NEW.partition_id;
-    END IF;
-    IF NEW.ready_at IS NOT NULL
-       AND (TG_OP = 'INSERT' OR NEW.ready_at IS DISTINCT FROM OLD.ready_at) THEN
-        RETURN NEW;  -- the writer computed it
-    END IF;
-
-    SELECT lp.last_offset, lp.log_start_offset INTO v_last, v_from
-    FROM queen.log_partitions lp WHERE lp.id = NEW.partition_id;
-    IF NOT FOUND THEN
-        RETURN NEW;  -- the partition is being deleted (its cursors go with it)
-    END IF;
-    v_off := GREATEST(NEW.committed_offset + 1, v_from);
-    IF v_off > v_last THEN
-        -- Caught up as far as this snapshot sees: NULL only under the partition's FOR SHARE.
-        SELECT lp.last_offset, lp.log_start_offset INTO v_last, v_from
-        FROM queen.log_partitions lp WHERE lp.id = NEW.partition_id
-        FOR SHARE SKIP LOCKED;
-        IF NOT FOUND THEN
-            -- An allocator holds it: data may be arriving. A pop settles the flag later.
-            NEW.ready_at := clock_timestamp();
-            RETURN NEW;
-        END IF;
-        v_off := GREATEST(NEW.committed_offset + 1, v_from);
-        IF v_off > v_last THEN
-            NEW.ready_at := NULL;
-            RETURN NEW;
-        END IF;
-    END IF;
-    IF NEW.next_offset = v_off AND NEW.next_created_at IS NOT NULL THEN
-        NEW.ready_at := NEW.next_created_at;  -- a claim recorded it (pop.sql, sql/130)
-    ELSE
-        NEW.ready_at := COALESCE(queen.log_pending_at_v1(NEW.partition_id, v_off),
-                                 clock_timestamp());
-    END IF;
-    RETURN NEW;
-END
-$$;
-
-CREATE OR REPLACE TRIGGER log_consumers_ready_insert
-    BEFORE INSERT ON queen.log_consumers
-    FOR EACH ROW WHEN (NEW.ready_at IS NULL OR NEW.queue_id IS NULL)
-    EXECUTE FUNCTION queen.log_consumers_ready();
-
-CREATE OR REPLACE TRIGGER log_consumers_ready_update
-    BEFORE UPDATE ON queen.log_consumers
-    FOR EACH ROW WHEN (NEW.committed_offset IS DISTINCT FROM OLD.committed_offset
-                       OR (NEW.ready_at IS NULL AND OLD.ready_at IS NOT NULL))
-    EXECUTE FUNCTION queen.log_consumers_ready();
-
 -- A partition created after a group's start gets that group's cursor at its log start
 -- (api.md 2.2: the recorded start is "used for partitions created later too"; every message
 -- of a new partition comes after it). The queue rows are taken FOR KEY SHARE first, which
 -- group_start_v1's FOR UPDATE excludes: either the group start sees this partition or this
 -- statement sees the group.
+-- ready_at stays NULL (caught up) without the partition lock of pop.sql's log_ready_at_v1: a
+-- partition is created empty (push.sql, timers.sql), and until this transaction commits no
+-- other one can allocate in it (its allocator UPDATE does not see the row, or waits for the
+-- insert it conflicts with); an allocator of this transaction or a later one marks the new
+-- cursors in its statement after the allocation, as it marks every caught-up cursor.
 CREATE OR REPLACE FUNCTION queen.log_partitions_cursors() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
