@@ -22,6 +22,7 @@ import os
 import secrets
 import shutil
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -164,6 +165,21 @@ def make_migrated_database(server_dsn: str) -> str:
     if template is None:
         return _migrate_new_database(server_dsn)
     return _clone_database(server_dsn, template)
+
+
+def wait_for_lock_wait(conn: psycopg.Connection, query_like: str, what: str,
+                       timeout_s: float = 10.0) -> None:
+    """Return once a backend of ``conn``'s database running a query that contains
+    ``query_like`` waits on a lock; fail the test with ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND wait_event_type = 'Lock' AND query LIKE %s", (f"%{query_like}%",)).fetchone()
+        if row is not None and row[0]:
+            return
+        time.sleep(0.02)
+    pytest.fail(what)
 
 
 @contextlib.contextmanager

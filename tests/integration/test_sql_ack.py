@@ -25,7 +25,7 @@ import pytest
 import xxhash
 from psycopg.rows import dict_row
 
-from tests.pgharness import module_db_dsn
+from tests.pgharness import module_db_dsn, wait_for_lock_wait
 
 db_dsn = module_db_dsn  # this module's own database (the docstring says why)
 
@@ -776,16 +776,8 @@ def test_ack_multi_locks_consumer_rows_in_key_order(db, db_dsn):
         t = threading.Thread(target=run)
         t.start()
         try:
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline:
-                if probe.execute(
-                        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                        " AND wait_event_type = 'Lock' AND query LIKE '%%log_ack_multi_v2%%'"
-                ).fetchone()[0]:
-                    break
-                time.sleep(0.02)
-            else:
-                pytest.fail("the fused ack never waited on the blocked consumer row")
+            wait_for_lock_wait(probe, "log_ack_multi_v2",
+                               "the fused ack never waited on the blocked consumer row")
             probe.execute("BEGIN")
             with pytest.raises(psycopg.errors.LockNotAvailable):
                 probe.execute("SELECT 1 FROM queen.log_consumers WHERE partition_id = %s "

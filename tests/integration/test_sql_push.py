@@ -16,12 +16,13 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 import psycopg
 import pytest
 import xxhash
 
-from tests.pgharness import module_db_dsn
+from tests.pgharness import module_db_dsn, wait_for_lock_wait
 
 db_dsn = module_db_dsn  # this module's own database (the docstring says why)
 
@@ -62,13 +63,40 @@ class Seg:
         return self.blob or ("|".join(self.txns)).encode()
 
 
-def push(conn: psycopg.Connection, segs: list[Seg], tenants: list | None = None) -> list[dict]:
-    row = conn.execute(PUSH_MULTI, (
+def _push_with(statement: str, conn: psycopg.Connection, segs: list[Seg],
+               tenants: list | None) -> Any:
+    row = conn.execute(statement, (
         [s.queue for s in segs], [s.partition for s in segs], [len(s.txns) for s in segs],
         [hblob(s.txns) for s in segs], [s.verified for s in segs],
         [s.payload() for s in segs], tenants)).fetchone()
     assert row is not None
     return row[0]
+
+
+def push(conn: psycopg.Connection, segs: list[Seg], tenants: list | None = None) -> list[dict]:
+    """log_push_multi_v1: one JSON object a segment."""
+    return _push_with(PUSH_MULTI, conn, segs, tenants)
+
+
+def push_v2(conn: psycopg.Connection, segs: list[Seg], tenants: list | None = None) -> list[int]:
+    """log_push_multi_v2: its int8[] answer."""
+    return _push_with(PUSH_MULTI_V2, conn, segs, tenants)
+
+
+def push_in_thread(dsn: str, segs: list[Seg], errors: list[BaseException]) -> threading.Thread:
+    """``push`` on a connection of its own in a started thread; what it raises goes to
+    ``errors``."""
+
+    def run() -> None:
+        try:
+            with psycopg.connect(dsn, autocommit=True) as c:
+                push(c, segs)
+        except BaseException as ex:  # reported by the caller
+            errors.append(ex)
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t
 
 
 def pid_of(conn, queue: str, partition: str, tenant: uuid.UUID = DEFAULT_TENANT) -> int:
@@ -211,28 +239,11 @@ def test_bundle_locks_partitions_in_ascending_id_order(db, db_dsn):
         # hold the middle partition: a bundle over c, a, b (input order) must hold a and wait
         # on b, and must not have touched c yet
         blocker.execute("SELECT 1 FROM queen.log_partitions WHERE id = %s FOR UPDATE", (pb,))
-
-        def run() -> None:
-            try:
-                with psycopg.connect(db_dsn, autocommit=True) as c:
-                    push(c, [Seg(q, "c", ["c1"]), Seg(q, "a", ["a1"]), Seg(q, "b", ["b1"])])
-            except BaseException as ex:  # pragma: no cover - reported below
-                errors.append(ex)
-
-        t = threading.Thread(target=run)
-        t.start()
+        t = push_in_thread(db_dsn, [Seg(q, "c", ["c1"]), Seg(q, "a", ["a1"]),
+                                    Seg(q, "b", ["b1"])], errors)
         try:
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline:
-                waiting = probe.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                    "AND wait_event_type = 'Lock' AND query LIKE '%%log_push_multi_v1%%'"
-                ).fetchone()[0]
-                if waiting:
-                    break
-                time.sleep(0.02)
-            else:
-                pytest.fail("the bundle never waited on the blocked partition")
+            wait_for_lock_wait(probe, "log_push_multi_v1",
+                               "the bundle never waited on the blocked partition")
             with pytest.raises(psycopg.errors.LockNotAvailable):
                 probe.execute("SELECT 1 FROM queen.log_partitions WHERE id = %s "
                               "FOR UPDATE NOWAIT", (pa,))
@@ -344,12 +355,7 @@ def test_v2_answers_one_int8_array_in_input_order(db):
     assert pa < pb < pc
     segs = [Seg(q, "c", ["c9", "c3", "c1"]), Seg(q, "d", ["d1"]), Seg(q, "a", ["a2"]),
             Seg(q, "b", ["b2", "b3"])]
-    row = db.execute(PUSH_MULTI_V2, (
-        [s.queue for s in segs], [s.partition for s in segs], [len(s.txns) for s in segs],
-        [hblob(s.txns) for s in segs], [0] * len(segs), [s.payload() for s in segs],
-        None)).fetchone()
-    assert row is not None
-    got, n = row[0], len(segs)
+    got, n = push_v2(db, segs), len(segs)
     pd = pid_of(db, q, "d")
     assert got[:n] == [pc, pd, pa, pb]
     assert got[n:2 * n] == [0, 1, 0, 2]
@@ -372,6 +378,43 @@ def test_v2_probe_and_set_based_segments_in_one_bundle(db):
     assert [(r["s"], r["base"]) for r in res] == [("queued", 2), ("queued", 2), ("queued", 1)]
     assert res[0]["ts"] == res[1]["ts"] == res[2]["ts"]
     assert assert_gapless(db, pa) == 2 and assert_gapless(db, pb) == 2
+
+
+def test_v2_writes_each_segment_its_own_blob_hashes_and_window(db):
+    """Input order against partition id order, two queues of different windows, a probe
+    segment between set-based ones: every segment stored with its own payload, hashes and
+    count at its own partition's next offset, under one timestamp, and answered with its own
+    queue's window (the bundle takes them by input ordinal, not through its joins)."""
+    q1, q2 = uq(), uq()
+    db.execute("INSERT INTO queen.queues (name, dedup_window) VALUES (%s, 0)", (q2,))
+    for seg in (Seg(q1, "a", ["a1"]), Seg(q1, "b", ["b1"]), Seg(q2, "c", ["c1"])):
+        push(db, [seg])
+    pa, pb, pc = pid_of(db, q1, "a"), pid_of(db, q1, "b"), pid_of(db, q2, "c")
+    assert pa < pb < pc
+    segs = [Seg(q2, "c", ["c2", "c3", "c4"], verified=0, blob=b"payload of c"),
+            Seg(q1, "a", ["a2"], verified=0, blob=b"payload of a"),  # probes offset 1
+            Seg(q1, "n", ["n1", "n2"], blob=b"payload of n"),
+            Seg(q1, "b", ["b2", "b3"], verified=1, blob=b"payload of b")]
+    got, n = push_v2(db, segs), len(segs)
+    pn = pid_of(db, q1, "n")
+    assert got[:n] == [pc, pa, pn, pb]
+    assert got[n:2 * n] == [2, 2, 1, 2]
+    assert len(set(got[2 * n:3 * n])) == 1
+    assert got[3 * n:4 * n] == [0, 3600, 3600, 3600]
+    assert got[4 * n:] == []
+    for seg, pid, base in zip(segs, (pc, pa, pn, pb), (2, 2, 1, 2), strict=True):
+        stored = db.execute(
+            "SELECT s.msg_count, s.payload, t.msg_count, t.hashes, s.created_at, t.created_at "
+            "FROM queen.log_segments s JOIN queen.log_txns t USING (partition_id, base_offset) "
+            "WHERE s.partition_id = %s AND s.base_offset = %s", (pid, base)).fetchone()
+        assert stored is not None, seg
+        assert stored[:4] == (len(seg.txns), seg.payload(), len(seg.txns), hblob(seg.txns))
+        assert epoch_us(stored[4]) == epoch_us(stored[5]) == got[2 * n]
+        assert assert_gapless(db, pid) == base + len(seg.txns) - 1
+    # segments of one queue (its window once, each partition by name; one of them new)
+    res = push(db, [Seg(q2, "new", ["x1"]), Seg(q2, "c", ["c5"])])
+    assert [(r["pid"], r["s"], r["base"], r["w"]) for r in res] == [
+        (pid_of(db, q2, "new"), "queued", 1, 0), (pc, "queued", 5, 0)]
 
 
 def test_duplicate_reports_the_lowest_offset_in_the_window(db):
@@ -544,6 +587,30 @@ def test_same_partition_twice_in_one_bundle_raises(db):
     # distinct tenants make distinct partitions, so that is fine
     res = push(db, [Seg(q, "p", ["b"]), Seg(q, "p", ["b"])], tenants=[None, uuid.uuid4()])
     assert [r["s"] for r in res] == ["queued", "queued"]
+
+
+def test_partition_deleted_while_the_bundle_waits_for_its_lock_is_retryable(db, db_dsn):
+    """A partition resolved, then deleted (its queue dropped) while the bundle waits to lock it:
+    40001, nothing written, the other partition of the bundle untouched."""
+    q = uq()
+    push(db, [Seg(q, "a", ["x"])])
+    push(db, [Seg(q, "b", ["x"])])
+    pa, pb = pid_of(db, q, "a"), pid_of(db, q, "b")
+    errors: list[BaseException] = []
+    with psycopg.connect(db_dsn) as blocker, psycopg.connect(db_dsn, autocommit=True) as probe:
+        blocker.execute("SELECT 1 FROM queen.log_partitions WHERE id = %s FOR UPDATE", (pb,))
+        t = push_in_thread(db_dsn, [Seg(q, "b", ["b1"]), Seg(q, "a", ["a1"])], errors)
+        try:
+            wait_for_lock_wait(probe, "log_push_multi_v1",
+                               "the bundle never waited on the blocked partition")
+            blocker.execute("DELETE FROM queen.log_partitions WHERE id = %s", (pb,))
+            blocker.commit()
+        finally:
+            blocker.rollback()
+            t.join(timeout=30)
+    assert len(errors) == 1 and isinstance(errors[0], psycopg.errors.SerializationFailure), errors
+    assert "vanished" in str(errors[0])
+    assert counts(db, pa) == (1, 1, 1)
 
 
 def test_push_one_unknown_partition_raises(db):

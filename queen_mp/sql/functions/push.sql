@@ -360,6 +360,30 @@ COMMENT ON FUNCTION queen.log_push_one_v1(int8, int4, int4, bytea, int8, bytea, 
 --   then d triples   (k - 1, frame index, offset of the stored original) per duplicate frame,
 --                    ascending k then frame (log_push_one_v1's "dups")
 -- An empty bundle answers '{}'. The completeness guard (P0004) holds as before.
+--
+-- Revision (issue 26, pg2): the bundle's fixed cost, three statements of fewer plan nodes.
+--
+-- Functions: queen.log_push_multi_v2 replaced (same signature, answer, locks, lock order and
+-- SQLSTATEs).
+--
+-- Why: bench/pushsql.py under callgrind, main at 4f60f65: 3,734,019 instructions a 20x1
+-- bundle, 1,074,680 a 1x1, 2,588,482 a 10x100. Nearly all of it is executor start-up and
+-- per-row work of the three statements (resolution, pre-lock, writes): every plan node's
+-- initialisation, every function of a ROWS FROM unnest, every ordered aggregate's own sort,
+-- every column carried through a join, a hash table or a CTE's tuplestore costs per bundle or
+-- per segment; the CHECK constraints of the three written tables (~160k a bundle) stay.
+--
+-- Now: the resolution returns each partition's dedup window with its id (the pre-lock no
+-- longer joins queues); each statement unnests one array (names, ids) and takes every other
+-- per-segment value by ordinal from the arguments (plpgsql expands array arguments, so a
+-- subscript is a lookup), so no payload or hash blob crosses a join or a tuplestore; the
+-- pre-lock aggregates no partition ids and sorts no probe list (its rows come in id order);
+-- the answer aggregates the written segments alone, from one sort by ordinal, joined back to
+-- every input ordinal only when a segment took the probe path. 20x1 3,151,390, 1x1 943,215,
+-- 10x100 2,130,340. A bundle of one queue resolves the queue once (InitPlans) and each
+-- partition with one index probe, and the pre-lock's guards are two aggregates (the lowest
+-- bad partition id; the distinct partitions locked, a shortfall told apart on the error path
+-- from the input): 20x1 3,027,679, 1x1 933,163, 10x100 2,077,387.
 
 CREATE OR REPLACE FUNCTION queen.log_push_multi_v2(
     p_queues     text[],
@@ -377,14 +401,14 @@ DECLARE
     n           int4 := COALESCE(cardinality(p_queues), 0);
     v_tenants   uuid[];
     v_in_pids   int8[];
-    v_locked    int4;
+    v_named     int4;
     v_distinct  int4;
     v_ts        timestamptz;
-    v_bad_count int4;
     v_bad_pid   int8;
     v_bad_len   int4;
     v_probe     int4[];
     v_ws        int4[];
+    v_one       boolean := false;
     v_opids     int8[];
     v_ppids     int8[];
     v_res       jsonb;
@@ -393,6 +417,9 @@ DECLARE
     v_pids      int8[];
     v_bases     int8[];
     v_tss       int8[];
+    v_wos       int8[];
+    v_wbases    int8[];
+    v_wtss      int8[];
     v_dups      int8[] := '{}';
     v_missing   int4;
 BEGIN
@@ -430,21 +457,47 @@ BEGIN
         v_tenants := p_tenants;
     END IF;
 
-    -- 2. Resolution (input order, NULL = missing); provisioning only if something is missing,
-    --    then the names resolved once more. Each name is resolved by a correlated scalar
-    --    subquery, in which the names are parameters of an equality on both unique keys
-    --    whatever the statistics say (old migration 100, below). Inline, not a function of its
-    --    own: a nested plpgsql call with its own SET clause cost about 20k instructions a
-    --    bundle (bench/pushsql.py).
+    -- 2. Resolution (input order, NULL = missing): partition id and the queue's dedup window;
+    --    provisioning only if something is missing, then the names resolved once more. The
+    --    names are parameters of an equality on both unique keys whatever the statistics say
+    --    (old migration 100, below), in one of two shapes:
+    --      * every segment of one queue (a shard's bundle of 1-item pushes, mostly): the queue
+    --        once, two uncorrelated sub-selects (InitPlans), and each partition by a correlated
+    --        scalar sub-select on (queue_id, name): one index probe a segment, not two
+    --        (bench/pushsql.py 20x1: 3.15M -> 3.04M instructions; the test costs a 1x1 4k);
+    --      * otherwise each name by a LATERAL subquery kept apart by OFFSET 0: the lateral
+    --        reference makes it the inner side of a nested loop over the unnest.
+    --    array_agg keeps the unnest's order (no ORDER BY, no sort). The window comes with the
+    --    id, so the pre-lock no longer joins queues (a primary key probe a segment). Inline,
+    --    not a function of its own: a nested plpgsql call with its own SET clause cost about
+    --    20k instructions a bundle (bench/pushsql.py).
+    IF n > 1 THEN
+        v_one := v_tenants[1] = ALL (v_tenants) AND p_queues[1] = ALL (p_queues);
+    END IF;
     FOR v_round IN 1..2 LOOP
-        SELECT array_agg(
-                   (SELECT lp.id
-                    FROM queen.queues qu
-                    JOIN queen.log_partitions lp ON lp.queue_id = qu.id AND lp.name = b.p
-                    WHERE qu.tenant = b.t AND qu.name = b.q)
-                   ORDER BY b.ord)
-        INTO v_in_pids
-        FROM unnest(v_tenants, p_queues, p_partitions) WITH ORDINALITY AS b(t, q, p, ord);
+        IF v_one THEN
+            SELECT array_agg((SELECT lp.id FROM queen.log_partitions lp
+                              WHERE lp.queue_id = (SELECT qu.id FROM queen.queues qu
+                                                   WHERE qu.tenant = v_tenants[1]
+                                                     AND qu.name = p_queues[1])
+                                AND lp.name = b.p)),
+                   array_fill((SELECT qu.dedup_window FROM queen.queues qu
+                               WHERE qu.tenant = v_tenants[1] AND qu.name = p_queues[1]),
+                              ARRAY[n])
+            INTO v_in_pids, v_ws
+            FROM unnest(p_partitions) AS b(p);
+        ELSE
+            SELECT array_agg(r.id), array_agg(r.dw)
+            INTO v_in_pids, v_ws
+            FROM unnest(p_partitions) WITH ORDINALITY AS b(p, o)
+            LEFT JOIN LATERAL (
+                SELECT lp.id, qu.dedup_window AS dw
+                FROM queen.queues qu
+                JOIN queen.log_partitions lp ON lp.queue_id = qu.id AND lp.name = b.p
+                WHERE qu.tenant = v_tenants[b.o] AND qu.name = p_queues[b.o]
+                OFFSET 0
+            ) r ON true;
+        END IF;
         EXIT WHEN v_round = 2 OR array_position(v_in_pids, NULL) IS NULL;
 
         -- Ordered on the unique keys: ON CONFLICT takes speculative locks in row order, so two
@@ -473,40 +526,43 @@ BEGIN
     --        which the shard did not verify: those go through log_push_one_v1 (ascending id);
     --        every other segment goes to the set-based writes of step 5.
     --    A partition named twice in the bundle joins twice (its row is locked once).
-    --    Each segment's count, hashes and promise ride along in the one unnest joined to the
-    --    locked rows (a second unnest joined by ordinal was rescanned per row: n^2 rows).
-    SELECT count(*), count(DISTINCT l.id),
-           count(*) FILTER (WHERE l.cnt < 1 OR octet_length(l.h) <> 16 * l.cnt),
-           min(l.id) FILTER (WHERE l.cnt < 1 OR octet_length(l.h) <> 16 * l.cnt),
-           array_agg(l.o ORDER BY l.id) FILTER (WHERE l.probe),
-           array_agg(l.dw ORDER BY l.o),
-           array_agg(CASE WHEN l.probe THEN NULL ELSE l.id END ORDER BY l.o)
-    INTO v_locked, v_distinct, v_bad_count, v_bad_pid, v_probe, v_ws, v_opids
+    --    Each segment's count, hashes and promise are taken by its ordinal from the arguments
+    --    (expanded arrays: a subscript is a lookup; a second unnest joined by ordinal was
+    --    rescanned per row, n^2 rows, and carrying them through the join copied the hashes).
+    --    The probe list comes in ascending id, the order of the locked subquery's rows, which
+    --    an aggregate without ORDER BY keeps (its own ORDER BY would sort them again); the
+    --    set-based segments are the input's partitions less those.
+    SELECT count(DISTINCT l.id), min(l.id) FILTER (WHERE l.bad),
+           array_agg(l.o) FILTER (WHERE l.probe)
+    INTO v_distinct, v_bad_pid, v_probe
     FROM (
-        SELECT lp.id, i.o, i.cnt, i.h, qu.dedup_window AS dw,
-               qu.dedup_window > 0
-               AND GREATEST(COALESCE(i.ver, 0), lp.txns_start - 1) < lp.last_offset
+        SELECT lp.id, i.o,
+               p_msg_counts[i.o] < 1
+               OR octet_length(p_hashes[i.o]) <> 16 * p_msg_counts[i.o] AS bad,
+               v_ws[i.o] > 0
+               AND GREATEST(COALESCE(p_verified[i.o], 0), lp.txns_start - 1) < lp.last_offset
                    AS probe
         FROM queen.log_partitions lp
-        JOIN queen.queues qu ON qu.id = lp.queue_id
-        JOIN unnest(v_in_pids, p_msg_counts, p_hashes, p_verified) WITH ORDINALITY
-             AS i(pid, cnt, h, ver, o) ON i.pid = lp.id
+        JOIN unnest(v_in_pids) WITH ORDINALITY AS i(pid, o) ON i.pid = lp.id
         WHERE lp.id = ANY (v_in_pids)
         ORDER BY lp.id
         FOR NO KEY UPDATE OF lp
     ) l;
 
-    IF v_distinct <> v_locked THEN
-        RAISE EXCEPTION 'log_push_multi_v2: a partition appears more than once in the bundle (% segments, % distinct partitions)',
-            v_locked, v_distinct
-            USING ERRCODE = '21000';
-    END IF;
-    IF v_locked <> n THEN
+    IF v_distinct <> n THEN
+        -- A partition named twice, or one that vanished: the input tells which.
+        SELECT count(DISTINCT x.pid) INTO v_named
+        FROM unnest(v_in_pids) AS x(pid) WHERE x.pid IS NOT NULL;
+        IF v_named <> cardinality(array_remove(v_in_pids, NULL)) THEN
+            RAISE EXCEPTION 'log_push_multi_v2: a partition appears more than once in the bundle (% segments, % distinct partitions)',
+                n, v_named
+                USING ERRCODE = '21000';
+        END IF;
         RAISE EXCEPTION 'log_push_multi_v2: % of % partitions vanished before the pre-lock (queue deleted concurrently?)',
-            n - v_locked, n
+            n - v_distinct, n
             USING ERRCODE = '40001';
     END IF;
-    IF v_bad_count > 0 THEN
+    IF v_bad_pid IS NOT NULL THEN
         -- log_push_one_v1's own guards, same messages and SQLSTATE (lowest partition id first)
         SELECT b.cnt, octet_length(b.h) INTO v_k, v_bad_len
         FROM unnest(v_in_pids, p_msg_counts, p_hashes) AS b(pid, cnt, h)
@@ -525,10 +581,12 @@ BEGIN
 
     -- The probe path, ascending partition id: log_push_one_v1 as before. Its answers are
     -- spliced into the result arrays of step 5 by ordinal.
-    v_bases := array_fill(NULL::int8, ARRAY[n]);
-    v_tss := array_fill(NULL::int8, ARRAY[n]);
+    v_opids := v_in_pids;
     IF v_probe IS NOT NULL THEN
+        v_bases := array_fill(NULL::int8, ARRAY[n]);
+        v_tss := array_fill(NULL::int8, ARRAY[n]);
         FOREACH v_o IN ARRAY v_probe LOOP
+            v_opids[v_o] := NULL;
             v_res := queen.log_push_one_v1(
                          v_in_pids[v_o], v_ws[v_o], p_msg_counts[v_o], p_hashes[v_o],
                          COALESCE(p_verified[v_o], 0), p_blobs[v_o], v_ts);
@@ -556,19 +614,22 @@ BEGIN
     --    them (`lp.id = ANY` keeps it a primary key probe whatever the join method), then
     --    their segment rows and sidecar rows (always, dedup or not: ack-by-transactionId
     --    resolves through it). Results in input order, and the completeness guard: every
-    --    input ordinal has exactly one result.
+    --    input ordinal has exactly one result. PERF(queen): the inserts take each blob and
+    --    hash blob by ordinal from the arguments (plpgsql holds array arguments expanded, so
+    --    a subscript is a lookup), not through the allocator's rows: the hash join and the
+    --    CTE's tuplestore copied every payload twice.
     WITH a AS (
         UPDATE queen.log_partitions lp SET
-            last_offset     = lp.last_offset + s.cnt,
+            last_offset     = lp.last_offset + p_msg_counts[s.o],
             last_write_at   = CASE WHEN lp.last_write_at IS NULL
                                      OR clock_timestamp() - lp.last_write_at > interval '1 second'
                                    THEN clock_timestamp() ELSE lp.last_write_at END,
             last_created_at = GREATEST(lp.last_created_at, v_ts)
-        FROM unnest(v_opids, p_msg_counts, p_blobs, p_hashes) WITH ORDINALITY
-             AS s(pid, cnt, blob, hashes, o)
+        FROM unnest(v_opids) WITH ORDINALITY AS s(pid, o)
         WHERE lp.id = ANY (v_opids) AND lp.id = s.pid
-        RETURNING s.o, s.pid, s.cnt, lp.last_offset - s.cnt + 1 AS base,
-                  lp.last_offset AS last, lp.last_created_at AS created, s.blob, s.hashes
+        RETURNING s.o, s.pid, p_msg_counts[s.o] AS cnt,
+                  lp.last_offset - p_msg_counts[s.o] + 1 AS base,
+                  lp.last_offset AS last, lp.last_created_at AS created
     ), rdy AS (
         -- The ready index's allocator half (pop.sql, log_ready_at_v1): the caught-up cursors
         -- of these partitions become ready at the new segment. This statement's snapshot was taken
@@ -580,25 +641,33 @@ BEGIN
         WHERE c.partition_id = g.pid AND c.ready_at IS NULL AND c.committed_offset < g.last
     ), seg AS (
         INSERT INTO queen.log_segments (partition_id, base_offset, msg_count, created_at, payload)
-        SELECT a.pid, a.base, a.cnt, a.created, a.blob FROM a
+        SELECT a.pid, a.base, a.cnt, a.created, p_blobs[a.o] FROM a
     ), txn AS (
         INSERT INTO queen.log_txns (partition_id, base_offset, msg_count, created_at, hashes)
-        SELECT a.pid, a.base, a.cnt, a.created, a.hashes FROM a
+        SELECT a.pid, a.base, a.cnt, a.created, p_hashes[a.o] FROM a
     )
     -- Every answered segment's partition is its input's (v_in_pids) and its window was read
-    -- by the pre-lock (v_ws): only bases and timestamps are aggregated (two ordered
-    -- aggregates, not four: each one costs its executor start-up and its sort per bundle).
-    SELECT v_in_pids
-           || array_agg(COALESCE(r.base, a.base) ORDER BY r.o)
-           || array_agg(COALESCE(r.ts, (extract(epoch FROM a.created) * 1000000)::int8)
-                        ORDER BY r.o)
-           || v_ws
-           || v_dups,
-           count(*) FILTER (WHERE r.base IS NULL AND a.base IS NULL)
-    INTO v_pids, v_missing
-    FROM unnest(v_bases, v_tss) WITH ORDINALITY AS r(base, ts, o)
-    LEFT JOIN a ON a.o = r.o;
-    IF v_missing <> 0 OR array_position(v_pids, NULL) IS NOT NULL THEN
+    -- by the resolution (v_ws): only the written segments' ordinals, bases and timestamps
+    -- are aggregated, in input order from one sort (an aggregate's own ORDER BY sorts apart;
+    -- a join back to every input ordinal cost a function scan, a sort and a merge join).
+    SELECT array_agg(w.o), array_agg(w.base), array_agg(w.ts)
+    INTO v_wos, v_wbases, v_wtss
+    FROM (SELECT a.o, a.base, (extract(epoch FROM a.created) * 1000000)::int8 AS ts
+          FROM a ORDER BY a.o) w;
+    IF v_probe IS NOT NULL THEN
+        -- Rare: the probe path's answers and these, by ordinal.
+        SELECT array_agg(COALESCE(r.base, w.base) ORDER BY r.o),
+               array_agg(COALESCE(r.ts, w.ts) ORDER BY r.o)
+        INTO v_wbases, v_wtss
+        FROM unnest(v_bases, v_tss) WITH ORDINALITY AS r(base, ts, o)
+        LEFT JOIN unnest(v_wos, v_wbases, v_wtss) AS w(o, base, ts) ON w.o = r.o;
+    END IF;
+    v_pids := v_in_pids || v_wbases || v_wtss || v_ws || v_dups;
+    -- The completeness guard: every input ordinal has exactly one result (a's ordinals are
+    -- distinct: each input row joins one partition row, updated once).
+    v_missing := n - COALESCE(cardinality(v_wos), 0) - COALESCE(cardinality(v_probe), 0);
+    IF v_missing <> 0 OR cardinality(v_pids) < 4 * n
+       OR array_position(v_pids, NULL) IS NOT NULL THEN
         RAISE EXCEPTION 'log_push_multi_v2: completeness guard: % inputs, % without a result',
             n, v_missing
             USING ERRCODE = 'P0004';
