@@ -69,7 +69,9 @@ class ParkingLot:
 
     async def park(self, key: ParkKey, token: int | bytes, until: float, *,
                    front: bool = False) -> None:
-        """Wait for a wake of ``key`` or ``until`` (monotonic seconds), whichever is first."""
+        """Wait for a wake of ``key`` or ``until`` (monotonic seconds), whichever is first.
+
+        PERF(memory): one coroutine (a parked pop holds every frame of its chain)."""
         self._parked += 1
         if self._parked == 1 and self.on_parked is not None:
             self.on_parked(True)  # before the token is compared (module docstring)
@@ -79,41 +81,38 @@ class ParkingLot:
             left = until - time.monotonic()
             if left <= 0:
                 return
-            await self._wait(key, left, front)
+            loop = asyncio.get_running_loop()
+            waiter: asyncio.Future[None] = loop.create_future()
+            line = self._queues.get(key)
+            if line is None:
+                line = self._queues[key] = []
+                self._by_bucket.setdefault(key.bucket, set()).add(key)
+            if front:
+                line.insert(0, waiter)
+            else:
+                line.append(waiter)
+            self._ensure_watcher()
+            # PERF(memory): the deadline is a timer that resolves the waiter itself, not
+            # ``wait_for(shield(...))``, which added a coroutine, two futures, a callback
+            # partial and their contexts to every parked pop
+            deadline = loop.call_later(left, _expire, waiter)
+            try:
+                await waiter
+            finally:
+                deadline.cancel()
+                with contextlib.suppress(ValueError):
+                    line.remove(waiter)
+                if not line and self._queues.get(key) is line:
+                    del self._queues[key]
+                    keys = self._by_bucket.get(key.bucket)
+                    if keys is not None:
+                        keys.discard(key)
+                        if not keys:
+                            del self._by_bucket[key.bucket]
         finally:
             self._parked -= 1
             if not self._parked and self.on_parked is not None:
                 self.on_parked(False)
-
-    async def _wait(self, key: ParkKey, left: float, front: bool) -> None:
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[None] = loop.create_future()
-        line = self._queues.get(key)
-        if line is None:
-            line = self._queues[key] = []
-            self._by_bucket.setdefault(key.bucket, set()).add(key)
-        if front:
-            line.insert(0, waiter)
-        else:
-            line.append(waiter)
-        self._ensure_watcher()
-        # PERF(memory): the deadline is a timer that resolves the waiter itself, not
-        # ``wait_for(shield(...))``, which added a coroutine, two futures, a callback partial
-        # and their contexts to every parked pop
-        deadline = loop.call_later(left, _expire, waiter)
-        try:
-            await waiter
-        finally:
-            deadline.cancel()
-            with contextlib.suppress(ValueError):
-                line.remove(waiter)
-            if not line and self._queues.get(key) is line:
-                del self._queues[key]
-                keys = self._by_bucket.get(key.bucket)
-                if keys is not None:
-                    keys.discard(key)
-                    if not keys:
-                        del self._by_bucket[key.bucket]
 
     def pass_baton(self, key: ParkKey) -> None:
         """Wake the next waiter of ``key``: the previous one found messages, maybe more wait."""
