@@ -13,6 +13,7 @@ import uuid
 from typing import Any
 
 from queen_mp.db import pop_procs
+from queen_mp.front import popper
 from queen_mp.front.parking import ParkingLot, ParkKey
 from queen_mp.front.popper import CLAIMS_PER_KEY, Popper, PopRequest, _enter, _Gate, _leave
 
@@ -215,3 +216,39 @@ def test_the_parking_lot_says_when_its_first_pop_parks_and_its_last_leaves() -> 
         assert calls == [(True, 1), (False, 0)]
 
     asyncio.run(go())
+
+
+def test_a_claim_stuck_past_the_grace_times_out_and_so_does_a_pop_waiting_its_turn(
+        monkeypatch: Any) -> None:
+    """The database grace runs from the pop's start over its claims and their turns at the
+    gate (not only while parked: a parked pop holds no timer for it)."""
+    monkeypatch.setattr(popper, "_DB_GRACE_S", 0.05)
+
+    async def body() -> None:
+        p = RecordingPopper()  # its claims never end: a stuck database
+        t0 = time.monotonic()
+        stuck = asyncio.create_task(p.pop(request("a", timeout_ms=100)))
+        await _settle()
+        behind = asyncio.create_task(p.pop(request("a", timeout_ms=100)))
+        results = await asyncio.wait_for(
+            asyncio.gather(stuck, behind, return_exceptions=True), 5)
+        assert [type(r) for r in results] == [TimeoutError, TimeoutError]
+        assert 0.14 <= time.monotonic() - t0 < 2
+        assert p.claims == 1 and p.running == {"a": 0}
+        assert len(p._gates) == 0
+
+    asyncio.run(body())
+
+
+def test_a_parked_pop_answers_at_its_deadline_past_a_shorter_grace(monkeypatch: Any) -> None:
+    monkeypatch.setattr(popper, "_DB_GRACE_S", 0.01)
+
+    async def body() -> None:
+        p = RecordingPopper()
+        p.release.set()  # claims answer at once, with nothing
+        t0 = time.monotonic()
+        assert await p.pop(request("a", wait=True, timeout_ms=200)) is None
+        assert 0.19 <= time.monotonic() - t0 < 2
+        assert p.lot.parked == 0 and len(p._gates) == 0
+
+    asyncio.run(body())
