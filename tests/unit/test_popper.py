@@ -252,3 +252,44 @@ def test_a_parked_pop_answers_at_its_deadline_past_a_shorter_grace(monkeypatch: 
         assert p.lot.parked == 0 and len(p._gates) == 0
 
     asyncio.run(body())
+
+
+def test_parked_pops_return_at_their_own_deadlines_under_one_timer() -> None:
+    """Deadlines out of order, one pop woken before its time, one cancelled: each of the others
+    returns at its own deadline, and the lot forgets the deadlines of pops gone."""
+    async def go() -> None:
+        lot = ParkingLot(FakeBoard(), 0.5)
+        t0 = time.monotonic()
+        ends: dict[str, float] = {}
+
+        async def parked(name: str, key: ParkKey, after: float) -> None:
+            await lot.park(key, 0, t0 + after)
+            ends[name] = time.monotonic() - t0
+
+        keys = {n: ParkKey(i, "g", (TENANT, n)) for i, n in enumerate("abcde")}
+        tasks = [asyncio.ensure_future(parked(n, keys[n], after)) for n, after in
+                 (("a", 0.30), ("b", 0.10), ("c", 0.20), ("d", 0.05), ("e", 0.15))]
+        await asyncio.sleep(0.02)
+        lot.pass_baton(keys["d"])  # woken before its deadline
+        tasks[4].cancel()  # e: its client went away
+        await asyncio.gather(*tasks, return_exceptions=True)
+        assert ends["d"] < 0.045, ends
+        for name, after in (("b", 0.10), ("c", 0.20), ("a", 0.30)):
+            assert after - 0.002 <= ends[name] < after + 0.25, ends  # never early
+        assert ends["b"] < ends["c"] < ends["a"], ends
+        assert "e" not in ends and lot.parked == 0 and lot._timer is None
+        assert not lot._deadlines
+
+        # pops woken at once leave no deadline behind for their whole timeout
+        for _ in range(3):
+            many = [asyncio.ensure_future(lot.park(ParkKey(1, "g", (TENANT, str(i))), 0,
+                                                   time.monotonic() + 60)) for i in range(200)]
+            await asyncio.sleep(0)
+            for i in range(200):
+                lot.pass_baton(ParkKey(1, "g", (TENANT, str(i))))
+            await asyncio.gather(*many)
+        assert len(lot._deadlines) <= 66, len(lot._deadlines)  # 600 without compaction
+        await lot.close()
+        assert not lot._deadlines and lot._timer is None
+
+    asyncio.run(go())
