@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
+import math
 import time
 from collections.abc import Callable, Hashable
 from typing import NamedTuple
@@ -39,10 +41,8 @@ class ParkKey(NamedTuple):
     scope: Hashable  # partition name, or (namespace, task)
 
 
-def _expire(future: asyncio.Future[None]) -> None:
-    """A parked pop's deadline: it returns as if woken, unless a wake came first."""
-    if not future.done():
-        future.set_result(None)
+#: what ``_expire_due`` counts as due already (asyncio's own loop takes its clock's resolution)
+_DUE_SLACK_S = 0.001
 
 
 class ParkingLot:
@@ -56,6 +56,13 @@ class ParkingLot:
         self._queues: dict[ParkKey, list[asyncio.Future[None]]] = {}
         self._by_bucket: dict[int | None, set[ParkKey]] = {}
         self._parked = 0
+        # PERF(memory): the parked pops' deadlines, a heap of (loop time, seq, waiter) under
+        # one timer armed for its first, not a timer each (a uvloop timer is 0.5 KB); a waiter
+        # woken first stays in the heap until its time or a compaction (``park``)
+        self._deadlines: list[tuple[float, int, asyncio.Future[None]]] = []
+        self._seq = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = math.inf
         self._watcher: asyncio.Task[None] | None = None
         self._snapshot = board.snapshot()
 
@@ -69,7 +76,9 @@ class ParkingLot:
 
     async def park(self, key: ParkKey, token: int | bytes, until: float, *,
                    front: bool = False) -> None:
-        """Wait for a wake of ``key`` or ``until`` (monotonic seconds), whichever is first."""
+        """Wait for a wake of ``key`` or ``until`` (monotonic seconds), whichever is first.
+
+        PERF(memory): one coroutine (a parked pop holds every frame of its chain)."""
         self._parked += 1
         if self._parked == 1 and self.on_parked is not None:
             self.on_parked(True)  # before the token is compared (module docstring)
@@ -79,41 +88,70 @@ class ParkingLot:
             left = until - time.monotonic()
             if left <= 0:
                 return
-            await self._wait(key, left, front)
+            loop = asyncio.get_running_loop()
+            waiter: asyncio.Future[None] = loop.create_future()
+            line = self._queues.get(key)
+            if line is None:
+                line = self._queues[key] = []
+                self._by_bucket.setdefault(key.bucket, set()).add(key)
+            if front:
+                line.insert(0, waiter)
+            else:
+                line.append(waiter)
+            self._ensure_watcher()
+            # PERF(memory): the deadline resolves the waiter itself, not
+            # ``wait_for(shield(...))``, which added a coroutine, two futures, a callback
+            # partial and their contexts to every parked pop
+            self._add_deadline(loop, loop.time() + left, waiter)
+            try:
+                await waiter
+            finally:
+                if len(self._deadlines) > 2 * self._parked + 64:
+                    self._compact()
+                with contextlib.suppress(ValueError):
+                    line.remove(waiter)
+                if not line and self._queues.get(key) is line:
+                    del self._queues[key]
+                    keys = self._by_bucket.get(key.bucket)
+                    if keys is not None:
+                        keys.discard(key)
+                        if not keys:
+                            del self._by_bucket[key.bucket]
         finally:
             self._parked -= 1
             if not self._parked and self.on_parked is not None:
                 self.on_parked(False)
 
-    async def _wait(self, key: ParkKey, left: float, front: bool) -> None:
+    def _add_deadline(self, loop: asyncio.AbstractEventLoop, when: float,
+                      waiter: asyncio.Future[None]) -> None:
+        self._seq += 1
+        heapq.heappush(self._deadlines, (when, self._seq, waiter))
+        if when < self._timer_at:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer_at = when
+            self._timer = loop.call_at(when, self._expire_due)
+
+    def _expire_due(self) -> None:
+        """The deadlines that came: their pops return as if woken, unless a wake came first."""
+        self._timer, self._timer_at = None, math.inf
         loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[None] = loop.create_future()
-        line = self._queues.get(key)
-        if line is None:
-            line = self._queues[key] = []
-            self._by_bucket.setdefault(key.bucket, set()).add(key)
-        if front:
-            line.insert(0, waiter)
-        else:
-            line.append(waiter)
-        self._ensure_watcher()
-        # PERF(memory): the deadline is a timer that resolves the waiter itself, not
-        # ``wait_for(shield(...))``, which added a coroutine, two futures, a callback partial
-        # and their contexts to every parked pop
-        deadline = loop.call_later(left, _expire, waiter)
-        try:
-            await waiter
-        finally:
-            deadline.cancel()
-            with contextlib.suppress(ValueError):
-                line.remove(waiter)
-            if not line and self._queues.get(key) is line:
-                del self._queues[key]
-                keys = self._by_bucket.get(key.bucket)
-                if keys is not None:
-                    keys.discard(key)
-                    if not keys:
-                        del self._by_bucket[key.bucket]
+        heap = self._deadlines
+        due = loop.time() + _DUE_SLACK_S
+        while heap and (heap[0][0] <= due or heap[0][2].done()):
+            waiter = heapq.heappop(heap)[2]
+            if not waiter.done():
+                waiter.set_result(None)
+        if heap:
+            self._timer_at = heap[0][0]
+            self._timer = loop.call_at(self._timer_at, self._expire_due)
+
+    def _compact(self) -> None:
+        """Drops the deadlines of waiters already woken: the heap stays within twice the
+        parked pops (a pop woken at once would otherwise leave its entry for its whole
+        timeout)."""
+        self._deadlines = [d for d in self._deadlines if not d[2].done()]
+        heapq.heapify(self._deadlines)
 
     def pass_baton(self, key: ParkKey) -> None:
         """Wake the next waiter of ``key``: the previous one found messages, maybe more wait."""
@@ -157,6 +195,10 @@ class ParkingLot:
             for waiter in line:
                 if not waiter.done():
                     waiter.set_result(None)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer, self._timer_at = None, math.inf
+        self._deadlines.clear()
         if self._watcher is not None:
             self._watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):

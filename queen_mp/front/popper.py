@@ -51,6 +51,8 @@ CLAIMS_PER_KEY = 2
 _MAX_MARGIN_S = 0.25
 _HINT_SLACK_S = 0.01
 _MIN_CLAIM_S = 0.005
+#: how long past the caller's timeout a claim may keep the answer waiting for a stuck database
+_DB_GRACE_S = 5.0
 
 
 class TooManyParked(Exception):
@@ -90,6 +92,15 @@ class Popper:
         self._gates: dict[ParkKey, _Gate] = {}
 
     async def pop(self, r: PopRequest) -> Popped | None:
+        """Claims for ``r``, parking while there is nothing to claim and ``r`` waits.
+
+        A claim (its turn at the gate included) still pending ``_DB_GRACE_S`` past the
+        caller's timeout raises TimeoutError.
+
+        PERF(memory): the timeout is disarmed while the pop is parked: a parked pop holds
+        every timer of its chain (a uvloop timer is 0.5 KB), and the park itself ends before
+        the deadline (``claim_until``). One Timeout, rescheduled: a Timeout a claim cost a
+        parked and woken pop 17k more instructions (callgrind, 210k against 193k)."""
         # NOTE(auth): the tenant is part of the key, so a woken waiter of another tenant (same
         # namespace, or a bucket collision) cannot take the baton and leave ours asleep.
         key = ParkKey(bucket_of(r.tenant, r.queue) if r.queue is not None else None, r.group,
@@ -100,57 +111,59 @@ class Popper:
             gate = self._gates[key] = _Gate()
         gate.users += 1
         try:
-            return await self._pop(r, key, gate)
+            give_up = asyncio.get_running_loop().time() + r.timeout_ms / 1000 + _DB_GRACE_S
+            async with asyncio.timeout_at(give_up) as grace:
+                budget = (r.timeout_ms or 30_000) / 1000  # timeout=0 acts as wait=false
+                deadline = time.monotonic() + budget
+                # No claim starts after this: what is leased must reach the caller in time.
+                claim_until = deadline - min(_MAX_MARGIN_S, budget / 4)
+                wait = r.wait and r.timeout_ms > 0
+                woken = False
+                while True:
+                    if gate.running >= gate.width or gate.waiters:
+                        await _enter(gate)
+                    else:
+                        gate.running += 1
+                    try:
+                        claim_s = claim_until - time.monotonic()
+                        if claim_s < _MIN_CLAIM_S:
+                            break
+                        token = self.lot.token(key.bucket)
+                        lease = None if r.auto_ack else uuid.UUID(bytes=uuid7())
+                        result = await self._claim(r, lease, int(claim_s * 1000))
+                        _widen(gate, sum(c.count for c in result.claims) >= r.batch)
+                    finally:
+                        _leave(gate)
+                    if result.claims:
+                        # NOTE(queen): there may be more to claim; the next pop parked on this key
+                        # looks (it parks again at the head if not).
+                        self.lot.pass_baton(key)
+                        return Popped(result.claims, str(lease) if lease is not None else None)
+                    if not wait:
+                        return None
+                    if self.lot.parked >= self.max_parked:
+                        raise TooManyParked(f"{self.lot.parked} pops already parked in this worker")
+                    until = claim_until
+                    if result.wake_in_ms is not None:
+                        until = min(until, time.monotonic() + result.wake_in_ms / 1000
+                                    + _HINT_SLACK_S)
+                    if self.parked_gauge is not None:
+                        self.parked_gauge.inc()
+                    grace.reschedule(None)  # PERF(memory): no timer while parked (docstring)
+                    try:
+                        await self.lot.park(key, token, until, front=woken)
+                    finally:
+                        grace.reschedule(give_up)
+                        if self.parked_gauge is not None:
+                            self.parked_gauge.dec()
+                    woken = True
+                if wait:
+                    await asyncio.sleep(max(0.0, deadline - time.monotonic()))
+                return None
         finally:
             gate.users -= 1
             if not gate.users:
                 del self._gates[key]
-
-    async def _pop(self, r: PopRequest, key: ParkKey, gate: _Gate) -> Popped | None:
-        budget = (r.timeout_ms or 30_000) / 1000  # timeout=0 acts as wait=false
-        deadline = time.monotonic() + budget
-        # No claim starts after this: what is leased must reach the caller in time.
-        claim_until = deadline - min(_MAX_MARGIN_S, budget / 4)
-        wait = r.wait and r.timeout_ms > 0
-        woken = False
-        while True:
-            if gate.running >= gate.width or gate.waiters:
-                await _enter(gate)
-            else:
-                gate.running += 1
-            try:
-                claim_s = claim_until - time.monotonic()
-                if claim_s < _MIN_CLAIM_S:
-                    break
-                token = self.lot.token(key.bucket)
-                lease = None if r.auto_ack else uuid.UUID(bytes=uuid7())
-                result = await self._claim(r, lease, int(claim_s * 1000))
-                _widen(gate, sum(c.count for c in result.claims) >= r.batch)
-            finally:
-                _leave(gate)
-            if result.claims:
-                # NOTE(queen): there may be more to claim; the next pop parked on this key
-                # looks (it parks again at the head if not).
-                self.lot.pass_baton(key)
-                return Popped(result.claims, str(lease) if lease is not None else None)
-            if not wait:
-                return None
-            if self.lot.parked >= self.max_parked:
-                raise TooManyParked(f"{self.lot.parked} pops already parked in this worker")
-            until = claim_until
-            if result.wake_in_ms is not None:
-                until = min(until, time.monotonic() + result.wake_in_ms / 1000 + _HINT_SLACK_S)
-            if self.parked_gauge is not None:
-                self.parked_gauge.inc()
-            try:
-                await self.lot.park(key, token, until, front=woken)
-            finally:
-                if self.parked_gauge is not None:
-                    self.parked_gauge.dec()
-            woken = True
-        if wait:
-            await asyncio.sleep(max(0.0, deadline - time.monotonic()))
-        return None
 
     async def _claim(self, r: PopRequest, lease: uuid.UUID | None,
                      claim_ms: int) -> pop_procs.ClaimResult:

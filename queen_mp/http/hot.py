@@ -10,7 +10,7 @@ middleware's checks (``Authz.principal``, ``Admission.admit``), the responder's 
 failure mapped by ``errors.error_of``, the permits given back, the request counted
 (``EdgeMiddleware.account``), and the answer sent with the headers falcon sends, in falcon's
 order (tests/fuzz: every request answered both ways compares equal, byte for byte). Below ASGI,
-the front's protocol answers most of these requests through ``HotRoutes.respond_whole`` without
+the front's protocol answers most of these requests through ``HotRoutes.respond`` without
 uvicorn's request cycle (queen_mp/processes/uvworker.py).
 
 A request this module does not take goes to falcon whole: another method or route, a header
@@ -131,11 +131,34 @@ class _Body:
         raise StopAsyncIteration
 
 
+def rendered(answer: Answer) -> tuple[int, list[tuple[bytes, bytes]], bytes | None]:
+    """The status, headers and body (None for a bodiless status) of an answer as falcon sends
+    them: the responder's headers (Content-Type, then the error's own), the middleware's CORS
+    header, then Content-Length; a media answer gets its Content-Type when falcon renders it,
+    after CORS. Header names are lowercase, as the server writes them."""
+    status = answer.status
+    if status in _BODILESS:
+        return status, [_CORS], None
+    if answer.data is not None:
+        body = answer.data
+        headers = [(b"content-type", answer.content_type.encode("latin1")),
+                   *((n.encode("latin1"), v.encode("latin1")) for n, v in answer.headers),
+                   _CORS]
+    else:
+        body = orjson.dumps(answer.media)
+        headers = [_CORS, _JSON_TYPE]
+    headers.append((b"content-length", str(len(body)).encode()))
+    return status, headers, body
+
+
 class HotRoutes:
     """``match`` tells whether a scope is one of HOT_ROUTES (or of ``extra``, the (method,
     route template) of other modules' routes taken here: queen_mp/http/ephemeral.py's) as
     falcon would route it; ``serve`` answers it over ASGI, ``respond`` is that answer."""
 
+    #: ``rendered``, for the front's protocol, which answers below ASGI
+    #: (queen_mp/processes/uvworker.py) and does not import this module (it loads psycopg)
+    render = staticmethod(rendered)
     #: none unless given (a class default too: tests build the class without ``__init__``)
     extra: Mapping[tuple[str, str], HotAnswer] = MappingProxyType({})
 
@@ -241,12 +264,6 @@ class HotRoutes:
         self.edge.account(call.template, answer.status, started)
         return answer
 
-    async def respond_whole(self, call: HotCall, body: bytes
-                            ) -> tuple[int, list[tuple[bytes, bytes]], bytes | None]:
-        """``respond`` to a body read whole, rendered: the front's lean path
-        (queen_mp/processes/uvworker.py), which writes it below ASGI."""
-        return rendered(await self.respond(call, body))
-
     async def _answer(self, call: HotCall, body: bytes | AsyncIterable[bytes], tenant: bytes,
                       sub: str | None, grant: Grant | None) -> Answer:
         other = self.extra.get((call.method, call.template)) if self.extra else None
@@ -265,23 +282,3 @@ class HotRoutes:
                 tenant, sub, grant)
         return await self.acks[call.path].answer(
             await read_stream(call.content_length, body, call.encoding, MAX_ACK_BODY), tenant)
-
-
-def rendered(answer: Answer) -> tuple[int, list[tuple[bytes, bytes]], bytes | None]:
-    """The status, headers and body (None for a bodiless status) of an answer as falcon sends
-    them: the responder's headers (Content-Type, then the error's own), the middleware's CORS
-    header, then Content-Length; a media answer gets its Content-Type when falcon renders it,
-    after CORS. Header names are lowercase, as the server writes them."""
-    status = answer.status
-    if status in _BODILESS:
-        return status, [_CORS], None
-    if answer.data is not None:
-        body = answer.data
-        headers = [(b"content-type", answer.content_type.encode("latin1")),
-                   *((n.encode("latin1"), v.encode("latin1")) for n, v in answer.headers),
-                   _CORS]
-    else:
-        body = orjson.dumps(answer.media)
-        headers = [_CORS, _JSON_TYPE]
-    headers.append((b"content-length", str(len(body)).encode()))
-    return status, headers, body

@@ -7,7 +7,6 @@ client rejects encrypted frames, so those answer JSON with decrypted ``data``).
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import falcon
@@ -55,8 +54,6 @@ AUTOPILOT_WAIT_MS = 100
 SUB_MODES = {"": "all", "all": "all", "from_beginning": "all", "from-beginning": "all",
              "frombeginning": "all", "beginning": "all", "timestamp": "all",
              "new": "new", "new-only": "new-only", "new_only": "new-only", "newonly": "new-only"}
-# Beyond the caller's own deadline, how long a stuck database may hold the answer.
-_DB_GRACE_S = 5.0
 
 
 def _subscription(q: Query) -> tuple[str, Any]:
@@ -94,42 +91,20 @@ class PopResource:
                      partition: str | None) -> Answer:
         """The answer to a pop by ``tenant`` from ``queue`` (None: namespace or task
         discovery) and ``partition`` (None: any) with these query parameters."""
-        if queue is not None:
-            check_queue_name(queue)
-        if partition is not None:
-            check_partition_name(partition)
-        q = Query(query_string)
-        namespace = task = None
-        if queue is None:
-            namespace, task = q.text("namespace") or None, q.text("task") or None
-            if namespace is None and task is None:
-                raise InvalidRequest("a pop without a queue needs namespace or task",
-                                     field="namespace")
-            for name, value in (("namespace", namespace), ("task", task)):
-                if value is not None:
-                    check_name(value, name)
-        if q.flag("conflation", False):
-            raise Unsupported("conflation=true is not implemented", field="conflation")
-        autopilot = q.flag("autopilot", False)
-        batch = q.integer("batch", AUTOPILOT_BATCH if autopilot else 1, minimum=1,
-                          maximum=MAX_BATCH)
-        partitions = 1 if partition is not None else q.integer(
-            "partitions", 1, minimum=1, maximum=MAX_PARTITIONS)
-        mode, start = _subscription(q)
-        request = PopRequest(
-            tenant=tenant, queue=queue, partition=partition, namespace=namespace, task=task,
-            group=parse_group(q.text("consumerGroup")), batch=batch, partitions=partitions,
-            wait=q.flag("wait", False),
-            timeout_ms=q.integer("timeout", 30_000, minimum=0, maximum=MAX_TIMEOUT_MS),
-            auto_ack=q.flag("autoAck", False), sub_mode=mode, sub_from=start)
-        frames = q.flag("frames", False)
-
-        popped = await self._run(request)
+        request, frames, autopilot = _request(query_string, tenant, queue, partition)
+        try:
+            popped = await self.worker.popper.pop(request)
+        except TooManyParked as ex:
+            raise Overloaded(str(ex), headers={"Retry-After": "1"}) from None
+        except TimeoutError:
+            raise Timeout("pop timeout: the database did not answer in time") from None
+        except DatabaseError as ex:
+            raise api_error(ex) from None
         if popped is None:
             return Answer(204)
         extra: dict[str, Any] = {}
         if autopilot:
-            extra["autopilot"] = {"partitions": partitions, "batch": batch,
+            extra["autopilot"] = {"partitions": request.partitions, "batch": request.batch,
                                   "waitMs": AUTOPILOT_WAIT_MS}
         worker = self.worker
         limit = worker.config.max_decompressed_mb << 20
@@ -168,17 +143,40 @@ class PopResource:
         worker.count_popped(sum(c.count for c in popped.claims))
         return Answer(200, body, content_type)
 
-    async def _run(self, request: PopRequest) -> Popped | None:
-        popper = self.worker.popper
-        try:
-            async with asyncio.timeout(request.timeout_ms / 1000 + _DB_GRACE_S):
-                return await popper.pop(request)
-        except TooManyParked as ex:
-            raise Overloaded(str(ex), headers={"Retry-After": "1"}) from None
-        except TimeoutError:
-            raise Timeout("pop timeout: the database did not answer in time") from None
-        except DatabaseError as ex:
-            raise api_error(ex) from None
+def _request(query_string: str, tenant: bytes, queue: str | None, partition: str | None
+             ) -> tuple[PopRequest, bool, bool]:
+    """The pop asked by these query parameters, and whether it asks for frames and autopilot;
+    the parsed query stays here (NOTE(memory): a parked pop holds its caller's frame)."""
+    if queue is not None:
+        check_queue_name(queue)
+    if partition is not None:
+        check_partition_name(partition)
+    q = Query(query_string)
+    namespace = task = None
+    if queue is None:
+        namespace, task = q.text("namespace") or None, q.text("task") or None
+        if namespace is None and task is None:
+            raise InvalidRequest("a pop without a queue needs namespace or task",
+                                 field="namespace")
+        for name, value in (("namespace", namespace), ("task", task)):
+            if value is not None:
+                check_name(value, name)
+    if q.flag("conflation", False):
+        raise Unsupported("conflation=true is not implemented", field="conflation")
+    autopilot = q.flag("autopilot", False)
+    batch = q.integer("batch", AUTOPILOT_BATCH if autopilot else 1, minimum=1,
+                      maximum=MAX_BATCH)
+    partitions = 1 if partition is not None else q.integer(
+        "partitions", 1, minimum=1, maximum=MAX_PARTITIONS)
+    mode, start = _subscription(q)
+    request = PopRequest(
+        tenant=tenant, queue=queue, partition=partition, namespace=namespace, task=task,
+        group=parse_group(q.text("consumerGroup")), batch=batch, partitions=partitions,
+        wait=q.flag("wait", False),
+        timeout_ms=q.integer("timeout", 30_000, minimum=0, maximum=MAX_TIMEOUT_MS),
+        auto_ack=q.flag("autoAck", False), sub_mode=mode, sub_from=start)
+    frames = q.flag("frames", False)
+    return request, frames, autopilot
 
 
 def _answer(popped: Popped, group: str, extra: dict[str, Any]) -> dict[str, Any]:

@@ -324,3 +324,35 @@ def test_a_graceful_stop_answers_what_is_in_flight_and_arrives_then_closes(
     first, second, closed = _both(lambda: _app(tmp_path), idle, lean=2)
     assert b"connection: close" not in first
     assert b"\r\nconnection: close\r\n" in second and closed
+
+
+class KeepingLean(CorkedHttpToolsProtocol):
+    """Keeps what a lean request leaves on its protocol once answered."""
+
+    seen: list[tuple[Any, Any, Any, Any, int]] = []
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        cycle = self.cycle
+        KeepingLean.seen.append((self.scope, self.headers, getattr(cycle, "scope", "-"),
+                                 type(self.flow).__name__, len(vars(self))))
+
+
+@pytest.mark.parametrize("access_log", [False, True])
+def test_an_answered_lean_request_leaves_no_scope_unless_the_access_log_needs_it(
+        tmp_path: Any, access_log: bool) -> None:
+    """NOTE(memory): a connection holds what its last request left until the next one (a
+    parked pop, until it is answered): the scope and header list stay only for the access
+    log, the flow control has no Event before writing ever pauses, and the protocol keeps
+    the class's shared dict keys (at most 29 attributes in its dict, CPython 3.11)."""
+    KeepingLean.seen.clear()
+    answers = _serve(KeepingLean, _app(tmp_path), _exchange(
+        _request("GET", "/api/v1/pop/queue/q?batch=2"), _request("POST", "/api/v1/push",
+                                                                  _push(1))),
+        access_log=access_log, log_level="info")
+    assert answers[0].startswith(b"HTTP/1.1 200") and answers[1].startswith(b"HTTP/1.1 201")
+    assert len(KeepingLean.seen) == 2
+    for scope, headers, cycle_scope, flow, attributes in KeepingLean.seen:
+        assert scope is None and headers is None and flow == "LazyFlowControl"
+        assert attributes <= 29, attributes
+        assert (cycle_scope is not None) == access_log

@@ -13,6 +13,7 @@ import uuid
 from typing import Any
 
 from queen_mp.db import pop_procs
+from queen_mp.front import popper
 from queen_mp.front.parking import ParkingLot, ParkKey
 from queen_mp.front.popper import CLAIMS_PER_KEY, Popper, PopRequest, _enter, _Gate, _leave
 
@@ -213,5 +214,82 @@ def test_the_parking_lot_says_when_its_first_pop_parks_and_its_last_leaves() -> 
         lot.pass_baton(key)
         await second
         assert calls == [(True, 1), (False, 0)]
+
+    asyncio.run(go())
+
+
+def test_a_claim_stuck_past_the_grace_times_out_and_so_does_a_pop_waiting_its_turn(
+        monkeypatch: Any) -> None:
+    """The database grace runs from the pop's start over its claims and their turns at the
+    gate (not only while parked: a parked pop holds no timer for it)."""
+    monkeypatch.setattr(popper, "_DB_GRACE_S", 0.05)
+
+    async def body() -> None:
+        p = RecordingPopper()  # its claims never end: a stuck database
+        t0 = time.monotonic()
+        stuck = asyncio.create_task(p.pop(request("a", timeout_ms=100)))
+        await _settle()
+        behind = asyncio.create_task(p.pop(request("a", timeout_ms=100)))
+        results = await asyncio.wait_for(
+            asyncio.gather(stuck, behind, return_exceptions=True), 5)
+        assert [type(r) for r in results] == [TimeoutError, TimeoutError]
+        assert 0.14 <= time.monotonic() - t0 < 2
+        assert p.claims == 1 and p.running == {"a": 0}
+        assert len(p._gates) == 0
+
+    asyncio.run(body())
+
+
+def test_a_parked_pop_answers_at_its_deadline_past_a_shorter_grace(monkeypatch: Any) -> None:
+    monkeypatch.setattr(popper, "_DB_GRACE_S", 0.01)
+
+    async def body() -> None:
+        p = RecordingPopper()
+        p.release.set()  # claims answer at once, with nothing
+        t0 = time.monotonic()
+        assert await p.pop(request("a", wait=True, timeout_ms=200)) is None
+        assert 0.19 <= time.monotonic() - t0 < 2
+        assert p.lot.parked == 0 and len(p._gates) == 0
+
+    asyncio.run(body())
+
+
+def test_parked_pops_return_at_their_own_deadlines_under_one_timer() -> None:
+    """Deadlines out of order, one pop woken before its time, one cancelled: each of the others
+    returns at its own deadline, and the lot forgets the deadlines of pops gone."""
+    async def go() -> None:
+        lot = ParkingLot(FakeBoard(), 0.5)
+        t0 = time.monotonic()
+        ends: dict[str, float] = {}
+
+        async def parked(name: str, key: ParkKey, after: float) -> None:
+            await lot.park(key, 0, t0 + after)
+            ends[name] = time.monotonic() - t0
+
+        keys = {n: ParkKey(i, "g", (TENANT, n)) for i, n in enumerate("abcde")}
+        tasks = [asyncio.ensure_future(parked(n, keys[n], after)) for n, after in
+                 (("a", 0.30), ("b", 0.10), ("c", 0.20), ("d", 0.05), ("e", 0.15))]
+        await asyncio.sleep(0.02)
+        lot.pass_baton(keys["d"])  # woken before its deadline
+        tasks[4].cancel()  # e: its client went away
+        await asyncio.gather(*tasks, return_exceptions=True)
+        assert ends["d"] < 0.045, ends
+        for name, after in (("b", 0.10), ("c", 0.20), ("a", 0.30)):
+            assert after - 0.002 <= ends[name] < after + 0.25, ends  # never early
+        assert ends["b"] < ends["c"] < ends["a"], ends
+        assert "e" not in ends and lot.parked == 0 and lot._timer is None
+        assert not lot._deadlines
+
+        # pops woken at once leave no deadline behind for their whole timeout
+        for _ in range(3):
+            many = [asyncio.ensure_future(lot.park(ParkKey(1, "g", (TENANT, str(i))), 0,
+                                                   time.monotonic() + 60)) for i in range(200)]
+            await asyncio.sleep(0)
+            for i in range(200):
+                lot.pass_baton(ParkKey(1, "g", (TENANT, str(i))))
+            await asyncio.gather(*many)
+        assert len(lot._deadlines) <= 66, len(lot._deadlines)  # 600 without compaction
+        await lot.close()
+        assert not lot._deadlines and lot._timer is None
 
     asyncio.run(go())

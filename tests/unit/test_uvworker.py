@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import uvicorn
 
-from queen_mp.processes.uvworker import CorkedHttpToolsProtocol, CorkedTransport
+from queen_mp.processes.uvworker import CorkedHttpToolsProtocol, CorkedTransport, LazyFlowControl
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -162,3 +162,26 @@ def test_the_worker_serves_the_app_bare_and_without_a_server_header() -> None:
     config.load()
     assert config.loaded_app is app  # no ProxyHeadersMiddleware around it
     assert b"server" not in dict(config.encoded_headers)
+
+
+def test_lazy_flow_control_makes_its_event_on_the_first_pause_and_drains_as_uvicorns() -> None:
+    async def scenario() -> None:
+        flow = LazyFlowControl(FakeTransport())  # type: ignore[arg-type]
+        await asyncio.wait_for(flow.drain(), 1)  # never paused: writable
+        assert flow._is_writable_event is None
+        flow.resume_writing()  # as connection_lost calls it, unpaused: nothing to do
+        flow.pause_writing()
+        assert flow.write_paused
+        drained = asyncio.ensure_future(flow.drain())
+        await asyncio.sleep(0.01)
+        assert not drained.done()
+        flow.resume_writing()
+        await asyncio.wait_for(drained, 1)
+        flow.pause_writing()  # paused again: the same Event, cleared
+        again = asyncio.ensure_future(flow.drain())
+        await asyncio.sleep(0.01)
+        assert not again.done()
+        flow.resume_writing()
+        await asyncio.wait_for(again, 1)
+
+    asyncio.run(scenario())
