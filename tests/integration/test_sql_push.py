@@ -669,6 +669,46 @@ def test_a_push_makes_the_caught_up_cursors_ready_at_its_segment(db, path):
     assert _cursor_ready_at(db, other, "caught_up") is None
 
 
+def test_push_one_locks_the_caught_up_cursors_in_key_order(db, db_dsn):
+    """log_push_one_v1 marks a partition's caught-up cursors in (partition, group) order, the
+    order ack fusion locks them in (design.md invariant 4). Group "b" is written first, so a
+    scan in heap order meets it first: while "a" is held by another transaction, the push
+    must wait for "a" before it locks "b", or the two could deadlock."""
+    q = uq()
+    push(db, [Seg(q, "p", ["a"])])
+    pid = pid_of(db, q, "p")
+    for group in ("b", "a"):
+        db.execute(
+            "INSERT INTO queen.log_consumers (partition_id, consumer_group, committed_offset,"
+            " queue_id, ready_at)"
+            " SELECT lp.id, %s, 1, lp.queue_id, NULL FROM queen.log_partitions lp"
+            " WHERE lp.id = %s", (group, pid))
+    errors: list[BaseException] = []
+
+    def push_one() -> None:
+        try:
+            with psycopg.connect(db_dsn, autocommit=True) as conn:
+                conn.execute(PUSH_ONE, (pid, 0, 1, hblob(["c"]), 0, b"x", None))
+        except BaseException as ex:
+            errors.append(ex)
+
+    with psycopg.connect(db_dsn) as blocker, psycopg.connect(db_dsn, autocommit=True) as probe:
+        blocker.execute("SELECT 1 FROM queen.log_consumers WHERE partition_id = %s"
+                        " AND consumer_group = 'a' FOR UPDATE", (pid,))
+        t = threading.Thread(target=push_one)
+        t.start()
+        try:
+            wait_for_lock_wait(probe, "log_push_one_v1", "the push never waited for group a")
+            probe.execute("SELECT 1 FROM queen.log_consumers WHERE partition_id = %s"
+                          " AND consumer_group = 'b' FOR UPDATE NOWAIT", (pid,))
+        finally:
+            blocker.rollback()
+            t.join(timeout=30)
+    assert errors == []
+    created = segments(db, pid)[-1][2]
+    assert _cursor_ready_at(db, pid, "a") == _cursor_ready_at(db, pid, "b") == created
+
+
 # ---------------------------------------------------------------------------------------------
 # created_at, HOT
 # ---------------------------------------------------------------------------------------------

@@ -262,9 +262,15 @@ BEGIN
 
     -- The ready index's allocator half (pop.sql, log_ready_at_v1), in a statement after the
     -- one that took the row lock: the partition's caught-up cursors become ready at this
-    -- segment.
+    -- segment. Their locks are taken in key order (design.md invariant 4, the order of ack
+    -- fusion's): a plain UPDATE locks rows in the order its scan meets them, heap order under
+    -- a sequential or bitmap scan, and deadlocked with an ack of two groups (cons8).
     UPDATE queen.log_consumers c SET ready_at = v_created
-    WHERE c.partition_id = p_pid AND c.ready_at IS NULL AND c.committed_offset < v_last;
+    FROM (SELECT k.consumer_group FROM queen.log_consumers k
+          WHERE k.partition_id = p_pid AND k.ready_at IS NULL AND k.committed_offset < v_last
+          ORDER BY k.consumer_group
+          FOR UPDATE) o
+    WHERE c.partition_id = p_pid AND c.consumer_group = o.consumer_group;
 
     INSERT INTO queen.log_segments (partition_id, base_offset, msg_count, created_at, payload)
     VALUES (p_pid, v_base, p_msg_count, v_created, p_blob);
