@@ -169,3 +169,19 @@ def test_group_items_by_set_sizes_as_by_the_loop() -> None:
         {("q", "p"): [0], ("q", "p2"): [1], ("q2", "p"): [2]}, None)
     assert group_items([it("q", "p", "a"), it("q", "p", "b"), it("q", "p", "a")]) == (
         {("q", "p"): [0, 1]}, [0, 1, 0])
+
+
+def test_a_runs_transaction_ids_are_json_strings_as_orjson_writes_them() -> None:
+    """Plain texts are quoted as they are, anything JSON escapes (or that may be) goes
+    through orjson: the answer is the per-item renderer's, byte for byte."""
+    odd = ['a"b', "a\\b", "a\nb", "\x00", "\x1f", "\x7f", "\u2028", "\ud7ff", "é", "💡",
+           "%s%d", '","', "", " ", "\u00a0", "a/b", "<>&'"]
+    for txn in odd:
+        for texts in ([txn, "t-1"], ["t-1", txn, "t-2"], [txn, txn]):
+            items = [PushItem("orders", "p-1", t, bytes([i]) * 16, b"")
+                     for i, t in enumerate(texts)]
+            results = PushResults([None] * len(items), (QueuedRun(
+                list(range(len(items))), 7, 1_764_400_000_123_456, 41),))
+            want = render_items(items, _expanded(items, results))
+            assert render_items(items, results.each, results.runs) == want, texts
+            assert orjson.loads(want)[0]["transactionId"] == texts[0]

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from queen_mp.http.errors import ApiError
 from queen_mp.http.push import exact_json_push
+from queen_mp.models import items as items_module
 from queen_mp.models.errors import RequestError
 from queen_mp.models.items import PushItem, decode_push_items
 from queen_mp.wire.errors import WireError
@@ -183,3 +184,24 @@ def test_under_a_raised_recursion_limit_a_payload_deeper_than_orjson_reads_is_re
                          check=True).stdout.split("\n")
     assert out[0] == "1000 False read False"
     assert out[1] == "1100 True refused True"
+
+
+def _translated(text: bytes) -> bool:
+    shapes = text.translate(items_module._NUMBER_SHAPES)
+    return shapes.find(items_module._LONG_RUN) < 0 and shapes.find(items_module._BIG_EXPONENT) < 0
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(pieces=st.lists(st.one_of(st.binary(max_size=30),
+                                 st.sampled_from([b"e123", b"E+308", b"+999", b"e-400", b"e12",
+                                                  b"1" * 18, b"9" * 19, b"x1e99", b"12345"]),
+                                 st.integers(0, 10 ** 25).map(lambda v: str(v).encode())),
+                       max_size=40),
+       at=st.integers(0, 1 << 13))
+def test_the_bulk_number_scan_sees_what_translate_sees(pieces: list[bytes], at: int) -> None:
+    # the shapes anywhere in a body big enough for numpy's scan, the edges included
+    text = b"".join(pieces)
+    filler = b'{"a":"x"},' * (items_module._SCAN_BULK // 10 + 1)
+    for body in (filler[:at] + text + filler, text + filler, filler + text):
+        assert len(body) >= items_module._SCAN_BULK
+        assert items_module._no_long_number(body) == _translated(body)
