@@ -83,12 +83,20 @@ def time_segments(db: psycopg.Connection, pid: int, base: dt.datetime,
 
 def set_cursor(db: psycopg.Connection, pid: int, group: str, committed: int,
                **cols: object) -> None:
+    """The cursor row with its queue and ready flag, as the broker's writers set them (pop.sql's
+    log_ready_at_v1; no trigger does): the session database's other modules check the ready
+    index over every cursor (test_ready_index's UNLISTED_SQL)."""
     names = ["partition_id", "consumer_group", "committed_offset", *cols]
     values = [pid, group, committed, *cols.values()]
     sets = ", ".join(f"{n} = EXCLUDED.{n}" for n in names[2:])
     db.execute(f"INSERT INTO queen.log_consumers ({', '.join(names)}) "
                f"VALUES ({', '.join(['%s'] * len(names))}) "
                f"ON CONFLICT (partition_id, consumer_group) DO UPDATE SET {sets}", values)
+    db.execute("UPDATE queen.log_consumers c SET queue_id = lp.queue_id,"
+               " ready_at = queen.log_ready_at_v1(c.partition_id, c.committed_offset, NULL, NULL)"
+               " FROM queen.log_partitions lp"
+               " WHERE lp.id = c.partition_id AND c.partition_id = %s AND c.consumer_group = %s",
+               (pid, group))
 
 
 def set_meta(db: psycopg.Connection, queue: str, group: str, mode: str = "all",
