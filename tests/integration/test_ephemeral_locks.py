@@ -260,6 +260,28 @@ def test_two_strikes_of_the_same_messages_count_each_out_once(connect):
     first.execute("SELECT queen.eph_delete_v1(%s, %s)", (tenant, q))  # no caller counted them
 
 
+def delivered_ids(conn: psycopg.Connection, tenant: uuid.UUID, q: str,
+                  batches: tuple[int, ...]) -> list[list[list[str]]]:
+    """Group g's deliveries of partition p, one pop per batch size: each message's id split
+    into its (epoch, seq, delivery) parts, as an ack sends them."""
+    ids = []
+    for batch in batches:
+        msgs = eph_pop(conn, tenant, q, "p", "g", batch, False)
+        assert len(msgs) == batch, msgs
+        ids.append([m["id"].split("-") for m in msgs])
+    return ids
+
+
+def assert_emptied(conn: psycopg.Connection, tenant: uuid.UUID, q: str) -> None:
+    """No chunk of the queue is left and its gauges count nothing."""
+    left = conn.execute("SELECT count(*) FROM queen.eph_chunks k JOIN queen.eph_partitions p"
+                        " ON p.id = k.pid WHERE p.tenant = %s AND p.queue = %s",
+                        (tenant, q)).fetchone()
+    assert left == (0,)
+    g = gauges(conn, tenant, q)
+    assert (g["depth"], g["bytes"]) == (0, 0), g
+
+
 @pytest.mark.parametrize("each", [False, True], ids=["as-the-broker-sends", "an-item-per-id"])
 @pytest.mark.parametrize("first_of", [0, 1])
 def test_two_acks_that_share_a_chunk_leave_it_deleted_and_count_each_message_once(connect,
@@ -273,11 +295,7 @@ def test_two_acks_that_share_a_chunk_leave_it_deleted_and_count_each_message_onc
     first, second, watch = connect(), connect(), connect()
     tenant, q = uuid.uuid4(), f"locks-{uuid.uuid4().hex[:8]}"
     push(first, tenant, q, "p", 10)
-    ids = []
-    for batch in (4, 6):
-        msgs = eph_pop(first, tenant, q, "p", "g", batch, False)
-        assert len(msgs) == batch, msgs
-        ids.append([m["id"].split("-") for m in msgs])
+    ids = delivered_ids(first, tenant, q, (4, 6))
     ack = ("SELECT outcomes FROM queen.eph_ack_v4(%s, %s, 'g', %s::text[], %s::int8[],"
            " %s::int8[], %s::text[])")
 
@@ -295,12 +313,7 @@ def test_two_acks_that_share_a_chunk_leave_it_deleted_and_count_each_message_onc
     wait_for_lock(watch, late)
     first.execute("COMMIT")
     assert late.result() == acked(1 - first_of)
-    left = first.execute("SELECT count(*) FROM queen.eph_chunks k JOIN queen.eph_partitions p"
-                         " ON p.id = k.pid WHERE p.tenant = %s AND p.queue = %s",
-                         (tenant, q)).fetchone()
-    assert left == (0,)
-    g = gauges(first, tenant, q)
-    assert (g["depth"], g["bytes"]) == (0, 0), g
+    assert_emptied(first, tenant, q)
 
 
 def test_an_ack_over_three_chunks_that_waited_for_one_deletes_what_the_other_left(connect):
@@ -313,11 +326,7 @@ def test_an_ack_over_three_chunks_that_waited_for_one_deletes_what_the_other_lef
     tenant, q = uuid.uuid4(), f"locks-{uuid.uuid4().hex[:8]}"
     for _ in range(3):
         push(first, tenant, q, "p", 3)
-    ids = []
-    for batch in (7, 2):
-        msgs = eph_pop(first, tenant, q, "p", "g", batch, False)
-        assert len(msgs) == batch, msgs
-        ids.append([m["id"].split("-") for m in msgs])
+    ids = delivered_ids(first, tenant, q, (7, 2))
     ack = ("SELECT outcomes FROM queen.eph_ack_v4(%s, %s, 'g', %s::text[], %s::int8[],"
            " %s::int8[], '{completed}'::text[])")
 
@@ -330,12 +339,7 @@ def test_an_ack_over_three_chunks_that_waited_for_one_deletes_what_the_other_lef
     wait_for_lock(watch, late)
     second.execute("COMMIT")
     assert late.result() == (None,)
-    left = first.execute("SELECT count(*) FROM queen.eph_chunks k JOIN queen.eph_partitions p"
-                         " ON p.id = k.pid WHERE p.tenant = %s AND p.queue = %s",
-                         (tenant, q)).fetchone()
-    assert left == (0,)
-    g = gauges(first, tenant, q)
-    assert (g["depth"], g["bytes"]) == (0, 0), g
+    assert_emptied(first, tenant, q)
 
 
 def test_a_pop_that_skips_a_delivery_due_at_once_answers_it_is_0_ms_away(connect):
