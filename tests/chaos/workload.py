@@ -177,7 +177,7 @@ class Producer(threading.Thread):
 class Consumer(threading.Thread):
     """Pops ``group`` (long poll, 10 a pop) and, unless ``auto_ack``, acks each answer with one
     batch ack; records every delivery. Runs until stopped and then until ``idle_s`` passes
-    without a message (the drain)."""
+    without a message, counted from the drain's start at the earliest (the drain)."""
 
     def __init__(self, urls: list[str], queue: str, group: str, shared: _Shared, *,
                  auto_ack: bool = False, idle_s: float = 3.0) -> None:
@@ -194,11 +194,19 @@ class Consumer(threading.Thread):
         params = {"consumerGroup": self.group, "batch": 10, "wait": "true", "timeout": 1000,
                   "autoAck": "true" if self.auto_ack else "false"}
         last_message = time.monotonic()
+        drain_from: float | None = None
         http = _RoundRobin(self.urls, 15)
         try:
             while True:
-                if self.draining.is_set() and time.monotonic() - last_message > self.idle_s:
-                    return
+                if self.draining.is_set():
+                    # NOTE(queen): the drain's idle time counts from its start at the
+                    # earliest: a push retried until the end may have committed a moment ago
+                    # (a bundle held past its request's deadline), after this consumer's
+                    # last message long before
+                    if drain_from is None:
+                        drain_from = time.monotonic()
+                    if time.monotonic() - max(last_message, drain_from) > self.idle_s:
+                        return
                 try:
                     r = http.take().get(f"/api/v1/pop/queue/{self.queue}", params=params)
                 except httpx.HTTPError as ex:
