@@ -331,8 +331,13 @@ class PushFusion:
     def _flush(self, keys: list[Key]) -> None:
         segments: list[Segment] = []
         try:
+            now_ms = int(time.time() * 1000)
             for key in keys:
                 entries = list(self.pending.pop(key, ()))
+                # a partition's entries come in arrival order, so the first one's deadline is
+                # the earliest (every request has the same push timeout)
+                if entries and 0 < entries[0].group.deadline_ms < now_ms:
+                    entries = self._expire(entries, now_ms)
                 if entries:
                     segments.append(build_segment(key, entries))
             if not segments:
@@ -353,6 +358,31 @@ class PushFusion:
         except Exception as ex:
             self._failed(segments, ex)
             self._flushed(keys)
+
+    def _expire(self, entries: list[Entry], now_ms: int) -> list[Entry]:
+        """Answer the entries whose request's deadline passed (``PushGroup.deadline_ms``)
+        without writing them; the others, in order.
+
+        Why: their front worker answered ``503 timeout`` already, and its client retries with
+        new message ids. A group committed after that (it waited here behind a bundle that
+        hung until the statement deadline, a PostgreSQL restart) stored the first attempt's
+        id, and a retry answered ``buffered`` meanwhile promised another one (issue 26's
+        fault matrix, pg-outage: "wrong id"). Not writing is one of the outcomes a timeout
+        leaves open; the retry is then the only copy."""
+        live: list[Entry] = []
+        expired = 0
+        for e in entries:
+            deadline = e.group.deadline_ms
+            if 0 < deadline < now_ms:
+                self.reply(e.slot, e.failure(f"Expired: the request's deadline passed "
+                                             f"{now_ms - deadline} ms before its bundle; "
+                                             "nothing written"))
+                e.remaining = 0
+                expired += 1
+            else:
+                live.append(e)
+        self.metrics.fusion_errors.labels("Expired").inc(expired)
+        return live
 
     def _landed(self, keys: list[Key], segments: list[Segment], started: float,
                 result: list[SegmentVerdict] | Exception) -> None:
