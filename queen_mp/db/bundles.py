@@ -25,6 +25,7 @@ A bundle's answer, one int8[] asked in binary, is decoded into one ``SegmentVerd
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, NamedTuple, TypeVar
@@ -52,6 +53,8 @@ __all__ = ["BundleWriter", "PushBundle", "Segment", "SegmentVerdict", "StoredHas
 
 T = TypeVar("T")
 
+log = logging.getLogger("queen_mp.bundles")
+
 _SEGMENT_AT = "SELECT * FROM queen.log_segment_at_v1(%s::int8, %s::int8)"
 _TXN_HASHES = ("SELECT * FROM queen.log_txn_hashes_v1(%b::int8[], %b::int8[], %b::int8[],"
                " %b::int4[])")
@@ -61,6 +64,9 @@ _TXN_HASHES = ("SELECT * FROM queen.log_txn_hashes_v1(%b::int8[], %b::int8[], %b
 # answer comes in binary: struct unpacks it, no text to parse.
 _PUSH = PreparedCall("qmp_push_multi_v2", PUSH_MULTI.replace("%b", "$%d") % tuple(range(1, 8)),
                      7, binary_result=True)
+
+#: a bundle in flight this long has its socket probed by the watchdog (``Channel.probe``)
+_PROBE_S = 1.0
 
 StoredHashes = list[tuple[int, float, bytes]]  # (base_offset, age in seconds, hashes)
 Done = Callable[[Any], None]  # a bundle's verdicts (list[SegmentVerdict]) or its exception
@@ -102,7 +108,8 @@ class BundleWriter:
     loop's watch of its connection's socket (``queen_mp.db.prepared.Channel``, made once per
     connection): no Task, no future and no timer of its own. The statement deadline of every
     bundle in flight is kept by one watchdog timer, armed for the oldest bundle's deadline
-    when none is armed (an ``asyncio.timeout`` cost 27k instructions a bundle, a Task 19k).
+    (``_PROBE_S`` from then at the latest, to probe sockets the loop left unreported) when
+    none is armed (an ``asyncio.timeout`` cost 27k instructions a bundle, a Task 19k).
     A connection that must (re)connect or prepare first takes the coroutine path, under
     ``Dedicated.run``.
     """
@@ -202,10 +209,11 @@ class BundleWriter:
             loop.call_soon(done, db.failed(ex) if isinstance(ex, psycopg.Error)
                            else translate(ex) if isinstance(ex, OSError) else ex)
             return
-        call = _Bundle(self, db, channel, n, done, loop.time() + self.timeout_s)
+        now = loop.time()
+        call = _Bundle(self, db, channel, n, done, now + self.timeout_s)
         self._flights[call] = None
         if self._watchdog is None:
-            self._watchdog = loop.call_at(call.deadline, self._expire)
+            self._watchdog = loop.call_at(min(call.deadline, now + _PROBE_S), self._expire)
         channel.call(call.landed)
 
     async def _push_slowly(self, db: Dedicated, params: list[bytes], n: int,
@@ -244,8 +252,9 @@ class BundleWriter:
         call.done(result)
 
     def _expire(self) -> None:
-        """Quarantine the connection of every bundle past its deadline; re-arm for the
-        oldest one left."""
+        """Quarantine the connection of every bundle past its deadline; probe the sockets of
+        those in flight for ``_PROBE_S`` or more (``Channel.probe``); re-arm for the oldest
+        one left, ``_PROBE_S`` from now at the latest."""
         self._watchdog = None
         loop = asyncio.get_running_loop()
         now = loop.time()
@@ -253,11 +262,19 @@ class BundleWriter:
         while flights:
             call = next(iter(flights))
             if call.deadline > now:
-                self._watchdog = loop.call_at(call.deadline, self._expire)
-                return
+                break
             del flights[call]
             call.channel.abandon()
             self._spawn(self._overrun(call))
+        sent_before = now - _PROBE_S + self.timeout_s  # deadline = sent + timeout_s
+        for call in [c for c in flights if c.deadline <= sent_before]:
+            if call.channel.probe():
+                log.warning("a push bundle's answer waited %.1f s for the loop to report "
+                            "its socket readable; read by the watchdog",
+                            now - call.deadline + self.timeout_s)
+        if flights:
+            oldest = next(iter(flights)).deadline
+            self._watchdog = loop.call_at(min(oldest, now + _PROBE_S), self._expire)
 
     async def _overrun(self, call: _Bundle) -> None:
         try:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import select
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -176,6 +177,18 @@ class Channel:
                 self.loop.call_soon(landed, result)
             else:
                 landed(result)
+
+    def probe(self) -> bool:
+        """Step the call in flight if its socket has input now; True if it had.
+
+        The owner's backstop for input the loop did not report: after a PostgreSQL
+        restart a bundle's socket was seen readable (the server gone) with its call still
+        waiting for the loop's callback until the statement deadline, 30 s (fault matrix,
+        pg-outage; the cause in the loop's watch was not found)."""
+        if self.gen is None or self.fd < 0 or not select.select([self.fd], [], [], 0)[0]:
+            return False
+        self._step(READY_R)
+        return True
 
     def abandon(self) -> None:
         """Give up the call in flight (``landed`` is not called) and the watch."""

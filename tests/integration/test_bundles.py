@@ -148,3 +148,28 @@ def test_a_connection_the_server_ended_while_idle_is_replaced(db, db_dsn):
             await writer.close()
 
     assert [v.queued for v in asyncio.run(run())] == [True]
+
+
+def test_an_answer_the_loop_does_not_report_is_read_by_the_watchdog(db, db_dsn):
+    """A bundle whose socket input the loop never reports (its watch dropped here, as a
+    PostgreSQL restart was seen to leave one) is read by the watchdog's probe about a second
+    later, not left until the statement deadline (20 s here: wait_for gives up at 10)."""
+    tag = uuid.uuid4().hex[:8]
+
+    async def run() -> list:
+        writer = BundleWriter(db_dsn, 1, 20_000, "test bundles probe")
+        try:
+            await writer.push_multi(_one(tag))  # connects and prepares: the fast path next
+            loop = asyncio.get_running_loop()
+            got: asyncio.Future[list] = loop.create_future()
+            writer.push(_one(tag), got.set_result)  # sent at once: the connection is idle
+            (channel,) = writer._channels.values()
+            assert channel.gen is not None  # in flight on the watched socket
+            loop.remove_reader(channel.fd)
+            return await asyncio.wait_for(got, 10)
+        finally:
+            await writer.close()
+
+    result = asyncio.run(run())
+    assert [v.queued for v in result] == [True], result
+    assert result[0].base_offset == 2
