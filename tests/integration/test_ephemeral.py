@@ -595,6 +595,18 @@ def test_the_rows_stay_together(broker, db_dsn):
             "                           OR live <= 0 OR base % 256 <> 0) "
             "FROM queen.eph_chunks").fetchone()
         assert chunks == (0,)
+        # schema 015: message i of a chunk is bytes offs[i] - offs[1] .. + sizes[i] - 1 of its
+        # body, the next one a separator (0x1e) further
+        offsets = conn.execute(
+            "SELECT count(*) FROM queen.eph_chunks k "
+            "WHERE cardinality(k.offs) <> cardinality(k.sizes) + 1 "
+            "   OR octet_length(k.body) <> k.offs[cardinality(k.offs)] - k.offs[1] - 1 "
+            "   OR EXISTS (SELECT 1 FROM unnest(k.sizes) WITH ORDINALITY AS u(size, i) "
+            "               WHERE k.offs[u.i + 1] <> k.offs[u.i] + u.size + 1 "
+            "                  OR (u.i > 1 "
+            "                      AND get_byte(k.body, k.offs[u.i] - k.offs[1] - 1) <> 30))"
+        ).fetchone()
+        assert offsets == (0,)
         wrong = conn.execute(
             "SELECT q.queue, n.depth, n.bytes, s.depth, s.bytes FROM queen.eph_queues q "
             "CROSS JOIN LATERAL (SELECT coalesce(sum(c.depth), 0) AS depth, "
