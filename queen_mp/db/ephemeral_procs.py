@@ -115,13 +115,15 @@ async def configure(conn: Conn, tenant: bytes, queue: str, opts: dict[str, Any]
     return orjson.loads(row[0])
 
 
-def _body(payloads: Sequence[str]) -> tuple[bytes, list[int], list[int]]:
+def _body(payloads: Sequence[str]) -> tuple[bytes, list[int]]:
     """Messages as a chunk stores them (schema 015): their UTF-8 bytes joined by 0x1e (never
-    in JSON text), their sizes, and where each begins in those bytes, one offset more.
-    PERF(eph): built here, where an ASCII str knows its own size; PostgreSQL's array_to_string
-    and convert_to took some 440k instructions a push of 100, a statement of sizes 210k."""
-    sizes = [len(x) if x.isascii() else len(x.encode()) for x in payloads]
-    return "\x1e".join(payloads).encode(), sizes, [0, *itertools.accumulate(s + 1 for s in sizes)]
+    in JSON text), and where each begins in those bytes, one offset more (one past the last's
+    end and a separator). PERF(eph): built here, where an ASCII str knows its own size;
+    PostgreSQL's array_to_string and convert_to took some 440k instructions a push of 100, a
+    statement of sizes 210k."""
+    text = "\x1e".join(payloads)
+    sizes = map(len, payloads) if text.isascii() else (len(x.encode()) for x in payloads)
+    return text.encode(), [0, *itertools.accumulate(s + 1 for s in sizes)]
 
 
 async def push(conn: Conn, tenant: bytes, queue: str, partition: str,
@@ -132,13 +134,13 @@ async def push(conn: Conn, tenant: bytes, queue: str, partition: str,
 
 
 #: ``push``'s statement, its parameters ``push_params``'s (the benches and tests call it too)
-PUSH_SQL = "SELECT queen.eph_push_v3(%s, %s, %s, %b, %b::int4[], %b::int4[])"
+PUSH_SQL = "SELECT queen.eph_push_v3(%s, %s, %s, %b, %b::int4[])"
 
 
 def push_params(tenant: bytes, queue: str, partition: str, payloads: Sequence[str]
                 ) -> tuple[Any, ...]:
-    body, sizes, offs = _body(payloads)
-    return (_tenant(tenant), queue, partition, body, int4_array(offs), int4_array(sizes))
+    body, offs = _body(payloads)
+    return (_tenant(tenant), queue, partition, body, int4_array(offs))
 
 
 async def push_many(conn: Conn, tenants: Sequence[bytes], queues: Sequence[str],
@@ -158,20 +160,19 @@ async def push_many(conn: Conn, tenants: Sequence[bytes], queues: Sequence[str],
 
 #: ``push_many``'s statement, its parameters ``push_many_params``'s
 PUSH_MANY_SQL = ("SELECT pushed, details FROM queen.eph_push_v4(%b::uuid[], %b::text[], "
-                 "%b::text[], %b::int4[], %b::int8[], %b::int4[], %b::int4[], %b)")
+                 "%b::text[], %b::int4[], %b::int8[], %b::int4[], %b)")
 
 
 def push_many_params(tenants: Sequence[bytes], queues: Sequence[str],
                      partitions: Sequence[str], payloads: Sequence[Sequence[str]]
                      ) -> tuple[Any, ...]:
-    body, sizes, offs = _body([x for p in payloads for x in p])
+    body, offs = _body([x for p in payloads for x in p])
     bytes_, at = [], 0
-    for p in payloads:
-        bytes_.append(sum(sizes[at:at + len(p)]))
+    for p in payloads:  # a request's bytes: its offsets' span less its separators
+        bytes_.append(offs[at + len(p)] - offs[at] - len(p))
         at += len(p)
     return (uuid_array(tenants), text_array(queues), text_array(partitions),
-            int4_array([len(p) for p in payloads]), int8_array(bytes_), int4_array(sizes),
-            int4_array(offs), body)
+            int4_array([len(p) for p in payloads]), int8_array(bytes_), int4_array(offs), body)
 
 
 async def pop(conn: Conn, tenant: bytes, queue: str, partition: str | None, group: str,

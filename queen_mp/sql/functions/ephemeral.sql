@@ -63,9 +63,9 @@
 --                                                         group needs
 --   (these return what they struck; their caller counts it with the rest, once, last)
 --   queen.eph_configure_v1(uuid, text, jsonb) -> jsonb    declare (upsert eph_config)
---   queen.eph_push_v3(uuid, text, text, bytea, int4[], int4[]) -> int4  append; QE001 when
---                                                         full (policy reject)
---   queen.eph_push_v4(uuid[], text[], text[], int4[], int8[], int4[], int4[], bytea)
+--   queen.eph_push_v3(uuid, text, text, bytea, int4[]) -> int4  append; QE001 when full
+--                                                         (policy reject)
+--   queen.eph_push_v4(uuid[], text[], text[], int4[], int8[], int4[], bytea)
 --       -> (pushed int4[], details text[])                several pushes fused in one call
 --   queen.eph_pop_v4(uuid, text, text, text, int4, boolean)
 --       -> (epoch text, parts text[], dlvs int8[], atts int4[], firsts int8[], counts int4[],
@@ -253,15 +253,18 @@ BEGIN
            coalesce(sum(x.bytes), 0)
       INTO v_pids, v_bases, v_new, v_n, v_last, n, bytes
       FROM (SELECT y.o, y.pid, y.base, y.live, y.new, w.n, w.bytes
-              FROM (SELECT u.o, c.pid, c.base, c.live, c.sizes,
+              FROM (SELECT u.o, c.pid, c.base, c.live, c.offs,
                            (u.idx - c.gone)
-                           * int4multirange(int4range(0, cardinality(c.sizes))) AS new
+                           * int4multirange(int4range(0, cardinality(c.offs) - 1)) AS new
                       FROM unnest(p_pids, p_bases, p_idx) WITH ORDINALITY AS u(pid, base, idx, o)
                       JOIN queen.eph_chunks c ON c.pid = u.pid AND c.base = u.base
                      ORDER BY u.o FOR UPDATE OF c) y
              CROSS JOIN LATERAL (
-                   SELECT count(*) AS n, coalesce(sum(y.sizes[i + 1]), 0) AS bytes
-                     FROM unnest(y.new) AS r, generate_series(lower(r), upper(r) - 1) AS i) w) x
+                   -- a range's bytes from its offsets (schema 015), not a row per message
+                   SELECT coalesce(sum(upper(r) - lower(r)), 0) AS n,
+                          coalesce(sum(y.offs[upper(r) + 1] - y.offs[lower(r) + 1]
+                                       - (upper(r) - lower(r))), 0) AS bytes
+                     FROM unnest(y.new) AS r) w) x
      WHERE x.n > 0;
     IF v_pids IS NULL THEN
         RETURN;
@@ -339,8 +342,8 @@ BEGIN
     aged_bytes := 0;
     SELECT array_agg(c.pid ORDER BY u.part, c.base), array_agg(c.base ORDER BY u.part, c.base),
            array_agg(int4multirange(int4range(0, least(
-                         cardinality(c.sizes),
-                         coalesce(u.below - c.base, cardinality(c.sizes)))::int4))
+                         cardinality(c.offs) - 1,
+                         coalesce(u.below - c.base, cardinality(c.offs) - 1))::int4))
                      ORDER BY u.part, c.base),
            array_agg(c.base < coalesce(u.aged, 0) ORDER BY u.part, c.base)
       INTO v_pids, v_bases, v_idx, v_aged
@@ -349,7 +352,7 @@ BEGIN
         ON p.tenant = p_tenant AND p.queue = p_queue AND p.partition = u.part
       -- a range of the chunks' key per partition
      CROSS JOIN LATERAL (
-           SELECT k.pid, k.base, k.sizes FROM queen.eph_chunks k
+           SELECT k.pid, k.base, k.offs FROM queen.eph_chunks k
             WHERE k.pid = p.id AND k.base < coalesce(u.below, 9223372036854775807)) c;
     IF v_pids IS NULL THEN
         RETURN;
@@ -424,15 +427,17 @@ BEGIN
         SELECT c.base INTO v_below FROM queen.eph_chunks c
          WHERE c.pid = r.id AND c.created_at >= v_cutoff ORDER BY c.base LIMIT 1;
         IF v_below IS NULL THEN
-            SELECT c.base + cardinality(c.sizes) INTO v_below FROM queen.eph_chunks c
+            SELECT c.base + cardinality(c.offs) - 1 INTO v_below FROM queen.eph_chunks c
              WHERE c.pid = r.id ORDER BY c.base DESC LIMIT 1;
         END IF;
         parts := parts || r.partition;
         belows := belows || v_below;
         SELECT n + coalesce(sum(c.live), 0),
-               bytes + coalesce(sum((SELECT coalesce(sum(z.b), 0)
-                                       FROM unnest(c.sizes) WITH ORDINALITY AS z(b, i)
-                                      WHERE NOT c.gone @> (z.i - 1)::int4)), 0)
+               bytes + coalesce(sum(c.offs[cardinality(c.offs)] - c.offs[1] - cardinality(c.offs)
+                                    + 1 - (SELECT coalesce(sum(c.offs[upper(g) + 1]
+                                                               - c.offs[lower(g) + 1]
+                                                               - (upper(g) - lower(g))), 0)
+                                             FROM unnest(c.gone) AS g)), 0)
           INTO n, bytes
           FROM queen.eph_chunks c WHERE c.pid = r.id AND c.base < v_below;
     END LOOP;
@@ -459,13 +464,14 @@ BEGIN
         v_cut := NULL;
         SELECT x.seq, x.rank INTO v_cut, v_rank
           FROM (SELECT c.base + u.i - 1 AS seq, dense_rank() OVER (ORDER BY c.base) AS rank,
-                       count(*) OVER w AS cnt, sum(u.size) OVER w AS sum
+                       count(*) OVER w AS cnt, sum(u.o1 - u.o0 - 1) OVER w AS sum
                   FROM queen.eph_partitions p
                   LEFT JOIN unnest(p_parts, p_belows) AS t(part, below) ON t.part = p.partition
-                 CROSS JOIN LATERAL (SELECT k.base, k.sizes, k.gone FROM queen.eph_chunks k
+                 CROSS JOIN LATERAL (SELECT k.base, k.offs, k.gone FROM queen.eph_chunks k
                                       WHERE k.pid = p.id AND k.base >= coalesce(t.below, 0)
                                       ORDER BY k.base LIMIT v_k) c
-                 CROSS JOIN LATERAL unnest(c.sizes) WITH ORDINALITY AS u(size, i)
+                 CROSS JOIN LATERAL unnest(c.offs[1:cardinality(c.offs) - 1], c.offs[2:])
+                                    WITH ORDINALITY AS u(o0, o1, i)
                  WHERE p.tenant = p_tenant AND p.queue = p_queue
                    AND NOT c.gone @> (u.i - 1)::int4
                 WINDOW w AS (ORDER BY c.base, u.i)) x
@@ -610,13 +616,13 @@ $$;
 -- A push takes one value of queen.eph_seq while it holds its partition's row: its messages
 -- are seq value * 16384 + 0, 1, ... (the API allows 10,000 per push), stored as one chunk per
 -- 256 of them. The payloads come as a chunk's body holds them (schema 015): p_body their UTF-8
--- bytes joined by 0x1e, p_sizes their octet lengths, p_offs where each begins in p_body
--- (p_offs[i + 1] = p_offs[i] + p_sizes[i] + 1, one more element, p_offs[1] = 0);
--- queen_mp/db/ephemeral_procs.py computes them. PERF(eph): v1 took a text[] and built the
--- sizes with a statement (about 210k instructions a push of 100, callgrind), and a body would
--- have cost array_to_string and convert_to's check of every byte (about 440k more).
+-- bytes joined by 0x1e, p_offs where each begins in p_body, one more element (p_offs[1] = 0,
+-- p_offs[i + 1] = p_offs[i] + the octet length of payload i + 1); queen_mp/db/ephemeral_procs.py
+-- computes them. PERF(eph): v1 took a text[] and built the sizes with a statement (about 210k
+-- instructions a push of 100, callgrind), and a body would have cost array_to_string and
+-- convert_to's check of every byte (about 440k more).
 CREATE OR REPLACE FUNCTION queen.eph_push_v3(p_tenant uuid, p_queue text, p_partition text,
-                                             p_body bytea, p_offs int4[], p_sizes int4[])
+                                             p_body bytea, p_offs int4[])
 RETURNS int4
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET plan_cache_mode = force_generic_plan  -- PERF(eph): see the header
@@ -624,7 +630,7 @@ AS $$
 DECLARE
     v_epoch text;  -- NULL: the queue has no row yet
     v_o jsonb;
-    v_n int8 := coalesce(cardinality(p_sizes), 0);
+    v_n int8 := coalesce(cardinality(p_offs), 1) - 1;
     v_bytes int8;
     v_depth int8;
     v_stored int8;
@@ -653,10 +659,9 @@ BEGIN
             MESSAGE = format('%s messages in one push, over 16384', v_n);
     END IF;
     v_bytes := p_offs[v_n + 1] - p_offs[1] - v_n;
-    IF cardinality(p_offs) IS DISTINCT FROM v_n + 1 OR p_offs[1] <> 0
-       OR octet_length(p_body) IS DISTINCT FROM v_bytes + v_n - 1 THEN
+    IF p_offs[1] <> 0 OR octet_length(p_body) IS DISTINCT FROM p_offs[v_n + 1] - 1 THEN
         RAISE EXCEPTION USING ERRCODE = '22023',
-            MESSAGE = 'eph_push_v3: the body, offsets and sizes do not describe one push';
+            MESSAGE = 'eph_push_v3: the body and offsets do not describe one push';
     END IF;
     -- PERF(eph): eph_enter_v1's lock (a simple expression), then one statement for what
     -- eph_enter_v1 and eph_options_v1 read and the queue's counts (as eph_push_v4 reads them):
@@ -735,14 +740,14 @@ BEGIN
         RETURNING p.id, p.last_seq - v_n + 1 INTO v_pid, v_base;
     END IF;
     IF v_n <= 256 THEN
-        INSERT INTO queen.eph_chunks (pid, base, body, offs, sizes, live, created_at)
-        VALUES (v_pid, v_base, p_body, p_offs, p_sizes, v_n, clock_timestamp());
+        INSERT INTO queen.eph_chunks (pid, base, body, offs, live, created_at)
+        VALUES (v_pid, v_base, p_body, p_offs, v_n, clock_timestamp());
     ELSE  -- each chunk its part of the body, and its slice of the offsets as they are
-        INSERT INTO queen.eph_chunks (pid, base, body, offs, sizes, live, created_at)
+        INSERT INTO queen.eph_chunks (pid, base, body, offs, live, created_at)
         SELECT v_pid, v_base + k * 256,
                substring(p_body FROM p_offs[k * 256 + 1] + 1
                          FOR p_offs[least(k * 256 + 256, v_n) + 1] - p_offs[k * 256 + 1] - 1),
-               p_offs[k * 256 + 1:k * 256 + 257], p_sizes[k * 256 + 1:k * 256 + 256],
+               p_offs[k * 256 + 1:k * 256 + 257],
                least(256, v_n - k * 256), clock_timestamp()
           FROM generate_series(0, (v_n - 1) / 256) AS k;
     END IF;
@@ -763,11 +768,11 @@ $$;
 -- in one call and one transaction (queen_mp/front/ephemeral.py EphemeralPushFusion). Request i pushes
 -- the next p_counts[i] messages of p_body, of p_bytes[i] bytes in all, to partition
 -- p_parts[i] of queue (p_tenants[i], p_queues[i]); the messages come as eph_push_v3's: p_body
--- every payload's UTF-8 bytes joined by 0x1e, p_sizes their octet lengths, p_offs where each
--- begins in p_body, one more element (queen_mp/db/ephemeral_procs.py computes them all).
--- The requests come sorted by (tenant, queue, partition), uuid and text compared bytewise
--- (COLLATE "C", the caller's sort; 22023 otherwise), so those of one queue, and of one partition, are neighbours, and every fused
--- call takes its queues' locks and its partitions' rows in one global order.
+-- every payload's UTF-8 bytes joined by 0x1e, p_offs where each begins in p_body, one more
+-- element (queen_mp/db/ephemeral_procs.py computes them all). The requests come sorted by
+-- (tenant, queue, partition), uuid and text compared bytewise (COLLATE "C", the caller's sort;
+-- 22023 otherwise), so those of one queue, and of one partition, are neighbours, and every
+-- fused call takes its queues' locks and its partitions' rows in one global order.
 --
 -- pushed[i] is what request i stored: p_counts[i] (all of it), -1 when it was refused whole
 -- (queue_full; details[i] says why, as eph_push_v3's DETAIL), or -2 when it must be pushed
@@ -790,8 +795,8 @@ $$;
 -- statement, inlined), whatever the count of requests. 22023 also when a partition gets more
 -- than 16,384 messages in one call.
 CREATE OR REPLACE FUNCTION queen.eph_push_v4(p_tenants uuid[], p_queues text[], p_parts text[],
-                                             p_counts int4[], p_bytes int8[], p_sizes int4[],
-                                             p_offs int4[], p_body bytea,
+                                             p_counts int4[], p_bytes int8[], p_offs int4[],
+                                             p_body bytea,
                                              OUT pushed int4[], OUT details text[])
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET plan_cache_mode = force_generic_plan  -- PERF(eph): see the header
@@ -812,12 +817,11 @@ DECLARE
     v_qq text[] := '{}';
     v_qn int8[] := '{}';
     v_qb int8[] := '{}';
-    v_first int4 := 1;  -- request i's first message in p_sizes
+    v_first int4 := 1;  -- request i's first message in p_offs
     v_all boolean := true;  -- every request stored
     v_at int4 := 1;  -- where the next stored request's messages start in v_acc
     v_acc bytea;
     v_acc_offs int4[];
-    v_acc_sizes int4[];
     v_pt uuid[] := '{}';  -- the partitions that store something: first in v_acc, how many
     v_pq text[] := '{}';
     v_pp text[] := '{}';
@@ -836,7 +840,7 @@ BEGIN
     END IF;
     IF cardinality(p_tenants) <> v_r OR cardinality(p_queues) <> v_r
        OR cardinality(p_parts) <> v_r OR cardinality(p_bytes) <> v_r
-       OR cardinality(p_offs) IS DISTINCT FROM cardinality(p_sizes) + 1 OR p_offs[1] <> 0
+       OR cardinality(p_offs) < 1 OR p_offs[1] <> 0
        OR octet_length(p_body) IS DISTINCT FROM p_offs[cardinality(p_offs)] - 1 THEN
         RAISE EXCEPTION USING ERRCODE = '22023',
             MESSAGE = 'eph_push_v4: the arrays do not describe the same requests';
@@ -917,7 +921,7 @@ BEGIN
         v_all := v_all AND pushed[v_i] = p_counts[v_i];
         v_first := v_first + p_counts[v_i];
     END LOOP;
-    IF v_first - 1 IS DISTINCT FROM cardinality(p_sizes) THEN
+    IF v_first IS DISTINCT FROM cardinality(p_offs) THEN
         RAISE EXCEPTION USING ERRCODE = '22023',
             MESSAGE = 'eph_push_v4: the counts do not add up to the payloads';
     END IF;
@@ -950,29 +954,26 @@ BEGIN
     IF v_all THEN
         v_acc := p_body;
         v_acc_offs := p_offs;
-        v_acc_sizes := p_sizes;
     ELSE
-        SELECT string_agg(substring(p_body FROM p_offs[x.k] + 1 FOR p_sizes[x.k]), '\x1e'::bytea
+        SELECT string_agg(substring(p_body FROM p_offs[x.k] + 1 FOR x.s), '\x1e'::bytea
                           ORDER BY x.o),
-               array_agg(x.at - x.s - 1 ORDER BY x.o) || max(x.at)::int4,
-               array_agg(x.s ORDER BY x.o)
-          INTO v_acc, v_acc_offs, v_acc_sizes
+               array_agg(x.at - x.s - 1 ORDER BY x.o) || max(x.at)::int4
+          INTO v_acc, v_acc_offs
           FROM (SELECT y.o, y.k, y.s, sum(y.s + 1) OVER (ORDER BY y.o) AS at
                   FROM (SELECT row_number() OVER (ORDER BY u.i, g.k) AS o, g.k,
-                               p_sizes[g.k] AS s
+                               p_offs[g.k + 1] - p_offs[g.k] - 1 AS s
                           FROM (SELECT w.i, w.n, sum(w.n) OVER (ORDER BY w.i) - w.n + 1 AS first
                                   FROM unnest(p_counts) WITH ORDINALITY AS w(n, i)) u
                          CROSS JOIN LATERAL generate_series(u.first, u.first + u.n - 1) AS g(k)
                          WHERE pushed[u.i] > 0) y) x;
     END IF;
     -- a chunk: its part of the body and its slice of the offsets as they are (schema 015)
-    INSERT INTO queen.eph_chunks (pid, base, body, offs, sizes, live, created_at)
+    INSERT INTO queen.eph_chunks (pid, base, body, offs, live, created_at)
     SELECT u.pid, u.base + k * 256,
            substring(v_acc FROM v_acc_offs[u.f + k * 256] + 1
                      FOR v_acc_offs[u.f + least(u.n, k * 256 + 256)]
                          - v_acc_offs[u.f + k * 256] - 1),
            v_acc_offs[u.f + k * 256:u.f + least(u.n, k * 256 + 256)],
-           v_acc_sizes[u.f + k * 256:u.f + least(u.n, k * 256 + 256) - 1],
            least(256, u.n - k * 256), clock_timestamp()
       FROM unnest(v_pid, v_base, v_pf, v_pn) AS u(pid, base, f, n)
      CROSS JOIN LATERAL generate_series(0, (u.n - 1) / 256) AS k;
@@ -1158,7 +1159,8 @@ BEGIN
               FROM (SELECT u.seq, u.att + 1 AS att,
                            substring(c.body FROM c.offs[(u.seq - c.base)::int4 + 1]
                                                  - c.offs[1] + 1
-                                     FOR c.sizes[(u.seq - c.base)::int4 + 1]) AS payload
+                                     FOR c.offs[(u.seq - c.base)::int4 + 2]
+                                         - c.offs[(u.seq - c.base)::int4 + 1] - 1) AS payload
                       FROM queen.eph_partitions p
                       JOIN queen.eph_chunks c ON c.pid = p.id
                       JOIN unnest(v_red, v_red_a) AS u(seq, att)
@@ -1241,10 +1243,10 @@ BEGIN
                        substring(k.body FROM k.offs[x.lo + 1] - k.offs[1] + 1
                                  FOR k.offs[x.lo + x.n + 1] - k.offs[x.lo + 1] - 1)
                   INTO v_f, v_n, v_end, v_len, v_piece
-                  FROM (SELECT c.base, c.body, c.offs, c.gone, cardinality(c.sizes) AS len
+                  FROM (SELECT c.base, c.body, c.offs, c.gone, cardinality(c.offs) - 1 AS len
                           FROM queen.eph_chunks c
                          WHERE c.pid = r.id AND c.base >= v_at
-                           AND c.base + cardinality(c.sizes) - 1 > v_pos
+                           AND c.base + cardinality(c.offs) - 2 > v_pos
                          ORDER BY c.base LIMIT 1) k
                  CROSS JOIN LATERAL (
                        SELECT y.lo, least(k.len - y.lo, v_need - v_k)::int4 AS n
@@ -1306,8 +1308,8 @@ BEGIN
                                  CROSS JOIN LATERAL unnest(
                                        int4multirange(int4range(
                                            least(greatest(0, v_pos - c.base + 1),
-                                                 cardinality(c.sizes))::int4,
-                                           cardinality(c.sizes)))
+                                                 cardinality(c.offs) - 1)::int4,
+                                           cardinality(c.offs) - 1))
                                        - c.gone) AS g(r)
                                  WHERE c.pid = r.id
                                    -- PERF(eph): after a chunk smaller than what is wanted
@@ -1553,7 +1555,7 @@ BEGIN
                 DELETE FROM queen.eph_chunks c
                  WHERE c.pid = v_pid AND c.base = v_base AND c.live = v_k
                    AND NOT c.gone && int4multirange(int4range(v_lo, v_lo + v_k))
-                RETURNING v_k, (SELECT sum(z.b) FROM unnest(c.sizes[v_lo + 1:v_lo + v_k]) AS z(b))
+                RETURNING v_k, c.offs[v_lo + v_k + 1] - c.offs[v_lo + 1] - v_k
                      INTO v_set_n, v_set_b;
                 IF v_set_n IS NULL THEN  -- PERF(eph): a part of the chunk: struck from it
                     UPDATE queen.eph_chunks c
@@ -1561,8 +1563,7 @@ BEGIN
                            live = c.live - v_k
                      WHERE c.pid = v_pid AND c.base = v_base AND c.live > v_k
                        AND NOT c.gone && int4multirange(int4range(v_lo, v_lo + v_k))
-                    RETURNING v_k, (SELECT sum(z.b)
-                                      FROM unnest(c.sizes[v_lo + 1:v_lo + v_k]) AS z(b))
+                    RETURNING v_k, c.offs[v_lo + v_k + 1] - c.offs[v_lo + 1] - v_k
                          INTO v_set_n, v_set_b;
                 END IF;
             -- PERF(eph): so do runs of two chunks, a pop's batch that began inside one
@@ -1598,17 +1599,13 @@ BEGIN
                                        live = c.live - v_rn
                                  WHERE c.pid = v_pid AND c.base = v_base AND c.live > v_rn
                                    AND NOT c.gone && int4multirange(int4range(v_lo, v_lo + v_rn))
-                                RETURNING v_rn, (SELECT sum(z.b)
-                                                   FROM unnest(c.sizes[v_lo + 1:v_lo + v_rn])
-                                                        AS z(b))
+                                RETURNING v_rn, c.offs[v_lo + v_rn + 1] - c.offs[v_lo + 1] - v_rn
                                      INTO v_run_n, v_run_b;
                             ELSE
                                 DELETE FROM queen.eph_chunks c
                                  WHERE c.pid = v_pid AND c.base = v_base AND c.live = v_rn
                                    AND NOT c.gone && int4multirange(int4range(v_lo, v_lo + v_rn))
-                                RETURNING v_rn, (SELECT sum(z.b)
-                                                   FROM unnest(c.sizes[v_lo + 1:v_lo + v_rn])
-                                                        AS z(b))
+                                RETURNING v_rn, c.offs[v_lo + v_rn + 1] - c.offs[v_lo + 1] - v_rn
                                      INTO v_run_n, v_run_b;
                             END IF;
                             EXIT WHEN v_run_n IS NOT NULL;
@@ -1648,12 +1645,9 @@ BEGIN
                   FROM (SELECT w.base, c.ctid, c.live, w.lo, w.n,
                                w.hi - w.lo + 1 = w.n
                                AND NOT c.gone && int4multirange(int4range(w.lo, w.hi + 1)) AS ok,
-                               -- PERF(eph): a chunk's one message without the subquery
-                               -- (pushes of 1: some 8k instructions a chunk)
-                               CASE WHEN w.lo = w.hi THEN c.sizes[w.lo + 1]
-                                    ELSE (SELECT sum(z.b)
-                                            FROM unnest(c.sizes[w.lo + 1:w.hi + 1]) AS z(b))
-                               END AS b
+                               -- PERF(eph): the range's bytes from its offsets (schema
+                               -- 015), no subquery
+                               c.offs[w.hi + 2] - c.offs[w.lo + 1] - (w.hi - w.lo + 1) AS b
                           FROM (SELECT u.s - u.s % 256 AS base, min(u.s % 256)::int4 AS lo,
                                        max(u.s % 256)::int4 AS hi, count(*)::int4 AS n
                                   FROM unnest(p_seqs) AS u(s) GROUP BY 1 ORDER BY 1) w
@@ -1663,7 +1657,7 @@ BEGIN
                          -- generic plans read every chunk of the partition (a bitmap scan on
                          -- pid, or with the table's statistics a scan of the table)
                          CROSS JOIN LATERAL (
-                               SELECT k.ctid, k.live, k.gone, k.sizes FROM queen.eph_chunks k
+                               SELECT k.ctid, k.live, k.gone, k.offs FROM queen.eph_chunks k
                                 WHERE k.pid = v_pid AND k.base = w.base FOR UPDATE) c) x;
                 IF v_ok AND v_set_n = v_k THEN
                     WITH d AS (DELETE FROM queen.eph_chunks c WHERE c.ctid = ANY (v_del_t))
@@ -1907,14 +1901,14 @@ AS $$
                        'pending', (SELECT coalesce(sum(queen.eph_width_v1(
                                             int4multirange(int4range(
                                                 greatest(0, coalesce(c.pos, 0) - k.base + 1)::int4,
-                                                cardinality(k.sizes))) - k.gone)), 0)
+                                                cardinality(k.offs) - 1)) - k.gone)), 0)
                                      FROM queen.eph_partitions p
                                      LEFT JOIN queen.eph_cursors c
                                        ON c.tenant = p.tenant AND c.queue = p.queue
                                       AND c.grp = g.grp AND c.partition = p.partition
                                      JOIN queen.eph_chunks k
                                        ON k.pid = p.id
-                                      AND k.base + cardinality(k.sizes) - 1 > coalesce(c.pos, 0)
+                                      AND k.base + cardinality(k.offs) - 2 > coalesce(c.pos, 0)
                                     WHERE p.tenant = p_tenant AND p.queue = p_queue),
                        'inFlight', (SELECT coalesce(sum(cardinality(l.seqs)), 0)
                                       FROM queen.eph_leases l
