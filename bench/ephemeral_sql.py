@@ -1,7 +1,7 @@
 """Ephemeral queues in SQL alone: PostgreSQL CPU per message of push, pop and ack, no broker.
 
 ``bench/ephemeral.py`` measures the routes, where the broker, the HTTP client and the load of
-the machine share the figures. This one calls ``queen.eph_push_v1``, ``eph_pop_v4`` and
+the machine share the figures. This one calls ``queen.eph_push_v3``, ``eph_pop_v4`` and
 ``eph_ack_v4`` over one connection, one call after the other, and reads from ``/proc`` (so the
 server must run on this machine) the CPU time of that connection's backend and of the whole
 cluster (the backend, autovacuum, the writers): what a message costs PostgreSQL itself, the
@@ -9,7 +9,7 @@ figure the storage layout decides.
 
 - ``push``: ``--messages`` (40,000; a quarter of it in pushes of 1) in pushes of 1 and of 100
   to 4 partitions, each kind to a fresh queue; ``push x4``: as many again in fused calls
-  (``queen.eph_push_v2``, as a front worker's ``EphemeralPushFusion`` sends them), each of 4
+  (``queen.eph_push_v4``, as a front worker's ``EphemeralPushFusion`` sends them), each of 4
   pushes, one per partition;
 - ``pop+ack``: that queue popped in batches of ``--pop-batch`` (100), each batch acknowledged
   by one call, until empty; by one group, and for pushes of 100 also by two groups in turn,
@@ -45,7 +45,7 @@ from bench.push import (
 )
 from bench.pushsql import _exit_total
 from queen_mp.db import ephemeral_procs
-from queen_mp.db.binarrays import int4_array, int8_array, register_arrays, text_array, uuid_array
+from queen_mp.db.binarrays import register_arrays
 from queen_mp.db.migrations import apply_migrations
 from queen_mp.front.ephemeral import render_messages
 from queen_mp.models.ephemeral import parse_id
@@ -86,19 +86,14 @@ class _Backend:
 
     # the parameters and results as queen_mp/db/ephemeral_procs.py passes them (binary arrays)
     def push(self, queue: str, partition: str, n: int) -> None:
-        self.conn.execute("SELECT queen.eph_push_v1(%s, %s, %s, %b::text[])",
-                          (_TENANT, queue, partition, text_array([_PAYLOAD] * n)))
+        self.conn.execute(ephemeral_procs.PUSH_SQL, ephemeral_procs.push_params(
+            _TENANT.bytes, queue, partition, [_PAYLOAD] * n))
 
     def push_fused(self, queue: str, partitions: list[str], n: int) -> None:
         """One push of ``n`` messages to each of ``partitions`` (sorted), in one call."""
         k = len(partitions)
-        self.conn.execute("SELECT pushed FROM queen.eph_push_v2(%b::uuid[], %b::text[], "
-                          "%b::text[], %b::int4[], %b::int8[], %b::int4[], %b::text[])",
-                          (uuid_array([_TENANT.bytes] * k), text_array([queue] * k),
-                           text_array(partitions), int4_array([n] * k),
-                           int8_array([n * len(_PAYLOAD)] * k),
-                           int4_array([len(_PAYLOAD)] * (n * k)),
-                           text_array([_PAYLOAD] * (n * k))))
+        self.conn.execute(ephemeral_procs.PUSH_MANY_SQL, ephemeral_procs.push_many_params(
+            [_TENANT.bytes] * k, [queue] * k, partitions, [[_PAYLOAD] * n] * k))
 
     def pop_ack(self, queue: str, group: str, batch: int, acker: _Backend | None = None
                 ) -> int:

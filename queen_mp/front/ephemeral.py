@@ -17,7 +17,7 @@ serialises them.
 
 Pushes are fused (``EphemeralPushFusion``): a push that finds none of this worker's in flight goes
 alone, at once; those that arrive meanwhile go out together when it is answered, as one call
-and one transaction (``queen.eph_push_v2``), each answered from its own verdict.
+and one transaction (``queen.eph_push_v4``), each answered from its own verdict.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ __all__ = ["EPH_KEY", "EphemeralPopper", "EphemeralPushFusion", "Popped", "TooMa
 EPH_KEY = "\x00eph\x00"  # no queue name has a control character: never a durable name
 _MAX_MARGIN_S = 0.25  # no claim starts this close to the deadline (what is leased is sent)
 _HINT_SLACK_S = 0.01
-#: a fused call's bounds: eph_push_v2 takes at most 16,384 messages per partition, and one
+#: a fused call's bounds: eph_push_v4 takes at most 16,384 messages per partition, and one
 #: push (MAX_MESSAGES) always fits
 _FUSED_MESSAGES = MAX_MESSAGES
 _FUSED_REQUESTS = 256
@@ -177,7 +177,7 @@ def _settle(done: asyncio.Future[int], pushed: int | None, error: BaseException 
 class EphemeralPushFusion:
     """A front worker's ephemeral pushes, at most one call of them in flight: the pushes that
     arrive during a call wait for it and then go out together (sql/functions/ephemeral.sql
-    ``eph_push_v2``), in (tenant, queue, partition) order, the order in which every fused call
+    ``eph_push_v4``), in (tenant, queue, partition) order, the order in which every fused call
     takes its locks.
 
     PERF(eph): a push was one pooled call, one statement and one transaction of its own, ~100
@@ -186,7 +186,7 @@ class EphemeralPushFusion:
 
     A request is answered from its own verdict: stored, ``QueueFull`` (nothing of it
     written), or pushed alone after the fused call (one that must drop messages, or whose
-    queue or partition is new: eph_push_v2's header). A fused call that fails stored nothing
+    queue or partition is new: eph_push_v4's header). A fused call that fails stored nothing
     (autocommit): each of its requests is then pushed alone, so a neighbour's failure is never
     another's answer; only a lost connection after the call was sent (``OutcomeUnknown``: it
     may have committed) is every request's answer.

@@ -591,18 +591,29 @@ def test_the_rows_stay_together(broker, db_dsn):
         ).fetchone()
         assert orphans == (0,)
         chunks = conn.execute(
-            "SELECT count(*) FILTER (WHERE live <> cardinality(sizes) - queen.eph_width_v1(gone)"
+            "SELECT count(*) FILTER (WHERE live <> cardinality(offs) - 1 - queen.eph_width_v1(gone)"
             "                           OR live <= 0 OR base % 256 <> 0) "
             "FROM queen.eph_chunks").fetchone()
         assert chunks == (0,)
+        # schema 015: message i of a chunk is bytes offs[i] - offs[1] .. offs[i + 1] - offs[1]
+        # - 2 of its body, a separator (0x1e) between two
+        offsets = conn.execute(
+            "SELECT count(*) FROM queen.eph_chunks k "
+            "WHERE octet_length(k.body) <> k.offs[cardinality(k.offs)] - k.offs[1] - 1 "
+            "   OR EXISTS (SELECT 1 FROM generate_series(2, cardinality(k.offs) - 1) AS i "
+            "               WHERE k.offs[i] <= k.offs[i - 1] "
+            "                  OR get_byte(k.body, k.offs[i] - k.offs[1] - 1) <> 30)"
+        ).fetchone()
+        assert offsets == (0,)
         wrong = conn.execute(
             "SELECT q.queue, n.depth, n.bytes, s.depth, s.bytes FROM queen.eph_queues q "
             "CROSS JOIN LATERAL (SELECT coalesce(sum(c.depth), 0) AS depth, "
             "  coalesce(sum(c.bytes), 0) AS bytes FROM queen.eph_counts c "
             "  WHERE c.tenant = q.tenant AND c.queue = q.queue) n "
-            "CROSS JOIN LATERAL (SELECT count(*) AS depth, coalesce(sum(u.size), 0) AS bytes "
-            "  FROM queen.eph_partitions p JOIN queen.eph_chunks k ON k.pid = p.id "
-            "  CROSS JOIN LATERAL unnest(k.sizes) WITH ORDINALITY AS u(size, i) "
+            "CROSS JOIN LATERAL (SELECT count(*) AS depth, coalesce(sum(u.o1 - u.o0 - 1), 0) "
+            "  AS bytes FROM queen.eph_partitions p JOIN queen.eph_chunks k ON k.pid = p.id "
+            "  CROSS JOIN LATERAL unnest(k.offs[1:cardinality(k.offs) - 1], k.offs[2:]) "
+            "    WITH ORDINALITY AS u(o0, o1, i) "
             "  WHERE p.tenant = q.tenant AND p.queue = q.queue "
             "    AND NOT k.gone @> (u.i - 1)::int4) s "
             "WHERE n.depth <> s.depth OR n.bytes <> s.bytes").fetchall()

@@ -12,8 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import psycopg
 
+from queen_mp.db import ephemeral_procs
+from queen_mp.db.binarrays import register_arrays
 from queen_mp.db.migrations import apply_migrations
 from queen_mp.models.ephemeral import parse_id
 from tests.pgharness import SQL_DIR, drop_database, eph_pop, make_database
@@ -54,7 +57,7 @@ def chunks(db_dsn: str, queue: str) -> list[tuple[int, int, int]]:
     """(messages, live, base % 256) of the queue's chunks, in seq order."""
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         return [tuple(r) for r in conn.execute(
-            "SELECT cardinality(k.payloads), k.live, k.base %% 256 FROM queen.eph_chunks k "
+            "SELECT cardinality(k.offs) - 1, k.live, k.base %% 256 FROM queen.eph_chunks k "
             "JOIN queen.eph_partitions p ON p.id = k.pid WHERE p.queue = %s ORDER BY k.base",
             (queue,)).fetchall()]
 
@@ -84,13 +87,13 @@ def test_a_push_over_256_spans_chunks_read_in_order_and_freed_by_out_of_order_ac
 
 
 def test_a_chunks_payloads_are_stored_out_of_line_uncompressed(broker, db_dsn):
-    """schema 012: no pglz at a push nor at each pop of the chunk (the payloads compress
-    well, so EXTENDED storage would have compressed them)."""
+    """schemas 012 and 015: no pglz at a push nor at each pop of the chunk (the payloads
+    compress well, so EXTENDED storage would have compressed them)."""
     q, c = uq(), broker.client
     push(c, q, [{"pad": "x" * 200, "i": i} for i in range(100)])
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         row = conn.execute(
-            "SELECT pg_column_compression(k.payloads), pg_column_size(k.payloads) "
+            "SELECT pg_column_compression(k.body), pg_column_size(k.body) "
             "FROM queen.eph_chunks k JOIN queen.eph_partitions p ON p.id = k.pid "
             "WHERE p.queue = %s", (q,)).fetchone()
     assert row is not None and row[0] is None and row[1] > 20_000, row
@@ -265,12 +268,13 @@ def test_011_carries_the_messages_of_009_over(pg_server_dsn, tmp_path: Path):
                          "VALUES (%s, 'old', 0, 6, 28)", (tenant,))
         assert apply_migrations(dsn)[0] == "011_ephemeral_chunks.sql"
         with psycopg.connect(dsn, autocommit=True) as conn:
-            rows = conn.execute("SELECT base - %s, payloads, sizes, gone::text, live "
+            # and 015 joins a chunk's payloads into its body (a missing one empty)
+            rows = conn.execute("SELECT base - %s, body, offs, gone::text, live "
                                 "FROM queen.eph_chunks ORDER BY base", (base,)).fetchall()
             assert rows == [
-                (0, ['"m0"', '"m1"', '"m2"', None, None, '"m5"'], [4, 4, 4, 0, 0, 4],
+                (0, b'"m0"\x1e"m1"\x1e"m2"\x1e\x1e\x1e"m5"', [0, 5, 10, 15, 16, 17, 22],
                  "{[3,5)}", 4),
-                (256, ['"m256"', '"m257"'], [6, 6], "{}", 2)]
+                (256, b'"m256"\x1e"m257"', [0, 7, 14], "{}", 2)]
             msgs = eph_pop(conn, tenant, "old", None, "g", 10, False)
             assert [m["payload"] for m in msgs] == ["m0", "m1", "m2", "m5", "m256", "m257"]
             ids = [parse_id(m["id"]) for m in msgs]  # the seqs of 009 name the same messages
@@ -278,3 +282,42 @@ def test_011_carries_the_messages_of_009_over(pg_server_dsn, tmp_path: Path):
                 ("0123456789abcdef", s) for s in seqs]
     finally:
         drop_database(pg_server_dsn, dsn)
+
+
+def test_multibyte_payloads_come_back_verbatim_from_chunk_bodies(db_dsn):
+    """schema 015: a chunk's body is its payloads' UTF-8 bytes, a run one substring of it by
+    byte offsets: payloads of 1-4 bytes a character, pushed alone (over 256: a chunk's slice
+    of the push's offsets) and fused (eph_push_v4, the second request of a partition refused),
+    come back verbatim from the usual read, the walk (a pop across chunks and pushes) and a
+    redelivery."""
+    tenant, q = uuid.uuid4(), uq()
+    texts = [orjson.dumps({"i": i, "s": "aé€😀"[: i % 5] * (i % 7)}).decode()
+             for i in range(400)]
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        register_arrays(conn)
+        conn.execute("SELECT queen.eph_configure_v1(%s, %s, '{\"maxLength\": 399}'::jsonb)",
+                     (tenant, q))
+        for part, msgs in (("a", texts[:300]), ("b", texts[300:301])):
+            conn.execute(ephemeral_procs.PUSH_SQL,
+                         ephemeral_procs.push_params(tenant.bytes, q, part, msgs))
+        # to a, to b, and to b again: the last one would make 400 (maxLength, reject)
+        reqs = [("a", texts[301:350]), ("b", texts[350:399]), ("b", texts[399:])]
+        row = conn.execute(ephemeral_procs.PUSH_MANY_SQL, ephemeral_procs.push_many_params(
+            [tenant.bytes] * 3, [q] * 3, [p for p, _ in reqs], [m for _, m in reqs])).fetchone()
+        assert row is not None and row[0] == [49, 49, -1]
+        first = eph_pop(conn, tenant, q, "a", "g", 70, False)  # the usual read
+        assert [m["payload"]["i"] for m in first] == list(range(70))
+        ids = [i for i in (parse_id(m["id"]) for m in first[:5]) if i]
+        row = conn.execute(ephemeral_procs.ACK_SQL, ephemeral_procs.ack_params(
+            tenant.bytes, q, "g", ["retry"], [i[0] for i in ids], [str(i[1]) for i in ids],
+            [str(i[2]) for i in ids])).fetchone()
+        assert row is not None
+        assert ephemeral_procs.ack_outcome(row, 5).outcomes == ["redelivered"] * 5
+        again = eph_pop(conn, tenant, q, "a", "g", 5, True)  # the redelivery
+        assert [m["payload"] for m in again] == [m["payload"] for m in first[:5]]
+        got = [m["payload"] for m in first[5:]]
+        for part in ("a", "b"):  # a: the walk over two chunks and the fused push's
+            while msgs := eph_pop(conn, tenant, q, part, "g", 97, True):
+                got += [m["payload"] for m in msgs]
+    assert got == [orjson.loads(t) for t in texts[5:300] + texts[301:350] + texts[300:301]
+                   + texts[350:399]]

@@ -1,4 +1,4 @@
-"""Fused ephemeral pushes: ``queen.eph_push_v2`` (sql/functions/ephemeral.sql) and the front
+"""Fused ephemeral pushes: ``queen.eph_push_v4`` (sql/functions/ephemeral.sql) and the front
 worker's ``EphemeralPushFusion`` (queen_mp/front/ephemeral.py). A fused call answers each
 request from its own verdict (stored, queue_full, or pushed alone), stores nothing of a request
 it refuses, keeps the bounds exact within the call, keeps seqs in commit order within a
@@ -20,7 +20,7 @@ import psycopg
 import pytest
 
 from queen_mp.db import ephemeral_procs
-from queen_mp.db.binarrays import int4_array, int8_array, register_arrays, text_array, uuid_array
+from queen_mp.db.binarrays import register_arrays
 from queen_mp.db.errors import StatementError
 from queen_mp.db.pooled import failover_pool
 from queen_mp.front.ephemeral import EphemeralPushFusion
@@ -41,22 +41,17 @@ Request = tuple[uuid.UUID, str, str, list[str]]  # tenant, queue, partition, pay
 
 
 def fused(c: psycopg.Connection, reqs: list[Request]) -> tuple[list[int], list[str | None]]:
-    flat = [p for *_, ps in reqs for p in ps]
-    row = c.execute("SELECT pushed, details FROM queen.eph_push_v2(%b::uuid[], %b::text[], "
-                    "%b::text[], %b::int4[], %b::int8[], %b::int4[], %b::text[])",
-                    (uuid_array([t.bytes for t, *_ in reqs]),
-                     text_array([q for _, q, _, _ in reqs]), text_array([p for _, _, p, _ in reqs]),
-                     int4_array([len(ps) for *_, ps in reqs]),
-                     int8_array([sum(len(p) for p in ps) for *_, ps in reqs]),
-                     int4_array([len(p) for p in flat]), text_array(flat))).fetchone()
+    row = c.execute(ephemeral_procs.PUSH_MANY_SQL, ephemeral_procs.push_many_params(
+        [t.bytes for t, *_ in reqs], [q for _, q, _, _ in reqs], [p for _, _, p, _ in reqs],
+        [ps for *_, ps in reqs])).fetchone()
     assert row is not None
     return row[0], row[1]
 
 
 def alone(c: psycopg.Connection, tenant: uuid.UUID, queue: str, partition: str,
           payloads: list[str]) -> None:
-    c.execute("SELECT queen.eph_push_v1(%s, %s, %s, %b::text[])",
-              (tenant, queue, partition, text_array(payloads)))
+    c.execute(ephemeral_procs.PUSH_SQL,
+              ephemeral_procs.push_params(tenant.bytes, queue, partition, payloads))
 
 
 def configure(c: psycopg.Connection, tenant: uuid.UUID, queue: str, **options: Any) -> None:

@@ -17,6 +17,8 @@ from typing import Any
 import psycopg
 import pytest
 
+from queen_mp.db import ephemeral_procs
+from queen_mp.db.binarrays import register_arrays
 from tests.pgharness import eph_pop
 
 DEADLOCK_TIMEOUT = "50ms"
@@ -29,6 +31,7 @@ def connect(db_dsn: str) -> Iterator[Callable[[], psycopg.Connection]]:
 
     def new() -> psycopg.Connection:
         conn = psycopg.connect(db_dsn, autocommit=True)
+        register_arrays(conn)  # the pushes' arrays go binary, as the broker sends them
         conn.execute(f"SET deadlock_timeout = '{DEADLOCK_TIMEOUT}'")
         opened.append(conn)
         return conn
@@ -80,8 +83,8 @@ def wait_for_lock(watch: psycopg.Connection, call: Call, *, or_end: bool = False
 
 def push(conn: psycopg.Connection, tenant: uuid.UUID, queue: str, partition: str,
          n: int) -> None:
-    conn.execute("SELECT queen.eph_push_v1(%s, %s, %s, %s::text[])",
-                 (tenant, queue, partition, [str(i) for i in range(n)]))
+    conn.execute(ephemeral_procs.PUSH_SQL, ephemeral_procs.push_params(
+        tenant.bytes, queue, partition, [str(i) for i in range(n)]))
 
 
 def pop(conn: psycopg.Connection, tenant: uuid.UUID, queue: str, partition: str,
@@ -122,7 +125,8 @@ def test_a_push_that_drops_by_ttl_then_by_bounds_and_an_ack_of_both_complete(con
                    " FOR UPDATE", (tenant, q, d3))
     # the push expires partition a (leases d2, d3: waits for d3), then must drop b's oldest
     # message to fit maxLength (lease d1)
-    pusher = Call(connect(), "SELECT queen.eph_push_v1(%s, %s, 'c', '{1}'::text[])", (tenant, q))
+    pusher = Call(connect(), ephemeral_procs.PUSH_SQL,
+                  ephemeral_procs.push_params(tenant.bytes, q, "c", ["1"]))
     wait_for_lock(watch, pusher)
     # the ack takes d1, then waits for d2
     acker = Call(connect(), "SELECT outcomes FROM queen.eph_ack_v4(%s, %s, 'g', %s::text[],"
@@ -159,7 +163,8 @@ def test_a_push_that_drops_by_ttl_then_by_bounds_and_a_pop_that_expires_complete
     holder.execute("SELECT 1 FROM queen.eph_leases WHERE tenant = %s AND queue = %s AND dlv = %s"
                    " FOR UPDATE", (tenant, q, dc))
     # the push expires b, then must drop a's message and c's first (lease dc: waits)
-    pusher = Call(connect(), "SELECT queen.eph_push_v1(%s, %s, 'd', '{1}'::text[])", (tenant, q))
+    pusher = Call(connect(), ephemeral_procs.PUSH_SQL,
+                  ephemeral_procs.push_params(tenant.bytes, q, "d", ["1"]))
     wait_for_lock(watch, pusher)
     setup.execute(age, (tenant, q, "a"))
     # the pop expires a and b: a's chunk, then b's (the push's, when it struck it first)
@@ -225,7 +230,8 @@ def test_a_push_that_waited_for_its_partition_takes_its_seqs_after_the_holder(co
     holder.execute("BEGIN")
     holder.execute("UPDATE queen.eph_partitions SET last_seq = last_seq"
                    " WHERE tenant = %s AND queue = %s", (tenant, q))
-    pusher = Call(connect(), "SELECT queen.eph_push_v1(%s, %s, 'p', '{2}'::text[])", (tenant, q))
+    pusher = Call(connect(), ephemeral_procs.PUSH_SQL,
+                  ephemeral_procs.push_params(tenant.bytes, q, "p", ["2"]))
     wait_for_lock(watch, pusher)  # its value was taken, below the holder's
     row = holder.execute("UPDATE queen.eph_partitions SET last_seq = nextval('queen.eph_seq')"
                          " * 16384 WHERE tenant = %s AND queue = %s RETURNING last_seq",

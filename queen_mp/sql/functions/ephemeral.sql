@@ -1,6 +1,7 @@
 -- ephemeral.sql: ephemeral queues (api.md "Ephemeral queues", routes /api/v1/ephemeral/*) on the
 -- UNLOGGED tables of schema/008_ephemeral.sql, 009_ephemeral_rows.sql, 011_ephemeral_chunks.sql,
--- 012_ephemeral_uncompressed.sql and 013_ephemeral_leases_inline.sql. Python
+-- 012_ephemeral_uncompressed.sql, 013_ephemeral_leases_inline.sql and 015_ephemeral_bodies.sql.
+-- Python
 -- (queen_mp/models/ephemeral.py) validates every input first; queen_mp/db/ephemeral_procs.py is
 -- the only caller.
 --
@@ -20,7 +21,9 @@
 -- reads a range of a chunk; a message that leaves (settled, dropped) joins the chunk's 'gone'
 -- set, under the chunk's row lock, and the chunk row is deleted with its last message. Per
 -- push of n messages that is ceil(n / 256) rows inserted and, once every group is done with
--- them, about as many updates and deletes, where a row per message cost n of each.
+-- them, about as many updates and deletes, where a row per message cost n of each. A chunk's
+-- payloads are one byte string (body: their UTF-8 bytes joined by 0x1e, as a pop answers
+-- them) with each message's byte offset (offs), so a pop's run of a chunk is one substring.
 --
 -- No call locks a row that every call of the queue needs: depth, bytes and drop counts are
 -- summed over the queue's eph_counts rows, each writer adding to the row of its backend. The
@@ -60,8 +63,9 @@
 --                                                         group needs
 --   (these return what they struck; their caller counts it with the rest, once, last)
 --   queen.eph_configure_v1(uuid, text, jsonb) -> jsonb    declare (upsert eph_config)
---   queen.eph_push_v1(uuid, text, text, text[]) -> int4   append; QE001 when full (policy reject)
---   queen.eph_push_v2(uuid[], text[], text[], int4[], int8[], int4[], text[])
+--   queen.eph_push_v3(uuid, text, text, bytea, int4[]) -> int4  append; QE001 when full
+--                                                         (policy reject)
+--   queen.eph_push_v4(uuid[], text[], text[], int4[], int8[], int4[], bytea)
 --       -> (pushed int4[], details text[])                several pushes fused in one call
 --   queen.eph_pop_v4(uuid, text, text, text, int4, boolean)
 --       -> (epoch text, parts text[], dlvs int8[], atts int4[], firsts int8[], counts int4[],
@@ -78,7 +82,7 @@
 --   queen.eph_queues, eph_counts, eph_partitions, eph_groups, eph_cursors, eph_leases,
 --   eph_chunks; the sequence queen.eph_seq.
 --
--- Lock order (no function but eph_push_v2 touches two queues, and it takes the locks of each
+-- Lock order (no function but eph_push_v4 touches two queues, and it takes the locks of each
 --   level below in one global order, (tenant, queue[, partition]) bytewise, so that two of
 --   its calls never hold two locks of one level in opposite orders; these tables are outside
 --   every lock space of the durable log):
@@ -89,13 +93,13 @@
 --      (settle, drops). A push's ttl and bounds drops are one run of each, not one of each
 --      per drop: the second run went back to rows lower than the first held;
 --   2. a partition row (push only, FOR NO KEY UPDATE, one per call, after its drops; a fused
---      push, eph_push_v2, takes several, after its queues' locks of 0 in one run, in
+--      push, eph_push_v4, takes several, after its queues' locks of 0 in one run, in
 --      (tenant, queue, partition) order, and drops nothing); or
 --      a pop's groups and cursor rows (inserted, then FOR NO KEY UPDATE SKIP LOCKED, and a
 --      pop that holds none may then wait for one); then a pop's chunk rows, its ttl drop's
 --      and its settle's in one run: no holder of a chunk row waits for a cursor or partition
 --      (a pop reads chunks unlocked, and struck its ttl drop's chunks first no longer);
---   3. one eph_counts row (this backend's), last, once per call (eph_push_v2: one per queue,
+--   3. one eph_counts row (this backend's), last, once per call (eph_push_v4: one per queue,
 --      in queue order).
 --   Nobody holding a cursor or partition row waits for a lease row, and nobody waits for
 --   anything while holding its counts row, so no two calls deadlock.
@@ -108,10 +112,10 @@
 --   an ack's). Every statement here finds its rows by key, which a generic plan does as well.
 --
 -- SQLSTATEs raised:
---   QE001  eph_push_v1: the queue is at maxLength/maxBytes and its policy is 'reject', or the
+--   QE001  eph_push_v3: the queue is at maxLength/maxBytes and its policy is 'reject', or the
 --          push alone is larger than the queue's bounds. MESSAGE 'queue_full', DETAIL says which.
---   QE002  eph_push_v2: a queue or partition has no row yet; push each with eph_push_v1.
---   22023  eph_push_v1: more than 16,384 messages in one push (the API allows 10,000).
+--   QE002  eph_push_v4: a queue or partition has no row yet; push each with eph_push_v3.
+--   22023  eph_push_v3: more than 16,384 messages in one push (the API allows 10,000).
 
 CREATE OR REPLACE FUNCTION queen.eph_defaults_v1()
 RETURNS jsonb
@@ -249,15 +253,18 @@ BEGIN
            coalesce(sum(x.bytes), 0)
       INTO v_pids, v_bases, v_new, v_n, v_last, n, bytes
       FROM (SELECT y.o, y.pid, y.base, y.live, y.new, w.n, w.bytes
-              FROM (SELECT u.o, c.pid, c.base, c.live, c.sizes,
+              FROM (SELECT u.o, c.pid, c.base, c.live, c.offs,
                            (u.idx - c.gone)
-                           * int4multirange(int4range(0, cardinality(c.sizes))) AS new
+                           * int4multirange(int4range(0, cardinality(c.offs) - 1)) AS new
                       FROM unnest(p_pids, p_bases, p_idx) WITH ORDINALITY AS u(pid, base, idx, o)
                       JOIN queen.eph_chunks c ON c.pid = u.pid AND c.base = u.base
                      ORDER BY u.o FOR UPDATE OF c) y
              CROSS JOIN LATERAL (
-                   SELECT count(*) AS n, coalesce(sum(y.sizes[i + 1]), 0) AS bytes
-                     FROM unnest(y.new) AS r, generate_series(lower(r), upper(r) - 1) AS i) w) x
+                   -- a range's bytes from its offsets (schema 015), not a row per message
+                   SELECT coalesce(sum(upper(r) - lower(r)), 0) AS n,
+                          coalesce(sum(y.offs[upper(r) + 1] - y.offs[lower(r) + 1]
+                                       - (upper(r) - lower(r))), 0) AS bytes
+                     FROM unnest(y.new) AS r) w) x
      WHERE x.n > 0;
     IF v_pids IS NULL THEN
         RETURN;
@@ -335,8 +342,8 @@ BEGIN
     aged_bytes := 0;
     SELECT array_agg(c.pid ORDER BY u.part, c.base), array_agg(c.base ORDER BY u.part, c.base),
            array_agg(int4multirange(int4range(0, least(
-                         cardinality(c.sizes),
-                         coalesce(u.below - c.base, cardinality(c.sizes)))::int4))
+                         cardinality(c.offs) - 1,
+                         coalesce(u.below - c.base, cardinality(c.offs) - 1))::int4))
                      ORDER BY u.part, c.base),
            array_agg(c.base < coalesce(u.aged, 0) ORDER BY u.part, c.base)
       INTO v_pids, v_bases, v_idx, v_aged
@@ -345,7 +352,7 @@ BEGIN
         ON p.tenant = p_tenant AND p.queue = p_queue AND p.partition = u.part
       -- a range of the chunks' key per partition
      CROSS JOIN LATERAL (
-           SELECT k.pid, k.base, k.sizes FROM queen.eph_chunks k
+           SELECT k.pid, k.base, k.offs FROM queen.eph_chunks k
             WHERE k.pid = p.id AND k.base < coalesce(u.below, 9223372036854775807)) c;
     IF v_pids IS NULL THEN
         RETURN;
@@ -420,15 +427,17 @@ BEGIN
         SELECT c.base INTO v_below FROM queen.eph_chunks c
          WHERE c.pid = r.id AND c.created_at >= v_cutoff ORDER BY c.base LIMIT 1;
         IF v_below IS NULL THEN
-            SELECT c.base + cardinality(c.sizes) INTO v_below FROM queen.eph_chunks c
+            SELECT c.base + cardinality(c.offs) - 1 INTO v_below FROM queen.eph_chunks c
              WHERE c.pid = r.id ORDER BY c.base DESC LIMIT 1;
         END IF;
         parts := parts || r.partition;
         belows := belows || v_below;
         SELECT n + coalesce(sum(c.live), 0),
-               bytes + coalesce(sum((SELECT coalesce(sum(z.b), 0)
-                                       FROM unnest(c.sizes) WITH ORDINALITY AS z(b, i)
-                                      WHERE NOT c.gone @> (z.i - 1)::int4)), 0)
+               bytes + coalesce(sum(c.offs[cardinality(c.offs)] - c.offs[1] - cardinality(c.offs)
+                                    + 1 - (SELECT coalesce(sum(c.offs[upper(g) + 1]
+                                                               - c.offs[lower(g) + 1]
+                                                               - (upper(g) - lower(g))), 0)
+                                             FROM unnest(c.gone) AS g)), 0)
           INTO n, bytes
           FROM queen.eph_chunks c WHERE c.pid = r.id AND c.base < v_below;
     END LOOP;
@@ -455,13 +464,14 @@ BEGIN
         v_cut := NULL;
         SELECT x.seq, x.rank INTO v_cut, v_rank
           FROM (SELECT c.base + u.i - 1 AS seq, dense_rank() OVER (ORDER BY c.base) AS rank,
-                       count(*) OVER w AS cnt, sum(u.size) OVER w AS sum
+                       count(*) OVER w AS cnt, sum(u.o1 - u.o0 - 1) OVER w AS sum
                   FROM queen.eph_partitions p
                   LEFT JOIN unnest(p_parts, p_belows) AS t(part, below) ON t.part = p.partition
-                 CROSS JOIN LATERAL (SELECT k.base, k.sizes, k.gone FROM queen.eph_chunks k
+                 CROSS JOIN LATERAL (SELECT k.base, k.offs, k.gone FROM queen.eph_chunks k
                                       WHERE k.pid = p.id AND k.base >= coalesce(t.below, 0)
                                       ORDER BY k.base LIMIT v_k) c
-                 CROSS JOIN LATERAL unnest(c.sizes) WITH ORDINALITY AS u(size, i)
+                 CROSS JOIN LATERAL unnest(c.offs[1:cardinality(c.offs) - 1], c.offs[2:])
+                                    WITH ORDINALITY AS u(o0, o1, i)
                  WHERE p.tenant = p_tenant AND p.queue = p_queue
                    AND NOT c.gone @> (u.i - 1)::int4
                 WINDOW w AS (ORDER BY c.base, u.i)) x
@@ -605,9 +615,14 @@ $$;
 
 -- A push takes one value of queen.eph_seq while it holds its partition's row: its messages
 -- are seq value * 16384 + 0, 1, ... (the API allows 10,000 per push), stored as one chunk per
--- 256 of them.
-CREATE OR REPLACE FUNCTION queen.eph_push_v1(p_tenant uuid, p_queue text, p_partition text,
-                                             p_payloads text[])
+-- 256 of them. The payloads come as a chunk's body holds them (schema 015): p_body their UTF-8
+-- bytes joined by 0x1e, p_offs where each begins in p_body, one more element (p_offs[1] = 0,
+-- p_offs[i + 1] = p_offs[i] + the octet length of payload i + 1); queen_mp/db/ephemeral_procs.py
+-- computes them. PERF(eph): v1 took a text[] and built the sizes with a statement (about 210k
+-- instructions a push of 100, callgrind), and a body would have cost array_to_string and
+-- convert_to's check of every byte (about 440k more).
+CREATE OR REPLACE FUNCTION queen.eph_push_v3(p_tenant uuid, p_queue text, p_partition text,
+                                             p_body bytea, p_offs int4[])
 RETURNS int4
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET plan_cache_mode = force_generic_plan  -- PERF(eph): see the header
@@ -615,8 +630,7 @@ AS $$
 DECLARE
     v_epoch text;  -- NULL: the queue has no row yet
     v_o jsonb;
-    v_n int8 := coalesce(cardinality(p_payloads), 0);
-    v_sizes int4[];
+    v_n int8 := coalesce(cardinality(p_offs), 1) - 1;
     v_bytes int8;
     v_depth int8;
     v_stored int8;
@@ -644,8 +658,13 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = '22023',
             MESSAGE = format('%s messages in one push, over 16384', v_n);
     END IF;
+    v_bytes := p_offs[v_n + 1] - p_offs[1] - v_n;
+    IF p_offs[1] <> 0 OR octet_length(p_body) IS DISTINCT FROM p_offs[v_n + 1] - 1 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = 'eph_push_v3: the body and offsets do not describe one push';
+    END IF;
     -- PERF(eph): eph_enter_v1's lock (a simple expression), then one statement for what
-    -- eph_enter_v1 and eph_options_v1 read and the queue's counts (as eph_push_v2 reads them):
+    -- eph_enter_v1 and eph_options_v1 read and the queue's counts (as eph_push_v4 reads them):
     -- two calls and three statements before
     IF NOT pg_try_advisory_xact_lock_shared(queen.eph_key_v1(p_tenant, p_queue)) THEN
         PERFORM pg_advisory_xact_lock_shared(queen.eph_key_v1(p_tenant, p_queue));
@@ -664,14 +683,6 @@ BEGIN
     IF (v_o ->> 'ttlSeconds')::int4 > 0 THEN
         SELECT e.parts, e.belows, e.n, e.bytes INTO v_ttl_p, v_ttl_s, v_ttl_n, v_ttl_b
           FROM queen.eph_expired_v1(p_tenant, p_queue, (v_o ->> 'ttlSeconds')::int4) e;
-    END IF;
-    IF v_n = 1 THEN  -- PERF(eph): the usual single message, without a statement
-        v_sizes := ARRAY[octet_length(p_payloads[1])];
-        v_bytes := v_sizes[1];
-    ELSE  -- in the payloads' order, asked for (a sort of n int4s)
-        v_sizes := ARRAY(SELECT octet_length(u.p)
-                           FROM unnest(p_payloads) WITH ORDINALITY AS u(p, o) ORDER BY u.o);
-        SELECT sum(u.b) INTO v_bytes FROM unnest(v_sizes) AS u(b);
     END IF;
     v_max_len := (v_o ->> 'maxLength')::int8;
     v_max_bytes := (v_o ->> 'maxBytes')::int8;
@@ -729,12 +740,14 @@ BEGIN
         RETURNING p.id, p.last_seq - v_n + 1 INTO v_pid, v_base;
     END IF;
     IF v_n <= 256 THEN
-        INSERT INTO queen.eph_chunks (pid, base, payloads, sizes, live, created_at)
-        VALUES (v_pid, v_base, p_payloads, v_sizes, v_n, clock_timestamp());
-    ELSE
-        INSERT INTO queen.eph_chunks (pid, base, payloads, sizes, live, created_at)
-        SELECT v_pid, v_base + k * 256, p_payloads[k * 256 + 1:k * 256 + 256],
-               v_sizes[k * 256 + 1:k * 256 + 256],
+        INSERT INTO queen.eph_chunks (pid, base, body, offs, live, created_at)
+        VALUES (v_pid, v_base, p_body, p_offs, v_n, clock_timestamp());
+    ELSE  -- each chunk its part of the body, and its slice of the offsets as they are
+        INSERT INTO queen.eph_chunks (pid, base, body, offs, live, created_at)
+        SELECT v_pid, v_base + k * 256,
+               substring(p_body FROM p_offs[k * 256 + 1] + 1
+                         FOR p_offs[least(k * 256 + 256, v_n) + 1] - p_offs[k * 256 + 1] - 1),
+               p_offs[k * 256 + 1:k * 256 + 257],
                least(256, v_n - k * 256), clock_timestamp()
           FROM generate_series(0, (v_n - 1) / 256) AS k;
     END IF;
@@ -753,16 +766,17 @@ $$;
 
 -- Fused pushes: the pushes that reached a front worker while one of its calls was in flight,
 -- in one call and one transaction (queen_mp/front/ephemeral.py EphemeralPushFusion). Request i pushes
--- the next p_counts[i] messages of p_payloads, of p_bytes[i] bytes in all, to partition
--- p_parts[i] of queue (p_tenants[i], p_queues[i]); p_sizes are the payloads' octet_length
--- (queen_mp/db/ephemeral_procs.py computes both). The requests come sorted by (tenant, queue,
--- partition), uuid and text compared bytewise (COLLATE "C", the caller's sort; 22023
--- otherwise), so those of one queue, and of one partition, are neighbours, and every fused
--- call takes its queues' locks and its partitions' rows in one global order.
+-- the next p_counts[i] messages of p_body, of p_bytes[i] bytes in all, to partition
+-- p_parts[i] of queue (p_tenants[i], p_queues[i]); the messages come as eph_push_v3's: p_body
+-- every payload's UTF-8 bytes joined by 0x1e, p_offs where each begins in p_body, one more
+-- element (queen_mp/db/ephemeral_procs.py computes them all). The requests come sorted by
+-- (tenant, queue, partition), uuid and text compared bytewise (COLLATE "C", the caller's sort;
+-- 22023 otherwise), so those of one queue, and of one partition, are neighbours, and every
+-- fused call takes its queues' locks and its partitions' rows in one global order.
 --
 -- pushed[i] is what request i stored: p_counts[i] (all of it), -1 when it was refused whole
--- (queue_full; details[i] says why, as eph_push_v1's DETAIL), or -2 when it must be pushed
--- alone with eph_push_v1 (nothing of it was written): it must drop messages first (its queue
+-- (queue_full; details[i] says why, as eph_push_v3's DETAIL), or -2 when it must be pushed
+-- alone with eph_push_v3 (nothing of it was written): it must drop messages first (its queue
 -- has a ttlSeconds, or it is over the bounds of a dropOldest queue), whose lease and chunk
 -- rows come before a partition's in the lock order. A request's bounds are checked against
 -- the committed state plus the requests of this call before it (as a push that ran just
@@ -780,9 +794,9 @@ $$;
 -- one per partition, one insert of every chunk, and one count per queue (eph_count_v2's
 -- statement, inlined), whatever the count of requests. 22023 also when a partition gets more
 -- than 16,384 messages in one call.
-CREATE OR REPLACE FUNCTION queen.eph_push_v2(p_tenants uuid[], p_queues text[], p_parts text[],
-                                             p_counts int4[], p_bytes int8[], p_sizes int4[],
-                                             p_payloads text[],
+CREATE OR REPLACE FUNCTION queen.eph_push_v4(p_tenants uuid[], p_queues text[], p_parts text[],
+                                             p_counts int4[], p_bytes int8[], p_offs int4[],
+                                             p_body bytea,
                                              OUT pushed int4[], OUT details text[])
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET plan_cache_mode = force_generic_plan  -- PERF(eph): see the header
@@ -803,11 +817,11 @@ DECLARE
     v_qq text[] := '{}';
     v_qn int8[] := '{}';
     v_qb int8[] := '{}';
-    v_first int4 := 1;  -- request i's first message in p_payloads
+    v_first int4 := 1;  -- request i's first message in p_offs
     v_all boolean := true;  -- every request stored
     v_at int4 := 1;  -- where the next stored request's messages start in v_acc
-    v_acc text[];
-    v_acc_sizes int4[];
+    v_acc bytea;
+    v_acc_offs int4[];
     v_pt uuid[] := '{}';  -- the partitions that store something: first in v_acc, how many
     v_pq text[] := '{}';
     v_pp text[] := '{}';
@@ -826,9 +840,10 @@ BEGIN
     END IF;
     IF cardinality(p_tenants) <> v_r OR cardinality(p_queues) <> v_r
        OR cardinality(p_parts) <> v_r OR cardinality(p_bytes) <> v_r
-       OR cardinality(p_sizes) IS DISTINCT FROM cardinality(p_payloads) THEN
+       OR cardinality(p_offs) < 1 OR p_offs[1] <> 0
+       OR octet_length(p_body) IS DISTINCT FROM p_offs[cardinality(p_offs)] - 1 THEN
         RAISE EXCEPTION USING ERRCODE = '22023',
-            MESSAGE = 'eph_push_v2: the arrays do not describe the same requests';
+            MESSAGE = 'eph_push_v4: the arrays do not describe the same requests';
     END IF;
     -- queue by queue, in the requests' order: its lock, options and counts, then the verdicts
     FOR v_i IN 1..v_r LOOP
@@ -836,7 +851,7 @@ BEGIN
             IF v_i > 1 AND (p_tenants[v_i], p_queues[v_i] COLLATE "C")
                            < (p_tenants[v_q0], p_queues[v_q0] COLLATE "C") THEN
                 RAISE EXCEPTION USING ERRCODE = '22023',
-                    MESSAGE = 'eph_push_v2: the requests are not sorted';
+                    MESSAGE = 'eph_push_v4: the requests are not sorted';
             END IF;
             v_q0 := v_i;
             v_qt := v_qt || p_tenants[v_i];  -- what its requests store, so far
@@ -862,7 +877,7 @@ BEGIN
             v_max_bytes := (v_o ->> 'maxBytes')::int8;
         ELSIF p_parts[v_i] COLLATE "C" < p_parts[v_i - 1] COLLATE "C" THEN
             RAISE EXCEPTION USING ERRCODE = '22023',
-                MESSAGE = 'eph_push_v2: the requests are not sorted';
+                MESSAGE = 'eph_push_v4: the requests are not sorted';
         END IF;
         IF p_counts[v_i] = 0 THEN
             CONTINUE;
@@ -906,19 +921,19 @@ BEGIN
         v_all := v_all AND pushed[v_i] = p_counts[v_i];
         v_first := v_first + p_counts[v_i];
     END LOOP;
-    IF v_first - 1 IS DISTINCT FROM cardinality(p_payloads) THEN
+    IF v_first IS DISTINCT FROM cardinality(p_offs) THEN
         RAISE EXCEPTION USING ERRCODE = '22023',
-            MESSAGE = 'eph_push_v2: the counts do not add up to the payloads';
+            MESSAGE = 'eph_push_v4: the counts do not add up to the payloads';
     END IF;
     IF v_k = 0 THEN
         RETURN;
     END IF;
     IF 16384 < ANY (v_pn) THEN
         RAISE EXCEPTION USING ERRCODE = '22023',
-            MESSAGE = 'eph_push_v2: over 16384 messages for one partition in one call';
+            MESSAGE = 'eph_push_v4: over 16384 messages for one partition in one call';
     END IF;
     -- the partitions' turns, in the requests' order: each row is held to the commit, and its
-    -- seq value taken again if it had to wait for it (see eph_push_v1). PERF(eph): one update
+    -- seq value taken again if it had to wait for it (see eph_push_v3). PERF(eph): one update
     -- by key each; one statement for all of them, joined to the arrays, was planned (generic
     -- plan) as a hash join over a scan of the whole table, the dead versions of every push's
     -- update included, and locked the rows in the scan's order
@@ -934,22 +949,31 @@ BEGIN
         v_pid[v_i] := v_id;
         v_base[v_i] := v_seq;
     END LOOP;
-    -- the stored requests' payloads, a run per partition
+    -- the stored requests' messages, a run per partition: when some request was refused,
+    -- the others' payloads joined again, with their offsets
     IF v_all THEN
-        v_acc := p_payloads;
-        v_acc_sizes := p_sizes;
+        v_acc := p_body;
+        v_acc_offs := p_offs;
     ELSE
-        SELECT array_agg(p_payloads[g.k] ORDER BY u.i, g.k),
-               array_agg(p_sizes[g.k] ORDER BY u.i, g.k)
-          INTO v_acc, v_acc_sizes
-          FROM (SELECT w.i, w.n, sum(w.n) OVER (ORDER BY w.i) - w.n + 1 AS first
-                  FROM unnest(p_counts) WITH ORDINALITY AS w(n, i)) u
-         CROSS JOIN LATERAL generate_series(u.first, u.first + u.n - 1) AS g(k)
-         WHERE pushed[u.i] > 0;
+        SELECT string_agg(substring(p_body FROM p_offs[x.k] + 1 FOR x.s), '\x1e'::bytea
+                          ORDER BY x.o),
+               array_agg(x.at - x.s - 1 ORDER BY x.o) || max(x.at)::int4
+          INTO v_acc, v_acc_offs
+          FROM (SELECT y.o, y.k, y.s, sum(y.s + 1) OVER (ORDER BY y.o) AS at
+                  FROM (SELECT row_number() OVER (ORDER BY u.i, g.k) AS o, g.k,
+                               p_offs[g.k + 1] - p_offs[g.k] - 1 AS s
+                          FROM (SELECT w.i, w.n, sum(w.n) OVER (ORDER BY w.i) - w.n + 1 AS first
+                                  FROM unnest(p_counts) WITH ORDINALITY AS w(n, i)) u
+                         CROSS JOIN LATERAL generate_series(u.first, u.first + u.n - 1) AS g(k)
+                         WHERE pushed[u.i] > 0) y) x;
     END IF;
-    INSERT INTO queen.eph_chunks (pid, base, payloads, sizes, live, created_at)
-    SELECT u.pid, u.base + k * 256, v_acc[u.f + k * 256:u.f + least(u.n, k * 256 + 256) - 1],
-           v_acc_sizes[u.f + k * 256:u.f + least(u.n, k * 256 + 256) - 1],
+    -- a chunk: its part of the body and its slice of the offsets as they are (schema 015)
+    INSERT INTO queen.eph_chunks (pid, base, body, offs, live, created_at)
+    SELECT u.pid, u.base + k * 256,
+           substring(v_acc FROM v_acc_offs[u.f + k * 256] + 1
+                     FOR v_acc_offs[u.f + least(u.n, k * 256 + 256)]
+                         - v_acc_offs[u.f + k * 256] - 1),
+           v_acc_offs[u.f + k * 256:u.f + least(u.n, k * 256 + 256)],
            least(256, u.n - k * 256), clock_timestamp()
       FROM unnest(v_pid, v_base, v_pf, v_pn) AS u(pid, base, f, n)
      CROSS JOIN LATERAL generate_series(0, (u.n - 1) / 256) AS k;
@@ -976,7 +1000,7 @@ $$;
 -- queue's. PERF(eph): v3
 -- built every message's JSON object here, a statement's row each (unnest, a sort, three
 -- aggregates, five concatenations): some 23k instructions a message of a pop of 100
--- (callgrind, PostgreSQL 15); a run is one array slice joined by array_to_string. claimed is
+-- (callgrind, PostgreSQL 15); a run is one substring of its chunk's body. claimed is
 -- the count of messages; wake_in_ms, when nothing was claimable, says when a lease of this
 -- group expires (NULL: none); window_ms and window_count are the queue's windowBuffer (a
 -- waiting pop that got fewer messages than its batch decides with them whether to wait for
@@ -1001,7 +1025,7 @@ DECLARE
     v_due boolean;  -- a delivery of the group may be due
     v_lease interval;
     v_retry int4;
-    v_pay text;  -- the payloads so far, as payloads holds them (NULL: none)
+    v_pay bytea;  -- the payloads so far, as payloads holds them (NULL: none)
     v_firsts int8[];
     v_plain int8[];
     v_counts int4[];
@@ -1011,7 +1035,7 @@ DECLARE
     v_held boolean := false;
     v_k int4;
     v_dlv int8;
-    v_run_pay text;
+    v_run_pay bytea;
     v_last int8;
     v_red int8[];
     v_red_a int4[];
@@ -1037,7 +1061,7 @@ DECLARE
     v_end int8;
     v_len int4;  -- the chunk's messages
     v_small boolean;  -- the walk: its chunks are smaller than what is wanted
-    v_piece text;
+    v_piece bytea;
     r record;
 BEGIN
     parts := '{}';
@@ -1130,19 +1154,24 @@ BEGIN
             -- a message dropped meanwhile is gone from its chunk: it is not redelivered
             -- (a run of its own each: their delivery counts differ)
             SELECT array_agg(x.seq ORDER BY x.seq), array_agg(x.att ORDER BY x.seq),
-                   string_agg(x.payload, E'\x1f' ORDER BY x.seq)
+                   string_agg(x.payload, '\x1f'::bytea ORDER BY x.seq)
               INTO v_taken, v_atts, v_run_pay
-              FROM (SELECT u.seq, u.att + 1 AS att, m.payload
+              FROM (SELECT u.seq, u.att + 1 AS att,
+                           substring(c.body FROM c.offs[(u.seq - c.base)::int4 + 1]
+                                                 - c.offs[1] + 1
+                                     FOR c.offs[(u.seq - c.base)::int4 + 2]
+                                         - c.offs[(u.seq - c.base)::int4 + 1] - 1) AS payload
                       FROM queen.eph_partitions p
                       JOIN queen.eph_chunks c ON c.pid = p.id
-                     CROSS JOIN LATERAL unnest(c.payloads) WITH ORDINALITY AS m(payload, i)
-                      JOIN unnest(v_red, v_red_a) AS u(seq, att) ON u.seq = c.base + m.i - 1
+                      JOIN unnest(v_red, v_red_a) AS u(seq, att)
+                        ON c.base = u.seq - u.seq % 256
                      WHERE p.tenant = p_tenant AND p.queue = p_queue AND p.partition = r.partition
                        AND c.base = ANY (ARRAY(SELECT DISTINCT z.s - z.s % 256
                                                  FROM unnest(v_red) AS z(s)))
-                       AND NOT c.gone @> (m.i - 1)::int4) x;
+                       AND NOT c.gone @> (u.seq - c.base)::int4) x;
             CONTINUE WHEN v_taken IS NULL;
-            v_pay := CASE WHEN v_pay IS NULL THEN v_run_pay ELSE v_pay || E'\x1f' || v_run_pay END;
+            v_pay := CASE WHEN v_pay IS NULL THEN v_run_pay
+                          ELSE v_pay || '\x1f'::bytea || v_run_pay END;
             parts := parts || array_fill(r.partition, ARRAY[cardinality(v_taken)]);
             dlvs := dlvs || array_fill(v_dlv, ARRAY[cardinality(v_taken)]);
             atts := atts || v_atts;
@@ -1211,12 +1240,13 @@ BEGIN
             v_at := greatest(v_pos - v_pos % 256, v_floor);
             FOR v_try IN 1..2 LOOP
                 SELECT k.base + x.lo, x.n, k.base + k.len - 1, k.len,
-                       array_to_string(k.payloads[x.lo + 1:x.lo + x.n], E'\x1e')
+                       substring(k.body FROM k.offs[x.lo + 1] - k.offs[1] + 1
+                                 FOR k.offs[x.lo + x.n + 1] - k.offs[x.lo + 1] - 1)
                   INTO v_f, v_n, v_end, v_len, v_piece
-                  FROM (SELECT c.base, c.payloads, c.gone, cardinality(c.sizes) AS len
+                  FROM (SELECT c.base, c.body, c.offs, c.gone, cardinality(c.offs) - 1 AS len
                           FROM queen.eph_chunks c
                          WHERE c.pid = r.id AND c.base >= v_at
-                           AND c.base + cardinality(c.sizes) - 1 > v_pos
+                           AND c.base + cardinality(c.offs) - 2 > v_pos
                          ORDER BY c.base LIMIT 1) k
                  CROSS JOIN LATERAL (
                        SELECT y.lo, least(k.len - y.lo, v_need - v_k)::int4 AS n
@@ -1230,7 +1260,7 @@ BEGIN
                 v_counts := v_counts || v_n;
                 v_k := v_k + v_n;
                 v_run_pay := CASE WHEN v_run_pay IS NULL THEN v_piece
-                                  ELSE v_run_pay || E'\x1f' || v_piece END;
+                                  ELSE v_run_pay || '\x1f'::bytea || v_piece END;
                 EXIT WHEN v_k = v_need OR v_end >= r.last_seq;
                 -- a third chunk, or a second when the first (a push's) was smaller than what
                 -- is still wanted (pushes of a few messages, many chunks): the walk
@@ -1251,7 +1281,7 @@ BEGIN
                 -- of the read, whose index scan takes their bases as one array. What a chunk
                 -- holds past the cursor is its runs (the range past the cursor less its gone
                 -- set), and the runs are taken in order until they hold v_need messages: a run
-                -- is one slice of the chunk's payloads, joined by array_to_string, so no row of
+                -- is one substring of the chunk's body (schema 015), so no row of
                 -- this statement is a message (v3 unnested, filtered, sorted and rendered each).
                 -- The payloads must be joined in seq order, and PostgreSQL promises no order of
                 -- a subquery's rows to an aggregate; PERF(eph): an ORDER BY of string_agg sorts
@@ -1261,13 +1291,14 @@ BEGIN
                 -- joined again in that order.
                 SELECT array_agg(w.first), array_agg(w.first ORDER BY w.first),
                        array_agg(w.n ORDER BY w.first),
-                       string_agg(array_to_string(w.payloads[w.lo + 1:w.lo + w.n], E'\x1e'),
-                                  E'\x1f'),
+                       string_agg(substring(w.body FROM w.offs[w.lo + 1] - w.offs[1] + 1
+                                            FOR w.offs[w.lo + w.n + 1] - w.offs[w.lo + 1] - 1),
+                                  '\x1f'::bytea),
                        sum(w.n)::int4, max(w.first + w.n - 1)
                   INTO v_plain, v_firsts, v_counts, v_run_pay, v_k, v_last
-                  FROM (SELECT v.base + v.lo AS first, v.lo, v.payloads,
+                  FROM (SELECT v.base + v.lo AS first, v.lo, v.body, v.offs,
                                least(v.len, v_need - v.before)::int4 AS n
-                          FROM (SELECT c.base, c.payloads, lower(g.r) AS lo,
+                          FROM (SELECT c.base, c.body, c.offs, lower(g.r) AS lo,
                                        upper(g.r) - lower(g.r) AS len,
                                        coalesce(sum(upper(g.r) - lower(g.r))
                                                 OVER (ORDER BY c.base, lower(g.r)
@@ -1277,8 +1308,8 @@ BEGIN
                                  CROSS JOIN LATERAL unnest(
                                        int4multirange(int4range(
                                            least(greatest(0, v_pos - c.base + 1),
-                                                 cardinality(c.sizes))::int4,
-                                           cardinality(c.sizes)))
+                                                 cardinality(c.offs) - 1)::int4,
+                                           cardinality(c.offs) - 1))
                                        - c.gone) AS g(r)
                                  WHERE c.pid = r.id
                                    -- PERF(eph): after a chunk smaller than what is wanted
@@ -1324,9 +1355,11 @@ BEGIN
                                        SELECT w.base FROM w) END)) v
                          WHERE v.before < v_need) w;
                 IF v_plain IS DISTINCT FROM v_firsts THEN
-                    SELECT string_agg(array_to_string(c.payloads[(u.f - c.base + 1)::int4
-                                                                 :(u.f - c.base + u.n)::int4],
-                                                      E'\x1e'), E'\x1f' ORDER BY u.f)
+                    SELECT string_agg(substring(c.body FROM c.offs[(u.f - c.base)::int4 + 1]
+                                                          - c.offs[1] + 1
+                                                FOR c.offs[(u.f - c.base + u.n)::int4 + 1]
+                                                    - c.offs[(u.f - c.base)::int4 + 1] - 1),
+                                      '\x1f'::bytea ORDER BY u.f)
                       INTO v_run_pay
                       FROM unnest(v_firsts, v_counts) AS u(f, n)
                       JOIN queen.eph_chunks c ON c.pid = r.id AND c.base = u.f - u.f % 256;
@@ -1341,7 +1374,8 @@ BEGIN
                 END IF;
                 CONTINUE;
             END IF;
-            v_pay := CASE WHEN v_pay IS NULL THEN v_run_pay ELSE v_pay || E'\x1f' || v_run_pay END;
+            v_pay := CASE WHEN v_pay IS NULL THEN v_run_pay
+                          ELSE v_pay || '\x1f'::bytea || v_run_pay END;
             parts := parts || array_fill(r.partition, ARRAY[cardinality(v_firsts)]);
             dlvs := dlvs || array_fill(v_dlv, ARRAY[cardinality(v_firsts)]);
             atts := atts || array_fill(1, ARRAY[cardinality(v_firsts)]);
@@ -1377,7 +1411,7 @@ BEGIN
     END LOOP;
 
     epoch := v_epoch;
-    payloads := convert_to(coalesce(v_pay, ''), 'UTF8');
+    payloads := coalesce(v_pay, ''::bytea);
     v_set_n := 0;
     v_set_b := 0;
     IF cardinality(v_ttl_p) > 0 THEN
@@ -1521,7 +1555,7 @@ BEGIN
                 DELETE FROM queen.eph_chunks c
                  WHERE c.pid = v_pid AND c.base = v_base AND c.live = v_k
                    AND NOT c.gone && int4multirange(int4range(v_lo, v_lo + v_k))
-                RETURNING v_k, (SELECT sum(z.b) FROM unnest(c.sizes[v_lo + 1:v_lo + v_k]) AS z(b))
+                RETURNING v_k, c.offs[v_lo + v_k + 1] - c.offs[v_lo + 1] - v_k
                      INTO v_set_n, v_set_b;
                 IF v_set_n IS NULL THEN  -- PERF(eph): a part of the chunk: struck from it
                     UPDATE queen.eph_chunks c
@@ -1529,8 +1563,7 @@ BEGIN
                            live = c.live - v_k
                      WHERE c.pid = v_pid AND c.base = v_base AND c.live > v_k
                        AND NOT c.gone && int4multirange(int4range(v_lo, v_lo + v_k))
-                    RETURNING v_k, (SELECT sum(z.b)
-                                      FROM unnest(c.sizes[v_lo + 1:v_lo + v_k]) AS z(b))
+                    RETURNING v_k, c.offs[v_lo + v_k + 1] - c.offs[v_lo + 1] - v_k
                          INTO v_set_n, v_set_b;
                 END IF;
             -- PERF(eph): so do runs of two chunks, a pop's batch that began inside one
@@ -1566,17 +1599,13 @@ BEGIN
                                        live = c.live - v_rn
                                  WHERE c.pid = v_pid AND c.base = v_base AND c.live > v_rn
                                    AND NOT c.gone && int4multirange(int4range(v_lo, v_lo + v_rn))
-                                RETURNING v_rn, (SELECT sum(z.b)
-                                                   FROM unnest(c.sizes[v_lo + 1:v_lo + v_rn])
-                                                        AS z(b))
+                                RETURNING v_rn, c.offs[v_lo + v_rn + 1] - c.offs[v_lo + 1] - v_rn
                                      INTO v_run_n, v_run_b;
                             ELSE
                                 DELETE FROM queen.eph_chunks c
                                  WHERE c.pid = v_pid AND c.base = v_base AND c.live = v_rn
                                    AND NOT c.gone && int4multirange(int4range(v_lo, v_lo + v_rn))
-                                RETURNING v_rn, (SELECT sum(z.b)
-                                                   FROM unnest(c.sizes[v_lo + 1:v_lo + v_rn])
-                                                        AS z(b))
+                                RETURNING v_rn, c.offs[v_lo + v_rn + 1] - c.offs[v_lo + 1] - v_rn
                                      INTO v_run_n, v_run_b;
                             END IF;
                             EXIT WHEN v_run_n IS NOT NULL;
@@ -1616,12 +1645,9 @@ BEGIN
                   FROM (SELECT w.base, c.ctid, c.live, w.lo, w.n,
                                w.hi - w.lo + 1 = w.n
                                AND NOT c.gone && int4multirange(int4range(w.lo, w.hi + 1)) AS ok,
-                               -- PERF(eph): a chunk's one message without the subquery
-                               -- (pushes of 1: some 8k instructions a chunk)
-                               CASE WHEN w.lo = w.hi THEN c.sizes[w.lo + 1]
-                                    ELSE (SELECT sum(z.b)
-                                            FROM unnest(c.sizes[w.lo + 1:w.hi + 1]) AS z(b))
-                               END AS b
+                               -- PERF(eph): the range's bytes from its offsets (schema
+                               -- 015), no subquery
+                               c.offs[w.hi + 2] - c.offs[w.lo + 1] - (w.hi - w.lo + 1) AS b
                           FROM (SELECT u.s - u.s % 256 AS base, min(u.s % 256)::int4 AS lo,
                                        max(u.s % 256)::int4 AS hi, count(*)::int4 AS n
                                   FROM unnest(p_seqs) AS u(s) GROUP BY 1 ORDER BY 1) w
@@ -1631,7 +1657,7 @@ BEGIN
                          -- generic plans read every chunk of the partition (a bitmap scan on
                          -- pid, or with the table's statistics a scan of the table)
                          CROSS JOIN LATERAL (
-                               SELECT k.ctid, k.live, k.gone, k.sizes FROM queen.eph_chunks k
+                               SELECT k.ctid, k.live, k.gone, k.offs FROM queen.eph_chunks k
                                 WHERE k.pid = v_pid AND k.base = w.base FOR UPDATE) c) x;
                 IF v_ok AND v_set_n = v_k THEN
                     WITH d AS (DELETE FROM queen.eph_chunks c WHERE c.ctid = ANY (v_del_t))
@@ -1875,14 +1901,14 @@ AS $$
                        'pending', (SELECT coalesce(sum(queen.eph_width_v1(
                                             int4multirange(int4range(
                                                 greatest(0, coalesce(c.pos, 0) - k.base + 1)::int4,
-                                                cardinality(k.sizes))) - k.gone)), 0)
+                                                cardinality(k.offs) - 1)) - k.gone)), 0)
                                      FROM queen.eph_partitions p
                                      LEFT JOIN queen.eph_cursors c
                                        ON c.tenant = p.tenant AND c.queue = p.queue
                                       AND c.grp = g.grp AND c.partition = p.partition
                                      JOIN queen.eph_chunks k
                                        ON k.pid = p.id
-                                      AND k.base + cardinality(k.sizes) - 1 > coalesce(c.pos, 0)
+                                      AND k.base + cardinality(k.offs) - 2 > coalesce(c.pos, 0)
                                     WHERE p.tenant = p_tenant AND p.queue = p_queue),
                        'inFlight', (SELECT coalesce(sum(cardinality(l.seqs)), 0)
                                       FROM queen.eph_leases l
