@@ -255,9 +255,9 @@ SETTINGS: tuple[Setting, ...] = (
        "bookkeeping, and caps it at net.core.rmem_max); 0 = the kernel's autotuning. A body "
        "that waits for admission or the work window waits in it, unread: the event loop reads "
        "up to 250 KB at once, so with autotuning each waiting 1,000-item JSON push was mostly "
-       "read into its front worker (64 connections: peak PSS of the broker 130.9-140.5 -> "
-       "125.0-127.0 MB at 32). It also bounds one connection's upload to about twice this per "
-       "network round trip: raise it for distant clients sending big bodies.",
+       "read into its front worker (64 connections: peak PSS of the broker 130.3-140.5 -> "
+       "120.0-124.6 MB at 32, 16 no lower). It also bounds one connection's upload to about "
+       "twice this per network round trip: raise it for distant clients sending big bodies.",
        minimum=0, maximum=65536),
     # --- authentication
     _s("QUEEN_JWT_ENABLED", bool, False,
