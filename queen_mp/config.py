@@ -250,6 +250,15 @@ SETTINGS: tuple[Setting, ...] = (
        "no slower). 2048 -> 1024: peak PSS of the broker under 64 connections of 1,000-item "
        "pushes 131-132 -> 125-129 MB (JSON), 119-123 -> 115-117 MB (QPB1), no slower.",
        minimum=64, maximum=1 << 20),
+    _s("QUEEN_RECV_BUFFER_KB", int, 32,
+       "Receive buffer of each client connection (SO_RCVBUF; the kernel doubles it for its "
+       "bookkeeping, and caps it at net.core.rmem_max); 0 = the kernel's autotuning. A body "
+       "that waits for admission or the work window waits in it, unread: the event loop reads "
+       "up to 250 KB at once, so with autotuning each waiting 1,000-item JSON push was mostly "
+       "read into its front worker (64 connections: peak PSS of the broker 130.3-140.5 -> "
+       "120.0-124.6 MB at 32, 16 no lower). It also bounds one connection's upload to about "
+       "twice this per network round trip: raise it for distant clients sending big bodies.",
+       minimum=0, maximum=65536),
     # --- authentication
     _s("QUEEN_JWT_ENABLED", bool, False,
        "Require a JWT bearer token on the API (all but /health, /metrics*, "

@@ -35,7 +35,8 @@ burst that queued together does not give up together) leaves the queue and answe
 bytes still queued when it gives up (capped at 5). ``QUEEN_ADMIT_HOLD_MS=0`` answers
 429 at once when the request does not fit. Nothing happened on a 429: the body was never read.
 While a request waits, its bytes stay in the socket (uvicorn stops reading a connection past its
-64 KiB buffer).
+64 KiB buffer), but for what came with its headers: one read of the connection's receive buffer
+(``QUEEN_RECV_BUFFER_KB``, queen_mp/processes/uvworker.py ``limit_receive_buffers``).
 
 Disk. Push and transaction answer ``507 storage_full`` when the filesystem of the spool, or of
 the embedded PostgreSQL data directory when there is one, is more than ``QUEEN_DISK_HIGH_PCT``

@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
+import time
 from typing import Any
 
 import pytest
 import uvicorn
 
-from queen_mp.processes.uvworker import CorkedHttpToolsProtocol, CorkedTransport, LazyFlowControl
+from queen_mp.processes.uvworker import (
+    CorkedHttpToolsProtocol,
+    CorkedTransport,
+    LazyFlowControl,
+    limit_receive_buffers,
+)
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -185,3 +192,36 @@ def test_lazy_flow_control_makes_its_event_on_the_first_pause_and_drains_as_uvic
         await asyncio.wait_for(again, 1)
 
     asyncio.run(scenario())
+
+
+def _listener() -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(4)
+    return sock
+
+
+def test_a_limited_listener_leaves_a_waiting_body_in_the_socket_not_in_one_read() -> None:
+    """What the worker reads of a body before admission lets it is one read: at most the
+    receive buffer the accepted connection inherited from its listener."""
+    with _listener() as listener:
+        limit_receive_buffers([listener], 32)
+        with socket.create_connection(listener.getsockname()) as client:
+            conn, _ = listener.accept()
+            with conn:
+                size = conn.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+                assert size == listener.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+                assert 32 << 10 <= size <= 64 << 10  # Linux doubles what it is given
+                client.setblocking(False)
+                with contextlib.suppress(BlockingIOError):  # the client's buffer may fill up
+                    client.send(b"x" * (1 << 20))  # a body far larger than the buffer
+                time.sleep(0.2)  # what the network will deliver before the worker reads
+                first = conn.recv(256_000)  # uvloop's read size
+                assert 0 < len(first) <= size
+
+
+def test_no_limit_leaves_the_kernel_s_receive_buffer() -> None:
+    with _listener() as listener, _listener() as untouched:
+        limit_receive_buffers([listener], 0)
+        assert (listener.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+                == untouched.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF))
