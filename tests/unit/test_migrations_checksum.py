@@ -114,5 +114,6 @@ def test_the_package_tree_has_one_live_body_per_function():
         "001_baseline.sql", "002_ready_index.sql", "003_traces.sql", "004_reads.sql",
         "005_keys.sql", "006_streams.sql", "007_cursors_cascade.sql", "008_ephemeral.sql",
         "009_ephemeral_rows.sql", "010_spool_holds.sql", "011_ephemeral_chunks.sql",
-        "012_ephemeral_uncompressed.sql", "013_ephemeral_leases_inline.sql"]
+        "012_ephemeral_uncompressed.sql", "013_ephemeral_leases_inline.sql",
+        "014_lease_table.sql"]
     assert len(tree.legacy) == 24

@@ -811,6 +811,14 @@ BEGIN
         END IF;
 
         v_new := GREATEST(v_old, v_bend);
+        -- The released lease's row (schema/014_lease_table.sql) goes with it when this was
+        -- its one cursor: no cursor can hold the lease again, and housekeeping's reclaim
+        -- would pay a probe of the cursor and a statement of its own for it (measured,
+        -- bench/README.md). A lease of several partitions is left to that reclaim.
+        WITH gone AS (
+            DELETE FROM queen.log_leases l
+            WHERE l.lease_id = v_lease_in AND cardinality(l.partition_ids) = 1
+        )
         UPDATE queen.log_consumers c SET
             committed_offset  = v_new,
             -- PERF: log_ready_at_v1's claim-record answer written out (no call on the

@@ -692,6 +692,13 @@ BEGIN
     END LOOP;
     CLOSE v_cands;
 
+    -- The lease's row: renewal and requiredLeases find its cursors by it (a cursor's lease_id
+    -- is not indexed, so that a claim's update stays HOT: schema/014_lease_table.sql).
+    IF v_claimed > 0 AND p_lease_id IS NOT NULL AND NOT p_auto_ack THEN
+        INSERT INTO queen.log_leases (lease_id, tenant, consumer_group, partition_ids)
+        VALUES (p_lease_id, p_tenant, p_group, v_pids);
+    END IF;
+
     IF v_claimed = 0 THEN
         -- Nothing claimable. The walk above went through every ready cursor of the scope
         -- that no lease held (it stops early only on a claim or the deadline), so v_wake
@@ -767,7 +774,11 @@ $$;
 -- log_renew_lease_v1: renews every live lease of one lease id (a multi-partition pop shares
 -- it); GREATEST, so renewal never shortens; reports the EARLIEST renewed expiry, which is what
 -- the caller schedules its next renewal by. p_seconds NULL = each queue's leaseTime.
--- The tenant gate is part of the same statement: a foreign lease renews nothing.
+-- The lease's cursors are the ones its log_leases row lists (schema/014_lease_table.sql), and
+-- the row's tenant is the gate: a foreign lease renews nothing. Each cursor is a key probe
+-- (OFFSET 0: no plan may scan the group's cursors), locked in key order (the partitions
+-- sorted; the group is one). A lease a pop wrote no row for (an older build's, issued after
+-- the upgrade) renews nothing, as an expired one.
 -- Result: one row (renewed int4, expires_at timestamptz, NULL when nothing was renewed).
 -- ---------------------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION queen.log_renew_lease_v1(p_tenant uuid, p_lease_id uuid, p_seconds int4)
@@ -775,20 +786,29 @@ RETURNS TABLE (renewed int4, expires_at timestamptz)
 LANGUAGE sql VOLATILE
 AS $$
     WITH live AS (
-        SELECT c.partition_id, c.consumer_group,
-               CASE WHEN p_seconds IS NOT NULL THEN p_seconds
-                    WHEN q.lease_time = 0 THEN 60 ELSE q.lease_time END AS secs
-        FROM queen.log_consumers c
-        JOIN queen.log_partitions lp ON lp.id = c.partition_id
-        JOIN queen.queues q ON q.id = lp.queue_id
-        WHERE c.lease_id = p_lease_id AND c.lease_expires_at > now() AND q.tenant = p_tenant
-        ORDER BY c.partition_id, c.consumer_group
-        FOR UPDATE OF c
+        SELECT c.partition_id, c.consumer_group
+        FROM queen.log_leases l
+        CROSS JOIN LATERAL (SELECT u.pid FROM unnest(l.partition_ids) AS u(pid)
+                            ORDER BY u.pid) lc
+        CROSS JOIN LATERAL (
+            SELECT c.partition_id, c.consumer_group
+            FROM queen.log_consumers c
+            WHERE c.partition_id = lc.pid AND c.consumer_group = l.consumer_group
+              AND c.lease_id = p_lease_id AND c.lease_expires_at > now()
+            OFFSET 0
+            FOR UPDATE) c
+        WHERE l.lease_id = p_lease_id AND l.tenant = p_tenant
     ), renewed AS (
         UPDATE queen.log_consumers c
         SET lease_expires_at = GREATEST(c.lease_expires_at,
-                                        now() + make_interval(secs => live.secs))
+                                        now() + make_interval(secs => s.secs))
         FROM live
+        CROSS JOIN LATERAL (
+            SELECT CASE WHEN p_seconds IS NOT NULL THEN p_seconds
+                        WHEN q.lease_time = 0 THEN 60 ELSE q.lease_time END AS secs
+            FROM queen.log_partitions lp
+            JOIN queen.queues q ON q.id = lp.queue_id
+            WHERE lp.id = live.partition_id) s
         WHERE c.partition_id = live.partition_id AND c.consumer_group = live.consumer_group
         RETURNING c.lease_expires_at
     )
