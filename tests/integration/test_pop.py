@@ -654,6 +654,22 @@ def test_lease_extend(broker, db):
     assert cursor(db, q, "c", g) is None or cursor(db, q, "c", g)[1] is None
 
 
+@pytest.mark.parametrize(("queue", "batch", "parts", "mode", "message"), [
+    ("q", 0, 1, "all", "batch and max_partitions must be >= 1"),
+    ("q", 1, None, "all", "batch and max_partitions must be >= 1"),
+    ("q", 1, 1, "later", "unknown subscription mode later"),
+    (None, 1, 1, "all", "a queue, a namespace or a task is required"),
+])
+def test_log_pop_refuses_bad_arguments_each_with_its_reason(db, queue, batch, parts, mode,
+                                                            message):
+    """log_pop_v1 tests its arguments in one expression on the good path; a bad one still gets
+    its own message (22023)."""
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match=message):
+        db.execute("SELECT * FROM queen.log_pop_v1(%s, %s, NULL, NULL, NULL, 'g', %s, %s,"
+                   " false, %s, NULL, %s, 5000)",
+                   (uuid.UUID(int=0), queue, batch, parts, mode, uuid.uuid4()))
+
+
 def test_a_leasing_pop_lists_its_lease_and_renewal_follows_what_is_still_held(broker, db):
     """A leasing pop writes its lease's row (group, claimed partitions: what renewal and
     requiredLeases read, schema/014_lease_table.sql); an autoAck pop writes none. Once one of

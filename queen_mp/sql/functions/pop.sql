@@ -374,6 +374,16 @@ $$;
 -- statement of the pop is a walk of keys, so its joins are nested loops whatever a plan's row
 -- guesses (enable_hashjoin and enable_mergejoin off, as enable_seqscan already was).
 
+-- Revision (issue 26, schema/014_lease_table.sql): a leasing pop writes its lease's row in
+-- queen.log_leases, and log_consumers.lease_id is no longer indexed.
+--
+-- Why: the claim's update wrote an indexed column, so it was never HOT: every index of
+-- log_consumers got an entry per claim. Renewal and requiredLeases find a lease's cursors by
+-- its row now. bench/popsql.py --callgrind: 906,571 -> 826,703 instructions a pop (the row's
+-- insert included), 398,737 -> 409,324 an ack (which deletes a one-partition lease's row);
+-- then fewer plpgsql expressions a call (each is initialized anew in every transaction):
+-- 808,488 a pop.
+
 CREATE OR REPLACE FUNCTION queen.log_pop_v1(
     p_tenant         uuid,
     p_queue          text,
@@ -414,7 +424,6 @@ DECLARE
     v_scope_ids  int8[];        -- the queues of the scope (pop_scope_ids_v1)
     v_until      timestamptz := clock_timestamp() + make_interval(secs => p_claim_ms / 1000.0);
     v_left       int4 := p_batch;
-    v_claimed    int4 := 0;
     v_queue_id   int8;          -- a discovery pop serves one queue per answer
     v_wake       timestamptz;
     v_started    int8[];        -- queues on which this pop recorded the group's first start
@@ -429,21 +438,28 @@ DECLARE
     v_attempt    int4;
     v_expires    timestamptz;
     v_next_at    timestamptz;   -- created_at of the segment holding v_end + 1
-    v_pids       int8[] := '{}';
-    v_starts     int8[] := '{}';
-    v_ends       int8[] := '{}';
-    v_attempts   int4[] := '{}';
-    v_expiries   timestamptz[] := '{}';
+    -- the claims, in claim order (NULL until the first: NULL || x is {x}, and a default
+    -- is an expression each call initializes)
+    v_pids       int8[];
+    v_starts     int8[];
+    v_ends       int8[];
+    v_attempts   int4[];
+    v_expiries   timestamptz[];
 BEGIN
-    IF p_batch IS NULL OR p_batch < 1 OR p_max_partitions IS NULL OR p_max_partitions < 1 THEN
-        RAISE EXCEPTION 'log_pop_v1: batch and max_partitions must be >= 1'
-            USING ERRCODE = '22023';
-    END IF;
-    IF p_sub_mode NOT IN ('all', 'new', 'new-only', 'timestamp') THEN
-        RAISE EXCEPTION 'log_pop_v1: unknown subscription mode %', p_sub_mode
-            USING ERRCODE = '22023';
-    END IF;
-    IF p_queue IS NULL AND p_namespace IS NULL AND p_task IS NULL THEN
+    -- PERF(pop): one test on the good path (each plpgsql expression a call evaluates is
+    -- initialized anew in each transaction: about 2,500 instructions; bench/popsql.py)
+    IF p_batch IS NULL OR p_batch < 1 OR p_max_partitions IS NULL OR p_max_partitions < 1
+       OR p_sub_mode NOT IN ('all', 'new', 'new-only', 'timestamp')
+       OR (p_queue IS NULL AND p_namespace IS NULL AND p_task IS NULL) THEN
+        IF p_batch IS NULL OR p_batch < 1 OR p_max_partitions IS NULL
+           OR p_max_partitions < 1 THEN
+            RAISE EXCEPTION 'log_pop_v1: batch and max_partitions must be >= 1'
+                USING ERRCODE = '22023';
+        END IF;
+        IF p_sub_mode NOT IN ('all', 'new', 'new-only', 'timestamp') THEN
+            RAISE EXCEPTION 'log_pop_v1: unknown subscription mode %', p_sub_mode
+                USING ERRCODE = '22023';
+        END IF;
         RAISE EXCEPTION 'log_pop_v1: a queue, a namespace or a task is required'
             USING ERRCODE = '22023';
     END IF;
@@ -569,7 +585,7 @@ BEGIN
     END IF;
 
     LOOP
-        EXIT WHEN v_claimed >= p_max_partitions OR v_left <= 0
+        EXIT WHEN cardinality(v_pids) >= p_max_partitions OR v_left <= 0
                OR clock_timestamp() >= v_until;
         FETCH v_cands INTO v_cand;
         EXIT WHEN NOT FOUND;
@@ -682,7 +698,6 @@ BEGIN
         END IF;
 
         v_queue_id := v_cand.qid;
-        v_claimed := v_claimed + 1;
         v_left := v_left - (v_end - v_start + 1)::int4;
         v_pids := v_pids || v_cand.pid;
         v_starts := v_starts || v_start;
@@ -692,14 +707,7 @@ BEGIN
     END LOOP;
     CLOSE v_cands;
 
-    -- The lease's row: renewal and requiredLeases find its cursors by it (a cursor's lease_id
-    -- is not indexed, so that a claim's update stays HOT: schema/014_lease_table.sql).
-    IF v_claimed > 0 AND p_lease_id IS NOT NULL AND NOT p_auto_ack THEN
-        INSERT INTO queen.log_leases (lease_id, tenant, consumer_group, partition_ids)
-        VALUES (p_lease_id, p_tenant, p_group, v_pids);
-    END IF;
-
-    IF v_claimed = 0 THEN
+    IF v_pids IS NULL THEN  -- no claim
         -- Nothing claimable. The walk above went through every ready cursor of the scope
         -- that no lease held (it stops early only on a claim or the deadline), so v_wake
         -- already holds the earliest window close and delayed maturity among them; the
@@ -722,7 +730,14 @@ BEGIN
         RETURN;
     END IF;
 
-    IF v_claimed = 1 AND v_cand.pid = v_pids[1] THEN
+    -- The lease's row: renewal and requiredLeases find its cursors by it (a cursor's lease_id
+    -- is not indexed, so that a claim's update stays HOT: schema/014_lease_table.sql).
+    IF p_lease_id IS NOT NULL AND NOT p_auto_ack THEN
+        INSERT INTO queen.log_leases (lease_id, tenant, consumer_group, partition_ids)
+        VALUES (p_lease_id, p_tenant, p_group, v_pids);
+    END IF;
+
+    IF cardinality(v_pids) = 1 AND v_cand.pid = v_pids[1] THEN
         -- PERF(pop): one claim that was the walk's last candidate (every pop of partitions=1
         -- that claims): the queue's and the partition's names and the encryption flag are the
         -- ones read with it (v_cand, v_part: no later candidate replaced them), so its
