@@ -382,7 +382,7 @@ $$;
 -- its row now. bench/popsql.py --callgrind: 906,571 -> 826,703 instructions a pop (the row's
 -- insert included), 398,737 -> 409,324 an ack (which deletes a one-partition lease's row);
 -- then fewer plpgsql expressions a call (each is initialized anew in every transaction):
--- 808,488 a pop.
+-- 796,728 a pop.
 
 CREATE OR REPLACE FUNCTION queen.log_pop_v1(
     p_tenant         uuid,
@@ -436,7 +436,7 @@ DECLARE
     v_end        int8;
     v_cut        int8;
     v_attempt    int4;
-    v_expires    timestamptz;
+    v_expires    timestamptz;   -- the lease's expiry: one queue's leaseTime, so every claim's
     v_next_at    timestamptz;   -- created_at of the segment holding v_end + 1
     -- the claims, in claim order (NULL until the first: NULL || x is {x}, and a default
     -- is an expression each call initializes)
@@ -444,7 +444,6 @@ DECLARE
     v_starts     int8[];
     v_ends       int8[];
     v_attempts   int4[];
-    v_expiries   timestamptz[];
 BEGIN
     -- PERF(pop): one test on the good path (each plpgsql expression a call evaluates is
     -- initialized anew in each transaction: about 2,500 instructions; bench/popsql.py)
@@ -665,10 +664,8 @@ BEGIN
             v_end := LEAST(v_end, v_cut);
         END IF;
 
-        v_next_at := NULL;
-        IF v_end < v_part.last_offset THEN
-            v_next_at := queen.log_pending_at_v1(v_cand.pid, v_end + 1);
-        END IF;
+        v_next_at := CASE WHEN v_end < v_part.last_offset
+                          THEN queen.log_pending_at_v1(v_cand.pid, v_end + 1) END;
         v_attempt := CASE WHEN v_cur.batch_start = v_start AND v_cur.attempt_count > 0
                           THEN v_cur.attempt_count + 1 ELSE 1 END;
         IF p_auto_ack THEN
@@ -703,7 +700,6 @@ BEGIN
         v_starts := v_starts || v_start;
         v_ends := v_ends || v_end;
         v_attempts := v_attempts || v_attempt;
-        v_expiries := v_expiries || v_expires;
     END LOOP;
     CLOSE v_cands;
 
@@ -745,7 +741,7 @@ BEGIN
         -- (bench/popsql.py).
         RETURN QUERY
         SELECT v_cand.qname::text, v_pids[1], v_part.name::text, v_starts[1], v_ends[1],
-               v_attempts[1], v_expiries[1], v_cand.encrypted,
+               v_attempts[1], v_expires, v_cand.encrypted,
                s.base_offset, s.created_at, s.payload, NULL::int8
         FROM queen.log_segments s
         WHERE s.partition_id = v_pids[1]
@@ -758,7 +754,7 @@ BEGIN
         IF NOT FOUND THEN  -- retained away: the claim's one row without segment columns
             RETURN QUERY
             SELECT v_cand.qname::text, v_pids[1], v_part.name::text, v_starts[1], v_ends[1],
-                   v_attempts[1], v_expiries[1], v_cand.encrypted, NULL::int8,
+                   v_attempts[1], v_expires, v_cand.encrypted, NULL::int8,
                    NULL::timestamptz, NULL::bytea, NULL::int8;
         END IF;
         RETURN;
@@ -766,10 +762,9 @@ BEGIN
     -- The claims' partitions and queue by primary key (a join with the scope would read
     -- every partition of the queue).
     RETURN QUERY
-    SELECT q.name::text, cl.pid, lp.name::text, cl.s, cl.e, cl.a, cl.x, q.encryption_enabled,
-           seg.base_offset, seg.created_at, seg.payload, NULL::int8
-    FROM unnest(v_pids, v_starts, v_ends, v_attempts, v_expiries)
-             WITH ORDINALITY AS cl(pid, s, e, a, x, n)
+    SELECT q.name::text, cl.pid, lp.name::text, cl.s, cl.e, cl.a, v_expires,
+           q.encryption_enabled, seg.base_offset, seg.created_at, seg.payload, NULL::int8
+    FROM unnest(v_pids, v_starts, v_ends, v_attempts) WITH ORDINALITY AS cl(pid, s, e, a, n)
     JOIN queen.log_partitions lp ON lp.id = cl.pid
     JOIN queen.queues q ON q.id = lp.queue_id
     LEFT JOIN LATERAL (
