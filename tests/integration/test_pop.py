@@ -654,6 +654,49 @@ def test_lease_extend(broker, db):
     assert cursor(db, q, "c", g) is None or cursor(db, q, "c", g)[1] is None
 
 
+@pytest.mark.parametrize(("queue", "batch", "parts", "mode", "message"), [
+    ("q", 0, 1, "all", "batch and max_partitions must be >= 1"),
+    ("q", 1, None, "all", "batch and max_partitions must be >= 1"),
+    ("q", 1, 1, "later", "unknown subscription mode later"),
+    (None, 1, 1, "all", "a queue, a namespace or a task is required"),
+])
+def test_log_pop_refuses_bad_arguments_each_with_its_reason(db, queue, batch, parts, mode,
+                                                            message):
+    """log_pop_v1 tests its arguments in one expression on the good path; a bad one still gets
+    its own message (22023)."""
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match=message):
+        db.execute("SELECT * FROM queen.log_pop_v1(%s, %s, NULL, NULL, NULL, 'g', %s, %s,"
+                   " false, %s, NULL, %s, 5000)",
+                   (uuid.UUID(int=0), queue, batch, parts, mode, uuid.uuid4()))
+
+
+def test_a_leasing_pop_lists_its_lease_and_renewal_follows_what_is_still_held(broker, db):
+    """A leasing pop writes its lease's row (group, claimed partitions: what renewal and
+    requiredLeases read, schema/014_lease_table.sql); an autoAck pop writes none. Once one of
+    the two partitions is acked, the lease renews the other alone."""
+    q, g = uq("pop"), uq("g")
+    push_n(broker.client, q, "a", 2)
+    push_n(broker.client, q, "b", 2)
+    body = pop_ok(broker.client, q, consumerGroup=g, partitions=2, batch=10)
+    lease = body["leaseId"]
+    pids = {c["partitionId"] for c in body["claims"]}
+    assert len(pids) == 2
+    row = db.execute("SELECT consumer_group, partition_ids FROM queen.log_leases"
+                     " WHERE lease_id = %s", (uuid.UUID(lease),)).fetchone()
+    assert row is not None and row[0] == g and {str(p) for p in row[1]} == pids
+
+    first = body["claims"][0]["partitionId"]
+    ack_all(broker.client, g, {"leaseId": lease, "messages": [
+        m for m in body["messages"] if m["partitionId"] == first]})
+    r = broker.client.post(f"/api/v1/lease/{lease}/extend")
+    assert r.status_code == 200 and r.json()["renewed"] == 1, r.text
+
+    auto = uq("g")
+    assert pop_ok(broker.client, q, consumerGroup=auto, autoAck=True)["leaseId"] is None
+    assert db.execute("SELECT count(*) FROM queen.log_leases WHERE consumer_group = %s",
+                      (auto,)).fetchone() == (0,)
+
+
 # ---------------------------------------------------------------------------------- long poll
 def test_parked_pop_is_answered_by_a_later_push(broker):
     q, g = uq("pop"), uq("g")

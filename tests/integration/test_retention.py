@@ -142,23 +142,63 @@ def test_candidates_are_split_by_shard_and_skip_young_partitions(db):
     assert old in found and young not in found
 
 
+LEASE_ROWS_SQL = "SELECT lease_id FROM queen.log_leases WHERE lease_id = ANY (%s)"
+
+
 def test_expired_leases_are_reclaimed_live_ones_kept(db):
+    """Cursor rows and lease rows as a pop writes them (log_pop_v1): the expired lease's
+    cursor drops its lease id and the lease's row goes; a released lease's row goes; the
+    live lease and its row stay."""
     q = uq()
     pid = push(db, q, ["a"])
-    live, dead = uuid.uuid4(), uuid.uuid4()
+    live, dead, released = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
     db.execute("INSERT INTO queen.log_consumers (partition_id, consumer_group, lease_id,"
-               " worker_id, lease_expires_at, batch_start, batch_end, attempt_count) VALUES"
-               " (%s, 'live', %s, 'w', now() + interval '1 minute', 1, 1, 1),"
-               " (%s, 'dead', %s, 'w', now() - interval '1 second', 1, 1, 1)",
-               (pid, live, pid, dead))
-    assert db.execute("SELECT queen.lease_reclaim_v1(100000)").fetchone()[0] >= 1
+               " worker_id, lease_expires_at, batch_start, batch_end, attempt_count,"
+               " released_lease_id) VALUES"
+               " (%s, 'live', %s, 'w', now() + interval '1 minute', 1, 1, 1, NULL),"
+               " (%s, 'dead', %s, 'w', now() - interval '1 second', 1, 1, 1, NULL),"
+               " (%s, 'released', NULL, NULL, NULL, 1, 1, 1, %s)",
+               (pid, live, pid, dead, pid, released))
+    db.execute("INSERT INTO queen.log_leases (lease_id, tenant, consumer_group, partition_ids)"
+               " SELECT l, %s, g, ARRAY[%s]::int8[]"
+               " FROM unnest(%s::uuid[], ARRAY['live', 'dead', 'released']) AS x(l, g)",
+               (uuid.UUID(int=0), pid, [live, dead, released]))
+    # one cursor cleared, two lease rows deleted (other tests' leases may be reclaimed too)
+    assert db.execute("SELECT queen.lease_reclaim_v1(100000)").fetchone()[0] >= 3
     rows = dict(db.execute("SELECT consumer_group, lease_id FROM queen.log_consumers"
                            " WHERE partition_id = %s", (pid,)).fetchall())
-    assert rows == {"live": live, "dead": None}
+    assert rows == {"live": live, "dead": None, "released": None}
     attempts = db.execute("SELECT batch_start, attempt_count FROM queen.log_consumers"
                           " WHERE partition_id = %s AND consumer_group = 'dead'",
                           (pid,)).fetchone()
     assert attempts == (1, 1)  # a redelivery still counts its attempt
+    kept = db.execute(LEASE_ROWS_SQL, ([live, dead, released],)).fetchall()
+    assert kept == [(live,)]
+
+
+def test_a_lease_row_stays_while_its_expired_cursor_is_locked(db, db_dsn):
+    """A cursor that another transaction holds is skipped (SKIP LOCKED), and its lease's row
+    kept, so that a later round clears the cursor."""
+    q = uq()
+    pid = push(db, q, ["a"])
+    dead = uuid.uuid4()
+    db.execute("INSERT INTO queen.log_consumers (partition_id, consumer_group, lease_id,"
+               " worker_id, lease_expires_at, batch_start, batch_end, attempt_count) VALUES"
+               " (%s, 'locked', %s, 'w', now() - interval '1 second', 1, 1, 1)", (pid, dead))
+    db.execute("INSERT INTO queen.log_leases (lease_id, tenant, consumer_group, partition_ids)"
+               " VALUES (%s, %s, 'locked', ARRAY[%s]::int8[])", (dead, uuid.UUID(int=0), pid))
+    holder_sql = ("SELECT 1 FROM queen.log_consumers WHERE partition_id = %s"
+                  " AND consumer_group = 'locked' FOR UPDATE")
+    with psycopg.connect(db_dsn) as holder:
+        holder.execute(holder_sql, (pid,))
+        db.execute("SELECT queen.lease_reclaim_v1(100000)")
+        assert db.execute(LEASE_ROWS_SQL, ([dead],)).fetchall() == [(dead,)]
+        holder.rollback()
+    assert db.execute("SELECT queen.lease_reclaim_v1(100000)").fetchone()[0] >= 2
+    assert db.execute(LEASE_ROWS_SQL, ([dead],)).fetchall() == []
+    cleared = db.execute("SELECT lease_id FROM queen.log_consumers WHERE partition_id = %s"
+                         " AND consumer_group = 'locked'", (pid,)).fetchone()
+    assert cleared == (None,)
 
 
 @pytest.fixture

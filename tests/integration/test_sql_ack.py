@@ -754,6 +754,30 @@ def test_ack_multi_empty_and_misaligned(db):
         db.execute(ACK_MULTI, (DEFAULT_TENANT, [1, 2], ["g"], [None], [1], [1]))
 
 
+def test_ack_multi_deletes_the_row_of_a_one_partition_lease_it_released(db):
+    """Ack fusion deletes the log_leases row of a lease whose one cursor it released; a lease
+    of two partitions keeps its row (the other cursor still holds it), as does an ack that
+    releases nothing."""
+    a, b = make_part(db, 3), make_part(db, 3)
+    one, two = lease(db, a.pid, 1, 3), lease(db, b.pid, 1, 3, group="other")
+    lease(db, a.pid, 1, 3, group="other")
+    db.execute("UPDATE queen.log_consumers SET lease_id = %s, worker_id = %s::text"
+               " WHERE partition_id = %s AND consumer_group = 'other'", (two, two, a.pid))
+    db.execute("INSERT INTO queen.log_leases (lease_id, tenant, consumer_group, partition_ids)"
+               " VALUES (%s, %s, %s, ARRAY[%s]::int8[]), (%s, %s, 'other', ARRAY[%s, %s]::int8[])",
+               (one, DEFAULT_TENANT, G, a.pid, two, DEFAULT_TENANT, a.pid, b.pid))
+    rows = "SELECT lease_id FROM queen.log_leases WHERE lease_id = ANY (%s) ORDER BY 1"
+    assert [r["error"] for r in ack_multi(db, [(a.pid, G, uuid.uuid4(), 3, 3)])] == [
+        "lease_invalid"]
+    assert db.execute(rows, ([one, two],)).fetchall() == sorted([(one,), (two,)])
+    res = ack_multi(db, [(a.pid, G, one, 3, 3), (a.pid, "other", two, 3, 3)])
+    assert [r["ok"] for r in res] == [True, True]
+    assert db.execute(rows, ([one, two],)).fetchall() == [(two,)]
+    renew = "SELECT renewed FROM queen.log_renew_lease_v1(%s, %s, 30)"
+    assert db.execute(renew, (DEFAULT_TENANT, two)).fetchone() == (1,)  # b still holds it
+    assert db.execute(renew, (uuid.uuid4(), two)).fetchone() == (0,)  # a foreign tenant
+
+
 def test_ack_multi_locks_consumer_rows_in_key_order(db, db_dsn):
     q = uq("lock")
     parts = [make_part(db, 3, queue=q, name=n) for n in ("a", "b", "c")]

@@ -225,6 +225,51 @@ def test_an_upgrade_drops_the_ready_trigger_and_the_writers_keep_the_index_true(
             assert db.execute(UNLISTED_SQL).fetchone()[0] == 0
 
 
+RENEW_SQL = "SELECT renewed, expires_at IS NOT NULL FROM queen.log_renew_lease_v1(%s, %s, 30)"
+
+
+def test_an_upgrade_with_live_leases_keeps_them_renewable(tmp_path, two_dbs):
+    """A database at schema 013, with leases as that build's pops left them (lease_id on the
+    cursors, no log_leases row): 014 lists them, so a live multi-partition lease still renews
+    both of its cursors and an expired one is reclaimed; a lease that an older instance issues
+    after the upgrade (no row) renews nothing, as an expired one, without an error."""
+    from tests.integration.test_sql_push import DEFAULT_TENANT, Seg, pid_of, push, uq
+
+    root = tmp_path / "sql"
+    shutil.copytree(SQL_DIR, root)
+    (root / "schema" / "014_lease_table.sql").unlink()
+    dsn = two_dbs[0]
+    apply_migrations(dsn, root)
+    live, dead, late = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    leased = ("UPDATE queen.log_consumers SET lease_id = %s, worker_id = %s::text,"
+              " lease_expires_at = now() + %s * interval '1 second', batch_start = 1,"
+              " batch_end = 1, attempt_count = 1"
+              " WHERE partition_id = %s AND consumer_group = %s")
+    with psycopg.connect(dsn, autocommit=True) as db:
+        q = uq("upl")
+        push(db, [Seg(q, "a", ["a1"]), Seg(q, "b", ["b1"]), Seg(q, "c", ["c1"])])
+        a, b, c = (pid_of(db, q, p) for p in ("a", "b", "c"))
+        db.execute("INSERT INTO queen.log_consumers (partition_id, consumer_group) VALUES"
+                   " (%s, 'g'), (%s, 'g'), (%s, 'g'), (%s, 'h')", (a, b, c, a))
+        for lease, secs, pid, group in ((live, 60, a, "g"), (live, 60, b, "g"),
+                                        (dead, -1, a, "h")):
+            db.execute(leased, (lease, lease, secs, pid, group))
+
+    assert "014_lease_table.sql" in apply_migrations(dsn, SQL_DIR)
+    with psycopg.connect(dsn, autocommit=True) as db:
+        assert db.execute("SELECT count(*) FROM pg_indexes WHERE schemaname = 'queen'"
+                          " AND indexname = 'log_consumers_lease_id_idx'").fetchone() == (0,)
+        assert db.execute(RENEW_SQL, (DEFAULT_TENANT, live)).fetchone() == (2, True)
+        assert db.execute(RENEW_SQL, (DEFAULT_TENANT, dead)).fetchone() == (0, False)
+        db.execute(leased, (late, late, 60, c, "g"))  # an older instance's pop, after 014
+        assert db.execute(RENEW_SQL, (DEFAULT_TENANT, late)).fetchone() == (0, False)
+        assert db.execute("SELECT queen.lease_reclaim_v1(100)").fetchone() == (2,)
+        holders = ("SELECT partition_id, consumer_group FROM queen.log_consumers"
+                   " WHERE lease_id IS NOT NULL ORDER BY 1, 2")
+        assert db.execute(holders).fetchall() == [(a, "g"), (b, "g"), (c, "g")]
+        assert db.execute("SELECT lease_id FROM queen.log_leases").fetchall() == [(live,)]
+
+
 def test_a_failing_family_file_changes_nothing(tmp_path, two_dbs):
     root = tmp_path / "sql"
     shutil.copytree(SQL_DIR, root)

@@ -374,6 +374,16 @@ $$;
 -- statement of the pop is a walk of keys, so its joins are nested loops whatever a plan's row
 -- guesses (enable_hashjoin and enable_mergejoin off, as enable_seqscan already was).
 
+-- Revision (issue 26, schema/014_lease_table.sql): a leasing pop writes its lease's row in
+-- queen.log_leases, and log_consumers.lease_id is no longer indexed.
+--
+-- Why: the claim's update wrote an indexed column, so it was never HOT: every index of
+-- log_consumers got an entry per claim. Renewal and requiredLeases find a lease's cursors by
+-- its row now. bench/popsql.py --callgrind: 906,571 -> 826,703 instructions a pop (the row's
+-- insert included), 398,737 -> 409,324 an ack (which deletes a one-partition lease's row);
+-- then fewer plpgsql expressions a call (each is initialized anew in every transaction):
+-- 796,728 a pop.
+
 CREATE OR REPLACE FUNCTION queen.log_pop_v1(
     p_tenant         uuid,
     p_queue          text,
@@ -414,7 +424,6 @@ DECLARE
     v_scope_ids  int8[];        -- the queues of the scope (pop_scope_ids_v1)
     v_until      timestamptz := clock_timestamp() + make_interval(secs => p_claim_ms / 1000.0);
     v_left       int4 := p_batch;
-    v_claimed    int4 := 0;
     v_queue_id   int8;          -- a discovery pop serves one queue per answer
     v_wake       timestamptz;
     v_started    int8[];        -- queues on which this pop recorded the group's first start
@@ -427,23 +436,29 @@ DECLARE
     v_end        int8;
     v_cut        int8;
     v_attempt    int4;
-    v_expires    timestamptz;
+    v_expires    timestamptz;   -- the lease's expiry: one queue's leaseTime, so every claim's
     v_next_at    timestamptz;   -- created_at of the segment holding v_end + 1
-    v_pids       int8[] := '{}';
-    v_starts     int8[] := '{}';
-    v_ends       int8[] := '{}';
-    v_attempts   int4[] := '{}';
-    v_expiries   timestamptz[] := '{}';
+    -- the claims, in claim order (NULL until the first: NULL || x is {x}, and a default
+    -- is an expression each call initializes)
+    v_pids       int8[];
+    v_starts     int8[];
+    v_ends       int8[];
+    v_attempts   int4[];
 BEGIN
-    IF p_batch IS NULL OR p_batch < 1 OR p_max_partitions IS NULL OR p_max_partitions < 1 THEN
-        RAISE EXCEPTION 'log_pop_v1: batch and max_partitions must be >= 1'
-            USING ERRCODE = '22023';
-    END IF;
-    IF p_sub_mode NOT IN ('all', 'new', 'new-only', 'timestamp') THEN
-        RAISE EXCEPTION 'log_pop_v1: unknown subscription mode %', p_sub_mode
-            USING ERRCODE = '22023';
-    END IF;
-    IF p_queue IS NULL AND p_namespace IS NULL AND p_task IS NULL THEN
+    -- PERF(pop): one test on the good path (each plpgsql expression a call evaluates is
+    -- initialized anew in each transaction: about 2,500 instructions; bench/popsql.py)
+    IF p_batch IS NULL OR p_batch < 1 OR p_max_partitions IS NULL OR p_max_partitions < 1
+       OR p_sub_mode NOT IN ('all', 'new', 'new-only', 'timestamp')
+       OR (p_queue IS NULL AND p_namespace IS NULL AND p_task IS NULL) THEN
+        IF p_batch IS NULL OR p_batch < 1 OR p_max_partitions IS NULL
+           OR p_max_partitions < 1 THEN
+            RAISE EXCEPTION 'log_pop_v1: batch and max_partitions must be >= 1'
+                USING ERRCODE = '22023';
+        END IF;
+        IF p_sub_mode NOT IN ('all', 'new', 'new-only', 'timestamp') THEN
+            RAISE EXCEPTION 'log_pop_v1: unknown subscription mode %', p_sub_mode
+                USING ERRCODE = '22023';
+        END IF;
         RAISE EXCEPTION 'log_pop_v1: a queue, a namespace or a task is required'
             USING ERRCODE = '22023';
     END IF;
@@ -569,7 +584,7 @@ BEGIN
     END IF;
 
     LOOP
-        EXIT WHEN v_claimed >= p_max_partitions OR v_left <= 0
+        EXIT WHEN cardinality(v_pids) >= p_max_partitions OR v_left <= 0
                OR clock_timestamp() >= v_until;
         FETCH v_cands INTO v_cand;
         EXIT WHEN NOT FOUND;
@@ -649,10 +664,8 @@ BEGIN
             v_end := LEAST(v_end, v_cut);
         END IF;
 
-        v_next_at := NULL;
-        IF v_end < v_part.last_offset THEN
-            v_next_at := queen.log_pending_at_v1(v_cand.pid, v_end + 1);
-        END IF;
+        v_next_at := CASE WHEN v_end < v_part.last_offset
+                          THEN queen.log_pending_at_v1(v_cand.pid, v_end + 1) END;
         v_attempt := CASE WHEN v_cur.batch_start = v_start AND v_cur.attempt_count > 0
                           THEN v_cur.attempt_count + 1 ELSE 1 END;
         IF p_auto_ack THEN
@@ -682,17 +695,15 @@ BEGIN
         END IF;
 
         v_queue_id := v_cand.qid;
-        v_claimed := v_claimed + 1;
         v_left := v_left - (v_end - v_start + 1)::int4;
         v_pids := v_pids || v_cand.pid;
         v_starts := v_starts || v_start;
         v_ends := v_ends || v_end;
         v_attempts := v_attempts || v_attempt;
-        v_expiries := v_expiries || v_expires;
     END LOOP;
     CLOSE v_cands;
 
-    IF v_claimed = 0 THEN
+    IF v_pids IS NULL THEN  -- no claim
         -- Nothing claimable. The walk above went through every ready cursor of the scope
         -- that no lease held (it stops early only on a claim or the deadline), so v_wake
         -- already holds the earliest window close and delayed maturity among them; the
@@ -715,7 +726,14 @@ BEGIN
         RETURN;
     END IF;
 
-    IF v_claimed = 1 AND v_cand.pid = v_pids[1] THEN
+    -- The lease's row: renewal and requiredLeases find its cursors by it (a cursor's lease_id
+    -- is not indexed, so that a claim's update stays HOT: schema/014_lease_table.sql).
+    IF p_lease_id IS NOT NULL AND NOT p_auto_ack THEN
+        INSERT INTO queen.log_leases (lease_id, tenant, consumer_group, partition_ids)
+        VALUES (p_lease_id, p_tenant, p_group, v_pids);
+    END IF;
+
+    IF cardinality(v_pids) = 1 AND v_cand.pid = v_pids[1] THEN
         -- PERF(pop): one claim that was the walk's last candidate (every pop of partitions=1
         -- that claims): the queue's and the partition's names and the encryption flag are the
         -- ones read with it (v_cand, v_part: no later candidate replaced them), so its
@@ -723,7 +741,7 @@ BEGIN
         -- (bench/popsql.py).
         RETURN QUERY
         SELECT v_cand.qname::text, v_pids[1], v_part.name::text, v_starts[1], v_ends[1],
-               v_attempts[1], v_expiries[1], v_cand.encrypted,
+               v_attempts[1], v_expires, v_cand.encrypted,
                s.base_offset, s.created_at, s.payload, NULL::int8
         FROM queen.log_segments s
         WHERE s.partition_id = v_pids[1]
@@ -736,7 +754,7 @@ BEGIN
         IF NOT FOUND THEN  -- retained away: the claim's one row without segment columns
             RETURN QUERY
             SELECT v_cand.qname::text, v_pids[1], v_part.name::text, v_starts[1], v_ends[1],
-                   v_attempts[1], v_expiries[1], v_cand.encrypted, NULL::int8,
+                   v_attempts[1], v_expires, v_cand.encrypted, NULL::int8,
                    NULL::timestamptz, NULL::bytea, NULL::int8;
         END IF;
         RETURN;
@@ -744,10 +762,9 @@ BEGIN
     -- The claims' partitions and queue by primary key (a join with the scope would read
     -- every partition of the queue).
     RETURN QUERY
-    SELECT q.name::text, cl.pid, lp.name::text, cl.s, cl.e, cl.a, cl.x, q.encryption_enabled,
-           seg.base_offset, seg.created_at, seg.payload, NULL::int8
-    FROM unnest(v_pids, v_starts, v_ends, v_attempts, v_expiries)
-             WITH ORDINALITY AS cl(pid, s, e, a, x, n)
+    SELECT q.name::text, cl.pid, lp.name::text, cl.s, cl.e, cl.a, v_expires,
+           q.encryption_enabled, seg.base_offset, seg.created_at, seg.payload, NULL::int8
+    FROM unnest(v_pids, v_starts, v_ends, v_attempts) WITH ORDINALITY AS cl(pid, s, e, a, n)
     JOIN queen.log_partitions lp ON lp.id = cl.pid
     JOIN queen.queues q ON q.id = lp.queue_id
     LEFT JOIN LATERAL (
@@ -767,7 +784,11 @@ $$;
 -- log_renew_lease_v1: renews every live lease of one lease id (a multi-partition pop shares
 -- it); GREATEST, so renewal never shortens; reports the EARLIEST renewed expiry, which is what
 -- the caller schedules its next renewal by. p_seconds NULL = each queue's leaseTime.
--- The tenant gate is part of the same statement: a foreign lease renews nothing.
+-- The lease's cursors are the ones its log_leases row lists (schema/014_lease_table.sql), and
+-- the row's tenant is the gate: a foreign lease renews nothing. Each cursor is a key probe
+-- (OFFSET 0: no plan may scan the group's cursors), locked in key order (the partitions
+-- sorted; the group is one). A lease a pop wrote no row for (an older build's, issued after
+-- the upgrade) renews nothing, as an expired one.
 -- Result: one row (renewed int4, expires_at timestamptz, NULL when nothing was renewed).
 -- ---------------------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION queen.log_renew_lease_v1(p_tenant uuid, p_lease_id uuid, p_seconds int4)
@@ -775,20 +796,29 @@ RETURNS TABLE (renewed int4, expires_at timestamptz)
 LANGUAGE sql VOLATILE
 AS $$
     WITH live AS (
-        SELECT c.partition_id, c.consumer_group,
-               CASE WHEN p_seconds IS NOT NULL THEN p_seconds
-                    WHEN q.lease_time = 0 THEN 60 ELSE q.lease_time END AS secs
-        FROM queen.log_consumers c
-        JOIN queen.log_partitions lp ON lp.id = c.partition_id
-        JOIN queen.queues q ON q.id = lp.queue_id
-        WHERE c.lease_id = p_lease_id AND c.lease_expires_at > now() AND q.tenant = p_tenant
-        ORDER BY c.partition_id, c.consumer_group
-        FOR UPDATE OF c
+        SELECT c.partition_id, c.consumer_group
+        FROM queen.log_leases l
+        CROSS JOIN LATERAL (SELECT u.pid FROM unnest(l.partition_ids) AS u(pid)
+                            ORDER BY u.pid) lc
+        CROSS JOIN LATERAL (
+            SELECT c.partition_id, c.consumer_group
+            FROM queen.log_consumers c
+            WHERE c.partition_id = lc.pid AND c.consumer_group = l.consumer_group
+              AND c.lease_id = p_lease_id AND c.lease_expires_at > now()
+            OFFSET 0
+            FOR UPDATE) c
+        WHERE l.lease_id = p_lease_id AND l.tenant = p_tenant
     ), renewed AS (
         UPDATE queen.log_consumers c
         SET lease_expires_at = GREATEST(c.lease_expires_at,
-                                        now() + make_interval(secs => live.secs))
+                                        now() + make_interval(secs => s.secs))
         FROM live
+        CROSS JOIN LATERAL (
+            SELECT CASE WHEN p_seconds IS NOT NULL THEN p_seconds
+                        WHEN q.lease_time = 0 THEN 60 ELSE q.lease_time END AS secs
+            FROM queen.log_partitions lp
+            JOIN queen.queues q ON q.id = lp.queue_id
+            WHERE lp.id = live.partition_id) s
         WHERE c.partition_id = live.partition_id AND c.consumer_group = live.consumer_group
         RETURNING c.lease_expires_at
     )

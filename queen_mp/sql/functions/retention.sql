@@ -221,17 +221,55 @@ AS $$
                      WHERE e.queue_id = p_queue_id AND q.tenant = p_tenant), 0)::int8
 $$;
 
+-- ---------------------------------------------------------------------------------------------
+-- lease_reclaim_v1: up to p_limit leases that no cursor holds live any more
+-- (schema/014_lease_table.sql): their expired cursors drop the lease id (lease_expires_at
+-- kept), and their log_leases rows are deleted. A row is kept while a cursor of it still holds
+-- the lease and was locked by someone else (SKIP LOCKED), so that cursor is cleared by a later
+-- round. Result: cursors cleared + lease rows deleted (housekeeping repeats while it is a full
+-- batch's worth). Every cursor is a key probe per listed partition (OFFSET 0 subqueries: a
+-- plan without statistics read every cursor of the group for each lease; the joins are
+-- nested loops over keys, whatever the planner guesses).
+-- ---------------------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION queen.lease_reclaim_v1(p_limit int4)
 RETURNS int4
 LANGUAGE sql VOLATILE
+SET enable_seqscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
 AS $$
-    WITH expired AS (
-        SELECT c.partition_id, c.consumer_group
-        FROM queen.log_consumers c
-        WHERE c.lease_id IS NOT NULL AND c.lease_expires_at <= now()
-        ORDER BY c.partition_id, c.consumer_group
+    WITH dead AS (
+        SELECT l.lease_id, l.consumer_group, l.partition_ids
+        FROM queen.log_leases l
+        WHERE NOT EXISTS (
+            SELECT 1
+            FROM unnest(l.partition_ids) AS lc(pid)
+            WHERE EXISTS (SELECT 1 FROM queen.log_consumers c
+                          WHERE c.partition_id = lc.pid AND c.consumer_group = l.consumer_group
+                            AND c.lease_id = l.lease_id AND c.lease_expires_at > now()
+                          OFFSET 0)
+            OFFSET 0)
+        ORDER BY l.lease_id
         LIMIT p_limit
-        FOR UPDATE SKIP LOCKED
+    ), held AS (  -- the cursors that still hold a dead lease (expired), in key order
+        SELECT c.partition_id, c.consumer_group, d.lease_id
+        FROM dead d
+        CROSS JOIN LATERAL unnest(d.partition_ids) AS lc(pid)
+        CROSS JOIN LATERAL (SELECT c.partition_id, c.consumer_group
+                            FROM queen.log_consumers c
+                            WHERE c.partition_id = lc.pid AND c.consumer_group = d.consumer_group
+                              AND c.lease_id = d.lease_id
+                            OFFSET 0) c
+        ORDER BY c.partition_id, c.consumer_group
+    ), expired AS (
+        SELECT c.partition_id, c.consumer_group
+        FROM held h
+        CROSS JOIN LATERAL (SELECT c.partition_id, c.consumer_group
+                            FROM queen.log_consumers c
+                            WHERE c.partition_id = h.partition_id
+                              AND c.consumer_group = h.consumer_group
+                            OFFSET 0
+                            FOR UPDATE SKIP LOCKED) c
     ), cleared AS (
         UPDATE queen.log_consumers c
         -- NOTE(retention): lease_expires_at is kept: the pop redelivers an expired lease's
@@ -242,8 +280,18 @@ AS $$
         WHERE c.partition_id = e.partition_id AND c.consumer_group = e.consumer_group
           AND c.lease_id IS NOT NULL AND c.lease_expires_at <= now()
         RETURNING 1
+    ), gone AS (
+        DELETE FROM queen.log_leases l
+        USING dead d
+        WHERE l.lease_id = d.lease_id
+          AND NOT EXISTS (SELECT 1 FROM held h
+                          WHERE h.lease_id = d.lease_id
+                            AND NOT EXISTS (SELECT 1 FROM expired e
+                                            WHERE e.partition_id = h.partition_id
+                                              AND e.consumer_group = h.consumer_group))
+        RETURNING 1
     )
-    SELECT count(*)::int4 FROM cleared
+    SELECT ((SELECT count(*) FROM cleared) + (SELECT count(*) FROM gone))::int4
 $$;
 
 -- ---------------------------------------------------------------------------------------------

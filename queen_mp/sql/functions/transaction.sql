@@ -138,14 +138,20 @@ BEGIN
         END IF;
 
         -- 3. required leases: each must hold a live lease (checked before the acks, which may
-        --    release them as part of this very step)
+        --    release them as part of this very step); a lease's cursors are its log_leases
+        --    row's, each a key probe (OFFSET 0 keeps it a probe, never a scan of the group)
         SELECT r.lease INTO v_lease
         FROM unnest(COALESCE(p_required, '{}')) AS r(lease)
-        WHERE NOT EXISTS (SELECT 1 FROM queen.log_consumers c
-                          JOIN queen.log_partitions lp ON lp.id = c.partition_id
-                          JOIN queen.queues q ON q.id = lp.queue_id
-                          WHERE c.lease_id = r.lease AND c.lease_expires_at > now()
-                            AND q.tenant = p_tenant)
+        WHERE NOT EXISTS (SELECT 1
+                          FROM queen.log_leases l
+                          CROSS JOIN LATERAL unnest(l.partition_ids) AS lc(pid)
+                          WHERE l.lease_id = r.lease AND l.tenant = p_tenant
+                            AND EXISTS (SELECT 1 FROM queen.log_consumers c
+                                        WHERE c.partition_id = lc.pid
+                                          AND c.consumer_group = l.consumer_group
+                                          AND c.lease_id = r.lease
+                                          AND c.lease_expires_at > now()
+                                        OFFSET 0))
         LIMIT 1;
         IF v_lease IS NOT NULL THEN
             RAISE EXCEPTION USING ERRCODE = 'QT001', MESSAGE = 'required lease not live',
