@@ -14,7 +14,8 @@ messages each, over S distinct partitions of one queue of ``--partitions`` (1,00
 taken in turn, as the shard fuses them: 1-item pushes from many publishers (20x1), a lone
 1-item push (1x1), 100-item pushes (10x100). Every segment passes ``p_verified`` = the last
 offset this driver wrote to its partition, as the shard's dedup filter does in steady state (no
-dedup probe); the queue keeps its default dedup window.
+dedup probe); the queue keeps its default dedup window. Each partition is named by the id its
+last verdict gave, as the shard's fusion caches them (``--names``: by name alone).
 
 ``PYTHONPATH=TREE python bench/pushsql.py --dsn DSN`` measures TREE's function and call (it
 migrates a fresh database with TREE's migrations): run it with a base tree and a head tree in
@@ -80,11 +81,13 @@ def _blob(n: int, seq: int) -> bytes:
 class Driver:
     """One autocommit connection with the shard's prepared bundle statement."""
 
-    def __init__(self, dsn: str, partitions: int) -> None:
+    def __init__(self, dsn: str, partitions: int, names: bool = False) -> None:
         self.dsn = dsn
         self.connect()
         self.partitions = [f"p{i}" for i in range(partitions)]
         self.last = [0] * partitions  # offsets this driver wrote: the dedup filter's promise
+        self.pids = [0] * partitions  # ids the verdicts gave (0: by name), as fusion caches
+        self.names = names
         self.next = 0  # the next partition to take
         self.seq = 0
 
@@ -115,7 +118,8 @@ class Driver:
             queues=[_QUEUE] * len(idx), partitions=[self.partitions[i] for i in idx],
             counts=[shape.messages] * len(idx),
             hashes=[os.urandom(16 * shape.messages) for _ in idx],
-            verified=[], blobs=blobs, tenants=[_TENANT] * len(idx))
+            verified=[], blobs=blobs, tenants=[_TENANT] * len(idx),
+            pids=[] if self.names else [self.pids[i] for i in idx])
 
     def call(self, idx: list[int], bundle: bundles.PushBundle) -> None:
         """One bundle, each segment promising what this driver wrote before it."""
@@ -129,6 +133,7 @@ class Driver:
         for i, count, v in zip(idx, bundle.counts, verdicts, strict=True):
             assert v.queued and v.base_offset is not None, v
             self.last[i] = v.base_offset + count - 1
+            self.pids[i] = v.partition_id
 
 
 def _exit_total(pattern: str) -> int:
@@ -192,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="the server runs under callgrind; its backends' --callgrind-out-file "
                          "with {pid} for the backend's pid, e.g. '/tmp/cg/cg.{pid}'")
     ap.add_argument("--keep", action="store_true", help="keep the database")
+    ap.add_argument("--names", action="store_true",
+                    help="name every partition (no cached ids), as before log_push_multi_v3")
     args = ap.parse_args(argv)
     name = f"queen_pushsql_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(args.dsn, autocommit=True) as admin:
@@ -199,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     dsn = psycopg.conninfo.make_conninfo(args.dsn, dbname=name)
     try:
         apply_migrations(dsn)
-        driver = Driver(dsn, args.partitions)
+        driver = Driver(dsn, args.partitions, args.names)
         # provision every partition first (not measured)
         for _ in range(args.partitions // 20):
             driver.call(*driver.bundle(Shape(20, 1)))

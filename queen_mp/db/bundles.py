@@ -1,11 +1,12 @@
 """The shard's connections to PostgreSQL for push bundles.
 
 A shard keeps a few connections, one per bundle in flight (the adaptive in-flight cap never
-exceeds their number). A bundle is a single prepared call of ``log_push_multi_v2``, so it is one
-round trip and one commit. The dedup filter's read-backs of stored hashes share the same
-connections (one at a time, so bundles keep the others). Duplicate-id lookups, which come
-several at a time, go through psycopg's pipeline mode: N ``log_segment_at_v1`` calls in one
-round trip.
+exceeds their number). A bundle is a single prepared call of ``log_push_multi_v3``, so it is one
+round trip and one commit; it names each partition by the id its caller cached (0: unknown,
+the names are resolved), and fails with ``STALE_IDS`` when a cached id is gone. The dedup
+filter's read-backs of stored hashes share the same connections (one at a time, so bundles
+keep the others). Duplicate-id lookups, which come several at a time, go through psycopg's
+pipeline mode: N ``log_segment_at_v1`` calls in one round trip.
 
 Each connection is a ``queen_mp.db.connect.Dedicated``: pinned to ``synchronous_commit=on``,
 replaced before use when the server closed it while it sat idle (restart, failover), a new one
@@ -43,13 +44,13 @@ from queen_mp.db.binarrays import (
     text_data,
     uuid_data,
 )
-from queen_mp.db.calls import PUSH_MULTI, Segment, SegmentVerdict, segment_verdicts
+from queen_mp.db.calls import Segment, SegmentVerdict, segment_verdicts
 from queen_mp.db.connect import Conn, Dedicated
 from queen_mp.db.errors import DatabaseError, translate
 from queen_mp.db.prepared import Channel, PreparedCall, first_value
 
-__all__ = ["BundleWriter", "PushBundle", "Segment", "SegmentVerdict", "StoredHashes",
-           "bundle_params"]
+__all__ = ["STALE_IDS", "BundleWriter", "PushBundle", "Segment", "SegmentVerdict",
+           "StoredHashes", "bundle_params"]
 
 T = TypeVar("T")
 
@@ -60,10 +61,15 @@ _TXN_HASHES = ("SELECT * FROM queen.log_txn_hashes_v1(%b::int8[], %b::int8[], %b
                " %b::int4[])")
 
 # PERF(queen): the bundle's statement through libpq's prepared call (queen_mp/db/prepared.py),
-# not a cursor; the same text as the timer firer's, with numbered placeholders. Its int8[]
-# answer comes in binary: struct unpacks it, no text to parse.
-_PUSH = PreparedCall("qmp_push_multi_v2", PUSH_MULTI.replace("%b", "$%d") % tuple(range(1, 8)),
-                     7, binary_result=True)
+# not a cursor; the timer firer's (calls.PUSH_MULTI) with the cached partition ids in front.
+# Its int8[] answer comes in binary: struct unpacks it, no text to parse.
+_PUSH = PreparedCall("qmp_push_multi_v3",
+                     "SELECT queen.log_push_multi_v3($1::int8[], $2::text[], $3::text[],"
+                     " $4::int4[], $5::bytea[], $6::int8[], $7::bytea[], $8::uuid[])",
+                     8, binary_result=True)
+#: SQLSTATE of a bundle that named a partition by a cached id that is gone (deleted, perhaps
+#: recreated under its name): nothing was written; name the bundle's partitions again.
+STALE_IDS = "QM002"
 
 #: a bundle in flight this long has its socket probed by the watchdog (``Channel.probe``)
 _PROBE_S = 1.0
@@ -85,11 +91,27 @@ class PushBundle(NamedTuple):
     verified: Sequence[int]
     blobs: Sequence[bytes]
     tenants: Sequence[bytes]  # 16 bytes each
+    # each partition's id as an earlier verdict gave it, 0 if unknown (any 0: all by name)
+    pids: Sequence[int] = ()
+
+
+_NO_TEXT = text_data(())
+_NO_UUID = uuid_data(())
 
 
 def bundle_params(bundle: PushBundle) -> list[bytes]:
-    """The seven arrays of ``log_push_multi_v2`` in binary form, in its parameter order."""
-    return [text_data(bundle.queues), text_data(bundle.partitions),
+    """The eight arrays of ``log_push_multi_v3`` in binary form, in its parameter order (no
+    ``pids``: zeros).
+
+    PERF(queen): a bundle whose every partition has its id goes without names and tenants
+    (empty arrays; the statement resolves none): three arrays less to build and parse."""
+    pids = bundle.pids
+    if pids and 0 not in pids:
+        return [int8_data(pids), _NO_TEXT, _NO_TEXT, int4_data(bundle.counts),
+                bytea_data(bundle.hashes), int8_data(bundle.verified),
+                bytea_data(bundle.blobs), _NO_UUID]
+    return [int8_data(pids or [0] * len(bundle.queues)),
+            text_data(bundle.queues), text_data(bundle.partitions),
             int4_data(bundle.counts), bytea_data(bundle.hashes),
             int8_data(bundle.verified), bytea_data(bundle.blobs),
             uuid_data(bundle.tenants)]
@@ -348,9 +370,9 @@ class _Bundle:
 
 def _verdicts(answer: bytes | None, n: int) -> list[SegmentVerdict]:
     if answer is None:
-        raise DatabaseError("log_push_multi_v2 returned no row")
+        raise DatabaseError("log_push_multi_v3 returned no row")
     try:
         values = int8_values(answer)
     except ValueError as ex:
-        raise DatabaseError(f"log_push_multi_v2: {ex}") from ex
+        raise DatabaseError(f"log_push_multi_v3: {ex}") from ex
     return segment_verdicts(values, n)

@@ -23,8 +23,10 @@ __all__ = ["PUSH_MULTI", "Segment", "SegmentVerdict", "fetch_rows", "segment_ver
 
 # PERF(queen): arrays go in binary (%b): psycopg's text form hex-escapes every bytea element
 # and runs a quoting regex over the result, 47 ms per MB of segment blobs against 0.9 ms.
-PUSH_MULTI = ("SELECT queen.log_push_multi_v2(%b::text[], %b::text[], %b::int4[], %b::bytea[],"
-              " %b::int8[], %b::bytea[], %b::uuid[])")
+# The timer firer names its partitions (NULL ids); the shards send the ids they cached
+# (queen_mp/db/bundles.py).
+PUSH_MULTI = ("SELECT queen.log_push_multi_v3(NULL, %b::text[], %b::text[], %b::int4[],"
+              " %b::bytea[], %b::int8[], %b::bytea[], %b::uuid[])")
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +41,7 @@ class Segment:
 
 
 class SegmentVerdict(NamedTuple):
-    """What ``log_push_multi_v2`` answered for one segment (= one partition) of a bundle.
+    """What ``log_push_multi_v3`` answered for one segment (= one partition) of a bundle.
 
     ``queued``: the segment is stored at ``base_offset .. base_offset + count - 1``.
     Otherwise it was a duplicate and nothing of it was written: ``duplicates`` holds
@@ -62,7 +64,7 @@ _TUPLE_NEW = tuple.__new__
 
 
 def segment_verdicts(answer: Sequence[int] | None, n: int) -> list[SegmentVerdict]:
-    """``log_push_multi_v2``'s answer (one int8[], input order: n partition ids, n base offsets
+    """``log_push_multi_v3``'s answer (one int8[], input order: n partition ids, n base offsets
     with 0 for a duplicate, n timestamps, n dedup windows, then a (segment, frame, original
     offset) triple per duplicate frame) as one verdict per segment; anything but exactly that
     shape fails the whole bundle.
@@ -71,7 +73,7 @@ def segment_verdicts(answer: Sequence[int] | None, n: int) -> list[SegmentVerdic
     20-segment bundle building the jsonb (push.sql says why), and the shard decoded it again.
     """
     if answer is None or len(answer) < 4 * n or (len(answer) - 4 * n) % 3:
-        raise DatabaseError(f"log_push_multi_v2 answered {answer!r} for {n} segments")
+        raise DatabaseError(f"log_push_multi_v3 answered {answer!r} for {n} segments")
     pids, bases, stamps, windows = (answer[0:n], answer[n:2 * n], answer[2 * n:3 * n],
                                     answer[3 * n:4 * n])
     # PERF(queen): every verdict built in C (map over zip), then the rare duplicates replaced
@@ -83,12 +85,12 @@ def segment_verdicts(answer: Sequence[int] | None, n: int) -> list[SegmentVerdic
     for j in range(4 * n, len(answer), 3):
         k = answer[j]
         if not 0 <= k < n or bases[k] != 0:
-            raise DatabaseError(f"log_push_multi_v2: duplicate frame of segment {k}")
+            raise DatabaseError(f"log_push_multi_v3: duplicate frame of segment {k}")
         dups.setdefault(k, []).append((answer[j + 1], answer[j + 2]))
     for k, base in enumerate(bases):
         if base <= 0:
             if base < 0 or k not in dups:
-                raise DatabaseError(f"log_push_multi_v2: bad base offset {base} of segment {k}")
+                raise DatabaseError(f"log_push_multi_v3: bad base offset {base} of segment {k}")
             out[k] = _TUPLE_NEW(SegmentVerdict, (pids[k], stamps[k], False, None, windows[k],
                                                  tuple(dups[k])))
     return out

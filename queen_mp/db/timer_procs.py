@@ -180,8 +180,8 @@ async def claim_due(conn: Conn, limit: int, max_bytes: int, with_encrypted: bool
 async def push_multi(conn: Conn, queues: Sequence[str], partitions: Sequence[str],
                      counts: Sequence[int], hashes: Sequence[bytes], blobs: Sequence[bytes],
                      tenants: Sequence[bytes]) -> list[SegmentVerdict]:
-    """``log_push_multi_v2`` in the caller's transaction; one verdict per segment, in input
-    order."""
+    """``log_push_multi_v3`` (by name) in the caller's transaction; one verdict per segment,
+    in input order."""
     res = await _value(conn, PUSH_MULTI, (
         list(queues), list(partitions), list(counts), list(hashes), [0] * len(queues),
         list(blobs), [uuid.UUID(bytes=t) for t in tenants]))

@@ -2,13 +2,17 @@
 
 Frames of a partition accumulate into one segment while that partition's previous flush is in
 flight; a bundle takes up to ``bundle_max`` ready, not-in-flight partitions and commits all of
-their segments in one ``log_push_multi_v2`` transaction. Dispatch fires on arrival whenever a
+their segments in one ``log_push_multi_v3`` transaction. Dispatch fires on arrival whenever a
 bundle permit is free (fire-on-idle); the hold tick is only a backstop. The in-flight cap adapts
 to the commit round trip (Vegas-like), so that under load fewer, larger bundles form.
 
 Layer-2 deduplication runs here on the xxh3_128 hashes (first frame wins, later ones inherit its
 verdict); duplicates against stored data are reported by SQL, which then writes nothing for that
 segment: the duplicate frames get their verdicts and the remainder is resubmitted.
+
+A bundle names its partitions by the ids earlier verdicts gave (PostgreSQL then skips the
+name resolution); a bundle that named one by an id that is gone fails with nothing written
+(``STALE_IDS``) and goes again at once by name.
 """
 
 from __future__ import annotations
@@ -18,9 +22,11 @@ import logging
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
+from itertools import repeat
+from operator import itemgetter
 from typing import NamedTuple
 
-from queen_mp.db.bundles import BundleWriter, PushBundle, SegmentVerdict
+from queen_mp.db.bundles import STALE_IDS, BundleWriter, PushBundle, SegmentVerdict
 from queen_mp.db.errors import DatabaseError
 from queen_mp.metrics import Metrics
 from queen_mp.shards.dedupfilter import DedupFilter, Recall
@@ -45,11 +51,15 @@ _MAX_SEGMENT_BYTES = 1 << 31
 _SUMMARY_EVERY_S = 10.0
 # Offsets of gaps one read-back of stored hashes covers (16 bytes each), beyond its first gap.
 _RECALL_OFFSETS = 1 << 18
+# Partition ids a shard remembers; past that it forgets them all (each is learnt again from
+# the next verdict of its partition).
+_MAX_PIDS = 1 << 17
 
 Key = tuple[bytes, str, str]  # tenant, queue, partition
 _NO_OFFSETS: list[int] = []  # shared, never written: an Entry's until its first resolve
 _NO_IDS: dict[int, bytes] = {}
 _TUPLE_NEW = tuple.__new__
+_PARTITION_ID = itemgetter(0)  # SegmentVerdict.partition_id
 Reply = Callable[[int, bytes], None]  # (slot, a packed PushVerdict)
 Stored = Callable[[set[tuple[bytes, str]]], None]  # (tenant, queue) pairs just committed
 
@@ -241,6 +251,7 @@ class PushFusion:
         self.cap = self.max_inflight
         self.hold_s = hold_ms / 1000
         self.pending: dict[Key, deque[Entry]] = {}
+        self.pids: dict[Key, int] = {}  # partition ids from verdicts, sent in place of names
         self.ready: OrderedDict[Key, None] = OrderedDict()
         self.inflight_keys: set[Key] = set()
         self._kick_soon = False
@@ -351,10 +362,11 @@ class PushFusion:
                 queues=queues, partitions=partitions,
                 counts=[s.count for s in segments], hashes=hashes,
                 verified=self.dedup.verified_all(keys_of, hashes),
-                blobs=[s.blob for s in segments], tenants=tenants)
+                blobs=[s.blob for s in segments], tenants=tenants,
+                pids=list(map(self.pids.get, keys_of, repeat(0))))
             started = time.monotonic()
             self.writer.push(bundle, lambda result: self._landed(keys, segments, started,
-                                                                  result))
+                                                                  result, bundle))
         except Exception as ex:
             self._failed(segments, ex)
             self._flushed(keys)
@@ -385,12 +397,21 @@ class PushFusion:
         return live
 
     def _landed(self, keys: list[Key], segments: list[Segment], started: float,
-                result: list[SegmentVerdict] | Exception) -> None:
+                result: list[SegmentVerdict] | Exception, bundle: PushBundle) -> None:
         try:
             if not isinstance(result, list):
+                if (isinstance(result, DatabaseError) and result.sqlstate == STALE_IDS
+                        and bundle.pids):
+                    # Nothing was written: the same bundle again, its partitions by name.
+                    for key in zip(bundle.tenants, bundle.queues, bundle.partitions, strict=True):
+                        self.pids.pop(key, None)
+                    renamed = bundle._replace(pids=())
+                    self.writer.push(renamed, lambda again: self._landed(
+                        keys, segments, started, again, renamed))
+                    return
                 raise result
             self._adapt(time.monotonic() - started)
-            dup_lookups = self._committed(segments, result)
+            dup_lookups = self._committed(segments, result, bundle.pids)
             if dup_lookups:
                 task = self.loop.create_task(self._finish_duplicates(keys, segments,
                                                                       dup_lookups))
@@ -432,15 +453,25 @@ class PushFusion:
                 self.ready[key] = None
         self.kick()
 
-    def _committed(self, segments: list[Segment], results: list[SegmentVerdict]
-                   ) -> list[tuple[Segment, int, int, int]]:
-        """Record the bundle's verdicts; the duplicates whose originals must be looked up."""
+    def _committed(self, segments: list[Segment], results: list[SegmentVerdict],
+                   sent: Sequence[int]) -> list[tuple[Segment, int, int, int]]:
+        """Record the bundle's verdicts and the partition ids it did not send (``sent``: the
+        ids it named them by, or none); the duplicates whose originals must be looked up."""
         frames = sum(s.count for s in segments)
         self._commits += 1
         self._segments += len(segments)
         dup_lookups: list[tuple[Segment, int, int, int]] = []  # seg, k, pid, original offset
         stored: set[tuple[bytes, str]] = set()  # (tenant, queue) that got new messages
         remember: list[tuple[Key, int, int, int, bytes, int]] = []  # for the dedup filter
+        answered = list(map(_PARTITION_ID, results))
+        if answered != sent:
+            # PERF(fusion): only a bundle that named some partition learns ids (a dict store
+            # of a tuple key of fresh strings, hashed and compared, is about 2k instructions)
+            pids = self.pids
+            if len(pids) > _MAX_PIDS:
+                pids.clear()
+            for seg, pid in zip(segments, answered, strict=True):
+                pids[seg.key] = pid
         for seg, res in zip(segments, results, strict=True):
             pid = res.partition_id
             ts = res.created_at_us

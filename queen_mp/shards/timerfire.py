@@ -9,7 +9,7 @@ Every ~100 ms (at once again when the previous round was full) an autocommit pro
    id minted at scheduling, transactionId = its ``txn`` and its JSON bytes as payload
    (decompressed first when stored as zstd; encrypted when the queue is), packed as one zstd
    chunk with the xxh3_128 hash blob; repeats of one transactionId in a segment keep the first;
-3. ``log_push_multi_v2`` in the same transaction. A segment answered ``duplicate`` stored
+3. ``log_push_multi_v3`` in the same transaction. A segment answered ``duplicate`` stored
    nothing: its duplicate frames were delivered by an earlier firing (or an earlier push of
    that transactionId) and are dropped, the rest is pushed again;
 4. ``timer_mark_fired_v1`` (fired_at, attempts + 1), COMMIT, then ``wake`` for the queues that

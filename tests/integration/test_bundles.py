@@ -15,11 +15,15 @@ from queen_mp.db import errors as dberrors
 from queen_mp.db.binarrays import Array, register_arrays
 from queen_mp.db.bundles import BundleWriter, PushBundle, bundle_params
 from queen_mp.db.errors import DatabaseError
+from queen_mp.metrics import Metrics
+from queen_mp.shards.fusion import PushFusion
+from queen_mp.wire.frames import pack_frame
+from queen_mp.wire.records import PIECE_RAW, Piece, PushGroup, PushVerdict
 from tests.pgharness import module_db_dsn
 
 db_dsn = module_db_dsn  # placeholder payloads no route can decode: a database of its own
 
-_TYPES = ("text[]", "text[]", "int4[]", "bytea[]", "int8[]", "bytea[]", "uuid[]")
+_TYPES = ("int8[]", "text[]", "text[]", "int4[]", "bytea[]", "int8[]", "bytea[]", "uuid[]")
 
 
 def _bundle(tag: str, n: int) -> PushBundle:
@@ -30,14 +34,16 @@ def _bundle(tag: str, n: int) -> PushBundle:
         hashes=[bytes([i, 255 - i]) * 8 for i in range(n)],
         verified=[0, -1, 2**63 - 1, 7][:n] + [i for i in range(4, n)],
         blobs=[bytes(range(i % 7)) * 40 for i in range(n)],
-        tenants=[uuid.UUID(int=i % 2).bytes for i in range(n)])
+        tenants=[uuid.UUID(int=i % 2).bytes for i in range(n)],
+        pids=[0, 1, 2**63 - 1][:n] + [i for i in range(3, n)])
 
 
 @pytest.mark.parametrize("n", [1, 4, 19])
 def test_binary_arrays_equal_what_psycopg_sends(db, n):
     bundle = _bundle("eq", n)
     mine = [Array(data) for data in bundle_params(bundle)]  # the bytes, sent as is
-    theirs = (list(bundle.queues), list(bundle.partitions), list(bundle.counts),
+    theirs = (list(bundle.pids), list(bundle.queues), list(bundle.partitions),
+              list(bundle.counts),
               list(bundle.hashes), list(bundle.verified), list(bundle.blobs),
               [uuid.UUID(bytes=t) for t in bundle.tenants])
     register_arrays(db)  # as the writer's connections do
@@ -52,7 +58,7 @@ def test_push_multi_stores_the_bundle_as_given(db, db_dsn):
     bundle = _bundle(uuid.uuid4().hex[:8], 5)
     bundle = PushBundle(bundle.queues, [f"{p}x{i}" for i, p in enumerate(bundle.partitions)],
                         [1] * 5, [uuid.uuid4().bytes for _ in range(5)], [0] * 5,
-                        bundle.blobs, bundle.tenants)
+                        bundle.blobs, bundle.tenants)  # no pids: by name
 
     async def push() -> list:
         writer = BundleWriter(db_dsn, 1, 10_000, "test bundles")
@@ -173,3 +179,53 @@ def test_an_answer_the_loop_does_not_report_is_read_by_the_watchdog(db, db_dsn):
     result = asyncio.run(run())
     assert [v.queued for v in result] == [True], result
     assert result[0].base_offset == 2
+
+
+def test_the_shard_names_partitions_by_cached_ids_and_by_name_once_one_is_gone(db, db_dsn):
+    """Push fusion sends the ids its verdicts gave; a partition deleted and recreated under
+    its name makes the bundle fail with nothing written (STALE_IDS), and fusion sends it
+    again at once by name: every group answered queued, offsets gapless in the new
+    partition, the new id cached."""
+    tag = uuid.uuid4().hex[:8]
+    queue = f"bq-{tag}"
+    replies: list[PushVerdict] = []
+
+    def group(n: int) -> PushGroup:
+        frame = pack_frame(uuid.uuid4().bytes, f"t-{n}".encode(), b"{}")
+        return PushGroup(1, 0, n, 0, bytes(16), queue, "p", uuid.uuid4().bytes, 1,
+                         (Piece(PIECE_RAW, 1, frame),), 0)
+
+    async def answered(fusion: PushFusion, n: int) -> PushVerdict:
+        before = len(replies)
+        fusion.add(0, group(n))
+        while len(replies) == before:
+            await asyncio.sleep(0.005)
+        return replies[-1]
+
+    async def run() -> list[PushVerdict]:
+        writer = BundleWriter(db_dsn, 1, 10_000, "test bundles ids")
+        fusion = PushFusion(writer, lambda slot, rec: replies.append(PushVerdict.unpack(rec)),
+                            Metrics(), bundle_max=8, max_inflight=1, hold_ms=5,
+                            dedup_entries=64)
+        try:
+            first = await answered(fusion, 1)
+            sent: list[PushBundle] = []
+            push = writer.push
+            writer.push = lambda bundle, done: (sent.append(bundle), push(bundle, done))
+            second = await answered(fusion, 2)
+            db.execute("DELETE FROM queen.log_partitions WHERE id = %s", (first.partition_id,))
+            third = await answered(fusion, 3)
+            assert [list(b.pids) for b in sent] == [[first.partition_id]] * 2 + [[]]
+            assert fusion.pids == {(bytes(16), queue, "p"): third.partition_id}
+            return [first, second, third]
+        finally:
+            await writer.close()
+
+    first, second, third = asyncio.run(run())
+    assert [v.status for v in (first, second, third)] == [0, 0, 0]
+    assert second.partition_id == first.partition_id != third.partition_id
+    assert [v.queued_run for v in (first, second, third)] == [None] * 3
+    assert [v.items[0].offset for v in (first, second, third)] == [1, 2, 1]
+    rows = db.execute("SELECT base_offset FROM queen.log_segments WHERE partition_id = %s",
+                      (third.partition_id,)).fetchall()
+    assert rows == [(1,)]

@@ -30,7 +30,10 @@ PUSH_MULTI = (
     "SELECT queen.log_push_multi_v1(%s::text[], %s::text[], %s::int4[], %s::bytea[],"
     " %s::int8[], %s::bytea[], %s::uuid[])"
 )
-PUSH_MULTI_V2 = PUSH_MULTI.replace("log_push_multi_v1", "log_push_multi_v2")
+PUSH_MULTI_V3 = (
+    "SELECT queen.log_push_multi_v3(%s::int8[], %s::text[], %s::text[], %s::int4[],"
+    " %s::bytea[], %s::int8[], %s::bytea[], %s::uuid[])"
+)
 PUSH_ONE = (
     "SELECT queen.log_push_one_v1(%s::int8, %s::int4, %s::int4, %s::bytea, %s::int8,"
     " %s::bytea, %s::timestamptz)"
@@ -63,24 +66,25 @@ class Seg:
         return self.blob or ("|".join(self.txns)).encode()
 
 
-def _push_with(statement: str, conn: psycopg.Connection, segs: list[Seg],
-               tenants: list | None) -> Any:
-    row = conn.execute(statement, (
-        [s.queue for s in segs], [s.partition for s in segs], [len(s.txns) for s in segs],
-        [hblob(s.txns) for s in segs], [s.verified for s in segs],
-        [s.payload() for s in segs], tenants)).fetchone()
-    assert row is not None
-    return row[0]
+def _params(segs: list[Seg], tenants: list | None) -> tuple[Any, ...]:
+    return ([s.queue for s in segs], [s.partition for s in segs], [len(s.txns) for s in segs],
+            [hblob(s.txns) for s in segs], [s.verified for s in segs],
+            [s.payload() for s in segs], tenants)
 
 
 def push(conn: psycopg.Connection, segs: list[Seg], tenants: list | None = None) -> list[dict]:
     """log_push_multi_v1: one JSON object a segment."""
-    return _push_with(PUSH_MULTI, conn, segs, tenants)
+    row = conn.execute(PUSH_MULTI, _params(segs, tenants)).fetchone()
+    assert row is not None
+    return row[0]  # type: ignore[no-any-return]
 
 
-def push_v2(conn: psycopg.Connection, segs: list[Seg], tenants: list | None = None) -> list[int]:
-    """log_push_multi_v2: its int8[] answer."""
-    return _push_with(PUSH_MULTI_V2, conn, segs, tenants)
+def push_v3(conn: psycopg.Connection, segs: list[Seg], tenants: list | None = None,
+            pids: list[int] | None = None) -> list[int]:
+    """log_push_multi_v3: its int8[] answer; by ``pids`` if given, else by name."""
+    row = conn.execute(PUSH_MULTI_V3, (pids, *_params(segs, tenants))).fetchone()
+    assert row is not None
+    return row[0]  # type: ignore[no-any-return]
 
 
 def push_in_thread(dsn: str, segs: list[Seg], errors: list[BaseException]) -> threading.Thread:
@@ -345,8 +349,8 @@ def test_duplicate_segment_does_not_disturb_the_rest_of_the_bundle(db):
     assert counts(db, pb) == (2, 2, 2)
 
 
-def test_v2_answers_one_int8_array_in_input_order(db):
-    """log_push_multi_v2: ids, bases (0 = duplicate), stamps, windows, then the duplicate
+def test_v3_answers_one_int8_array_in_input_order(db):
+    """log_push_multi_v3: ids, bases (0 = duplicate), stamps, windows, then the duplicate
     frames as (segment, frame, offset) triples, ascending segment then frame, whatever the
     partition ids' order; the shard decodes it (queen_mp.db.calls.segment_verdicts)."""
     q = uq()
@@ -355,7 +359,7 @@ def test_v2_answers_one_int8_array_in_input_order(db):
     assert pa < pb < pc
     segs = [Seg(q, "c", ["c9", "c3", "c1"]), Seg(q, "d", ["d1"]), Seg(q, "a", ["a2"]),
             Seg(q, "b", ["b2", "b3"])]
-    got, n = push_v2(db, segs), len(segs)
+    got, n = push_v3(db, segs), len(segs)
     pd = pid_of(db, q, "d")
     assert got[:n] == [pc, pd, pa, pb]
     assert got[n:2 * n] == [0, 1, 0, 2]
@@ -364,10 +368,10 @@ def test_v2_answers_one_int8_array_in_input_order(db):
     assert got[4 * n:] == [0, 1, 3, 0, 2, 1, 2, 0, 2]
     assert counts(db, pc) == (1, 1, 3) and counts(db, pa) == (1, 1, 2)
     assert counts(db, pb) == (2, 2, 3)
-    assert db.execute(PUSH_MULTI_V2, ([], [], [], [], [], [], None)).fetchone() == ([],)
+    assert db.execute(PUSH_MULTI_V3, (None, [], [], [], [], [], [], None)).fetchone() == ([],)
 
 
-def test_v2_probe_and_set_based_segments_in_one_bundle(db):
+def test_v3_probe_and_set_based_segments_in_one_bundle(db):
     """A segment that needs the probe (verified below stored offsets) beside segments that
     skip it (verified up to the last offset, or a new partition): all stored, one ts rule."""
     q = uq()
@@ -380,7 +384,7 @@ def test_v2_probe_and_set_based_segments_in_one_bundle(db):
     assert assert_gapless(db, pa) == 2 and assert_gapless(db, pb) == 2
 
 
-def test_v2_writes_each_segment_its_own_blob_hashes_and_window(db):
+def test_v3_writes_each_segment_its_own_blob_hashes_and_window(db):
     """Input order against partition id order, two queues of different windows, a probe
     segment between set-based ones: every segment stored with its own payload, hashes and
     count at its own partition's next offset, under one timestamp, and answered with its own
@@ -395,7 +399,7 @@ def test_v2_writes_each_segment_its_own_blob_hashes_and_window(db):
             Seg(q1, "a", ["a2"], verified=0, blob=b"payload of a"),  # probes offset 1
             Seg(q1, "n", ["n1", "n2"], blob=b"payload of n"),
             Seg(q1, "b", ["b2", "b3"], verified=1, blob=b"payload of b")]
-    got, n = push_v2(db, segs), len(segs)
+    got, n = push_v3(db, segs), len(segs)
     pn = pid_of(db, q1, "n")
     assert got[:n] == [pc, pa, pn, pb]
     assert got[n:2 * n] == [2, 2, 1, 2]
@@ -415,6 +419,67 @@ def test_v2_writes_each_segment_its_own_blob_hashes_and_window(db):
     res = push(db, [Seg(q2, "new", ["x1"]), Seg(q2, "c", ["c5"])])
     assert [(r["pid"], r["s"], r["base"], r["w"]) for r in res] == [
         (pid_of(db, q2, "new"), "queued", 1, 0), (pc, "queued", 5, 0)]
+
+
+def test_v3_by_cached_ids_answers_as_by_name(db):
+    """Every partition named by the id an earlier answer gave (the shard's cache): stored
+    and answered as by name, each segment with its own queue's window in input order, and the
+    dedup probe still run where the promise stops below stored offsets."""
+    q1, q2 = uq(), uq()
+    db.execute("INSERT INTO queen.queues (name, dedup_window) VALUES (%s, 0)", (q2,))
+    first = push_v3(db, [Seg(q1, "a", ["a1"]), Seg(q2, "c", ["c1"]), Seg(q1, "b", ["b1"])])
+    pa, pc, pb = first[:3]
+    assert [pa, pc, pb] == [pid_of(db, q1, "a"), pid_of(db, q2, "c"), pid_of(db, q1, "b")]
+    segs = [Seg(q2, "c", ["c2"], verified=1),
+            Seg(q1, "b", ["b2", "b1"], verified=0),  # b1 is stored: the probe finds it
+            Seg(q1, "a", ["a2", "a3"], verified=1)]
+    got, n = push_v3(db, segs, pids=[pc, pb, pa]), len(segs)
+    assert got[:n] == [pc, pb, pa]
+    assert got[n:2 * n] == [2, 0, 2]
+    assert got[3 * n:4 * n] == [0, 3600, 3600]
+    assert got[4 * n:] == [1, 1, 1]  # segment 1, frame 1, the original at offset 1
+    assert counts(db, pb) == (1, 1, 1)
+    assert assert_gapless(db, pa) == 3 and assert_gapless(db, pc) == 2
+    # as the shard sends it once it knows every id: no names, no tenants
+    got = db.execute(PUSH_MULTI_V3, ([pa, pc], [], [], [1, 1], [h("a4"), h("c3")], [3, 2],
+                                     [b"a4", b"c3"], [])).fetchone()[0]
+    assert got == [pa, pc, 4, 3, got[4], got[4], 3600, 0]
+    assert assert_gapless(db, pa) == 4 and assert_gapless(db, pc) == 3
+    # names may be left out only when every partition has its id
+    with pytest.raises(psycopg.Error) as err:
+        db.execute(PUSH_MULTI_V3, ([pa, 0], [], [], [1, 1], [h("a5"), h("c4")], [4, 3],
+                                   [b"a5", b"c4"], []))
+    assert err.value.sqlstate == "22023" and "misaligned" in str(err.value)
+    assert assert_gapless(db, pa) == 4
+
+
+def test_v3_a_gone_cached_id_writes_nothing_and_answers_qm002(db):
+    """A cached id whose partition was deleted and recreated under its name, or whose queue
+    was deleted: QM002 and nothing of the bundle written (not even its live partitions); by
+    name the same bundle lands in the partitions of today. An id named twice is 21000, as a
+    name named twice."""
+    q = uq()
+    pa, pb = push_v3(db, [Seg(q, "a", ["a1"]), Seg(q, "b", ["b1"])])[:2]
+    db.execute("DELETE FROM queen.log_partitions WHERE id = %s", (pb,))
+    push(db, [Seg(q, "b", ["b0"])])  # recreated: a new id
+    pb2 = pid_of(db, q, "b")
+    assert pb2 != pb
+    segs = [Seg(q, "a", ["a2"], verified=1), Seg(q, "b", ["b2"], verified=1)]
+    with pytest.raises(psycopg.Error) as err:
+        push_v3(db, segs, pids=[pa, pb])
+    assert err.value.sqlstate == "QM002"
+    assert counts(db, pa) == (1, 1, 1) and counts(db, pb2) == (1, 1, 1)
+    got = push_v3(db, segs, pids=[pa, 0])  # an unknown id (0): every partition by name
+    assert got[:2] == [pa, pb2] and got[2:4] == [2, 2]
+    with pytest.raises(psycopg.Error) as err:
+        push_v3(db, [Seg(q, "a", ["x"]), Seg(q, "a", ["y"])], pids=[pa, pa])
+    assert err.value.sqlstate == "21000"
+    db.execute("DELETE FROM queen.queues WHERE name = %s", (q,))
+    with pytest.raises(psycopg.Error) as err:
+        push_v3(db, [Seg(q, "a", ["a3"])], pids=[pa])
+    assert err.value.sqlstate == "QM002"
+    pa2 = push_v3(db, [Seg(q, "a", ["a3"])])[0]
+    assert pa2 != pa and counts(db, pa2) == (1, 1, 1)
 
 
 def test_duplicate_reports_the_lowest_offset_in_the_window(db):

@@ -23,7 +23,7 @@ TS = 1764530000123456
 
 def answer(pids: list[int], bases: list[int], windows: list[int],
            dups: tuple[tuple[int, int, int], ...] = ()) -> list[int]:
-    """log_push_multi_v2's int8[]: ids, bases (0 = duplicate), stamps, windows, dup triples."""
+    """log_push_multi_v3's int8[]: ids, bases (0 = duplicate), stamps, windows, dup triples."""
     return [*pids, *bases, *[TS] * len(pids), *windows, *(x for d in dups for x in d)]
 
 

@@ -1,11 +1,12 @@
 -- push.sql: the push path (life-of-a-push.md sections 4 and 5).
 --
 -- Functions:
---   queen.log_push_multi_v2(text[], text[], int4[], bytea[], int8[], bytea[], uuid[]) -> int8[]
---       one bundle = N segments on N distinct partitions, one transaction (the caller's):
---       the shards and the timer firer call it.
---   queen.log_push_multi_v1(same) -> jsonb
---       v2's answer as JSON objects, for the transaction wire (and so the streams cycle).
+--   queen.log_push_multi_v3(int8[], text[], text[], int4[], bytea[], int8[], bytea[], uuid[])
+--       -> int8[]: one bundle = N segments on N distinct partitions, one transaction (the
+--       caller's): the shards (with the partition ids they cached) and the timer firer
+--       (NULL ids) call it.
+--   queen.log_push_multi_v1(text[], text[], int4[], bytea[], int8[], bytea[], uuid[]) -> jsonb
+--       v3's answer (by name) as JSON objects, for the transaction wire (and so the streams cycle).
 --   queen.log_push_one_v1(int8, int4, int4, bytea, int8, bytea, timestamptz) -> jsonb
 --       THE allocator: the only place an offset is ever assigned (push bundles, the
 --       transaction wire and the streams cycle all call it).
@@ -20,7 +21,7 @@
 --   queen.log_segments    INSERT one row per segment; read by log_segment_at_v1
 --   queen.log_consumers   UPDATE ready_at of the pushed partitions' caught-up cursors
 --
--- Lock order (design.md invariant 4), log_push_multi_v2:
+-- Lock order (design.md invariant 4), log_push_multi_v3:
 --   1. provisioning, only if some (tenant, queue, partition) is missing:
 --      INSERT queues ... ORDER BY (tenant, name) ON CONFLICT DO NOTHING, then
 --      INSERT log_partitions ... ORDER BY (queue_id, name) ON CONFLICT DO NOTHING
@@ -44,6 +45,8 @@
 --   21000  cardinality_violation: the same partition appears twice in one bundle
 --   40001  serialization_failure: a partition of the bundle vanished between provisioning and
 --          the pre-lock (its queue was deleted concurrently); nothing committed, retryable
+--   QM002  log_push_multi_v3: a cached partition id names no partition any more (deleted,
+--          perhaps recreated under its name with a new id); nothing committed: name it again
 --   P0002  no_data_found: log_push_one_v1 called with an unknown partition id
 --   P0004  assert_failure: completeness guard (an input ordinal without exactly one result)
 --
@@ -58,7 +61,7 @@
 --   log_push_multi_v1: a JSON array in INPUT order, element k = the log_push_one_v1 object of
 --     input segment k plus "i": k (0-based input ordinal) and "w" (the queue's dedup window).
 --     An empty bundle returns [].
---   log_push_multi_v2 (int8[], input order; its revision note below gives the layout): ids,
+--   log_push_multi_v3 (int8[], input order; the pgpush revision note below gives the layout): ids,
 --     bases (0 = duplicate), ts, windows, then (segment, frame, offset) per duplicate frame.
 --
 -- Deduplication semantics (window > 0 only):
@@ -391,7 +394,32 @@ COMMENT ON FUNCTION queen.log_push_one_v1(int8, int4, int4, bytea, int8, bytea, 
 -- bad partition id; the distinct partitions locked, a shortfall told apart on the error path
 -- from the input): 20x1 3,027,679, 1x1 933,163, 10x100 2,077,387.
 
-CREATE OR REPLACE FUNCTION queen.log_push_multi_v2(
+-- Revision (issue 26, shard9): the shard names its partitions by the ids it cached.
+--
+-- Functions: queen.log_push_multi_v3(int8[], text[], ...) -> int8[] (new: v2's body and
+-- answer, with the partition ids first); log_push_multi_v2 dropped (its callers, the shards,
+-- the timer firer and log_push_multi_v1, call v3).
+--
+-- Why: bench/pushsql.py under callgrind: the resolution of (tenant, queue, partition) names
+-- was about 108k instructions a bundle plus 21k a segment (20x1 3.03M, 1x1 0.93M, 10x100
+-- 2.08M a bundle). A shard pushes the same partitions again and again, and learns each id
+-- from its verdicts.
+--
+-- Now: when every p_pids element is > 0, step 2 is skipped and the pre-lock takes the ids
+-- as they are, reading each queue's window by primary key beside them; the names and
+-- tenants may then be empty arrays (the shard sends none: three arrays less to build, send
+-- and parse). Partition ids are bigserial, never reused, and a partition's queue and name
+-- never change, so a live id is the partition the caller resolved; a deleted one (a
+-- partition or queue deleted, perhaps recreated under the same name) is missing from the
+-- pre-lock, and the statement raises QM002 before writing anything: the shard forgets the
+-- bundle's ids and sends it again by name. NULL ids, or any element 0 or NULL: the names, as
+-- before. bench/pushsql.py under callgrind, by cached ids: 20x1 3,025,953 -> 2,776,560,
+-- 1x1 932,013 -> 853,769, 10x100 2,076,936 -> 1,906,498 (by name: 3,044,834, 946,569,
+-- 2,092,092). Tried: the first segment's queue read once by two InitPlans, the queues probe
+-- only for a segment of another queue: 20x1 2,732,659 but 1x1 912,618; not kept.
+
+CREATE OR REPLACE FUNCTION queen.log_push_multi_v3(
+    p_pids       int8[],
     p_queues     text[],
     p_partitions text[],
     p_msg_counts int4[],
@@ -404,7 +432,8 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 AS $$
 DECLARE
     c_default_tenant CONSTANT uuid := '00000000-0000-0000-0000-000000000000';
-    n           int4 := COALESCE(cardinality(p_queues), 0);
+    n           int4 := COALESCE(cardinality(p_msg_counts), 0);
+    n_names     int4 := COALESCE(cardinality(p_queues), 0);
     v_tenants   uuid[];
     v_in_pids   int8[];
     v_named     int4;
@@ -415,6 +444,8 @@ DECLARE
     v_probe     int4[];
     v_ws        int4[];
     v_one       boolean := false;
+    -- every partition named by a cached id: the names (and tenants) may be left empty
+    v_known     boolean := (0 < ALL (p_pids)) IS TRUE;
     v_opids     int8[];
     v_ppids     int8[];
     v_res       jsonb;
@@ -430,16 +461,17 @@ DECLARE
     v_missing   int4;
 BEGIN
     -- 1. Alignment guard: a silent misalignment would demux verdicts to the wrong requests.
-    IF COALESCE(cardinality(p_partitions), 0) <> n
-       OR COALESCE(cardinality(p_msg_counts), 0) <> n
+    IF (n_names <> n AND NOT (v_known AND n_names = 0))
+       OR COALESCE(cardinality(p_partitions), 0) <> n_names
        OR COALESCE(cardinality(p_hashes), 0) <> n
        OR COALESCE(cardinality(p_verified), 0) <> n
        OR COALESCE(cardinality(p_blobs), 0) <> n
-       OR (p_tenants IS NOT NULL AND cardinality(p_tenants) <> n) THEN
-        RAISE EXCEPTION 'log_push_multi_v2: misaligned bundle arrays (queues %, partitions %, msg_counts %, hashes %, verified %, blobs %, tenants %)',
-            cardinality(p_queues), cardinality(p_partitions), cardinality(p_msg_counts),
-            cardinality(p_hashes), cardinality(p_verified), cardinality(p_blobs),
-            cardinality(p_tenants)
+       OR (p_tenants IS NOT NULL AND cardinality(p_tenants) <> n_names)
+       OR (p_pids IS NOT NULL AND cardinality(p_pids) <> n) THEN
+        RAISE EXCEPTION 'log_push_multi_v3: misaligned bundle arrays (pids %, queues %, partitions %, msg_counts %, hashes %, verified %, blobs %, tenants %)',
+            cardinality(p_pids), cardinality(p_queues), cardinality(p_partitions),
+            cardinality(p_msg_counts), cardinality(p_hashes), cardinality(p_verified),
+            cardinality(p_blobs), cardinality(p_tenants)
             USING ERRCODE = '22023';
     END IF;
     IF n = 0 THEN
@@ -450,11 +482,13 @@ BEGIN
        OR array_position(p_msg_counts, NULL) IS NOT NULL
        OR array_position(p_hashes, NULL) IS NOT NULL
        OR array_position(p_blobs, NULL) IS NOT NULL THEN
-        RAISE EXCEPTION 'log_push_multi_v2: NULL queue, partition, msg_count, hashes or blob in bundle'
+        RAISE EXCEPTION 'log_push_multi_v3: NULL queue, partition, msg_count, hashes or blob in bundle'
             USING ERRCODE = '22023';
     END IF;
 
-    IF p_tenants IS NULL THEN
+    IF v_known THEN
+        NULL;  -- no names to resolve (step 2)
+    ELSIF p_tenants IS NULL THEN
         v_tenants := array_fill(c_default_tenant, ARRAY[n]);
     ELSIF array_position(p_tenants, NULL) IS NOT NULL THEN
         SELECT array_agg(COALESCE(t.t, c_default_tenant) ORDER BY t.o) INTO v_tenants
@@ -477,10 +511,17 @@ BEGIN
     --    id, so the pre-lock no longer joins queues (a primary key probe a segment). Inline,
     --    not a function of its own: a nested plpgsql call with its own SET clause cost about
     --    20k instructions a bundle (bench/pushsql.py).
-    IF n > 1 THEN
+    --    Skipped when the caller names every partition by a live id it cached (the shard,
+    --    from its earlier verdicts; ids are never reused): the pre-lock then reads the
+    --    windows, and answers QM002 if an id is gone.
+    IF n > 1 AND NOT v_known THEN
         v_one := v_tenants[1] = ALL (v_tenants) AND p_queues[1] = ALL (p_queues);
     END IF;
     FOR v_round IN 1..2 LOOP
+        IF v_known THEN
+            v_in_pids := p_pids;
+            EXIT;
+        END IF;
         IF v_one THEN
             SELECT array_agg((SELECT lp.id FROM queen.log_partitions lp
                               WHERE lp.queue_id = (SELECT qu.id FROM queen.queues qu
@@ -538,33 +579,62 @@ BEGIN
     --    The probe list comes in ascending id, the order of the locked subquery's rows, which
     --    an aggregate without ORDER BY keeps (its own ORDER BY would sort them again); the
     --    set-based segments are the input's partitions less those.
-    SELECT count(DISTINCT l.id), min(l.id) FILTER (WHERE l.bad),
-           array_agg(l.o) FILTER (WHERE l.probe)
-    INTO v_distinct, v_bad_pid, v_probe
-    FROM (
-        SELECT lp.id, i.o,
-               p_msg_counts[i.o] < 1
-               OR octet_length(p_hashes[i.o]) <> 16 * p_msg_counts[i.o] AS bad,
-               v_ws[i.o] > 0
-               AND GREATEST(COALESCE(p_verified[i.o], 0), lp.txns_start - 1) < lp.last_offset
-                   AS probe
-        FROM queen.log_partitions lp
-        JOIN unnest(v_in_pids) WITH ORDINALITY AS i(pid, o) ON i.pid = lp.id
-        WHERE lp.id = ANY (v_in_pids)
-        ORDER BY lp.id
-        FOR NO KEY UPDATE OF lp
-    ) l;
+    --    With cached ids the same statement also reads each queue's window (a primary key
+    --    probe a segment) and aggregates them in input order.
+    IF v_known THEN
+        SELECT count(DISTINCT l.id), min(l.id) FILTER (WHERE l.bad),
+               array_agg(l.o) FILTER (WHERE l.probe), array_agg(l.dw ORDER BY l.o)
+        INTO v_distinct, v_bad_pid, v_probe, v_ws
+        FROM (
+            SELECT lp.id, i.o, qu.dedup_window AS dw,
+                   p_msg_counts[i.o] < 1
+                   OR octet_length(p_hashes[i.o]) <> 16 * p_msg_counts[i.o] AS bad,
+                   qu.dedup_window > 0
+                   AND GREATEST(COALESCE(p_verified[i.o], 0), lp.txns_start - 1)
+                       < lp.last_offset AS probe
+            FROM queen.log_partitions lp
+            JOIN unnest(v_in_pids) WITH ORDINALITY AS i(pid, o) ON i.pid = lp.id
+            JOIN queen.queues qu ON qu.id = lp.queue_id
+            WHERE lp.id = ANY (v_in_pids)
+            ORDER BY lp.id
+            FOR NO KEY UPDATE OF lp
+        ) l;
+    ELSE
+        SELECT count(DISTINCT l.id), min(l.id) FILTER (WHERE l.bad),
+               array_agg(l.o) FILTER (WHERE l.probe)
+        INTO v_distinct, v_bad_pid, v_probe
+        FROM (
+            SELECT lp.id, i.o,
+                   p_msg_counts[i.o] < 1
+                   OR octet_length(p_hashes[i.o]) <> 16 * p_msg_counts[i.o] AS bad,
+                   v_ws[i.o] > 0
+                   AND GREATEST(COALESCE(p_verified[i.o], 0), lp.txns_start - 1)
+                       < lp.last_offset AS probe
+            FROM queen.log_partitions lp
+            JOIN unnest(v_in_pids) WITH ORDINALITY AS i(pid, o) ON i.pid = lp.id
+            WHERE lp.id = ANY (v_in_pids)
+            ORDER BY lp.id
+            FOR NO KEY UPDATE OF lp
+        ) l;
+    END IF;
 
     IF v_distinct <> n THEN
         -- A partition named twice, or one that vanished: the input tells which.
         SELECT count(DISTINCT x.pid) INTO v_named
         FROM unnest(v_in_pids) AS x(pid) WHERE x.pid IS NOT NULL;
         IF v_named <> cardinality(array_remove(v_in_pids, NULL)) THEN
-            RAISE EXCEPTION 'log_push_multi_v2: a partition appears more than once in the bundle (% segments, % distinct partitions)',
+            RAISE EXCEPTION 'log_push_multi_v3: a partition appears more than once in the bundle (% segments, % distinct partitions)',
                 n, v_named
                 USING ERRCODE = '21000';
         END IF;
-        RAISE EXCEPTION 'log_push_multi_v2: % of % partitions vanished before the pre-lock (queue deleted concurrently?)',
+        IF v_known THEN
+            -- A cached id whose partition was deleted (perhaps recreated under its name with
+            -- a new id): nothing is written; the caller forgets its ids and names them.
+            RAISE EXCEPTION 'log_push_multi_v3: % of % cached partition ids are gone',
+                n - v_distinct, n
+                USING ERRCODE = 'QM002';
+        END IF;
+        RAISE EXCEPTION 'log_push_multi_v3: % of % partitions vanished before the pre-lock (queue deleted concurrently?)',
             n - v_distinct, n
             USING ERRCODE = '40001';
     END IF;
@@ -674,7 +744,7 @@ BEGIN
     v_missing := n - COALESCE(cardinality(v_wos), 0) - COALESCE(cardinality(v_probe), 0);
     IF v_missing <> 0 OR cardinality(v_pids) < 4 * n
        OR array_position(v_pids, NULL) IS NOT NULL THEN
-        RAISE EXCEPTION 'log_push_multi_v2: completeness guard: % inputs, % without a result',
+        RAISE EXCEPTION 'log_push_multi_v3: completeness guard: % inputs, % without a result',
             n, v_missing
             USING ERRCODE = 'P0004';
     END IF;
@@ -683,8 +753,10 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION queen.log_push_multi_v2(text[], text[], int4[], bytea[], int8[], bytea[], uuid[]) IS
-'Push one bundle (one segment per distinct partition). Returns int8[]: n partition ids, n base '
+COMMENT ON FUNCTION queen.log_push_multi_v3(int8[], text[], text[], int4[], bytea[], int8[], bytea[], uuid[]) IS
+'Push one bundle (one segment per distinct partition), named by cached partition ids (all > 0; '
+'names and tenants may then be empty; QM002 if one is gone) or else by names. Returns int8[]: '
+'n partition ids, n base '
 'offsets (0 = duplicate), n timestamps (epoch us), n dedup windows, then a (segment, frame, '
 'original offset) triple per duplicate frame; input order.';
 
@@ -702,8 +774,8 @@ CREATE OR REPLACE FUNCTION queen.log_push_multi_v1(
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 AS $$
 DECLARE
-    v   int8[] := queen.log_push_multi_v2(p_queues, p_partitions, p_msg_counts, p_hashes,
-                                          p_verified, p_blobs, p_tenants);
+    v   int8[] := queen.log_push_multi_v3(NULL, p_queues, p_partitions, p_msg_counts,
+                                          p_hashes, p_verified, p_blobs, p_tenants);
     n   int4 := COALESCE(cardinality(p_queues), 0);
 BEGIN
     RETURN COALESCE((
@@ -725,7 +797,7 @@ END
 $$;
 
 COMMENT ON FUNCTION queen.log_push_multi_v1(text[], text[], int4[], bytea[], int8[], bytea[], uuid[]) IS
-'log_push_multi_v2 answered as a JSON array in input order of '
+'log_push_multi_v3 answered as a JSON array in input order of '
 '{"i","pid","s","base","ts","w"[,"dups"]} (see log_push_one_v1).';
 
 -- ---------------------------------------------------------------------------------------------
@@ -749,7 +821,7 @@ $$;
 
 -- (old migration 100_push_resolve.sql: its note is above log_push_multi_v1.)
 
--- (log_partition_ids_v1, the resolution of old migration 100, is inline in log_push_multi_v2.)
+-- (log_partition_ids_v1, the resolution of old migration 100, is inline in log_push_multi_v3.)
 
 -- The dedup probe of log_push_one_v1 is one large statement whose custom plans cost about
 -- 0.5 ms of planning per segment (most of a small bundle's database time); its generic plan is
@@ -759,7 +831,7 @@ ALTER FUNCTION queen.log_push_one_v1(int8, int4, int4, bytea, int8, bytea, times
     SET plan_cache_mode = force_generic_plan;
 
 -- The same for the bundle's own statements (the pre-lock was planned anew at every call).
-ALTER FUNCTION queen.log_push_multi_v2(text[], text[], int4[], bytea[], int8[], bytea[], uuid[])
+ALTER FUNCTION queen.log_push_multi_v3(int8[], text[], text[], int4[], bytea[], int8[], bytea[], uuid[])
     SET plan_cache_mode = force_generic_plan;
 
 -- Revision (old migration 115_dedup_recall.sql): stored transaction hashes of an offset range, for a shard's dedup
