@@ -230,6 +230,10 @@ def render_items(items: Sequence[PushItem], results: list[ItemResult | None],
                  runs: Sequence[QueuedRun] = ()) -> bytes:
     """The JSON answer of a push: one object per item, in request order; ``results`` is
     None where one of ``runs`` holds the item (``PushResults``)."""
+    if len(items) == 1 and not runs:
+        one = _one_row(items[0], results[0])
+        if one is not None:
+            return one
     if len(runs) == 1 and len(runs[0].idx) == len(items):
         rows = _run_rows(items, runs[0])
         if rows is not None:
@@ -269,6 +273,27 @@ def render_items(items: Sequence[PushItem], results: list[ItemResult | None],
     if len(parts) == 1:  # PERF(http): a 1-item answer skips the call
         return b"[" + parts[0] + b"]"  # type: ignore[operator]
     return _json_array(parts)  # type: ignore[arg-type]
+
+
+@functools.lru_cache(maxsize=1024)
+def _one_template(shared: Shared) -> bytes:
+    """``_item_template(shared)`` as a whole 1-item answer (in its array's brackets)."""
+    return b"[" + _item_template(shared) + b"]"
+
+
+def _one_row(item: PushItem, r: ItemResult | None) -> bytes | None:
+    """The answer to a 1-item push, when its item has no error and no trace id; else None
+    (``render_items``' general path words it).
+
+    PERF(http): one cached template filled once, its id's text cut by ``uuid_texts``: no
+    template table, loop or brackets joined on (26k instructions, now 16k)."""
+    if r is None or r.error is not None or item.trace_id:
+        return None
+    mid = uuid_texts(r.message_id)[0]
+    txn = orjson.dumps(item.transaction_id)
+    return _one_template((r.status, item.queue, item.partition, r.partition_id)) % (
+        0, mid, txn, b"null" if r.offset is None else b"%d" % r.offset,
+        _created_json(r.created_us), mid, txn)
 
 
 def render_counts(results: PushResults) -> dict[str, int]:

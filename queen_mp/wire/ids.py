@@ -111,6 +111,12 @@ def uuid7_many(n: int) -> list[bytes]:
             first = _last + 1
             if not first & _RAND_B_MASK:
                 first = _after(_last)
+        if n == 1:
+            # PERF(wire): one id (a 1-item push) without a range of big ints to walk: a
+            # comprehension over ``range(first, first + 1)`` cost 5.5k instructions, this 1.2k
+            _last = first
+            _last_ms = first >> 80
+            return [first.to_bytes(16, "big")]
         if (first & _RAND_B_MASK) + n - 1 <= _RAND_B_MASK:
             # PERF(wire): no carry inside the block, so the ids are consecutive integers.
             values: range | list[int] = range(first, first + n)

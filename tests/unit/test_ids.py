@@ -208,3 +208,15 @@ def test_a_bulk_block_is_the_consecutive_ids(monkeypatch: pytest.MonkeyPatch,
     assert values == list(range(values[0], values[0] + 100))
     assert all(type(raw) is bytes and _marks_ok(raw) for raw in minted)
     assert values[0] & ((1 << 62) - 1) == rand_b
+
+
+def test_one_id_at_a_time_counts_up_and_carries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``uuid7_many(1)`` (a 1-item push's, its own branch) continues the one sequence."""
+    seed = (0x5 << 62) | ((1 << 62) - 2)  # rand_a = 5, rand_b two short of wrapping
+    _counter_near(monkeypatch, seed)
+    minted = [*uuid7_many(1), uuid7(), *uuid7_many(1), *uuid7_many(1), uuid7()]
+    values = [int.from_bytes(raw, "big") for raw in minted]
+    assert all(a < b for a, b in pairwise(values)) and all(map(_marks_ok, minted))
+    rand_a = [int.from_bytes(raw[6:8], "big") & 0x0FFF for raw in minted]
+    assert rand_a == [5, 5, 6, 6, 6]
+    assert values[1] == values[0] + 1 and values[3:] == [values[2] + 1, values[2] + 2]

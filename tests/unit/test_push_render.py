@@ -185,3 +185,18 @@ def test_a_runs_transaction_ids_are_json_strings_as_orjson_writes_them() -> None
             want = render_items(items, _expanded(items, results))
             assert render_items(items, results.each, results.runs) == want, texts
             assert orjson.loads(want)[0]["transactionId"] == texts[0]
+
+
+def test_a_one_item_answer_is_the_dict_renderers() -> None:
+    """A 1-item answer has its own short path (``_one_row``); every result renders as the
+    dict renderer words it, errors and trace ids by the general path."""
+    cases = [(item("a"), ItemResult("queued", MID, 7, 41, 1_764_400_000_123_456)),
+             (item('we"ird\\ \u00e9 \n txn'), ItemResult("queued", MID, 7, 0, 1)),
+             (item("d", queue="q.ns/task", partition="Default"),
+              ItemResult("duplicate", bytes(16), 9, None, 1_764_400_000_000_000)),
+             (item("b"), ItemResult("buffered", MID)),
+             (item("e"), ItemResult("failed", MID, 0, None, 0, "spool_write_failed")),
+             (item("t", trace=bytes(range(16, 32))), ItemResult("queued", MID, 7, 5, 1)),
+             (item("100%s %d"), ItemResult("queued", MID, 7, 5, 1))]
+    for it, r in cases:
+        assert render_items([it], [r]) == orjson.dumps([render_item(0, it, r)])

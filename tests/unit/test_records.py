@@ -442,3 +442,14 @@ def test_pack_queued_run_refuses_what_does_not_fit() -> None:
         pack_queued_run(2**32, 0, 1, 0, 1, 1, 1, 1)
     with pytest.raises(ValueError):
         pack_queued_run(1, 0, 1, 0, 1, 1, 2**63 - 1, 2)
+
+
+def test_pack_refuses_an_inconsistent_one_piece_group() -> None:
+    """A one-piece group is packed by its own short path; it refuses what the loop does."""
+    one = {**_fields(_group()), "count": 1, "hashes": bytes(16),
+           "pieces": (Piece(PIECE_RAW, 1, b"frame-a"),)}
+    assert PushGroup.unpack(PushGroup(**one).pack()) == PushGroup(**one)
+    for bad in ({"count": 2, "hashes": bytes(32)}, {"pieces": (Piece(7, 1, b""),)},
+                {"slot": 2**16}, {"tenant": b"short"}, {"hashes": bytes(32)}):
+        with pytest.raises(ValueError):
+            PushGroup(**{**one, **bad}).pack()
