@@ -34,6 +34,9 @@ from queen_mp.wire.records import ACK_COMMITTED, AckRequest, AckVerdict, hash_se
 __all__ = ["COMMITTED", "AckOutcome", "Acker", "Verdict"]
 
 _FAST_PATH_TIMEOUT_S = 5.0
+#: the grants ``Acker.granted`` keeps (the oldest goes first): one per pop answered, taken by
+#: its ack, about 3 KB for 100 messages
+_GRANTS_KEPT = 1024
 
 
 #: An item's answer: success, error, leaseReleased, dlq, noop (docs/api.md 2.4).
@@ -95,6 +98,33 @@ class Acker:
         self.max_chunk = max_chunk
         self.link: ShardLink | None = None
         self.shards = 0
+        # (lease id, partition id) -> (its transactionIds joined by NUL, their count, hash set)
+        self._granted: dict[tuple[str, int], tuple[str, int, bytes]] = {}
+
+    def granted(self, lease_id: str, partition_id: int, ids: list[bytes], distinct: bytes
+                ) -> None:
+        """Keep the hash set granted for the delivered transactionIds ``ids`` (UTF-8, in
+        order), so that the ack of exactly these sends it as it is.
+
+        PERF(ack): a 100-message ack hashed its ids and sorted the hashes again (150k
+        instructions, 60k of them the sort) to make the set its grant had made. An ack's ids
+        are the delivered ones when, as many, they join by NUL to the same text and no
+        delivered id holds a NUL (the joins then cut alike). A plain cache: what it returns
+        is exactly what hashing the ack's ids makes."""
+        joined = b"\0".join(ids)
+        if joined.count(0) != len(ids) - 1:
+            return
+        kept = self._granted
+        if len(kept) >= _GRANTS_KEPT:
+            del kept[next(iter(kept))]
+        kept[(lease_id, partition_id)] = (joined.decode(), len(ids), distinct)
+
+    def _hash_set(self, lease_id: uuid.UUID, partition_id: int, ids: list[str]) -> bytes:
+        """``hash_set`` of ``ids``' hashes: the grant's, when ``ids`` are what it delivered."""
+        kept = self._granted.pop((str(lease_id), partition_id), None)
+        if kept is not None and kept[1] == len(ids) and kept[0] == "\0".join(ids):
+            return kept[2]
+        return hash_set(txn_hashes(ids))
 
     async def ack(self, tenant: bytes, batch: AckBatch
                   ) -> tuple[list[Verdict], list[GroupAck]]:
@@ -152,7 +182,7 @@ class Acker:
             ids = txns if len(g.indexes) == len(txns) else [txns[i] for i in g.indexes]
             req = AckRequest(link.generation, link.slot, request_id, index, tenant,
                              g.lease_id.bytes, g.partition_id, g.group,
-                             hash_set(txn_hashes(ids)))
+                             self._hash_set(g.lease_id, g.partition_id, ids))
             calls.append(link.submit(ack_shard(g.partition_id, self.shards), request_id, index,
                                      req.pack(), deadline))
         answers: list[GroupAck | None] = []

@@ -165,11 +165,12 @@ def _sub_json(sub: str | None) -> bytes:
 
 
 def json_messages(claim: Claim, lease_id: str | None, group: str, cipher: PayloadCipher | None,
-                  max_chunk: int, hashes: list[bytes]) -> bytes:
+                  max_chunk: int, hashes: list[bytes], ids: list[bytes] | None = None) -> bytes:
     """The JSON objects of the claimed messages, in offset order, joined by ",": byte for
     byte what orjson makes of each docs/api.md 2.2 message (id, transactionId, traceId, data,
     producerSub, createdAt, queue, partitionId, partition, offset, leaseId, consumerGroup,
-    deliveryAttempt); appends each message's transaction hash to ``hashes`` (the lease grant).
+    deliveryAttempt); appends each message's transaction hash to ``hashes`` (the lease grant)
+    and, when ``ids`` is given, its transactionId's UTF-8 bytes to ``ids`` (``Acker.granted``).
 
     PERF(pop): by columns: a chunk of plain frames gives its fields as columns
     (``plain_columns``), any other chunk by ``frame_rows`` transposed in C; each column is
@@ -228,6 +229,8 @@ def json_messages(claim: Claim, lease_id: str | None, group: str, cipher: Payloa
     if not n:
         return b""
     hashes.extend(map(txn_hash_bytes, raws))
+    if ids is not None:
+        ids += raws
     if traces is None:
         traces_json: bytes | list[bytes] = b"null"
         subs_json: bytes | list[bytes] = b"null"

@@ -261,15 +261,17 @@ class FrontWorker:
                             if r.lease_released and r.queue)
 
     def grant_leases(self, tenant: bytes, lease_id: str, group: str,
-                     claims: list[Claim], hashes: dict[int, list[bytes]]) -> None:
-        """Tell each claim's ack shard what was delivered under the lease (the ack registry).
+                     claims: list[Claim], hashes: dict[int, list[bytes]]) -> dict[int, bytes]:
+        """Tell each claim's ack shard what was delivered under the lease (the ack registry);
+        the hash set granted, by partition id.
 
         Best effort: a grant that does not arrive only sends that batch's ack down the SQL path.
         The grants leave at the end of the loop turn, before the pop's answer (written to its
         socket at the end of the turn too, after them).
         """
+        granted: dict[int, bytes] = {}
         if not self.config.ack_registry or self.link is None:
-            return
+            return granted
         lease = uuid.UUID(lease_id).bytes
         for claim in claims:
             delivered = hashes.get(claim.partition_id)
@@ -284,6 +286,8 @@ class FrontWorker:
                                int(claim.lease_expires_at.timestamp() * 1000), group,
                                claim.queue, distinct)
             self.link.post(ack_shard(claim.partition_id, self.runtime.shards), grant.pack())
+            granted[claim.partition_id] = distinct
+        return granted
 
     def after_transaction(self, tenant: bytes, queues: set[str], pushed: int) -> None:
         """A committed transaction of ``tenant``: count its pushes, wake pops parked on what

@@ -109,6 +109,7 @@ class PopResource:
         worker = self.worker
         limit = worker.config.max_decompressed_mb << 20
         hashes: dict[int, list[bytes]] = {}
+        ids: dict[int, list[bytes]] = {}  # the JSON answer's transactionIds (Acker.granted)
         try:
             if frames and not any(c.encrypted for c in popped.claims):
                 meta = {"success": True, "leaseExpiresAt": _expiry(popped.claims), **extra}
@@ -126,8 +127,9 @@ class PopResource:
                 body_parts = [head[:-1], b',"messages":[']
                 for claim in popped.claims:
                     delivered = hashes[claim.partition_id] = []
+                    texts = ids[claim.partition_id] = []
                     rendered = json_messages(claim, popped.lease_id, request.group,
-                                             worker.cipher, limit, delivered)
+                                             worker.cipher, limit, delivered, texts)
                     if rendered:
                         body_parts += (rendered, b",")
                 if len(body_parts) > 2:
@@ -138,8 +140,11 @@ class PopResource:
         except Undeliverable as ex:
             raise Unavailable(f"cannot deliver: {ex}") from None
         if popped.lease_id is not None:
-            worker.grant_leases(request.tenant, popped.lease_id, request.group,
-                                popped.claims, hashes)
+            granted = worker.grant_leases(request.tenant, popped.lease_id, request.group,
+                                          popped.claims, hashes)
+            for pid, distinct in granted.items():
+                if pid in ids:
+                    worker.acker.granted(popped.lease_id, pid, ids[pid], distinct)
         worker.count_popped(sum(c.count for c in popped.claims))
         return Answer(200, body, content_type)
 

@@ -111,3 +111,29 @@ def test_what_orjson_refuses_anywhere_goes_to_the_exact_path(extra: bytes) -> No
             + b"}")
     assert decode_ack_batch(body, True, MAX_ACKS) is None
     same_reading(body, True)
+
+
+@pytest.mark.parametrize(("txn", "typed"), [
+    ("", False), ("t" * 256, True), ("t" * 257, False), ("é" * 256, True), ("é" * 300, False),
+    ("é" * 513, False)])
+def test_a_transaction_id_past_the_typed_bounds_goes_to_the_exact_path(txn: str,
+                                                                        typed: bool) -> None:
+    # msgspec bounds it at 256 characters (at most 1,024 UTF-8 bytes); a longer one may still
+    # fit in 1,024 bytes ("é" * 300, taken) or not ("é" * 513, refused): the exact path says
+    body = orjson.dumps({"acknowledgments": [{"transactionId": txn, "partitionId": "7"}]})
+    assert (same_reading(body, True) is not None) is typed
+    if txn and len(txn.encode()) <= 1024:
+        assert [i.transaction_id for i in exact(body, True)] == [txn]
+
+
+@pytest.mark.parametrize("status", ["completed", "success", "failed", "retry", "dlq", "done",
+                                    "COMPLETED"])
+def test_a_status_is_read_as_the_exact_path_reads_it(status: str) -> None:
+    body = orjson.dumps({"acknowledgments": [
+        {"transactionId": f"t-{i}", "partitionId": "7", "status": status} for i in range(3)]})
+    read = same_reading(body, True)
+    known = status in ("completed", "success", "failed", "retry", "dlq")
+    assert (decode_ack_batch(body, True, MAX_ACKS) is not None) is known
+    assert (read is not None) is known
+    if read is not None:
+        assert {i.status for i in read} == {"completed" if status == "success" else status}

@@ -75,8 +75,8 @@ class FakeWorker:
     def after_acks(self, tenant: bytes, results: Any) -> None:
         pass
 
-    def grant_leases(self, *args: Any) -> None:
-        pass
+    def grant_leases(self, *args: Any) -> dict[int, bytes]:
+        return {}
 
     def push_maintenance(self) -> bool:
         return False
