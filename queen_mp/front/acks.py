@@ -35,8 +35,10 @@ __all__ = ["COMMITTED", "AckOutcome", "Acker", "Verdict"]
 
 _FAST_PATH_TIMEOUT_S = 5.0
 #: the grants ``Acker.granted`` keeps (the oldest goes first): one per pop answered, taken by
-#: its ack, about 3 KB for 100 messages
+#: its ack, about 3 KB for 100 messages; and the bytes they may hold together (NOTE(memory):
+#: grants whose acks go to another worker, or never come, stay until pushed out)
 _GRANTS_KEPT = 1024
+_GRANT_BYTES = 1 << 20
 
 
 #: An item's answer: success, error, leaseReleased, dlq, noop (docs/api.md 2.4).
@@ -100,6 +102,7 @@ class Acker:
         self.shards = 0
         # (lease id, partition id) -> (its transactionIds joined by NUL, their count, hash set)
         self._granted: dict[tuple[str, int], tuple[str, int, bytes]] = {}
+        self._granted_bytes = 0
 
     def granted(self, lease_id: str, partition_id: int, ids: list[bytes], distinct: bytes
                 ) -> None:
@@ -114,16 +117,28 @@ class Acker:
         joined = b"\0".join(ids)
         if joined.count(0) != len(ids) - 1:
             return
+        text = joined.decode()
+        size = len(text) + len(distinct)  # as the evictions count it
+        if size > _GRANT_BYTES:
+            return
         kept = self._granted
-        if len(kept) >= _GRANTS_KEPT:
-            del kept[next(iter(kept))]
-        kept[(lease_id, partition_id)] = (joined.decode(), len(ids), distinct)
+        while kept and (len(kept) >= _GRANTS_KEPT or self._granted_bytes + size > _GRANT_BYTES):
+            old = kept.pop(next(iter(kept)))
+            self._granted_bytes -= len(old[0]) + len(old[2])
+        key = (lease_id, partition_id)
+        old = kept.pop(key, None)
+        if old is not None:
+            self._granted_bytes -= len(old[0]) + len(old[2])
+        kept[key] = (text, len(ids), distinct)
+        self._granted_bytes += size
 
     def _hash_set(self, lease_id: uuid.UUID, partition_id: int, ids: list[str]) -> bytes:
         """``hash_set`` of ``ids``' hashes: the grant's, when ``ids`` are what it delivered."""
         kept = self._granted.pop((str(lease_id), partition_id), None)
-        if kept is not None and kept[1] == len(ids) and kept[0] == "\0".join(ids):
-            return kept[2]
+        if kept is not None:
+            self._granted_bytes -= len(kept[0]) + len(kept[2])
+            if kept[1] == len(ids) and kept[0] == "\0".join(ids):
+                return kept[2]
         return hash_set(txn_hashes(ids))
 
     async def ack(self, tenant: bytes, batch: AckBatch

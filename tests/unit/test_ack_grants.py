@@ -72,3 +72,17 @@ def test_the_oldest_grant_goes_first(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(acks, "_GRANTS_KEPT", 2)
     acker = _acker([b"a"], [b"b"], [b"c"])
     assert list(acker._granted) == [(str(LEASE), 8), (str(LEASE), 9)]
+
+
+def test_the_grants_kept_hold_a_bounded_number_of_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    # each grant here: 100 ids of 3-4 characters joined (489) and a set of 100 hashes (1,600)
+    monkeypatch.setattr(acks, "_GRANT_BYTES", 5_000)
+    acker = _acker(DELIVERED, DELIVERED, DELIVERED, DELIVERED)
+    assert list(acker._granted) == [(str(LEASE), 9), (str(LEASE), 10)]
+    assert acker._granted_bytes == sum(len(t) + len(s) for t, _, s in acker._granted.values())
+    acker._hash_set(LEASE, 10, [t.decode() for t in DELIVERED])  # taken by its ack
+    assert list(acker._granted) == [(str(LEASE), 9)]
+    assert acker._granted_bytes == sum(len(t) + len(s) for t, _, s in acker._granted.values())
+    monkeypatch.setattr(acks, "_GRANT_BYTES", 1_000)
+    acker.granted(str(LEASE), 11, DELIVERED, acker._granted[(str(LEASE), 9)][2])
+    assert list(acker._granted) == [(str(LEASE), 9)]  # one alone over the budget: not kept
