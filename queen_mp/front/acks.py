@@ -122,23 +122,25 @@ class Acker:
         if size > _GRANT_BYTES:
             return
         kept = self._granted
-        while kept and (len(kept) >= _GRANTS_KEPT or self._granted_bytes + size > _GRANT_BYTES):
-            old = kept.pop(next(iter(kept)))
-            self._granted_bytes -= len(old[0]) + len(old[2])
         key = (lease_id, partition_id)
-        old = kept.pop(key, None)
-        if old is not None:
-            self._granted_bytes -= len(old[0]) + len(old[2])
+        self._take(key)
+        while kept and (len(kept) >= _GRANTS_KEPT or self._granted_bytes + size > _GRANT_BYTES):
+            self._take(next(iter(kept)))
         kept[key] = (text, len(ids), distinct)
         self._granted_bytes += size
 
-    def _hash_set(self, lease_id: uuid.UUID, partition_id: int, ids: list[str]) -> bytes:
-        """``hash_set`` of ``ids``' hashes: the grant's, when ``ids`` are what it delivered."""
-        kept = self._granted.pop((str(lease_id), partition_id), None)
+    def _take(self, key: tuple[str, int]) -> tuple[str, int, bytes] | None:
+        """The grant kept under ``key``, no longer kept (None if none was)."""
+        kept = self._granted.pop(key, None)
         if kept is not None:
             self._granted_bytes -= len(kept[0]) + len(kept[2])
-            if kept[1] == len(ids) and kept[0] == "\0".join(ids):
-                return kept[2]
+        return kept
+
+    def _hash_set(self, lease_id: uuid.UUID, partition_id: int, ids: list[str]) -> bytes:
+        """``hash_set`` of ``ids``' hashes: the grant's, when ``ids`` are what it delivered."""
+        kept = self._take((str(lease_id), partition_id))
+        if kept is not None and kept[1] == len(ids) and kept[0] == "\0".join(ids):
+            return kept[2]
         return hash_set(txn_hashes(ids))
 
     async def ack(self, tenant: bytes, batch: AckBatch

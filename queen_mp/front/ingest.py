@@ -262,14 +262,11 @@ class Ingest:
             outcome = ex
         if isinstance(outcome, PushVerdict) and outcome.status == 0:
             (v,) = outcome.items or outcome.each()
-            if v.status == 0:
-                results[0] = ItemResult(QUEUED, item.message_id, outcome.partition_id,
-                                        v.offset if v.offset >= 0 else None,
-                                        outcome.created_at_us)
-            else:
-                results[0] = ItemResult(DUPLICATE, v.original_id, outcome.partition_id,
-                                        v.offset if v.offset >= 0 else None,
-                                        outcome.created_at_us)
+            queued = v.status == 0
+            results[0] = ItemResult(QUEUED if queued else DUPLICATE,
+                                    item.message_id if queued else v.original_id,
+                                    outcome.partition_id, v.offset if v.offset >= 0 else None,
+                                    outcome.created_at_us)
             return PushResults(results)
         if isinstance(outcome, PushVerdict):
             log.warning("push bundle failed on the shard: %s", outcome.error)
