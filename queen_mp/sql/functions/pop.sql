@@ -126,7 +126,7 @@ $$;
 --      with FOR SHARE) from before it writes offsets until it commits, and then, in a
 --      statement whose snapshot was taken after it got the lock, sets ready_at on every
 --      cursor of the partition that is NULL and behind the new last_offset (push.sql: the
---      allocator UPDATE's own statement in log_push_multi_v2, which locked the rows in an
+--      allocator UPDATE's own statement in log_push_multi_v3, which locked the rows in an
 --      earlier one; the statement after the UPDATE in log_push_one_v1). The allocators are
 --      the only writers of last_offset.
 --   So a NULL committed before the allocator took the row is seen by its later statement and
