@@ -112,6 +112,18 @@ def cpu_ticks(pids: list[int]) -> dict[int, int]:
     return out
 
 
+def reaped_ticks(pid: int) -> int:
+    """cutime + cstime of ``pid``: the CPU of the children it has waited for, in clock ticks
+    (a postmaster reaps every backend that exits, so this holds what their last samples miss)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return 0
+    fields = stat[stat.rindex(b")") + 2:].split()
+    return int(fields[13]) + int(fields[14])
+
+
 def shard_pids(pids: Iterable[int]) -> set[int]:
     """The broker's shard processes among ``pids`` (named qmp-shard-N by their fork)."""
     out = set()

@@ -101,6 +101,7 @@ from bench.push import (
     med,
     process_tree,
     queen_counters,
+    reaped_ticks,
     shard_pids,
 )
 from queen_mp.config import Config
@@ -137,27 +138,35 @@ class Sampler(threading.Thread):
     """Samples, every ``every`` s, the CPU ticks of the broker's process tree, of the arm's
     PostgreSQL backends (found by their process title) and of the whole cluster, keeping the
     last value seen per pid: a client that disconnects before the window is read still counts
-    (its backend's CPU up to its last sample). Also the peak of the broker tree's summed RSS
+    (its backend's CPU up to its last sample). The cluster's CPU is exact: the live
+    backends' ticks at each end of the window and what the postmaster reaped in between
+    (``cluster_cpu_s``), so a backend born and gone between two samples counts too (pgmq's
+    consumers in a 0.3 s drain were seen as 0.0 s). Also the peak of the broker tree's summed RSS
     and PSS (PSS counts shared pages once, RSS once per process)."""
 
     def __init__(self, postmaster: int, db: str, root: int | None, every: float = 0.25) -> None:
         super().__init__(daemon=True)
         self.postmaster, self.root, self.every = postmaster, root, every
         self.title = f" {db} ".encode()
-        self.ticks: dict[str, dict[int, int]] = {"broker": {}, "pg_db": {}, "pg_all": {}}
+        self.ticks: dict[str, dict[int, int]] = {"broker": {}, "pg_db": {}, "pg_live": {},
+                                                 "pg_reaped": {}}
         self.peak_rss = self.peak_pss = 0
         self._stop_ev = threading.Event()
         self.lock = threading.Lock()
         self.sample()
 
     def sample(self) -> None:
+        # reaped first: a backend exiting between the two reads is then missed, never counted
+        # both in this total and among the live below
+        reaped = reaped_ticks(self.postmaster)
         cluster = process_tree(self.postmaster)
         ticks = cpu_ticks(cluster)
         db = {p: t for p, t in ticks.items()
               if self.title in _read(f"/proc/{p}/cmdline").replace(b"\0", b" ")}
         broker = process_tree(self.root) if self.root else []
         with self.lock:
-            self.ticks["pg_all"].update(ticks)
+            self.ticks["pg_live"] = ticks
+            self.ticks["pg_reaped"] = {self.postmaster: reaped}
             self.ticks["pg_db"].update(db)
             if broker:
                 self.ticks["broker"].update(cpu_ticks(broker))
@@ -178,6 +187,16 @@ class Sampler(threading.Thread):
         self._stop_ev.set()
         self.join(2.0)
         self.sample()
+
+
+def cluster_cpu_s(c0: dict[str, dict[int, int]], c1: dict[str, dict[int, int]]) -> float:
+    """The cluster's CPU seconds between two ``Sampler.snapshot``s: the backends live at the
+    end from their start (or birth), plus what the postmaster reaped in between, less the part
+    of the reaped that the backends live at the start had already spent before it."""
+    live0, live1 = c0["pg_live"], c1["pg_live"]
+    reaped = sum(c1["pg_reaped"].values()) - sum(c0["pg_reaped"].values())
+    before = sum(t for p, t in live0.items() if p not in live1)
+    return (sum(t - live0.get(p, 0) for p, t in live1.items()) + reaped - before) / CLK_TCK
 
 
 class Meter:
@@ -237,9 +256,11 @@ class Meter:
     def figures(self, client_cpu_s: float, msgs: float | None) -> dict[str, Any]:
         window = self.window
         out: dict[str, Any] = {"window_s": round(window, 3)}
-        for k in ("broker", "pg_db", "pg_all"):
+        for k in ("broker", "pg_db"):
             out[f"cpu_{k}_s"] = (round(delta_cpu_s(self.c0[k], self.c1[k]), 3)
                                  if self.c1[k] else None)
+        out["cpu_pg_all_s"] = (round(cluster_cpu_s(self.c0, self.c1), 3)
+                               if self.c1["pg_live"] else None)
         out["cpu_client_s"] = round(client_cpu_s, 3)
         busy = (self.m1[0] - self.m0[0]) / CLK_TCK
         total = (self.m1[1] - self.m0[1]) / CLK_TCK
