@@ -9,7 +9,7 @@ figure the storage layout decides.
 
 - ``push``: ``--messages`` (40,000; a quarter of it in pushes of 1) in pushes of 1 and of 100
   to 4 partitions, each kind to a fresh queue; ``push x4``: as many again in fused calls
-  (``queen.eph_push_v4``, as a front worker's ``EphemeralPushFusion`` sends them), each of 4
+  (``queen.eph_push_v5``, as a front worker's ``EphemeralPushFusion`` sends them), each of 4
   pushes, one per partition;
 - ``pop+ack``: that queue popped in batches of ``--pop-batch`` (100), each batch acknowledged
   by one call, until empty; by one group, and for pushes of 100 also by two groups in turn,
