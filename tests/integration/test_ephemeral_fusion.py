@@ -327,3 +327,27 @@ def test_the_pushes_of_one_loop_turn_go_out_as_one_call(db_dsn, monkeypatch):
     assert fused_calls == [8, 2] and lone_calls == []
     with psycopg.connect(db_dsn, autocommit=True) as c:
         assert depth(c, uuid.UUID(bytes=t), q) == 18
+
+
+def test_a_fused_call_locks_a_queues_partitions_by_an_index_scan(conn):
+    """A queue's partition rows are locked in key order, the one order of every fused call:
+    by an index scan of the primary key, never the bitmap scan that the generic plan of
+    = ANY otherwise takes here (heap order, which every update moves)."""
+    t, q = uuid.uuid4(), f"fuse-plan-{uuid.uuid4().hex[:8]}"
+    for i in range(60):
+        alone(conn, t, q, f"p{i:02}", ["0"])
+    conn.execute("ANALYZE queen.eph_partitions")
+    plans: list[str] = []
+    conn.add_notice_handler(lambda d: plans.append(d.message_primary or ""))
+    conn.execute("LOAD 'auto_explain'")
+    conn.execute("SET auto_explain.log_min_duration = 0")
+    conn.execute("SET auto_explain.log_nested_statements = on")
+    conn.execute("SET client_min_messages = log")
+    for _ in range(6):  # past plpgsql's custom plans, if any
+        assert fused(conn, [(t, q, f"p{i:02}", ["1"]) for i in (3, 17, 42)]) == ([1] * 3,
+                                                                                [None] * 3)
+    conn.execute("SET client_min_messages = notice")
+    updates = [p for p in plans if "Update on eph_partitions" in p]
+    assert len(updates) == 6
+    assert all("Index Scan using eph_partitions_pkey" in p and "Bitmap" not in p
+               for p in updates), updates[-1]

@@ -814,6 +814,11 @@ CREATE OR REPLACE FUNCTION queen.eph_push_v5(p_tenants uuid[], p_queues text[], 
                                              OUT pushed int4[], OUT details text[])
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET plan_cache_mode = force_generic_plan  -- PERF(eph): see the header
+-- a queue's partition rows locked in its primary key's order: by an index scan (a bitmap
+-- scan, that the generic plan of = ANY prefers, locks them in their heap order, which
+-- moves with every update)
+SET enable_bitmapscan = off
+SET enable_seqscan = off
 AS $$
 DECLARE
     v_r int4 := cardinality(p_counts);
