@@ -178,16 +178,17 @@ class EphemeralPushFusion:
     """A front worker's ephemeral pushes, at most one call of them in flight: the pushes that
     arrive in one event loop turn, or while a call is in flight, go out together when the
     turn ends (when it is answered), as one call and one transaction
-    (sql/functions/ephemeral.sql ``eph_push_v5``; a lone push ``eph_push_v3``), in (tenant,
-    queue, partition) order, the order in which every fused call takes its locks.
+    (sql/functions/ephemeral.sql ``eph_push_v5``; a lone push ``eph_push_v3``), sorted by
+    (tenant, queue, partition), as eph_push_v5 takes them (its queues' locks in that order).
 
     PERF(eph): a push was one pooled call, one statement and one transaction of its own, ~100
     us of PostgreSQL CPU for one message (of which every statement's set-up, whatever its
     rows, is most) and as much again of the front's for the call; the durable push fuses.
     The first push of a quiet worker went alone at once and only those that came during its
     call were fused, so concurrent clients alternated between a call of one and a call of the
-    rest (about two pushes a call with four clients a worker); a push now waits for the end
-    of its turn, so the clients answered by one call come back in one.
+    rest; a push now waits for the end of its turn (pg_stat_user_functions, 8 clients pushing
+    1 message to 2 workers: 1.8 pushes a call before, 2.9 after, 4.2 a fused call; a lone
+    push that waited up to three more turns for company: 3.0, no better).
 
     A request is answered from its own verdict: stored, ``QueueFull`` (nothing of it
     written), or pushed alone after the fused call (one that must drop messages, or whose
