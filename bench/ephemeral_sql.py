@@ -9,7 +9,7 @@ figure the storage layout decides.
 
 - ``push``: ``--messages`` (40,000; a quarter of it in pushes of 1) in pushes of 1 and of 100
   to 4 partitions, each kind to a fresh queue; ``push x4``: as many again in fused calls
-  (``queen.eph_push_v4``, as a front worker's ``EphemeralPushFusion`` sends them), each of 4
+  (``queen.eph_push_v5``, as a front worker's ``EphemeralPushFusion`` sends them), each of 4
   pushes, one per partition;
 - ``pop+ack``: that queue popped in batches of ``--pop-batch`` (100), each batch acknowledged
   by one call, until empty; by one group, and for pushes of 100 also by two groups in turn,
@@ -18,8 +18,10 @@ figure the storage layout decides.
 
 ``python -m bench.ephemeral_sql`` prints a Markdown table (CPU microseconds per message of the
 backend and of the cluster, and wall microseconds) from a private PostgreSQL cluster
-(``--server-dsn DSN``: a
-database on that server instead).
+(``--server-dsn DSN``: a database on that server instead). With ``--callgrind`` it prints
+instructions instead: a call of push, pop and ack, and a call of 1, 4 and 8 fused pushes of 1
+message (``eph_push_v3`` alone for 1), one per partition, as a front worker sends the pushes
+that reach it in one event loop turn.
 """
 
 from __future__ import annotations
@@ -212,10 +214,41 @@ def _instr_cell(dsn: str, pattern: str, size: int, batch: int, calls: int, warmu
                     (plong[1] - pshort[1]) / calls)
 
 
-def instructions(args: argparse.Namespace) -> list[InstrRow]:
-    """``--callgrind``: instructions a call of push, pop and ack, the server (``--server-dsn``,
-    on this machine) run under callgrind, its backends' files named by ``--callgrind``."""
+@dataclass(frozen=True)
+class FusedRow:
+    requests: int  # 1-message pushes a call (1: eph_push_v3 alone, as a lone push goes)
+    per_call: float  # instructions
+
+
+def _fused_cell(dsn: str, pattern: str, k: int, calls: int, warmup: int) -> FusedRow:
+    """``k`` pushes of 1 message, one per partition of a queue, in one call (``k`` = 1: one
+    push alone), as a front worker fuses the pushes of one event loop turn."""
+    queue = f"cgf-{k}-{uuid.uuid4().hex[:6]}"
+    parts = [f"p{i}" for i in range(max(k, 1))]
+    b = _Backend(dsn)
+    b.conn.execute("SELECT queen.eph_configure_v1(%s, %s, %s::jsonb)", (
+        _TENANT, queue, '{"maxLength": 10000000, "maxBytes": 1073741824}'))
+    for part in parts:  # the partitions exist: a fused call creates none
+        b.push(queue, part, 1)
+    b.conn.close()
+
+    def call(b: _Backend) -> None:
+        if k == 1:
+            b.push(queue, parts[0], 1)
+        else:
+            b.push_fused(queue, parts, 1)
+
+    short = _calls(dsn, pattern, warmup, call)
+    long = _calls(dsn, pattern, warmup + calls, call)
+    return FusedRow(k, (long[0] - short[0]) / calls)
+
+
+def instructions(args: argparse.Namespace) -> tuple[list[InstrRow], list[FusedRow]]:
+    """``--callgrind``: instructions a call of push, pop and ack, and of fused pushes of 1,
+    the server (``--server-dsn``, on this machine) run under callgrind, its backends' files
+    named by ``--callgrind``."""
     rows = []
+    fused = []
     dsn = create_database(args.server_dsn, f"queen_bench_{uuid.uuid4().hex[:8]}_ephcg")
     try:
         apply_migrations(dsn)
@@ -223,9 +256,11 @@ def instructions(args: argparse.Namespace) -> list[InstrRow]:
             calls, warmup = (args.calls, args.warmup) if size > 1 else (
                 max(1, args.calls // 3), max(1, args.warmup // 2))
             rows.append(_instr_cell(dsn, args.callgrind, size, batch, calls, warmup))
+        for k in (1, 4, 8):
+            fused.append(_fused_cell(dsn, args.callgrind, k, args.calls, args.warmup))
     finally:
         drop_database(args.server_dsn, db_name(dsn))
-    return rows
+    return rows, fused
 
 
 def _markdown(head: list[str], cells: list[list[str]]) -> str:
@@ -235,11 +270,15 @@ def _markdown(head: list[str], cells: list[list[str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_instructions(rows: list[InstrRow]) -> str:
-    return _markdown(["pushes of", "pop batch", "push instr/call", "pop instr/call",
-                      "ack instr/call", "pop+ack instr/msg"],
-                     [[str(r.push_size), str(r.pop_batch), f"{r.push:,.0f}", f"{r.pop:,.0f}",
-                       f"{r.ack:,.0f}", f"{(r.pop + r.ack) / r.pop_batch:,.0f}"] for r in rows])
+def render_instructions(rows: list[InstrRow], fused: list[FusedRow]) -> str:
+    calls = _markdown(["pushes of", "pop batch", "push instr/call", "pop instr/call",
+                       "ack instr/call", "pop+ack instr/msg"],
+                      [[str(r.push_size), str(r.pop_batch), f"{r.push:,.0f}", f"{r.pop:,.0f}",
+                        f"{r.ack:,.0f}", f"{(r.pop + r.ack) / r.pop_batch:,.0f}"] for r in rows])
+    return calls + "\n" + _markdown(
+        ["fused pushes of 1 a call", "instr/call", "instr/push"],
+        [[str(f.requests), f"{f.per_call:,.0f}", f"{f.per_call / f.requests:,.0f}"]
+         for f in fused])
 
 
 def run(args: argparse.Namespace) -> list[Row]:
@@ -295,7 +334,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.callgrind:
-        print(render_instructions(instructions(args)))
+        print(render_instructions(*instructions(args)))
     else:
         print(render(run(args)))
     return 0

@@ -287,7 +287,7 @@ def test_011_carries_the_messages_of_009_over(pg_server_dsn, tmp_path: Path):
 def test_multibyte_payloads_come_back_verbatim_from_chunk_bodies(db_dsn):
     """schema 015: a chunk's body is its payloads' UTF-8 bytes, a run one substring of it by
     byte offsets: payloads of 1-4 bytes a character, pushed alone (over 256: a chunk's slice
-    of the push's offsets) and fused (eph_push_v4, the second request of a partition refused),
+    of the push's offsets) and fused (eph_push_v5, the second request of a partition refused),
     come back verbatim from the usual read, the walk (a pop across chunks and pushes) and a
     redelivery."""
     tenant, q = uuid.uuid4(), uq()

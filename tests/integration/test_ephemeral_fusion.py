@@ -1,4 +1,4 @@
-"""Fused ephemeral pushes: ``queen.eph_push_v4`` (sql/functions/ephemeral.sql) and the front
+"""Fused ephemeral pushes: ``queen.eph_push_v5`` (sql/functions/ephemeral.sql) and the front
 worker's ``EphemeralPushFusion`` (queen_mp/front/ephemeral.py). A fused call answers each
 request from its own verdict (stored, queue_full, or pushed alone), stores nothing of a request
 it refuses, keeps the bounds exact within the call, keeps seqs in commit order within a
@@ -99,6 +99,36 @@ def test_each_request_of_a_fused_call_gets_its_own_verdict(conn):
     assert drain(conn, t1, small) == [("a", 0), ("a", 5), ("a", 6), ("a", 9)]
     assert drain(conn, t2, q) == [("a", 0), ("a", 10)]
     assert depth(conn, t1, q) == depth(conn, t1, small) == depth(conn, t2, q) == 0
+
+
+def test_the_usual_call_stores_every_request_from_the_callers_runs(conn):
+    """Every queue within its bounds and without a ttl: eph_push_v5 stores the runs the caller
+    made (neighbours of one partition merged, a run of over 256 messages in two chunks, a
+    queue filled exactly to maxLength), each partition's messages in request order."""
+    t1, t2 = sorted([uuid.uuid4(), uuid.uuid4()], key=lambda t: t.bytes)
+    q, exact = f"fuse-usual-{uuid.uuid4().hex[:8]}", f"fuse-exact-{uuid.uuid4().hex[:8]}"
+    configure(conn, t1, exact, maxLength=4)
+    for t, queue, part in ((t1, q, "a"), (t1, q, "b"), (t1, exact, "a"), (t2, q, "a")):
+        alone(conn, t, queue, part, ["0"])
+    big = [str(i) for i in range(100, 400)]
+    reqs: list[Request] = [
+        (t1, q, "a", ["1", "2"]), (t1, q, "a", big), (t1, q, "b", ["3"]),
+        (t1, exact, "a", ["4", "5", "6"]),  # 1 + 3 = maxLength: fits
+        (t2, q, "a", ["7"]),
+    ]
+    order = sorted(range(5), key=lambda i: (reqs[i][0].bytes, reqs[i][1], reqs[i][2]))
+    pushed, details = fused(conn, [reqs[i] for i in order])  # as the front sorts them
+    assert [pushed[order.index(i)] for i in range(5)] == [2, 300, 1, 3, 1]
+    assert details == [None] * 5
+    chunks = conn.execute("SELECT count(*) FROM queen.eph_chunks k JOIN queen.eph_partitions p"
+                          " ON p.id = k.pid WHERE p.tenant = %s AND p.queue = %s AND "
+                          "p.partition = 'a'", (t1, q)).fetchone()
+    assert chunks == (3,)  # the first push's, and 302 messages in two (one run: 1 + 2 apart)
+    assert drain(conn, t1, q) == [("a", 0), ("a", 1), ("a", 2),
+                                  *(("a", int(x)) for x in big), ("b", 0), ("b", 3)]
+    assert drain(conn, t1, exact) == [("a", x) for x in range(7) if x in (0, 4, 5, 6)]
+    assert drain(conn, t2, q) == [("a", 0), ("a", 7)]
+    assert depth(conn, t1, q) == depth(conn, t1, exact) == depth(conn, t2, q) == 0
 
 
 def test_requests_that_must_drop_go_alone_and_new_partitions_undo_the_call(conn):
@@ -253,3 +283,71 @@ def test_a_fused_call_that_fails_answers_each_request_on_its_own(db_dsn, monkeyp
     assert asyncio.run(scenario()) == [1] * 20
     with psycopg.connect(db_dsn, autocommit=True) as c:
         assert sorted(p for _, p in drain(c, uuid.UUID(bytes=t), q)) == list(range(20))
+
+
+def test_the_pushes_of_one_loop_turn_go_out_as_one_call(db_dsn, monkeypatch):
+    """Pushes that reach a quiet worker in one event loop turn are one fused call, the first
+    one included (it went alone at once, and only the rest were fused), and a push that
+    arrives while that call is in flight goes in the next."""
+    fused_calls: list[int] = []
+    lone_calls: list[str] = []
+    real_many, real_one = ephemeral_procs.push_many, ephemeral_procs.push
+
+    async def many(conn: Any, tenants: Any, *rest: Any) -> Any:
+        fused_calls.append(len(tenants))
+        return await real_many(conn, tenants, *rest)
+
+    async def one(conn: Any, tenant: Any, queue: str, partition: str, payloads: Any) -> Any:
+        lone_calls.append(partition)
+        return await real_one(conn, tenant, queue, partition, payloads)
+
+    t, q = uuid.uuid4().bytes, f"fuse-turn-{uuid.uuid4().hex[:8]}"
+
+    async def scenario() -> tuple[list[int], int]:
+        pool = failover_pool(db_dsn, max_size=4, name="fusion-turn-test")
+        await pool.open(wait=True)
+        try:
+            async with pool.connection() as c:
+                for i in range(8):  # the partitions exist
+                    await ephemeral_procs.push(c, t, q, f"p{i}", ["0"])
+            monkeypatch.setattr(ephemeral_procs, "push_many", many)
+            monkeypatch.setattr(ephemeral_procs, "push", one)
+            fusion = EphemeralPushFusion(pool)
+            first = [asyncio.ensure_future(fusion.push(t, Push(q, f"p{i}", ("1",))))
+                     for i in range(8)]
+            await asyncio.sleep(0)  # the call is sent: these two wait for it
+            later = [asyncio.ensure_future(fusion.push(t, Push(q, f"p{i}", ("2",))))
+                     for i in range(2)]
+            return await asyncio.gather(*first, *later), len(fusion._waiting)
+        finally:
+            await pool.close()
+
+    out, left = asyncio.run(scenario())
+    assert out == [1] * 10 and left == 0
+    assert fused_calls == [8, 2] and lone_calls == []
+    with psycopg.connect(db_dsn, autocommit=True) as c:
+        assert depth(c, uuid.UUID(bytes=t), q) == 18
+
+
+def test_a_fused_call_locks_a_queues_partitions_by_an_index_scan(conn):
+    """A queue's partition rows are locked in key order, the one order of every fused call:
+    by an index scan of the primary key, never the bitmap scan that the generic plan of
+    = ANY otherwise takes here (heap order, which every update moves)."""
+    t, q = uuid.uuid4(), f"fuse-plan-{uuid.uuid4().hex[:8]}"
+    for i in range(60):
+        alone(conn, t, q, f"p{i:02}", ["0"])
+    conn.execute("ANALYZE queen.eph_partitions")
+    plans: list[str] = []
+    conn.add_notice_handler(lambda d: plans.append(d.message_primary or ""))
+    conn.execute("LOAD 'auto_explain'")
+    conn.execute("SET auto_explain.log_min_duration = 0")
+    conn.execute("SET auto_explain.log_nested_statements = on")
+    conn.execute("SET client_min_messages = log")
+    for _ in range(6):  # past plpgsql's custom plans, if any
+        assert fused(conn, [(t, q, f"p{i:02}", ["1"]) for i in (3, 17, 42)]) == ([1] * 3,
+                                                                                [None] * 3)
+    conn.execute("SET client_min_messages = notice")
+    updates = [p for p in plans if "Update on eph_partitions" in p]
+    assert len(updates) == 6
+    assert all("Index Scan using eph_partitions_pkey" in p and "Bitmap" not in p
+               for p in updates), updates[-1]

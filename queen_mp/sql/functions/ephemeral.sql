@@ -65,7 +65,8 @@
 --   queen.eph_configure_v1(uuid, text, jsonb) -> jsonb    declare (upsert eph_config)
 --   queen.eph_push_v3(uuid, text, text, bytea, int4[]) -> int4  append; QE001 when full
 --                                                         (policy reject)
---   queen.eph_push_v4(uuid[], text[], text[], int4[], int8[], int4[], bytea)
+--   queen.eph_push_v5(uuid[], text[], text[], int4[], int8[], int4[], bytea, uuid[], text[],
+--                     int8[], int8[], int4[], text[], int4[], int4[])
 --       -> (pushed int4[], details text[])                several pushes fused in one call
 --   queen.eph_pop_v4(uuid, text, text, text, int4, boolean)
 --       -> (epoch text, parts text[], dlvs int8[], atts int4[], firsts int8[], counts int4[],
@@ -82,7 +83,7 @@
 --   queen.eph_queues, eph_counts, eph_partitions, eph_groups, eph_cursors, eph_leases,
 --   eph_chunks; the sequence queen.eph_seq.
 --
--- Lock order (no function but eph_push_v4 touches two queues, and it takes the locks of each
+-- Lock order (no function but eph_push_v5 touches two queues, and it takes the locks of each
 --   level below in one global order, (tenant, queue[, partition]) bytewise, so that two of
 --   its calls never hold two locks of one level in opposite orders; these tables are outside
 --   every lock space of the durable log):
@@ -93,13 +94,14 @@
 --      (settle, drops). A push's ttl and bounds drops are one run of each, not one of each
 --      per drop: the second run went back to rows lower than the first held;
 --   2. a partition row (push only, FOR NO KEY UPDATE, one per call, after its drops; a fused
---      push, eph_push_v4, takes several, after its queues' locks of 0 in one run, in
---      (tenant, queue, partition) order, and drops nothing); or
+--      push, eph_push_v5, takes several, after its queues' locks of 0 in one run: queue by
+--      queue in (tenant, queue) order, a queue's in its primary key's order, and drops
+--      nothing); or
 --      a pop's groups and cursor rows (inserted, then FOR NO KEY UPDATE SKIP LOCKED, and a
 --      pop that holds none may then wait for one); then a pop's chunk rows, its ttl drop's
 --      and its settle's in one run: no holder of a chunk row waits for a cursor or partition
 --      (a pop reads chunks unlocked, and struck its ttl drop's chunks first no longer);
---   3. one eph_counts row (this backend's), last, once per call (eph_push_v4: one per queue,
+--   3. one eph_counts row (this backend's), last, once per call (eph_push_v5: one per queue,
 --      in queue order).
 --   Nobody holding a cursor or partition row waits for a lease row, and nobody waits for
 --   anything while holding its counts row, so no two calls deadlock.
@@ -114,7 +116,7 @@
 -- SQLSTATEs raised:
 --   QE001  eph_push_v3: the queue is at maxLength/maxBytes and its policy is 'reject', or the
 --          push alone is larger than the queue's bounds. MESSAGE 'queue_full', DETAIL says which.
---   QE002  eph_push_v4: a queue or partition has no row yet; push each with eph_push_v3.
+--   QE002  eph_push_v5: a queue or partition has no row yet; push each with eph_push_v3.
 --   22023  eph_push_v3: more than 16,384 messages in one push (the API allows 10,000).
 
 CREATE OR REPLACE FUNCTION queen.eph_defaults_v1()
@@ -664,7 +666,7 @@ BEGIN
             MESSAGE = 'eph_push_v3: the body and offsets do not describe one push';
     END IF;
     -- PERF(eph): eph_enter_v1's lock (a simple expression), then one statement for what
-    -- eph_enter_v1 and eph_options_v1 read and the queue's counts (as eph_push_v4 reads them):
+    -- eph_enter_v1 and eph_options_v1 read and the queue's counts (as eph_push_v5 reads them):
     -- two calls and three statements before
     IF NOT pg_try_advisory_xact_lock_shared(queen.eph_key_v1(p_tenant, p_queue)) THEN
         PERFORM pg_advisory_xact_lock_shared(queen.eph_key_v1(p_tenant, p_queue));
@@ -764,15 +766,24 @@ BEGIN
 END;
 $$;
 
--- Fused pushes: the pushes that reached a front worker while one of its calls was in flight,
--- in one call and one transaction (queen_mp/front/ephemeral.py EphemeralPushFusion). Request i pushes
--- the next p_counts[i] messages of p_body, of p_bytes[i] bytes in all, to partition
--- p_parts[i] of queue (p_tenants[i], p_queues[i]); the messages come as eph_push_v3's: p_body
--- every payload's UTF-8 bytes joined by 0x1e, p_offs where each begins in p_body, one more
--- element (queen_mp/db/ephemeral_procs.py computes them all). The requests come sorted by
--- (tenant, queue, partition), uuid and text compared bytewise (COLLATE "C", the caller's sort;
--- 22023 otherwise), so those of one queue, and of one partition, are neighbours, and every
--- fused call takes its queues' locks and its partitions' rows in one global order.
+-- Fused pushes: the pushes that reached a front worker in one event loop turn or while one of
+-- its calls was in flight, in one call and one transaction (queen_mp/front/ephemeral.py
+-- EphemeralPushFusion). Request i pushes the next p_counts[i] messages of p_body, of
+-- p_bytes[i] bytes in all, to partition p_parts[i] of queue (p_tenants[i], p_queues[i]); the
+-- messages come as eph_push_v3's: p_body every payload's UTF-8 bytes joined by 0x1e, p_offs
+-- where each begins in p_body, one more element. The requests come sorted by (tenant, queue,
+-- partition), uuid and text compared bytewise (COLLATE "C", the caller's sort; 22023
+-- otherwise), so those of one queue, and of one partition, are neighbours.
+--
+-- The caller (queen_mp/db/ephemeral_procs.py push_many_params) also sends what the requests
+-- store when every one is stored: per queue, in the requests' order, its tenant and name,
+-- messages and bytes (p_q_n, p_q_b) and its first partition run (p_q_r, one element more:
+-- one past the last run); per partition run (the stored messages of one partition, of one
+-- request or of neighbours), its partition, first message (an index of p_offs) and count.
+-- When every queue has no ttlSeconds and holds its requests' total within its bounds (the
+-- usual call) that is the answer, with no statement or expression per request; otherwise
+-- each request gets its own verdict, and the queue and run arrays are made again of those
+-- stored.
 --
 -- pushed[i] is what request i stored: p_counts[i] (all of it), -1 when it was refused whole
 -- (queue_full; details[i] says why, as eph_push_v3's DETAIL), or -2 when it must be pushed
@@ -784,28 +795,38 @@ $$;
 -- nothing was written, and each request is to be pushed alone (a row's insert could wait for
 -- another call's while this one holds rows of others).
 --
--- The partitions' rows are updated one by one in the requests' order, each taking one seq
--- value (so seqs still grow in commit order within a partition), and the messages of one
--- partition (of one request or of several, in request order) are stored as one push of
--- their sum. PERF(eph): a statement costs tens of thousands of instructions of executor
--- set-up whatever its rows (a function call more), where a simple expression costs about a
--- thousand, so there are as few statements as the work allows: one per queue (its epoch,
--- options and counts; eph_enter_v1, eph_options_v1 and the sum were three, and two calls),
--- one per partition, one insert of every chunk, and one count per queue (eph_count_v2's
--- statement, inlined), whatever the count of requests. 22023 also when a partition gets more
--- than 16,384 messages in one call.
-CREATE OR REPLACE FUNCTION queen.eph_push_v4(p_tenants uuid[], p_queues text[], p_parts text[],
+-- Each partition takes one seq value (so seqs still grow in commit order within a partition),
+-- and the messages of one partition (of one request or of several, in request order) are
+-- stored as one push of their sum. PERF(eph): a statement costs tens of thousands of
+-- instructions of executor set-up whatever its rows, and so does every distinct expression
+-- that runs (plpgsql prepares a simple expression again in every transaction): v4 ran ~60
+-- expressions in its verdict loop and a statement per partition, 925k instructions for a call
+-- of one request, 338k per request for 4 (callgrind, bench/ephemeral_sql.py). Here: per queue
+-- its lock and one read (epoch, options and counts), and one statement that updates its
+-- partitions and inserts their chunks; one count per queue (eph_count_v2's statement,
+-- inlined). 22023 also when a partition gets more than 16,384 messages in one call.
+CREATE OR REPLACE FUNCTION queen.eph_push_v5(p_tenants uuid[], p_queues text[], p_parts text[],
                                              p_counts int4[], p_bytes int8[], p_offs int4[],
-                                             p_body bytea,
+                                             p_body bytea, p_q_tenants uuid[],
+                                             p_q_queues text[], p_q_n int8[], p_q_b int8[],
+                                             p_q_r int4[], p_r_parts text[], p_r_first int4[],
+                                             p_r_n int4[],
                                              OUT pushed int4[], OUT details text[])
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET plan_cache_mode = force_generic_plan  -- PERF(eph): see the header
+-- a queue's partition rows locked in its primary key's order: by an index scan (a bitmap
+-- scan, that the generic plan of = ANY prefers, locks them in their heap order, which
+-- moves with every update)
+SET enable_bitmapscan = off
+SET enable_seqscan = off
 AS $$
 DECLARE
     v_r int4 := cardinality(p_counts);
     v_i int4;
+    v_j int4;
     v_o jsonb;
     v_epoch text;
+    v_fast boolean := true;  -- every request stored: the caller's queue and run arrays hold
     v_ttl boolean;
     v_reject boolean;
     v_max_len int8;
@@ -813,177 +834,216 @@ DECLARE
     v_depth int8;
     v_stored int8;
     v_q0 int4;  -- the first request of the current queue
-    v_qt uuid[] := '{}';  -- the queues, and what their requests store
-    v_qq text[] := '{}';
-    v_qn int8[] := '{}';
-    v_qb int8[] := '{}';
     v_first int4 := 1;  -- request i's first message in p_offs
     v_all boolean := true;  -- every request stored
     v_at int4 := 1;  -- where the next stored request's messages start in v_acc
-    v_acc bytea;
-    v_acc_offs int4[];
-    v_pt uuid[] := '{}';  -- the partitions that store something: first in v_acc, how many
-    v_pq text[] := '{}';
-    v_pp text[] := '{}';
-    v_pf int4[] := '{}';
-    v_pn int4[] := '{}';
+    v_acc bytea := p_body;
+    v_acc_offs int4[] := p_offs;
     v_k int4 := 0;
-    v_pid int8[] := '{}';
-    v_base int8[] := '{}';
-    v_id int8;
-    v_seq int8;
+    v_want int8;  -- the chunks a queue's partitions store
+    v_rows int8;
 BEGIN
-    pushed := array_fill(0, ARRAY[v_r]);
     details := array_fill(NULL::text, ARRAY[v_r]);
     IF v_r = 0 THEN
+        pushed := '{}';
         RETURN;
     END IF;
     IF cardinality(p_tenants) <> v_r OR cardinality(p_queues) <> v_r
        OR cardinality(p_parts) <> v_r OR cardinality(p_bytes) <> v_r
        OR cardinality(p_offs) < 1 OR p_offs[1] <> 0
-       OR octet_length(p_body) IS DISTINCT FROM p_offs[cardinality(p_offs)] - 1 THEN
+       OR octet_length(p_body) IS DISTINCT FROM p_offs[cardinality(p_offs)] - 1
+       OR cardinality(p_q_r) <> cardinality(p_q_n) + 1
+       OR p_q_r[cardinality(p_q_r)] <> cardinality(p_r_n) + 1
+       OR p_r_first[cardinality(p_r_n)] + p_r_n[cardinality(p_r_n)] <> cardinality(p_offs) THEN
         RAISE EXCEPTION USING ERRCODE = '22023',
-            MESSAGE = 'eph_push_v4: the arrays do not describe the same requests';
+            MESSAGE = 'eph_push_v5: the arrays do not describe the same requests';
     END IF;
-    -- queue by queue, in the requests' order: its lock, options and counts, then the verdicts
-    FOR v_i IN 1..v_r LOOP
-        IF v_i = 1 OR p_tenants[v_i] <> p_tenants[v_q0] OR p_queues[v_i] <> p_queues[v_q0] THEN
-            IF v_i > 1 AND (p_tenants[v_i], p_queues[v_i] COLLATE "C")
-                           < (p_tenants[v_q0], p_queues[v_q0] COLLATE "C") THEN
-                RAISE EXCEPTION USING ERRCODE = '22023',
-                    MESSAGE = 'eph_push_v4: the requests are not sorted';
-            END IF;
-            v_q0 := v_i;
-            v_qt := v_qt || p_tenants[v_i];  -- what its requests store, so far
-            v_qq := v_qq || p_queues[v_i];
-            v_qn := v_qn || 0::int8;
-            v_qb := v_qb || 0::int8;
-            -- eph_enter_v1's lock (a simple expression), and what it and eph_options_v1 read
-            IF NOT pg_try_advisory_xact_lock_shared(queen.eph_key_v1(p_tenants[v_i],
-                                                                     p_queues[v_i])) THEN
-                PERFORM pg_advisory_xact_lock_shared(queen.eph_key_v1(p_tenants[v_i],
-                                                                      p_queues[v_i]));
-            END IF;
-            v_epoch := NULL;
-            SELECT h.epoch, h.options, h.depth, h.bytes INTO v_epoch, v_o, v_depth, v_stored
-              FROM queen.eph_head_v1(p_tenants[v_i], p_queues[v_i]) h;
-            IF v_epoch IS NULL THEN  -- a new queue (eph_enter_v1 inserts its row)
-                RAISE EXCEPTION USING ERRCODE = 'QE002', MESSAGE = 'push_alone',
-                    DETAIL = format('queue %s has no row yet', p_queues[v_i]);
-            END IF;
-            v_ttl := (v_o ->> 'ttlSeconds')::int4 > 0;
-            v_reject := v_o ->> 'policy' = 'reject';
-            v_max_len := (v_o ->> 'maxLength')::int8;
-            v_max_bytes := (v_o ->> 'maxBytes')::int8;
-        ELSIF p_parts[v_i] COLLATE "C" < p_parts[v_i - 1] COLLATE "C" THEN
+    -- the usual call: queue by queue (sorted), its lock, options and counts, and its total
+    FOR v_j IN 1..cardinality(p_q_n) LOOP
+        IF v_j > 1 AND (p_q_tenants[v_j], p_q_queues[v_j] COLLATE "C")
+                       <= (p_q_tenants[v_j - 1], p_q_queues[v_j - 1] COLLATE "C") THEN
             RAISE EXCEPTION USING ERRCODE = '22023',
-                MESSAGE = 'eph_push_v4: the requests are not sorted';
+                MESSAGE = 'eph_push_v5: the requests are not sorted';
         END IF;
-        IF p_counts[v_i] = 0 THEN
-            CONTINUE;
-        ELSIF v_ttl THEN
-            pushed[v_i] := -2;
-        ELSIF p_counts[v_i] > v_max_len OR p_bytes[v_i] > v_max_bytes THEN
-            pushed[v_i] := -1;
-            details[v_i] := format('this push (%s messages, %s bytes) is larger than the queue '
-                                   '(maxLength %s, maxBytes %s)', p_counts[v_i], p_bytes[v_i],
-                                   v_max_len, v_max_bytes);
-        ELSIF v_depth + v_qn[cardinality(v_qn)] + p_counts[v_i] > v_max_len
-              OR v_stored + v_qb[cardinality(v_qb)] + p_bytes[v_i] > v_max_bytes THEN
-            IF v_reject THEN
-                pushed[v_i] := -1;
-                details[v_i] := format('the queue holds %s messages, %s bytes (maxLength %s, '
-                                       'maxBytes %s) and its policy is reject',
-                                       v_depth + v_qn[cardinality(v_qn)],
-                                       v_stored + v_qb[cardinality(v_qb)], v_max_len,
-                                       v_max_bytes);
-            ELSE
-                pushed[v_i] := -2;
-            END IF;
-        ELSE
-            pushed[v_i] := p_counts[v_i];
-            v_qn[cardinality(v_qn)] := v_qn[cardinality(v_qn)] + p_counts[v_i];
-            v_qb[cardinality(v_qb)] := v_qb[cardinality(v_qb)] + p_bytes[v_i];
-            -- the partition's messages in v_acc: a run of their own (neighbours by partition)
-            IF v_k > 0 AND v_pt[v_k] = p_tenants[v_i] AND v_pq[v_k] = p_queues[v_i]
-               AND v_pp[v_k] = p_parts[v_i] THEN
-                v_pn[v_k] := v_pn[v_k] + p_counts[v_i];
-            ELSE
-                v_k := v_k + 1;
-                v_pt[v_k] := p_tenants[v_i];
-                v_pq[v_k] := p_queues[v_i];
-                v_pp[v_k] := p_parts[v_i];
-                v_pf[v_k] := v_at;
-                v_pn[v_k] := p_counts[v_i];
-            END IF;
-            v_at := v_at + p_counts[v_i];
+        -- eph_enter_v1's lock (a simple expression), and what it and eph_options_v1 read
+        IF NOT pg_try_advisory_xact_lock_shared(queen.eph_key_v1(p_q_tenants[v_j],
+                                                                 p_q_queues[v_j])) THEN
+            PERFORM pg_advisory_xact_lock_shared(queen.eph_key_v1(p_q_tenants[v_j],
+                                                                  p_q_queues[v_j]));
         END IF;
-        v_all := v_all AND pushed[v_i] = p_counts[v_i];
-        v_first := v_first + p_counts[v_i];
-    END LOOP;
-    IF v_first IS DISTINCT FROM cardinality(p_offs) THEN
-        RAISE EXCEPTION USING ERRCODE = '22023',
-            MESSAGE = 'eph_push_v4: the counts do not add up to the payloads';
-    END IF;
-    IF v_k = 0 THEN
-        RETURN;
-    END IF;
-    IF 16384 < ANY (v_pn) THEN
-        RAISE EXCEPTION USING ERRCODE = '22023',
-            MESSAGE = 'eph_push_v4: over 16384 messages for one partition in one call';
-    END IF;
-    -- the partitions' turns, in the requests' order: each row is held to the commit, and its
-    -- seq value taken again if it had to wait for it (see eph_push_v3). PERF(eph): one update
-    -- by key each; one statement for all of them, joined to the arrays, was planned (generic
-    -- plan) as a hash join over a scan of the whole table, the dead versions of every push's
-    -- update included, and locked the rows in the scan's order
-    FOR v_i IN 1..v_k LOOP
-        UPDATE queen.eph_partitions p
-           SET last_seq = nextval('queen.eph_seq') * 16384 + v_pn[v_i] - 1
-         WHERE p.tenant = v_pt[v_i] AND p.queue = v_pq[v_i] AND p.partition = v_pp[v_i]
-        RETURNING p.id, p.last_seq - v_pn[v_i] + 1 INTO v_id, v_seq;
-        IF NOT FOUND THEN  -- a new partition: this call undone, each request pushed alone
+        v_epoch := NULL;
+        SELECT h.epoch, h.options, h.depth, h.bytes INTO v_epoch, v_o, v_depth, v_stored
+          FROM queen.eph_head_v1(p_q_tenants[v_j], p_q_queues[v_j]) h;
+        IF v_epoch IS NULL THEN  -- a new queue (eph_enter_v1 inserts its row)
             RAISE EXCEPTION USING ERRCODE = 'QE002', MESSAGE = 'push_alone',
-                DETAIL = format('partition %s of queue %s has no row yet', v_pp[v_i], v_pq[v_i]);
+                DETAIL = format('queue %s has no row yet', p_q_queues[v_j]);
         END IF;
-        v_pid[v_i] := v_id;
-        v_base[v_i] := v_seq;
+        v_fast := v_fast AND (v_o ->> 'ttlSeconds')::int4 = 0
+                  AND v_depth + p_q_n[v_j] <= (v_o ->> 'maxLength')::int8
+                  AND v_stored + p_q_b[v_j] <= (v_o ->> 'maxBytes')::int8;
     END LOOP;
-    -- the stored requests' messages, a run per partition: when some request was refused,
-    -- the others' payloads joined again, with their offsets
-    IF v_all THEN
-        v_acc := p_body;
-        v_acc_offs := p_offs;
+    IF v_fast THEN
+        pushed := p_counts;
     ELSE
-        SELECT string_agg(substring(p_body FROM p_offs[x.k] + 1 FOR x.s), '\x1e'::bytea
-                          ORDER BY x.o),
-               array_agg(x.at - x.s - 1 ORDER BY x.o) || max(x.at)::int4
-          INTO v_acc, v_acc_offs
-          FROM (SELECT y.o, y.k, y.s, sum(y.s + 1) OVER (ORDER BY y.o) AS at
-                  FROM (SELECT row_number() OVER (ORDER BY u.i, g.k) AS o, g.k,
-                               p_offs[g.k + 1] - p_offs[g.k] - 1 AS s
-                          FROM (SELECT w.i, w.n, sum(w.n) OVER (ORDER BY w.i) - w.n + 1 AS first
-                                  FROM unnest(p_counts) WITH ORDINALITY AS w(n, i)) u
-                         CROSS JOIN LATERAL generate_series(u.first, u.first + u.n - 1) AS g(k)
-                         WHERE pushed[u.i] > 0) y) x;
+        -- a verdict per request, queue by queue (their locks are held): the queue and run
+        -- arrays made again of the stored requests
+        pushed := array_fill(0, ARRAY[v_r]);
+        p_q_tenants := '{}';
+        p_q_queues := '{}';
+        p_q_n := '{}';
+        p_q_b := '{}';
+        p_q_r := '{}';
+        p_r_parts := '{}';
+        p_r_first := '{}';
+        p_r_n := '{}';
+        FOR v_i IN 1..v_r LOOP
+            IF v_i = 1 OR p_tenants[v_i] <> p_tenants[v_q0] OR p_queues[v_i] <> p_queues[v_q0] THEN
+                IF v_i > 1 AND (p_tenants[v_i], p_queues[v_i] COLLATE "C")
+                               < (p_tenants[v_q0], p_queues[v_q0] COLLATE "C") THEN
+                    RAISE EXCEPTION USING ERRCODE = '22023',
+                        MESSAGE = 'eph_push_v5: the requests are not sorted';
+                END IF;
+                v_q0 := v_i;
+                p_q_tenants := p_q_tenants || p_tenants[v_i];  -- what its requests store
+                p_q_queues := p_q_queues || p_queues[v_i];
+                p_q_n := p_q_n || 0::int8;
+                p_q_b := p_q_b || 0::int8;
+                p_q_r := p_q_r || (v_k + 1);
+                SELECT h.epoch, h.options, h.depth, h.bytes INTO v_epoch, v_o, v_depth, v_stored
+                  FROM queen.eph_head_v1(p_tenants[v_i], p_queues[v_i]) h;
+                IF v_epoch IS NULL THEN  -- not a queue of the fast loop's: unsorted
+                    RAISE EXCEPTION USING ERRCODE = '22023',
+                        MESSAGE = 'eph_push_v5: the arrays do not describe the same requests';
+                END IF;
+                v_ttl := (v_o ->> 'ttlSeconds')::int4 > 0;
+                v_reject := v_o ->> 'policy' = 'reject';
+                v_max_len := (v_o ->> 'maxLength')::int8;
+                v_max_bytes := (v_o ->> 'maxBytes')::int8;
+            ELSIF p_parts[v_i] COLLATE "C" < p_parts[v_i - 1] COLLATE "C" THEN
+                RAISE EXCEPTION USING ERRCODE = '22023',
+                    MESSAGE = 'eph_push_v5: the requests are not sorted';
+            END IF;
+            IF p_counts[v_i] = 0 THEN
+                CONTINUE;
+            ELSIF v_ttl THEN
+                pushed[v_i] := -2;
+            ELSIF p_counts[v_i] > v_max_len OR p_bytes[v_i] > v_max_bytes THEN
+                pushed[v_i] := -1;
+                details[v_i] := format('this push (%s messages, %s bytes) is larger than the '
+                                       'queue (maxLength %s, maxBytes %s)', p_counts[v_i],
+                                       p_bytes[v_i], v_max_len, v_max_bytes);
+            ELSIF v_depth + p_q_n[cardinality(p_q_n)] + p_counts[v_i] > v_max_len
+                  OR v_stored + p_q_b[cardinality(p_q_b)] + p_bytes[v_i] > v_max_bytes THEN
+                IF v_reject THEN
+                    pushed[v_i] := -1;
+                    details[v_i] := format('the queue holds %s messages, %s bytes (maxLength '
+                                           '%s, maxBytes %s) and its policy is reject',
+                                           v_depth + p_q_n[cardinality(p_q_n)],
+                                           v_stored + p_q_b[cardinality(p_q_b)], v_max_len,
+                                           v_max_bytes);
+                ELSE
+                    pushed[v_i] := -2;
+                END IF;
+            ELSE
+                pushed[v_i] := p_counts[v_i];
+                p_q_n[cardinality(p_q_n)] := p_q_n[cardinality(p_q_n)] + p_counts[v_i];
+                p_q_b[cardinality(p_q_b)] := p_q_b[cardinality(p_q_b)] + p_bytes[v_i];
+                -- the partition's messages in v_acc: a run of their own (neighbours by
+                -- partition, after the queue's first run)
+                IF v_k >= p_q_r[cardinality(p_q_r)] AND p_r_parts[v_k] = p_parts[v_i] THEN
+                    p_r_n[v_k] := p_r_n[v_k] + p_counts[v_i];
+                ELSE
+                    v_k := v_k + 1;
+                    p_r_parts[v_k] := p_parts[v_i];
+                    p_r_first[v_k] := v_at;
+                    p_r_n[v_k] := p_counts[v_i];
+                END IF;
+                v_at := v_at + p_counts[v_i];
+            END IF;
+            v_all := v_all AND pushed[v_i] = p_counts[v_i];
+            v_first := v_first + p_counts[v_i];
+        END LOOP;
+        p_q_r := p_q_r || (v_k + 1);
+        IF v_first IS DISTINCT FROM cardinality(p_offs) THEN
+            RAISE EXCEPTION USING ERRCODE = '22023',
+                MESSAGE = 'eph_push_v5: the counts do not add up to the payloads';
+        END IF;
+        IF v_k = 0 THEN
+            RETURN;
+        END IF;
+        -- the stored requests' messages, a run per partition: when some request was refused,
+        -- the others' payloads joined again, with their offsets
+        IF NOT v_all THEN
+            SELECT string_agg(substring(p_body FROM p_offs[x.k] + 1 FOR x.s), '\x1e'::bytea
+                              ORDER BY x.o),
+                   array_agg(x.at - x.s - 1 ORDER BY x.o) || max(x.at)::int4
+              INTO v_acc, v_acc_offs
+              FROM (SELECT y.o, y.k, y.s, sum(y.s + 1) OVER (ORDER BY y.o) AS at
+                      FROM (SELECT row_number() OVER (ORDER BY u.i, g.k) AS o, g.k,
+                                   p_offs[g.k + 1] - p_offs[g.k] - 1 AS s
+                              FROM (SELECT w.i, w.n,
+                                           sum(w.n) OVER (ORDER BY w.i) - w.n + 1 AS first
+                                      FROM unnest(p_counts) WITH ORDINALITY AS w(n, i)) u
+                             CROSS JOIN LATERAL generate_series(u.first, u.first + u.n - 1)
+                                   AS g(k)
+                             WHERE pushed[u.i] > 0) y) x;
+        END IF;
     END IF;
-    -- a chunk: its part of the body and its slice of the offsets as they are (schema 015)
-    INSERT INTO queen.eph_chunks (pid, base, body, offs, live, created_at)
-    SELECT u.pid, u.base + k * 256,
-           substring(v_acc FROM v_acc_offs[u.f + k * 256] + 1
-                     FOR v_acc_offs[u.f + least(u.n, k * 256 + 256)]
-                         - v_acc_offs[u.f + k * 256] - 1),
-           v_acc_offs[u.f + k * 256:u.f + least(u.n, k * 256 + 256)],
-           least(256, u.n - k * 256), clock_timestamp()
-      FROM unnest(v_pid, v_base, v_pf, v_pn) AS u(pid, base, f, n)
-     CROSS JOIN LATERAL generate_series(0, (u.n - 1) / 256) AS k;
-    -- eph_count_v2's statement, per queue in the requests' order
-    FOR v_i IN 1..cardinality(v_qt) LOOP
-        CONTINUE WHEN v_qn[v_i] = 0;
+    IF 16384 < ANY (p_r_n) THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = 'eph_push_v5: over 16384 messages for one partition in one call';
+    END IF;
+    -- queue by queue: its partitions' turns and their chunks, one statement. Each partition
+    -- row is held to the commit, and its seq value taken again if it had to wait for it (see
+    -- eph_push_v3). The rows of a queue are taken by one scan of its primary key (= ANY: in
+    -- index order, whatever the runs' order), so two calls take a queue's rows in one order.
+    -- PERF(eph): v4 ran an UPDATE per partition and then an INSERT of every chunk; one UPDATE
+    -- joined to the arrays was planned as a hash join over a scan of the whole table (dead
+    -- versions included), locking in the scan's order, where = ANY on the key is an index
+    -- scan. A partition without a row stores no chunk: the inserted chunks are counted, and a
+    -- shortfall undoes the call (QE002).
+    FOR v_j IN 1..cardinality(p_q_n) LOOP
+        CONTINUE WHEN p_q_n[v_j] = 0;
+        v_want := 0;
+        FOR v_i IN p_q_r[v_j]..p_q_r[v_j + 1] - 1 LOOP  -- its partitions' runs, sorted
+            IF v_i > p_q_r[v_j] AND p_r_parts[v_i] COLLATE "C" <= p_r_parts[v_i - 1] COLLATE "C"
+            THEN
+                RAISE EXCEPTION USING ERRCODE = '22023',
+                    MESSAGE = 'eph_push_v5: the requests are not sorted';
+            END IF;
+            v_want := v_want + (p_r_n[v_i] - 1) / 256 + 1;
+        END LOOP;
+        v_i := p_q_r[v_j] - 1;  -- the queue's runs are v_i + 1 ..
+        v_k := p_q_r[v_j + 1] - 1;  -- .. v_k
+        WITH u AS (
+            UPDATE queen.eph_partitions p
+               SET last_seq = nextval('queen.eph_seq') * 16384
+                              + p_r_n[v_i + array_position(p_r_parts[v_i + 1:v_k], p.partition)]
+                              - 1
+             WHERE p.tenant = p_q_tenants[v_j] AND p.queue = p_q_queues[v_j]
+               AND p.partition = ANY (p_r_parts[v_i + 1:v_k])
+            RETURNING p.id, p.last_seq,
+                      v_i + array_position(p_r_parts[v_i + 1:v_k], p.partition) AS j)
+        -- a chunk: its part of the body and its slice of the offsets as they are (schema 015)
+        INSERT INTO queen.eph_chunks (pid, base, body, offs, live, created_at)
+        SELECT u.id, u.last_seq - p_r_n[u.j] + 1 + k * 256,
+               substring(v_acc FROM v_acc_offs[p_r_first[u.j] + k * 256] + 1
+                         FOR v_acc_offs[p_r_first[u.j] + least(p_r_n[u.j], k * 256 + 256)]
+                             - v_acc_offs[p_r_first[u.j] + k * 256] - 1),
+               v_acc_offs[p_r_first[u.j] + k * 256
+                          :p_r_first[u.j] + least(p_r_n[u.j], k * 256 + 256)],
+               least(256, p_r_n[u.j] - k * 256), clock_timestamp()
+          FROM u CROSS JOIN LATERAL generate_series(0, (p_r_n[u.j] - 1) / 256) AS k;
+        GET DIAGNOSTICS v_rows = ROW_COUNT;
+        IF v_rows <> v_want THEN  -- a new partition: this call undone, each pushed alone
+            RAISE EXCEPTION USING ERRCODE = 'QE002', MESSAGE = 'push_alone',
+                DETAIL = format('a partition of queue %s has no row yet', p_q_queues[v_j]);
+        END IF;
+        -- eph_count_v2's statement
         INSERT INTO queen.eph_counts AS c (tenant, queue, slot, depth, bytes, drops_bounds,
                                            drops_ttl, drops_retry)
-        VALUES (v_qt[v_i], v_qq[v_i], (pg_backend_pid() % 16)::int2, v_qn[v_i], v_qb[v_i], 0,
-                0, 0)
+        VALUES (p_q_tenants[v_j], p_q_queues[v_j], (pg_backend_pid() % 16)::int2, p_q_n[v_j],
+                p_q_b[v_j], 0, 0, 0)
         ON CONFLICT (tenant, queue, slot) DO UPDATE
            SET depth = c.depth + EXCLUDED.depth, bytes = c.bytes + EXCLUDED.bytes;
     END LOOP;
