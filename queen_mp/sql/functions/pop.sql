@@ -625,8 +625,8 @@ BEGIN
 
         -- PERF(pop): the claim below updates the row by the ctid read here (a TID scan, not
         -- a second index probe), as log_ack_multi_v2 does. The claim's start, end and
-        -- attempt come computed from the locked row: each plpgsql assignment is an
-        -- expression initialized anew in every transaction (bench/popsql.py).
+        -- attempt are plpgsql assignments: computed by this SELECT ... FOR UPDATE they cost
+        -- more (bench/popsql.py). Assignments leave FOUND as this SELECT set it.
         SELECT c.ctid, c.committed_offset, c.lease_expires_at + v_cand.retry_delay,
                c.batch_start, c.attempt_count
         INTO v_ctid, v_old, v_held, v_bstart, v_attempt
@@ -653,7 +653,8 @@ BEGIN
         END IF;
 
         v_end := LEAST(v_part.last_offset, v_start + v_left - 1);
-        v_attempt := CASE WHEN v_bstart = v_start AND v_attempt > 0 THEN v_attempt + 1 ELSE 1 END;
+        v_attempt := CASE WHEN v_bstart = v_start AND v_attempt > 0
+                          THEN v_attempt + 1 ELSE 1 END;
         IF v_cand.max_wait IS NOT NULL OR v_cand.delayed > 0 THEN
             -- maxWaitTimeSeconds (api.md 4): a message that waited longer is never delivered.
             -- The head is the oldest message of the claim (created_at is monotone in offset
