@@ -1,4 +1,4 @@
--- 017_pop_queue_options.sql: a queue's options as a pop reads them, one definition for the
+-- 016_pop_queue_options.sql: a queue's options as a pop reads them, one definition for the
 -- queue pop's scope statement and pop_scope_v5 (functions/pop.sql; issue 26).
 --
 -- Views: queen.pop_queue_options (new): every queue row with its pop options in the units the
