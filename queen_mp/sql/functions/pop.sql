@@ -9,8 +9,8 @@
 --   queen.log_ready_at_v1(int8, int8, int8, timestamptz) -> timestamptz
 --       the ready index's flag of a cursor at a committed offset; every writer that moves a
 --       cursor sets it (the protocol that keeps it true is written at the function).
---   queen.pop_scope_ids_v1(uuid, text, text, text) -> int8[]: the queues a pop may claim.
---   queen.pop_scope_v4(int8[], text) -> table: those queues' options and the group's start.
+--   queen.pop_scope_ids_v2(uuid, text, text) -> int8[]: the queues a discovery pop may claim.
+--   queen.pop_scope_v5(int8[], text) -> table: those queues' options and the group's start.
 --   queen.log_pop_v1(uuid, text, text, text, text, text, int4, int4, boolean, text,
 --                    timestamptz, uuid, int4) -> SETOF rows (below)
 --       claim partitions for a group, lease (or auto-ack) them and return the covering
@@ -42,7 +42,8 @@
 -- SQLSTATEs raised:
 --   22023  invalid_parameter_value: batch < 1, max_partitions < 1, unknown subscription mode,
 --          neither queue nor namespace/task given
---   P0004  assert_failure: a claim's cursor row, locked by the pop, was not found by its ctid
+--   P0002  no_data_found: a claim's cursor row, locked by the pop, was not found by its ctid
+--          (its UPDATE ... INTO STRICT)
 --
 -- Isolation: READ COMMITTED. log_partitions.last_offset is read without a lock: a push's offsets
 --   become visible only at its commit, and one partition's pushes commit in offset order (one
@@ -182,26 +183,21 @@ END
 $$;
 
 -- ---------------------------------------------------------------------------------------------
--- pop_scope_ids_v1: the ids of the queues a pop may claim from, ascending. One statement per
--- kind of scope, each a key lookup in its generic plan: log_pop_v1 runs cached generic plans
--- (below), and a generic plan of one statement with every filter optional
--- ("p_queue IS NULL OR q.name = p_queue") reads every queue of the tenant.
+-- pop_scope_ids_v2: the ids of the queues a discovery pop (namespace and/or task) may claim
+-- from, ascending. One statement per kind of scope, each a key lookup in its generic plan:
+-- log_pop_v1 runs cached generic plans (below), and a generic plan of one statement with every
+-- filter optional ("p_namespace IS NULL OR q.namespace = p_namespace") reads every queue of the
+-- tenant. (v1 took the queue name too: a queue pop reads its one queue in its own scope
+-- statement now.)
 -- ---------------------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION queen.pop_scope_ids_v1(p_tenant uuid, p_queue text, p_namespace text,
-                                                  p_task text)
+CREATE OR REPLACE FUNCTION queen.pop_scope_ids_v2(p_tenant uuid, p_namespace text, p_task text)
 RETURNS int8[]
 LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
     v_ids int8[];
 BEGIN
-    IF p_queue IS NOT NULL THEN  -- queues_tenant_name_key
-        SELECT array_agg(q.id) INTO v_ids
-        FROM queen.queues q
-        WHERE q.tenant = p_tenant AND q.name = p_queue
-          AND (p_namespace IS NULL OR q.namespace = p_namespace)
-          AND (p_task IS NULL OR q.task = p_task);
-    ELSIF p_namespace IS NOT NULL THEN  -- queues_tenant_namespace_task_idx
+    IF p_namespace IS NOT NULL THEN  -- queues_tenant_namespace_task_idx
         SELECT array_agg(q.id ORDER BY q.id) INTO v_ids
         FROM queen.queues q
         WHERE q.tenant = p_tenant AND q.namespace = p_namespace
@@ -216,28 +212,24 @@ END
 $$;
 
 -- ---------------------------------------------------------------------------------------------
--- pop_scope_v4: the options of the queues pop_scope_ids_v1 found, and the group's recorded
+-- pop_scope_v5: the options of the queues of a discovery pop's scope, and the group's recorded
 -- start on each (sub_mode NULL = not recorded yet; started: its cursor rows exist, schema/002).
 -- Plain SQL, so the planner inlines it into each caller. (v2 took the scope's filters and
 -- applied them here; v3 had no retry delay and no max wait: issue 27, both read from the queue
--- row the pop reads anyway.) The record is a LATERAL primary key probe per queue: as a plain
+-- row the pop reads anyway; v4 computed the options itself, now schema/017's view, which a
+-- queue pop reads directly.) The record is a LATERAL primary key probe per queue: as a plain
 -- join, the pop's generic plans read every record of the group name (on every queue, its
 -- group index) into a Materialize and filtered them by queue.
 -- ---------------------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION queen.pop_scope_v4(p_ids int8[], p_group text)
+CREATE OR REPLACE FUNCTION queen.pop_scope_v5(p_ids int8[], p_group text)
 RETURNS TABLE (id int8, name text, priority int4, lease_time int4, delayed int4, window_s int4,
                encrypted boolean, sub_mode text, sub_from timestamptz, started boolean,
                retry_delay interval, max_wait interval)
 LANGUAGE sql STABLE
 AS $$
-    SELECT q.id, q.name, q.priority,
-           CASE WHEN q.lease_time = 0 THEN 60 ELSE q.lease_time END,
-           q.delayed_processing, q.window_buffer, q.encryption_enabled,
-           m.subscription_mode, m.subscription_from, m.started,
-           make_interval(secs => GREATEST(q.retry_delay, 0) / 1000.0),
-           CASE WHEN q.max_wait_time_seconds > 0
-                THEN make_interval(secs => q.max_wait_time_seconds) END
-    FROM queen.queues q
+    SELECT q.id, q.name, q.priority, q.lease_time, q.delayed, q.window_s, q.encrypted,
+           m.subscription_mode, m.subscription_from, m.started, q.retry_delay, q.max_wait
+    FROM queen.pop_queue_options q
     LEFT JOIN LATERAL (SELECT m.subscription_mode, m.subscription_from, m.started
                        FROM queen.consumer_groups_meta m
                        WHERE m.queue_id = q.id AND m.consumer_group = p_group
@@ -384,6 +376,25 @@ $$;
 -- then fewer plpgsql expressions a call (each is initialized anew in every transaction):
 -- 796,728 a pop.
 
+-- Revision (issue 26, pgcons10; schema/017_pop_queue_options.sql): fewer statements, index
+-- scans and plpgsql expressions a queue pop.
+--
+-- Why: a pop of 100 cost PostgreSQL 797,226 instructions (bench/popsql.py --callgrind), most
+-- of it executor start-up (index scans opened, ~13,000 instructions each) and expressions
+-- initialized anew in each transaction (~2,500 each). A queue pop now reads the maintenance
+-- flag, its queue's options (the view, no second read through pop_scope_v4's "id = ANY") and
+-- the group's record in one statement, without pop_scope_ids_v1's call (770,454, then 656,587
+-- with the view); the next segment's time is a statement, not log_pending_at_v1's call
+-- (763,995); the tests of the good path are one IF each where several were, the claims are one
+-- int8[] of four numbers a claim, the deadline and now() are read where used, not kept in
+-- variables, and the claim's UPDATE returns its expiry INTO STRICT (its guard) (695,464).
+-- Tried and dropped (same command): the partition row joined into the candidate cursor
+-- (+9,500 a pop); the next segment's time as a subquery of the locking SELECT (+25,000: SQL
+-- expressions under FOR UPDATE cost more than plpgsql assignments, as start, end and attempt
+-- computed there did, +6,700) or of the claim's UPDATE (-1,300, a second copy of the probe);
+-- the lease's row as an INSERT ... ON CONFLICT CTE of the claim (+12,000 against its own
+-- INSERT).
+
 CREATE OR REPLACE FUNCTION queen.log_pop_v1(
     p_tenant         uuid,
     p_queue          text,
@@ -420,9 +431,7 @@ SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now        timestamptz := now();
-    v_scope_ids  int8[];        -- the queues of the scope (pop_scope_ids_v1)
-    v_until      timestamptz := clock_timestamp() + make_interval(secs => p_claim_ms / 1000.0);
+    v_scope_ids  int8[];        -- the queues of a discovery pop's scope (pop_scope_ids_v2)
     v_left       int4 := p_batch;
     v_queue_id   int8;          -- a discovery pop serves one queue per answer
     v_wake       timestamptz;
@@ -431,19 +440,20 @@ DECLARE
     v_cands      refcursor;
     v_cand       record;
     v_part       record;
-    v_cur        record;
+    v_ctid       tid;           -- the candidate's cursor row, locked
+    v_old        int8;          -- its committed_offset
+    v_held       timestamptz;
+    v_bstart     int8;   -- its lease (or release) time + retryDelay
     v_start      int8;
     v_end        int8;
     v_cut        int8;
     v_attempt    int4;
     v_expires    timestamptz;   -- the lease's expiry: one queue's leaseTime, so every claim's
     v_next_at    timestamptz;   -- created_at of the segment holding v_end + 1
-    -- the claims, in claim order (NULL until the first: NULL || x is {x}, and a default
-    -- is an expression each call initializes)
-    v_pids       int8[];
-    v_starts     int8[];
-    v_ends       int8[];
-    v_attempts   int4[];
+    -- the claims, in claim order, four numbers each: partition id, start, end, attempt (NULL
+    -- until the first: NULL || x is x, and a default is an expression each call initializes)
+    v_claims     int8[];
+    v_pids       int8[];        -- the claims' partitions
 BEGIN
     -- PERF(pop): one test on the good path (each plpgsql expression a call evaluates is
     -- initialized anew in each transaction: about 2,500 instructions; bench/popsql.py)
@@ -463,41 +473,50 @@ BEGIN
             USING ERRCODE = '22023';
     END IF;
 
-    -- Pop maintenance (api.md 5): pops claim nothing, and learn of no wake-up time.
-    IF EXISTS (SELECT 1 FROM queen.system_settings ss
-               WHERE ss.key = 'pop_maintenance_mode' AND ss.value = 'true'::jsonb) THEN
-        RETURN QUERY SELECT NULL::text, NULL::int8, NULL::text, NULL::int8, NULL::int8,
-            NULL::int4, NULL::timestamptz, NULL::boolean, NULL::int8, NULL::timestamptz,
-            NULL::bytea, NULL::int8;
-        RETURN;
-    END IF;
-
     -- The group's first start on every matching queue, recorded once, and its cursor rows on
     -- every partition of those queues (the ready index lists cursor rows only). A record that
     -- a subscription call made, or a delete kept, is started here too, from its own time.
     -- The queue rows first (group_start_v1's lock, taken before any record is written: the
     -- lock order of groups.sql), so concurrent first pops of a group start it once.
-    v_scope_ids := queen.pop_scope_ids_v1(p_tenant, p_queue, p_namespace, p_task);
+    -- Pop maintenance (api.md 5): pops claim nothing, and learn of no wake-up time.
     IF p_queue IS NOT NULL THEN
-        -- PERF(pop): a queue pop's scope is its one queue: its options and whether the group
-        -- started there come in one read (the discovery pop's started query below was a
-        -- second statement for every queue pop, 0.1 of its PostgreSQL instructions).
-        SELECT pq.id, pq.name, pq.lease_time, pq.delayed, pq.window_s, pq.encrypted,
-               pq.retry_delay, pq.max_wait, pq.started
+        -- PERF(pop): a queue pop's scope is its one queue (queues_tenant_name_key): the
+        -- maintenance flag, its options (schema/017's view) and whether the group started
+        -- there come in one statement (bench/popsql.py: the flag's statement, the call of
+        -- pop_scope_ids_v1 and pop_scope_v4's second read of the queue were 0.1 of a pop's
+        -- PostgreSQL instructions).
+        SELECT q.id, q.name, q.lease_time, q.delayed, q.window_s, q.encrypted,
+               q.retry_delay, q.max_wait, m.started,
+               EXISTS (SELECT 1 FROM queen.system_settings ss
+                       WHERE ss.key = 'pop_maintenance_mode'
+                         AND ss.value = 'true'::jsonb) AS paused
         INTO v_scope
-        FROM queen.pop_scope_v4(v_scope_ids, p_group) pq;
-        IF NOT FOUND THEN
+        FROM queen.pop_queue_options q
+        LEFT JOIN queen.consumer_groups_meta m
+          ON m.queue_id = q.id AND m.consumer_group = p_group
+        WHERE q.tenant = p_tenant AND q.name = p_queue
+          AND (p_namespace IS NULL OR q.namespace = p_namespace)
+          AND (p_task IS NULL OR q.task = p_task);
+        IF NOT FOUND OR v_scope.paused OR v_scope.started IS NOT TRUE THEN
+            IF NOT FOUND OR v_scope.paused THEN
+                RETURN QUERY SELECT NULL::text, NULL::int8, NULL::text, NULL::int8, NULL::int8,
+                    NULL::int4, NULL::timestamptz, NULL::boolean, NULL::int8,
+                    NULL::timestamptz, NULL::bytea, NULL::int8;
+                RETURN;
+            END IF;
+            v_started := ARRAY[v_scope.id];
+        END IF;
+    ELSE
+        IF EXISTS (SELECT 1 FROM queen.system_settings ss
+                   WHERE ss.key = 'pop_maintenance_mode' AND ss.value = 'true'::jsonb) THEN
             RETURN QUERY SELECT NULL::text, NULL::int8, NULL::text, NULL::int8, NULL::int8,
                 NULL::int4, NULL::timestamptz, NULL::boolean, NULL::int8, NULL::timestamptz,
                 NULL::bytea, NULL::int8;
             RETURN;
         END IF;
-        IF v_scope.started IS NOT TRUE THEN
-            v_started := ARRAY[v_scope.id];
-        END IF;
-    ELSE
+        v_scope_ids := queen.pop_scope_ids_v2(p_tenant, p_namespace, p_task);
         SELECT array_agg(pq.id ORDER BY pq.id) INTO v_started
-        FROM queen.pop_scope_v4(v_scope_ids, p_group) pq
+        FROM queen.pop_scope_v5(v_scope_ids, p_group) pq
         WHERE pq.started IS NOT TRUE;
     END IF;
     IF v_started IS NOT NULL THEN
@@ -507,8 +526,8 @@ BEGIN
         SELECT pq.id, p_group, p_sub_mode,
                CASE p_sub_mode WHEN 'all' THEN NULL
                                WHEN 'timestamp' THEN p_sub_from
-                               ELSE COALESCE(p_sub_from, v_now) END
-        FROM queen.pop_scope_v4(v_started, p_group) pq
+                               ELSE COALESCE(p_sub_from, now()) END
+        FROM queen.pop_scope_v5(v_started, p_group) pq
         WHERE pq.sub_mode IS NULL
         ORDER BY pq.id
         ON CONFLICT (queue_id, consumer_group) DO NOTHING;
@@ -549,7 +568,7 @@ BEGIN
                 WHERE lp.queue_id = v_scope.id AND lp.name = p_partition
                   AND c.ready_at IS NOT NULL
                   AND (c.lease_expires_at IS NULL
-                       OR c.lease_expires_at + v_scope.retry_delay <= v_now);
+                       OR c.lease_expires_at + v_scope.retry_delay <= now());
         ELSE
             OPEN v_cands FOR
                 SELECT v_scope.id AS qid, v_scope.name AS qname, v_scope.lease_time AS lease_time,
@@ -560,7 +579,7 @@ BEGIN
                 WHERE c.queue_id = v_scope.id AND c.consumer_group = p_group
                   AND c.ready_at IS NOT NULL
                   AND (c.lease_expires_at IS NULL
-                       OR c.lease_expires_at + v_scope.retry_delay <= v_now)
+                       OR c.lease_expires_at + v_scope.retry_delay <= now())
                 ORDER BY c.ready_at, c.partition_id;
         END IF;
     ELSE
@@ -568,14 +587,14 @@ BEGIN
             SELECT pq.id AS qid, pq.name AS qname, pq.lease_time, pq.delayed, pq.window_s,
                    pq.encrypted, pq.retry_delay, pq.max_wait, c.partition_id AS pid,
                    c.ready_at
-            FROM queen.pop_scope_v4(v_scope_ids, p_group) pq
+            FROM queen.pop_scope_v5(v_scope_ids, p_group) pq
             CROSS JOIN LATERAL (
                 SELECT c.partition_id, c.ready_at
                 FROM queen.log_consumers c
                 WHERE c.queue_id = pq.id AND c.consumer_group = p_group
                   AND c.ready_at IS NOT NULL
                   AND (c.lease_expires_at IS NULL
-                       OR c.lease_expires_at + pq.retry_delay <= v_now)
+                       OR c.lease_expires_at + pq.retry_delay <= now())
                   AND (p_partition IS NULL OR c.partition_id IN (
                         SELECT lp.id FROM queen.log_partitions lp
                         WHERE lp.queue_id = pq.id AND lp.name = p_partition))
@@ -584,8 +603,9 @@ BEGIN
     END IF;
 
     LOOP
-        EXIT WHEN cardinality(v_pids) >= p_max_partitions OR v_left <= 0
-               OR clock_timestamp() >= v_until;
+        EXIT WHEN cardinality(v_claims) >= 4 * p_max_partitions OR v_left <= 0
+               OR clock_timestamp() >= statement_timestamp()
+                                       + make_interval(secs => p_claim_ms / 1000.0);
         FETCH v_cands INTO v_cand;
         EXIT WHEN NOT FOUND;
         CONTINUE WHEN v_queue_id IS NOT NULL AND v_cand.qid <> v_queue_id;
@@ -594,128 +614,134 @@ BEGIN
         INTO v_part
         FROM queen.log_partitions lp
         WHERE lp.id = v_cand.pid;
-        CONTINUE WHEN NOT FOUND;
-
-        IF v_cand.window_s > 0 AND v_part.last_created_at
-                > v_now - make_interval(secs => v_cand.window_s) THEN
-            v_wake := LEAST(v_wake, v_part.last_created_at
-                                    + make_interval(secs => v_cand.window_s));
+        IF NOT FOUND OR (v_cand.window_s > 0 AND v_part.last_created_at
+                         > now() - make_interval(secs => v_cand.window_s)) THEN
+            IF FOUND THEN  -- a window buffer still open
+                v_wake := LEAST(v_wake, v_part.last_created_at
+                                        + make_interval(secs => v_cand.window_s));
+            END IF;
             CONTINUE;
         END IF;
 
         -- PERF(pop): the claim below updates the row by the ctid read here (a TID scan, not
-        -- a second index probe), as log_ack_multi_v2 does
-        SELECT c.committed_offset, c.lease_id, c.lease_expires_at, c.batch_start,
-               c.attempt_count, c.ctid
-        INTO v_cur
+        -- a second index probe), as log_ack_multi_v2 does. The claim's start, end and
+        -- attempt are plpgsql assignments: computed by this SELECT ... FOR UPDATE they cost
+        -- more (bench/popsql.py). Assignments leave FOUND as this SELECT set it.
+        SELECT c.ctid, c.committed_offset, c.lease_expires_at + v_cand.retry_delay,
+               c.batch_start, c.attempt_count
+        INTO v_ctid, v_old, v_held, v_bstart, v_attempt
         FROM queen.log_consumers c
         WHERE c.partition_id = v_cand.pid AND c.consumer_group = p_group
         FOR UPDATE SKIP LOCKED;
-        IF NOT FOUND THEN
-            -- Another pop or an ack holds it right now: it may become claimable (or its
-            -- delayed message mature) without a push, so look again soon.
-            v_wake := LEAST(v_wake, clock_timestamp() + interval '50 milliseconds');
-            CONTINUE;
-        END IF;
-        IF v_cur.lease_expires_at + v_cand.retry_delay > v_now THEN
-            v_wake := LEAST(v_wake, v_cur.lease_expires_at + v_cand.retry_delay);
+        v_start := GREATEST(v_old + 1, v_part.log_start_offset);
+        IF NOT FOUND OR v_held > now() OR v_start > v_part.last_offset THEN
+            IF NOT FOUND THEN
+                -- Another pop or an ack holds it right now: it may become claimable (or its
+                -- delayed message mature) without a push, so look again soon.
+                v_wake := LEAST(v_wake, clock_timestamp() + interval '50 milliseconds');
+            ELSIF v_held > now() THEN
+                v_wake := LEAST(v_wake, v_held);
+            ELSE
+                -- Listed but caught up (its flag was set while a push held the partition, or
+                -- retention removed what it had): the flag is cleared unless a push holds the
+                -- partition right now (no claim record: it may be what retention removed).
+                UPDATE queen.log_consumers c
+                SET ready_at = queen.log_ready_at_v1(v_cand.pid, v_old, NULL, NULL)
+                WHERE c.partition_id = v_cand.pid AND c.consumer_group = p_group;
+            END IF;
             CONTINUE;
         END IF;
 
-        v_start := GREATEST(v_cur.committed_offset + 1, v_part.log_start_offset);
-        IF v_start > v_part.last_offset THEN
-            -- Listed but caught up (its flag was set while a push held the partition, or
-            -- retention removed what it had): the flag is cleared unless a push holds the
-            -- partition right now (no claim record: it may be what retention removed).
-            UPDATE queen.log_consumers c
-            SET ready_at = queen.log_ready_at_v1(v_cand.pid, v_cur.committed_offset, NULL, NULL)
-            WHERE c.partition_id = v_cand.pid AND c.consumer_group = p_group;
-            CONTINUE;
-        END IF;
         v_end := LEAST(v_part.last_offset, v_start + v_left - 1);
-
-        -- maxWaitTimeSeconds (api.md 4): a message that waited longer is never delivered. The
-        -- head is the oldest message of the claim (created_at is monotone in offset order), so
-        -- only its age matters. PERF: ready_at (read with the candidate) is never younger than
-        -- the head, so a queue without overdue messages pays no probe; an overdue head leaves
-        -- the partition to housekeeping's eviction (deleted and counted, retention.sql), which
-        -- comes within one QUEEN_HOUSEKEEPING_S round: look again in a second.
-        IF v_cand.max_wait IS NOT NULL AND v_cand.ready_at < v_now - v_cand.max_wait
-           AND queen.log_pending_at_v1(v_cand.pid, v_start) < v_now - v_cand.max_wait THEN
-            v_wake := LEAST(v_wake, clock_timestamp() + interval '1 second');
-            CONTINUE;
-        END IF;
-
-        IF v_cand.delayed > 0 THEN
-            SELECT s.base_offset + s.msg_count - 1 INTO v_cut
-            FROM queen.log_segments s
-            WHERE s.partition_id = v_cand.pid
-              AND s.created_at <= v_now - make_interval(secs => v_cand.delayed)
-            ORDER BY s.base_offset DESC
-            LIMIT 1;
-            IF v_cut IS NULL OR v_cut < v_start THEN
-                v_wake := LEAST(v_wake, (
-                    SELECT s.created_at + make_interval(secs => v_cand.delayed)
-                    FROM queen.log_segments s
-                    WHERE s.partition_id = v_cand.pid AND s.base_offset <= v_start
-                    ORDER BY s.base_offset DESC LIMIT 1));
+        v_attempt := CASE WHEN v_bstart = v_start AND v_attempt > 0
+                          THEN v_attempt + 1 ELSE 1 END;
+        IF v_cand.max_wait IS NOT NULL OR v_cand.delayed > 0 THEN
+            -- maxWaitTimeSeconds (api.md 4): a message that waited longer is never delivered.
+            -- The head is the oldest message of the claim (created_at is monotone in offset
+            -- order), so only its age matters. PERF: ready_at (read with the candidate) is
+            -- never younger than the head, so a queue without overdue messages pays no
+            -- probe; an overdue head leaves the partition to housekeeping's eviction (deleted
+            -- and counted, retention.sql), which comes within one QUEEN_HOUSEKEEPING_S round:
+            -- look again in a second.
+            IF v_cand.max_wait IS NOT NULL AND v_cand.ready_at < now() - v_cand.max_wait
+               AND queen.log_pending_at_v1(v_cand.pid, v_start) < now() - v_cand.max_wait THEN
+                v_wake := LEAST(v_wake, clock_timestamp() + interval '1 second');
                 CONTINUE;
             END IF;
-            v_end := LEAST(v_end, v_cut);
+
+            IF v_cand.delayed > 0 THEN
+                SELECT s.base_offset + s.msg_count - 1 INTO v_cut
+                FROM queen.log_segments s
+                WHERE s.partition_id = v_cand.pid
+                  AND s.created_at <= now() - make_interval(secs => v_cand.delayed)
+                ORDER BY s.base_offset DESC
+                LIMIT 1;
+                IF v_cut IS NULL OR v_cut < v_start THEN
+                    v_wake := LEAST(v_wake, (
+                        SELECT s.created_at + make_interval(secs => v_cand.delayed)
+                        FROM queen.log_segments s
+                        WHERE s.partition_id = v_cand.pid AND s.base_offset <= v_start
+                        ORDER BY s.base_offset DESC LIMIT 1));
+                    CONTINUE;
+                END IF;
+                v_end := LEAST(v_end, v_cut);
+            END IF;
         END IF;
 
-        v_next_at := CASE WHEN v_end < v_part.last_offset
-                          THEN queen.log_pending_at_v1(v_cand.pid, v_end + 1) END;
-        v_attempt := CASE WHEN v_cur.batch_start = v_start AND v_cur.attempt_count > 0
-                          THEN v_cur.attempt_count + 1 ELSE 1 END;
+        -- the claim record: created_at of the segment holding v_end + 1 (NULL at the end)
+        SELECT s.created_at INTO v_next_at
+        FROM queen.log_segments s
+        WHERE v_end < v_part.last_offset
+          AND s.partition_id = v_cand.pid AND s.base_offset <= v_end + 1
+        ORDER BY s.base_offset DESC LIMIT 1;
+        -- INTO STRICT: the row is locked by this pop, so its version cannot have moved
+        -- (P0002 if it did)
         IF p_auto_ack THEN
-            v_expires := NULL;
             UPDATE queen.log_consumers c
             SET committed_offset = v_end,
-                total_consumed = c.total_consumed + (v_end - v_cur.committed_offset),
-                last_consumed_at = v_now, last_popped_at = v_now,
+                total_consumed = c.total_consumed + (v_end - v_old),
+                last_consumed_at = now(), last_popped_at = now(),
                 attempt_count = 0, batch_retry_count = 0,
                 next_offset = v_end + 1, next_created_at = v_next_at,
                 ready_at = queen.log_ready_at_v1(v_cand.pid, v_end, v_end + 1, v_next_at)
-            WHERE c.ctid = v_cur.ctid
-              AND c.partition_id = v_cand.pid AND c.consumer_group = p_group;
+            WHERE c.ctid = v_ctid
+              AND c.partition_id = v_cand.pid AND c.consumer_group = p_group
+            RETURNING NULL::timestamptz INTO STRICT v_expires;
         ELSE
-            v_expires := v_now + make_interval(secs => v_cand.lease_time);
             UPDATE queen.log_consumers c
             SET lease_id = p_lease_id, worker_id = p_lease_id::text,
-                lease_expires_at = v_expires, leased_at = v_now, last_popped_at = v_now,
+                lease_expires_at = now() + make_interval(secs => v_cand.lease_time),
+                leased_at = now(), last_popped_at = now(),
                 batch_start = v_start, batch_end = v_end, attempt_count = v_attempt,
                 next_offset = v_end + 1, next_created_at = v_next_at
-            WHERE c.ctid = v_cur.ctid
-              AND c.partition_id = v_cand.pid AND c.consumer_group = p_group;
-        END IF;
-        IF NOT FOUND THEN  -- the row is locked by this pop: its version cannot have moved
-            RAISE EXCEPTION 'log_pop_v1: the locked cursor row (%, %) moved', v_cand.pid, p_group
-                USING ERRCODE = 'P0004';
+            WHERE c.ctid = v_ctid
+              AND c.partition_id = v_cand.pid AND c.consumer_group = p_group
+            RETURNING c.lease_expires_at INTO STRICT v_expires;
         END IF;
 
         v_queue_id := v_cand.qid;
         v_left := v_left - (v_end - v_start + 1)::int4;
+        v_claims := v_claims || ARRAY[v_cand.pid, v_start, v_end, v_attempt];
         v_pids := v_pids || v_cand.pid;
-        v_starts := v_starts || v_start;
-        v_ends := v_ends || v_end;
-        v_attempts := v_attempts || v_attempt;
     END LOOP;
     CLOSE v_cands;
 
-    IF v_pids IS NULL THEN  -- no claim
+    IF v_claims IS NULL THEN  -- no claim
         -- Nothing claimable. The walk above went through every ready cursor of the scope
         -- that no lease held (it stops early only on a claim or the deadline), so v_wake
         -- already holds the earliest window close and delayed maturity among them; the
         -- held ones free up at their earliest lease expiry (plus retryDelay).
         -- (one query for every kind of scope: a queue pop's scope is its one queue)
+        IF p_queue IS NOT NULL THEN
+            v_scope_ids := ARRAY[v_scope.id];
+        END IF;
         v_wake := LEAST(v_wake, (
             SELECT min(c.lease_expires_at + pq.retry_delay)
-            FROM queen.pop_scope_v4(v_scope_ids, p_group) pq
+            FROM queen.pop_scope_v5(v_scope_ids, p_group) pq
             JOIN queen.log_consumers c
               ON c.queue_id = pq.id AND c.consumer_group = p_group
             WHERE c.ready_at IS NOT NULL
-              AND c.lease_expires_at + pq.retry_delay > v_now
+              AND c.lease_expires_at + pq.retry_delay > now()
               AND (p_partition IS NULL OR c.partition_id IN (
                     SELECT lp.id FROM queen.log_partitions lp
                     WHERE lp.queue_id = pq.id AND lp.name = p_partition))));
@@ -728,33 +754,32 @@ BEGIN
 
     -- The lease's row: renewal and requiredLeases find its cursors by it (a cursor's lease_id
     -- is not indexed, so that a claim's update stays HOT: schema/014_lease_table.sql).
-    IF p_lease_id IS NOT NULL AND NOT p_auto_ack THEN
-        INSERT INTO queen.log_leases (lease_id, tenant, consumer_group, partition_ids)
-        VALUES (p_lease_id, p_tenant, p_group, v_pids);
-    END IF;
+    INSERT INTO queen.log_leases (lease_id, tenant, consumer_group, partition_ids)
+    SELECT p_lease_id, p_tenant, p_group, v_pids
+    WHERE p_lease_id IS NOT NULL AND NOT p_auto_ack;
 
-    IF cardinality(v_pids) = 1 AND v_cand.pid = v_pids[1] THEN
+    IF cardinality(v_claims) = 4 AND v_cand.pid = v_claims[1] THEN
         -- PERF(pop): one claim that was the walk's last candidate (every pop of partitions=1
-        -- that claims): the queue's and the partition's names and the encryption flag are the
-        -- ones read with it (v_cand, v_part: no later candidate replaced them), so its
-        -- segments are the statement, in primary key order: no join, no sort
-        -- (bench/popsql.py).
+        -- that claims): the queue's and the partition's names, the encryption flag and the
+        -- claim's start, end and attempt are the ones read with it (v_cand, v_part, v_start,
+        -- v_end, v_attempt: no later candidate replaced them), so its segments are the
+        -- statement, in primary key order: no join, no sort (bench/popsql.py).
         RETURN QUERY
-        SELECT v_cand.qname::text, v_pids[1], v_part.name::text, v_starts[1], v_ends[1],
-               v_attempts[1], v_expires, v_cand.encrypted,
+        SELECT v_cand.qname::text, v_cand.pid, v_part.name::text, v_start, v_end,
+               v_attempt, v_expires, v_cand.encrypted,
                s.base_offset, s.created_at, s.payload, NULL::int8
         FROM queen.log_segments s
-        WHERE s.partition_id = v_pids[1]
-          AND s.base_offset <= v_ends[1]
+        WHERE s.partition_id = v_cand.pid
+          AND s.base_offset <= v_end
           AND s.base_offset >= COALESCE(
                 (SELECT max(s2.base_offset) FROM queen.log_segments s2
-                 WHERE s2.partition_id = v_pids[1] AND s2.base_offset <= v_starts[1]),
-                v_starts[1])
+                 WHERE s2.partition_id = v_cand.pid AND s2.base_offset <= v_start),
+                v_start)
         ORDER BY s.base_offset;
         IF NOT FOUND THEN  -- retained away: the claim's one row without segment columns
             RETURN QUERY
-            SELECT v_cand.qname::text, v_pids[1], v_part.name::text, v_starts[1], v_ends[1],
-                   v_attempts[1], v_expires, v_cand.encrypted, NULL::int8,
+            SELECT v_cand.qname::text, v_cand.pid, v_part.name::text, v_start, v_end,
+                   v_attempt, v_expires, v_cand.encrypted, NULL::int8,
                    NULL::timestamptz, NULL::bytea, NULL::int8;
         END IF;
         RETURN;
@@ -764,7 +789,9 @@ BEGIN
     RETURN QUERY
     SELECT q.name::text, cl.pid, lp.name::text, cl.s, cl.e, cl.a, v_expires,
            q.encryption_enabled, seg.base_offset, seg.created_at, seg.payload, NULL::int8
-    FROM unnest(v_pids, v_starts, v_ends, v_attempts) WITH ORDINALITY AS cl(pid, s, e, a, n)
+    FROM generate_series(1, cardinality(v_claims), 4) AS g(n)
+    CROSS JOIN LATERAL (SELECT v_claims[g.n] AS pid, v_claims[g.n + 1] AS s,
+                               v_claims[g.n + 2] AS e, v_claims[g.n + 3]::int4 AS a) cl
     JOIN queen.log_partitions lp ON lp.id = cl.pid
     JOIN queen.queues q ON q.id = lp.queue_id
     LEFT JOIN LATERAL (
@@ -776,7 +803,7 @@ BEGIN
                 (SELECT max(s2.base_offset) FROM queen.log_segments s2
                  WHERE s2.partition_id = cl.pid AND s2.base_offset <= cl.s), cl.s)
     ) seg ON true
-    ORDER BY cl.n, seg.base_offset;
+    ORDER BY g.n, seg.base_offset;
 END
 $$;
 
