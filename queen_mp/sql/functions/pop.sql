@@ -376,7 +376,7 @@ $$;
 -- then fewer plpgsql expressions a call (each is initialized anew in every transaction):
 -- 796,728 a pop.
 
--- Revision (issue 26, pgcons10; schema/017_pop_queue_options.sql): fewer statements, index
+-- Revision (issue 26, pgcons10; schema/016_pop_queue_options.sql): fewer statements, index
 -- scans and plpgsql expressions a queue pop.
 --
 -- Why: a pop of 100 cost PostgreSQL 797,226 instructions (bench/popsql.py --callgrind), most
