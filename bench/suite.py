@@ -97,6 +97,7 @@ from bench.push import (
     db_name,
     delta_cpu_s,
     guarded,
+    http_get,
     machine_ticks,
     med,
     process_tree,
@@ -131,6 +132,19 @@ def _kb(path: str, key: bytes) -> int:
         if line.startswith(key):
             return int(line.split()[1])
     return 0
+
+
+def filter_entries(url: str) -> float | None:
+    """The shard dedup filters' entries (``queen_dedup_filter_entries``, summed): the
+    broker's largest memory that grows with what was pushed (about 7.5 bytes an entry in
+    1,000-item segments) and stays for the queue's dedup window, so a cell's PSS reads with it."""
+    with contextlib.suppress(OSError):
+        status, body = http_get(url + "/metrics/prometheus", timeout=10)
+        if status == 200:
+            return sum(float(line.split()[-1]) for line in body.decode().splitlines()
+                       if line.startswith(("queen_dedup_filter_entries ",
+                                           "queen_dedup_filter_entries{")))
+    return None
 
 
 def _role(pid: int, root: int) -> str:
@@ -249,6 +263,9 @@ class Meter:
         self.wal = mon.cluster_stats()["wal_bytes"] - self.wal0
         self.t_end = mono()
         self.q1 = queen_counters(self.url) if self.url else {}
+        self.filter_entries = filter_entries(self.url) if self.url else None
+        if self.suite.pss_peak_window == self.window_name:
+            self.suite.pss_peak_filter_entries = self.filter_entries
         return self.figures(client_cpu_s, msgs) if client_cpu_s is not None else {}
 
     def figures(self, client_cpu_s: float, msgs: float | None) -> dict[str, Any]:
@@ -284,6 +301,7 @@ class Meter:
             commits = d.get("queen_fusion_commits_total", 0.0)
             out["segs_per_commit"] = (d.get("queen_fusion_segments_total", 0.0) / commits
                                       if commits else None)
+            out["dedup_filter_entries"] = self.filter_entries
         if self.root is not None:
             out["rss_peak_mb"], out["pss_peak_mb"] = self.peaks
         if self.peer:  # PostgreSQL's commits and WAL are not a peer's: no figure
@@ -427,6 +445,7 @@ class Suite(cons.Bench):
         #: the measured window that set ``pss_peak``, and each process's PSS (MB) then
         self.pss_peak_window: str | None = None
         self.pss_peak_procs: dict[str, float] = {}
+        self.pss_peak_filter_entries: float | None = None  # at the end of that window
         #: what runs now (section, cell, warm-up): the name of the windows metered meanwhile
         self.where = "setup"
         self.probes = 0
@@ -563,6 +582,7 @@ class Suite(cons.Bench):
         self.rss_peak = max(self.rss_peak, rss)
         if pss > self.pss_peak:
             self.pss_peak, self.pss_peak_window = pss, window
+            self.pss_peak_filter_entries = None
             self.pss_peak_procs = {k: round(v / 1024, 1) for k, v in sorted(procs.items())}
 
     def take_meter(self) -> Meter:
@@ -1590,7 +1610,10 @@ def main(argv: list[str] | None = None) -> int:
     if suite.pss_peak_window is not None:
         suite.notes.append(
             f"peak PSS of the broker, {suite.pss_peak} MB, set in {suite.pss_peak_window}: "
-            + ", ".join(f"{k} {v} MB" for k, v in suite.pss_peak_procs.items()))
+            + ", ".join(f"{k} {v} MB" for k, v in suite.pss_peak_procs.items())
+            + ("" if suite.pss_peak_filter_entries is None else
+               f"; the shards' dedup filters held {suite.pss_peak_filter_entries:,.0f} "
+               "entries at the window's end"))
     summary = summarize(suite)
     ledger_ok = all(v["ok"] and v["offsets"].get("ok", False) for v in suite.ledger.values())
     doc = {
@@ -1606,6 +1629,7 @@ def main(argv: list[str] | None = None) -> int:
         "summary": summary, "cells": suite.cells, "ledger": suite.ledger,
         "ledger_ok": ledger_ok, "rss_peak_mb": suite.rss_peak, "pss_peak_mb": suite.pss_peak,
         "pss_peak_window": suite.pss_peak_window, "pss_peak_procs_mb": suite.pss_peak_procs,
+        "pss_peak_filter_entries": suite.pss_peak_filter_entries,
         "e2e_samples_ms": suite.e2e_samples,
         "wake_samples_ms": (suite.wake or {}).get("wake_samples_ms"),
         "wake": {k: v for k, v in (suite.wake or {}).items() if k != "wake_samples_ms"},

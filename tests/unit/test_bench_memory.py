@@ -3,16 +3,18 @@ report says where the broker's peak PSS came from (issue 26)."""
 
 from __future__ import annotations
 
+import http.server
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from types import SimpleNamespace
 
 import pytest
 
-from bench.suite import Sampler, Suite
+from bench.suite import Sampler, Suite, filter_entries
 
 _NAMED = ("import sys, time; open('/proc/self/comm', 'w').write(sys.argv[1]); "
           "print(flush=True); time.sleep(60)")
@@ -59,7 +61,7 @@ def test_the_sample_that_sets_the_pss_peak_keeps_each_process_share(
 
 def test_the_run_names_the_window_that_set_its_pss_peak() -> None:
     suite = SimpleNamespace(rss_peak=0.0, pss_peak=0.0, pss_peak_window=None,
-                            pss_peak_procs={})
+                            pss_peak_procs={}, pss_peak_filter_entries=None)
     note = Suite.note_memory
     note(suite, 300.0, 140.0, "push batch 1000 r1 [queen-mp]", {"supervisor": 30_720})
     note(suite, 310.0, 167.2, "wake (1000 parked), from probe 3 [queen-mp]",
@@ -69,3 +71,29 @@ def test_the_run_names_the_window_that_set_its_pss_peak() -> None:
     assert suite.pss_peak == 167.2
     assert suite.pss_peak_window == "wake (1000 parked), from probe 3 [queen-mp]"
     assert suite.pss_peak_procs == {"qmp-shard-0": 60.0, "supervisor": 27.5}
+
+
+def test_a_cell_reads_the_dedup_filters_entries_from_the_metrics() -> None:
+    text = (b"# HELP queen_dedup_filter_entries entries\n"
+            b"queen_dedup_filter_entries 1.8345e+06\n"
+            b"queen_dedup_filter_entries_other 7\n"
+            b'queen_dedup_filter_entries{pid="2"} 1000.0\n'
+            b"queen_dedup_read_backs_total 3.0\n")
+
+    class Metrics(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200 if self.path == "/metrics/prometheus" else 404)
+            self.send_header("Content-Length", str(len(text)))
+            self.end_headers()
+            self.wfile.write(text)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        assert filter_entries(f"http://127.0.0.1:{server.server_port}") == 1_835_500.0
+    finally:
+        server.shutdown()
+        server.server_close()
