@@ -735,7 +735,7 @@ class Suite(cons.Bench):
                 if arm not in a.arms or (arm in PEERS and not self.peer_ok(arm)):
                     continue
                 self.settle(running=None if arm in PEERS else arm)
-                self.at(f"consume r{rnd} (pre-fill to the drain's end)")
+                self.at(f"consume r{rnd}")
                 if arm in PEERS:
                     try:
                         cell = await self.peer_consume_cell(arm, rnd)
