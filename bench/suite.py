@@ -97,6 +97,7 @@ from bench.push import (
     db_name,
     delta_cpu_s,
     guarded,
+    http_get,
     machine_ticks,
     med,
     process_tree,
@@ -134,6 +135,29 @@ def _kb(path: str, key: bytes) -> int:
     return 0
 
 
+def filter_entries(url: str) -> float | None:
+    """The shard dedup filters' entries (``queen_dedup_filter_entries``, summed): the
+    broker's largest memory that grows with what was pushed (a 4-byte fingerprint a message
+    plus each run's objects: 1.8M entries of 100- and 1,000-item pushes were 15.5 MB of the
+    shard's PSS) and stays for the queue's dedup window, so a cell's PSS reads with it."""
+    with contextlib.suppress(OSError):
+        status, body = http_get(url + "/metrics/prometheus", timeout=10)
+        if status == 200:
+            return sum(float(line.split()[-1]) for line in body.decode().splitlines()
+                       if line.startswith(("queen_dedup_filter_entries ",
+                                           "queen_dedup_filter_entries{")))
+    return None
+
+
+def _role(pid: int, root: int) -> str:
+    """A broker process's name in the PSS breakdown: the tree's root (queen-mp's supervisor,
+    which runs the front's arbiter), a shard (qmp-shard-N) or a front worker by pid."""
+    if pid == root:
+        return "supervisor"
+    comm = _read(f"/proc/{pid}/comm").strip().decode(errors="replace")
+    return comm if comm.startswith("qmp-") else f"worker {pid}"
+
+
 class Sampler(threading.Thread):
     """Samples, every ``every`` s, the CPU ticks of the broker's process tree, of the arm's
     PostgreSQL backends (found by their process title) and of the whole cluster, keeping the
@@ -141,8 +165,9 @@ class Sampler(threading.Thread):
     (its backend's CPU up to its last sample). The cluster's CPU is exact: the live
     backends' ticks at each end of the window and what the postmaster reaped in between
     (``cluster_cpu_s``), so a backend born and gone between two samples counts too (pgmq's
-    consumers in a 0.3 s drain were seen as 0.0 s). Also the peak of the broker tree's summed RSS
-    and PSS (PSS counts shared pages once, RSS once per process)."""
+    consumers in a 0.3 s drain were seen as 0.0 s). Also the peak of the broker tree's summed
+    RSS and PSS (PSS counts shared pages once, RSS once per process), and each process's PSS in
+    the sample that set the PSS peak (``peak_procs``, kB): which process holds it."""
 
     def __init__(self, postmaster: int, db: str, root: int | None, every: float = 0.25) -> None:
         super().__init__(daemon=True)
@@ -151,6 +176,7 @@ class Sampler(threading.Thread):
         self.ticks: dict[str, dict[int, int]] = {"broker": {}, "pg_db": {}, "pg_live": {},
                                                  "pg_reaped": {}}
         self.peak_rss = self.peak_pss = 0
+        self.peak_procs: dict[str, int] = {}
         self._stop_ev = threading.Event()
         self.lock = threading.Lock()
         self.sample()
@@ -172,8 +198,13 @@ class Sampler(threading.Thread):
                 self.ticks["broker"].update(cpu_ticks(broker))
         if broker:
             rss = sum(_kb(f"/proc/{p}/status", b"VmRSS:") for p in broker)
-            pss = sum(_kb(f"/proc/{p}/smaps_rollup", b"Pss:") for p in broker)
-            self.peak_rss, self.peak_pss = max(self.peak_rss, rss), max(self.peak_pss, pss)
+            each = {p: _kb(f"/proc/{p}/smaps_rollup", b"Pss:") for p in broker}
+            pss = sum(each.values())
+            self.peak_rss = max(self.peak_rss, rss)
+            if pss > self.peak_pss:
+                assert self.root is not None
+                self.peak_pss = pss
+                self.peak_procs = {_role(p, self.root): kb for p, kb in each.items()}
 
     def snapshot(self) -> dict[str, dict[int, int]]:
         with self.lock:
@@ -202,10 +233,12 @@ def cluster_cpu_s(c0: dict[str, dict[int, int]], c1: dict[str, dict[int, int]]) 
 class Meter:
     """One measured window of one arm: CPU (broker tree, the arm's PostgreSQL backends, the
     whole cluster, the machine), WAL, queen-mp's fusion counters and peak RSS. The commit
-    count is read later (``Suite.settle``): backends publish it up to 10 s after going idle."""
+    count is read later (``Suite.settle``): backends publish it up to 10 s after going idle.
+    ``window`` names it (default: the suite's ``where``) for the run's memory peak."""
 
-    def __init__(self, suite: Suite, arm: str) -> None:
+    def __init__(self, suite: Suite, arm: str, window: str | None = None) -> None:
         self.suite, self.arm = suite, arm
+        self.window_name = f"{window or suite.where} [{arm}]"
         mon = suite.monitor
         assert mon is not None
         self.db = db_name(suite.dsn_of(arm))
@@ -235,8 +268,7 @@ class Meter:
             self.stopped = True
         rss, pss = round(self.sampler.peak_rss / 1024, 1), round(self.sampler.peak_pss / 1024, 1)
         if self.arm.startswith("queen-mp"):  # the target is the broker's, not the naive app's
-            self.suite.rss_peak = max(self.suite.rss_peak, rss)
-            self.suite.pss_peak = max(self.suite.pss_peak, pss)
+            self.suite.note_memory(rss, pss, self.window_name, self.sampler.peak_procs)
         return rss, pss
 
     def stop(self, client_cpu_s: float | None = None, msgs: float | None = None
@@ -251,6 +283,9 @@ class Meter:
         self.wal = mon.cluster_stats()["wal_bytes"] - self.wal0
         self.t_end = mono()
         self.q1 = queen_counters(self.url) if self.url else {}
+        self.filter_entries = filter_entries(self.url) if self.url else None
+        if self.suite.pss_peak_window == self.window_name:
+            self.suite.pss_peak_filter_entries = self.filter_entries
         return self.figures(client_cpu_s, msgs) if client_cpu_s is not None else {}
 
     def figures(self, client_cpu_s: float, msgs: float | None) -> dict[str, Any]:
@@ -288,6 +323,7 @@ class Meter:
             commits = d.get("queen_fusion_commits_total", 0.0)
             out["segs_per_commit"] = (d.get("queen_fusion_segments_total", 0.0) / commits
                                       if commits else None)
+            out["dedup_filter_entries"] = self.filter_entries
         if self.root is not None:
             out["rss_peak_mb"], out["pss_peak_mb"] = self.peaks
         if self.peer:  # PostgreSQL's commits and WAL are not a peer's: no figure
@@ -428,6 +464,13 @@ class Suite(cons.Bench):
         self.pending: list[dict[str, Any]] = []
         self.idle_commits: dict[str, float] = {}
         self.rss_peak = self.pss_peak = 0.0
+        #: the measured window that set ``pss_peak``, and each process's PSS (MB) then
+        self.pss_peak_window: str | None = None
+        self.pss_peak_procs: dict[str, float] = {}
+        self.pss_peak_filter_entries: float | None = None  # at the end of that window
+        #: what runs now (section, cell, warm-up): the name of the windows metered meanwhile
+        self.where = "setup"
+        self.probes = 0
         self.ledger: dict[str, Any] = {}
         self.e2e_samples: dict[str, list[float]] = {}
         self.pgmq_version: str | None = None
@@ -542,11 +585,27 @@ class Suite(cons.Bench):
 
     def probe(self, arm: str | None) -> cons.Probe:
         """bench/consume.py opens its CPU probe where a measured window starts: a Meter
-        starts there too (``take_meter`` collects it)."""
+        starts there too (``take_meter`` collects it). It samples until the next probe or
+        the end of the section: named by the section and its count of probes so far."""
         if self.meter is not None:
             self.meter.discard()
-        self.meter = Meter(self, {"baseline": "naive"}.get(arm or "", arm or "queen-mp"))
+        self.probes += 1
+        self.meter = Meter(self, {"baseline": "naive"}.get(arm or "", arm or "queen-mp"),
+                           f"{self.where}, from probe {self.probes}")
         return super().probe(arm)
+
+    def at(self, where: str) -> None:
+        """Name what runs from now on (``Meter``'s default window name)."""
+        self.where, self.probes = where, 0
+
+    def note_memory(self, rss: float, pss: float, window: str, procs: dict[str, int]) -> None:
+        """A queen-mp window's memory peaks: the run's, with the window that set the PSS one
+        (the peak may come from a window that is no cell: a warm-up, a wake phase)."""
+        self.rss_peak = max(self.rss_peak, rss)
+        if pss > self.pss_peak:
+            self.pss_peak, self.pss_peak_window = pss, window
+            self.pss_peak_filter_entries = None
+            self.pss_peak_procs = {k: round(v / 1024, 1) for k, v in sorted(procs.items())}
 
     def take_meter(self) -> Meter:
         m, self.meter = self.meter, None
@@ -594,6 +653,7 @@ class Suite(cons.Bench):
             name = f"qb_{self.run_id}_{CODE[arm]}{batch}r{rnd}{'w' if warmup else ''}"
             asyncio.run(self.peers.create(arm, name))
         spec = self.push_spec(arm, batch, tag, name)
+        self.at(f"push batch {batch} warm-up" if warmup else f"push batch {batch} r{rnd}")
         if warmup:
             spec.duration = warmup
         run: LoadRun | PgLoadRun | PeerLoadRun = (
@@ -697,6 +757,7 @@ class Suite(cons.Bench):
                 if arm not in a.arms or (arm in PEERS and not self.peer_ok(arm)):
                     continue
                 self.settle(running=None if arm in PEERS else arm)
+                self.at(f"consume r{rnd}")
                 if arm in PEERS:
                     try:
                         cell = await self.peer_consume_cell(arm, rnd)
@@ -800,6 +861,7 @@ class Suite(cons.Bench):
             for rnd in range(1, a.rounds + 1):
                 for arm in arms:
                     self.settle(running=arm)
+                    self.at(f"mixed {_mixed_variant(consumers)} r{rnd}")
                     if arm == "pgmq":
                         cell = await asyncio.to_thread(self.mixed_pgmq_cell, consumers, rnd)
                     else:
@@ -984,6 +1046,7 @@ class Suite(cons.Bench):
         checks = []
         for rnd in range(1, a.rounds + 1):
             self.settle(running="queen-mp")
+            self.at(f"fanout r{rnd}")
             cell, check = await self.fanout_cell(rnd)
             self.record(cell)
             checks.append(check)
@@ -1123,6 +1186,7 @@ class Suite(cons.Bench):
             for arm in ("queen-mp", "naive", "pgmq"):
                 if arm not in a.arms:
                     continue
+                self.at(f"e2e r{rnd}")
                 if arm == "pgmq":
                     queue = f"e{self.run_id}r{rnd}"
                     create_pgmq_queue(self.dbs["pgmq"], queue)
@@ -1166,6 +1230,7 @@ class Suite(cons.Bench):
     # -------------------------------------------------------------- wake
     async def run_wake_cell(self) -> None:
         print(f"[{self.clock()}] wake: {self.args.parked} parked pops", flush=True)
+        self.at(f"wake ({self.args.parked} parked)")
         w = await self.run_wake(self.arm("queen-mp"))
         self.wake = w
         lat = w.get("wake_latency_ms") or {}
@@ -1564,6 +1629,13 @@ def main(argv: list[str] | None = None) -> int:
         return logs
 
     status, failure, logs = guarded(work, clean)
+    if suite.pss_peak_window is not None:
+        suite.notes.append(
+            f"peak PSS of the broker, {suite.pss_peak} MB, set in {suite.pss_peak_window}: "
+            + ", ".join(f"{k} {v} MB" for k, v in suite.pss_peak_procs.items())
+            + ("" if suite.pss_peak_filter_entries is None else
+               f"; the shards' dedup filters held {suite.pss_peak_filter_entries:,.0f} "
+               "entries at the window's end"))
     summary = summarize(suite)
     ledger_ok = all(v["ok"] and v["offsets"].get("ok", False) for v in suite.ledger.values())
     doc = {
@@ -1578,6 +1650,8 @@ def main(argv: list[str] | None = None) -> int:
         "idle_commits_per_s": suite.idle_commits,
         "summary": summary, "cells": suite.cells, "ledger": suite.ledger,
         "ledger_ok": ledger_ok, "rss_peak_mb": suite.rss_peak, "pss_peak_mb": suite.pss_peak,
+        "pss_peak_window": suite.pss_peak_window, "pss_peak_procs_mb": suite.pss_peak_procs,
+        "pss_peak_filter_entries": suite.pss_peak_filter_entries,
         "e2e_samples_ms": suite.e2e_samples,
         "wake_samples_ms": (suite.wake or {}).get("wake_samples_ms"),
         "wake": {k: v for k, v in (suite.wake or {}).items() if k != "wake_samples_ms"},
