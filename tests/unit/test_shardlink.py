@@ -145,3 +145,46 @@ def test_a_grant_alone_goes_into_the_ring_without_a_ring(runtime: Runtime) -> No
             await link.stop()
 
     asyncio.run(go())
+
+
+def test_one_timer_keeps_the_deadlines_of_every_turn(runtime: Runtime) -> None:
+    """Requests of later turns share the timer armed for the first one's deadline; only an
+    earlier deadline arms it anew, and it fails each request at its own deadline."""
+    async def go() -> None:
+        link = ShardLink(runtime, SLOT, GENERATION)
+        await link.start()
+        requests = Ring.attach(runtime.request_ring(SLOT, 0))
+        loop = asyncio.get_running_loop()
+        armed: list[float] = []
+        call_at = loop.call_at
+
+        def spy(when, callback, *args, **kwargs):  # type: ignore[no-untyped-def]
+            if callback == link._expire:  # a deadline timer, not another sleep's
+                armed.append(when)
+            return call_at(when, callback, *args, **kwargs)
+
+        loop.call_at = spy  # type: ignore[method-assign]
+        try:
+            rid = link.next_request_id()
+            first = link.submit(0, rid, 0, b"a", loop.time() + 0.3)
+            later = []
+            for i in range(1, 4):
+                await asyncio.sleep(0)  # a turn of its own each
+                later.append(link.submit(0, rid, i, b"b", loop.time() + 5))
+            assert len(armed) == 1
+            await asyncio.sleep(0)
+            early = link.submit(0, rid, 9, b"c", loop.time() + 0.05)
+            assert len(armed) == 2
+            t0 = loop.time()
+            assert isinstance((await verdicts_of([early]))[0], TimeoutError)
+            assert loop.time() - t0 < 0.25 and not first.done()
+            assert isinstance((await verdicts_of([first]))[0], TimeoutError)
+            assert not any(f.done() for f in later)
+            for f in later:
+                f.cancel()
+        finally:
+            del loop.call_at
+            requests.close()
+            await link.stop()
+
+    asyncio.run(go())
