@@ -52,6 +52,7 @@ _WATCH_EVERY_S = 0.2
 _SHARD_SILENT_MS = 5000
 _WRITE_POLL_S = 0.0005
 _BOOT_POLL_S = 0.05
+_BATCH_HEAD_BYTES = RecordBatch.packed_size(())
 _EARLY_S = 0.001  # a deadline this close is due now (the watchdog fires on a whole ms)
 
 
@@ -227,9 +228,18 @@ class ShardLink:
 
     def _send(self, shard: int, box: _Outbox, records: list[bytes], urgent: bool) -> None:
         ring = self._requests[shard]
-        for payload in _batches(records, ring.max_record):
-            if box.pump is None and len(payload) <= ring.max_record \
-                    and ring.try_write(payload):
+        limit = ring.max_record
+        n = len(records)
+        # PERF(ipc): the common turn, whose records fit one ring record, sized in C without
+        # ``_batches``' loop (4.5k instructions for a turn of one record, 16.8k of two)
+        if n == 1 and len(records[0]) <= limit:
+            payloads = records
+        elif sum(map(len, records)) + 4 * n + _BATCH_HEAD_BYTES <= limit:
+            payloads = [RecordBatch(tuple(records)).pack()]
+        else:
+            payloads = _batches(records, limit)
+        for payload in payloads:
+            if box.pump is None and len(payload) <= limit and ring.try_write(payload):
                 continue
             box.backlog.append(payload)
             urgent = True  # a full ring: the shard must drain it

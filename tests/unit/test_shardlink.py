@@ -188,3 +188,36 @@ def test_one_timer_keeps_the_deadlines_of_every_turn(runtime: Runtime) -> None:
             await link.stop()
 
     asyncio.run(go())
+
+
+def test_a_turn_larger_than_one_ring_record_goes_as_several(runtime: Runtime) -> None:
+    """Records of one turn that do not fit one ring record leave as batches that do, in
+    order; what the ring has no room for yet follows as the shard drains it."""
+    async def go() -> None:
+        link = ShardLink(runtime, SLOT, GENERATION)
+        await link.start()
+        requests = Ring.attach(runtime.request_ring(SLOT, 0))
+        try:
+            deadline = asyncio.get_running_loop().time() + 5
+            rid = link.next_request_id()
+            sent = [bytes([0xF0 + i]) * 20_000 for i in range(4)]  # no record kind
+            futures = [link.submit(0, rid, i, r, deadline) for i, r in enumerate(sent)]
+            await asyncio.sleep(0)
+            got: list[bytes] = []
+            for _ in range(200):
+                for raw in requests.read_many(10):
+                    if peek_kind(raw) == KIND_RECORD_BATCH:
+                        got.extend(bytes(r) for r in RecordBatch.unpack(raw).records)
+                    else:
+                        got.append(bytes(raw))
+                if len(got) == len(sent):
+                    break
+                await asyncio.sleep(0.005)
+            assert got == sent
+            for f in futures:
+                f.cancel()
+        finally:
+            requests.close()
+            await link.stop()
+
+    asyncio.run(go())
