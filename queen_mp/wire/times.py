@@ -25,18 +25,17 @@ def iso_ms(t: dt.datetime | None) -> str | None:
         return None
     if t.tzinfo is None:  # NOTE(wire): naive is local time, as astimezone reads it
         return t.astimezone(dt.UTC).isoformat(timespec="milliseconds")[:23] + "Z"
-    return _iso_of_ms((t - _EPOCH) // _MS)
-
-
-def _iso_of_ms(ms: int) -> str:
-    """Milliseconds since the epoch as answer text, the text up to the second kept."""
-    second, milli = divmod(ms, 1000)
-    head = _SECONDS.get(second)
-    if head is None:
-        if len(_SECONDS) >= _SECONDS_KEPT:
-            _SECONDS.clear()
-        head = _SECONDS[second] = (_EPOCH + dt.timedelta(seconds=second)).isoformat()[:19]
+    second, milli = divmod((t - _EPOCH) // _MS, 1000)
+    head = _SECONDS.get(second) or _second_text(second)
     return f"{head}.{milli:03d}Z"
+
+
+def _second_text(second: int) -> str:
+    """The text of ``second`` since the epoch up to its seconds, kept for the next ones."""
+    if len(_SECONDS) >= _SECONDS_KEPT:
+        _SECONDS.clear()
+    head = _SECONDS[second] = (_EPOCH + dt.timedelta(seconds=second)).isoformat()[:19]
+    return head
 
 
 @functools.lru_cache(maxsize=4096)
@@ -50,7 +49,9 @@ def iso_from_us(us: int) -> str | None:
     """
     if not us:
         return None
-    return _iso_of_ms(us // 1000)
+    second, milli = divmod(us // 1000, 1000)
+    head = _SECONDS.get(second) or _second_text(second)
+    return f"{head}.{milli:03d}Z"
 
 
 MIN_YEAR, MAX_YEAR = 1970, 9998
