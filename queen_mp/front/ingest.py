@@ -59,6 +59,9 @@ _STATUS = itemgetter(0)  # of an ItemVerdict
 _OFFSET = itemgetter(1)
 _IDX = attrgetter("idx")
 _digest = txn_hash_bytes  # xxh3_128 of a transactionId's UTF-8
+# PERF(queen): a Piece built in C, not through its NamedTuple's Python ``__new__`` (3.1k
+# instructions a call, 0.5k so)
+_piece = tuple.__new__
 
 
 class ItemResult(msgspec.Struct, gc=False):
@@ -250,7 +253,7 @@ class Ingest:
         partition = item.partition
         record = pack_push_group(
             link.generation, link.slot, request_id, 0, tenant, queue, partition,
-            _digest(item.transaction_id.encode()), 1, (Piece(PIECE_RAW, 1, item.frame),),
+            _digest(item.transaction_id.encode()), 1, (_piece(Piece, (PIECE_RAW, 1, item.frame)),),
             int((time.time() + self.timeout_s) * 1000))
         try:
             outcome: PushVerdict | BaseException = await link.submit(
@@ -394,7 +397,8 @@ def pieces_of(items: Sequence[PushItem], idx: list[int],
             chunks: Sequence[ClientChunk]) -> tuple[Piece, ...]:
     """Raw frames, except whole client chunks whose every frame is in this group."""
     if not chunks and idx:  # PERF(queen): a JSON push's group: one C join of its frames
-        return (Piece(PIECE_RAW, len(idx), b"".join(map(_FRAME, map(items.__getitem__, idx)))),)
+        return (_piece(Piece, (PIECE_RAW, len(idx),
+                               b"".join(map(_FRAME, map(items.__getitem__, idx))))),)
     pieces: list[Piece] = []
     raw: list[bytes | memoryview] = []
     pos = 0

@@ -302,10 +302,17 @@ class FrontWorker:
             self.metrics.tally.inc(self.metrics.messages_popped, (), n)
 
     def count_pushed(self, results: PushResults) -> None:
-        if self.metrics is not None:
+        metrics = self.metrics
+        if metrics is not None:
+            each = results.each
+            if len(each) == 1 and each[0] is not None:
+                # PERF(metrics): a 1-item push's one status, without the table of four
+                # counts (8.1k instructions a push, 3.2k this way; bench.hotpath front1)
+                metrics.tally.inc(metrics.messages_pushed, (each[0].status,), 1)
+                return
             for status, n in results.counts().items():
                 if n:
-                    self.metrics.tally.inc(self.metrics.messages_pushed, (status,), n)
+                    metrics.tally.inc(metrics.messages_pushed, (status,), n)
 
     def shards_alive(self) -> int:
         return self._board.alive(SHARD_STALE_MS) if self._board is not None else 0

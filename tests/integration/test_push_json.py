@@ -182,12 +182,12 @@ def test_single_item_answer_has_every_field_of_api_2_1(broker, db):
     [(hashes,)] = db.execute("SELECT hashes FROM queen.log_txns WHERE partition_id = %s",
                              (pid,)).fetchall()
     assert bytes(hashes) == xxhash.xxh3_128_digest(b"order-1001")
-    # api.md 3.2: a JSON group is packed as one zstd chunk, the frame carries its content size
+    # api.md 3.2: a segment of one JSON frame stores it raw (codec 0), the frame as framed
     [(_, _, base, count, _, blob)] = segment_rows(db, q)
     assert (base, count) == (1, 1)
     [(n, codec, data, frames)] = decode_blob(blob)
-    assert (n, codec) == (1, 1)
-    assert zstandard.frame_content_size(data) == len(frames[0].raw)
+    assert (n, codec) == (1, 0)
+    assert bytes(data) == bytes(frames[0].raw)
 
 
 def test_empty_items_is_201_empty_array(broker):

@@ -453,3 +453,21 @@ def test_pack_refuses_an_inconsistent_one_piece_group() -> None:
                 {"slot": 2**16}, {"tenant": b"short"}, {"hashes": bytes(32)}):
         with pytest.raises(ValueError):
             PushGroup(**{**one, **bad}).pack()
+
+
+def test_a_one_frame_verdict_of_its_short_size_decodes_as_the_general_path_would() -> None:
+    """``PushVerdict.unpack`` reads a 1-frame queued verdict by one struct; every other
+    record of that size (an error of 9 bytes, a bad item status) takes the general path."""
+    one = PushVerdict(3, 1, 9, 0, VERDICT_OK, 7, 11, items=(ItemVerdict(ITEM_QUEUED, 42, b""),))
+    packed = pack_queued_run(3, 1, 9, 0, 7, 11, 42, 1)
+    assert packed == one.pack()
+    assert PushVerdict.unpack(packed) == one
+    assert PushVerdict.unpack(bytearray(packed)) == one
+    assert unpack_record(memoryview(packed)) == one
+    error = PushVerdict(3, 1, 9, 0, VERDICT_ERROR, error="Expired: ")
+    assert len(error.pack()) == len(packed)
+    assert PushVerdict.unpack(error.pack()) == error
+    with pytest.raises(RecordDecodeError):
+        PushVerdict.unpack(packed[:-9] + b"\x02" + packed[-8:])
+    with pytest.raises(RecordDecodeError):
+        PushVerdict.unpack(b"\x00" + packed[1:])

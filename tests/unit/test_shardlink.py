@@ -145,3 +145,79 @@ def test_a_grant_alone_goes_into_the_ring_without_a_ring(runtime: Runtime) -> No
             await link.stop()
 
     asyncio.run(go())
+
+
+def test_one_timer_keeps_the_deadlines_of_every_turn(runtime: Runtime) -> None:
+    """Requests of later turns share the timer armed for the first one's deadline; only an
+    earlier deadline arms it anew, and it fails each request at its own deadline."""
+    async def go() -> None:
+        link = ShardLink(runtime, SLOT, GENERATION)
+        await link.start()
+        requests = Ring.attach(runtime.request_ring(SLOT, 0))
+        loop = asyncio.get_running_loop()
+        armed: list[float] = []
+        call_at = loop.call_at
+
+        def spy(when, callback, *args, **kwargs):  # type: ignore[no-untyped-def]
+            if callback == link._expire:  # a deadline timer, not another sleep's
+                armed.append(when)
+            return call_at(when, callback, *args, **kwargs)
+
+        loop.call_at = spy  # type: ignore[method-assign]
+        try:
+            rid = link.next_request_id()
+            first = link.submit(0, rid, 0, b"a", loop.time() + 0.3)
+            later = []
+            for i in range(1, 4):
+                await asyncio.sleep(0)  # a turn of its own each
+                later.append(link.submit(0, rid, i, b"b", loop.time() + 5))
+            assert len(armed) == 1
+            await asyncio.sleep(0)
+            early = link.submit(0, rid, 9, b"c", loop.time() + 0.05)
+            assert len(armed) == 2
+            t0 = loop.time()
+            assert isinstance((await verdicts_of([early]))[0], TimeoutError)
+            assert loop.time() - t0 < 0.25 and not first.done()
+            assert isinstance((await verdicts_of([first]))[0], TimeoutError)
+            assert not any(f.done() for f in later)
+            for f in later:
+                f.cancel()
+        finally:
+            del loop.call_at
+            requests.close()
+            await link.stop()
+
+    asyncio.run(go())
+
+
+def test_a_turn_larger_than_one_ring_record_goes_as_several(runtime: Runtime) -> None:
+    """Records of one turn that do not fit one ring record leave as batches that do, in
+    order; what the ring has no room for yet follows as the shard drains it."""
+    async def go() -> None:
+        link = ShardLink(runtime, SLOT, GENERATION)
+        await link.start()
+        requests = Ring.attach(runtime.request_ring(SLOT, 0))
+        try:
+            deadline = asyncio.get_running_loop().time() + 5
+            rid = link.next_request_id()
+            sent = [bytes([0xF0 + i]) * 20_000 for i in range(4)]  # no record kind
+            futures = [link.submit(0, rid, i, r, deadline) for i, r in enumerate(sent)]
+            await asyncio.sleep(0)
+            got: list[bytes] = []
+            for _ in range(200):
+                for raw in requests.read_many(10):
+                    if peek_kind(raw) == KIND_RECORD_BATCH:
+                        got.extend(bytes(r) for r in RecordBatch.unpack(raw).records)
+                    else:
+                        got.append(bytes(raw))
+                if len(got) == len(sent):
+                    break
+                await asyncio.sleep(0.005)
+            assert got == sent
+            for f in futures:
+                f.cancel()
+        finally:
+            requests.close()
+            await link.stop()
+
+    asyncio.run(go())
