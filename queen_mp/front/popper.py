@@ -33,6 +33,7 @@ import uuid
 from collections import deque
 from dataclasses import dataclass
 
+import msgspec
 from prometheus_client import Gauge
 
 from queen_mp.db import pop_procs
@@ -59,8 +60,9 @@ class TooManyParked(Exception):
     """This worker already parks QUEEN_MAX_PARKED_POPS pops (answered 429)."""
 
 
-@dataclass(frozen=True)
-class Popped:
+class Popped(msgspec.Struct, frozen=True):
+    """What a pop claimed, and the lease it holds it under (None: auto-acked)."""
+
     claims: list[Claim]
     lease_id: str | None
 
