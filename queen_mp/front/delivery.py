@@ -73,11 +73,15 @@ class Delivered:
     encrypted: bool  # payload is still the stored ciphertext (unpacked with decrypt=False)
 
 
-def _claimed_chunks(claim: Claim, max_chunk: int
-                    ) -> Iterator[tuple[int, datetime, bytes | bytearray | memoryview, int]]:
-    """Each decoded chunk that holds claimed offsets: (offset of its first frame taken, its
-    segment's time, its frames, how many frames before that one to step over). The caller
-    stops taking frames past ``claim.end``."""
+#: a decoded chunk that holds claimed offsets: the offset of its first frame taken, its
+#: segment's time, its frames, how many frames before that one to step over, and how many
+#: frames its head counts from that one on
+_Taken = tuple[int, datetime, bytes | bytearray | memoryview, int, int]
+
+
+def _claimed_chunks(claim: Claim, max_chunk: int) -> Iterator[_Taken]:
+    """Each decoded chunk that holds claimed offsets (``_Taken``). The caller stops taking
+    frames past ``claim.end``."""
     for base, created, blob in claim.segments:
         offset = base
         for chunk in iter_chunks(blob):
@@ -86,7 +90,8 @@ def _claimed_chunks(claim: Claim, max_chunk: int
                 continue
             before = max(0, claim.start - offset)
             yield (offset + before, created,
-                   decode_chunk(chunk.codec, chunk.data, max_size=max_chunk), before)
+                   decode_chunk(chunk.codec, chunk.data, max_size=max_chunk), before,
+                   chunk.count - before)
             offset += chunk.count
 
 
@@ -112,7 +117,7 @@ def unpack_messages(claim: Claim, cipher: PayloadCipher | None, max_chunk: int, 
     """The frames of the claimed offsets, in offset order (records may overhang the claim).
 
     ``decrypt=False`` keeps encrypted payloads as stored (a DLQ snapshot)."""
-    for offset, created, frames, before in _claimed_chunks(claim, max_chunk):
+    for offset, created, frames, before, _ in _claimed_chunks(claim, max_chunk):
         for frame in iter_frames(frames, skip=before):
             if offset > claim.end:
                 break
@@ -164,6 +169,45 @@ def _sub_json(sub: str | None) -> bytes:
     return b"null" if sub is None else orjson.dumps(sub)
 
 
+def _plain_run(claim: Claim, taken: list[_Taken]
+               ) -> tuple[list[bytes], list[bytes], list[bytes], list[bytes]] | None:
+    """The message ids, transactionIds, payloads and createdAt texts of ``taken`` (two chunks
+    or more), when its chunks hold consecutive offsets, every frame is plain and every chunk
+    but the last holds as many frames as its head counts; None otherwise (``json_messages``
+    then reads chunk by chunk).
+
+    PERF(pop): two ``plain_columns`` calls, over every chunk but the last joined and over the
+    last (which the claim's end may cut), for a claim's chunks: a 100-message pop of
+    1,000-item pushes over 100 partitions reads 10 chunks of 10, and a call per chunk, with
+    its columns and their texts added chunk by chunk, cost bench.hotpath pop100s10 1.71M
+    instructions against 1.64M (callgrind)."""
+    expect = taken[0][0]
+    for i, (offset, _, _, before, count) in enumerate(taken):
+        if offset != expect or (i and before):
+            return None
+        expect = offset + count
+    *head, last = taken
+    counted = sum(t[4] for t in head)
+    # one frame more than the heads count: a chunk holding more than its head says shows as
+    # one too many, one holding fewer as one too few
+    got = plain_columns(b"".join([t[2] for t in head]), skip=head[0][3], take=counted + 1)
+    if got is None or len(got[0]) != counted:
+        return None
+    end = plain_columns(last[2] if isinstance(last[2], bytes) else bytes(last[2]),
+                        skip=last[3], take=max(0, claim.end - last[0] + 1))
+    if end is None:
+        return None
+    stamps: list[bytes] = []
+    stamped: datetime | None = None
+    stamp = b""
+    for i, (_, created, _, _, count) in enumerate(taken):
+        if created is not stamped and created != stamped:
+            # PERF(pop): one rendering per distinct segment time
+            stamped, stamp = created, orjson.dumps(iso_ms(created))
+        stamps += [stamp] * (count if i < len(head) else len(end[0]))
+    return got[0] + end[0], got[1] + end[1], got[2] + end[2], stamps
+
+
 def json_messages(claim: Claim, lease_id: str | None, group: str, cipher: PayloadCipher | None,
                   max_chunk: int, hashes: list[bytes], ids: list[bytes] | None = None) -> bytes:
     """The JSON objects of the claimed messages, in offset order, joined by ",": byte for
@@ -190,9 +234,15 @@ def json_messages(claim: Claim, lease_id: str | None, group: str, cipher: Payloa
     flags: list[int] = []
     stamps: list[bytes] = []
     offsets: list[int] = []
+    taken = list(_claimed_chunks(claim, max_chunk))
+    run = _plain_run(claim, taken) if len(taken) > 1 else None  # one: read below alike
+    if run is not None:  # every chunk read at once: none left to read one by one
+        mids, raws, payloads, stamps = run  # type: ignore[assignment]  # (lists of bytes)
+        offsets += range(taken[0][0], taken[0][0] + len(mids))
+        taken = []
     stamped: datetime | None = None
     stamp = b""
-    for offset, created, frames, before in _claimed_chunks(claim, max_chunk):
+    for offset, created, frames, before, _ in taken:
         if created is not stamped and created != stamped:
             # PERF(pop): one rendering per distinct segment time
             stamped, stamp = created, orjson.dumps(iso_ms(created))

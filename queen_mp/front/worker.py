@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -272,7 +271,9 @@ class FrontWorker:
         granted: dict[int, bytes] = {}
         if not self.config.ack_registry or self.link is None:
             return granted
-        lease = uuid.UUID(lease_id).bytes
+        # PERF(pop): the canonical text ``Popper`` made of the lease (str of a UUID): its hex
+        # read in C, not through UUID's Python constructor (12k instructions)
+        lease = bytes.fromhex(lease_id.replace("-", ""))
         for claim in claims:
             delivered = hashes.get(claim.partition_id)
             if not delivered or claim.lease_expires_at is None:

@@ -41,7 +41,7 @@ from queen_mp.http.errors import error_answer, error_of
 from queen_mp.http.pop import PopResource
 from queen_mp.http.push import PushResource
 
-__all__ = ["HOT_ROUTES", "HotAnswer", "HotCall", "HotRoutes"]
+__all__ = ["HOT_ROUTES", "HotAnswer", "HotCall", "HotRoutes", "head_lines", "rendered"]
 
 PUSH = "/api/v1/push"
 ACK = "/api/v1/ack"
@@ -151,14 +151,44 @@ def rendered(answer: Answer) -> tuple[int, list[tuple[bytes, bytes]], bytes | No
     return status, headers, body
 
 
+#: the header lines of a data answer before its Content-Length, by (content type, headers):
+#: at most ``_LINES_KEPT`` kinds (the hot routes answer a handful)
+_DATA_LINES: dict[tuple[str, tuple[tuple[str, str], ...]], bytes] = {}
+_LINES_KEPT = 64
+
+
+def _lines(headers: list[tuple[bytes, bytes]]) -> bytes:
+    return b"".join([b"%s: %s\r\n" % (name.lower(), value) for name, value in headers])
+
+
+def head_lines(answer: Answer) -> tuple[int, bytes, bytes | None]:
+    """``rendered``'s status, headers and body, the headers as the lines the server writes
+    (``name: value`` and CRLF each, the name lowercased).
+
+    PERF(http): a data answer's lines up to its Content-Length are made once per kind
+    (content type and headers) and kept: the lean path rendered, encoded and lowercased
+    every header of every answer: 16.7k instructions a request, 6.2k so (callgrind)."""
+    data = answer.data
+    if data is None or answer.status in _BODILESS:
+        status, headers, body = rendered(answer)
+        return status, _lines(headers), body
+    key = (answer.content_type, answer.headers)
+    lines = _DATA_LINES.get(key)
+    if lines is None:
+        lines = _lines(rendered(answer)[1][:-1])  # all but its Content-Length
+        if len(_DATA_LINES) < _LINES_KEPT:
+            _DATA_LINES[key] = lines
+    return answer.status, lines + b"content-length: %d\r\n" % len(data), data
+
+
 class HotRoutes:
     """``match`` tells whether a scope is one of HOT_ROUTES (or of ``extra``, the (method,
     route template) of other modules' routes taken here: queen_mp/http/ephemeral.py's) as
     falcon would route it; ``serve`` answers it over ASGI, ``respond`` is that answer."""
 
-    #: ``rendered``, for the front's protocol, which answers below ASGI
+    #: ``head_lines``, for the front's protocol, which answers below ASGI
     #: (queen_mp/processes/uvworker.py) and does not import this module (it loads psycopg)
-    render = staticmethod(rendered)
+    head_lines = staticmethod(head_lines)
     #: none unless given (a class default too: tests build the class without ``__init__``)
     extra: Mapping[tuple[str, str], HotAnswer] = MappingProxyType({})
 

@@ -97,9 +97,14 @@ IDLE_GRACE_S = 0.25
 #: the largest body the lean path reads whole before answering; a larger one takes uvicorn's
 #: path, where admission refuses it before its body is read (uvicorn pauses reading there too)
 LEAN_MAX_BODY = HIGH_WATER_LIMIT
-#: what uvicorn answers when the application fails before answering
-_FAILED = (500, [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", b"21")],
+#: what uvicorn answers when the application fails before answering (its header lines)
+_FAILED = (500, b"content-type: text/plain; charset=utf-8\r\ncontent-length: 21\r\n",
            b"Internal Server Error")
+
+
+#: the last list of default headers the server set (it sets a new one with each new Date) and
+#: its lines
+_DEFAULT_LINES: list[tuple[list[tuple[bytes, bytes]], bytes]] = [([], b"")]
 
 
 class CorkedTransport:
@@ -255,7 +260,7 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         self.pipeline = _Pipeline()  # type: ignore[assignment]
         hot = getattr(self.app, "hot", None)  # queen_mp.http.app.App's, when it is served bare
         self._hot: HotRoutes | None = (
-            hot if hasattr(hot, "render") and self.limit_concurrency is None
+            hot if hasattr(hot, "head_lines") and self.limit_concurrency is None
             and not self.config.reset_contextvars else None)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -392,10 +397,10 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         whole, cycle.chunks = b"".join(cycle.chunks), []
         try:
             # PERF(memory): not through a coroutine of its own (a parked pop holds its chain)
-            status, headers, body = hot.render(await hot.respond(cycle.call, whole))
+            status, lines, body = hot.head_lines(await hot.respond(cycle.call, whole))
         except BaseException as ex:  # as uvicorn's cycle: logged, answered 500, closed
             self.logger.error("Exception in ASGI application\n", exc_info=ex)
-            (status, headers, body), cycle.keep_alive = _FAILED, False
+            (status, lines, body), cycle.keep_alive = _FAILED, False
         if self.flow.write_paused and not cycle.disconnected:
             await self.flow.drain()
         if cycle.disconnected:
@@ -405,14 +410,17 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
             self.access_logger.info('%s - "%s %s HTTP/%s" %d', get_client_addr(scope),
                                     scope["method"], get_path_with_query_string(scope),
                                     scope["http_version"], status)
-        head = [STATUS_LINE[status]]
-        for name, value in (*self.server_state.default_headers, *headers):
-            head += (name.lower(), b": ", value, b"\r\n")
-        if not cycle.keep_alive:
-            head.append(b"connection: close\r\n")
-        head.append(b"\r\n")
+        # PERF(http): the server's default headers (its Date, once a second) as lines, made
+        # once for each list of them the server sets
+        defaults = self.server_state.default_headers
+        made = _DEFAULT_LINES[0]
+        if made[0] is not defaults:
+            made = _DEFAULT_LINES[0] = (defaults, b"".join(
+                [b"%s: %s\r\n" % (name.lower(), value) for name, value in defaults]))
         transport: CorkedTransport = self.transport  # type: ignore[assignment]
-        transport.write_answer(b"".join(head), body)
+        transport.write_answer(b"".join((STATUS_LINE[status], made[1], lines, b"\r\n"
+                                         if cycle.keep_alive else
+                                         b"connection: close\r\n\r\n")), body)
         cycle.response_complete = True
         if not cycle.keep_alive:
             transport.close()

@@ -5,6 +5,7 @@ leaves the answer to the 503 path."""
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import orjson
 from hypothesis import HealthCheck, given, settings
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 
 from queen_mp.db.ack_procs import AckBatch, AckItem
 from queen_mp.front.acks import Verdict
+from queen_mp.http import ack
 from queen_mp.http.ack import _item_json, render_acks
 
 LEASE = uuid.UUID(int=42)
@@ -62,3 +64,13 @@ def test_a_commit_error_is_left_to_the_503_path() -> None:
         assert _body([("a", 7, True, None, True, False, False),
                       ("b", 7, False, code, False, False, False)]) is None
         assert _body([("a", 7, False, code, False, False, False)] * 2) is None
+
+
+def test_item_heads_past_those_kept_are_rendered_alike(monkeypatch: Any) -> None:
+    """The heads kept per index stop at ``_HEADS_KEPT``; longer batches make the rest."""
+    monkeypatch.setattr(ack, "_HEADS", [])
+    monkeypatch.setattr(ack, "_HEADS_KEPT", 3)
+    for n in (2, 5, 1, 7, 3, 4):
+        rows: Rows = [(f"t-{i}", 7 + i % 2, True, None, True, False, False) for i in range(n)]
+        assert _body(rows) == _dicts(rows)
+    assert len(ack._HEADS) == 3

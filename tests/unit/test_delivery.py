@@ -163,3 +163,21 @@ def test_json_messages_of_mixed_chunks_equal_the_dict_form(
     assert got == b",".join(map(orjson.dumps, dicts))
     assert orjson.loads(b"[%s]" % got) == orjson.loads(orjson.dumps(dicts))
     assert hashes == [m.hash for m in want]
+
+
+@pytest.mark.parametrize("counted", [2, 4])
+def test_a_chunk_holding_other_than_its_head_counts_is_read_chunk_by_chunk(counted: int
+                                                                          ) -> None:
+    """A claim's plain chunks are read as one run only while each (but the last) holds what
+    its head counts: one holding more or fewer frames answers what reading each chunk alone
+    does (its offsets counted from its head), as ``unpack_messages`` reads them."""
+    def frames(offsets: range) -> bytes:
+        return b"".join(pack_frame(o.to_bytes(16, "big"), f"t{o}".encode(), b"%d" % o)
+                        for o in offsets)
+    blob = pack_chunk_raw(frames(range(1, 4)), counted) + pack_chunk_raw(frames(range(4, 6)), 2)
+    claim = Claim("q", 7, "p", 1, counted + 2, 1, None, False, [(1, T0, blob)])
+    hashes: list[bytes] = []
+    got = json_messages(claim, None, "g", None, 1 << 20, hashes)
+    want = list(unpack_messages(claim, None, 1 << 20))
+    assert got == b",".join(orjson.dumps(_message_dict(m, None, "g")) for m in want)
+    assert hashes == [m.hash for m in want]

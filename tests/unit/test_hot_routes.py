@@ -12,6 +12,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
+import msgspec
 import pytest
 from queen.http import push_binary as client
 
@@ -21,7 +22,9 @@ from queen_mp.front.acks import COMMITTED, Verdict
 from queen_mp.front.delivery import Claim
 from queen_mp.front.ingest import ItemResult, PushResults
 from queen_mp.front.popper import Popped, PopRequest
+from queen_mp.http.answer import Answer
 from queen_mp.http.app import create_app
+from queen_mp.http.hot import head_lines, rendered
 from queen_mp.models.items import PushItem
 from queen_mp.wire import pack_chunk_raw, pack_frame
 
@@ -263,3 +266,20 @@ def test_what_the_hot_routes_leave_to_falcon(tmp_path: Any) -> None:
     assert not match("POST", "/api/v1/push", [(b"content-length", b" 1")])
     assert not match("POST", "/api/v1/push", [(b"authorization", b"a"),
                                               (b"authorization", b"b")])
+
+
+@pytest.mark.parametrize("answer", [
+    Answer(200, b'{"a":1}'), Answer(200, b"QPF1..", "application/x-queen-pop"),
+    Answer(201, b"[]", headers=(("Retry-After", "1"), ("x-queen-note", "n"))),
+    Answer(204), Answer(200, b""), Answer(400, media={"error": "bad"}),
+    Answer(429, media={"error": "busy"}, headers=(("Retry-After", "1"),)),
+])
+def test_head_lines_are_the_rendered_headers_as_the_server_writes_them(answer: Answer) -> None:
+    """Made once per kind of data answer and kept: every answer of a kind, whatever its
+    length, gets its own Content-Length."""
+    for data in (answer.data, None if answer.data is None else answer.data + b" " * 7):
+        answer = msgspec.structs.replace(answer, data=data)
+        status, headers, body = rendered(answer)
+        lines = b"".join(n.lower() + b": " + v + b"\r\n" for n, v in headers)
+        assert head_lines(answer) == (status, lines, body)
+        assert head_lines(answer) == (status, lines, body)
