@@ -411,11 +411,11 @@ class PushVerdict(msgspec.Struct, frozen=True, gc=False):
 
     @classmethod
     def unpack(cls, buf: bytes | bytearray | memoryview) -> Self:
-        if len(buf) and buf[0] == KIND_QUEUED_RUN:
-            return cls._unpack_run(buf)
         view = memoryview(buf)
         end = len(view)
         if end < _PUSH_VERDICT_HEAD.size:
+            if end == _QUEUED_RUN.size and buf[0] == KIND_QUEUED_RUN:  # shorter than the head
+                return cls._unpack_run(buf)
             raise RecordDecodeError(f"PushVerdict of {end} bytes, shorter than its header", buf)
         (
             kind,
@@ -479,9 +479,7 @@ class PushVerdict(msgspec.Struct, frozen=True, gc=False):
 
     @classmethod
     def _unpack_run(cls, buf: bytes | bytearray | memoryview) -> Self:
-        """A QueuedRun record (``pack_queued_run``'s of 2 frames or more)."""
-        if len(buf) != _QUEUED_RUN.size:
-            raise RecordDecodeError(f"QueuedRun of {len(buf)} bytes", buf)
+        """A QueuedRun record (``pack_queued_run``'s of 2 frames or more), of its size."""
         (_, generation, slot, request_id, group_index, partition_id, created_at_us, first,
          count) = _QUEUED_RUN.unpack_from(buf, 0)
         if count < 2 or first > _MAX_I64 - count + 1:
