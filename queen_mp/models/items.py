@@ -12,13 +12,10 @@ import json
 import math
 import re
 import reprlib
-import struct
 import sys
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from itertools import repeat
-from operator import add
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -29,10 +26,10 @@ from queen_mp.models.errors import InvalidRequest, InvalidStatus, NameTooLong, R
 from queen_mp.wire.binary_push import check_name, check_partition_name, check_queue_name
 from queen_mp.wire.frames import (
     FLAG_ENCRYPTED,
-    FLAG_PRODUCER,
     MAX_TXN_BYTES,
     Frame,
     pack_frame,
+    pack_plain_frame,
 )
 from queen_mp.wire.ids import uuid7, uuid_from_text, uuid_text
 
@@ -352,88 +349,45 @@ def decode_push_items(body: bytes, producer_sub: str | None,
         raw_items = _PUSH_BODY.decode(body).items
     except (msgspec.DecodeError, RecursionError):
         return None
-    n = len(raw_items)
-    if n > MAX_ITEMS:
+    if len(raw_items) > MAX_ITEMS:
         return None
-    if not n:
-        return []
+    # the body's own brackets: one per item and two around them
+    deep = _deeper_than_orjson(body, len(raw_items) + 2)
+    # checked names, one str each (a partition may hold "/", a queue may not)
+    queues: dict[str, str] = {}
+    partitions: dict[str, str] = {}
+    items: list[PushItem] = []
+    append = items.append
+    unstamped = producer_sub is None
     try:
-        return _typed_items(raw_items, n, producer_sub, message_ids(n),
-                            _deeper_than_orjson(body, n + 2))  # the body's own: n + 2
+        for it, message_id in zip(raw_items, message_ids(len(raw_items)), strict=True):
+            plain = unstamped
+            queue = queues.get(it.queue)
+            if queue is None:
+                queue = queues[it.queue] = _queue_name(it.queue)
+            partition = it.partition or DEFAULT_PARTITION
+            known = partitions.get(partition)
+            if known is None:
+                known = partitions[partition] = _partition_name(partition)
+            txn = it.transactionId
+            if txn and len(txn) > MAX_TXN_BYTES // 4 and len(txn.encode()) > MAX_TXN_BYTES:
+                return None
+            trace_id = None
+            if it.traceId is not None:
+                trace_id = uuid_from_text(it.traceId)
+                plain = False
+            value = it.payload if it.payload is not _UNSET else it.data
+            payload = b"" if value is _UNSET or value == _NULL else value
+            if deep and payload and _brackets(payload) > _MAX_DEPTH:
+                return None
+            txn = txn or uuid_text(message_id)
+            frame = (pack_plain_frame(message_id, txn.encode(), payload) if plain else
+                     pack_frame(message_id, txn.encode(), payload, trace_id=trace_id,
+                                producer_sub=producer_sub))
+            append(PushItem(queue, known, txn, message_id, frame, trace_id, -1, producer_sub))
     except (RequestError, ValueError):  # wire.errors are ValueErrors
         return None
-
-
-def _typed_items(raw_items: list[_TypedItem], n: int, producer_sub: str | None,
-                 ids: list[bytes], deep: bool) -> list[PushItem] | None:
-    """``decode_push_items``' items of its ``n`` decoded ones, by columns: each field of
-    every item as one list (made in C), a name checked once per distinct value, the frames'
-    heads packed and joined by ``map``; None (or RequestError, ValueError) for the exact path.
-
-    PERF(http): a Python step per item (its checks, its frame's pack and join, its PushItem)
-    cost about 6.8k instructions an item of a 100-item push, these C loops 6.1k (callgrind;
-    msgspec's decode is 3.7k more, the number scan 2.3k)."""
-    if len(ids) != n:
-        raise ValueError(f"{len(ids)} message ids for {n} items")
-    queues, partitions, txns, traces, payloads, datas = map(
-        list, zip(*map(_astuple, raw_items), strict=True))
-    queues = _column(queues, _queue_name)
-    partitions = _column(partitions, _partition_or_default)
-    if not all(txns):  # an item without its own (None or ""): the id's text
-        txns = [t or uuid_text(m) for t, m in zip(txns, ids, strict=True)]
-    txn_bytes = list(map(str.encode, txns))
-    tlens = list(map(len, txn_bytes))
-    if max(tlens) > MAX_TXN_BYTES:
-        return None
-    if not all(payloads):  # an item without "payload" (UNSET is false): its "data"
-        payloads = [d if p is _UNSET else p for p, d in zip(payloads, datas, strict=True)]
-    plens = list(map(len, payloads)) if all(payloads) else None
-    if plens is None or (len(_NULL) in plens and _NULL in payloads):
-        # neither field, or null: an empty payload
-        payloads = [b"" if v is _UNSET or v == _NULL else v for v in payloads]
-        plens = list(map(len, payloads))
-    if deep and any(_brackets(p) > _MAX_DEPTH for p in payloads if p):
-        return None
-    if producer_sub is None:
-        framed = _frames(ids, txn_bytes, tlens, payloads, plens, 0, b"")
-    else:
-        sub = producer_sub.encode()
-        if len(sub) > 0xFFFF:
-            return None
-        framed = _frames(ids, txn_bytes, tlens, payloads, plens, FLAG_PRODUCER,
-                         b"".join((_FRAME_U16.pack(len(sub)), sub)))
-    if traces.count(None) != n:
-        traces = [None if t is None else uuid_from_text(t) for t in traces]
-        for i, trace_id in enumerate(traces):
-            if trace_id is not None:
-                framed[i] = pack_frame(ids[i], txn_bytes[i], payloads[i], trace_id=trace_id,
-                                       producer_sub=producer_sub)
-    return list(map(PushItem, queues, partitions, txns, ids, framed, traces, repeat(-1),
-                    repeat(producer_sub)))
-
-
-_astuple = msgspec.structs.astuple
-_FRAME_HEAD = struct.Struct("<IB16sH")  # a frame's body_len, flags, message id, txn length
-_FRAME_U16 = struct.Struct("<H")
-_FRAME_FIXED = 1 + 16 + 2  # a frame body's bytes besides its txn, producerSub and payload
-
-
-def _frames(ids: list[bytes], txns: list[bytes], tlens: list[int],
-            payloads: list[Any], plens: list[int], flags: int, stamp: bytes) -> list[bytes]:
-    """Each item's docs/api.md 3.1 frame without a trace id, as ``pack_frame`` makes it:
-    ``flags`` 0 or FLAG_PRODUCER, ``stamp`` the producerSub's length and bytes (b"" if none).
-    PERF(http): by C loops (``map``), no Python call per item."""
-    body_lens = map(add, map(add, tlens, plens), repeat(_FRAME_FIXED + len(stamp)))
-    heads = map(_FRAME_HEAD.pack, body_lens, repeat(flags), ids, tlens)
-    if not stamp:
-        return list(map(b"".join, zip(heads, txns, payloads, strict=True)))
-    return list(map(b"".join, zip(heads, txns, repeat(stamp, len(ids)), payloads,
-                                  strict=True)))
-
-
-def _partition_or_default(name: str | None) -> str:
-    """A partition name checked; absent, null or empty is ``DEFAULT_PARTITION``."""
-    return _partition_name(name or DEFAULT_PARTITION)
+    return items
 
 
 @functools.lru_cache(maxsize=1024)
