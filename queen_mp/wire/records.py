@@ -60,7 +60,6 @@ __all__ = [
     "KIND_LEASE_GRANT",
     "KIND_PUSH_GROUP",
     "KIND_PUSH_VERDICT",
-    "KIND_QUEUED_RUN",
     "KIND_RECORD_BATCH",
     "PIECE_RAW",
     "PIECE_ZSTD",
