@@ -11,9 +11,9 @@ placeholder (``%b::text[]``), which types the parameter.
 from __future__ import annotations
 
 import struct
+from array import array
 from collections.abc import Callable, Sequence
 from functools import partial
-from itertools import chain, repeat
 from typing import Any, NamedTuple
 
 import psycopg
@@ -29,7 +29,15 @@ __all__ = ["Array", "bytea_array", "bytea_data", "int4_array", "int4_data", "int
 _HEAD = struct.Struct(">iiIii")
 _LEN = struct.Struct(">i")
 _INT4, _INT8, _TEXT, _BYTEA, _UUID = 23, 20, 25, 17, 2950  # element type oids
-_FIXED: dict[tuple[str, int], struct.Struct] = {}  # (element code, length) -> its layout
+def _length_words(size: int) -> array[int]:
+    """An element of ``size`` bytes as 4-byte words: its length word (big-endian), then 0s."""
+    words = array("i")
+    words.frombytes(_LEN.pack(size) + bytes(size))
+    return words
+
+
+_LENGTH_WORDS = {4: _length_words(4), 8: _length_words(8)}
+_VALUES: dict[tuple[str, int], struct.Struct] = {}  # (element code, length) -> its layout
 _CACHED_SIZES = 256
 _INT8_ELEMENTS: dict[int, struct.Struct] = {}  # element count -> layout (int8_values)
 _TUPLE_NEW = tuple.__new__
@@ -65,13 +73,28 @@ def _varlen(oid: int, items: Sequence[bytes]) -> bytes:
 
 
 def _fixed(oid: int, code: str, size: int, values: Sequence[int]) -> bytes:
+    """A one-dimensional array of ``size``-byte integers (``code``: struct's "i" or "q").
+
+    PERF(queen): the values packed big-endian by one ``struct`` call, set between their
+    length words (a pattern repeated) as 4-byte words by extended slices: a fixed number of C
+    calls an array. Packed with their length words by one format (two arguments an element,
+    chained), 101 int4 took 94k instructions and 101 int8 100k; so 26k and 44k, and 10 of
+    either 17k against 10k and 14k (callgrind)."""
     n = len(values)
-    st = _FIXED.get((code, n))
+    st = _VALUES.get((code, n))
     if st is None:
-        st = struct.Struct(">iiIii" + ("i" + code) * n)
+        st = struct.Struct(f">{n}{code}")
         if n <= _CACHED_SIZES:
-            _FIXED[(code, n)] = st
-    return st.pack(1, 0, oid, n, 1, *chain.from_iterable(zip(repeat(size), values)))
+            _VALUES[(code, n)] = st
+    words = array("i")
+    words.frombytes(st.pack(*values))
+    out = _LENGTH_WORDS[size] * n
+    if size == 4:
+        out[1::2] = words
+    else:  # each value two words
+        out[1::3] = words[::2]
+        out[2::3] = words[1::2]
+    return b"".join((_HEAD.pack(1, 0, oid, n, 1), out))
 
 
 def text_data(items: Sequence[str]) -> bytes:

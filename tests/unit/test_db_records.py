@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import struct
 import uuid
 from typing import Any
 
 import pytest
 
 from queen_mp.db import ack_procs, bundles, pop_procs
-from queen_mp.db.binarrays import int4_array, int8_array, int8_values
+from queen_mp.db.binarrays import int4_array, int4_data, int8_array, int8_data, int8_values
 from queen_mp.db.calls import SegmentVerdict, segment_verdicts
 from queen_mp.db.errors import DatabaseError
 
@@ -73,6 +74,21 @@ def test_int8_values_reads_array_send() -> None:
     null[32:] = (-1).to_bytes(4, "big", signed=True)
     with pytest.raises(ValueError):
         int8_values(bytes(null))
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 10, 101, 256, 257, 1000])
+def test_int_arrays_are_array_recv_form(n: int) -> None:
+    # element by element: ndim 1, no NULLs, the element oid, (n, lower bound 1), then each
+    # element's length word and its big-endian value; both ends of the range included
+    for data, oid, code, size, low in ((int4_data, 23, "i", 4, -(1 << 31)),
+                                       (int8_data, 20, "q", 8, -(1 << 63))):
+        values = [(low + i, -low - 1 - i, i, -i, 7 << (size * 4))[i % 5] for i in range(n)]
+        want = struct.pack(">iiIii", 1, 0, oid, n, 1) + b"".join(
+            struct.pack(f">i{code}", size, v) for v in values)
+        assert data(values) == want
+        assert data(tuple(values)) == want
+    with pytest.raises(struct.error):
+        int4_data([1 << 31] * n + [1 << 31])
 
 
 def test_bundle_answer_in_binary_decodes_to_verdicts() -> None:

@@ -122,6 +122,24 @@ def test_common_bodies_take_the_typed_path() -> None:
         assert typed[0].queue is typed[1].queue  # one str per distinct name
 
 
+def test_a_body_of_mixed_items_is_read_alike_item_by_item() -> None:
+    # the typed path reads by columns: an item unlike its neighbours (traced, without a
+    # transactionId, its payload as data, null or absent, another queue or partition) keeps
+    # its own fields wherever it stands, in a body big enough for the bulk number scan
+    shapes = [{"queue": "orders", "partition": "p-1", "transactionId": "t", "payload": {"n": 1}},
+              {"queue": "orders", "traceId": str(uuid.UUID(int=9)), "payload": [1, 2]},
+              {"queue": "audit", "partition": "", "data": "text"},
+              {"queue": "orders", "partition": None, "transactionId": "", "payload": None},
+              {"queue": "orders", "partition": "p-2", "transactionId": "é"},
+              {"queue": "audit", "payload": {"pad": "x" * 100}, "data": 5}]
+    doc = {"items": [dict(shapes[k % 6] | {"transactionId": f"t-{k}"}) if k % 4 == 0
+                     else shapes[k % 6] for k in range(60)]}
+    for sub in (None, "alice"):
+        typed = same_reading(orjson.dumps(doc), sub)
+        assert typed is not None and len(typed) == 60
+        assert [i.trace_id is not None for i in typed] == [k % 6 == 1 for k in range(60)]
+
+
 def test_a_payload_is_stored_compact_with_its_numbers_as_written() -> None:
     body = b'{"items":[{"queue":"q","payload": {"a": 2.50, "b": [1E2, "x y"]} }]}'
     typed = decode_push_items(body, None, ids)

@@ -42,7 +42,7 @@ from queen_mp.wire.frames import (
     pack_frame,
     zstd_compress,
 )
-from queen_mp.wire.records import blob_from_pieces, pack_queued_run
+from queen_mp.wire.records import KIND_QUEUED_RUN, blob_from_pieces, pack_queued_run
 
 u16 = st.integers(0, 2**16 - 1)
 u32 = st.integers(0, 2**32 - 1)
@@ -125,11 +125,14 @@ def test_push_verdict_round_trips(verdict: PushVerdict) -> None:
     assert peek_kind(packed) == KIND_PUSH_VERDICT
     for unpacked in (PushVerdict.unpack(packed), unpack_record(memoryview(packed))):
         assert isinstance(unpacked, PushVerdict)
-        assert unpacked.each() == verdict.each() and unpacked.pack() == packed
+        assert unpacked.each() == verdict.each()
         # a verdict of 2+ frames all queued at consecutive offsets comes back as a run
         run = len(verdict.items) > 1 and all(
             v.status == ITEM_QUEUED and v.offset == verdict.items[0].offset + j
             for j, v in enumerate(verdict.items))
+        assert (peek_kind(unpacked.pack()) == KIND_QUEUED_RUN) == (
+            run and verdict.status == VERDICT_OK and not verdict.error)
+        assert unpacked.pack() == packed or run
         assert unpacked == (msgspec.structs.replace(
             verdict, items=(), queued_run=(verdict.items[0].offset, len(verdict.items)))
             if run else verdict)
@@ -187,7 +190,12 @@ def _verdict() -> PushVerdict:
     )
 
 
-@pytest.mark.parametrize("record", [_group(), _verdict()], ids=["group", "verdict"])
+def _run() -> PushVerdict:
+    return msgspec.structs.replace(_verdict(), items=(), queued_run=(2**62, 3))
+
+
+@pytest.mark.parametrize("record", [_group(), _verdict(), _run()],
+                         ids=["group", "verdict", "run"])
 def test_every_truncation_and_extension_is_a_decode_error(record: PushGroup | PushVerdict) -> None:
     packed = record.pack()
     for cut in range(len(packed)):
@@ -200,12 +208,12 @@ def test_every_truncation_and_extension_is_a_decode_error(record: PushGroup | Pu
 
 @settings(max_examples=300, deadline=None)
 @given(
-    which=st.sampled_from(["group", "verdict"]),
+    which=st.sampled_from(["group", "verdict", "run"]),
     at=st.integers(0, 10_000),
     value=st.integers(0, 255),
 )
 def test_corrupt_records_raise_only_decode_errors(which: str, at: int, value: int) -> None:
-    packed = bytearray((_group() if which == "group" else _verdict()).pack())
+    packed = bytearray({"group": _group, "verdict": _verdict, "run": _run}[which]().pack())
     packed[at % len(packed)] = value
     try:
         record = unpack_record(bytes(packed))
@@ -346,13 +354,31 @@ def test_a_thousand_items_pack_and_unpack() -> None:
 
 @settings(max_examples=100, deadline=None)
 @given(first=st.integers(0, 2**62), count=st.integers(0, 300))
-def test_a_queued_run_packs_as_its_items_would(first: int, count: int) -> None:
+def test_a_queued_run_packs_as_a_fixed_record_and_reads_back_as_its_items(first: int,
+                                                                          count: int) -> None:
     items = tuple(ItemVerdict(ITEM_QUEUED, first + j, b"") for j in range(count))
     head = {**_fields(_verdict()), "items": ()}
     run = PushVerdict(**{**head, "queued_run": (first, count)})
-    assert run.pack() == PushVerdict(**{**head, "items": items}).pack()
-    assert PushVerdict.unpack(run.pack()).each() == items
-    assert PushVerdict.unpack(run.pack()).queued_run == ((first, count) if count > 1 else None)
+    packed = run.pack()
+    assert packed == pack_queued_run(*(head[k] for k in (
+        "generation", "slot", "request_id", "group_index", "partition_id", "created_at_us")),
+        first, count)
+    if count > 1:  # no offset per frame: one size whatever the count
+        assert peek_kind(packed) == KIND_QUEUED_RUN and len(packed) == 47
+    else:
+        assert packed == PushVerdict(**{**head, "items": items}).pack()
+    for unpacked in (PushVerdict.unpack(packed), unpack_record(memoryview(packed))):
+        assert isinstance(unpacked, PushVerdict) and unpacked.each() == items
+        assert unpacked.queued_run == ((first, count) if count > 1 else None)
+        assert unpacked.pack() == packed
+
+
+def test_a_queued_run_of_fewer_than_two_frames_or_past_int64_is_a_decode_error() -> None:
+    packed = bytearray(_run().pack())
+    for count, first in ((1, 0), (0, 0), (2, 2**63 - 1)):
+        packed[-12:] = first.to_bytes(8, "little") + count.to_bytes(4, "little")
+        with pytest.raises(RecordDecodeError):
+            unpack_record(bytes(packed))
 
 
 def test_a_queued_run_refuses_items_and_overflow() -> None:
