@@ -202,7 +202,9 @@ def build_segment(key: Key, entries: list[Entry]) -> Segment:
             # takes): zstd's call on a few hundred bytes was 14.9k instructions a message,
             # an eighth of the shard's under 1-item pushes (bench/shardpath.py), to save
             # some 130 bytes of a 233-byte frame
-            return _segment(key, entries, g.hashes, wf.pack_chunk_raw(g.pieces[0].data, 1), 1)
+            # _segment's tuple made here: a Python call less per 1-item segment
+            return _TUPLE_NEW(Segment, (key, entries, g.hashes,  # type: ignore[no-any-return]
+                                        wf.pack_chunk_raw(g.pieces[0].data, 1), 1, None, ()))
         if e.remaining == g.count and (g.count == 1
                                        or len(set(hash_prefixes(g.hashes))) == g.count):
             return _segment(key, entries, g.hashes, blob_from_pieces(g.pieces), g.count)
