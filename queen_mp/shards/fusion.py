@@ -365,16 +365,14 @@ class PushFusion:
             if not segments:
                 self._flushed(keys)
                 return
-            # PERF(fusion): the keys transposed by zip in C, one comprehension for the rest
-            keys_of = [s.key for s in segments]
-            hashes = [s.hashes for s in segments]
+            # PERF(fusion): the segments' columns and the keys' transposed by zip in C, no
+            # comprehension per column
+            keys_of, _, hashes, blobs, counts, _, _ = zip(*segments, strict=True)
             tenants, queues, partitions = zip(*keys_of, strict=True)
             bundle = PushBundle(
-                queues=queues, partitions=partitions,
-                counts=[s.count for s in segments], hashes=hashes,
-                verified=self.dedup.verified_all(keys_of, hashes),
-                blobs=[s.blob for s in segments], tenants=tenants,
-                pids=list(map(self.pids.get, keys_of, repeat(0))))
+                queues=queues, partitions=partitions, counts=counts, hashes=hashes,
+                verified=self.dedup.verified_all(keys_of, hashes), blobs=blobs,
+                tenants=tenants, pids=list(map(self.pids.get, keys_of, repeat(0))))
             started = time.monotonic()
             self.writer.push(bundle, lambda result: self._landed(keys, segments, started,
                                                                   result, bundle))
