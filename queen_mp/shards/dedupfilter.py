@@ -265,7 +265,13 @@ class DedupFilter:
             if limit <= 0:
                 out.append(0)
                 continue
-            lowest = part.lowest_match(blob)
+            if len(blob) == 16 and not part.runs:
+                # PERF(filter): one hash and no runs (a partition of 1-item pushes) probed
+                # here: lowest_match's call and loop were most of this segment's cost
+                hot = part.hot
+                lowest = part.hot_lo if hot and _FEW_FPS[1](blob)[0] in hot else 0
+            else:
+                lowest = part.lowest_match(blob)
             out.append(limit if lowest == 0 else min(limit, lowest - 1))
         return out
 
@@ -299,7 +305,15 @@ class DedupFilter:
                 lo = part.hi + 1
                 part.gaps[lo] = (base - 1, now + window_s + CLOCK_MARGIN_S)
                 self._wanted[(key, lo)] = part
-            added = part.add(base, hashes, now)
+            hot = part.hot
+            if (len(hashes) == 16 and hot and len(hot) < HOT_MAX - 1
+                    and part.hot_epoch == int(now // part.span)):
+                # PERF(filter): add's common case for one hash (a 1-item push), without its
+                # call: the set gains at most one fingerprint and stays under HOT_MAX
+                hot.add(_FEW_FPS[1](hashes)[0])
+                added = 1
+            else:
+                added = part.add(base, hashes, now)
             part.hi = base + count - 1
             # PERF(filter): the calls only when there is something to do (most segments: none)
             runs = part.runs

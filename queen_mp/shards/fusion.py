@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from itertools import repeat
 from operator import itemgetter
@@ -202,7 +202,9 @@ def build_segment(key: Key, entries: list[Entry]) -> Segment:
             # takes): zstd's call on a few hundred bytes was 14.9k instructions a message,
             # an eighth of the shard's under 1-item pushes (bench/shardpath.py), to save
             # some 130 bytes of a 233-byte frame
-            return _segment(key, entries, g.hashes, wf.pack_chunk_raw(g.pieces[0].data, 1), 1)
+            # _segment's tuple made here: a Python call less per 1-item segment
+            return _TUPLE_NEW(Segment, (key, entries, g.hashes,  # type: ignore[no-any-return]
+                                        wf.pack_chunk_raw(g.pieces[0].data, 1), 1, None, ()))
         if e.remaining == g.count and (g.count == 1
                                        or len(set(hash_prefixes(g.hashes))) == g.count):
             return _segment(key, entries, g.hashes, blob_from_pieces(g.pieces), g.count)
@@ -257,7 +259,9 @@ class PushFusion:
         self.max_inflight = max(1, min(max_inflight, writer.size))
         self.cap = self.max_inflight
         self.hold_s = hold_ms / 1000
-        self.pending: dict[Key, deque[Entry]] = {}
+        # PERF(fusion): lists, not deques: a bundle takes a partition's list as it is (a
+        # deque was made per 1-item push and copied to a list at its flush)
+        self.pending: dict[Key, list[Entry]] = {}
         self.pids: dict[Key, int] = {}  # partition ids from verdicts, sent in place of names
         self.ready: OrderedDict[Key, None] = OrderedDict()
         self.inflight_keys: set[Key] = set()
@@ -274,10 +278,10 @@ class PushFusion:
 
     # ------------------------------------------------------------------ intake
     def add(self, slot: int, group: PushGroup) -> None:
-        key = (group.tenant, group.queue, group.partition)
+        key: Key = group[4:7]  # (tenant, queue, partition): one slice, not three reads
         queue = self.pending.get(key)
         if queue is None:
-            queue = self.pending[key] = deque()
+            queue = self.pending[key] = []
             if self._arrival is not None:
                 self._wake_tick()
         queue.append(Entry(slot, group))
@@ -351,7 +355,7 @@ class PushFusion:
         try:
             now_ms = int(time.time() * 1000)
             for key in keys:
-                entries = list(self.pending.pop(key, ()))
+                entries = self.pending.pop(key, [])
                 # a partition's entries come in arrival order, so the first one's deadline is
                 # the earliest (every request has the same push timeout)
                 if entries and 0 < entries[0].group.deadline_ms < now_ms:
@@ -361,16 +365,14 @@ class PushFusion:
             if not segments:
                 self._flushed(keys)
                 return
-            # PERF(fusion): the keys transposed by zip in C, one comprehension for the rest
-            keys_of = [s.key for s in segments]
-            hashes = [s.hashes for s in segments]
+            # PERF(fusion): the segments' columns and the keys' transposed by zip in C, no
+            # comprehension per column
+            keys_of, _, hashes, blobs, counts, _, _ = zip(*segments, strict=True)
             tenants, queues, partitions = zip(*keys_of, strict=True)
             bundle = PushBundle(
-                queues=queues, partitions=partitions,
-                counts=[s.count for s in segments], hashes=hashes,
-                verified=self.dedup.verified_all(keys_of, hashes),
-                blobs=[s.blob for s in segments], tenants=tenants,
-                pids=list(map(self.pids.get, keys_of, repeat(0))))
+                queues=queues, partitions=partitions, counts=counts, hashes=hashes,
+                verified=self.dedup.verified_all(keys_of, hashes), blobs=blobs,
+                tenants=tenants, pids=list(map(self.pids.get, keys_of, repeat(0))))
             started = time.monotonic()
             self.writer.push(bundle, lambda result: self._landed(keys, segments, started,
                                                                   result, bundle))
@@ -482,28 +484,33 @@ class PushFusion:
         for seg, res in zip(segments, results, strict=True):
             pid = res.partition_id
             ts = res.created_at_us
-            for e in seg.entries:
-                e.partition_id, e.created_us = pid, ts
             if res.queued:
-                stored.add((seg.key[0], seg.key[1]))
+                stored.add(seg.key[:2])
                 base: int = res.base_offset  # type: ignore[assignment]  # set when queued
                 remember.append((seg.key, pid, base, seg.count, seg.hashes, res.window))
                 if seg.refs is None:
                     for e in seg.entries:
-                        # PERF(fusion): Entry.resolve_run inline, once per group of a bundle
+                        # PERF(fusion): Entry.resolve_run inline, once per group of a bundle,
+                        # in the loop that gives it the verdict's partition id and time
+                        e.partition_id, e.created_us = pid, ts
                         e.run_first = base
                         e.remaining = 0
                         base += e.group.count
                     continue
-                for k, (e, j) in enumerate(seg.refs):
-                    e.resolve(j, QUEUED, base + k)
-                for e, j, k in seg.followers:
-                    leader_e, leader_j = seg.refs[k]
-                    e.resolve(j, DUPLICATE, base + k, self._leader_id(leader_e, leader_j))
-            else:
+            for e in seg.entries:
+                e.partition_id, e.created_us = pid, ts
+            if not res.queued:
                 frames -= seg.count
                 for k, off in res.duplicates:
                     dup_lookups.append((seg, k, pid, off))
+                continue
+            refs = seg.refs
+            assert refs is not None  # a queued segment without refs went on above
+            for k, (e, j) in enumerate(refs):
+                e.resolve(j, QUEUED, base + k)
+            for e, j, k in seg.followers:
+                leader_e, leader_j = refs[k]
+                e.resolve(j, DUPLICATE, base + k, self._leader_id(leader_e, leader_j))
         self.dedup.committed_all(remember)
         self.metrics.push_bundle(len(segments), frames)
         if self.stored is not None and stored:
@@ -532,7 +539,7 @@ class PushFusion:
                 # NOTE(queen): SQL wrote nothing for a segment with duplicates; the rest of
                 # its frames go again, ahead of anything that arrived for the partition since.
                 leftovers = [e for e in seg.entries if e.remaining]
-                self.pending.setdefault(seg.key, deque()).extendleft(reversed(leftovers))
+                self.pending[seg.key] = leftovers + self.pending.get(seg.key, [])
                 self._wake_tick()
 
     async def _resolve_duplicates(self, lookups: list[tuple[Segment, int, int, int]]) -> None:

@@ -156,14 +156,14 @@ class Shard:
         try:
             kind = peek_kind(raw)
             if kind == KIND_RECORD_BATCH:
-                add = self.fusion.add
+                add, unpack = self.fusion.add, PushGroup.unpack
                 for record in RecordBatch.unpack(raw).records:
                     # PERF(shard): a front worker's pushes of one turn, without a call each
                     if not record or record[0] != KIND_PUSH_GROUP:
                         self.dispatch(slot, record)
                         continue
                     try:
-                        add(slot, PushGroup.unpack(record))
+                        add(slot, unpack(record))
                     except RecordDecodeError:
                         log.exception("undecodable request record from slot %d dropped", slot)
             elif kind == KIND_PUSH_GROUP:

@@ -191,6 +191,26 @@ def test_a_big_segment_finds_a_stored_hash_like_a_small_one() -> None:
         assert f.verified(KEY, hashes("new", f"t{i}")) < i + 1, i
 
 
+def test_one_hash_commits_and_probes_across_the_set_runs_and_epochs() -> None:
+    """1-item pushes (one hash a segment, the filter's inline paths): every stored hash,
+    probed alone, withholds the promise from its own offset, through the set filling past
+    HOT_MAX, runs and an epoch change; each commit adds one entry, a repeat too."""
+    clock = Clock()
+    f = DedupFilter(1_000_000, clock)
+    txns = [f"one{i}" for i in range(3 * HOT_MAX + 5)]
+    for i, t in enumerate(txns):
+        if i == 2 * HOT_MAX + 1:
+            clock.t += 3600 / EPOCHS  # a new epoch while the set holds some
+        f.committed(KEY, 7, i + 1, 1, hashes(t), 3600)
+        assert f.verified(KEY, hashes(f"fresh{i}")) == i + 1
+        for j in range(i + 1):
+            assert f.verified(KEY, hashes(txns[j])) < j + 1, (i, j)
+    assert f.entries == len(txns)
+    f.committed(KEY, 7, len(txns) + 1, 1, hashes(txns[-1]), 3600)  # the same hash again
+    assert f.entries == len(txns) + 1
+    assert f.verified(KEY, hashes(txns[-1])) < len(txns)
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.integers(1, 80), st.floats(0, 30)), min_size=1, max_size=40))
 def test_never_a_promise_over_a_live_hash(steps: list[tuple[int, float]]) -> None:

@@ -154,6 +154,20 @@ def _group() -> PushGroup:
     )
 
 
+def test_one_piece_layouts_are_cached_within_their_bound() -> None:
+    """Each (queue, partition, frames) length triple has its own struct; past the bound the
+    cache starts over and every group still decodes."""
+    from queen_mp.wire import records
+
+    groups = [PushGroup(**{**_fields(_group()), "queue": "q" * (1 + n % 200),
+                           "partition": "p" * (1 + n // 200), "count": 1,
+                           "hashes": bytes(16), "pieces": (Piece(PIECE_RAW, 1, b"f"),)})
+              for n in range(records._ONE_PIECE_MAX + 10)]
+    for group in groups:
+        assert PushGroup.unpack(group.pack()) == group
+        assert len(records._ONE_PIECE) <= records._ONE_PIECE_MAX
+
+
 def test_a_one_piece_group_that_does_not_add_up_is_refused() -> None:
     # a one-piece group takes unpack's short path; what it cannot vouch for, the loop refuses
     good = PushGroup(**{**_fields(_group()), "count": 1, "hashes": bytes(16),
@@ -171,6 +185,10 @@ def test_a_one_piece_group_that_does_not_add_up_is_refused() -> None:
         PushGroup.unpack(packed + b"x")
     with pytest.raises(RecordDecodeError, match="runs past the end"):
         PushGroup.unpack(packed[:-1])
+    huge = bytearray(packed)
+    huge[43:47] = ((1 << 32) - 1).to_bytes(4, "little")  # a frame count no record could hold
+    with pytest.raises(RecordDecodeError, match="run past the end"):
+        PushGroup.unpack(bytes(huge))
 
 
 def _verdict() -> PushVerdict:
