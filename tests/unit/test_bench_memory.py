@@ -3,12 +3,12 @@ report says where the broker's peak PSS came from (issue 26)."""
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import os
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from types import SimpleNamespace
 
@@ -20,40 +20,70 @@ _NAMED = ("import sys, time; open('/proc/self/comm', 'w').write(sys.argv[1]); "
           "print(flush=True); time.sleep(60)")
 
 
+# A broker's root of its own (the test process has other children: brokers of other tests),
+# with a child named as a shard and a plain one; it grows by 64 MB on "grow", and gives that
+# back on "shrink".
+_ROOT = """
+import subprocess, sys
+named = sys.argv[1]
+kids = [subprocess.Popen([sys.executable, "-c", named, n], stdout=subprocess.PIPE)
+        for n in ("qmp-shard-0", "python")]
+for k in kids:
+    k.stdout.readline()
+print(*(k.pid for k in kids), flush=True)
+ballast = None
+for line in sys.stdin:
+    if line.strip() == "grow":
+        ballast = bytearray(64 << 20)
+        ballast[::4096] = b"x" * len(ballast[::4096])
+    else:
+        ballast = None
+    print("done", flush=True)
+for k in kids:
+    k.kill()
+"""
+
+
 @pytest.fixture
-def tree() -> Iterator[tuple[int, int, int]]:
-    """This process as a broker's root, with a child named as a shard and a plain one."""
-    shard = subprocess.Popen([sys.executable, "-c", _NAMED, "qmp-shard-0"],
-                             stdout=subprocess.PIPE)
-    worker = subprocess.Popen([sys.executable, "-c", _NAMED, "python"], stdout=subprocess.PIPE)
+def tree() -> Iterator[tuple[subprocess.Popen[bytes], int, int]]:
+    """A root process with a child named as a shard and a plain one."""
+    root = subprocess.Popen([sys.executable, "-c", _ROOT, _NAMED], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE)
+    shard = worker = 0
     try:
-        for p in (shard, worker):
-            assert p.stdout is not None
-            p.stdout.readline()  # named
-        yield os.getpid(), shard.pid, worker.pid
+        assert root.stdout is not None
+        shard, worker = map(int, root.stdout.readline().split())
+        yield root, shard, worker
     finally:
-        for p in (shard, worker):
-            p.kill()
-            p.wait()
+        root.kill()
+        root.wait()
+        for pid in filter(None, (shard, worker)):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
+
+
+def _tell(root: subprocess.Popen[bytes], what: bytes) -> None:
+    assert root.stdin is not None and root.stdout is not None
+    root.stdin.write(what + b"\n")
+    root.stdin.flush()
+    assert root.stdout.readline() == b"done\n"
 
 
 def test_the_sample_that_sets_the_pss_peak_keeps_each_process_share(
-        tree: tuple[int, int, int]) -> None:
+        tree: tuple[subprocess.Popen[bytes], int, int]) -> None:
     root, _shard, worker = tree
-    sampler = Sampler(postmaster=root, db="none", root=root)
+    sampler = Sampler(postmaster=root.pid, db="none", root=root.pid)
     procs = sampler.peak_procs
     assert set(procs) == {"supervisor", "qmp-shard-0", f"worker {worker}"}
     assert all(kb > 0 for kb in procs.values())
     assert sum(procs.values()) == sampler.peak_pss
     first = sampler.peak_pss
-    ballast = bytearray(64 << 20)  # the root grows: a new peak, with its new share
-    ballast[::4096] = b"x" * len(ballast[::4096])
-    time.sleep(0.05)
+    _tell(root, b"grow")  # the root grows: a new peak, with its new share
     sampler.sample()
     assert sampler.peak_pss > first
     assert sampler.peak_procs["supervisor"] > procs["supervisor"] + 60_000
     peak, at_peak = sampler.peak_pss, dict(sampler.peak_procs)
-    del ballast
+    _tell(root, b"shrink")
     sampler.sample()  # lower: the peak's breakdown stays
     assert sampler.peak_pss == peak
     assert sampler.peak_procs == at_peak
