@@ -22,7 +22,7 @@ stand), as do HTTP versions falcon refuses (``App.__call__``).
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterable, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterable, Awaitable, Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -41,7 +41,8 @@ from queen_mp.http.errors import error_answer, error_of
 from queen_mp.http.pop import PopResource
 from queen_mp.http.push import PushResource
 
-__all__ = ["HOT_ROUTES", "HotAnswer", "HotCall", "HotRoutes", "head_lines", "rendered"]
+__all__ = ["HOT_ROUTES", "HotAnswer", "HotCall", "HotRoutes", "head_lines", "header_lines",
+           "rendered"]
 
 PUSH = "/api/v1/push"
 ACK = "/api/v1/ack"
@@ -157,7 +158,9 @@ _DATA_LINES: dict[tuple[str, tuple[tuple[str, str], ...]], bytes] = {}
 _LINES_KEPT = 64
 
 
-def _lines(headers: list[tuple[bytes, bytes]]) -> bytes:
+def header_lines(headers: Sequence[tuple[bytes, bytes]]) -> bytes:
+    """Headers as the lines the server writes: ``name: value`` and CRLF each, the name
+    lowercased."""
     return b"".join([b"%s: %s\r\n" % (name.lower(), value) for name, value in headers])
 
 
@@ -171,11 +174,11 @@ def head_lines(answer: Answer) -> tuple[int, bytes, bytes | None]:
     data = answer.data
     if data is None or answer.status in _BODILESS:
         status, headers, body = rendered(answer)
-        return status, _lines(headers), body
+        return status, header_lines(headers), body
     key = (answer.content_type, answer.headers)
     lines = _DATA_LINES.get(key)
     if lines is None:
-        lines = _lines(rendered(answer)[1][:-1])  # all but its Content-Length
+        lines = header_lines(rendered(answer)[1][:-1])  # all but its Content-Length
         if len(_DATA_LINES) < _LINES_KEPT:
             _DATA_LINES[key] = lines
     return answer.status, lines + b"content-length: %d\r\n" % len(data), data
@@ -186,9 +189,10 @@ class HotRoutes:
     route template) of other modules' routes taken here: queen_mp/http/ephemeral.py's) as
     falcon would route it; ``serve`` answers it over ASGI, ``respond`` is that answer."""
 
-    #: ``head_lines``, for the front's protocol, which answers below ASGI
+    #: ``head_lines`` and ``header_lines``, for the front's protocol, which answers below ASGI
     #: (queen_mp/processes/uvworker.py) and does not import this module (it loads psycopg)
     head_lines = staticmethod(head_lines)
+    header_lines = staticmethod(header_lines)
     #: none unless given (a class default too: tests build the class without ``__init__``)
     extra: Mapping[tuple[str, str], HotAnswer] = MappingProxyType({})
 

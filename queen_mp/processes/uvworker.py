@@ -415,8 +415,7 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         defaults = self.server_state.default_headers
         made = _DEFAULT_LINES[0]
         if made[0] is not defaults:
-            made = _DEFAULT_LINES[0] = (defaults, b"".join(
-                [b"%s: %s\r\n" % (name.lower(), value) for name, value in defaults]))
+            made = _DEFAULT_LINES[0] = (defaults, hot.header_lines(defaults))
         transport: CorkedTransport = self.transport  # type: ignore[assignment]
         transport.write_answer(b"".join((STATUS_LINE[status], made[1], lines, b"\r\n"
                                          if cycle.keep_alive else

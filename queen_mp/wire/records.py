@@ -440,11 +440,11 @@ class PushVerdict(msgspec.Struct, frozen=True, gc=False):
                     and item == ITEM_QUEUED:
                 return cls(generation, slot, request_id, group_index, status, partition_id,
                            created_at_us, "", (_TUPLE_NEW(ItemVerdict, (item, offset, b"")),))
+        if buf and buf[0] == KIND_QUEUED_RUN:
+            return cls._unpack_run(buf)
         view = memoryview(buf)
         end = len(view)
         if end < _PUSH_VERDICT_HEAD.size:
-            if end == _QUEUED_RUN.size and buf[0] == KIND_QUEUED_RUN:  # shorter than the head
-                return cls._unpack_run(buf)
             raise RecordDecodeError(f"PushVerdict of {end} bytes, shorter than its header", buf)
         (
             kind,
@@ -509,6 +509,9 @@ class PushVerdict(msgspec.Struct, frozen=True, gc=False):
     @classmethod
     def _unpack_run(cls, buf: bytes | bytearray | memoryview) -> Self:
         """A QueuedRun record (``pack_queued_run``'s of 2 frames or more), of its size."""
+        if len(buf) != _QUEUED_RUN.size:
+            raise RecordDecodeError(f"QueuedRun of {len(buf)} bytes, not {_QUEUED_RUN.size}",
+                                    buf)
         (_, generation, slot, request_id, group_index, partition_id, created_at_us, first,
          count) = _QUEUED_RUN.unpack_from(buf, 0)
         if count < 2 or first > _MAX_I64 - count + 1:
