@@ -45,6 +45,9 @@ ARM_ABOUT = {
             "(nats-py); nats-server acknowledges **before fsync** by default",
     "nats-fsync": "NATS JetStream on a private nats-server with `sync_interval: always` (an "
                   "fsync on every write, before the PubAck)",
+    "queen-mp-ephemeral": "the broker, ephemeral queues (UNLOGGED tables: no WAL, emptied by a "
+                          "PostgreSQL crash), beside the same broker's durable queues (section "
+                          "ephemeral, bench/ephemeral.py)",
 }
 ARM_COLOR = {"queen-mp": "tab:blue", "queen-mp-qpb1": "tab:purple", "naive": "tab:orange",
              "pgmq": "tab:green", "physical": "dimgray", "edge": "lightgray",
