@@ -458,8 +458,10 @@ DECLARE
     v_started    int8[];        -- queues on which this pop recorded the group's first start
     v_scope      record;        -- the one queue of a queue pop
     v_cands      refcursor;
-    -- the candidate (a row of v_cands): its queue's options, partition and ready_at, and for
-    -- a queue pop its cursor row, locked by the walk (NULLs from a discovery pop's walk)
+    -- the candidate (a row of v_cands): its queue's options, partition and ready_at; its
+    -- queue's name, encryption flag and partition id go straight to the result columns
+    -- queue_name, encrypted and partition_id (PERF(pop): read into variables, not a record's
+    -- fields; a lone claim's first row is then RETURN NEXT, below)
     v_qid        int8;
     v_lease_time int4;
     v_delayed    int4;
@@ -473,8 +475,8 @@ DECLARE
     v_last_at    timestamptz;
     v_ctid       tid;           -- the candidate's cursor row, locked
     v_old        int8;          -- its committed_offset
-    v_held       timestamptz;
-    v_bstart     int8;   -- its lease (or release) time + retryDelay
+    v_held       timestamptz;   -- its lease (or release) time + retryDelay
+    v_bstart     int8;          -- its batch_start (its attempt_count goes to attempt)
     v_cut        int8;
     v_next_off   int8;          -- the candidate's claim record: next_offset and the base
     v_cover      int8;          -- of its segment, then the base of the segment holding start_off
@@ -639,6 +641,8 @@ BEGIN
         EXIT WHEN cardinality(v_claims) >= 4 * p_max_partitions OR v_left <= 0
                OR clock_timestamp() >= statement_timestamp()
                                        + make_interval(secs => p_claim_ms / 1000.0);
+        -- the partition id twice: v_pid for the statements below (an unqualified partition_id
+        -- there is the column: #variable_conflict use_column), partition_id for the result
         FETCH v_cands INTO v_qid, queue_name, v_lease_time, v_delayed, v_window, encrypted,
                            v_retry, v_max_wait, v_pid, partition_id, v_ready;
         EXIT WHEN NOT FOUND;
