@@ -9,6 +9,10 @@ statement, binary array parameters, one row per ack: the registry fast path the 
 consumers take) on the other, one pop and its ack after the other. The queue is filled first
 (not measured) with ``--partitions`` partitions of segments of ``--segment`` messages each, as
 the suite's 1,000-item pre-fill pushes leave them (100 partitions: 10 messages per segment).
+The walk takes the partition with the oldest pending message, so with 100 partitions each
+measured pop is its partition's first claim (no claim record to start from,
+schema/017_claim_record_base.sql); ``--partitions 4`` measures pops that follow an acked claim
+of their partition, as the suite's later rounds do.
 
 It prints each backend's CPU per call (``/proc/<pid>/schedstat``, noisy on a shared machine),
 or with ``--callgrind PATTERN`` its instructions per call: the server runs under
