@@ -40,7 +40,7 @@ import psycopg
 from psycopg import sql
 
 from bench import push as pb
-from bench.consume import Http, payload, push_body
+from bench.consume import Http, push_to_all
 
 #: what the broker's children run when ``--diag`` is given (written as its sitecustomize.py)
 _SITECUSTOMIZE = '''
@@ -50,7 +50,7 @@ import os, sys, threading, time
 def _child():
     import gc, json, pickle, tracemalloc
     out = os.environ["PARKMEM_DIAG"]
-    tracemalloc.start(int(os.environ.get("PARKMEM_DEPTH", "10")))
+    tracemalloc.start(int(os.environ.get("PARKMEM_DEPTH", "6")))
     me, done = os.getpid(), set()
 
     def watch():
@@ -81,6 +81,10 @@ def _child():
 if os.environ.get("PARKMEM_DIAG"):
     os.register_at_fork(after_in_child=_child)
 '''
+
+
+#: the front's protocol class: one instance an open HTTP connection
+_PROTOCOL = "CorkedHttpToolsProtocol"
 
 
 def _fields(pid: int) -> dict[str, int]:
@@ -121,27 +125,17 @@ def _drop(server_dsn: str, name: str) -> None:
 
 
 async def parked_count(url: str) -> float:
+    """The broker's parked pops (-1: the scrape failed; a worker under ``--diag`` is slow)."""
     def read() -> float:
-        status, body = pb.http_get(url + "/metrics/prometheus", timeout=10)
+        try:
+            status, body = pb.http_get(url + "/metrics/prometheus", timeout=30)
+        except OSError:
+            return -1.0
         if status != 200:
             return -1.0
         return sum(float(line.split()[-1]) for line in body.decode().splitlines()
                    if line.startswith("queen_parked_pops"))
     return await asyncio.to_thread(read)
-
-
-async def push_to_all(url: str, queues: list[str], producer: str) -> None:
-    """One message to each queue's Default partition, in 500-item requests (as the suite)."""
-    http = Http(url, timeout=120)
-    try:
-        for s in range(0, len(queues), 500):
-            body = push_body([(q, "Default", f"{producer}-{q}", payload(producer, i))
-                              for i, q in enumerate(queues[s:s + 500])])
-            status, answer = await http.request("POST", "/api/v1/push", body)
-            if status != 201:
-                raise RuntimeError(f"push: {status} {answer[:300]!r}")
-    finally:
-        http.close()
 
 
 class Diag:
@@ -160,6 +154,11 @@ class Diag:
                 (self.out / f"{p}-{tag}.json").exists() for p in pids):
             await asyncio.sleep(0.2)
 
+    def connections(self, pid: int, before: str, after: str) -> int:
+        """The HTTP connections ``pid`` gained from ``before`` to ``after`` (its protocols)."""
+        c0, c1 = (json.loads((self.out / f"{pid}-{t}.json").read_text()) for t in (before, after))
+        return max(0, c1.get(_PROTOCOL, 0) - c0.get(_PROTOCOL, 0))
+
     def report(self, pid: int, before: str, after: str, per: int, top: int) -> None:
         with open(self.out / f"{pid}-{before}.tm", "rb") as f:
             s0: tracemalloc.Snapshot = pickle.load(f)
@@ -171,17 +170,17 @@ class Diag:
         s0, s1 = s0.filter_traces(keep), s1.filter_traces(keep)
         total = sum(d.size_diff for d in s1.compare_to(s0, "filename"))
         print(f"\n### worker {pid}: tracemalloc {before} -> {after}: {total / 1024:+,.0f} KiB, "
-              f"{total / per:+,.0f} B a parked pop")
+              f"{total / per:+,.0f} B a pop ({per} pops)")
         for d in s1.compare_to(s0, "traceback")[:top]:
             if d.size_diff <= 0:
                 continue
-            print(f"{d.size_diff / per:+8,.0f} B/pop {d.count_diff / per:+6.2f} blocks/pop")
-            for line in d.traceback.format(limit=6, most_recent_first=True)[::2]:
-                print(f"      {line.strip()}")
+            print(f"{d.size_diff / per:+8,.0f} B/pop {d.count_diff / per:+6.2f} blocks/pop: "
+                  + " < ".join(f"{Path(f.filename).name}:{f.lineno}"
+                               for f in reversed(d.traceback)))
         c0 = json.loads((self.out / f"{pid}-{before}.json").read_text())
         c1 = json.loads((self.out / f"{pid}-{after}.json").read_text())
         grown = Counter({k: c1.get(k, 0) - c0.get(k, 0) for k in c1})
-        print("gc-tracked objects a parked pop: " + ", ".join(
+        print("gc-tracked objects a pop: " + ", ".join(
             f"{k} {v / per:+.2f}" for k, v in grown.most_common(25) if v > 0))
 
 
@@ -240,6 +239,8 @@ async def run(args: argparse.Namespace) -> int:
                     await h.connect()
 
             await asyncio.gather(*(opener(h) for h in https))
+            await asyncio.sleep(1.0)
+            show(f"round {r}: connected", sample(root), rest)
             answers: Counter[int] = Counter()
 
             async def pop(q: str, h: Http, answers: Counter[int] = answers) -> None:
@@ -247,10 +248,14 @@ async def run(args: argparse.Namespace) -> int:
                                             + tail)
                 answers[status] += 1
 
-            tasks = [asyncio.create_task(pop(q, h)) for q, h in zip(queues, https, strict=True)]
+            tasks = []
+            for q, h in zip(queues, https, strict=True):
+                tasks.append(asyncio.create_task(pop(q, h)))
+                if args.pace and len(tasks) % args.pace == 0:
+                    await asyncio.sleep(0.25)  # this batch parks before the next one comes
             t0 = time.monotonic()
             count = 0.0
-            while time.monotonic() - t0 < 60:
+            while time.monotonic() - t0 < args.park_wait:
                 count = await parked_count(srv.url)
                 if count >= args.parked:
                     break
@@ -272,9 +277,13 @@ async def run(args: argparse.Namespace) -> int:
                 h.close()
             await asyncio.sleep(args.settle)
             show(f"round {r}: released", sample(root), rest)
+            if diag is not None and r == 1:
+                await diag.ask("released", workers)
         if diag is not None:
             for p in workers:
-                diag.report(p, "rest", "parked", max(1, args.parked // len(workers)), args.top)
+                per = diag.connections(p, "rest", "parked") or args.parked // len(workers)
+                diag.report(p, "rest", "parked", per, args.top)
+                diag.report(p, "rest", "released", per, args.top)
         return 0
     finally:
         await asyncio.to_thread(srv.stop)
@@ -294,6 +303,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parked", type=int, default=1000)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--timeout-ms", type=int, default=30000, help="each pop's long poll")
+    ap.add_argument("--pace", type=int, default=0,
+                    help="send the pops N at a time, 0.25 s apart (0: all at once, as the suite)")
+    ap.add_argument("--park-wait", type=float, default=60.0,
+                    help="seconds to wait for every pop to park")
     ap.add_argument("--settle", type=float, default=4.0,
                     help="seconds before a sample at rest or after a release")
     ap.add_argument("--diag", metavar="DIR", default=None,
