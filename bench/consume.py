@@ -233,6 +233,21 @@ def push_verdict(status: int, answer: bytes) -> str:
     return "bad_body"
 
 
+async def push_to_all(url: str, queues: list[str], producer: str) -> None:
+    """One message to each queue's Default partition, in 500-item requests (the wake
+    section's queues; bench/parkmem.py's)."""
+    http = Http(url, timeout=120)
+    try:
+        for s in range(0, len(queues), 500):
+            body = push_body([(q, "Default", f"{producer}-{q}", payload(producer, i))
+                              for i, q in enumerate(queues[s:s + 500])])
+            status, answer = await http.request("POST", "/api/v1/push", body)
+            if status != 201:
+                raise RuntimeError(f"push to the wake queues: {status} {answer[:300]!r}")
+    finally:
+        http.close()
+
+
 def lat_ms(values: list[float]) -> dict[str, float | None]:
     return percentiles(values, (50, 90, 99, 99.9))
 
@@ -896,17 +911,7 @@ class Bench:
                 "late_requests": res["late_requests"], "cpu_s": cpu}
 
     async def push_to_all(self, arm: Arm, queues: list[str], producer: str) -> None:
-        """One message to each queue's Default partition, in 500-item requests."""
-        http = Http(arm.url, timeout=120)
-        try:
-            for s in range(0, len(queues), 500):
-                body = push_body([(q, "Default", f"{producer}-{q}", payload(producer, i))
-                                  for i, q in enumerate(queues[s:s + 500])])
-                status, answer = await http.request("POST", "/api/v1/push", body)
-                if status != 201:
-                    raise RuntimeError(f"push to the wake queues: {status} {answer[:300]!r}")
-        finally:
-            http.close()
+        await push_to_all(arm.url, queues, producer)
 
     async def run_wake(self, arm: Arm) -> dict[str, Any]:
         a = self.args

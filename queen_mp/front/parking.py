@@ -54,7 +54,9 @@ class ParkingLot:
         # NOTE(memory): a line is a list, not a deque: most keys have one waiter, and a deque
         # is 624 bytes from the start (a 64-slot block) against 64 for a list of one
         self._queues: dict[ParkKey, list[asyncio.Future[None]]] = {}
-        self._by_bucket: dict[int | None, set[ParkKey]] = {}
+        # NOTE(memory): a bucket's keys, a lone key as itself: most buckets have one, and a
+        # set is 216 bytes from the start
+        self._by_bucket: dict[int | None, ParkKey | set[ParkKey]] = {}
         self._parked = 0
         # PERF(memory): the parked pops' deadlines, a heap of (loop time, seq, waiter) under
         # one timer armed for its first, not a timer each (a uvloop timer is 0.5 KB); a waiter
@@ -93,7 +95,13 @@ class ParkingLot:
             line = self._queues.get(key)
             if line is None:
                 line = self._queues[key] = []
-                self._by_bucket.setdefault(key.bucket, set()).add(key)
+                keys = self._by_bucket.get(key.bucket)
+                if keys is None:
+                    self._by_bucket[key.bucket] = key
+                elif type(keys) is set:
+                    keys.add(key)
+                elif keys != key:
+                    self._by_bucket[key.bucket] = {keys, key}
             if front:
                 line.insert(0, waiter)
             else:
@@ -113,10 +121,12 @@ class ParkingLot:
                 if not line and self._queues.get(key) is line:
                     del self._queues[key]
                     keys = self._by_bucket.get(key.bucket)
-                    if keys is not None:
+                    if type(keys) is set:
                         keys.discard(key)
                         if not keys:
                             del self._by_bucket[key.bucket]
+                    elif keys == key:
+                        del self._by_bucket[key.bucket]
         finally:
             self._parked -= 1
             if not self._parked and self.on_parked is not None:
@@ -163,9 +173,14 @@ class ParkingLot:
                     return
 
     def wake_buckets(self, buckets: list[int]) -> None:
-        keys: set[ParkKey] = set(self._by_bucket.get(None, ()))
-        for b in buckets:
-            keys |= self._by_bucket.get(b, set())
+        by_bucket = self._by_bucket
+        keys: set[ParkKey] = set()
+        for b in (None, *buckets):
+            held = by_bucket.get(b)
+            if type(held) is set:
+                keys |= held
+            elif held is not None:
+                keys.add(held)
         for key in keys:
             self.pass_baton(key)
 

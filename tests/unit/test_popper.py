@@ -293,3 +293,42 @@ def test_parked_pops_return_at_their_own_deadlines_under_one_timer() -> None:
         assert not lot._deadlines and lot._timer is None
 
     asyncio.run(go())
+
+
+def test_a_bucket_wakes_the_first_waiter_of_each_of_its_keys_and_of_every_discovery_key(
+) -> None:
+    """A bucket's keys (one held as itself, several in a set) and the discovery keys (bucket
+    None) are woken by a change of that bucket; keys leave their bucket with their last
+    waiter, and a bucket left with one key still wakes it."""
+    async def go() -> None:
+        lot = ParkingLot(FakeBoard(), 60)
+        until = time.monotonic() + 30
+        lone, a, b, c = (ParkKey(1, "g", (TENANT, "p")), ParkKey(2, "g", (TENANT, "a")),
+                         ParkKey(2, "h", (TENANT, "a")), ParkKey(2, "g", (TENANT, "c")))
+        found = ParkKey(None, "g", (TENANT, "ns", None))
+        pops = {name: asyncio.ensure_future(lot.park(key, 0, until)) for name, key in
+                (("lone", lone), ("a", a), ("a2", a), ("b", b), ("c", c), ("found", found))}
+        await asyncio.sleep(0)
+        assert lot._by_bucket[1] == lone and lot._by_bucket[2] == {a, b, c}
+        lot.wake_buckets([1])
+        await asyncio.sleep(0)
+        assert {n for n, p in pops.items() if p.done()} == {"lone", "found"}
+        assert 1 not in lot._by_bucket and None not in lot._by_bucket
+        lot.wake_buckets([2])  # the first waiter of each key: a, b and c, not a2
+        await asyncio.sleep(0)
+        assert {n for n, p in pops.items() if not p.done()} == {"a2"}
+        assert lot._by_bucket[2] == {a}
+        lot.wake_buckets([3])
+        await asyncio.sleep(0)
+        assert not pops["a2"].done()
+        lot.wake_buckets([2])
+        await asyncio.sleep(0)
+        assert pops["a2"].done() and not lot._by_bucket and lot.parked == 0
+        again = asyncio.ensure_future(lot.park(c, 0, until))  # a bucket emptied takes anew
+        await asyncio.sleep(0)
+        assert lot._by_bucket[2] == c
+        lot.wake_buckets([2])
+        await again
+        await lot.close()
+
+    asyncio.run(go())

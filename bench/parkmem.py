@@ -1,0 +1,319 @@
+"""Memory of a live broker's processes under parked long polls: at rest, with ``--parked`` pops
+parked, and after they are released, ``--rounds`` times.
+
+The suite's ``wake`` section (bench/consume.py ``run_wake``) sets the broker's peak PSS: 1,000
+long-poll pops parked on 1,000 queues (one pop a queue, autoAck, ``subscriptionMode=new``,
+``wait=true``), spread over the front workers. This parks the same pops on one broker
+(``--workers``, ``--shards``; the suite runs 2 and 1) with nothing else running, and prints each
+process's PSS, Private_Dirty and RSS (``/proc/<pid>/smaps_rollup``) at each step, so a change to
+what a parked pop holds reads as MB a worker. A release is what the suite does: one message to
+every queue (two 500-item pushes), then ``--settle`` seconds for the front workers' quiet-tick
+trim (queen_mp/heap.py ``HeapTrim``) before the sample.
+
+With ``--diag DIR`` the broker runs with a ``sitecustomize`` of this script's on its
+``PYTHONPATH`` (the product is not changed): every forked child starts ``tracemalloc`` and a
+thread that, when asked, dumps a snapshot and the gc-tracked objects' counts by type; the
+front workers' growth from rest to parked is printed by allocation site and by type.
+tracemalloc costs memory of its own: read PSS from a run without ``--diag``::
+
+    PYTHONPATH=<tree> .venv/bin/python -m bench.parkmem --dsn 'host=... dbname=<yours>'
+    PYTHONPATH=<tree> .venv/bin/python -m bench.parkmem --dsn '...' --diag /tmp/parkdiag
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import pickle
+import secrets
+import sys
+import tempfile
+import time
+import tracemalloc
+from collections import Counter
+from pathlib import Path
+from urllib.parse import quote
+
+import psycopg
+from psycopg import sql
+
+from bench import push as pb
+from bench.consume import Http, push_to_all
+
+#: what the broker's children run when ``--diag`` is given (written as its sitecustomize.py)
+_SITECUSTOMIZE = '''
+import os, sys, threading, time
+
+
+def _child():
+    import gc, json, pickle, tracemalloc
+    out = os.environ["PARKMEM_DIAG"]
+    tracemalloc.start(int(os.environ.get("PARKMEM_DEPTH", "6")))
+    me, done = os.getpid(), set()
+
+    def watch():
+        while True:
+            time.sleep(0.2)
+            try:
+                tags = [n[4:] for n in os.listdir(out) if n.startswith("ask-")]
+            except OSError:
+                continue
+            for tag in tags:
+                if tag in done:
+                    continue
+                done.add(tag)
+                counts = {}
+                for o in gc.get_objects():
+                    name = type(o).__qualname__
+                    counts[name] = counts.get(name, 0) + 1
+                snap = tracemalloc.take_snapshot()
+                with open(f"{out}/{me}-{tag}.tm", "wb") as f:
+                    pickle.dump(snap, f, pickle.HIGHEST_PROTOCOL)
+                with open(f"{out}/{me}-{tag}.json.tmp", "w") as f:
+                    json.dump(counts, f)
+                os.rename(f"{out}/{me}-{tag}.json.tmp", f"{out}/{me}-{tag}.json")
+
+    threading.Thread(target=watch, daemon=True, name="parkmem").start()
+
+
+if os.environ.get("PARKMEM_DIAG"):
+    os.register_at_fork(after_in_child=_child)
+'''
+
+
+#: the front's protocol class: one instance an open HTTP connection
+_PROTOCOL = "CorkedHttpToolsProtocol"
+
+
+def _fields(pid: int) -> dict[str, int]:
+    """Pss, Private_Dirty and Rss of ``pid`` in kB (zeros once it is gone)."""
+    out = {"Pss": 0, "Private_Dirty": 0, "Rss": 0}
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
+            for line in f:
+                name, _, rest = line.partition(b":")
+                key = name.decode()
+                if key in out:
+                    out[key] = int(rest.split()[0])
+    except OSError:
+        pass
+    return out
+
+
+def _role(pid: int, root: int) -> str:
+    if pid == root:
+        return "supervisor"
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            comm = f.read().strip()
+    except OSError:
+        comm = "gone"
+    return comm if comm.startswith("qmp-") else f"worker {pid}"
+
+
+def sample(root: int) -> dict[str, dict[str, int]]:
+    """Each broker process's memory by role (kB)."""
+    return {_role(p, root): _fields(p) for p in pb.process_tree(root)}
+
+
+def _drop(server_dsn: str, name: str) -> None:
+    with psycopg.connect(server_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+            sql.Identifier(name)))
+
+
+async def parked_count(url: str) -> float:
+    """The broker's parked pops (-1: the scrape failed; a worker under ``--diag`` is slow)."""
+    def read() -> float:
+        try:
+            status, body = pb.http_get(url + "/metrics/prometheus", timeout=30)
+        except OSError:
+            return -1.0
+        if status != 200:
+            return -1.0
+        return sum(float(line.split()[-1]) for line in body.decode().splitlines()
+                   if line.startswith("queen_parked_pops"))
+    return await asyncio.to_thread(read)
+
+
+class Diag:
+    """Asks the broker's children (``_SITECUSTOMIZE``) for snapshots and compares them."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.site = out / "site"
+        self.site.mkdir(parents=True, exist_ok=True)
+        (self.site / "sitecustomize.py").write_text(_SITECUSTOMIZE)
+
+    async def ask(self, tag: str, pids: list[int]) -> None:
+        (self.out / f"ask-{tag}").touch()
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not all(
+                (self.out / f"{p}-{tag}.json").exists() for p in pids):
+            await asyncio.sleep(0.2)
+
+    def connections(self, pid: int, before: str, after: str) -> int:
+        """The HTTP connections ``pid`` gained from ``before`` to ``after`` (its protocols)."""
+        c0, c1 = (json.loads((self.out / f"{pid}-{t}.json").read_text()) for t in (before, after))
+        return max(0, c1.get(_PROTOCOL, 0) - c0.get(_PROTOCOL, 0))
+
+    def report(self, pid: int, before: str, after: str, per: int, top: int) -> None:
+        with open(self.out / f"{pid}-{before}.tm", "rb") as f:
+            s0: tracemalloc.Snapshot = pickle.load(f)
+        with open(self.out / f"{pid}-{after}.tm", "rb") as f:
+            s1: tracemalloc.Snapshot = pickle.load(f)
+        # the watcher's own frames and the snapshot machinery are not the broker's
+        keep = [tracemalloc.Filter(False, tracemalloc.__file__),
+                tracemalloc.Filter(False, "<frozen importlib._bootstrap>")]
+        s0, s1 = s0.filter_traces(keep), s1.filter_traces(keep)
+        total = sum(d.size_diff for d in s1.compare_to(s0, "filename"))
+        print(f"\n### worker {pid}: tracemalloc {before} -> {after}: {total / 1024:+,.0f} KiB, "
+              f"{total / per:+,.0f} B a pop ({per} pops)")
+        for d in s1.compare_to(s0, "traceback")[:top]:
+            if d.size_diff <= 0:
+                continue
+            print(f"{d.size_diff / per:+8,.0f} B/pop {d.count_diff / per:+6.2f} blocks/pop: "
+                  + " < ".join(f"{Path(f.filename).name}:{f.lineno}"
+                               for f in reversed(d.traceback)))
+        c0 = json.loads((self.out / f"{pid}-{before}.json").read_text())
+        c1 = json.loads((self.out / f"{pid}-{after}.json").read_text())
+        grown = Counter({k: c1.get(k, 0) - c0.get(k, 0) for k in c1})
+        print("gc-tracked objects a pop: " + ", ".join(
+            f"{k} {v / per:+.2f}" for k, v in grown.most_common(25) if v > 0))
+
+
+def show(label: str, mem: dict[str, dict[str, int]], base: dict[str, dict[str, int]] | None
+         ) -> None:
+    total = sum(m["Pss"] for m in mem.values())
+    parts = []
+    for role, m in sorted(mem.items()):
+        delta = "" if base is None or role not in base else \
+            f" ({(m['Pss'] - base[role]['Pss']) / 1024:+.1f})"
+        parts.append(f"{role} {m['Pss'] / 1024:.1f}{delta} [dirty "
+                     f"{m['Private_Dirty'] / 1024:.1f}]")
+    print(f"{label:<22} PSS {total / 1024:6.1f} MB: " + "; ".join(parts), flush=True)
+
+
+async def run(args: argparse.Namespace) -> int:
+    rid = secrets.token_hex(3)
+    own_db = args.dsn is None
+    name = f"{args.db_prefix}{rid}_park"
+    dsn = pb.create_database(args.server_dsn, name) if own_db else args.dsn
+    tmp = Path(tempfile.mkdtemp(prefix="queen-parkmem-"))
+    diag = Diag(Path(args.diag) / rid) if args.diag else None
+    env = pb._clean_env()
+    port = pb.free_port()
+    env.update({"QUEEN_PORT": str(port), "QUEEN_DATA_DIR": str(tmp),
+                "QUEEN_WORKERS": str(args.workers), "QUEEN_V2_FUSION_SHARDS": str(args.shards),
+                "QUEEN_LOG_LEVEL": "info", "QUEEN_SHUTDOWN_TIMEOUT_S": "20",
+                "QUEEN_PG_DSN": dsn})
+    if diag is not None:
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(diag.site), env.get("PYTHONPATH", "")) if p)
+        env["PARKMEM_DIAG"] = str(diag.out)
+    srv = pb.Server("queen-mp", f"http://127.0.0.1:{port}",
+                    pb._spawn([sys.executable, "-m", "queen_mp.processes.cli", "serve"], env,
+                              tmp / "broker.log"), tmp / "broker.log", dsn)
+    root = srv.proc.pid
+    try:
+        await asyncio.to_thread(srv.wait_ready)
+        queues = [f"park-{rid}-{i:04d}" for i in range(args.parked)]
+        await push_to_all(srv.url, queues, f"{rid}-mk")  # the queues exist before the pops
+        await asyncio.sleep(args.settle)
+        rest = sample(root)
+        show("at rest", rest, None)
+        workers = [p for p in pb.process_tree(root)
+                   if _role(p, root).startswith("worker")]
+        if diag is not None:
+            await diag.ask("rest", workers)
+        tail = (f"?batch=1&consumerGroup=park&subscriptionMode=new&autoAck=true&wait=true"
+                f"&timeout={args.timeout_ms}")
+        for r in range(1, args.rounds + 1):
+            https = [Http(srv.url, timeout=args.timeout_ms / 1000 + 30) for _ in queues]
+            sem = asyncio.Semaphore(100)
+
+            async def opener(h: Http, sem: asyncio.Semaphore = sem) -> None:
+                async with sem:
+                    await h.connect()
+
+            await asyncio.gather(*(opener(h) for h in https))
+            await asyncio.sleep(1.0)
+            show(f"round {r}: connected", sample(root), rest)
+            answers: Counter[int] = Counter()
+
+            async def pop(q: str, h: Http, answers: Counter[int] = answers) -> None:
+                status, _ = await h.request("GET", f"/api/v1/pop/queue/{quote(q, safe='')}"
+                                            + tail)
+                answers[status] += 1
+
+            tasks = []
+            for q, h in zip(queues, https, strict=True):
+                tasks.append(asyncio.create_task(pop(q, h)))
+                if args.pace and len(tasks) % args.pace == 0:
+                    await asyncio.sleep(0.25)  # this batch parks before the next one comes
+            t0 = time.monotonic()
+            count = 0.0
+            while time.monotonic() - t0 < args.park_wait:
+                count = await parked_count(srv.url)
+                if count >= args.parked:
+                    break
+                await asyncio.sleep(0.25)
+            await asyncio.sleep(1.0)
+            parked = sample(root)
+            show(f"round {r}: {count:.0f} parked", parked, rest)
+            if diag is not None and r == 1:
+                await diag.ask("parked", workers)
+            await push_to_all(srv.url, queues, f"{rid}-rel{r}")
+            await asyncio.wait(tasks, timeout=30)
+            if any(not t.done() for t in tasks) or set(answers) != {200}:
+                print(f"  release: answers {dict(answers)}, "
+                      f"{sum(not t.done() for t in tasks)} unanswered", flush=True)
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for h in https:
+                h.close()
+            await asyncio.sleep(args.settle)
+            show(f"round {r}: released", sample(root), rest)
+            if diag is not None and r == 1:
+                await diag.ask("released", workers)
+        if diag is not None:
+            for p in workers:
+                per = diag.connections(p, "rest", "parked") or args.parked // len(workers)
+                diag.report(p, "rest", "parked", per, args.top)
+                diag.report(p, "rest", "released", per, args.top)
+        return 0
+    finally:
+        await asyncio.to_thread(srv.stop)
+        if own_db:
+            _drop(args.server_dsn, name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--server-dsn", default=pb.LOCAL_DSN,
+                    help="where a database of its own is made (when no --dsn)")
+    ap.add_argument("--dsn", default=None, help="an existing database to run the broker on")
+    ap.add_argument("--db-prefix", default="queen_bench_",
+                    help="the name of the database made (and dropped) for the run starts so")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--shards", type=int, default=1)
+    ap.add_argument("--parked", type=int, default=1000)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--timeout-ms", type=int, default=30000, help="each pop's long poll")
+    ap.add_argument("--pace", type=int, default=0,
+                    help="send the pops N at a time, 0.25 s apart (0: all at once, as the suite)")
+    ap.add_argument("--park-wait", type=float, default=60.0,
+                    help="seconds to wait for every pop to park")
+    ap.add_argument("--settle", type=float, default=4.0,
+                    help="seconds before a sample at rest or after a release")
+    ap.add_argument("--diag", metavar="DIR", default=None,
+                    help="tracemalloc and gc counts in the broker's children, dumped in DIR")
+    ap.add_argument("--top", type=int, default=25, help="allocation sites shown (--diag)")
+    return asyncio.run(run(ap.parse_args(argv)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

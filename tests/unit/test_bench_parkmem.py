@@ -1,0 +1,57 @@
+"""bench/parkmem.py's two instruments: the per-process memory sample, and the diagnostics a
+forked child of the broker takes when asked (its sitecustomize: tracemalloc and gc counts)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import pickle
+import subprocess
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+
+from bench.parkmem import Diag, sample
+
+# a "supervisor" that forks one child, which lives until told to go
+_FORKER = """
+import os, sys, time
+pid = os.fork()
+if pid == 0:
+    keep = [[i] for i in range(1000)]
+    time.sleep(30)
+    os._exit(0)
+print(pid, flush=True)
+os.waitpid(pid, 0)
+"""
+
+
+def test_sample_names_the_root_and_reads_its_memory():
+    mem = sample(os.getpid())
+    me = mem["supervisor"]
+    assert me["Pss"] > 0 and me["Rss"] >= me["Private_Dirty"] > 0
+
+
+def test_a_forked_child_dumps_its_snapshot_and_counts_when_asked(tmp_path: Path):
+    diag = Diag(tmp_path)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join((str(diag.site), os.environ.get(
+        "PYTHONPATH", ""))), "PARKMEM_DIAG": str(tmp_path)}
+    child = 0
+    root = subprocess.Popen([sys.executable, "-c", _FORKER], env=env, stdout=subprocess.PIPE)
+    try:
+        assert root.stdout is not None
+        child = int(root.stdout.readline())
+        time.sleep(0.5)  # the child's watcher is up
+        asyncio.run(asyncio.wait_for(diag.ask("t", [child]), 20))
+        counts = json.loads((tmp_path / f"{child}-t.json").read_text())
+        assert counts["list"] >= 1000
+        with open(tmp_path / f"{child}-t.tm", "rb") as f:
+            assert isinstance(pickle.load(f), tracemalloc.Snapshot)
+        assert not list(tmp_path.glob(f"{root.pid}-*"))  # the root is not traced
+    finally:
+        if child:
+            os.kill(child, 9)
+        root.kill()
+        root.wait()
