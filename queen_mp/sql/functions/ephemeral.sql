@@ -1121,125 +1121,144 @@ DECLARE
     v_end int8;
     v_len int4;  -- the chunk's messages
     v_small boolean;  -- the walk: its chunks are smaller than what is wanted
+    v_ok boolean;  -- the usual pop's runs are whole and hold no gone message
     v_piece bytea;
     r record;
 BEGIN
-    -- eph_enter_v1's lock, a simple expression
+    -- PERF(eph): eph_enter_v1's lock (a simple expression), then one statement for what
+    -- eph_enter_v1 and eph_options_v1 read (two calls and two statements), whether the group
+    -- has its row (an INSERT ... ON CONFLICT at every pop) and whether any of its deliveries
+    -- is due (the redelivery loop's query, a cursor, at every pop): v2 ran five statements
+    -- and two function calls for what one statement tells (callgrind, bench/ephemeral_sql's
+    -- pattern: statements cost a pop mostly their executor set-up, not their rows)
     IF NOT pg_try_advisory_xact_lock_shared(queen.eph_key_v1(p_tenant, p_queue)) THEN
         PERFORM pg_advisory_xact_lock_shared(queen.eph_key_v1(p_tenant, p_queue));
     END IF;
-    -- PERF(eph): the usual pop in one statement (eph14): a leasing pop of a queue without a
-    -- ttl, of a group with nothing due and a cursor on every partition, that takes the next
+    SELECT q.epoch, queen.eph_defaults_v1() || coalesce(c.options, '{}'::jsonb),
+           EXISTS (SELECT 1 FROM queen.eph_groups g
+                    WHERE g.tenant = p_tenant AND g.queue = p_queue AND g.grp = p_group),
+           EXISTS (SELECT 1 FROM queen.eph_leases l
+                    WHERE l.tenant = p_tenant AND l.queue = p_queue AND l.grp = p_group
+                      AND l.lease_until <= now()
+                      AND (p_partition IS NULL OR l.partition = p_partition))
+      INTO v_epoch, v_o, v_known, v_due
+      FROM queen.eph_queues q
+      LEFT JOIN queen.eph_config c ON c.tenant = q.tenant AND c.queue = q.queue
+     WHERE q.tenant = p_tenant AND q.queue = p_queue;
+    -- PERF(eph): the usual pop (eph14): a leasing pop of a queue without a ttl, by a group
+    -- that has its row and a cursor on every partition and nothing due, takes the next
     -- messages of the partition furthest behind from the first chunk past its cursor and, if
     -- need be, the next one, none of them gone: the answer the general way below gives it
     -- (it takes no more: the batch is full, or the partition is exhausted and no other one
-    -- has messages for the group), one delivery. The cursor is locked as the general way
-    -- locks it (SKIP LOCKED), its move and the delivery's row are written only when the run
-    -- is complete, and anything else (no row) goes the general way. The general way ran
-    -- five statements and some 80 plpgsql expressions for it (each statement's executor
-    -- set-up and each expression's, made anew in every transaction, were most of a pop of
-    -- 100: bench/ephemeral_sql.py --callgrind)
-    WITH s AS (  -- the queue, its options; nothing due, no cursor missing
-        SELECT q.epoch, queen.eph_defaults_v1() || coalesce(f.options, '{}'::jsonb) AS o
-          FROM queen.eph_queues q
-          LEFT JOIN queen.eph_config f ON f.tenant = q.tenant AND f.queue = q.queue
-         WHERE q.tenant = p_tenant AND q.queue = p_queue AND NOT p_auto_ack
-           AND coalesce((f.options ->> 'ttlSeconds')::int4, 0) = 0
-           AND NOT EXISTS (SELECT 1 FROM queen.eph_leases l
-                            WHERE l.tenant = p_tenant AND l.queue = p_queue
-                              AND l.grp = p_group AND l.lease_until <= now()
-                              AND (p_partition IS NULL OR l.partition = p_partition))
-           AND NOT EXISTS (SELECT 1 FROM queen.eph_partitions p
-                            WHERE p.tenant = p_tenant AND p.queue = p_queue
-                              AND (p_partition IS NULL OR p.partition = p_partition)
-                              AND NOT EXISTS (SELECT 1 FROM queen.eph_cursors c
-                                               WHERE c.tenant = p_tenant
-                                                 AND c.queue = p_queue AND c.grp = p_group
-                                                 AND c.partition = p.partition))),
-    c AS (  -- the cursor furthest behind that no other pop holds, locked
-        SELECT s.epoch, s.o, c.partition, c.pos, p.id, p.last_seq
-          FROM s, queen.eph_partitions p
+    -- has messages for the group), one delivery. Its cursor is locked as the general way
+    -- locks it (SKIP LOCKED), by the statement that picks it, with no cursor loop (a portal:
+    -- its open and fetches were some 200k instructions of a pop of 100, callgrind); the run's
+    -- answer goes straight into the result, none of it through variables (callgrind counts a
+    -- copy of the payloads as about one instruction a byte: the general way made four more),
+    -- and about six plpgsql expressions run where the general way ran some 60 (each is set
+    -- up anew in every transaction). bench/ephemeral_sql.py --callgrind, pushes of 100: a pop
+    -- of 100 1.44M -> 1.08M instructions, of 70 1.43M -> 1.10M. Anything else (a missing
+    -- cursor, a message gone, a third chunk, chunks smaller than the batch) goes the general
+    -- way, which finds the cursor already held by this pop; the attempt costs pops over
+    -- pushes of 1 about a tenth more (6.0M -> 6.7M a pop of 100). Tried and dropped: the whole
+    -- usual pop (and the usual ack) as one statement of data-modifying CTEs: 1.55M (ack 0.98M
+    -- against 0.66M), since every node of a plan is set up at each execution, the branches a
+    -- call does not take included, where plpgsql skips the statements it does not run.
+    IF v_known AND NOT v_due AND NOT p_auto_ack AND (v_o ->> 'ttlSeconds')::int4 = 0 THEN
+        SELECT p.partition, c.pos, p.id, p.last_seq INTO r
+          FROM queen.eph_partitions p
           JOIN queen.eph_cursors c
             ON c.tenant = p.tenant AND c.queue = p.queue AND c.grp = p_group
            AND c.partition = p.partition
          WHERE p.tenant = p_tenant AND p.queue = p_queue
            AND (p_partition IS NULL OR p.partition = p_partition) AND p.last_seq > c.pos
+           -- a partition without the group's cursor is the general way's (it creates it)
+           AND NOT EXISTS (SELECT 1 FROM queen.eph_partitions m
+                            WHERE m.tenant = p_tenant AND m.queue = p_queue
+                              AND (p_partition IS NULL OR m.partition = p_partition)
+                              AND NOT EXISTS (SELECT 1 FROM queen.eph_cursors n
+                                               WHERE n.tenant = p_tenant
+                                                 AND n.queue = p_queue AND n.grp = p_group
+                                                 AND n.partition = m.partition))
          ORDER BY c.pos, p.partition LIMIT 1
-           FOR NO KEY UPDATE OF c SKIP LOCKED),
-    k AS (  -- its first chunk past it: a run from lo, n messages
-        SELECT c.epoch, c.o, c.partition, c.id, c.last_seq, x.base, x.lo, x.len,
-               least(x.len - x.lo, p_batch)::int4 AS n, x.gone, x.body, x.offs
-          FROM c CROSS JOIN LATERAL (
-               SELECT y.base, greatest(0, c.pos - y.base + 1)::int4 AS lo,
-                      cardinality(y.offs) - 1 AS len, y.gone, y.body, y.offs
-                 FROM queen.eph_chunks y
-                WHERE y.pid = c.id AND y.base >= c.pos - c.pos % 256
-                  AND y.base + cardinality(y.offs) - 2 > c.pos
-                ORDER BY y.base LIMIT 1) x),
-    m AS (  -- the next chunk's run from its start, when more is wanted and there is more
-        SELECT k.*, x.base AS base2, x.n2, x.len2, x.gone AS gone2, x.body AS body2,
-               x.offs AS offs2
-          FROM k LEFT JOIN LATERAL (
-               SELECT y.base, least(cardinality(y.offs) - 1, p_batch - k.n)::int4 AS n2,
-                      cardinality(y.offs) - 1 AS len2, y.gone, y.body, y.offs
-                 FROM queen.eph_chunks y
-                WHERE k.n < p_batch AND k.base + k.len - 1 < k.last_seq
-                  AND y.pid = k.id AND y.base > k.base
-                ORDER BY y.base LIMIT 1) x ON true),
-    d AS (  -- a complete answer: the runs hold no gone message, and it is all there is
-        SELECT m.*, m.n + coalesce(m.n2, 0) AS total, nextval('queen.eph_seq') AS dlv,
-               coalesce(m.base2 + m.n2, m.base + m.lo + m.n) - 1 AS last
-          FROM m
-         WHERE NOT m.gone && int4multirange(int4range(m.lo, m.lo + m.n))
-           AND (m.n2 IS NULL OR NOT m.gone2 && int4multirange(int4range(0, m.n2)))
-           AND CASE WHEN m.n + coalesce(m.n2, 0) = p_batch THEN true
-                    WHEN coalesce(m.base2 + m.len2, m.base + m.len) - 1 < m.last_seq THEN false
-                    ELSE NOT EXISTS (
+           FOR NO KEY UPDATE OF c SKIP LOCKED;
+        IF FOUND THEN
+            -- (the run: from lo = greatest(0, pos - base + 1), n = least(len - lo, batch);
+            -- written out, not as subqueries, whose scans cost their set-up)
+            SELECT v_epoch, ARRAY[r.partition], ARRAY[nextval('queen.eph_seq')], '{1}',
+                   ARRAY[k.base + greatest(0, r.pos - k.base + 1)],
+                   ARRAY[least(cardinality(k.offs) - 1 - greatest(0, r.pos - k.base + 1),
+                               p_batch)::int4],
+                   substring(k.body FROM k.offs[greatest(0, r.pos - k.base + 1) + 1]
+                                         - k.offs[1] + 1
+                             FOR k.offs[least(cardinality(k.offs) - 1,
+                                              greatest(0, r.pos - k.base + 1) + p_batch) + 1]
+                                 - k.offs[greatest(0, r.pos - k.base + 1) + 1] - 1),
+                   least(cardinality(k.offs) - 1 - greatest(0, r.pos - k.base + 1), p_batch),
+                   coalesce((v_o #>> '{windowBuffer,ms}')::int4, 0),
+                   coalesce((v_o #>> '{windowBuffer,count}')::int4, 0),
+                   k.base + cardinality(k.offs) - 2, cardinality(k.offs) - 1,
+                   least(k.base + cardinality(k.offs) - 2, greatest(r.pos, k.base - 1) + p_batch),
+                   NOT k.gone && int4multirange(int4range(
+                       greatest(0, r.pos - k.base + 1)::int4,
+                       least(cardinality(k.offs) - 1, greatest(0, r.pos - k.base + 1) + p_batch)
+                       ::int4))
+              INTO epoch, parts, dlvs, atts, firsts, counts, payloads, claimed, window_ms,
+                   window_count, v_end, v_len, v_last, v_ok
+              FROM queen.eph_chunks k
+             WHERE k.pid = r.id AND k.base >= r.pos - r.pos % 256
+               AND k.base + cardinality(k.offs) - 2 > r.pos
+             ORDER BY k.base LIMIT 1;
+            -- v_ok: the runs hold no gone message (NULL: no chunk)
+            IF v_ok AND claimed < p_batch THEN
+                -- the next chunk's run, from its start; after a chunk smaller than what is
+                -- still wanted (pushes of a few messages, many chunks), the general way's walk
+                -- (as its usual read decides)
+                IF v_end < r.last_seq AND v_len < p_batch - claimed THEN
+                    v_ok := false;
+                ELSIF v_end < r.last_seq THEN
+                    SELECT parts || r.partition, dlvs || dlvs[1], atts || 1, firsts || k.base,
+                           counts || x.n,
+                           payloads || '\x1f'::bytea
+                           || substring(k.body FROM 1 FOR k.offs[x.n + 1] - k.offs[1] - 1),
+                           claimed + x.n, k.base + cardinality(k.offs) - 2, k.base + x.n - 1,
+                           NOT k.gone && int4multirange(int4range(0, x.n))
+                      INTO parts, dlvs, atts, firsts, counts, payloads, claimed, v_end, v_last,
+                           v_ok
+                      FROM queen.eph_chunks k
+                     CROSS JOIN LATERAL (
+                           SELECT least(cardinality(k.offs) - 1, p_batch - claimed)::int4 AS n) x
+                     WHERE k.pid = r.id AND k.base > v_end
+                     ORDER BY k.base LIMIT 1;
+                END IF;
+                IF v_ok AND claimed < p_batch THEN  -- all there is, and nothing elsewhere
+                    v_ok := v_end >= r.last_seq AND NOT EXISTS (
                         SELECT 1 FROM queen.eph_partitions p
                           JOIN queen.eph_cursors c
                             ON c.tenant = p.tenant AND c.queue = p.queue AND c.grp = p_group
                            AND c.partition = p.partition
                          WHERE p.tenant = p_tenant AND p.queue = p_queue
                            AND (p_partition IS NULL OR p.partition = p_partition)
-                           AND p.partition <> m.partition AND p.last_seq > c.pos) END),
-    u AS (  -- the cursor's move
-        UPDATE queen.eph_cursors c SET pos = d.last
-          FROM d
-         WHERE c.tenant = p_tenant AND c.queue = p_queue AND c.grp = p_group
-           AND c.partition = d.partition
-        RETURNING c.partition),
-    i AS (  -- the delivery's row
-        INSERT INTO queen.eph_leases (tenant, queue, grp, dlv, partition, seqs, atts,
-                                      lease_until)
-        SELECT p_tenant, p_queue, p_group, d.dlv, u.partition,
-               ARRAY(SELECT generate_series(d.base + d.lo, d.base + d.lo + d.n - 1)
-                     UNION ALL
-                     SELECT generate_series(d.base2, d.last)),
-               array_fill(1, ARRAY[d.total]),
-               clock_timestamp() + make_interval(secs => (d.o ->> 'leaseSeconds')::int4)
-          FROM d, u)
-    SELECT d.epoch,
-           CASE WHEN d.base2 IS NULL THEN ARRAY[d.partition]
-                ELSE ARRAY[d.partition, d.partition] END,
-           CASE WHEN d.base2 IS NULL THEN ARRAY[d.dlv] ELSE ARRAY[d.dlv, d.dlv] END,
-           CASE WHEN d.base2 IS NULL THEN '{1}'::int4[] ELSE '{1,1}'::int4[] END,
-           CASE WHEN d.base2 IS NULL THEN ARRAY[d.base + d.lo]
-                ELSE ARRAY[d.base + d.lo, d.base2] END,
-           CASE WHEN d.base2 IS NULL THEN ARRAY[d.n] ELSE ARRAY[d.n, d.n2] END,
-           CASE WHEN d.base2 IS NULL
-                THEN substring(d.body FROM d.offs[d.lo + 1] - d.offs[1] + 1
-                               FOR d.offs[d.lo + d.n + 1] - d.offs[d.lo + 1] - 1)
-                ELSE substring(d.body FROM d.offs[d.lo + 1] - d.offs[1] + 1
-                               FOR d.offs[d.lo + d.n + 1] - d.offs[d.lo + 1] - 1)
-                     || '\x1f'::bytea
-                     || substring(d.body2 FROM 1 FOR d.offs2[d.n2 + 1] - d.offs2[1] - 1) END,
-           d.total, coalesce((d.o #>> '{windowBuffer,ms}')::int4, 0),
-           coalesce((d.o #>> '{windowBuffer,count}')::int4, 0)
-      INTO epoch, parts, dlvs, atts, firsts, counts, payloads, claimed, window_ms,
-           window_count
-      FROM d, u;
-    IF FOUND THEN
-        RETURN;
+                           AND p.partition <> r.partition AND p.last_seq > c.pos);
+                END IF;
+            END IF;
+            IF v_ok THEN  -- the cursor's move and the delivery's row, one statement
+                WITH u AS (
+                    UPDATE queen.eph_cursors c SET pos = v_last
+                     WHERE c.tenant = p_tenant AND c.queue = p_queue AND c.grp = p_group
+                       AND c.partition = r.partition
+                    RETURNING c.partition)
+                INSERT INTO queen.eph_leases (tenant, queue, grp, dlv, partition, seqs, atts,
+                                              lease_until)
+                SELECT p_tenant, p_queue, p_group, dlvs[1], u.partition,
+                       ARRAY(SELECT s.s FROM unnest(firsts, counts) AS w(f, n)
+                              CROSS JOIN LATERAL generate_series(w.f, w.f + w.n - 1) AS s(s)),
+                       array_fill(1, ARRAY[claimed]),
+                       clock_timestamp() + make_interval(secs => (v_o ->> 'leaseSeconds')::int4)
+                  FROM u;
+                RETURN;
+            END IF;
+        END IF;
     END IF;
     -- the general way
     parts := '{}';
@@ -1255,21 +1274,6 @@ BEGIN
     v_dropped := 0;
     v_ttl_p := '{}';
     v_ttl_s := '{}';
-    -- one statement for what eph_enter_v1 and eph_options_v1 read (two calls and two
-    -- statements), whether the group has its row (an INSERT ... ON CONFLICT at every pop) and
-    -- whether any of its deliveries is due (the redelivery loop's query, a cursor, at every
-    -- pop)
-    SELECT q.epoch, queen.eph_defaults_v1() || coalesce(c.options, '{}'::jsonb),
-           EXISTS (SELECT 1 FROM queen.eph_groups g
-                    WHERE g.tenant = p_tenant AND g.queue = p_queue AND g.grp = p_group),
-           EXISTS (SELECT 1 FROM queen.eph_leases l
-                    WHERE l.tenant = p_tenant AND l.queue = p_queue AND l.grp = p_group
-                      AND l.lease_until <= now()
-                      AND (p_partition IS NULL OR l.partition = p_partition))
-      INTO v_epoch, v_o, v_known, v_due
-      FROM queen.eph_queues q
-      LEFT JOIN queen.eph_config c ON c.tenant = q.tenant AND c.queue = q.queue
-     WHERE q.tenant = p_tenant AND q.queue = p_queue;
     IF v_epoch IS NULL THEN  -- a new queue: eph_enter_v1 inserts its row
         v_epoch := queen.eph_enter_v1(p_tenant, p_queue);
         v_o := queen.eph_options_v1(p_tenant, p_queue);
@@ -1678,6 +1682,8 @@ DECLARE
     v_set_b int8;
     v_part text;
     v_k int4;
+    v_base int8;
+    v_lo int4;
     v_pid int8;
     v_groups int8;
     v_del_t tid[];  -- the chunks the usual ack deletes, and those it strikes
@@ -1685,6 +1691,12 @@ DECLARE
     v_upd int8[];
     v_upd_lo int4[];
     v_upd_n int4[];
+    v_r0 int4;  -- a run of the usual ack: p_seqs[v_r0:v_r1], v_rn of them
+    v_r1 int4;
+    v_rn int4;
+    v_try int4;
+    v_run_n int8;
+    v_run_b int8;
     v_ok boolean;
     v_slot int2;  -- unused: see eph_count_v2
     r record;
@@ -1692,142 +1704,179 @@ BEGIN
     IF NOT pg_try_advisory_xact_lock_shared(queen.eph_key_v1(p_tenant, p_queue)) THEN
         PERFORM pg_advisory_xact_lock_shared(queen.eph_key_v1(p_tenant, p_queue));
     END IF;
-    -- PERF(eph): the usual ack in one statement (eph14): every message still held by one
-    -- delivery acknowledged 'completed' in the order the pop gave them, sent as one epoch,
-    -- delivery and status (no statement or expression per id, the queue's epoch read by it),
-    -- by the queue's one group: the delivery's row goes and so do its messages (its cursor is
-    -- past them, no other delivery holds one, and whatever drops a held message takes it out
-    -- of its delivery first, so none is gone yet; 'gone' is checked all the same), as runs of
-    -- one chunk or of two (a pop's batch that began inside one chunk and ended inside the
-    -- next: found by bisection, width_bucket over the seqs, which ascend: they are the
-    -- delivery's): a chunk that the run empties is deleted, another struck, and the queue's
-    -- count goes down. Two chunks are locked first, ascending (the lock order). A chunk that
-    -- changed meanwhile (a concurrent ack of its other messages) fails both tests, as does
-    -- any other shape, and goes the general way below, which counts out only what is left.
-    -- The general way, one statement each, took three to five (the lease, the chunks, the
-    -- count) and some 25 plpgsql expressions (bench/ephemeral_sql.py --callgrind)
-    WITH l AS (
+    v_k := cardinality(p_seqs);
+    -- PERF(eph): the usual ack, every message still held by one delivery acknowledged
+    -- 'completed' in the order the pop gave them, sent as one epoch, delivery and status: one
+    -- statement on its lease row, none per id, the queue's epoch read by it (v3 read it in a
+    -- statement of its own, and split, cast and compared an epoch, a delivery and a status
+    -- per id, then sent an 'acked' per id: a third of an ack of 100, callgrind)
+    IF cardinality(p_epochs) = 1 AND cardinality(p_dlvs) = 1 AND p_statuses = '{completed}'
+    THEN
         DELETE FROM queen.eph_leases l
          WHERE l.tenant = p_tenant AND l.queue = p_queue AND l.grp = p_group
-           AND l.dlv = p_dlvs[1] AND l.seqs = p_seqs AND cardinality(p_epochs) = 1
-           AND cardinality(p_dlvs) = 1 AND p_statuses = '{completed}'
+           AND l.dlv = p_dlvs[1] AND l.seqs = p_seqs
            AND p_epochs[1] = (SELECT q.epoch FROM queen.eph_queues q
                                WHERE q.tenant = p_tenant AND q.queue = p_queue)
         RETURNING l.partition,
                   (SELECT p.id FROM queen.eph_partitions p
                     WHERE p.tenant = l.tenant AND p.queue = l.queue
-                      AND p.partition = l.partition) AS pid,
+                      AND p.partition = l.partition),
                   (SELECT count(*) FROM queen.eph_groups g
-                    WHERE g.tenant = l.tenant AND g.queue = l.queue) AS groups),
-    sh AS (  -- a run of one chunk, p_seqs[1:a], and one of the next, p_seqs[a + 1:] (or none)
-        SELECT x.a, cardinality(p_seqs) AS k,
-               p_seqs[x.a] - p_seqs[1] = x.a - 1
-               AND (x.a = cardinality(p_seqs)
-                    OR p_seqs[cardinality(p_seqs)] - p_seqs[x.a + 1] = cardinality(p_seqs) - x.a - 1
-                       AND p_seqs[cardinality(p_seqs)] / 256 = p_seqs[x.a + 1] / 256) AS ok
-          FROM (SELECT width_bucket(p_seqs[1] / 256 * 256 + 255, p_seqs) AS a) x),
-    w AS (
-        SELECT l.pid, v.base, v.lo, v.n
-          FROM l, sh CROSS JOIN LATERAL (
-               VALUES (p_seqs[1] / 256 * 256, (p_seqs[1] % 256)::int4, sh.a),
-                      (p_seqs[sh.a + 1] / 256 * 256, (p_seqs[sh.a + 1] % 256)::int4,
-                       sh.k - sh.a)) AS v(base, lo, n)
-         WHERE l.groups = 1 AND sh.ok AND v.n > 0),
-    lk AS (  -- two chunks: both locked first, in order
-        SELECT c.base FROM w JOIN queen.eph_chunks c ON c.pid = w.pid AND c.base = w.base
-         WHERE (SELECT sh.a < sh.k FROM sh) ORDER BY c.base FOR UPDATE OF c),
-    d AS (
-        DELETE FROM queen.eph_chunks c
-         USING w
-         WHERE c.pid = w.pid AND c.base = w.base AND c.live = w.n
-           AND NOT c.gone && int4multirange(int4range(w.lo, w.lo + w.n))
-           AND (SELECT count(*) FROM lk) >= 0
-        RETURNING w.n, c.offs[w.lo + w.n + 1] - c.offs[w.lo + 1] - w.n AS b),
-    u AS (
-        UPDATE queen.eph_chunks c
-           SET gone = c.gone + int4multirange(int4range(w.lo, w.lo + w.n)), live = c.live - w.n
-          FROM w
-         WHERE c.pid = w.pid AND c.base = w.base AND c.live > w.n
-           AND NOT c.gone && int4multirange(int4range(w.lo, w.lo + w.n))
-           AND (SELECT count(*) FROM lk) >= 0
-        RETURNING w.n, c.offs[w.lo + w.n + 1] - c.offs[w.lo + 1] - w.n AS b),
-    x AS (
-        SELECT sum(y.n) AS n, sum(y.b) AS b
-          FROM (SELECT d.n, d.b FROM d UNION ALL SELECT u.n, u.b FROM u) y),
-    n AS (  -- eph_count_v2's statement
-        INSERT INTO queen.eph_counts AS c (tenant, queue, slot, depth, bytes, drops_bounds,
-                                           drops_ttl, drops_retry)
-        SELECT p_tenant, p_queue, (pg_backend_pid() % 16)::int2, -x.n, -x.b, 0, 0, 0
-          FROM x WHERE x.n > 0
-        ON CONFLICT (tenant, queue, slot) DO UPDATE
-           SET depth = c.depth + EXCLUDED.depth, bytes = c.bytes + EXCLUDED.bytes)
-    SELECT l.partition, l.pid, l.groups, x.n, x.b INTO v_part, v_pid, v_groups, v_set_n, v_set_b
-      FROM l, x;
-    v_k := cardinality(p_seqs);
-    IF FOUND THEN  -- the delivery's row is gone
-        redelivered := 0;  -- outcomes NULL: every id acked
-        IF v_set_n = v_k THEN
+                    WHERE g.tenant = l.tenant AND g.queue = l.queue)
+             INTO v_part, v_pid, v_groups;
+        IF FOUND THEN
+            redelivered := 0;  -- outcomes NULL: every id acked
+            -- PERF(eph): with one group, the delivery's messages all go now (its cursor is past
+            -- them, no other delivery holds one, and whatever drops a held message takes it
+            -- out of its delivery first, so none is gone yet; 'gone' is checked all the
+            -- same), without a query per message. A run that fills what is left of its chunk:
+            -- the chunk row goes, in one statement (settle_v3 and strike_v1 took five, and
+            -- their calls two more).
+            IF v_groups = 1 AND p_seqs[v_k] - p_seqs[1] = v_k - 1
+               AND p_seqs[v_k] - p_seqs[v_k] % 256 = p_seqs[1] - p_seqs[1] % 256 THEN
+                -- (the run's base and first index in the chunk written out in the
+                -- statements: plpgsql assignments are dearer, eph14)
+                DELETE FROM queen.eph_chunks c
+                 WHERE c.pid = v_pid AND c.base = p_seqs[1] - p_seqs[1] % 256 AND c.live = v_k
+                   AND NOT c.gone && int4multirange(int4range((p_seqs[1] % 256)::int4,
+                                                              (p_seqs[1] % 256)::int4 + v_k))
+                RETURNING v_k, c.offs[p_seqs[1] % 256 + v_k + 1] - c.offs[p_seqs[1] % 256 + 1]
+                               - v_k
+                     INTO v_set_n, v_set_b;
+                IF v_set_n IS NULL THEN  -- PERF(eph): a part of the chunk: struck from it
+                    UPDATE queen.eph_chunks c
+                       SET gone = c.gone + int4multirange(int4range(
+                                      (p_seqs[1] % 256)::int4, (p_seqs[1] % 256)::int4 + v_k)),
+                           live = c.live - v_k
+                     WHERE c.pid = v_pid AND c.base = p_seqs[1] - p_seqs[1] % 256
+                       AND c.live > v_k
+                       AND NOT c.gone && int4multirange(int4range(
+                               (p_seqs[1] % 256)::int4, (p_seqs[1] % 256)::int4 + v_k))
+                    RETURNING v_k, c.offs[p_seqs[1] % 256 + v_k + 1]
+                                   - c.offs[p_seqs[1] % 256 + 1] - v_k
+                         INTO v_set_n, v_set_b;
+                END IF;
+            -- PERF(eph): so do runs of two chunks, a pop's batch that began inside one
+            -- chunk and ended inside the next (a pop whose batch is not the pushes': the usual
+            -- way, once the cursor is off a chunk's edge): each chunk in one statement, the
+            -- first, then the second (ascending), the chunk deleted when the run is what it
+            -- has left, else the run struck from it. v2 took the runs' general way below (a
+            -- statement grouping the seqs by chunk and locking them, one deleting and
+            -- striking): an ack of 70 such messages cost 1.59M instructions (callgrind), an
+            -- ack of one chunk's 100 0.84M. width_bucket finds the seqs of the first chunk
+            -- by bisection (p_seqs ascend: they are the delivery's)
+            ELSIF v_groups = 1 THEN
+                v_r0 := 1;
+                v_base := p_seqs[1] - p_seqs[1] % 256;
+                v_r1 := width_bucket(v_base + 255, p_seqs);  -- the first chunk's last
+                IF v_r1 < v_k AND p_seqs[v_r1] - p_seqs[1] = v_r1 - 1
+                   AND p_seqs[v_k] - p_seqs[v_r1 + 1] = v_k - v_r1 - 1
+                   AND p_seqs[v_k] - p_seqs[v_k] % 256
+                       = p_seqs[v_r1 + 1] - p_seqs[v_r1 + 1] % 256 THEN
+                    v_set_n := 0;
+                    v_set_b := 0;
+                    LOOP
+                        v_base := p_seqs[v_r0] - p_seqs[v_r0] % 256;
+                        v_lo := (p_seqs[v_r0] % 256)::int4;
+                        v_rn := v_r1 - v_r0 + 1;
+                        v_run_n := NULL;
+                        -- a second chunk usually keeps messages: its strike is tried first
+                        FOR v_try IN 1..2 LOOP
+                            IF (v_try = 1) = (v_r0 > 1) THEN
+                                UPDATE queen.eph_chunks c
+                                   SET gone = c.gone
+                                              + int4multirange(int4range(v_lo, v_lo + v_rn)),
+                                       live = c.live - v_rn
+                                 WHERE c.pid = v_pid AND c.base = v_base AND c.live > v_rn
+                                   AND NOT c.gone && int4multirange(int4range(v_lo, v_lo + v_rn))
+                                RETURNING v_rn, c.offs[v_lo + v_rn + 1] - c.offs[v_lo + 1] - v_rn
+                                     INTO v_run_n, v_run_b;
+                            ELSE
+                                DELETE FROM queen.eph_chunks c
+                                 WHERE c.pid = v_pid AND c.base = v_base AND c.live = v_rn
+                                   AND NOT c.gone && int4multirange(int4range(v_lo, v_lo + v_rn))
+                                RETURNING v_rn, c.offs[v_lo + v_rn + 1] - c.offs[v_lo + 1] - v_rn
+                                     INTO v_run_n, v_run_b;
+                            END IF;
+                            EXIT WHEN v_run_n IS NOT NULL;
+                        END LOOP;
+                        IF v_run_n IS NULL THEN  -- a message of the run is gone
+                            IF v_r0 = 1 THEN  -- nothing done yet: the general way below
+                                v_set_n := NULL;
+                            ELSE  -- the first chunk done: the second the general way
+                                SELECT v_set_n + s.n, v_set_b + s.bytes INTO v_set_n, v_set_b
+                                  FROM queen.eph_settle_v3(p_tenant, p_queue,
+                                                           array_fill(v_part, ARRAY[v_k - v_r1]),
+                                                           p_seqs[v_r1 + 1:], true) s;
+                            END IF;
+                            EXIT;
+                        END IF;
+                        v_set_n := v_set_n + v_run_n;
+                        v_set_b := v_set_b + v_run_b;
+                        EXIT WHEN v_r1 = v_k;
+                        v_r0 := v_r1 + 1;
+                        v_r1 := v_k;
+                    END LOOP;
+                END IF;
+            END IF;
+            -- PERF(eph): otherwise (part of a chunk, or runs of several: a pop's batch that
+            -- is not a push's, pushes of one message), still one group: the chunks locked in
+            -- one run, ascending, what each loses computed from the row as locked (as
+            -- strike_v1 does), then the emptied ones deleted and the others struck in one
+            -- statement; a run with a hole, or a message gone, goes the general way below
+            IF v_set_n IS NULL AND v_groups = 1 THEN
+                SELECT array_agg(x.ctid) FILTER (WHERE x.live = x.n),
+                       array_agg(x.ctid) FILTER (WHERE x.live <> x.n),
+                       array_agg(x.base) FILTER (WHERE x.live <> x.n),
+                       array_agg(x.lo) FILTER (WHERE x.live <> x.n),
+                       array_agg(x.n) FILTER (WHERE x.live <> x.n),
+                       sum(x.n), sum(x.b), bool_and(x.ok)
+                  INTO v_del_t, v_upd_t, v_upd, v_upd_lo, v_upd_n, v_set_n, v_set_b, v_ok
+                  FROM (SELECT w.base, c.ctid, c.live, w.lo, w.n,
+                               w.hi - w.lo + 1 = w.n
+                               AND NOT c.gone && int4multirange(int4range(w.lo, w.hi + 1)) AS ok,
+                               -- PERF(eph): the range's bytes from its offsets (schema
+                               -- 015), no subquery
+                               c.offs[w.hi + 2] - c.offs[w.lo + 1] - (w.hi - w.lo + 1) AS b
+                          FROM (SELECT u.s - u.s % 256 AS base, min(u.s % 256)::int4 AS lo,
+                                       max(u.s % 256)::int4 AS hi, count(*)::int4 AS n
+                                  FROM unnest(p_seqs) AS u(s) GROUP BY 1 ORDER BY 1) w
+                         -- PERF(eph): a probe by key each, ascending, and the rows then
+                         -- deleted or struck by the ctid it locked (the newest version, which
+                         -- no one else can change now): by their keys, joined or = ANY, the
+                         -- generic plans read every chunk of the partition (a bitmap scan on
+                         -- pid, or with the table's statistics a scan of the table)
+                         CROSS JOIN LATERAL (
+                               SELECT k.ctid, k.live, k.gone, k.offs FROM queen.eph_chunks k
+                                WHERE k.pid = v_pid AND k.base = w.base FOR UPDATE) c) x;
+                IF v_ok AND v_set_n = v_k THEN
+                    WITH d AS (DELETE FROM queen.eph_chunks c WHERE c.ctid = ANY (v_del_t))
+                    UPDATE queen.eph_chunks c
+                       SET gone = c.gone + int4multirange(int4range(
+                                      v_upd_lo[array_position(v_upd, c.base)],
+                                      v_upd_lo[array_position(v_upd, c.base)]
+                                      + v_upd_n[array_position(v_upd, c.base)])),
+                           live = c.live - v_upd_n[array_position(v_upd, c.base)]
+                     WHERE c.ctid = ANY (v_upd_t);
+                ELSE
+                    v_set_n := NULL;
+                END IF;
+            END IF;
+            IF v_set_n IS NULL THEN
+                SELECT s.n, s.bytes INTO v_set_n, v_set_b
+                  FROM queen.eph_settle_v3(p_tenant, p_queue, array_fill(v_part, ARRAY[v_k]),
+                                           p_seqs, true) s;
+            END IF;
+            IF v_set_n > 0 THEN  -- PERF(eph): eph_count_v2's statement, inlined (see above)
+                INSERT INTO queen.eph_counts AS c (tenant, queue, slot, depth, bytes,
+                                                   drops_bounds, drops_ttl, drops_retry)
+                VALUES (p_tenant, p_queue, (pg_backend_pid() % 16)::int2, -v_set_n, -v_set_b,
+                        0, 0, 0)
+                ON CONFLICT (tenant, queue, slot) DO UPDATE
+                   SET depth = c.depth + EXCLUDED.depth, bytes = c.bytes + EXCLUDED.bytes;
+            END IF;
             RETURN;
         END IF;
-        -- the general way: what is left of its messages (the count above has the rest)
-        v_set_n := NULL;
-        -- PERF(eph): part of a chunk, or runs of several (a pop's batch that is not a
-        -- push's, pushes of one message), still one group: the chunks locked in
-        -- one run, ascending, what each loses computed from the row as locked (as
-        -- strike_v1 does), then the emptied ones deleted and the others struck in one
-        -- statement; a run with a hole, or a message gone, goes the general way below
-        IF v_groups = 1 THEN
-            SELECT array_agg(x.ctid) FILTER (WHERE x.live = x.n),
-                   array_agg(x.ctid) FILTER (WHERE x.live <> x.n),
-                   array_agg(x.base) FILTER (WHERE x.live <> x.n),
-                   array_agg(x.lo) FILTER (WHERE x.live <> x.n),
-                   array_agg(x.n) FILTER (WHERE x.live <> x.n),
-                   sum(x.n), sum(x.b), bool_and(x.ok)
-              INTO v_del_t, v_upd_t, v_upd, v_upd_lo, v_upd_n, v_set_n, v_set_b, v_ok
-              FROM (SELECT w.base, c.ctid, c.live, w.lo, w.n,
-                           w.hi - w.lo + 1 = w.n
-                           AND NOT c.gone && int4multirange(int4range(w.lo, w.hi + 1)) AS ok,
-                           -- PERF(eph): the range's bytes from its offsets (schema
-                           -- 015), no subquery
-                           c.offs[w.hi + 2] - c.offs[w.lo + 1] - (w.hi - w.lo + 1) AS b
-                      FROM (SELECT u.s - u.s % 256 AS base, min(u.s % 256)::int4 AS lo,
-                                   max(u.s % 256)::int4 AS hi, count(*)::int4 AS n
-                              FROM unnest(p_seqs) AS u(s) GROUP BY 1 ORDER BY 1) w
-                     -- PERF(eph): a probe by key each, ascending, and the rows then
-                     -- deleted or struck by the ctid it locked (the newest version, which
-                     -- no one else can change now): by their keys, joined or = ANY, the
-                     -- generic plans read every chunk of the partition (a bitmap scan on
-                     -- pid, or with the table's statistics a scan of the table)
-                     CROSS JOIN LATERAL (
-                           SELECT k.ctid, k.live, k.gone, k.offs FROM queen.eph_chunks k
-                            WHERE k.pid = v_pid AND k.base = w.base FOR UPDATE) c) x;
-            IF v_ok AND v_set_n = v_k THEN
-                WITH d AS (DELETE FROM queen.eph_chunks c WHERE c.ctid = ANY (v_del_t))
-                UPDATE queen.eph_chunks c
-                   SET gone = c.gone + int4multirange(int4range(
-                                  v_upd_lo[array_position(v_upd, c.base)],
-                                  v_upd_lo[array_position(v_upd, c.base)]
-                                  + v_upd_n[array_position(v_upd, c.base)])),
-                       live = c.live - v_upd_n[array_position(v_upd, c.base)]
-                 WHERE c.ctid = ANY (v_upd_t);
-            ELSE
-                v_set_n := NULL;
-            END IF;
-        END IF;
-        IF v_set_n IS NULL THEN
-            SELECT s.n, s.bytes INTO v_set_n, v_set_b
-              FROM queen.eph_settle_v3(p_tenant, p_queue, array_fill(v_part, ARRAY[v_k]),
-                                       p_seqs, true) s;
-        END IF;
-        IF v_set_n > 0 THEN  -- PERF(eph): eph_count_v2's statement, inlined (see above)
-            INSERT INTO queen.eph_counts AS c (tenant, queue, slot, depth, bytes,
-                                               drops_bounds, drops_ttl, drops_retry)
-            VALUES (p_tenant, p_queue, (pg_backend_pid() % 16)::int2, -v_set_n, -v_set_b,
-                    0, 0, 0)
-            ON CONFLICT (tenant, queue, slot) DO UPDATE
-               SET depth = c.depth + EXCLUDED.depth, bytes = c.bytes + EXCLUDED.bytes;
-        END IF;
-        RETURN;
     END IF;
     v_acked := '{}';
     v_red := '{}';
