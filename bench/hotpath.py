@@ -132,7 +132,7 @@ class PushPath:
         for raw in self.ring.read_many(64):
             for record in unpack_record(raw).records:
                 group = unpack_record(record)
-                entry = Entry(0, group)
+                entry = Entry(0, group, group.count)
                 build_segment((group.tenant, group.queue, group.partition), [entry])
                 verdicts.append(pack_queued_run(group.generation, group.slot, group.request_id,
                                                 group.group_index, 7, 1_764_000_000_000_000,

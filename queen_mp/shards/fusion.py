@@ -26,6 +26,8 @@ from itertools import repeat
 from operator import itemgetter
 from typing import NamedTuple
 
+import msgspec
+
 from queen_mp.db.bundles import STALE_IDS, BundleWriter, PushBundle, SegmentVerdict
 from queen_mp.db.errors import DatabaseError
 from queen_mp.metrics import Metrics
@@ -57,37 +59,32 @@ _RECALL_OFFSETS = 1 << 18
 _MAX_PIDS = 1 << 17
 
 Key = tuple[bytes, str, str]  # tenant, queue, partition
-_NO_OFFSETS: list[int] = []  # shared, never written: an Entry's until its first resolve
-_NO_IDS: dict[int, bytes] = {}
 _TUPLE_NEW = tuple.__new__
 _PARTITION_ID = itemgetter(0)  # SegmentVerdict.partition_id
 Reply = Callable[[int, bytes], None]  # (slot, a packed PushVerdict)
 Stored = Callable[[set[tuple[bytes, str]]], None]  # (tenant, queue) pairs just committed
 
 
-class Entry:
-    """One ``PushGroup`` from one front worker: its frames and their verdicts so far.
+class Entry(msgspec.Struct, eq=False, gc=False):
+    """One ``PushGroup`` from one front worker (``remaining``: its count at first): its
+    frames and their verdicts so far.
 
     PERF(fusion): the per-frame state (``status``, ``offsets``, ``dup_ids``) is made by the
-    first ``resolve``: the fast path answers a whole entry with one run (``run_first``: every
-    frame queued at ``run_first``, ``run_first + 1``, ...; ``PushFusion._committed`` sets it
-    for an entry with nothing resolved yet) and never needs it.
+    first ``resolve``: the fast path answers a whole entry with one run
+    (``PushFusion._committed``) and never needs it. A Struct made in C (one a pushed group;
+    ``__init__`` setting nine slots was about 3k instructions), compared by identity, never
+    in a cycle (so untracked by the collector).
     """
 
-    __slots__ = ("created_us", "dup_ids", "frames", "group", "offsets", "partition_id",
-                 "remaining", "run_first", "slot", "status")
-
-    def __init__(self, slot: int, group: PushGroup) -> None:
-        self.slot = slot
-        self.group = group
-        self.status: bytearray | None = None  # per frame: PENDING, QUEUED or DUPLICATE
-        self.offsets: list[int] = _NO_OFFSETS  # made with status, by the first resolve
-        self.dup_ids: dict[int, bytes] = _NO_IDS
-        self.remaining = group.count
-        self.partition_id = 0
-        self.created_us = 0
-        self.frames: list[bytes] | None = None  # split lazily, only on the slow path
-        self.run_first = -1  # offset of frame 0 when every frame was queued in one run
+    slot: int
+    group: PushGroup
+    remaining: int  # frames not answered yet
+    status: bytearray | None = None  # per frame: PENDING, QUEUED or DUPLICATE
+    offsets: list[int] | None = None  # made with status, by the first resolve
+    dup_ids: dict[int, bytes] | None = None  # likewise
+    partition_id: int = 0
+    created_us: int = 0
+    frames: list[bytes] | None = None  # split lazily, only on the slow path
 
     def pending(self, j: int) -> bool:
         return self.status is None or self.status[j] == PENDING
@@ -109,7 +106,7 @@ class Entry:
         return self.frames
 
     def resolve(self, j: int, status: int, offset: int, original: bytes | None = None) -> None:
-        if self.status is None:
+        if self.status is None or self.offsets is None or self.dup_ids is None:
             self.status = bytearray(self.group.count)
             self.offsets = [-1] * self.group.count
             self.dup_ids = {}
@@ -122,28 +119,17 @@ class Entry:
         self.remaining -= 1
 
     def verdict(self) -> PushVerdict:
+        """Each frame's outcome, once every frame has one (the slow path's answer)."""
         g = self.group
-        items: tuple[ItemVerdict, ...] = ()
-        run = None
-        if self.run_first >= 0:
-            run = (self.run_first, g.count)
-        else:
-            status = self.status if self.status is not None else bytearray(g.count)
-            items = tuple(
-                ItemVerdict(0, self.offsets[j], b"") if status[j] == QUEUED
-                else ItemVerdict(1, self.offsets[j], self.dup_ids.get(j, ZERO_UUID))
-                for j in range(g.count))
+        status, offsets, dup_ids = self.status, self.offsets, self.dup_ids
+        assert status is not None and offsets is not None and dup_ids is not None
+        items = tuple(
+            ItemVerdict(0, offsets[j], b"") if status[j] == QUEUED
+            else ItemVerdict(1, offsets[j], dup_ids.get(j, ZERO_UUID))
+            for j in range(g.count))
         return PushVerdict(generation=g.generation, slot=g.slot, request_id=g.request_id,
                            group_index=g.group_index, status=0, partition_id=self.partition_id,
-                           created_at_us=self.created_us, items=items, queued_run=run)
-
-    def answer(self) -> bytes:
-        """The packed verdict (PERF(fusion): the fast path's without a PushVerdict)."""
-        if self.run_first >= 0:
-            g = self.group
-            return pack_queued_run(g.generation, g.slot, g.request_id, g.group_index,
-                                   self.partition_id, self.created_us, self.run_first, g.count)
-        return self.verdict().pack()
+                           created_at_us=self.created_us, items=items)
 
     def failure(self, error: str) -> bytes:
         g = self.group
@@ -284,7 +270,7 @@ class PushFusion:
             queue = self.pending[key] = []
             if self._arrival is not None:
                 self._wake_tick()
-        queue.append(Entry(slot, group))
+        queue.append(Entry(slot, group, group.count))
         if key not in self.inflight_keys:
             self.ready[key] = None
         if not self._kick_soon:
@@ -420,14 +406,15 @@ class PushFusion:
                     return
                 raise result
             self._adapt(time.monotonic() - started)
-            dup_lookups = self._committed(segments, result, bundle.pids)
+            rest, dup_lookups = self._committed(segments, result, bundle.pids)
             if dup_lookups:
-                task = self.loop.create_task(self._finish_duplicates(keys, segments,
-                                                                      dup_lookups))
+                task = self.loop.create_task(self._finish_duplicates(keys, rest, dup_lookups))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
                 return
-            self._answer(segments)
+            self._recall()
+            if rest:
+                self._answer(rest)
         except Exception as ex:
             self._failed(segments, ex)
         self._flushed(keys)
@@ -436,6 +423,7 @@ class PushFusion:
                                  lookups: list[tuple[Segment, int, int, int]]) -> None:
         try:
             await self._resolve_duplicates(lookups)
+            self._recall()
             self._answer(segments)
         except Exception as ex:
             self._failed(segments, ex)
@@ -463,13 +451,21 @@ class PushFusion:
         self.kick()
 
     def _committed(self, segments: list[Segment], results: list[SegmentVerdict],
-                   sent: Sequence[int]) -> list[tuple[Segment, int, int, int]]:
+                   sent: Sequence[int]
+                   ) -> tuple[list[Segment], list[tuple[Segment, int, int, int]]]:
         """Record the bundle's verdicts and the partition ids it did not send (``sent``: the
-        ids it named them by, or none); the duplicates whose originals must be looked up."""
+        ids it named them by, or none), and answer the entries stored in one run each; the
+        segments left for ``_answer``, and the duplicates whose originals must be looked up.
+
+        PERF(fusion): an entry of a fast-path segment (every frame stored, in order) is
+        answered here, in the loop that reads its verdict, not by a second pass over the
+        bundle; its answer reaches the ring after this callback anyway (``reply``)."""
         frames = sum(s.count for s in segments)
         self._commits += 1
         self._segments += len(segments)
         dup_lookups: list[tuple[Segment, int, int, int]] = []  # seg, k, pid, original offset
+        rest: list[Segment] = []  # segments with entries not answered here
+        reply = self.reply
         stored: set[tuple[bytes, str]] = set()  # (tenant, queue) that got new messages
         remember: list[tuple[Key, int, int, int, bytes, int]] = []  # for the dedup filter
         answered = list(map(_PARTITION_ID, results))
@@ -490,13 +486,13 @@ class PushFusion:
                 remember.append((seg.key, pid, base, seg.count, seg.hashes, res.window))
                 if seg.refs is None:
                     for e in seg.entries:
-                        # PERF(fusion): Entry.resolve_run inline, once per group of a bundle,
-                        # in the loop that gives it the verdict's partition id and time
-                        e.partition_id, e.created_us = pid, ts
-                        e.run_first = base
+                        g = e.group
                         e.remaining = 0
-                        base += e.group.count
+                        reply(e.slot, pack_queued_run(g.generation, g.slot, g.request_id,
+                                                      g.group_index, pid, ts, base, g.count))
+                        base += g.count
                     continue
+            rest.append(seg)
             for e in seg.entries:
                 e.partition_id, e.created_us = pid, ts
             if not res.queued:
@@ -515,26 +511,19 @@ class PushFusion:
         self.metrics.push_bundle(len(segments), frames)
         if self.stored is not None and stored:
             self.stored(stored)
-        return dup_lookups
+        return rest, dup_lookups
 
     def _answer(self, segments: list[Segment]) -> None:
-        """Reply to every entry the bundle answered; requeue the rest of a duplicate's
-        segment."""
-        self._recall()
+        """Reply to every entry of these segments (those ``_committed`` did not answer) that
+        the bundle answered; requeue the rest of a duplicate's segment."""
         reply = self.reply
         for seg in segments:
             left = False
             for e in seg.entries:
                 if e.remaining:
                     left = True
-                elif e.run_first >= 0:
-                    # PERF(fusion): the fast path's verdict packed here, no answer() call
-                    g = e.group
-                    reply(e.slot, pack_queued_run(g.generation, g.slot, g.request_id,
-                                                  g.group_index, e.partition_id, e.created_us,
-                                                  e.run_first, g.count))
                 else:
-                    reply(e.slot, e.answer())
+                    reply(e.slot, e.verdict().pack())
             if left:
                 # NOTE(queen): SQL wrote nothing for a segment with duplicates; the rest of
                 # its frames go again, ahead of anything that arrived for the partition since.

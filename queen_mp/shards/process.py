@@ -15,7 +15,7 @@ import logging
 import os
 import signal
 from collections import deque
-from itertools import islice
+from itertools import islice, pairwise
 
 import uvloop
 
@@ -157,13 +157,15 @@ class Shard:
             kind = peek_kind(raw)
             if kind == KIND_RECORD_BATCH:
                 add, unpack = self.fusion.add, PushGroup.unpack
-                for record in RecordBatch.unpack(raw).records:
-                    # PERF(shard): a front worker's pushes of one turn, without a call each
-                    if not record or record[0] != KIND_PUSH_GROUP:
-                        self.dispatch(slot, record)
+                bounds = RecordBatch.bounds(raw)
+                for start, stop in pairwise(bounds):
+                    # PERF(shard): a front worker's pushes of one turn, without a call each,
+                    # each group read in place in the batch
+                    if start == stop or raw[start] != KIND_PUSH_GROUP:
+                        self.dispatch(slot, raw[start:stop])
                         continue
                     try:
-                        add(slot, unpack(record))
+                        add(slot, unpack(raw, start, stop))
                     except RecordDecodeError:
                         log.exception("undecodable request record from slot %d dropped", slot)
             elif kind == KIND_PUSH_GROUP:

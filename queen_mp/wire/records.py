@@ -39,7 +39,7 @@ import sys
 from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from itertools import repeat
+from itertools import accumulate, pairwise, repeat
 from operator import itemgetter
 from typing import NamedTuple, Self
 
@@ -239,15 +239,19 @@ class PushGroup(NamedTuple):
         return pack_push_group(*self)
 
     @classmethod
-    def unpack(cls, buf: bytes | bytearray | memoryview) -> Self:
-        # PERF(wire): bytes are sliced as they are (a shard reads every group; RecordBatch
-        # cuts its small records as bytes); anything else through one view, its slices copied
-        # to bytes. Either way each piece's frames are copied once.
+    def unpack(cls, buf: bytes | bytearray | memoryview, start: int = 0,
+               stop: int = -1) -> Self:
+        """The group in ``buf`` (from ``start`` up to ``stop``, -1: its end).
+
+        PERF(wire): bytes are sliced as they are (a shard reads every group in place, at the
+        bounds of its ``RecordBatch``); anything else through one view, its slices copied to
+        bytes. Either way each piece's frames are copied once."""
         view = type(buf) is not bytes
         raw = memoryview(buf) if view else buf
-        end = len(raw)
-        if end < _PUSH_GROUP_HEAD.size:
-            raise RecordDecodeError(f"PushGroup of {end} bytes, shorter than its header", buf)
+        end = len(raw) if stop < 0 else stop
+        if end - start < _PUSH_GROUP_HEAD.size:
+            raise RecordDecodeError(
+                f"PushGroup of {end - start} bytes, shorter than its header", buf)
         (
             kind,
             generation,
@@ -260,10 +264,10 @@ class PushGroup(NamedTuple):
             queue_len,
             partition_len,
             piece_count,
-        ) = _PUSH_GROUP_HEAD.unpack_from(raw, 0)
+        ) = _PUSH_GROUP_HEAD.unpack_from(raw, start)
         if kind != KIND_PUSH_GROUP:
             raise RecordDecodeError(f"kind {kind}, not a PushGroup", buf)
-        at = _PUSH_GROUP_HEAD.size
+        at = start + _PUSH_GROUP_HEAD.size
         if piece_count == 1:
             # PERF(wire): one piece (every group of a JSON push): names, hashes and the piece
             # header by one struct of these lengths, not three slices and a second unpack
@@ -284,7 +288,7 @@ class PushGroup(NamedTuple):
                     except UnicodeDecodeError:
                         raise RecordDecodeError("queue or partition is not UTF-8",
                                                 buf) from None
-                    data = bytes(raw[data_at:]) if view else raw[data_at:]
+                    data = bytes(raw[data_at:end]) if view else raw[data_at:end]
                     return _TUPLE_NEW(cls, (generation, slot, request_id, group_index, tenant,
                                             queue, partition, hashes, count,
                                             (_TUPLE_NEW(Piece, (piece_kind, count, data)),),
@@ -730,28 +734,37 @@ class RecordBatch:
         # PERF(wire): the records of a bytes batch (what Ring.read_many returns) up to
         # _CUT_MAX bytes are cut as bytes, cheaper to read than views (PushGroup.unpack);
         # larger ones stay views, so that their frames are copied once, by their unpack.
+        bounds = cls.bounds(buf)
         cut = type(buf) is bytes
         view = memoryview(buf)
-        end = len(view)
+        return cls(tuple(buf[at:stop] if cut and stop - at <= _CUT_MAX else view[at:stop]
+                         for at, stop in pairwise(bounds)))
+
+    @staticmethod
+    def bounds(buf: bytes | bytearray | memoryview) -> list[int]:
+        """Where the batch's records start, and where the last one ends: record ``k`` is
+        ``buf[bounds[k]:bounds[k + 1]]``.
+
+        PERF(wire): a shard reads the push groups of a batch in place, at these bounds
+        (``PushGroup.unpack``'s ``start`` and ``stop``), not from a copy of each record; the
+        bounds are summed in C."""
+        end = len(buf)
         if end < _BATCH_HEAD.size:
             raise RecordDecodeError(f"RecordBatch of {end} bytes, shorter than its header", buf)
-        kind, n = _BATCH_HEAD.unpack_from(view, 0)
+        kind, n = _BATCH_HEAD.unpack_from(buf, 0)
         if kind != KIND_RECORD_BATCH:
             raise RecordDecodeError(f"kind {kind}, not a RecordBatch", buf)
         at = _BATCH_HEAD.size + 4 * n
         if at > end:
             raise RecordDecodeError(f"RecordBatch of {end} bytes cannot list {n} records", buf)
-        lengths = struct.unpack_from(f"<{n}I", view, _BATCH_HEAD.size)
-        records: list[bytes | memoryview] = []
-        for length in lengths:
-            stop = at + length
-            if stop > end:
+        bounds = list(accumulate(struct.unpack_from(f"<{n}I", buf, _BATCH_HEAD.size),
+                                 initial=at))
+        if bounds[-1] != end:
+            if bounds[-1] > end:
                 raise RecordDecodeError("RecordBatch record runs past the end", buf)
-            records.append(buf[at:stop] if cut and length <= _CUT_MAX else view[at:stop])
-            at = stop
-        if at != end:
-            raise RecordDecodeError(f"{end - at} trailing byte(s) after the RecordBatch", buf)
-        return cls(tuple(records))
+            raise RecordDecodeError(f"{end - bounds[-1]} trailing byte(s) after the RecordBatch",
+                                    buf)
+        return bounds
 
 
 Record = PushGroup | PushVerdict | LeaseGrant | AckRequest | AckVerdict | RecordBatch

@@ -36,21 +36,21 @@ def stored(blob: bytes) -> list[tuple[int, int, bytes]]:
 
 def test_one_raw_frame_is_stored_raw() -> None:
     raw = frames(1)
-    seg = build_segment(KEY, [Entry(0, group(1, (Piece(PIECE_RAW, 1, raw),)))])
+    seg = build_segment(KEY, [Entry(0, group(1, (Piece(PIECE_RAW, 1, raw),)), 1)])
     assert stored(seg.blob) == [(1, CODEC_RAW, raw)]
     assert seg.count == 1 and seg.refs is None
 
 
 def test_two_raw_frames_are_compressed() -> None:
     raw = frames(2)
-    seg = build_segment(KEY, [Entry(0, group(2, (Piece(PIECE_RAW, 2, raw),)))])
+    seg = build_segment(KEY, [Entry(0, group(2, (Piece(PIECE_RAW, 2, raw),)), 2)])
     assert stored(seg.blob) == [(2, CODEC_ZSTD, raw)]
 
 
 def test_a_client_chunk_of_one_frame_is_kept() -> None:
     raw = frames(1)
     z = zstd_compress(raw)
-    seg = build_segment(KEY, [Entry(0, group(1, (Piece(PIECE_ZSTD, 1, z),)))])
+    seg = build_segment(KEY, [Entry(0, group(1, (Piece(PIECE_ZSTD, 1, z),)), 1)])
     assert [c.codec for c in iter_chunks(seg.blob)] == [CODEC_ZSTD]
     assert bytes(next(iter_chunks(seg.blob)).data) == z
     assert stored(seg.blob) == [(1, CODEC_ZSTD, raw)]

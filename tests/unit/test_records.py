@@ -266,6 +266,13 @@ def test_a_record_batch_round_trips_to_its_records(groups: list[PushGroup],
     assert [bytes(r) for r in batch.records] == records
     assert [unpack_record(r) for r in batch.records] == [*groups, *verdicts]
     assert unpack_record(packed) == batch
+    # each group read in place at the batch's bounds (as the shard reads them): no byte of
+    # its neighbours, whichever path of unpack (one piece or several) reads it
+    bounds = RecordBatch.bounds(packed)
+    assert len(bounds) == len(records) + 1
+    for buf in (packed, bytearray(packed)):
+        assert [PushGroup.unpack(buf, bounds[k], bounds[k + 1])
+                for k in range(len(groups))] == groups
 
 
 def test_a_batch_cuts_small_records_as_bytes_and_keeps_large_ones_as_views() -> None:
