@@ -19,9 +19,9 @@ filter's allocations (tracemalloc: slower, so its timings are not comparable).
 ``--pss`` measures what tracemalloc cannot (the C heap's fragmentation, pages freed but kept,
 the transient copies of merges): one filter fed the cases in turn, as a broker's push cells
 feed its shard, with glibc's mmap threshold fixed as the supervisor fixes it for its children;
-the process's PSS (``/proc/self/smaps_rollup``) above the empty filter's is printed as the
-filter passes 1M, 2M, 4M and 8M entries, at the end of each case, and once every run left
-the window (the clock moved past it, one 1-hash push a partition)::
+the process's PSS and private pages (``/proc/self/smaps_rollup``) above the empty filter's are
+printed as the filter passes 1M, 2M, 4M and 8M entries, at the end of each case, and once
+every run left the window (the clock moved past it, one 1-hash push a partition)::
 
     .venv/bin/python -m bench.dedupfilter --pss   # cases 1:200000,10:1000000,100:8000000,...
 """
@@ -87,13 +87,16 @@ def run(partitions: int, size: int, total: int, rate: float, entries: int,
             "held_bytes": tracemalloc.get_traced_memory()[0] - base}
 
 
-def pss_kb() -> int:
-    """This process's proportional set size (KiB)."""
+def pss_kb() -> tuple[int, int]:
+    """This process's proportional set size and its private pages (KiB): the private figure
+    leaves out the shares of libraries, which move as other processes map them or exit."""
+    got: dict[str, int] = {}
     with open("/proc/self/smaps_rollup") as f:
         for line in f:
-            if line.startswith("Pss:"):
-                return int(line.split()[1])
-    raise RuntimeError("no Pss in /proc/self/smaps_rollup")
+            name, _, rest = line.partition(":")
+            if name in ("Pss", "Private_Clean", "Private_Dirty"):
+                got[name] = int(rest.split()[0])
+    return got["Pss"], got["Private_Clean"] + got["Private_Dirty"]
 
 
 def run_pss(partitions: int, cases: list[tuple[int, int]], rate: float, entries: int,
@@ -112,9 +115,11 @@ def run_pss(partitions: int, cases: list[tuple[int, int]], rate: float, entries:
 
     def show(what: str) -> None:
         gc.collect()
-        held = (pss_kb() - base) * 1024
-        print(f"{what:>22}: {filt.entries:8d} entries, PSS +{held / 1e6:7.2f} MB "
-              f"({held / max(1, filt.entries):5.2f} B an entry)", flush=True)
+        pss, private = ((kb - was) * 1024 for kb, was in zip(pss_kb(), base, strict=True))
+        per = max(1, filt.entries)
+        print(f"{what:>22}: {filt.entries:8d} entries, PSS +{pss / 1e6:6.2f} MB "
+              f"({pss / per:5.2f} B an entry), private +{private / 1e6:6.2f} MB "
+              f"({private / per:5.2f} B an entry)", flush=True)
 
     def push(p: int, size: int, hashes: bytes) -> None:
         key = keys[p]
@@ -122,7 +127,7 @@ def run_pss(partitions: int, cases: list[tuple[int, int]], rate: float, entries:
         filt.committed(key, 7 + p, last[p] + 1, size, hashes, WINDOW_S)
         last[p] += size
 
-    print(f"empty filter: PSS {base / 1024:.1f} MB", flush=True)
+    print(f"empty filter: PSS {base[0] / 1024:.1f} MB", flush=True)
     for size, total in cases:
         step = size / rate
         for _ in range(total // size):
