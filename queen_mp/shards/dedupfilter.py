@@ -133,6 +133,10 @@ class _Run:
         return False
 
     def holds_any(self, incoming: np.ndarray) -> bool:
+        if self.view is None and len(incoming) << 5 <= self.n:
+            # PERF(filter): a few against a big bucketed run: looked up one by one, not by
+            # rebuilding the run's whole array
+            return self.holds(incoming.tolist())
         fps = self.sorted()
         at = np.searchsorted(fps, incoming)
         np.minimum(at, len(fps) - 1, out=at)
