@@ -18,10 +18,7 @@ Storage. The shard keeps a 32-bit fingerprint of each hash (its first 4 bytes), 
 in the order of their first offset: the newest few in a set (up to ``HOT_MAX``), the rest in
 sorted numpy arrays merged like a binary counter, never across epochs (``window / EPOCHS``
 seconds of commits), so that a whole run leaves when its epoch leaves the window: an entry
-is forgotten at most an epoch late, never early. A run of ``BUCKETED`` fingerprints or more is
-kept bucketed by its top byte: 3 bytes an entry (the low 24 bits) plus 257 bucket bounds,
-against 4 for the sorted array of smaller runs; both answer exactly what the 32-bit
-fingerprints answer. A fingerprint is not the
+costs 4 bytes and is forgotten at most an epoch late, never early. A fingerprint is not the
 hash: a match only means "maybe", and the promise then stops below the lowest matching run, so
 SQL probes that run and the newer ones instead of the whole window. At a few thousand entries
 a partition, a 1,000-hash segment meets a stray match about once in a thousand.
@@ -33,9 +30,7 @@ they start over with a gap below.
 from __future__ import annotations
 
 import struct
-import sys
 import time
-from array import array
 from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
@@ -55,17 +50,8 @@ HOT_MAX = 32  # newest fingerprints of a partition kept in a set before they bec
 # once it left the window, as every gap was before read-backs.
 MAX_GAP_READ_BACK = 1 << 20
 _FEW = 8  # segments of up to this many hashes are probed fingerprint by fingerprint
-# PERF(memory): runs of this many fingerprints or more are kept bucketed, 3 bytes an entry and
-# 514-1,028 bytes of bounds (3.25 bytes an entry at this size, 3.03 from 16,384 on), against 4
-# in a sorted array: a shard at its 8M-entry bound holds runs of some 1,000-5,000 entries
-# (1,000 partitions, one run an epoch each)
-BUCKETED = 1024
 
 _U32 = np.dtype("=u4")  # native order: the filter lives in one process
-_LOW = slice(0, 3) if sys.byteorder == "little" else slice(1, 4)  # a uint32's low 24 bits
-_TOP = 3 if sys.byteorder == "little" else 0  # and its top byte, in its native bytes
-_TOPS = np.arange(256, dtype=np.uint8)
-_NO_BOUNDS: array[int] = array("H")  # a sorted array's (one, shared)
 # PERF(filter): the fingerprints of k < HOT_MAX hashes as a tuple of ints in one C call (a
 # struct layout per k, made once): ``hash_prefixes`` took a memoryview, a cast, a slice and a
 # list, twice for every segment (probe and commit)
@@ -79,65 +65,18 @@ def _fingerprints(hashes: bytes) -> np.ndarray:
 
 
 class _Run:
-    """Fingerprints of commits of one epoch, none at an offset below ``lo``: under
-    ``BUCKETED`` a sorted array (``view``), else bucketed by their top byte (``bounds``,
-    ``lows``).
+    """Sorted fingerprints of commits of one epoch, none at an offset below ``lo``."""
 
-    Bucketed: ``lows`` holds each fingerprint's low 24 bits (3 native-order bytes), in the
-    sorted order of the fingerprints, so bucket ``t`` (the fingerprints whose top byte is
-    ``t``) is ``lows[bounds[t]:bounds[t + 1]]``. A few fingerprints are looked up there with
-    ``bytes.find`` (a hit at an offset that is not a multiple of 3 straddles two entries and
-    is skipped); many are searched in the run's sorted array, rebuilt for the probe."""
-
-    __slots__ = ("bounds", "epoch", "lo", "lows", "n", "view")
+    __slots__ = ("epoch", "fps", "lo", "view")
 
     def __init__(self, epoch: int, lo: int, fps: np.ndarray) -> None:
         self.epoch = epoch
         self.lo = lo
-        n = self.n = len(fps)
-        if n < BUCKETED:
-            self.view: memoryview | None = memoryview(fps)  # indexed as Python ints
-            self.bounds = _NO_BOUNDS
-            self.lows = b""
-            return
-        self.view = None
-        ends = np.cumsum(np.bincount(fps >> 24, minlength=256)) * 3
-        self.bounds = array("H" if 3 * n <= 0xFFFF else "I", [0])
-        self.bounds.extend(ends.tolist())
-        self.lows = fps.view(np.uint8).reshape(n, 4)[:, _LOW].tobytes()
-
-    def sorted(self) -> np.ndarray:
-        """The run's fingerprints, ascending (a bucketed run's: a new array)."""
-        if self.view is not None:
-            return np.frombuffer(self.view, dtype=_U32)
-        n = self.n
-        fps = np.empty(n, dtype=_U32)
-        raw = fps.view(np.uint8).reshape(n, 4)
-        raw[:, _LOW] = np.frombuffer(self.lows, dtype=np.uint8).reshape(n, 3)
-        raw[:, _TOP] = np.repeat(_TOPS, np.diff(np.frombuffer(self.bounds, dtype=np.dtype(
-            self.bounds.typecode))) // 3)
-        return fps
-
-    def holds(self, fps: Iterable[int]) -> bool:
-        """Whether a bucketed run holds one of a few fingerprints."""
-        bounds, lows = self.bounds, self.lows
-        for v in fps:
-            top = v >> 24
-            end = bounds[top + 1]
-            low = (v & 0xFFFFFF).to_bytes(3, sys.byteorder)
-            at = lows.find(low, bounds[top], end)
-            while at >= 0:
-                if at % 3 == 0:
-                    return True
-                at = lows.find(low, at + 1, end)
-        return False
+        self.fps = fps
+        self.view = memoryview(fps)  # the same memory, indexed as Python ints
 
     def holds_any(self, incoming: np.ndarray) -> bool:
-        if self.view is None and len(incoming) << 5 <= self.n:
-            # PERF(filter): a few against a big bucketed run: looked up one by one, not by
-            # rebuilding the run's whole array
-            return self.holds(incoming.tolist())
-        fps = self.sorted()
+        fps = self.fps
         at = np.searchsorted(fps, incoming)
         np.minimum(at, len(fps) - 1, out=at)
         return bool((fps[at] == incoming).any())
@@ -190,10 +129,6 @@ class _Partition:
         ints = _FEW_FPS[len(hashes) >> 4](hashes)
         for run in runs:
             view = run.view
-            if view is None:
-                if run.holds(ints):
-                    return run.lo
-                continue
             n = len(view)
             for v in ints:
                 at = bisect_left(view, v)
@@ -240,7 +175,7 @@ class _Partition:
             filled.append(_Run(epoch, first, fps))
         at = bisect_left(self.runs, lo, key=lambda r: r.lo)
         self.runs[at:at] = filled
-        return sum(r.n for r in filled)
+        return sum(len(r.fps) for r in filled)
 
     def flush_hot(self) -> None:
         if not self.hot:
@@ -256,9 +191,9 @@ class _Partition:
             self._seal()
         runs.append(run)
         while (len(runs) > 1 and runs[-2].epoch == run.epoch
-               and runs[-2].n < 2 * runs[-1].n):
+               and len(runs[-2].fps) < 2 * len(runs[-1].fps)):
             newer, older = runs.pop(), runs.pop()
-            merged = np.concatenate((older.sorted(), newer.sorted()))
+            merged = np.concatenate((older.fps, newer.fps))
             merged.sort(kind="stable")  # two sorted runs: a linear merge
             runs.append(_Run(run.epoch, older.lo, merged))
 
@@ -270,7 +205,7 @@ class _Partition:
         while k > 0 and runs[k - 1].epoch == epoch:
             k -= 1
         if k < len(runs) - 1:
-            merged = np.concatenate([r.sorted() for r in runs[k:]])
+            merged = np.concatenate([r.fps for r in runs[k:]])
             merged.sort()
             runs[k:] = [_Run(epoch, runs[k].lo, merged)]
 
@@ -280,7 +215,7 @@ class _Partition:
         span = self.span
         runs = self.runs
         while runs and (runs[0].epoch + 1) * span < before:
-            gone += runs.pop(0).n
+            gone += len(runs.pop(0).fps)
         # The set never needs it: add() turned it into a run when its epoch ended.
         return gone
 

@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-import random
-from array import array
-
-import numpy as np
-import pytest
 import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from queen_mp.shards.dedupfilter import (
-    BUCKETED,
     CLOCK_MARGIN_S,
     EPOCHS,
     HOT_MAX,
     MAX_GAP_READ_BACK,
     DedupFilter,
-    _Run,
 )
 
 KEY = (b"\0" * 16, "q", "p")
@@ -364,74 +357,3 @@ def test_a_bundle_at_once_is_its_segments_one_by_one() -> None:
     assert expected != [0] * 5  # something was promised
     assert many.entries == one.entries
     assert [r.lo for r in many.wanted(1 << 20)] == [r.lo for r in one.wanted(1 << 20)] != []
-
-
-def _runs(fps: list[int]) -> tuple[_Run, _Run]:
-    """The same fingerprints as a bucketed run and as a sorted array."""
-    arr = np.array(sorted(fps), dtype=np.uint32)
-    bucketed = _Run(0, 1, arr.copy())
-    flat = _Run(0, 1, arr.copy())
-    flat.view, flat.bounds, flat.lows = memoryview(arr), array("H"), b""
-    return bucketed, flat
-
-
-def _adversarial(rnd: random.Random, n: int) -> list[int]:
-    """Fingerprints crowded into one bucket, on bucket edges, 0 and 2^32 - 1, and low bytes
-    whose 3-byte concatenations spell other entries' low bytes at unaligned offsets."""
-    edges = [t << 24 for t in range(256)] + [(t << 24) | 0xFFFFFF for t in range(256)]
-    crowd = [(7 << 24) | rnd.randrange(1 << 24) for _ in range(n // 2)]
-    spell = [(9 << 24) | 0x010203, (9 << 24) | 0x040506, (9 << 24) | 0x020304]
-    rest = [rnd.randrange(1 << 32) for _ in range(max(0, n - len(edges) - len(crowd)))]
-    return [0, (1 << 32) - 1, *edges, *crowd, *spell, *rest]
-
-
-@pytest.mark.parametrize("n", [BUCKETED, 3 * BUCKETED, 30_000])
-def test_a_bucketed_run_answers_what_the_sorted_array_answers(n: int) -> None:
-    rnd = random.Random(n)
-    for fps in ([rnd.randrange(1 << 32) for _ in range(n)], _adversarial(rnd, n)):
-        bucketed, flat = _runs(fps)
-        assert bucketed.view is None and flat.view is not None  # the layouts under test
-        assert bucketed.sorted().tolist() == sorted(fps) and bucketed.n == len(fps)
-        near = {(v + d) % (1 << 32) for v in fps[:2000] for d in (-1, 1)} - set(fps)
-        probes = [*fps[:3000], *fps[-500:], *near,
-                  *(rnd.randrange(1 << 32) for _ in range(3000))]
-        stored = set(fps)
-        for v in probes:  # one at a time, as a few hashes are probed
-            assert bucketed.holds([v]) == (v in stored), hex(v)
-        for size in (9, 997):  # in arrays, as many hashes are probed (looked up, rebuilt)
-            for at in range(0, len(probes), size):
-                chunk = np.array(probes[at:at + size], dtype=np.uint32)
-                assert bucketed.holds_any(chunk) == flat.holds_any(chunk)
-        absent = np.array(sorted(near)[:1000], dtype=np.uint32)
-        assert not bucketed.holds_any(absent) and not flat.holds_any(absent)
-
-
-def test_unaligned_bytes_never_count_as_an_entry() -> None:
-    fps = [(9 << 24) | 0x030201, (9 << 24) | 0x060504, *((5 << 24) | i for i in range(BUCKETED))]
-    bucketed, _ = _runs(fps)
-    # the native bytes of the two entries spell 0x050403 (little-endian) across them
-    assert not bucketed.holds([(9 << 24) | 0x050403, (9 << 24) | 0x040302])
-    assert not bucketed.holds([(9 << 24) | 0x040302]) and bucketed.holds([(9 << 24) | 0x060504])
-
-
-def test_big_runs_find_every_stored_hash_few_and_many_at_a_time() -> None:
-    """Through the filter: bucketed runs (a 1,000-hash segment's merges and an epoch's
-    seal) withhold the promise from every stored hash, probed alone and in a big segment."""
-    clock = Clock()
-    f = DedupFilter(1_000_000, clock)
-    txns = [f"big{i}" for i in range(3 * BUCKETED)]
-    off = 1
-    for at in range(0, len(txns), BUCKETED // 2):
-        chunk = txns[at:at + BUCKETED // 2]
-        f.committed(KEY, 7, off, len(chunk), hashes(*chunk), 3600)
-        off += len(chunk)
-        if at == BUCKETED:
-            clock.t += 3600 / EPOCHS  # a new epoch: the old one is sealed into one run
-    part = f._parts[KEY]
-    assert any(r.view is None for r in part.runs)  # bucketed runs are probed
-    fresh = [f"new{j}" for j in range(2 * HOT_MAX)]
-    assert f.verified(KEY, hashes("new")) == off - 1
-    assert f.verified(KEY, hashes(*fresh)) == off - 1
-    for i in range(0, len(txns), 7):  # big{i} is stored at offset i + 1
-        assert f.verified(KEY, hashes("new", f"big{i}")) < i + 1, i
-        assert f.verified(KEY, hashes(*fresh, f"big{i}")) < i + 1, i
