@@ -15,19 +15,32 @@ can count it alone::
 
 Divide a callgrind count by the measured segments the script prints. ``--memory`` traces the
 filter's allocations (tracemalloc: slower, so its timings are not comparable).
+
+``--pss`` measures what tracemalloc cannot (the C heap's fragmentation, pages freed but kept,
+the transient copies of merges): one filter fed the cases in turn, as a broker's push cells
+feed its shard, with glibc's mmap threshold fixed as the supervisor fixes it for its children;
+the process's PSS and private pages (``/proc/self/smaps_rollup``) above the empty filter's are
+printed as the filter passes 1M, 2M, 4M and 8M entries, at the end of each case, and once
+every run left the window (the clock moved past it, one 1-hash push a partition)::
+
+    .venv/bin/python -m bench.dedupfilter --pss   # cases 1:200000,10:1000000,100:8000000,...
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import operator
 import random
 import time
 import tracemalloc
 
-from queen_mp.shards.dedupfilter import DedupFilter
+from queen_mp.heap import fix_mmap_threshold
+from queen_mp.shards.dedupfilter import CLOCK_MARGIN_S, DedupFilter
 
 WINDOW_S = 3600  # QUEEN_DEDUP_WINDOW's default
+PSS_CASES = "1:200000,10:1000000,100:8000000,1000:4000000"  # the push cells' order
+PSS_MARKS = (1_000_000, 2_000_000, 4_000_000, 8_000_000)
 
 
 def run(partitions: int, size: int, total: int, rate: float, entries: int,
@@ -74,19 +87,87 @@ def run(partitions: int, size: int, total: int, rate: float, entries: int,
             "held_bytes": tracemalloc.get_traced_memory()[0] - base}
 
 
+def pss_kb() -> tuple[int, int]:
+    """This process's proportional set size and its private pages (KiB): the private figure
+    leaves out the shares of libraries, which move as other processes map them or exit."""
+    got: dict[str, int] = {}
+    with open("/proc/self/smaps_rollup") as f:
+        for line in f:
+            name, _, rest = line.partition(":")
+            if name in ("Pss", "Private_Clean", "Private_Dirty"):
+                got[name] = int(rest.split()[0])
+    return got["Pss"], got["Private_Clean"] + got["Private_Dirty"]
+
+
+def run_pss(partitions: int, cases: list[tuple[int, int]], rate: float, entries: int,
+            mmap_threshold_kb: int, seed: int = 1) -> None:
+    """Feed one filter every case in turn (hashes made segment by segment, so that nothing
+    but the filter grows) and print its PSS above the empty filter's at each mark."""
+    fix_mmap_threshold(mmap_threshold_kb)
+    rnd = random.Random(seed)
+    now = [1000.0]
+    filt = DedupFilter(entries, lambda: now[0])
+    keys = [(b"\0" * 16, "bench", f"p-{i}") for i in range(partitions)]
+    last = [0] * partitions
+    gc.collect()
+    base = pss_kb()
+    marks = list(PSS_MARKS)
+
+    def show(what: str) -> None:
+        gc.collect()
+        pss, private = ((kb - was) * 1024 for kb, was in zip(pss_kb(), base, strict=True))
+        per = max(1, filt.entries)
+        print(f"{what:>22}: {filt.entries:8d} entries, PSS +{pss / 1e6:6.2f} MB "
+              f"({pss / per:5.2f} B an entry), private +{private / 1e6:6.2f} MB "
+              f"({private / per:5.2f} B an entry)", flush=True)
+
+    def push(p: int, size: int, hashes: bytes) -> None:
+        key = keys[p]
+        filt.verified(key, hashes)
+        filt.committed(key, 7 + p, last[p] + 1, size, hashes, WINDOW_S)
+        last[p] += size
+
+    print(f"empty filter: PSS {base[0] / 1024:.1f} MB", flush=True)
+    for size, total in cases:
+        step = size / rate
+        for _ in range(total // size):
+            now[0] += step
+            push(rnd.randrange(partitions), size, rnd.randbytes(16 * size))
+            if marks and filt.entries >= marks[0]:
+                show(f"{marks.pop(0) // 1_000_000}M entries")
+        show(f"after segments of {size}")
+    now[0] += WINDOW_S * 2 + CLOCK_MARGIN_S  # every epoch left the window: runs leave
+    for p in range(partitions):
+        push(p, 1, rnd.randbytes(16))
+    show("after the runs left")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--cases", default="1:40000,10:200000,100:600000,1000:1000000",
-                    help="segment size:total hashes, comma separated")
+    ap.add_argument("--cases", help="segment size:total hashes, comma separated (default "
+                    "1:40000,10:200000,100:600000,1000:1000000; with --pss " + PSS_CASES + ")")
     ap.add_argument("--partitions", type=int, default=1000)
-    ap.add_argument("--rate", type=float, default=30000.0, help="messages a second")
+    ap.add_argument("--rate", type=float,
+                    help="messages a second (default 30,000; with --pss 5,000: its 13M "
+                         "messages span some six epochs, as a suite's push cells do)")
     ap.add_argument("--entries", type=int, default=8_000_000,
                     help="the filter's bound (QUEEN_DEDUP_FILTER_ENTRIES)")
     ap.add_argument("--memory", action="store_true", help="trace the filter's allocations")
     ap.add_argument("--bundle", type=int, default=1,
                     help="segments a call (verified_all/committed_all, as a shard's bundle "
                          "makes them); 1: verified/committed segment by segment")
+    ap.add_argument("--pss", action="store_true",
+                    help="PSS of one filter fed every case in turn (default cases: the push "
+                         f"cells' {PSS_CASES})")
+    ap.add_argument("--mmap-threshold-kb", type=int, default=128,
+                    help="--pss: glibc's mmap threshold, as QUEEN_MALLOC_MMAP_THRESHOLD_KB")
     a = ap.parse_args(argv)
+    if a.pss:
+        cases = [tuple(int(x) for x in c.split(":")) for c in (a.cases or PSS_CASES).split(",")]
+        run_pss(a.partitions, cases, a.rate or 5000.0, a.entries, a.mmap_threshold_kb)
+        return 0
+    a.cases = a.cases or "1:40000,10:200000,100:600000,1000:1000000"
+    a.rate = a.rate or 30000.0
     for case in a.cases.split(","):
         size, total = (int(x) for x in case.split(":"))
         if a.memory:
