@@ -17,6 +17,15 @@ the idle rate times the drain's duration is subtracted. ``callgrind_control`` ge
 
     PYTHONPATH=<tree> python bench/liveroles.py --callgrind /tmp/lr --messages 10000
 
+With ``--push N`` the load is N 1-item JSON pushes instead (as the suite's 1-item push cell
+sends them: ``Host``, ``Content-Type`` and ``Content-Length`` headers, one partition of
+``--partitions`` per request, a 200-byte payload) from ``--consumers`` keep-alive connections,
+each sending its next push once the last is answered, after an untimed push to each
+partition; the figures are per push. A front worker's cost per request is mostly the HTTP
+machinery around the broker's work at 1 item (bench/hotpath.py's front1 is that work alone)::
+
+    PYTHONPATH=<tree> python bench/liveroles.py --callgrind /tmp/lr --push 5000
+
 Run it with ``PYTHONPATH=<tree>`` from outside the tree to measure that tree's code.
 """
 
@@ -136,6 +145,38 @@ async def drain(url: str, queue: str, n: int, batch: int, consumers: int) -> flo
             print(f"consumer errors: {dict(st.errors)}")
 
 
+def push_bodies(queue: str, n: int, partitions: int, tag: str) -> list[bytes]:
+    """``n`` 1-item JSON push bodies, request ``i`` to partition ``i % partitions``."""
+    return [cons.push_body([(queue, f"p-{i % partitions:04d}", f"{queue}-{tag}{i}",
+                             cons.payload(tag, i))]) for i in range(n)]
+
+
+async def push_load(url: str, bodies: list[bytes], connections: int) -> float:
+    """Seconds until every body was pushed and answered ``queued``, ``connections`` of them
+    in flight (each connection sends its next one once its last is answered)."""
+    https = [cons.Http(url) for _ in range(connections)]
+    for h in https:
+        await h.connect()
+    todo = iter(bodies)
+    failed: dict[str, int] = {}
+
+    async def producer(http: cons.Http) -> None:
+        for body in todo:
+            verdict = cons.push_verdict(*await http.request("POST", "/api/v1/push", body))
+            if verdict != "queued":
+                failed[verdict] = failed.get(verdict, 0) + 1
+
+    t0 = time.monotonic()
+    try:
+        await asyncio.gather(*(producer(h) for h in https))
+        return time.monotonic() - t0
+    finally:
+        for h in https:
+            h.close()
+        if failed:
+            print(f"push errors: {failed}")
+
+
 async def run(args: argparse.Namespace) -> None:
     rid = secrets.token_hex(3)
     name = f"queen_bench_{rid}_q"
@@ -154,7 +195,13 @@ async def run(args: argparse.Namespace) -> None:
                 pass
             await asyncio.sleep(0.2)
         queue = f"lr-{rid}"
-        await prefill(srv.url, queue, args.messages)
+        if args.push:
+            # NOTE(bench): each partition made before the window (a first push creates it)
+            await push_load(srv.url, push_bodies(queue, args.partitions, args.partitions, "w"),
+                            args.consumers)
+            bodies = push_bodies(queue, args.push, args.partitions, "m")
+        else:
+            await prefill(srv.url, queue, args.messages)
         await asyncio.sleep(2)
         broker = [p for p in pb.process_tree(srv.proc.pid) if p != srv.proc.pid]
         idle_rate: dict[int, float] = {}
@@ -171,16 +218,24 @@ async def run(args: argparse.Namespace) -> None:
         before = {p: _times(p) for p in broker + backends}
         r0 = os.times()
         t = time.monotonic()
-        seconds = await drain(srv.url, queue, args.messages, args.batch, args.consumers)
+        if args.push:
+            seconds = await push_load(srv.url, bodies, args.consumers)
+        else:
+            seconds = await drain(srv.url, queue, args.messages, args.batch, args.consumers)
         r1 = os.times()
         after = {p: _times(p) for p in broker + backends}
         if args.callgrind:
             _control("-d", broker)
         window = time.monotonic() - t
-        n = args.messages
-        print(f"{n} messages, batch {args.batch}, {args.consumers} consumers: {seconds:.2f} s, "
-              f"{n / seconds:,.0f} msgs/s")
-        print("| role | pid | user us/msg | sys us/msg | instr/msg (idle subtracted) |")
+        if args.push:
+            n, unit = args.push, "push"
+            print(f"{n} 1-item pushes, {args.consumers} connections, {args.partitions} "
+                  f"partitions: {seconds:.2f} s, {n / seconds:,.0f} pushes/s")
+        else:
+            n, unit = args.messages, "msg"
+            print(f"{n} messages, batch {args.batch}, {args.consumers} consumers: "
+                  f"{seconds:.2f} s, {n / seconds:,.0f} msgs/s")
+        print(f"| role | pid | user us/{unit} | sys us/{unit} | instr/{unit} (idle subtracted) |")
         print("|---|---|---:|---:|---:|")
         for p in broker:
             u, s = (after[p][k] - before[p][k] for k in (0, 1))
@@ -208,7 +263,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--server-dsn", default=SERVER)
     ap.add_argument("--messages", type=int, default=60_000)
     ap.add_argument("--batch", type=int, default=100)
-    ap.add_argument("--consumers", type=int, default=4)
+    ap.add_argument("--consumers", type=int, default=4,
+                    help="concurrent connections (consumers, or producers with --push)")
+    ap.add_argument("--push", type=int, default=0, metavar="N",
+                    help="N 1-item JSON pushes instead of the consume loop")
+    ap.add_argument("--partitions", type=int, default=100,
+                    help="partitions the pushes of --push spread over")
     ap.add_argument("--callgrind", metavar="DIR", default=None,
                     help="run the broker under callgrind, its dumps in DIR")
     ap.add_argument("--idle", type=float, default=10.0, help="seconds of idle rate (callgrind)")
