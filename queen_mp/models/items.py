@@ -399,7 +399,7 @@ def decode_push_items(body: bytes, producer_sub: str | None,
     return items
 
 
-_COLUMNS_FROM = 16  # items from which a body is first tried by columns (_regular_items)
+_COLUMNS_FROM = 24  # items from which a body is first tried by columns (_regular_items)
 _astuple = msgspec.structs.astuple
 _PLUS_FIXED = (1 + 16 + 2).__add__  # a plain frame body's bytes besides its txn and payload
 #: a frame's head (docs/api.md 3.1: body_len, flags, message id, txn length), as
@@ -416,7 +416,7 @@ def _regular_items(raw_items: list[_TypedItem], n: int, ids: list[bytes]
 
     PERF(http): each field of every item as one column (made in C), a name checked once per
     distinct value, frames packed and joined and PushItems made by ``map``: no Python step
-    per item. Its fixed cost (a dozen lists, maps and zips) pays from about 16 items."""
+    per item. Its fixed cost (a dozen lists, maps and zips) pays from about 20 items."""
     queues, partitions, txns, traces, payloads, datas = zip(
         *map(_astuple, raw_items), strict=True)
     if traces.count(None) != n or datas.count(_UNSET) != n or not all(payloads) \
