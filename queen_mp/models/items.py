@@ -12,10 +12,13 @@ import json
 import math
 import re
 import reprlib
+import struct
 import sys
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from itertools import repeat
+from operator import add
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -349,18 +352,24 @@ def decode_push_items(body: bytes, producer_sub: str | None,
         raw_items = _PUSH_BODY.decode(body).items
     except (msgspec.DecodeError, RecursionError):
         return None
-    if len(raw_items) > MAX_ITEMS:
+    n = len(raw_items)
+    if n > MAX_ITEMS:
         return None
     # the body's own brackets: one per item and two around them
-    deep = _deeper_than_orjson(body, len(raw_items) + 2)
-    # checked names, one str each (a partition may hold "/", a queue may not)
-    queues: dict[str, str] = {}
-    partitions: dict[str, str] = {}
-    items: list[PushItem] = []
-    append = items.append
-    unstamped = producer_sub is None
+    deep = _deeper_than_orjson(body, n + 2)
+    ids = message_ids(n)
     try:
-        for it, message_id in zip(raw_items, message_ids(len(raw_items)), strict=True):
+        if n >= _COLUMNS_FROM and producer_sub is None and not deep:
+            regular = _regular_items(raw_items, n, ids)
+            if regular is not None:
+                return regular
+        # checked names, one str each (a partition may hold "/", a queue may not)
+        queues: dict[str, str] = {}
+        partitions: dict[str, str] = {}
+        items: list[PushItem] = []
+        append = items.append
+        unstamped = producer_sub is None
+        for it, message_id in zip(raw_items, ids, strict=True):
             plain = unstamped
             queue = queues.get(it.queue)
             if queue is None:
@@ -388,6 +397,57 @@ def decode_push_items(body: bytes, producer_sub: str | None,
     except (RequestError, ValueError):  # wire.errors are ValueErrors
         return None
     return items
+
+
+_COLUMNS_FROM = 24  # items from which a body is first tried by columns (_regular_items)
+_astuple = msgspec.structs.astuple
+_PLUS_FIXED = (1 + 16 + 2).__add__  # a plain frame body's bytes besides its txn and payload
+#: a frame's head (docs/api.md 3.1: body_len, flags, message id, txn length), as
+#: ``pack_plain_frame`` packs it
+_plain_head = struct.Struct("<IB16sH").pack
+
+
+def _regular_items(raw_items: list[_TypedItem], n: int, ids: list[bytes]
+                   ) -> list[PushItem] | None:
+    """``decode_push_items``' items of a regular body (what a producer batching sends: every
+    item with its own transactionId and a payload, no traceId, no data), by columns; None
+    when the body is not regular (read item by item then), or RequestError, ValueError (the
+    exact path's).
+
+    PERF(http): each field of every item as one column (made in C), a name checked once per
+    distinct value, frames packed and joined and PushItems made by ``map``: no Python step
+    per item. Its fixed cost (a dozen lists, maps and zips) pays from about 20 items."""
+    queues, partitions, txns, traces, payloads, datas = zip(
+        *map(_astuple, raw_items), strict=True)
+    if traces.count(None) != n or datas.count(_UNSET) != n or not all(payloads) \
+            or not all(txns):
+        return None
+    txn_raw = list(map(str.encode, txns))
+    tlens = list(map(len, txn_raw))
+    plens = list(map(len, payloads))
+    if max(tlens) > MAX_TXN_BYTES or (len(_NULL) in plens and _NULL in payloads):
+        return None
+    frames = map(b"".join, zip(
+        map(_plain_head, map(_PLUS_FIXED, map(add, tlens, plens)), repeat(0), ids, tlens),
+        txn_raw, payloads, strict=True))
+    return list(map(PushItem, _names(queues, n, _queue_name),
+                    _names(partitions, n, _partition_or_default), txns, ids, frames))
+
+
+def _names(names: tuple[str, ...], n: int, check: Callable[[str], str]) -> Iterable[str]:
+    """The column ``names`` checked (``check`` raises), one str per distinct name.
+
+    PERF(http): a column of one name (a body of one queue, of one partition) is told by a
+    count, comparing being cheaper than hashing."""
+    first = names[0]
+    if names.count(first) == n:
+        return repeat(check(first), n)
+    return map({name: check(name) for name in set(names)}.__getitem__, names)
+
+
+def _partition_or_default(name: str | None) -> str:
+    """A partition name checked; absent, null or empty is ``DEFAULT_PARTITION``."""
+    return _partition_name(name or DEFAULT_PARTITION)
 
 
 @functools.lru_cache(maxsize=1024)

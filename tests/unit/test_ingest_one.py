@@ -17,11 +17,13 @@ from queen_mp.ipc.flags import DIRECT, SPOOL
 from queen_mp.ipc.shardlink import ShardGone
 from queen_mp.models.items import PushItem, json_item
 from queen_mp.spool import SpoolWriteError
+from queen_mp.wire.hashing import txn_hashes
 from queen_mp.wire.records import (
     ITEM_DUPLICATE,
     VERDICT_ERROR,
     VERDICT_OK,
     ItemVerdict,
+    PushGroup,
     PushVerdict,
     pack_queued_run,
 )
@@ -163,3 +165,21 @@ def test_one_item_past_its_deadline_raises_as_the_general_path() -> None:
     two, _, _ = _push(2, lambda gi: TimeoutError("no verdict"))
     assert isinstance(one, TimeoutError) and isinstance(two, TimeoutError)
     assert str(one) == str(two) == "no verdict"
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_the_records_hashes_are_the_transaction_ids_utf8_hashes(n: int) -> None:
+    """The hashes are taken from each transactionId str itself (not its encoded bytes): they
+    must be ``txn_hash``'s, of the UTF-8, for ASCII and other text alike."""
+    texts = ["t-0", "é\u2603💡", "\x00" + "x" * 1000][:n]
+    items = [json_item("orders", "p", t, b"1", None, bytes([i + 1]) * 16)
+             for i, t in enumerate(texts)]
+    link = _Link(lambda gi: PushVerdict.unpack(
+        pack_queued_run(1, 0, 7, gi, 11, 1_764_000_000_000_000, 41, n)))
+    ingest = Ingest(link, 1, _Hold(DIRECT, False), 5000,  # type: ignore[arg-type]
+                    SimpleNamespace(known_encrypted=lambda t, q: False),  # type: ignore[arg-type]
+                    None)
+    link.loop.run_until_complete(ingest.push(items, TENANT))
+    link.loop.close()
+    (record,) = link.records
+    assert PushGroup.unpack(record).hashes == b"".join(txn_hashes(texts))

@@ -140,6 +140,61 @@ def test_a_body_of_mixed_items_is_read_alike_item_by_item() -> None:
         assert [i.trace_id is not None for i in typed] == [k % 6 == 1 for k in range(60)]
 
 
+REGULAR_ITEM = st.fixed_dictionaries(
+    {"queue": GOOD_NAME, "transactionId": st.text(min_size=1, max_size=8), "payload": JSON},
+    optional={"partition": st.one_of(GOOD_NAME, st.just(""), st.none()),
+              "producerSub": st.text(max_size=4)})
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+@given(items=st.lists(REGULAR_ITEM, min_size=1, max_size=5),
+       odd=st.one_of(st.none(), GOOD_ITEM, ANY_ITEM), at=st.integers(0, 40),
+       size=st.integers(items_module._COLUMNS_FROM, 40), style=st.integers(0, 2),
+       sub=st.one_of(st.none(), st.just("alice")))
+def test_bodies_read_by_columns_are_read_alike(items: list[dict[str, object]],
+                                               odd: dict[str, object] | None, at: int,
+                                               size: int, style: int, sub: str | None) -> None:
+    # a body big enough for the columns, of regular items and maybe one of any kind
+    body_items = (items * size)[:size]
+    if odd is not None:
+        body_items.insert(at % size, odd)
+    same_reading(dump({"items": body_items}, style), sub)
+
+
+def test_a_regular_body_is_read_by_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A body of items with a transactionId and a payload each, and nothing else, takes the
+    columns (no frame packed item by item), in one partition or several."""
+    def not_called(*args: object) -> None:
+        raise AssertionError("read item by item")
+
+    n = items_module._COLUMNS_FROM
+    one = [{"queue": "orders", "partition": "p-1", "transactionId": f"t-{i}",
+            "payload": {"n": i, "s": "é\u2603"}} for i in range(n)]
+    mixed = [{"queue": ["orders", "audit"][i % 2], "partition": [None, "", "p-1", "p-2"][i % 4],
+              "transactionId": "💡" * (i + 1), "payload": [i, 1.5, False, "x y"][i % 4]}
+             for i in range(n)]
+    for doc in (one, mixed):
+        body = orjson.dumps({"items": doc})
+        exact = [item_fields(i) for i in exact_json_push(body, None, ids)]
+        with monkeypatch.context() as patch:
+            patch.setattr(items_module, "pack_plain_frame", not_called)
+            typed = decode_push_items(body, None, ids)
+        assert typed is not None and [item_fields(i, True) for i in typed] == exact
+        assert len({id(i.queue) for i in typed}) == len({i.queue for i in typed})
+    # one item of another kind: item by item, read alike
+    for odd in ({"queue": "orders", "payload": 1}, {"queue": "orders", "transactionId": "t"},
+                {"queue": "orders", "transactionId": "t", "payload": None},
+                {"queue": "orders", "transactionId": "t", "data": 1},
+                {"queue": "orders", "transactionId": "t", "payload": 1,
+                 "traceId": str(uuid.UUID(int=9))}):
+        typed = same_reading(orjson.dumps({"items": [*one, odd]}))
+        assert typed is not None and len(typed) == n + 1
+    for bad in ({"queue": "a/b", "transactionId": "t", "payload": 1},
+                {"queue": "q", "transactionId": "t" * 1100, "payload": 1},
+                {"queue": "q", "partition": "x" * 300, "transactionId": "t", "payload": 1}):
+        assert same_reading(orjson.dumps({"items": [*one, bad]})) is None
+
+
 def test_a_payload_is_stored_compact_with_its_numbers_as_written() -> None:
     body = b'{"items":[{"queue":"q","payload": {"a": 2.50, "b": [1E2, "x y"]} }]}'
     typed = decode_push_items(body, None, ids)
