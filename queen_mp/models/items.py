@@ -12,7 +12,6 @@ import json
 import math
 import re
 import reprlib
-import struct
 import sys
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -29,6 +28,7 @@ from queen_mp.models.errors import InvalidRequest, InvalidStatus, NameTooLong, R
 from queen_mp.wire.binary_push import check_name, check_partition_name, check_queue_name
 from queen_mp.wire.frames import (
     FLAG_ENCRYPTED,
+    FRAME_HEAD,
     MAX_TXN_BYTES,
     Frame,
     pack_frame,
@@ -402,9 +402,7 @@ def decode_push_items(body: bytes, producer_sub: str | None,
 _COLUMNS_FROM = 24  # items from which a body is first tried by columns (_regular_items)
 _astuple = msgspec.structs.astuple
 _PLUS_FIXED = (1 + 16 + 2).__add__  # a plain frame body's bytes besides its txn and payload
-#: a frame's head (docs/api.md 3.1: body_len, flags, message id, txn length), as
-#: ``pack_plain_frame`` packs it
-_plain_head = struct.Struct("<IB16sH").pack
+_plain_head = FRAME_HEAD.pack  # as pack_plain_frame packs it
 
 
 def _regular_items(raw_items: list[_TypedItem], n: int, ids: list[bytes]

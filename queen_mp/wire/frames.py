@@ -25,6 +25,7 @@ __all__ = [
     "FLAG_ENCRYPTED",
     "FLAG_PRODUCER",
     "FLAG_TRACE",
+    "FRAME_HEAD",
     "MAX_TXN_BYTES",
     "MIN_BODY_LEN",
     "Chunk",
@@ -63,7 +64,8 @@ _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
-_HEAD = struct.Struct("<IB16sH")  # body_len, flags, message id, txn length
+#: a frame's head (docs/api.md 3.1): body_len, flags, message id, txn length
+FRAME_HEAD = struct.Struct("<IB16sH")
 _HEAD_TRACE = struct.Struct("<IB16s16sH")  # ... with a trace id
 _CHUNK_HEAD = struct.Struct("<IBI")  # count, codec, len
 
@@ -159,7 +161,7 @@ def pack_frame(
         flags |= FLAG_PRODUCER
         body_len += 2 + len(sub)
     if trace_id is None:
-        head = _HEAD.pack(body_len, flags, message_id, tlen)
+        head = FRAME_HEAD.pack(body_len, flags, message_id, tlen)
     else:
         if len(trace_id) != 16:
             raise ValueError(f"trace id of {len(trace_id)} bytes, not 16")
@@ -178,7 +180,7 @@ def pack_plain_frame(message_id: bytes, transaction_id_bytes: bytes,
     PERF(wire): a typed push body's items skip the checks and keyword arguments, one call each.
     """
     tlen = len(transaction_id_bytes)
-    return b"".join((_HEAD.pack(19 + tlen + len(payload_bytes), 0, message_id, tlen),
+    return b"".join((FRAME_HEAD.pack(19 + tlen + len(payload_bytes), 0, message_id, tlen),
                      transaction_id_bytes, payload_bytes))
 
 
@@ -189,7 +191,7 @@ def _plain_head(view: memoryview, at: int, end: int
     for the field-by-field reading, which also words the error."""
     if end - at < 4 + MIN_BODY_LEN:
         return None
-    body_len, flags, message_id, tlen = _HEAD.unpack_from(view, at)
+    body_len, flags, message_id, tlen = FRAME_HEAD.unpack_from(view, at)
     stop = at + 4 + body_len
     p = at + 23 + tlen
     if flags or body_len < MIN_BODY_LEN or stop > end or not 0 < tlen <= MAX_TXN_BYTES \
@@ -392,7 +394,7 @@ def frame_rows(buf: bytes | bytearray | memoryview, *, skip: int = 0) -> Iterato
     view = _view(buf)
     end = len(view)
     at, index = _skip(view, end, skip, 0)
-    unpack = _HEAD.unpack_from
+    unpack = FRAME_HEAD.unpack_from
     while at < end:
         # PERF(wire): ``_plain_head`` written out here, a call less per delivered message
         if end - at >= 4 + MIN_BODY_LEN:
@@ -435,7 +437,7 @@ def plain_columns(buf: bytes, *, skip: int = 0, take: int) -> PlainColumns | Non
     loop."""
     end = len(buf)
     at = _skip(buf, end, skip, 0)[0] if skip else 0
-    unpack = _HEAD.unpack_from
+    unpack = FRAME_HEAD.unpack_from
     ids: list[bytes] = []
     txns: list[bytes] = []
     payloads: list[bytes] = []
