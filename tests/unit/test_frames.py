@@ -38,6 +38,7 @@ from queen_mp.wire import (
     uuid_text,
     zstd_compress,
 )
+from queen_mp.wire import frames as frames_mod
 
 
 def test_public_names_are_exported() -> None:
@@ -396,3 +397,33 @@ def test_plain_columns_leave_bad_or_unusual_frames_to_frame_rows() -> None:
     assert plain_columns(good + bad_utf8, take=2) is None
     with pytest.raises(BadFrame):
         list(frame_rows(good + bad_utf8))
+
+
+@pytest.mark.parametrize("bad", [
+    _raw_frame(0, MID, struct.pack("<H", 0), b"{}"),  # an empty transactionId
+    _raw_frame(0, MID, _txn(b"t" * 1025), b"{}"),  # over 1,024 bytes
+    _raw_frame(0, MID, struct.pack("<H", 9), b"txn{}"),  # runs past its frame
+    _raw_frame(0, MID, _txn(b"txn"), b"{}", body_len=40),  # its frame runs past the end
+    _raw_frame(8, MID, _txn(b"txn"), b"{}"),  # an unknown flag
+])
+def test_plain_columns_refuse_what_frame_rows_refuses(bad: bytes) -> None:
+    good = pack_frame(MID, b"txn", b"[1]")
+    for blob in (bad, good + bad, good + bad + good):
+        assert plain_columns(blob, take=3) is None
+        with pytest.raises(WireError):
+            list(frame_rows(blob))
+    assert plain_columns(good + bad, take=1) == ([MID], [b"txn"], [b"[1]"])  # not read
+
+
+def test_plain_columns_read_alike_past_their_kept_layouts(monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    # each frame shape's struct format is kept, at most _LAYOUTS_KEPT of them: past it the
+    # table starts again
+    monkeypatch.setattr(frames_mod, "_LAYOUTS_KEPT", 3)
+    monkeypatch.setattr(frames_mod, "_LAYOUTS", {})
+    frames = [pack_frame(MID, b"t" * (1 + i % 5), b"[%d]" % i) for i in range(12)]
+    for _ in range(2):
+        assert plain_columns(b"".join(frames), take=12) == (
+            [MID] * 12, [b"t" * (1 + i % 5) for i in range(12)],
+            [b"[%d]" % i for i in range(12)])
+        assert len(frames_mod._LAYOUTS) <= 3
