@@ -44,6 +44,7 @@ __all__ = [
     "pack_plain_frame",
     "plain_columns",
     "read_frames",
+    "single_chunk",
     "zstd_compress",
 ]
 
@@ -666,6 +667,35 @@ def iter_chunks(blob: bytes | bytearray | memoryview) -> Iterator[Chunk]:
         # instructions a chunk; a pop of 100 messages pushed 10 at a time reads 10 chunks)
         yield _tuple_new(Chunk, (count, codec, view[start:stop], view[at:stop]))
         at = stop
+
+
+_content_size = zstandard.frame_content_size
+
+
+def single_chunk(blob: bytes, max_size: int) -> tuple[int, bytes] | None:
+    """(its frame count, its frames) of a segment blob that is one zstd chunk and decodes
+    within ``max_size`` as its header says; None for anything else (``iter_chunks`` and
+    ``decode_chunk`` read it then, and word what is wrong).
+
+    PERF(wire): a pop reads a segment per push it covers, most of them one chunk: its head,
+    the zstd frame's header and the decompression in a handful of calls, without the chunk
+    generator, memoryviews and the checks' calls of ``decompress_bounded``."""
+    try:
+        count, codec, length = _CHUNK_HEAD.unpack_from(blob)
+    except struct.error:
+        return None
+    if codec != CODEC_ZSTD or length + 9 != len(blob) or blob[9:13] != _ZSTD_MAGIC:
+        return None
+    data = blob[9:]
+    try:
+        size = _content_size(data)
+        if not 0 <= size <= max_size:
+            return None
+        dctx: zstandard.ZstdDecompressor | None = getattr(_local, "dctx", None)
+        out = (dctx or _decompressor()).decompress(data, max_size, False, False)
+    except zstandard.ZstdError:
+        return None
+    return (count, out) if len(out) == size else None
 
 
 def decode_chunk(

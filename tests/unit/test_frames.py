@@ -33,6 +33,7 @@ from queen_mp.wire import (
     pack_frame,
     plain_columns,
     read_frames,
+    single_chunk,
     uuid7,
     uuid7_many,
     uuid_text,
@@ -427,3 +428,23 @@ def test_plain_columns_read_alike_past_their_kept_layouts(monkeypatch: pytest.Mo
             [MID] * 12, [b"t" * (1 + i % 5) for i in range(12)],
             [b"[%d]" % i for i in range(12)])
         assert len(frames_mod._LAYOUTS) <= 3
+
+
+def test_single_chunk_reads_one_zstd_chunk_or_leaves_it_to_the_chunk_readers() -> None:
+    frames = b"".join(pack_frame(MID, b"t%d" % i, b"[%d]" % i) for i in range(5))
+    one = pack_chunk_zstd(frames, 5)
+    assert single_chunk(one, 1 << 20) == (5, frames)
+    no_size = zstandard.ZstdCompressor(write_content_size=False).compress(frames)
+    skippable = b"\x50\x2a\x4d\x18" + struct.pack("<I", 0)
+    for blob in (
+        pack_chunk_raw(frames, 5),  # raw: read as it is
+        one + one,  # two chunks
+        one[:-1], one + b"\x00", one[:8],  # cut, trailing, a truncated head
+        pack_chunk(CODEC_ZSTD, 5, no_size),  # no content size
+        pack_chunk(CODEC_ZSTD, 0, skippable),  # not a zstd frame
+        one[:20] + bytes(len(one) - 20),  # corrupt
+    ):
+        assert single_chunk(blob, 1 << 20) is None
+    assert single_chunk(one, len(frames) - 1) is None  # over the bound: BodyTooLarge there
+    with pytest.raises(BodyTooLarge):
+        decode_chunk(CODEC_ZSTD, one[9:], max_size=len(frames) - 1)
