@@ -16,7 +16,8 @@ database, the CPU work a request costs the broker between its sockets:
 - ``pop100``: a 100-message claim rendered as JSON (with the lease's hashes);
 - ``pop100s10``: a 100-message claim over 10 segments of 10 (as bench/liveroles.py's pre-fill
   of 1,000-item pushes over 100 partitions stores them), each segment's time a new datetime
-  in psycopg's zone (``Etc/UTC``), rendered as JSON, and its lease grant's hash set made as
+  in the broker's session zone (its connections ask for ``TimeZone=UTC``, which psycopg loads
+  as ``datetime.UTC``), rendered as JSON, and its lease grant's hash set made as
   ``FrontWorker.grant_leases`` makes it;
 - ``ack100``: a 100-acknowledgment batch body parsed, its fast-path request packed and
   unpacked, and the answer rendered;
@@ -55,7 +56,6 @@ from datetime import UTC, datetime, timedelta
 from functools import partial
 from types import SimpleNamespace
 from typing import Any
-from zoneinfo import ZoneInfo
 
 import orjson
 
@@ -270,7 +270,7 @@ class PopSegmentsPath:
             self.blobs.append((1 + s * per, pack_chunk_zstd(frames, per)))
         self.count = count
         self.lease = str(uuid.UUID(int=42))
-        self.t0 = datetime(2026, 12, 2, 12, 0, 0, 123000, tzinfo=ZoneInfo("Etc/UTC"))
+        self.t0 = datetime(2026, 12, 2, 12, 0, 0, 123000, tzinfo=UTC)
         self.round = 0
 
     def __call__(self) -> bytes:

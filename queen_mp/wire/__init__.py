@@ -64,6 +64,7 @@ from queen_mp.wire.frames import (
     pack_plain_frame,
     plain_columns,
     read_frames,
+    single_chunk,
     zstd_compress,
 )
 from queen_mp.wire.hashing import (
@@ -213,6 +214,7 @@ __all__ = [
     "plain_columns",
     "read_frame_groups",
     "read_frames",
+    "single_chunk",
     "txn_hash",
     "txn_hash_bytes",
     "txn_hashes",

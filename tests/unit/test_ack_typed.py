@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from queen_mp.db.ack_procs import AckItem
 from queen_mp.http.ack import MAX_ACKS, AckBatchResource, AckResource, _load
 from queen_mp.http.errors import ApiError
+from queen_mp.models import items as items_mod
 from queen_mp.models.errors import RequestError
 from queen_mp.models.items import decode_ack_batch
 from queen_mp.wire.errors import WireError
@@ -137,3 +138,74 @@ def test_a_status_is_read_as_the_exact_path_reads_it(status: str) -> None:
     assert (read is not None) is known
     if read is not None:
         assert {i.status for i in read} == {"completed" if status == "success" else status}
+
+
+REGULAR_TXN = st.text(alphabet=st.characters(max_codepoint=0x7F), min_size=0, max_size=8)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(txns=st.lists(st.one_of(REGULAR_TXN, st.text(max_size=4)), min_size=1, max_size=6),
+       shared=GOOD_ACK, group=st.one_of(st.none(), st.just("g2"), ANY), whole=st.booleans(),
+       first=st.booleans())
+def test_regular_batches_are_read_alike(txns: list[str], shared: dict[str, object],
+                                        group: object, whole: bool, first: bool) -> None:
+    # a client's shape: one acknowledgment's fields again with another transactionId each
+    acks = [{"transactionId": t, **{k: v for k, v in shared.items() if k != "transactionId"}}
+            for t in txns]
+    doc = {"acknowledgments": acks}
+    if whole:
+        doc = {"consumerGroup": group, **doc} if first else {**doc, "consumerGroup": group}
+    same_reading(dump(doc, 0), True)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(body=st.binary(max_size=40), at=st.integers(0, 400))
+def test_hostile_bytes_inside_a_regular_batch_are_read_alike(body: bytes, at: int) -> None:
+    base = orjson.dumps({"consumerGroup": "g", "acknowledgments": [
+        {"transactionId": f"t-{i}", "partitionId": "7", "leaseId": LEASE,
+         "status": "completed"} for i in range(3)]})
+    at = min(at, len(base))
+    same_reading(base[:at] + body + base[at:], True)
+
+
+def test_a_client_batch_takes_the_regular_reading() -> None:
+    body = orjson.dumps({"consumerGroup": "g", "acknowledgments": [
+        {"transactionId": f"t-{i}", "partitionId": "7", "leaseId": LEASE,
+         "status": "completed"} for i in range(100)]})
+    assert items_mod._regular_acks(body) is not None
+    typed = same_reading(body, True)
+    assert typed is not None
+    assert [i.transaction_id for i in typed] == [f"t-{i}" for i in range(100)]
+    assert {(i.partition_id, i.group, i.status, str(i.lease_id)) for i in typed} == {
+        (7, "g", "completed", LEASE)}
+
+
+ONE = b'{"transactionId":"%s","partitionId":"7","leaseId":"' + LEASE.encode() + b'"}'
+
+
+@pytest.mark.parametrize("body", [
+    # a later "acknowledgments" wins: the items before it are not the batch
+    b'{"acknowledgments":[' + ONE % b"a" + b"," + ONE % b"b" + b'],"acknowledgments":['
+    + ONE % b"a" + b"]}",
+    # an earlier one loses
+    b'{"acknowledgments":[' + ONE % b"z" + b'],"acknowledgments":[' + ONE % b"a" + b","
+    + ONE % b"b" + b"]}",
+    # the first item's rest names its transactionId again (the last one wins)
+    b'{"acknowledgments":[{"transactionId":"a","partitionId":"7","transactionId":"c"},'
+    b'{"transactionId":"b","partitionId":"7","transactionId":"c"}]}',
+    # a "}" inside the rest's text; a raw control and an escape in a transactionId
+    b'{"acknowledgments":[{"transactionId":"a","partitionId":"7","error":"x}"},'
+    b'{"transactionId":"b","partitionId":"7","error":"x}"}]}',
+    b'{"acknowledgments":[' + ONE % b"a" + b"," + ONE % b"b\x01" + b"]}",
+    b'{"acknowledgments":[' + ONE % b"a" + b"," + ONE % b'b\\"' + b"]}",
+    # items that differ past their transactionId; one empty; one over the typed bound
+    b'{"acknowledgments":[' + ONE % b"a" + b',{"transactionId":"b","partitionId":"8"}]}',
+    b'{"acknowledgments":[' + ONE % b"a" + b"," + ONE % b"" + b"]}",
+    b'{"acknowledgments":[' + ONE % b"a" + b"," + ONE % (b"t" * 257) + b"]}",
+    # no array around the items, a trailing comma, another field after them
+    b'{"acknowledgments":' + ONE % b"a" + b"}",
+    b'{"acknowledgments":[' + ONE % b"a" + b"," + ONE % b"b" + b",]}",
+    b'{"acknowledgments":[' + ONE % b"a" + b"," + ONE % b"b" + b'],"x":1}',
+])
+def test_irregular_lookalikes_are_read_alike(body: bytes) -> None:
+    same_reading(body, True)

@@ -33,11 +33,13 @@ from queen_mp.wire import (
     pack_frame,
     plain_columns,
     read_frames,
+    single_chunk,
     uuid7,
     uuid7_many,
     uuid_text,
     zstd_compress,
 )
+from queen_mp.wire import frames as frames_mod
 
 
 def test_public_names_are_exported() -> None:
@@ -396,3 +398,53 @@ def test_plain_columns_leave_bad_or_unusual_frames_to_frame_rows() -> None:
     assert plain_columns(good + bad_utf8, take=2) is None
     with pytest.raises(BadFrame):
         list(frame_rows(good + bad_utf8))
+
+
+@pytest.mark.parametrize("bad", [
+    _raw_frame(0, MID, struct.pack("<H", 0), b"{}"),  # an empty transactionId
+    _raw_frame(0, MID, _txn(b"t" * 1025), b"{}"),  # over 1,024 bytes
+    _raw_frame(0, MID, struct.pack("<H", 9), b"txn{}"),  # runs past its frame
+    _raw_frame(0, MID, _txn(b"txn"), b"{}", body_len=40),  # its frame runs past the end
+    _raw_frame(8, MID, _txn(b"txn"), b"{}"),  # an unknown flag
+])
+def test_plain_columns_refuse_what_frame_rows_refuses(bad: bytes) -> None:
+    good = pack_frame(MID, b"txn", b"[1]")
+    for blob in (bad, good + bad, good + bad + good):
+        assert plain_columns(blob, take=3) is None
+        with pytest.raises(WireError):
+            list(frame_rows(blob))
+    assert plain_columns(good + bad, take=1) == ([MID], [b"txn"], [b"[1]"])  # not read
+
+
+def test_plain_columns_read_alike_past_their_kept_layouts(monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    # each frame shape's struct format is kept, at most _LAYOUTS_KEPT of them: past it the
+    # table starts again
+    monkeypatch.setattr(frames_mod, "_LAYOUTS_KEPT", 3)
+    monkeypatch.setattr(frames_mod, "_LAYOUTS", {})
+    frames = [pack_frame(MID, b"t" * (1 + i % 5), b"[%d]" % i) for i in range(12)]
+    for _ in range(2):
+        assert plain_columns(b"".join(frames), take=12) == (
+            [MID] * 12, [b"t" * (1 + i % 5) for i in range(12)],
+            [b"[%d]" % i for i in range(12)])
+        assert len(frames_mod._LAYOUTS) <= 3
+
+
+def test_single_chunk_reads_one_zstd_chunk_or_leaves_it_to_the_chunk_readers() -> None:
+    frames = b"".join(pack_frame(MID, b"t%d" % i, b"[%d]" % i) for i in range(5))
+    one = pack_chunk_zstd(frames, 5)
+    assert single_chunk(one, 1 << 20) == (5, frames)
+    no_size = zstandard.ZstdCompressor(write_content_size=False).compress(frames)
+    skippable = b"\x50\x2a\x4d\x18" + struct.pack("<I", 0)
+    for blob in (
+        pack_chunk_raw(frames, 5),  # raw: read as it is
+        one + one,  # two chunks
+        one[:-1], one + b"\x00", one[:8],  # cut, trailing, a truncated head
+        pack_chunk(CODEC_ZSTD, 5, no_size),  # no content size
+        pack_chunk(CODEC_ZSTD, 0, skippable),  # not a zstd frame
+        one[:20] + bytes(len(one) - 20),  # corrupt
+    ):
+        assert single_chunk(blob, 1 << 20) is None
+    assert single_chunk(one, len(frames) - 1) is None  # over the bound: BodyTooLarge there
+    with pytest.raises(BodyTooLarge):
+        decode_chunk(CODEC_ZSTD, one[9:], max_size=len(frames) - 1)
