@@ -707,10 +707,6 @@ COMMENT ON FUNCTION queen.log_ack_at_v1(uuid, int8, text, uuid, int8, int4) IS
 -- permutation v_order gets one); the UPDATE returns the new cursor INTO STRICT (its guard):
 -- 398,860 -> 389,546 instructions an ack of 100 (bench/popsql.py --callgrind). The inputs stay
 -- variables: read as p_x[k] inside the statements they cost 19,000 more.
--- Revision (issue 26, pgcons11): two expressions fewer a call: no array_fill (the results'
--- slices build the array) and no assignment of the one-row order: 389,934 -> 383,808 an ack of
--- 100 (same command). Looked at and left: the lease row's delete (the row is what renewal and
--- requiredLeases find a lease by) and the tenant's probe (design.md invariant 8).
 -- ---------------------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION queen.log_ack_multi_v2(
     p_tenant        uuid,
@@ -760,19 +756,19 @@ BEGIN
             USING ERRCODE = '22023';
     END IF;
 
+    v_res := array_fill(NULL::int8, ARRAY[3 * n]);
     -- The lock order: consumer rows ascending by (partition_id, consumer_group) in the
-    -- primary key's collation; input ordinal last so equal keys run in input order (one row:
-    -- v_order stays NULL, the order is {1}).
-    IF n > 1 THEN
+    -- primary key's collation; input ordinal last so equal keys run in input order.
+    IF n = 1 THEN
+        v_order := '{1}';
+    ELSE
         SELECT array_agg(u.o::int4 ORDER BY u.pid, u.grp COLLATE "C", u.o) INTO v_order
         FROM unnest(p_partition_ids, p_groups) WITH ORDINALITY AS u(pid, grp, o);
     END IF;
 
     -- Each ordinal of v_order (a permutation of 1..n) gets its three results in the one
-    -- slice assignment that ends its turn: v_res starts NULL, and a slice assigned to a NULL
-    -- or a one-dimensional array creates or extends it (positions between stay NULL until
-    -- their turn), so once every ordinal had its turn it is exactly [1:3n].
-    FOREACH k IN ARRAY COALESCE(v_order, '{1}') LOOP
+    -- assignment that ends its turn.
+    FOREACH k IN ARRAY v_order LOOP
         v_pid := p_partition_ids[k];
         v_grp := p_groups[k];
         v_lease_in := p_lease_ids[k];
