@@ -149,6 +149,8 @@ def test_max_size_other_than_zero_is_refused(hk):
     body = r.json()
     assert body["code"] == "invalid_request" and body["field"] == "maxSize"
     assert "retentionSeconds" in body["error"] and "maxWaitTimeSeconds" in body["error"]
+    # what upstream does with it (q2.evict_v1 of its eviction service), not "nothing"
+    assert "oldest segments" in body["error"]
     assert hk.client.get(f"/api/v1/resources/queues/{q}").status_code == 404  # nothing made
 
     async def through_the_client(options: dict[str, Any]) -> None:
