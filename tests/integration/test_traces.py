@@ -45,8 +45,9 @@ def event(pid: str, txn: str, **extra: Any) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------ through the client
+@pytest.mark.parametrize("mode", [{}, {"framed_pop": True}], ids=["json", "framed"])
 @pytest.mark.parametrize("group", [None, "trace-group"])
-def test_a_handler_traces_and_the_reads_answer_in_order(broker, db, group):
+def test_a_handler_traces_and_the_reads_answer_in_order(broker, db, group, mode):
     queue, tag = uq(), uq("flow")
     txns = [f"order-{i}" for i in range(3)]
     pid = push(broker.client, queue, txns)
@@ -62,7 +63,7 @@ def test_a_handler_traces_and_the_reads_answer_in_order(broker, db, group):
                     "eventType": step, "data": {"step": step, "txn": m["transactionId"]}}))
 
     async def scenario() -> tuple[dict, dict, dict]:
-        async with Queen(broker.url) as client:
+        async with Queen(broker.url, **mode) as client:
             builder = client.queue(queue)
             if group is not None:
                 builder = builder.group(group)
