@@ -76,11 +76,12 @@ _BY_ALIAS = {o.alias: o for o in OPTIONS.values()}
 #: is refused rather than silently kept (issue 27)
 FIXED: dict[str, tuple[int, str]] = {
     "ttl": (3600, "upstream stores ttl and nothing acts on it; use maxWaitTimeSeconds (evicts "
-                  "messages that waited too long) or retentionSeconds (deletes old messages)"),
+                  "messages that waited too long) or retentionSeconds with retentionEnabled "
+                  "(deletes old messages)"),
     "maxSize": (0, "upstream caps each partition's pending messages by a background sweep "
                    "that deletes the oldest segments past the cap (leased ones included); this "
-                   "broker has no such sweep, so use retentionSeconds or maxWaitTimeSeconds to "
-                   "bound a queue"),
+                   "broker has no such sweep, so use retentionSeconds with retentionEnabled, "
+                   "or maxWaitTimeSeconds, to bound a queue"),
 }
 
 
