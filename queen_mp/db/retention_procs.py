@@ -30,14 +30,14 @@ async def unlock(conn: Conn, key1: int, key2: int) -> None:
 
 async def retention_candidates(conn: Conn, after: int, limit: int, shards: int,
                                shard: int) -> list[int]:
-    cur = await conn.execute("SELECT * FROM queen.retention_partitions_v1(%s, %s, %s, %s)",
+    cur = await conn.execute("SELECT * FROM queen.retention_partitions_v2(%s, %s, %s, %s)",
                              (after, limit, shards, shard))
     return [r[0] for r in await cur.fetchall()]
 
 
 @dataclass(frozen=True, slots=True)
 class RetentionStep:
-    """One bounded step of ``retention_partition_v1`` on one partition."""
+    """One bounded step of ``retention_partition_v2`` on one partition."""
 
     segments: int  # segments removed
     txns: int  # sidecar (log_txns) rows removed
@@ -46,7 +46,7 @@ class RetentionStep:
 
 
 async def retention_step(conn: Conn, partition_id: int, limit: int) -> RetentionStep:
-    cur = await conn.execute("SELECT queen.retention_partition_v1(%s, %s)",
+    cur = await conn.execute("SELECT queen.retention_partition_v2(%s, %s)",
                              (partition_id, limit))
     row = await cur.fetchone()
     assert row is not None

@@ -9,8 +9,8 @@ A wrong type or a value out of range is ``400`` with ``field`` = the key as sent
 the task. ``encryptionEnabled: true`` on a broker without a key (``QUEEN_ENCRYPTION_KEY``, or
 the key file it creates at its first start: queen_mp/keyring.py) is ``400``.
 ``ttl`` other than its default 3600 and ``maxSize`` other than 0 are ``400`` (``FIXED``: upstream
-stores both and acts on neither, and a queue-wide cap cannot be checked on the push path without a
-queue-wide write per push).
+acts on no ``ttl``; its ``maxSize`` is a per-partition cap that a background sweep enforces by
+deleting the oldest segments, pending or leased, which this broker does not do).
 
 Who sees a change when: pops and acks read the options in SQL on every call, so the next one
 after the ``200`` uses them. Pushes decide encryption from ``queen_mp.front.queueflags``, memoised
@@ -76,11 +76,12 @@ _BY_ALIAS = {o.alias: o for o in OPTIONS.values()}
 #: is refused rather than silently kept (issue 27)
 FIXED: dict[str, tuple[int, str]] = {
     "ttl": (3600, "upstream stores ttl and nothing acts on it; use maxWaitTimeSeconds (evicts "
-                  "messages that waited too long) or retentionSeconds (deletes old messages)"),
-    "maxSize": (0, "upstream stores maxSize and enforces no cap (its push ignores capacity), "
-                   "and this broker cannot cap a queue's pending messages without a queue-wide "
-                   "write on every push; use retentionSeconds or maxWaitTimeSeconds to bound a "
-                   "queue"),
+                  "messages that waited too long) or retentionSeconds with retentionEnabled "
+                  "(deletes old messages)"),
+    "maxSize": (0, "upstream caps each partition's pending messages by a background sweep "
+                   "that deletes the oldest segments past the cap (leased ones included); this "
+                   "broker has no such sweep, so use retentionSeconds with retentionEnabled, "
+                   "or maxWaitTimeSeconds, to bound a queue"),
 }
 
 

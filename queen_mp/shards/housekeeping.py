@@ -1,6 +1,7 @@
-"""Housekeeping of one shard: time retention of segments (and the eviction of messages that
-waited longer than their queue's maxWaitTimeSeconds, counted in queen_messages_evicted_total),
-the transactionId sidecar's own clock, expired leases and expired KV keys (docs/api.md 4; issue
+"""Housekeeping of one shard: time retention of segments on the queues with retentionEnabled (and
+the eviction of messages that waited longer than their queue's maxWaitTimeSeconds, whatever
+retentionEnabled says, counted in queen_messages_evicted_total), the transactionId sidecar's own
+clock, expired leases and expired KV keys (docs/api.md 4; issue
 "Operations") and the ready index's backstop (schema/002_ready_index.sql). (The DLQ depth gauge,
 set here once, is one of the per-queue gauges now: queen_mp/shards/queuegauges.py.)
 

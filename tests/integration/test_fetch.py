@@ -112,10 +112,11 @@ def test_client_restarts_at_the_log_start_after_retention(rb, db):
     push(rb, q, "p", [4, 5], first=4)  # a second segment: offsets 4..5
     pid = db.execute("SELECT lp.id FROM queen.log_partitions lp JOIN queen.queues qq"
                      " ON qq.id = lp.queue_id WHERE qq.name = %s", (q,)).fetchone()[0]
-    db.execute("UPDATE queen.queues SET retention_seconds = 60 WHERE name = %s", (q,))
+    db.execute("UPDATE queen.queues SET retention_enabled = true, retention_seconds = 60"
+               " WHERE name = %s", (q,))
     db.execute("UPDATE queen.log_segments SET created_at = now() - interval '1 hour'"
                " WHERE partition_id = %s AND base_offset = 1", (pid,))
-    db.execute("SELECT queen.retention_partition_v1(%s, 100)", (pid,))
+    db.execute("SELECT queen.retention_partition_v2(%s, 100)", (pid,))
     got = fetch(rb, entry(q, "p", 1))["entries"][0]
     assert got["error"] == "OFFSET_OUT_OF_RANGE" and got["records"] == []
     assert (got["logStartOffset"], got["highWatermark"]) == (4, 6)

@@ -315,6 +315,27 @@ def test_locks_acquire_renew_get_release(broker: Broker):
     assert sem["acquired"] is True
 
 
+def test_a_lock_taken_without_an_owner(broker: Broker):
+    """Locks.js Locks.acquire sends ``owner`` only when the caller gave one (the Lock handle
+    always mints one; the raw call need not): the permit is granted with a null owner, a
+    second owner-less acquire is another caller (``held``), and the token releases it."""
+    c, name = broker.client, uq("js-lock-anon")
+
+    def one(op: dict[str, Any]) -> dict:
+        body = ok_json(c.post("/api/v1/locks", json={"operations": [op]}))
+        assert len(body["results"]) == 1
+        return body["results"][0]
+
+    got = one({"op": "acquire", "name": name, "ttlSeconds": 30})
+    assert got["acquired"] is True and got["owner"] is None and got["token"] > 0
+    again = one({"op": "acquire", "name": name, "ttlSeconds": 30})
+    assert again["acquired"] is False and again["reason"] == "held"
+    assert [h["owner"] for h in again["holders"]] == [None]
+    # Locks.js Locks.release without slot (absent = 0)
+    assert one({"op": "release", "name": name, "token": got["token"]})["released"] is True
+    assert one({"op": "get", "name": name})["held"] is False
+
+
 # ----------------------------------------------------------------------------- streams
 def test_streams_register_cycle_and_state(broker: Broker):
     c, src, sink = broker.client, uq("js-st-src"), uq("js-st-sink")
@@ -416,6 +437,35 @@ def test_ephemeral_verbs(broker: Broker):
     assert isinstance(ok_json(c.post("/api/v1/ephemeral/reset", json={"queue": q}))["dropped"],
                       int)
     assert isinstance(ok_json(c.delete(f"/api/v1/ephemeral/queue/{q}")), dict)
+
+
+def test_ephemeral_optional_fields(broker: Broker):
+    """What Ephemeral.js sends only when given, or leaves out: configure with all seven
+    options (``windowBuffer`` as {ms, count}); a push without ``partition`` (the broker picks)
+    and a ``{payload: null}`` message; a long-poll pop (``wait`` + ``timeout``) without a
+    group; an ack without ``group`` whose entries carry ``status``/``error`` or neither."""
+    c, q = broker.client, uq("js-eph-opt")
+    options = {"maxBytes": 1 << 20, "maxLength": 50, "policy": "dropOldest", "ttlSeconds": 60,
+               "leaseSeconds": 30, "retryLimit": 2, "windowBuffer": {"ms": 20, "count": 2}}
+    r = c.post("/api/v1/ephemeral/configure", json={"queue": q, "options": options})
+    assert r.status_code in (200, 201), r.text
+    assert r.json()["options"] == options
+    body = ok_json(c.post("/api/v1/ephemeral/push", json={
+        "queue": q, "messages": [{"payload": None}, {"payload": [1, "two"]}]}), 201)
+    assert body["pushed"] == 2
+    body = ok_json(c.get("/api/v1/ephemeral/pop", params={"queue": q, "batch": "10",
+                                                          "wait": "true", "timeout": "2000"}))
+    first, second = body["messages"]
+    assert (first["payload"], second["payload"]) == (None, [1, "two"])
+    assert first["partition"] == second["partition"] and first["attempts"] == 1
+    # Ephemeral.ack: `false` becomes status failed; `error` travels only when given
+    body = ok_json(c.post("/api/v1/ephemeral/ack", json={"queue": q, "acks": [
+        {"id": first["id"], "status": "failed", "error": "boom"}, {"id": second["id"]}]}))
+    assert [x["outcome"] for x in body["results"]] == ["redelivered", "acked"]
+    body = ok_json(c.get("/api/v1/ephemeral/pop", params={"queue": q, "wait": "true",
+                                                          "timeout": "2000"}))
+    (again,) = body["messages"]
+    assert again["payload"] is None and again["attempts"] == 2
 
 
 def test_ephemeral_depth_of_an_unknown_queue_is_the_contracts_404(broker: Broker):

@@ -1,10 +1,12 @@
 """Issue 27 ("what was found"): the upstream queue options ``maxWaitTimeSeconds``, ``ttl``,
-``retryDelay`` and ``maxSize`` (api.md 4). A message that waited longer than
-``maxWaitTimeSeconds`` is not delivered, even before housekeeping evicts it, and is counted as
-evicted (the queue's ``totals.evicted``, ``queen_messages_evicted_total``, ``messages.evicted``
-of ``GET /metrics``); consumed and leased messages are not counted or kept. A batch nacked or
-whose lease expired is redelivered ``retryDelay`` ms later, not before. ``ttl`` other than its
-default and ``maxSize`` other than 0 are refused with a 400 naming what acts instead.
+``retryDelay``, ``maxSize`` and ``retentionEnabled`` (api.md 4). A message that waited longer
+than ``maxWaitTimeSeconds`` is not delivered, even before housekeeping evicts it, and is counted
+as evicted (the queue's ``totals.evicted``, ``queen_messages_evicted_total``,
+``messages.evicted`` of ``GET /metrics``), whatever ``retentionEnabled`` says; consumed and
+leased messages are not counted or kept. The two retention seconds act only with
+``retentionEnabled``. A batch nacked or whose lease expired is redelivered ``retryDelay`` ms
+later, not before. ``ttl`` other than its default and ``maxSize`` other than 0 are refused with
+a 400 naming what acts instead.
 
 The session broker (housekeeping every 5 s, so an eviction shows 2..7 s after the push); the
 queues are configured through the published 2.6 client.
@@ -70,11 +72,12 @@ def test_messages_that_waited_too_long_are_evicted_and_counted(hk):
         async with Queen(hk.url) as client:
             for q in (waiting, consumed, leased):
                 await client.queue(q).config({"max_wait_time_seconds": WAIT_S,
-                                              "retention_enabled": True,
                                               "lease_time": 60}).create()
 
     asyncio.run(configure())
-    assert detail(hk, waiting)["options"]["maxWaitTimeSeconds"] == WAIT_S
+    options = detail(hk, waiting)["options"]
+    # retentionEnabled off: the eviction is not retention and does not read it (as upstream)
+    assert (options["maxWaitTimeSeconds"], options["retentionEnabled"]) == (WAIT_S, False)
     before = prometheus_evicted(hk)
     push(hk, waiting, 3)
     push(hk, consumed, 2)
@@ -116,10 +119,40 @@ def test_zero_waits_forever_and_a_step_counts_what_it_evicts(hk, db):
                          " ON qq.id = lp.queue_id WHERE qq.name = %s", (q,)).fetchone()[0]
         db.execute("UPDATE queen.log_segments SET created_at = now() - interval '1 hour'"
                    " WHERE partition_id = %s", (pid,))
-        db.execute("SELECT queen.retention_partition_v1(%s, 100)", (pid,))
+        db.execute("SELECT queen.retention_partition_v2(%s, 100)", (pid,))
     assert [m["data"] for m in pop(hk, zero)] == [{"n": 0}, {"n": 1}]
     assert detail(hk, zero)["totals"]["evicted"] == 0
     assert pop(hk, sixty) == [] and detail(hk, sixty)["totals"]["evicted"] == 2
+
+
+def test_retention_seconds_act_only_with_retention_enabled(hk, db):
+    """As upstream, retentionSeconds and completedRetentionSeconds delete nothing unless
+    retentionEnabled is true. Two queues configured with the same seconds, one with the switch
+    and one without it (what a client that sets only the seconds sends), their segments an hour
+    old and consumed by a group: the session broker's housekeeping trims the first; the second
+    keeps every message (a step on it deletes nothing either, so a round that has not reached
+    its shard yet hides nothing)."""
+    on, off = uq("reton"), uq("retoff")
+    configure(hk, on, retentionSeconds=60, completedRetentionSeconds=60, retentionEnabled=True)
+    configure(hk, off, retentionSeconds=60, completedRetentionSeconds=60)
+    assert detail(hk, off)["options"]["retentionEnabled"] is False
+    pids = {}
+    for q in (on, off):
+        push(hk, q, 2)
+        assert len(pop(hk, q, consumerGroup="g", autoAck="true")) == 2
+        pids[q] = db.execute("SELECT lp.id FROM queen.log_partitions lp JOIN queen.queues qq"
+                             " ON qq.id = lp.queue_id WHERE qq.name = %s", (q,)).fetchone()[0]
+        db.execute("UPDATE queen.log_segments SET created_at = now() - interval '1 hour'"
+                   " WHERE partition_id = %s", (pids[q],))
+    deadline = time.monotonic() + 15
+    while log_start(hk, on) < 3:
+        assert time.monotonic() < deadline, hk.log()[-3000:]
+        time.sleep(0.3)
+    step = db.execute("SELECT queen.retention_partition_v2(%s, 100)", (pids[off],)).fetchone()
+    assert step[0]["segments"] == 0
+    assert log_start(hk, off) == 1
+    assert [m["data"] for m in pop(hk, off)] == [{"n": 0}, {"n": 1}]
+    assert detail(hk, on)["totals"]["evicted"] == detail(hk, off)["totals"]["evicted"] == 0
 
 
 def test_ttl_other_than_its_default_is_refused(hk):
@@ -149,6 +182,8 @@ def test_max_size_other_than_zero_is_refused(hk):
     body = r.json()
     assert body["code"] == "invalid_request" and body["field"] == "maxSize"
     assert "retentionSeconds" in body["error"] and "maxWaitTimeSeconds" in body["error"]
+    # what upstream does with it (q2.evict_v1 of its eviction service), not "nothing"
+    assert "oldest segments" in body["error"]
     assert hk.client.get(f"/api/v1/resources/queues/{q}").status_code == 404  # nothing made
 
     async def through_the_client(options: dict[str, Any]) -> None:
@@ -259,7 +294,7 @@ def test_an_overdue_message_is_not_delivered_before_housekeeping_evicts_it(make_
         assert detail(b, q)["totals"]["evicted"] == 0  # not evicted yet: only withheld
         push(b, q, 1)  # a fresh message behind the overdue ones waits for the eviction
         assert pop(b, q) == []
-        db.execute("SELECT queen.retention_partition_v1(%s, 100)", (pid,))
+        db.execute("SELECT queen.retention_partition_v2(%s, 100)", (pid,))
     assert detail(b, q)["totals"]["evicted"] == 2
     assert [(m["offset"], m["data"]) for m in pop(b, q)] == [(3, {"n": 0})]
     assert [m["offset"] for m in pop(b, q, consumerGroup="g")] == [3]

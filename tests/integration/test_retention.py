@@ -1,8 +1,8 @@
-"""Housekeeping (sql/080_retention.sql, queen_mp/shards/housekeeping.py) against real
-PostgreSQL: time retention, completed retention, never inside a live lease, the sidecar's own
-clock, expired leases, expired KV keys. The `db` database is this module's own: its payloads
-are placeholders no route can decode, which another module's unfiltered listing must never
-meet."""
+"""Housekeeping (sql/functions/retention.sql, queen_mp/shards/housekeeping.py) against real
+PostgreSQL: time retention, completed retention, both only while retentionEnabled, never inside
+a live lease, maxWaitTimeSeconds whatever the switch says, the sidecar's own clock, expired
+leases, expired KV keys. The `db` database is this module's own: its payloads are placeholders
+no route can decode, which another module's unfiltered listing must never meet."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def state(conn, pid: int) -> tuple[int, int, int, int]:
 
 
 def step(conn, pid: int) -> dict:
-    return conn.execute("SELECT queen.retention_partition_v1(%s, 1000)", (pid,)).fetchone()[0]
+    return conn.execute("SELECT queen.retention_partition_v2(%s, 1000)", (pid,)).fetchone()[0]
 
 
 def setq(conn, queue: str, **opts) -> None:
@@ -64,7 +64,7 @@ def test_time_retention_deletes_old_segments_consumed_or_not(db):
     pid = push(db, q, ["a", "b"])
     push(db, q, ["c"])
     push(db, q, ["d"])
-    setq(db, q, retention_seconds=60, dedup_window=60)
+    setq(db, q, retention_enabled=True, retention_seconds=60, dedup_window=60)
     age(db, pid, 120, upto=3)  # segments at 1 (a, b) and 3 (c) are old; 4 (d) is new
     res = step(db, pid)
     assert res["segments"] == 2
@@ -79,7 +79,7 @@ def test_nothing_inside_a_live_lease_is_deleted(db):
     pid = push(db, q, ["a"])
     push(db, q, ["b"])
     push(db, q, ["c"])
-    setq(db, q, retention_seconds=60)
+    setq(db, q, retention_enabled=True, retention_seconds=60)
     age(db, pid, 120)
     db.execute("INSERT INTO queen.log_consumers (partition_id, consumer_group, lease_id,"
                " worker_id, lease_expires_at, batch_start, batch_end)"
@@ -94,7 +94,7 @@ def test_completed_retention_needs_every_group_past_the_segment(db):
     pid = push(db, q, ["a"])
     push(db, q, ["b"])
     push(db, q, ["c"])
-    setq(db, q, completed_retention_seconds=60)
+    setq(db, q, retention_enabled=True, completed_retention_seconds=60)
     age(db, pid, 120)
     assert step(db, pid)["segments"] == 0  # nobody consumes it: kept
     db.execute("INSERT INTO queen.log_consumers (partition_id, consumer_group, committed_offset)"
@@ -105,6 +105,48 @@ def test_completed_retention_needs_every_group_past_the_segment(db):
                (pid,))
     assert step(db, pid)["segments"] == 2
     assert state(db, pid)[0] == 4
+
+
+def candidates(conn, pid: int) -> bool:
+    """Whether retention_partitions_v2 lists the partition (one shard: every partition)."""
+    rows = conn.execute("SELECT * FROM queen.retention_partitions_v2(%s, 1, 1, 0)",
+                        (pid - 1,)).fetchall()
+    return rows == [(pid,)]
+
+
+def test_retention_acts_only_while_retention_enabled(db):
+    """As upstream's retention sweeps: retentionSeconds and completedRetentionSeconds delete
+    nothing while retentionEnabled is false (the queue is not even a candidate); switched on,
+    the same queue is trimmed."""
+    q = uq()
+    pid = push(db, q, ["a"])
+    push(db, q, ["b"])
+    push(db, q, ["c"])
+    setq(db, q, retention_seconds=60, completed_retention_seconds=60)
+    db.execute("INSERT INTO queen.log_consumers (partition_id, consumer_group, committed_offset)"
+               " VALUES (%s, 'g', 3)", (pid,))
+    age(db, pid, 120, upto=2)
+    assert not candidates(db, pid)
+    assert step(db, pid)["segments"] == 0
+    assert state(db, pid)[:3:2] == (1, 3)
+    setq(db, q, retention_enabled=True)
+    assert candidates(db, pid)
+    assert step(db, pid)["segments"] == 2
+    assert state(db, pid)[:3:2] == (3, 1)
+
+
+def test_max_wait_evicts_whatever_retention_enabled_says(db):
+    """maxWaitTimeSeconds is not retention (upstream's eviction does not read the switch):
+    with retentionEnabled false it still deletes and counts what waited too long."""
+    q = uq()
+    pid = push(db, q, ["a", "b"])
+    push(db, q, ["c"])
+    setq(db, q, retention_enabled=False, retention_seconds=60, max_wait_time_seconds=60)
+    age(db, pid, 120, upto=1)
+    assert candidates(db, pid)
+    res = step(db, pid)
+    assert (res["segments"], res["evicted"]) == (1, 2)
+    assert state(db, pid)[:3:2] == (3, 1)
 
 
 def test_sidecar_purge_follows_the_longest_of_window_completed_and_900s(db):
@@ -130,12 +172,12 @@ def test_candidates_are_split_by_shard_and_skip_young_partitions(db):
     q_old, q_young = uq(), uq()
     old = push(db, q_old, ["a"])
     young = push(db, q_young, ["a"])
-    setq(db, q_old, retention_seconds=60)
-    setq(db, q_young, retention_seconds=60)
+    setq(db, q_old, retention_enabled=True, retention_seconds=60)
+    setq(db, q_young, retention_enabled=True, retention_seconds=60)
     age(db, old, 120)
     found = set()
     for shard in range(2):
-        rows = db.execute("SELECT * FROM queen.retention_partitions_v1(0, 100000, 2, %s)",
+        rows = db.execute("SELECT * FROM queen.retention_partitions_v2(0, 100000, 2, %s)",
                           (shard,)).fetchall()
         found |= {r[0] for r in rows}
         assert all(r[0] % 2 == shard for r in rows)
@@ -208,15 +250,18 @@ def fresh(fresh_db_dsn: str):
 
 
 def test_housekeeping_round_over_every_shard(fresh):
+    """Six queues with retention on are trimmed by the rounds of both shards; two with the
+    same seconds and retentionEnabled false keep everything."""
     dsn, conn = fresh
-    pids = []
-    for _ in range(6):
+    pids, kept = [], []
+    for n in range(8):
         q = uq()
         pid = push(conn, q, ["a"])
         push(conn, q, ["b"])
-        setq(conn, q, retention_seconds=60)
+        setq(conn, q, retention_enabled=n < 6, retention_seconds=60,
+             completed_retention_seconds=60)
         age(conn, pid, 120, upto=1)
-        pids.append(pid)
+        (pids if n < 6 else kept).append(pid)
     conn.execute("INSERT INTO queen.kv (ns, key, value, expires_at) VALUES"
                  " ('n', 'gone', '1', now() - interval '1 s'), ('n', 'kept', '1', NULL)")
 
@@ -232,4 +277,5 @@ def test_housekeeping_round_over_every_shard(fresh):
     assert sum(d["segments"] for d in done) == 6
     assert done[0]["kv"] == 1
     assert all(state(conn, pid)[0] == 2 for pid in pids)
+    assert all(state(conn, pid)[:3:2] == (1, 2) for pid in kept)
     assert [r[0] for r in conn.execute("SELECT key FROM queen.kv").fetchall()] == ["kept"]

@@ -335,7 +335,7 @@ def test_two_instances_housekeeping_rounds_of_one_shard_take_turns(fresh_db_dsn)
             queue = uq("ret")
             pid = sql_push(conn, queue, ["a"])
             sql_push(conn, queue, ["b"])
-            setq(conn, queue, retention_seconds=60)
+            setq(conn, queue, retention_enabled=True, retention_seconds=60)
             age(conn, pid, 120, upto=1)
             pids.append(pid)
         index = pids[0] % 2

@@ -225,6 +225,17 @@ def test_an_upgrade_drops_the_ready_trigger_and_the_writers_keep_the_index_true(
             assert db.execute(UNLISTED_SQL).fetchone()[0] == 0
 
 
+def tree_before(tmp_path: Path, first_left_out: str) -> Path:
+    """A copy of the SQL tree without the schema file numbered ``first_left_out`` and every
+    later one: the tree of the build before that migration, today's function families."""
+    root = tmp_path / "sql"
+    shutil.copytree(SQL_DIR, root)
+    for later in (root / "schema").glob("*.sql"):
+        if later.name >= first_left_out:
+            later.unlink()
+    return root
+
+
 RENEW_SQL = "SELECT renewed, expires_at IS NOT NULL FROM queen.log_renew_lease_v1(%s, %s, 30)"
 
 
@@ -235,13 +246,8 @@ def test_an_upgrade_with_live_leases_keeps_them_renewable(tmp_path, two_dbs):
     after the upgrade (no row) renews nothing, as an expired one, without an error."""
     from tests.integration.test_sql_push import DEFAULT_TENANT, Seg, pid_of, push, uq
 
-    root = tmp_path / "sql"
-    shutil.copytree(SQL_DIR, root)
-    for later in (root / "schema").glob("*.sql"):  # schema 013: 014 and every later one out
-        if later.name >= "014":
-            later.unlink()
     dsn = two_dbs[0]
-    apply_migrations(dsn, root)
+    apply_migrations(dsn, tree_before(tmp_path, "014"))
     live, dead, late = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
     leased = ("UPDATE queen.log_consumers SET lease_id = %s, worker_id = %s::text,"
               " lease_expires_at = now() + %s * interval '1 second', batch_start = 1,"
@@ -270,6 +276,30 @@ def test_an_upgrade_with_live_leases_keeps_them_renewable(tmp_path, two_dbs):
                    " WHERE lease_id IS NOT NULL ORDER BY 1, 2")
         assert db.execute(holders).fetchall() == [(a, "g"), (b, "g"), (c, "g")]
         assert db.execute("SELECT lease_id FROM queen.log_leases").fetchall() == [(live,)]
+
+
+def test_an_upgrade_keeps_the_retention_of_queues_configured_before_the_switch_acted(
+        tmp_path, two_dbs):
+    """A database at schema 017, whose queues set retention seconds without retentionEnabled
+    (the seconds acted alone then): 018 switches it on for them, so their retention goes on;
+    a queue without seconds keeps it off, one with it already on is left as it was."""
+    dsn = two_dbs[0]
+    apply_migrations(dsn, tree_before(tmp_path, "018"))
+    queues = {"ret": (60, 0, False), "done": (0, 60, False), "both": (60, 60, False),
+              "none": (0, 0, False), "none_on": (0, 0, True), "on": (60, 0, True)}
+    with psycopg.connect(dsn, autocommit=True) as db:
+        for name, (ret, done, enabled) in queues.items():
+            db.execute("INSERT INTO queen.queues (tenant, name, retention_seconds,"
+                       " completed_retention_seconds, retention_enabled, updated_at)"
+                       " VALUES (%s, %s, %s, %s, %s, '2026-01-01')",
+                       (uuid.UUID(int=0), name, ret, done, enabled))
+
+    assert apply_migrations(dsn, SQL_DIR)[0] == "018_retention_enabled.sql"
+    with psycopg.connect(dsn) as db:
+        rows = db.execute("SELECT name, retention_enabled, updated_at = '2026-01-01'"
+                          " FROM queen.queues ORDER BY name").fetchall()
+    assert rows == [("both", True, True), ("done", True, True), ("none", False, True),
+                    ("none_on", True, True), ("on", True, True), ("ret", True, True)]
 
 
 def test_a_failing_family_file_changes_nothing(tmp_path, two_dbs):

@@ -45,8 +45,9 @@ def event(pid: str, txn: str, **extra: Any) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------ through the client
+@pytest.mark.parametrize("mode", [{}, {"framed_pop": True}], ids=["json", "framed"])
 @pytest.mark.parametrize("group", [None, "trace-group"])
-def test_a_handler_traces_and_the_reads_answer_in_order(broker, db, group):
+def test_a_handler_traces_and_the_reads_answer_in_order(broker, db, group, mode):
     queue, tag = uq(), uq("flow")
     txns = [f"order-{i}" for i in range(3)]
     pid = push(broker.client, queue, txns)
@@ -62,7 +63,7 @@ def test_a_handler_traces_and_the_reads_answer_in_order(broker, db, group):
                     "eventType": step, "data": {"step": step, "txn": m["transactionId"]}}))
 
     async def scenario() -> tuple[dict, dict, dict]:
-        async with Queen(broker.url) as client:
+        async with Queen(broker.url, **mode) as client:
             builder = client.queue(queue)
             if group is not None:
                 builder = builder.group(group)
@@ -240,10 +241,11 @@ def test_traces_go_with_the_queues_retention_and_deletion(broker, db):
     assert c.post(TRACES, json=event(pid, "newer")).status_code == 201
     first_segment = db.execute("SELECT min(base_offset) FROM queen.log_segments WHERE "
                                "partition_id = %s", (int(pid),)).fetchone()[0]
-    db.execute("UPDATE queen.queues SET retention_seconds = 60 WHERE name = %s", (queue,))
+    db.execute("UPDATE queen.queues SET retention_enabled = true, retention_seconds = 60"
+               " WHERE name = %s", (queue,))
     db.execute("UPDATE queen.log_segments SET created_at = now() - interval '1 hour' "
                "WHERE partition_id = %s AND base_offset = %s", (int(pid), first_segment))
-    done = db.execute("SELECT queen.retention_partition_v1(%s, 100)", (int(pid),)).fetchone()[0]
+    done = db.execute("SELECT queen.retention_partition_v2(%s, 100)", (int(pid),)).fetchone()[0]
     assert done["segments"] == 1, done
     assert c.get(f"{TRACES}/{pid}/old").json()["traces"] == []
     assert c.get(f"{TRACES}/{pid}/new").json()["traces"] == []

@@ -1,10 +1,11 @@
--- retention.sql: housekeeping (api.md 4: retentionSeconds, completedRetentionSeconds, the
--- transactionId sidecar's own clock; expired leases).
+-- retention.sql: housekeeping (api.md 4: retentionEnabled with retentionSeconds and
+-- completedRetentionSeconds, maxWaitTimeSeconds, the transactionId sidecar's own clock; expired
+-- leases).
 --
 -- Functions:
---   queen.retention_partitions_v1(int8, int4, int4, int4) -> SETOF int8
+--   queen.retention_partitions_v2(int8, int4, int4, int4) -> SETOF int8
 --       the next partitions (ascending id, one shard's share) that may have work
---   queen.retention_partition_v1(int8, int4) -> jsonb
+--   queen.retention_partition_v2(int8, int4) -> jsonb
 --       one bounded step on one partition: old segments, old sidecar rows, log starts
 --   queen.queue_evicted_v1(uuid, int8) -> int8
 --       messages of the queue evicted after waiting longer than its maxWaitTimeSeconds
@@ -16,7 +17,8 @@
 --       index small and the consumer-group views honest)
 --
 -- Tables touched:
---   queen.queues          read (retention_seconds, completed_retention_seconds, dedup_window)
+--   queen.queues          read (retention_enabled, retention_seconds,
+--                         completed_retention_seconds, max_wait_time_seconds, dedup_window)
 --   queen.log_partitions  SELECT ... FOR UPDATE of ONE row, UPDATE log_start_offset, txns_start
 --   queen.log_consumers   read (cursors, live leases of the partition); UPDATE (lease_reclaim_v1,
 --                         rows locked with SKIP LOCKED)
@@ -26,7 +28,7 @@
 --                         cascade), when segments were deleted
 --   queen.queue_evictions INSERT ... ON CONFLICT DO UPDATE (the evicted count of the queue)
 --
--- Lock order (design.md invariant 4): retention_partition_v1 locks exactly one log_partitions
+-- Lock order (design.md invariant 4): retention_partition_v2 locks exactly one log_partitions
 --   row and no consumer row (cursors and leases are read, not locked), so it cannot form a cycle
 --   with pushes (partition rows ascending), acks (consumer rows only) or transactions; its
 --   last lock is the queue's queue_evictions row, which nothing else locks before a partition
@@ -36,13 +38,18 @@
 -- SQLSTATEs raised: none of its own.
 --
 -- What is deleted (api.md 4):
---   * retentionSeconds > 0: segments whose created_at is older, consumed or not;
---   * completedRetentionSeconds > 0: segments older than that and at or below the cursor of
---     EVERY group of the partition (a partition nobody consumes keeps its segments);
+--   * only while retentionEnabled (as upstream's retention sweeps: a queue with retention
+--     seconds and the switch off keeps everything; schema/018 switched it on for the queues
+--     that had seconds before the switch was honoured):
+--     - retentionSeconds > 0: segments whose created_at is older, consumed or not;
+--     - completedRetentionSeconds > 0: segments older than that and at or below the cursor of
+--       EVERY group of the partition (a partition nobody consumes keeps its segments);
 --   * never a segment that reaches into a live lease's batch (retention never deletes inside
 --     a live lease): the cut stays below the lowest live batch_start;
 --   * log_txns rows older than GREATEST(dedupWindow, completedRetentionSeconds, 900 s), up to
---     the first row that is younger (the sidecar is a forward walk: created_at is monotone).
+--     the first row that is younger (the sidecar is a forward walk: created_at is monotone),
+--     whatever retentionEnabled says: the sidecar's clock is deduplication's, not retention's
+--     (upstream purges its dedup table for every queue too).
 --   * maxWaitTimeSeconds > 0 (whatever retentionEnabled says, as upstream): segments whose
 --     messages waited longer than that, consumed or not, like retentionSeconds with its own
 --     clock; the messages among them that some group of the partition had not consumed yet
@@ -52,8 +59,9 @@
 --     live lease either: a leased message was delivered in time.
 --   log_start_offset / txns_start move to the first offset still covered; a cursor left below
 --   the log start resumes there (the pop reads GREATEST(committed + 1, log_start_offset)).
+--   The traces of deleted messages go with them (whichever rule deleted them).
 
-CREATE OR REPLACE FUNCTION queen.retention_partitions_v1(p_after int8, p_limit int4, p_shards int4,
+CREATE OR REPLACE FUNCTION queen.retention_partitions_v2(p_after int8, p_limit int4, p_shards int4,
                                               p_shard int4)
 RETURNS SETOF int8
 LANGUAGE sql STABLE
@@ -61,6 +69,10 @@ AS $$
     SELECT lp.id
     FROM queen.log_partitions lp
     JOIN queen.queues q ON q.id = lp.queue_id
+    -- the two retention rules act only while the queue's switch is on (header)
+    CROSS JOIN LATERAL (SELECT CASE WHEN q.retention_enabled THEN q.retention_seconds ELSE 0 END,
+                               CASE WHEN q.retention_enabled THEN q.completed_retention_seconds
+                                    ELSE 0 END) AS r(ret, done_ret)
     WHERE lp.id > p_after
       AND lp.id % p_shards = p_shard
       -- PERF(queen): one primary-key probe per partition: is its OLDEST row old enough?
@@ -68,19 +80,18 @@ AS $$
                    WHERE t.partition_id = lp.id AND t.base_offset = lp.txns_start
                      AND t.created_at < now() - make_interval(secs => GREATEST(
                          q.dedup_window, q.completed_retention_seconds, 900)))
-           OR (GREATEST(q.retention_seconds, q.completed_retention_seconds,
-                        q.max_wait_time_seconds) > 0
+           OR (GREATEST(r.ret, r.done_ret, q.max_wait_time_seconds) > 0
                AND EXISTS (SELECT 1 FROM queen.log_segments s
                            WHERE s.partition_id = lp.id AND s.base_offset = lp.log_start_offset
                              AND s.created_at < now() - make_interval(secs => LEAST(
-                                 NULLIF(q.retention_seconds, 0),
-                                 NULLIF(q.completed_retention_seconds, 0),
+                                 NULLIF(r.ret, 0),
+                                 NULLIF(r.done_ret, 0),
                                  NULLIF(q.max_wait_time_seconds, 0))))))
     ORDER BY lp.id
     LIMIT p_limit
 $$;
 
-CREATE OR REPLACE FUNCTION queen.retention_partition_v1(p_pid int8, p_limit int4)
+CREATE OR REPLACE FUNCTION queen.retention_partition_v2(p_pid int8, p_limit int4)
 RETURNS jsonb
 LANGUAGE plpgsql VOLATILE
 AS $$
@@ -93,7 +104,7 @@ DECLARE
     v_kept_cut   int8;          -- the cut of the retention rules alone (no eviction)
     v_floor      int8;          -- the lowest cursor of the partition (0 without one)
     v_evicted    int8 := 0;
-    v_window     int4;
+    v_txn_keep   int4;          -- the sidecar's age limit, s (header)
     v_last       int8;
     v_log_start  int8;
     v_txns_start int8;
@@ -105,10 +116,12 @@ DECLARE
     v_segs       int4 := 0;
     v_txns       int4 := 0;
 BEGIN
-    SELECT q.retention_seconds, q.completed_retention_seconds, q.dedup_window,
+    SELECT CASE WHEN q.retention_enabled THEN q.retention_seconds ELSE 0 END,
+           CASE WHEN q.retention_enabled THEN q.completed_retention_seconds ELSE 0 END,
+           GREATEST(q.dedup_window, q.completed_retention_seconds, 900),
            q.max_wait_time_seconds, q.id,
            lp.last_offset, lp.log_start_offset, lp.txns_start
-    INTO v_ret, v_done_ret, v_window, v_wait, v_queue_id, v_last, v_log_start, v_txns_start
+    INTO v_ret, v_done_ret, v_txn_keep, v_wait, v_queue_id, v_last, v_log_start, v_txns_start
     FROM queen.log_partitions lp
     JOIN queen.queues q ON q.id = lp.queue_id
     WHERE lp.id = p_pid
@@ -177,7 +190,7 @@ BEGIN
     SELECT COALESCE(max(t.base_offset + t.msg_count - 1), 0) INTO v_txn_cut
     FROM (SELECT t.base_offset, t.msg_count FROM queen.log_txns t
           WHERE t.partition_id = p_pid AND t.base_offset >= v_txns_start
-            AND t.created_at < v_now - make_interval(secs => GREATEST(v_window, v_done_ret, 900))
+            AND t.created_at < v_now - make_interval(secs => v_txn_keep)
           ORDER BY t.base_offset LIMIT p_limit) t;
     IF v_txn_cut >= v_txns_start THEN
         WITH gone AS (
