@@ -177,7 +177,7 @@ def test_ack_answers() -> None:
     got = asyncio.run(ack_procs.ack_at(_Conn([(bad,)]), bytes(16), 1, "g",  # type: ignore[arg-type]
                                        bytes(16), 4, 1))
     assert got == ack_procs.Advance(False, "partition_not_found", 0, 0, False)
-    multi = [1, 0, 0, 0, 1, 4, 2, None, None]  # log_ack_multi_v2: (code, old, new) per row
+    multi = [1, 0, 0, 0, 1, 4, 2, None, None]  # log_ack_multi_v3: (code, old, new) per row
     got = asyncio.run(ack_procs.ack_multi(_Conn([(multi,)]), bytes(16), [1, 2, 3],  # type: ignore[arg-type]
                                           ["g"] * 3, [bytes(16)] * 3, [4] * 3, [1] * 3))
     assert got == [ack_procs.Advance(False, "lease_invalid", 0, 0, False),

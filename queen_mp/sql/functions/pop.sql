@@ -624,7 +624,7 @@ BEGIN
         END IF;
 
         -- PERF(pop): the claim below updates the row by the ctid read here (a TID scan, not
-        -- a second index probe), as log_ack_multi_v2 does. The claim's start, end and
+        -- a second index probe), as log_ack_multi_v3 does. The claim's start, end and
         -- attempt are plpgsql assignments: computed by this SELECT ... FOR UPDATE they cost
         -- more (bench/popsql.py). Assignments leave FOUND as this SELECT set it.
         SELECT c.ctid, c.committed_offset, c.lease_expires_at + v_cand.retry_delay,
