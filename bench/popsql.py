@@ -4,11 +4,15 @@
 (bench/suite.py: pop batch 100 from one partition, a consumer group, a lease; one ack of the
 whole batch). Two autocommit connections, each its own backend, send what the front worker and
 the shard send, through the broker's own calls: ``queen_mp.db.pop_procs.claim``
-(``log_pop_v1``, binary results) on one, and ``queen_mp.db.ack_procs.ack_multi`` (ack fusion's
+(``log_pop_v2``, binary results) on one, and ``queen_mp.db.ack_procs.ack_multi`` (ack fusion's
 statement, binary array parameters, one row per ack: the registry fast path the suite's
 consumers take) on the other, one pop and its ack after the other. The queue is filled first
 (not measured) with ``--partitions`` partitions of segments of ``--segment`` messages each, as
 the suite's 1,000-item pre-fill pushes leave them (100 partitions: 10 messages per segment).
+The walk takes the partition with the oldest pending message, so with 100 partitions each
+measured pop is its partition's first claim (no claim record to start from,
+schema/019_claim_record_base.sql); ``--partitions 4`` measures pops that follow an acked claim
+of their partition, as the suite's later rounds do.
 
 It prints each backend's CPU per call (``/proc/<pid>/schedstat``, noisy on a shared machine),
 or with ``--callgrind PATTERN`` its instructions per call: the server runs under
@@ -130,10 +134,15 @@ async def measure(loop: Loop, calls: int, warmup: int, pattern: str | None) -> l
         return [Row("pop", calls, msgs, pop_s * 1e6 / calls, None),
                 Row("ack", calls, msgs, ack_s * 1e6 / calls, None)]
     await loop.run(warmup)
-    short = [_exit_total(pattern.format(pid=p)) for p in loop.last_pids]
+    short_pids = loop.last_pids
+    short = [_exit_total(pattern.format(pid=p)) for p in short_pids]
     m0 = loop.msgs
     await loop.run(warmup + calls)
     long = [_exit_total(pattern.format(pid=p)) for p in loop.last_pids]
+    # the files to compare function by function (callgrind_annotate), pop's then ack's
+    for what, sp, lp in zip(("pop", "ack"), short_pids, loop.last_pids, strict=True):
+        print(f"{what}: {pattern.format(pid=sp)} (warm-up) {pattern.format(pid=lp)} "
+              f"(warm-up + calls)", file=sys.stderr)
     msgs = (loop.msgs - m0) * calls // (warmup + calls)
     return [Row(what, calls, msgs, None, (lg - sh) / calls)
             for what, sh, lg in zip(("pop", "ack"), short, long, strict=True)]

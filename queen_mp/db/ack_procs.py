@@ -108,7 +108,7 @@ def _group_ack(doc: dict[str, Any]) -> GroupAck:
 
 @dataclass(frozen=True, slots=True)
 class Advance:
-    """One positional whole-batch cursor advance (``log_ack_at_v1``, ``log_ack_multi_v2``)."""
+    """One positional whole-batch cursor advance (``log_ack_at_v1``, ``log_ack_multi_v3``)."""
 
     ok: bool
     error: str | None  # lease_invalid | partition_not_found | beyond_batch | partly_committed
@@ -199,7 +199,7 @@ async def ack_multi(conn: Conn, tenant: bytes, partition_ids: list[int], groups:
     """Many positional advances in one transaction (ack fusion); results in input order.
     ``conn`` sends binary arrays (``binarrays.register_arrays``)."""
     row = await fetch_one(
-        conn, "SELECT queen.log_ack_multi_v2(%s, %b::int8[], %b::text[], %b::uuid[], %b::int8[],"
+        conn, "SELECT queen.log_ack_multi_v3(%s, %b::int8[], %b::text[], %b::uuid[], %b::int8[],"
         " %b::int4[])",
         (uuid.UUID(bytes=tenant), int8_array(partition_ids), text_array(groups),
          uuid_array(lease_ids), int8_array(batch_ends), int4_array(counts)), prepare=True,
@@ -208,22 +208,22 @@ async def ack_multi(conn: Conn, tenant: bytes, partition_ids: list[int], groups:
     return advances(row[0], len(partition_ids))
 
 
-# log_ack_multi_v2's row codes, as log_ack_at_v1's "error"
+# log_ack_multi_v3's row codes, as log_ack_at_v1's "error"
 _ADVANCE_ERRORS = (None, "lease_invalid", "partition_not_found", "beyond_batch",
                    "partly_committed")
 
 
 def advances(answer: list[int | None] | None, n: int) -> list[Advance]:
-    """``log_ack_multi_v2``'s int8[] (code, old, new per row, input order) as one Advance per
+    """``log_ack_multi_v3``'s int8[] (code, old, new per row, input order) as one Advance per
     row; any other shape is a DatabaseError (the flush's rows are then answered failed).
 
     PERF(ack): a binary int8[], not a jsonb array of objects parsed with the stdlib."""
     if answer is None or len(answer) != 3 * n:
-        raise DatabaseError(f"log_ack_multi_v2 answered {answer!r} for {n} rows")
+        raise DatabaseError(f"log_ack_multi_v3 answered {answer!r} for {n} rows")
     out: list[Advance] = []
     for k in range(0, 3 * n, 3):
         code, old, new = answer[k], answer[k + 1], answer[k + 2]
         if code is None or not 0 <= code < len(_ADVANCE_ERRORS):
-            raise DatabaseError(f"log_ack_multi_v2: bad row code {code!r}")
+            raise DatabaseError(f"log_ack_multi_v3: bad row code {code!r}")
         out.append(Advance(code == 0, _ADVANCE_ERRORS[code], old or 0, new or 0, code == 0))
     return out

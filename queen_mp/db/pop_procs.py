@@ -13,7 +13,7 @@ from queen_mp.db.cursors import fetch_all
 
 __all__ = ["Claim", "ClaimResult", "PopRequest", "StoredChunks", "claim", "renew_lease"]
 
-_POP = ("SELECT * FROM queen.log_pop_v1(%s, %s, %s, %s, %s, %s, %s::int4, %s::int4, %s, %s,"
+_POP = ("SELECT * FROM queen.log_pop_v2(%s, %s, %s, %s, %s, %s, %s::int4, %s::int4, %s, %s,"
         " %s, %s, %s::int4)")
 
 #: one covering segment of a claim as stored: (base offset, created at, payload chunks)
@@ -21,7 +21,7 @@ StoredChunks = tuple[int, datetime, bytes]
 
 
 class PopRequest(msgspec.Struct, frozen=True, gc=False):
-    """One pop as the API asked for it (docs/api.md 2.3): what ``log_pop_v1`` claims, and how
+    """One pop as the API asked for it (docs/api.md 2.3): what ``log_pop_v2`` claims, and how
     long the front worker may wait for something claimable (``wait``, ``timeout_ms``).
 
     PERF(pop): the records of a pop (this, ``Claim``, ``ClaimResult``, the popper's
@@ -69,8 +69,12 @@ class ClaimResult(msgspec.Struct, frozen=True):
 
 async def claim(conn: psycopg.AsyncConnection[Any], r: PopRequest, lease_id: uuid.UUID | None,
                 claim_ms: int) -> ClaimResult:
-    """``log_pop_v1``: one row per (claim, covering segment), a claim's rows together; one row
-    with no partition when nothing was claimed."""
+    """``log_pop_v2``: a claim's rows together, its first one with the claim's columns (a row
+    with no partition continues the claim above it), each row with a covering segment or not;
+    one row with no partition when nothing was claimed.
+
+    PERF(pop): a claim's columns come once (NULLs after), not on each of its segments'
+    rows: fewer send functions in PostgreSQL, fewer values to decode here."""
     records = await fetch_all(conn, _POP, (
         uuid.UUID(bytes=r.tenant), r.queue, r.partition, r.namespace, r.task, r.group, r.batch,
         r.partitions, r.auto_ack, r.sub_mode, r.sub_from, lease_id, claim_ms),
@@ -81,7 +85,7 @@ async def claim(conn: psycopg.AsyncConnection[Any], r: PopRequest, lease_id: uui
     pid = None
     segments: list[StoredChunks] = []
     for row in records:
-        if row[1] != pid:
+        if row[1] is not None and row[1] != pid:
             pid = row[1]
             segments = []
             claims.append(Claim(row[0], pid, row[2], row[3], row[4], row[5], row[6], row[7],

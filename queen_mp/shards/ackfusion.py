@@ -2,7 +2,7 @@
 commit.
 
 A cursor advance is monotone and idempotent, so independent advances fuse into one
-``log_ack_multi_v2`` transaction with no loss of meaning. Fire-on-idle: with nothing in flight
+``log_ack_multi_v3`` transaction with no loss of meaning. Fire-on-idle: with nothing in flight
 an arrival flushes at once (one round trip at low load); under load arrivals accumulate while
 the one flush in flight runs, and the next flush takes them all. Rows of the same
 (partition, group, lease) fold to max(batch_end) and share the row's verdict; different leases

@@ -1,7 +1,7 @@
 """The ack fast paths (ack-internals "Accelerator one / two") against the authoritative SQL path.
 
 The ack registry and ack fusion must never change what an ack does: a registry hit becomes one
-positional cursor advance (``log_ack_at_v1`` / ``log_ack_multi_v2``), everything else takes
+positional cursor advance (``log_ack_at_v1`` / ``log_ack_multi_v3``), everything else takes
 ``log_ack_by_hash_v1``. So one randomised scenario (pushes, pops of various sizes and
 partitions, acks of every kind: whole-batch ``completed`` acks that are fast-path candidates,
 partial acks, failed / retry / dlq nacks, repeats, lease-less and foreign-lease acks) is replayed,

@@ -381,17 +381,31 @@ def test_partitions_claims_several_under_one_lease_and_batch_caps_the_total(brok
     assert len(body["messages"]) == 5
 
 
+@pytest.mark.parametrize("parts", [5, 10])
+def test_partitions_claims_as_many_partitions_as_asked(broker, parts):
+    """The walk stops at `partitions` claims, counted in the claims array's numbers per claim
+    (pgcons11's log_pop_v2 stopped 5 numbers a claim at 4 * partitions: 8 of 10 claimed, the
+    rest left to the next pop, e2e's p99 up)."""
+    q = uq("pop")
+    for p in range(parts + 2):
+        push_n(broker.client, q, f"p{p:02d}", 2)
+    body = pop_ok(broker.client, q, consumerGroup=uq("g"), partitions=parts, batch=100)
+    assert body["partitionsClaimed"] == parts
+    assert len(body["messages"]) == 2 * parts
+
+
 def test_a_one_claim_answer_is_its_segments_whichever_statement_reads_them(broker, db):
-    """log_pop_v1 answers a lone claim that ended its walk (every partitions=1 pop that claims)
-    with a statement of its segments alone, the names from the walk; a walk that went on past
-    its claim answers through the statement for several claims: both give the covering
-    segments in offset order, and a claim whose segments are gone is one row without them."""
+    """log_pop_v2 answers a lone claim that ended its walk (every partitions=1 pop that claims)
+    with its claim's row (the walk's values) and a statement of its segments alone, without the
+    claim's columns; a walk that went on past its claim answers through the statement for
+    several claims (the claim's columns on each row): both give the covering segments in
+    offset order, and a claim whose segments are gone is one row without them."""
     q = uq("pop")
     push_n(broker.client, q, "a", 3)
     push_n(broker.client, q, "a", 2, start=3)  # segments at 1 and 4
     push_n(broker.client, q, "b", 1)
     sql = ("SELECT queue_name, partition_name, start_off, end_off, encrypted, base_offset"
-           " FROM queen.log_pop_v1(%s, %s, %s, NULL, NULL, %s, %s, %s, %s, 'all', NULL, %s,"
+           " FROM queen.log_pop_v2(%s, %s, %s, NULL, NULL, %s, %s, %s, %s, 'all', NULL, %s,"
            " 5000)")
     tenant = uuid.UUID(int=0)
 
@@ -400,11 +414,15 @@ def test_a_one_claim_answer_is_its_segments_whichever_statement_reads_them(broke
         return db.execute(sql, (tenant, q, partition, group, batch, parts, auto_ack,
                                 uuid.uuid4())).fetchall()
 
-    assert sql_pop(uq("g"), 10, 1) == [(q, "a", 1, 5, False, 1), (q, "a", 1, 5, False, 4)]
-    assert sql_pop(uq("g"), 4, 1) == [(q, "a", 1, 4, False, 1), (q, "a", 1, 4, False, 4)]
+    segment = (None,) * 5
+    assert sql_pop(uq("g"), 10, 1) == [(q, "a", 1, 5, False, None), (*segment, 1),
+                                       (*segment, 4)]
+    assert sql_pop(uq("g"), 4, 1) == [(q, "a", 1, 4, False, None), (*segment, 1),
+                                      (*segment, 4)]
     # b listed but caught up, after a: the walk claims a, then meets b and settles it
     g = uq("g")
-    assert sql_pop(g, 10, 1, "b", auto_ack=True) == [(q, "b", 1, 1, False, 1)]
+    assert sql_pop(g, 10, 1, "b", auto_ack=True) == [(q, "b", 1, 1, False, None),
+                                                     (*segment, 1)]
     db.execute("UPDATE queen.log_consumers c SET ready_at = now() FROM queen.log_partitions lp"
                " WHERE lp.id = c.partition_id AND lp.name = 'b' AND c.consumer_group = %s"
                " AND c.queue_id = lp.queue_id", (g,))
@@ -419,6 +437,55 @@ def test_a_one_claim_answer_is_its_segments_whichever_statement_reads_them(broke
                " WHERE lp.id = s.partition_id AND lp.name = 'a' AND lp.queue_id ="
                " (SELECT id FROM queen.queues WHERE name = %s)", (q,))
     assert sql_pop(uq("g"), 10, 1, "a") == [(q, "a", 1, 5, False, None)]
+
+
+def test_a_claim_starts_at_the_segment_its_claim_record_names_or_at_the_one_it_probes(
+        broker, db):
+    """schema/019_claim_record_base.sql: a claim records the base of the segment holding the
+    offset after it (the next segment's, end + 1, when it reached the end); the next claim
+    starting there begins its answer at that segment without a probe. A cursor moved otherwise
+    (here: back inside the first segment) probes for the segment holding its start."""
+    q, g = uq("pop"), uq("g")
+    push_n(broker.client, q, "a", 3)
+    push_n(broker.client, q, "a", 2, start=3)
+    push_n(broker.client, q, "a", 3, start=5)  # segments at 1, 4 and 6
+    tenant = uuid.UUID(int=0)
+    sql = ("SELECT partition_id, start_off, end_off, base_offset"
+           " FROM queen.log_pop_v2(%s, %s, NULL, NULL, NULL, %s, %s, 1, false, 'all', NULL,"
+           " %s, 5000)")
+    record = ("SELECT c.next_offset, c.next_base_offset FROM queen.log_consumers c"
+              " JOIN queen.log_partitions lp ON lp.id = c.partition_id"
+              " WHERE lp.name = 'a' AND c.consumer_group = %s AND c.queue_id = lp.queue_id")
+
+    def claim(batch: int) -> tuple[uuid.UUID, list[tuple]]:
+        lease = uuid.uuid4()
+        return lease, db.execute(sql, (tenant, q, g, batch, lease)).fetchall()
+
+    def ack(lease: uuid.UUID, pid: int, end: int) -> None:
+        got = db.execute("SELECT queen.log_ack_multi_v3(%s::uuid, %s::int8[], %s::text[],"
+                         " %s::uuid[], %s::int8[], %s::int4[])",
+                         (tenant, [pid], [g], [lease], [end], [1])).fetchone()[0]
+        assert got[0] == 0, got
+
+    lease, rows = claim(4)  # 1..4: the record names 5's segment, at 4
+    pid = rows[0][0]
+    assert [r[1:] for r in rows] == [(1, 4, None), (None, None, 1), (None, None, 4)]
+    assert db.execute(record, (g,)).fetchone() == (5, 4)
+    ack(lease, pid, 4)
+    lease, rows = claim(10)  # 5..8 from the record's segment 4; the end: the next base is 9
+    assert [r[1:] for r in rows] == [(5, 8, None), (None, None, 4), (None, None, 6)]
+    assert db.execute(record, (g,)).fetchone() == (9, 9)
+    push_n(broker.client, q, "a", 2, start=8)  # a segment at 9
+    ack(lease, pid, 8)
+    lease, rows = claim(10)
+    assert [r[1:] for r in rows] == [(9, 10, None), (None, None, 9)]
+    # the cursor moved back inside the first segment: 3 is no claim's next offset
+    db.execute("UPDATE queen.log_consumers c SET committed_offset = 2, lease_id = NULL,"
+               " lease_expires_at = NULL, ready_at = now() FROM queen.log_partitions lp"
+               " WHERE lp.id = c.partition_id AND lp.name = 'a' AND c.consumer_group = %s"
+               " AND c.queue_id = lp.queue_id", (g,))
+    lease, rows = claim(3)
+    assert [r[1:] for r in rows] == [(3, 5, None), (None, None, 1), (None, None, 4)]
 
 
 def test_partition_route_claims_only_that_partition(broker):
@@ -473,15 +540,16 @@ def test_queue_mode_and_an_explicit_group_are_independent(broker, db):
 
 def pop_counting_reads(db, queue: str | None, group: str, table: str,
                        namespace: str | None = None) -> tuple[list, int]:
-    """One log_pop_v1 call (rolled back) and the rows it read of ``table`` (counted, not
+    """One log_pop_v2 call (rolled back) and the rows it read of ``table`` (counted, not
     timed: seq_tup_read + idx_tup_fetch of the transaction)."""
     fetched_sql = ("SELECT seq_tup_read + COALESCE(idx_tup_fetch, 0) FROM pg_stat_xact_user_tables"
                    " WHERE schemaname = 'queen' AND relname = %s")
     with db.transaction(force_rollback=True):
         before = db.execute(fetched_sql, (table,)).fetchone()[0]
         rows = db.execute(
-            "SELECT partition_name, start_off, end_off FROM queen.log_pop_v1(%s, %s, NULL, %s,"
-            " NULL, %s, 10, 1, false, 'all', NULL, gen_random_uuid(), 5000)",
+            "SELECT partition_name, start_off, end_off FROM queen.log_pop_v2(%s, %s, NULL, %s,"
+            " NULL, %s, 10, 1, false, 'all', NULL, gen_random_uuid(), 5000)"
+            " WHERE partition_id IS NOT NULL",
             (uuid.UUID(int=0), queue, namespace, group)).fetchall()
         return rows, db.execute(fetched_sql, (table,)).fetchone()[0] - before
 
@@ -520,7 +588,7 @@ def test_a_pop_reads_its_own_queues_partitions_by_index_after_analyze(broker, db
 
 
 def test_a_pop_reads_only_the_queue_rows_of_its_scope(broker, db):
-    """log_pop_v1 runs cached generic plans (issue 26): its scope is found by one key lookup
+    """log_pop_v2 runs cached generic plans (issue 26): its scope is found by one key lookup
     per kind of scope, so a queue pop and a namespace pop of a tenant with 150 more queues
     read a handful of queue rows (counted, not timed); one statement with every filter
     optional would read every queue of the tenant in its generic plan."""
@@ -662,10 +730,10 @@ def test_lease_extend(broker, db):
 ])
 def test_log_pop_refuses_bad_arguments_each_with_its_reason(db, queue, batch, parts, mode,
                                                             message):
-    """log_pop_v1 tests its arguments in one expression on the good path; a bad one still gets
+    """log_pop_v2 tests its arguments in one expression on the good path; a bad one still gets
     its own message (22023)."""
     with pytest.raises(psycopg.errors.InvalidParameterValue, match=message):
-        db.execute("SELECT * FROM queen.log_pop_v1(%s, %s, NULL, NULL, NULL, 'g', %s, %s,"
+        db.execute("SELECT * FROM queen.log_pop_v2(%s, %s, NULL, NULL, NULL, 'g', %s, %s,"
                    " false, %s, NULL, %s, 5000)",
                    (uuid.UUID(int=0), queue, batch, parts, mode, uuid.uuid4()))
 
@@ -783,7 +851,7 @@ def test_every_parked_pop_of_a_group_is_served_when_one_push_fills_several_parti
 def test_a_parked_pop_does_not_poll_the_database(broker, db):
     """With nothing known to free up, a parked pop waits for a wake-up: it claims once at the
     start and once before its deadline, not every few milliseconds (a NULL wake hint used to
-    come back as 0 ms from log_pop_v1, so parked pops re-ran it ~40 times a second).
+    come back as 0 ms from log_pop_v2, so parked pops re-ran it ~40 times a second).
 
     Claims are counted live from pg_stat_activity (each statement's (pid, query_start));
     pg_stat_database counters are flushed up to 10 s late and would count other tests."""
@@ -798,7 +866,7 @@ def test_a_parked_pop_does_not_poll_the_database(broker, db):
             claims.update(db.execute(
                 "SELECT pid, query_start FROM pg_stat_activity "
                 "WHERE datname = current_database() AND pid <> pg_backend_pid() "
-                "AND query LIKE %s", ("%queen.log_pop_v1(%",)).fetchall())
+                "AND query LIKE %s", ("%queen.log_pop_v2(%",)).fetchall())
             time.sleep(0.005)
         assert_204(fut.result())
     # the tail before the deadline re-claims a few times (a quarter of the time left each)

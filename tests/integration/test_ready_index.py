@@ -92,8 +92,9 @@ def reads_of_one_pop(db: psycopg.Connection, queue: str, group: str) -> tuple[li
     with db.transaction(force_rollback=True):
         before = dict(db.execute(sql, (list(tables),)).fetchall())
         rows = db.execute(
-            "SELECT partition_name, start_off, end_off FROM queen.log_pop_v1(%s, %s, NULL, NULL,"
-            " NULL, %s, 1, 1, true, 'all', NULL, NULL, 5000)", (TENANT, queue, group)).fetchall()
+            "SELECT partition_name, start_off, end_off FROM queen.log_pop_v2(%s, %s, NULL, NULL,"
+            " NULL, %s, 1, 1, true, 'all', NULL, NULL, 5000) WHERE partition_id IS NOT NULL",
+            (TENANT, queue, group)).fetchall()
         after = dict(db.execute(sql, (list(tables),)).fetchall())
     return rows, {t: after.get(t, 0) - before.get(t, 0) for t in tables}
 
@@ -148,8 +149,9 @@ def test_the_candidate_walk_is_an_index_scan_in_claim_order_under_a_generic_plan
             db.execute("SELECT set_config(%s, %s, true)", (name, value))
         for _ in range(2):
             rows = db.execute(
-                "SELECT partition_name FROM queen.log_pop_v1(%s, %s, NULL, NULL, NULL, %s, 1,"
-                " 1, true, 'all', NULL, NULL, 5000)", (TENANT, q, QUEUE_MODE)).fetchall()
+                "SELECT partition_name FROM queen.log_pop_v2(%s, %s, NULL, NULL, NULL, %s, 1,"
+                " 1, true, 'all', NULL, NULL, 5000) WHERE partition_id IS NOT NULL",
+                (TENANT, q, QUEUE_MODE)).fetchall()
             assert len(rows) == 1
     walks = [p for p in plans if "log_consumers_ready_idx" in p]
     assert walks, plans
@@ -382,7 +384,7 @@ def test_the_repair_restores_what_an_older_build_left(broker, db, damage):
         assert db.execute(UNLISTED_SQL).fetchone()[0] + db.execute(MISSING_SQL).fetchone()[0] > 0
         with db.transaction(force_rollback=True):  # a pop does not see it
             assert db.execute(
-                "SELECT partition_id FROM queen.log_pop_v1(%s, %s, NULL, NULL, NULL, %s, 10, 1,"
+                "SELECT partition_id FROM queen.log_pop_v2(%s, %s, NULL, NULL, NULL, %s, 10, 1,"
                 " true, 'all', NULL, NULL, 5000)", (TENANT, q, g)).fetchall() == [(None,)]
         assert db.execute("SELECT queen.log_ready_repair_v1()").fetchone()[0] > 0
         assert db.execute(UNLISTED_SQL).fetchone()[0] == 0
@@ -456,7 +458,7 @@ def test_a_group_start_and_lease_less_acks_of_that_group_never_collide(broker, d
         with psycopg.connect(db_dsn, autocommit=True) as conn:
             go.wait()
             try:
-                conn.execute("SELECT count(*) FROM queen.log_pop_v1(%s, %s, NULL, NULL, NULL,"
+                conn.execute("SELECT count(*) FROM queen.log_pop_v2(%s, %s, NULL, NULL, NULL,"
                              " %s, 1, 1, true, 'all', NULL, gen_random_uuid(), 5000)",
                              (uuid.UUID(int=0), q, group))
             except psycopg.Error as ex:
@@ -494,8 +496,9 @@ def _sql_pop(db: psycopg.Connection, queue: str | None, partition: str | None = 
              namespace: str | None = None) -> list[tuple]:
     """One leased single-message pop of the queue-mode group: (partition, wake_in_ms) rows."""
     return db.execute(
-        "SELECT partition_name, wake_in_ms FROM queen.log_pop_v1(%s, %s, %s, %s, NULL, %s, 1,"
-        " 1, false, 'all', NULL, %s, 5000)",
+        "SELECT partition_name, wake_in_ms FROM queen.log_pop_v2(%s, %s, %s, %s, NULL, %s, 1,"
+        " 1, false, 'all', NULL, %s, 5000)"
+        " WHERE partition_id IS NOT NULL OR base_offset IS NULL",
         (TENANT, queue, partition, namespace, QUEUE_MODE, uuid.uuid4())).fetchall()
 
 

@@ -2,7 +2,7 @@
 
 ack-internals.md "The authoritative decision procedure" and api.md 2.4: log_ack_by_hash_v1
 (resolution, signal, branch table, noop / stale / unresolved / clamped, repeat safety),
-log_dlq_head_v1 (DLQ filing), log_ack_at_v1 (registry fast path) and log_ack_multi_v2 (fusion).
+log_dlq_head_v1 (DLQ filing), log_ack_at_v1 (registry fast path) and log_ack_multi_v3 (fusion).
 
 Data comes from the real push procedure; leases are written straight into log_consumers with
 the lead's conventions (lease_id, worker_id = lease_id::text, lease_expires_at, batch_start,
@@ -44,7 +44,7 @@ DLQ_HEAD = (
 )
 ACK_AT = "SELECT queen.log_ack_at_v1(%s::uuid, %s::int8, %s::text, %s::uuid, %s::int8, %s::int4)"
 ACK_MULTI = (
-    "SELECT queen.log_ack_multi_v2(%s::uuid, %s::int8[], %s::text[], %s::uuid[], %s::int8[],"
+    "SELECT queen.log_ack_multi_v3(%s::uuid, %s::int8[], %s::text[], %s::uuid[], %s::int8[],"
     " %s::int4[])"
 )
 MULTI_ERRORS = (None, "lease_invalid", "partition_not_found", "beyond_batch", "partly_committed")
@@ -187,7 +187,7 @@ def ack_at(conn, pid: int, lease_id, batch_end: int, count: int = 1, group: str 
 
 def ack_multi(conn, rows: list[tuple[int, str, uuid.UUID | None, int, int]],
               tenant: uuid.UUID = DEFAULT_TENANT) -> list[dict]:
-    """log_ack_multi_v2's (code, old, new) per row as log_ack_at_v1's objects plus "i"."""
+    """log_ack_multi_v3's (code, old, new) per row as log_ack_at_v1's objects plus "i"."""
     flat = conn.execute(ACK_MULTI, (
         tenant, [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows],
         [r[3] for r in rows], [r[4] for r in rows])).fetchone()[0]
@@ -629,7 +629,7 @@ def test_cursor_never_moves_backwards(db):
 
 
 # ---------------------------------------------------------------------------------------------
-# log_ack_at_v1 and log_ack_multi_v2
+# log_ack_at_v1 and log_ack_multi_v3
 # ---------------------------------------------------------------------------------------------
 
 def test_ack_at_advances_releases_and_resets(db):
@@ -800,7 +800,7 @@ def test_ack_multi_locks_consumer_rows_in_key_order(db, db_dsn):
         t = threading.Thread(target=run)
         t.start()
         try:
-            wait_for_lock_wait(probe, "log_ack_multi_v2",
+            wait_for_lock_wait(probe, "log_ack_multi_v3",
                                "the fused ack never waited on the blocked consumer row")
             probe.execute("BEGIN")
             with pytest.raises(psycopg.errors.LockNotAvailable):

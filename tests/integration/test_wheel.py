@@ -51,7 +51,7 @@ def shipped_data() -> set[str]:
 
 def test_the_wheel_and_the_sdist_carry_the_sql_and_the_api_document(built):
     sdist, wheel = built
-    assert len(shipped_data()) == 51  # 37 SQL files, openapi.json, 13 console files
+    assert len(shipped_data()) == 52  # 38 SQL files, openapi.json, 13 console files
     with zipfile.ZipFile(wheel) as whl:
         assert shipped_data() <= set(whl.namelist())
     with tarfile.open(sdist) as tar:

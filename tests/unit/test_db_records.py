@@ -152,9 +152,32 @@ def test_log_pop_rows_become_one_claim_per_partition_with_its_segments() -> None
         pop_procs.Claim("q", 9, "p1", 1, 1, 2, exp, True, []),
     ], None)
     assert got.claims[0].count == 3
-    # the request's claim parameters, in log_pop_v1's order, then the attempt's own
+    # the request's claim parameters, in log_pop_v2's order, then the attempt's own
     assert conn.params == (uuid.UUID(int=0), "q", None, None, None, "g", 5, 2, False, "all",
                            None, lease, 750)
+
+
+def test_log_pop_rows_without_claim_columns_continue_the_claim_above() -> None:
+    """log_pop_v2's lone claim: a first row with the claim's columns and no segment, then one
+    row per segment with NULL claim columns; the next claim starts at its own first row."""
+    t0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    exp = t0 + dt.timedelta(seconds=30)
+    none8 = (None,) * 8
+    rows = [
+        ("q", 7, "p0", 3, 12, 1, exp, False, None, None, None, None),
+        (*none8, 1, t0, b"seg-a", None),
+        (*none8, 5, t0, b"seg-b", None),
+        ("q", 9, "p1", 1, 1, 2, exp, True, 1, t0, b"seg-c", None),
+        (*none8, 2, t0, b"seg-d", None),
+        ("q", 11, "p2", 4, 4, 1, exp, True, None, None, None, None),  # retained away
+    ]
+    got = asyncio.run(pop_procs.claim(_Conn(rows), REQUEST, uuid.uuid4(), 750))  # type: ignore[arg-type]
+    assert got == pop_procs.ClaimResult([
+        pop_procs.Claim("q", 7, "p0", 3, 12, 1, exp, False,
+                        [(1, t0, b"seg-a"), (5, t0, b"seg-b")]),
+        pop_procs.Claim("q", 9, "p1", 1, 1, 2, exp, True, [(1, t0, b"seg-c"), (2, t0, b"seg-d")]),
+        pop_procs.Claim("q", 11, "p2", 4, 4, 1, exp, True, []),
+    ], None)
 
 
 def test_nothing_claimable_carries_the_wake_hint() -> None:
@@ -177,7 +200,7 @@ def test_ack_answers() -> None:
     got = asyncio.run(ack_procs.ack_at(_Conn([(bad,)]), bytes(16), 1, "g",  # type: ignore[arg-type]
                                        bytes(16), 4, 1))
     assert got == ack_procs.Advance(False, "partition_not_found", 0, 0, False)
-    multi = [1, 0, 0, 0, 1, 4, 2, None, None]  # log_ack_multi_v2: (code, old, new) per row
+    multi = [1, 0, 0, 0, 1, 4, 2, None, None]  # log_ack_multi_v3: (code, old, new) per row
     got = asyncio.run(ack_procs.ack_multi(_Conn([(multi,)]), bytes(16), [1, 2, 3],  # type: ignore[arg-type]
                                           ["g"] * 3, [bytes(16)] * 3, [4] * 3, [1] * 3))
     assert got == [ack_procs.Advance(False, "lease_invalid", 0, 0, False),

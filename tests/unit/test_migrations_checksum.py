@@ -116,5 +116,5 @@ def test_the_package_tree_has_one_live_body_per_function():
         "009_ephemeral_rows.sql", "010_spool_holds.sql", "011_ephemeral_chunks.sql",
         "012_ephemeral_uncompressed.sql", "013_ephemeral_leases_inline.sql",
         "014_lease_table.sql", "015_ephemeral_bodies.sql", "016_pop_queue_options.sql",
-        "018_retention_enabled.sql"]
+        "018_retention_enabled.sql", "019_claim_record_base.sql"]
     assert len(tree.legacy) == 24

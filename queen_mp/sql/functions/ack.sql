@@ -10,7 +10,7 @@
 --       ("dlq": true) and moves the cursor past it.
 --   queen.log_ack_at_v1(uuid, int8, text, uuid, int8, int4) -> jsonb
 --       positional full-batch `completed` ack (the ack registry fast path).
---   queen.log_ack_multi_v2(uuid, int8[], text[], uuid[], int8[], int4[]) -> int8[]
+--   queen.log_ack_multi_v3(uuid, int8[], text[], uuid[], int8[], int4[]) -> int8[]
 --       ack fusion: log_ack_at_v1's decision for N rows in one transaction.
 --
 -- Tables touched:
@@ -40,7 +40,7 @@
 --     consumer -> partition, which can deadlock with a transaction-wire ack that holds the
 --     partition row and inserts the same consumer row. Neither KEY SHARE waits for a push
 --     (an allocator holds partition rows FOR NO KEY UPDATE and queue rows FOR KEY SHARE).
---   * log_ack_multi_v2 locks its consumer rows one by one in ascending
+--   * log_ack_multi_v3 locks its consumer rows one by one in ascending
 --     (partition_id, consumer_group COLLATE "C") order, the primary key order.
 --   A caller that runs several of these in one transaction must call them in that same order,
 --   after any partition row lock it takes.
@@ -51,7 +51,7 @@
 --          (the broker maps the alias `success` to `completed` before the call); NULL offset
 --          (log_dlq_head_v1)
 --   23502  not_null_violation: log_dlq_head_v1 with a NULL message id or transaction id
---   P0002  no_data_found: log_ack_multi_v2's locked cursor row was not found by its ctid (its
+--   P0002  no_data_found: log_ack_multi_v3's locked cursor row was not found by its ctid (its
 --          UPDATE ... INTO STRICT)
 --
 -- Transaction isolation: READ COMMITTED. Every statement after the consumer row lock sees what
@@ -81,7 +81,7 @@
 --                     "beyond_batch" | "partly_committed", "old": int8|null, "new": int8|null,
 --                     "leaseReleased": bool}   (partly_committed: the cursor is already inside
 --                     the leased batch; the broker falls back to log_ack_by_hash_v1)
---   log_ack_multi_v2 (int8[], not jsonb): 3 elements per row in INPUT order, row k at
+--   log_ack_multi_v3 (int8[], not jsonb): 3 elements per row in INPUT order, row k at
 --     3k+1 .. 3k+3 (1-based): code (0 = log_ack_at_v1's ok, lease released; 1 lease_invalid,
 --     2 partition_not_found, 3 beyond_batch, 4 partly_committed), old, new (as log_ack_at_v1:
 --     NULL for partition_not_found). Empty input returns {}.
@@ -686,7 +686,7 @@ COMMENT ON FUNCTION queen.log_ack_at_v1(uuid, int8, text, uuid, int8, int4) IS
 'beyond_batch.';
 
 -- ---------------------------------------------------------------------------------------------
--- log_ack_multi_v2: ack fusion, N positional acks in one transaction. Rows with the same
+-- log_ack_multi_v3: ack fusion, N positional acks in one transaction. Rows with the same
 -- (partition, group, lease) were folded by the caller (max batch_end); two different leases on
 -- one (partition, group) stay two rows and are validated independently (the second one sees
 -- the first one's release). Each row decides exactly as log_ack_at_v1 does, written out here.
@@ -707,8 +707,12 @@ COMMENT ON FUNCTION queen.log_ack_at_v1(uuid, int8, text, uuid, int8, int4) IS
 -- permutation v_order gets one); the UPDATE returns the new cursor INTO STRICT (its guard):
 -- 398,860 -> 389,546 instructions an ack of 100 (bench/popsql.py --callgrind). The inputs stay
 -- variables: read as p_x[k] inside the statements they cost 19,000 more.
+-- Revision (issue 26, pgpop12, taken from pgcons11's reverted 9ca0cfc): log_ack_multi_v3
+-- replaces log_ack_multi_v2 (same arguments and answer) with two expressions fewer a call: no
+-- array_fill (the results' slices build the array) and no assignment of the one-row order:
+-- 389,708 -> 384,363 instructions an ack of 100 (bench/popsql.py --callgrind).
 -- ---------------------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION queen.log_ack_multi_v2(
+CREATE OR REPLACE FUNCTION queen.log_ack_multi_v3(
     p_tenant        uuid,
     p_partition_ids int8[],
     p_groups        text[],
@@ -744,7 +748,7 @@ BEGIN
            OR COALESCE(cardinality(p_lease_ids), 0) <> n
            OR COALESCE(cardinality(p_batch_ends), 0) <> n
            OR COALESCE(cardinality(p_counts), 0) <> n THEN
-            RAISE EXCEPTION 'log_ack_multi_v2: misaligned arrays (partitions %, groups %, leases %, batch_ends %, counts %)',
+            RAISE EXCEPTION 'log_ack_multi_v3: misaligned arrays (partitions %, groups %, leases %, batch_ends %, counts %)',
                 cardinality(p_partition_ids), cardinality(p_groups), cardinality(p_lease_ids),
                 cardinality(p_batch_ends), cardinality(p_counts)
                 USING ERRCODE = '22023';
@@ -752,23 +756,23 @@ BEGIN
         IF n = 0 THEN
             RETURN '{}'::int8[];
         END IF;
-        RAISE EXCEPTION 'log_ack_multi_v2: NULL partition id or group'
+        RAISE EXCEPTION 'log_ack_multi_v3: NULL partition id or group'
             USING ERRCODE = '22023';
     END IF;
 
-    v_res := array_fill(NULL::int8, ARRAY[3 * n]);
     -- The lock order: consumer rows ascending by (partition_id, consumer_group) in the
-    -- primary key's collation; input ordinal last so equal keys run in input order.
-    IF n = 1 THEN
-        v_order := '{1}';
-    ELSE
+    -- primary key's collation; input ordinal last so equal keys run in input order (one row:
+    -- v_order stays NULL, the order is {1}).
+    IF n > 1 THEN
         SELECT array_agg(u.o::int4 ORDER BY u.pid, u.grp COLLATE "C", u.o) INTO v_order
         FROM unnest(p_partition_ids, p_groups) WITH ORDINALITY AS u(pid, grp, o);
     END IF;
 
     -- Each ordinal of v_order (a permutation of 1..n) gets its three results in the one
-    -- assignment that ends its turn.
-    FOREACH k IN ARRAY v_order LOOP
+    -- slice assignment that ends its turn: v_res starts NULL, and a slice assigned to a NULL
+    -- or a one-dimensional array creates or extends it (positions between stay NULL until
+    -- their turn), so once every ordinal had its turn it is exactly [1:3n].
+    FOREACH k IN ARRAY COALESCE(v_order, '{1}') LOOP
         v_pid := p_partition_ids[k];
         v_grp := p_groups[k];
         v_lease_in := p_lease_ids[k];
@@ -856,7 +860,7 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION queen.log_ack_multi_v2(uuid, int8[], text[], uuid[], int8[], int4[]) IS
+COMMENT ON FUNCTION queen.log_ack_multi_v3(uuid, int8[], text[], uuid[], int8[], int4[]) IS
 'Ack fusion: log_ack_at_v1''s decision per row in (partition_id, consumer_group) order; returns '
 'int8[] of 3 per row in input order: code (0 ok and lease released, 1 lease_invalid, '
 '2 partition_not_found, 3 beyond_batch, 4 partly_committed), old cursor, new cursor (NULL '

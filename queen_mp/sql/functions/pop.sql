@@ -11,7 +11,7 @@
 --       cursor sets it (the protocol that keeps it true is written at the function).
 --   queen.pop_scope_ids_v2(uuid, text, text) -> int8[]: the queues a discovery pop may claim.
 --   queen.pop_scope_v5(int8[], text) -> table: those queues' options and the group's start.
---   queen.log_pop_v1(uuid, text, text, text, text, text, int4, int4, boolean, text,
+--   queen.log_pop_v2(uuid, text, text, text, text, text, int4, int4, boolean, text,
 --                    timestamptz, uuid, int4) -> SETOF rows (below)
 --       claim partitions for a group, lease (or auto-ack) them and return the covering
 --       segments, all in the caller's one statement / transaction.
@@ -49,7 +49,7 @@
 --   become visible only at its commit, and one partition's pushes commit in offset order (one
 --   allocator row lock), so every offset <= a visible last_offset is committed.
 --
--- log_pop_v1 result rows. One row per covering segment of each claim, claims in claim order,
+-- log_pop_v2 result rows. One row per covering segment of each claim, claims in claim order,
 -- segments ascending; a claim whose segments were all retained away has one row with NULL
 -- segment columns. When nothing was claimed, exactly ONE hint row with partition_id NULL:
 -- wake_in_ms = milliseconds until a currently blocked partition becomes claimable (a live
@@ -185,7 +185,7 @@ $$;
 -- ---------------------------------------------------------------------------------------------
 -- pop_scope_ids_v2: the ids of the queues a discovery pop (namespace and/or task) may claim
 -- from, ascending. One statement per kind of scope, each a key lookup in its generic plan:
--- log_pop_v1 runs cached generic plans (below), and a generic plan of one statement with every
+-- log_pop_v2 runs cached generic plans (below), and a generic plan of one statement with every
 -- filter optional ("p_namespace IS NULL OR q.namespace = p_namespace") reads every queue of the
 -- tenant. (v1 took the queue name too: a queue pop reads its one queue in its own scope
 -- statement now.)
@@ -216,7 +216,7 @@ $$;
 -- start on each (sub_mode NULL = not recorded yet; started: its cursor rows exist, schema/002).
 -- Plain SQL, so the planner inlines it into each caller. (v2 took the scope's filters and
 -- applied them here; v3 had no retry delay and no max wait: issue 27, both read from the queue
--- row the pop reads anyway; v4 computed the options itself, now schema/017's view, which a
+-- row the pop reads anyway; v4 computed the options itself, now schema/016's view, which a
 -- queue pop reads directly.) The record is a LATERAL primary key probe per queue: as a plain
 -- join, the pop's generic plans read every record of the group name (on every queue, its
 -- group index) into a Materialize and filtered them by queue.
@@ -238,7 +238,7 @@ AS $$
 $$;
 
 -- ---------------------------------------------------------------------------------------------
--- log_pop_v1
+-- log_pop_v2 (the claim and its segments: see "log_pop_v2 result rows" above)
 --   p_tenant          tenant of the caller
 --   p_queue           queue name; NULL for a namespace/task pop
 --   p_partition       partition name (the partition route); NULL = any partition
@@ -395,7 +395,38 @@ $$;
 -- the lease's row as an INSERT ... ON CONFLICT CTE of the claim (+12,000 against its own
 -- INSERT).
 
-CREATE OR REPLACE FUNCTION queen.log_pop_v1(
+-- Revision (issue 26, pgcons11; schema/019_claim_record_base.sql): log_pop_v2 replaces
+-- log_pop_v1 (same arguments; its rows carry a claim's columns once, not on every segment).
+--
+-- Why: a pop of 100 cost PostgreSQL 658,734 instructions (bench/popsql.py --callgrind). The
+-- segments' rows repeated the claim's eight columns, each sent by its type's send function:
+-- a first row with them, then the segments without them: 646,985. The result columns are the
+-- walk's own variables (the candidate read into queue_name, partition_id, encrypted; the
+-- partition into partition_name; start_off, end_off, attempt, lease_expires_at assigned where
+-- v_start .. v_expires were), so a lone claim's first row is RETURN NEXT, no statement, and the
+-- candidate is plain variables, not a record's fields: 622,745. The answer's subquery for the
+-- segment holding start_off (a max() probe: 42,000 instructions, the dearest part of the pop)
+-- is read from the claim record when the previous claim ended just before it, a probe of its
+-- own otherwise (33,000): 627,584 a pop that finds no record (each of --partitions 100's pops
+-- claims a partition for the first time), 760,612 -> 673,008 one that does (--partitions 4).
+-- Tried and dropped (same command): the candidate cursor locking its rows (FOR UPDATE SKIP
+-- LOCKED, no locking SELECT of its own): +4,000; the first candidate read by a SELECT ... LIMIT 1
+-- and no cursor for a lone claim: -5,400 before the tests it needs, not kept; the function's
+-- four SET options cost 17,400 a pop (fmgr_security_definer), they are what keeps its plans
+-- generic and keyed, and are kept.
+-- Revision (issue 26, pgpop12): pgcons11's log_pop_v2 was merged and reverted (e2e p99 6-8 ->
+-- 10.5-13.5 ms). Its walk stopped at 4 * p_max_partitions numbers of the claims array, four
+-- a claim before, five since: a pop of partitions >= 5 claimed fewer partitions than asked
+-- (8 of 10 for the e2e consumer's partitions=10), and the rest waited for the next pop. Now
+-- 5 * p_max_partitions (test_pop's test_partitions_claims_as_many_partitions_as_asked); the
+-- claim record's column is schema/019 (pgcons11's 017, renumbered). The SET options again
+-- (bench/popsql.py --callgrind, same command): 658,694 a pop with them, 649,345 with
+-- plan_cache_mode alone, 636,684 without any (a fixed ~12,700 for having SET clauses at all),
+-- 671,991 with set_config(..., true) calls instead; without them a generic plan reads a
+-- group's 40 cursors on another queue (test_a_pop_reads_the_cursors_of_its_own_queue_only:
+-- 42 rows read, < 10 asked). Kept, as pgcons11 concluded.
+
+CREATE OR REPLACE FUNCTION queen.log_pop_v2(
     p_tenant         uuid,
     p_queue          text,
     p_partition      text,
@@ -438,20 +469,33 @@ DECLARE
     v_started    int8[];        -- queues on which this pop recorded the group's first start
     v_scope      record;        -- the one queue of a queue pop
     v_cands      refcursor;
-    v_cand       record;
-    v_part       record;
+    -- the candidate (a row of v_cands): its queue's options, partition and ready_at; its
+    -- queue's name, encryption flag and partition id go straight to the result columns
+    -- queue_name, encrypted and partition_id (PERF(pop): read into variables, not a record's
+    -- fields; a lone claim's first row is then RETURN NEXT, below)
+    v_qid        int8;
+    v_lease_time int4;
+    v_delayed    int4;
+    v_window     int4;
+    v_retry      interval;
+    v_max_wait   interval;
+    v_pid        int8;
+    v_ready      timestamptz;
+    v_last       int8;          -- the candidate's partition: last_offset, log_start_offset,
+    v_from       int8;          -- last_created_at (its name is partition_name)
+    v_last_at    timestamptz;
     v_ctid       tid;           -- the candidate's cursor row, locked
     v_old        int8;          -- its committed_offset
-    v_held       timestamptz;
-    v_bstart     int8;   -- its lease (or release) time + retryDelay
-    v_start      int8;
-    v_end        int8;
+    v_held       timestamptz;   -- its lease (or release) time + retryDelay
+    v_bstart     int8;          -- its batch_start (its attempt_count goes to attempt)
     v_cut        int8;
-    v_attempt    int4;
-    v_expires    timestamptz;   -- the lease's expiry: one queue's leaseTime, so every claim's
-    v_next_at    timestamptz;   -- created_at of the segment holding v_end + 1
-    -- the claims, in claim order, four numbers each: partition id, start, end, attempt (NULL
-    -- until the first: NULL || x is x, and a default is an expression each call initializes)
+    v_next_off   int8;          -- the candidate's claim record: next_offset and the base
+    v_cover      int8;          -- of its segment, then the base of the segment holding start_off
+    v_next_at    timestamptz;   -- the new claim record: created_at and base of the segment
+    v_next_base  int8;          -- holding end_off + 1
+    -- the claims, in claim order, five numbers each: partition id, start, end, attempt, the
+    -- base of the segment holding start (NULL until the first: NULL || x is x, and a default
+    -- is an expression each call initializes)
     v_claims     int8[];
     v_pids       int8[];        -- the claims' partitions
 BEGIN
@@ -462,14 +506,14 @@ BEGIN
        OR (p_queue IS NULL AND p_namespace IS NULL AND p_task IS NULL) THEN
         IF p_batch IS NULL OR p_batch < 1 OR p_max_partitions IS NULL
            OR p_max_partitions < 1 THEN
-            RAISE EXCEPTION 'log_pop_v1: batch and max_partitions must be >= 1'
+            RAISE EXCEPTION 'log_pop_v2: batch and max_partitions must be >= 1'
                 USING ERRCODE = '22023';
         END IF;
         IF p_sub_mode NOT IN ('all', 'new', 'new-only', 'timestamp') THEN
-            RAISE EXCEPTION 'log_pop_v1: unknown subscription mode %', p_sub_mode
+            RAISE EXCEPTION 'log_pop_v2: unknown subscription mode %', p_sub_mode
                 USING ERRCODE = '22023';
         END IF;
-        RAISE EXCEPTION 'log_pop_v1: a queue, a namespace or a task is required'
+        RAISE EXCEPTION 'log_pop_v2: a queue, a namespace or a task is required'
             USING ERRCODE = '22023';
     END IF;
 
@@ -481,7 +525,7 @@ BEGIN
     -- Pop maintenance (api.md 5): pops claim nothing, and learn of no wake-up time.
     IF p_queue IS NOT NULL THEN
         -- PERF(pop): a queue pop's scope is its one queue (queues_tenant_name_key): the
-        -- maintenance flag, its options (schema/017's view) and whether the group started
+        -- maintenance flag, its options (schema/016's view) and whether the group started
         -- there come in one statement (bench/popsql.py: the flag's statement, the call of
         -- pop_scope_ids_v1 and pop_scope_v4's second read of the queue were 0.1 of a pop's
         -- PostgreSQL instructions).
@@ -561,7 +605,8 @@ BEGIN
                 SELECT v_scope.id AS qid, v_scope.name AS qname, v_scope.lease_time AS lease_time,
                        v_scope.delayed AS delayed, v_scope.window_s AS window_s,
                        v_scope.encrypted AS encrypted, v_scope.retry_delay AS retry_delay,
-                       v_scope.max_wait AS max_wait, c.partition_id AS pid, c.ready_at
+                       v_scope.max_wait AS max_wait, c.partition_id AS pid,
+                       c.partition_id, c.ready_at
                 FROM queen.log_partitions lp
                 JOIN queen.log_consumers c
                   ON c.partition_id = lp.id AND c.consumer_group = p_group
@@ -574,7 +619,8 @@ BEGIN
                 SELECT v_scope.id AS qid, v_scope.name AS qname, v_scope.lease_time AS lease_time,
                        v_scope.delayed AS delayed, v_scope.window_s AS window_s,
                        v_scope.encrypted AS encrypted, v_scope.retry_delay AS retry_delay,
-                       v_scope.max_wait AS max_wait, c.partition_id AS pid, c.ready_at
+                       v_scope.max_wait AS max_wait, c.partition_id AS pid,
+                       c.partition_id, c.ready_at
                 FROM queen.log_consumers c
                 WHERE c.queue_id = v_scope.id AND c.consumer_group = p_group
                   AND c.ready_at IS NOT NULL
@@ -586,7 +632,7 @@ BEGIN
         OPEN v_cands FOR
             SELECT pq.id AS qid, pq.name AS qname, pq.lease_time, pq.delayed, pq.window_s,
                    pq.encrypted, pq.retry_delay, pq.max_wait, c.partition_id AS pid,
-                   c.ready_at
+                   c.partition_id, c.ready_at
             FROM queen.pop_scope_v5(v_scope_ids, p_group) pq
             CROSS JOIN LATERAL (
                 SELECT c.partition_id, c.ready_at
@@ -603,38 +649,41 @@ BEGIN
     END IF;
 
     LOOP
-        EXIT WHEN cardinality(v_claims) >= 4 * p_max_partitions OR v_left <= 0
+        EXIT WHEN cardinality(v_claims) >= 5 * p_max_partitions OR v_left <= 0
                OR clock_timestamp() >= statement_timestamp()
                                        + make_interval(secs => p_claim_ms / 1000.0);
-        FETCH v_cands INTO v_cand;
+        -- the partition id twice: v_pid for the statements below (an unqualified partition_id
+        -- there is the column: #variable_conflict use_column), partition_id for the result
+        FETCH v_cands INTO v_qid, queue_name, v_lease_time, v_delayed, v_window, encrypted,
+                           v_retry, v_max_wait, v_pid, partition_id, v_ready;
         EXIT WHEN NOT FOUND;
-        CONTINUE WHEN v_queue_id IS NOT NULL AND v_cand.qid <> v_queue_id;
+        CONTINUE WHEN v_queue_id IS NOT NULL AND v_qid <> v_queue_id;
 
         SELECT lp.name, lp.last_offset, lp.log_start_offset, lp.last_created_at
-        INTO v_part
+        INTO partition_name, v_last, v_from, v_last_at
         FROM queen.log_partitions lp
-        WHERE lp.id = v_cand.pid;
-        IF NOT FOUND OR (v_cand.window_s > 0 AND v_part.last_created_at
-                         > now() - make_interval(secs => v_cand.window_s)) THEN
+        WHERE lp.id = v_pid;
+        IF NOT FOUND OR (v_window > 0 AND v_last_at
+                         > now() - make_interval(secs => v_window)) THEN
             IF FOUND THEN  -- a window buffer still open
-                v_wake := LEAST(v_wake, v_part.last_created_at
-                                        + make_interval(secs => v_cand.window_s));
+                v_wake := LEAST(v_wake, v_last_at
+                                        + make_interval(secs => v_window));
             END IF;
             CONTINUE;
         END IF;
 
         -- PERF(pop): the claim below updates the row by the ctid read here (a TID scan, not
-        -- a second index probe), as log_ack_multi_v2 does. The claim's start, end and
+        -- a second index probe), as log_ack_multi_v3 does. The claim's start, end and
         -- attempt are plpgsql assignments: computed by this SELECT ... FOR UPDATE they cost
         -- more (bench/popsql.py). Assignments leave FOUND as this SELECT set it.
-        SELECT c.ctid, c.committed_offset, c.lease_expires_at + v_cand.retry_delay,
-               c.batch_start, c.attempt_count
-        INTO v_ctid, v_old, v_held, v_bstart, v_attempt
+        SELECT c.ctid, c.committed_offset, c.lease_expires_at + v_retry,
+               c.batch_start, c.attempt_count, c.next_offset, c.next_base_offset
+        INTO v_ctid, v_old, v_held, v_bstart, attempt, v_next_off, v_cover
         FROM queen.log_consumers c
-        WHERE c.partition_id = v_cand.pid AND c.consumer_group = p_group
+        WHERE c.partition_id = v_pid AND c.consumer_group = p_group
         FOR UPDATE SKIP LOCKED;
-        v_start := GREATEST(v_old + 1, v_part.log_start_offset);
-        IF NOT FOUND OR v_held > now() OR v_start > v_part.last_offset THEN
+        start_off := GREATEST(v_old + 1, v_from);
+        IF NOT FOUND OR v_held > now() OR start_off > v_last THEN
             IF NOT FOUND THEN
                 -- Another pop or an ack holds it right now: it may become claimable (or its
                 -- delayed message mature) without a push, so look again soon.
@@ -646,16 +695,16 @@ BEGIN
                 -- retention removed what it had): the flag is cleared unless a push holds the
                 -- partition right now (no claim record: it may be what retention removed).
                 UPDATE queen.log_consumers c
-                SET ready_at = queen.log_ready_at_v1(v_cand.pid, v_old, NULL, NULL)
-                WHERE c.partition_id = v_cand.pid AND c.consumer_group = p_group;
+                SET ready_at = queen.log_ready_at_v1(v_pid, v_old, NULL, NULL)
+                WHERE c.partition_id = v_pid AND c.consumer_group = p_group;
             END IF;
             CONTINUE;
         END IF;
 
-        v_end := LEAST(v_part.last_offset, v_start + v_left - 1);
-        v_attempt := CASE WHEN v_bstart = v_start AND v_attempt > 0
-                          THEN v_attempt + 1 ELSE 1 END;
-        IF v_cand.max_wait IS NOT NULL OR v_cand.delayed > 0 THEN
+        end_off := LEAST(v_last, start_off + v_left - 1);
+        attempt := CASE WHEN v_bstart = start_off AND attempt > 0
+                          THEN attempt + 1 ELSE 1 END;
+        IF v_max_wait IS NOT NULL OR v_delayed > 0 THEN
             -- maxWaitTimeSeconds (api.md 4): a message that waited longer is never delivered.
             -- The head is the oldest message of the claim (created_at is monotone in offset
             -- order), so only its age matters. PERF: ready_at (read with the candidate) is
@@ -663,66 +712,83 @@ BEGIN
             -- probe; an overdue head leaves the partition to housekeeping's eviction (deleted
             -- and counted, retention.sql), which comes within one QUEEN_HOUSEKEEPING_S round:
             -- look again in a second.
-            IF v_cand.max_wait IS NOT NULL AND v_cand.ready_at < now() - v_cand.max_wait
-               AND queen.log_pending_at_v1(v_cand.pid, v_start) < now() - v_cand.max_wait THEN
+            IF v_max_wait IS NOT NULL AND v_ready < now() - v_max_wait
+               AND queen.log_pending_at_v1(v_pid, start_off) < now() - v_max_wait THEN
                 v_wake := LEAST(v_wake, clock_timestamp() + interval '1 second');
                 CONTINUE;
             END IF;
 
-            IF v_cand.delayed > 0 THEN
+            IF v_delayed > 0 THEN
                 SELECT s.base_offset + s.msg_count - 1 INTO v_cut
                 FROM queen.log_segments s
-                WHERE s.partition_id = v_cand.pid
-                  AND s.created_at <= now() - make_interval(secs => v_cand.delayed)
+                WHERE s.partition_id = v_pid
+                  AND s.created_at <= now() - make_interval(secs => v_delayed)
                 ORDER BY s.base_offset DESC
                 LIMIT 1;
-                IF v_cut IS NULL OR v_cut < v_start THEN
+                IF v_cut IS NULL OR v_cut < start_off THEN
                     v_wake := LEAST(v_wake, (
-                        SELECT s.created_at + make_interval(secs => v_cand.delayed)
+                        SELECT s.created_at + make_interval(secs => v_delayed)
                         FROM queen.log_segments s
-                        WHERE s.partition_id = v_cand.pid AND s.base_offset <= v_start
+                        WHERE s.partition_id = v_pid AND s.base_offset <= start_off
                         ORDER BY s.base_offset DESC LIMIT 1));
                     CONTINUE;
                 END IF;
-                v_end := LEAST(v_end, v_cut);
+                end_off := LEAST(end_off, v_cut);
             END IF;
         END IF;
 
-        -- the claim record: created_at of the segment holding v_end + 1 (NULL at the end)
-        SELECT s.created_at INTO v_next_at
+        -- PERF(pop): the segment holding start_off, where the claim's segments begin: the
+        -- claim record names it when the previous claim ended at start_off - 1 (every claim
+        -- acked whole); a probe otherwise (as a subquery of the answer's statement it cost
+        -- 42,000 instructions a pop, bench/popsql.py). NULL: retained away.
+        IF v_next_off IS DISTINCT FROM start_off OR v_cover IS NULL THEN
+            SELECT s.base_offset INTO v_cover
+            FROM queen.log_segments s
+            WHERE s.partition_id = v_pid AND s.base_offset <= start_off
+            ORDER BY s.base_offset DESC LIMIT 1;
+        END IF;
+        -- the claim record: created_at and base of the segment holding end_off + 1 (a claim
+        -- that reached the partition's end: no time, and the next segment's base is
+        -- end_off + 1, offsets being allocated without gaps)
+        SELECT s.created_at, s.base_offset INTO v_next_at, v_next_base
         FROM queen.log_segments s
-        WHERE v_end < v_part.last_offset
-          AND s.partition_id = v_cand.pid AND s.base_offset <= v_end + 1
+        WHERE end_off < v_last
+          AND s.partition_id = v_pid AND s.base_offset <= end_off + 1
         ORDER BY s.base_offset DESC LIMIT 1;
         -- INTO STRICT: the row is locked by this pop, so its version cannot have moved
         -- (P0002 if it did)
         IF p_auto_ack THEN
             UPDATE queen.log_consumers c
-            SET committed_offset = v_end,
-                total_consumed = c.total_consumed + (v_end - v_old),
+            SET committed_offset = end_off,
+                total_consumed = c.total_consumed + (end_off - v_old),
                 last_consumed_at = now(), last_popped_at = now(),
                 attempt_count = 0, batch_retry_count = 0,
-                next_offset = v_end + 1, next_created_at = v_next_at,
-                ready_at = queen.log_ready_at_v1(v_cand.pid, v_end, v_end + 1, v_next_at)
+                next_offset = end_off + 1, next_created_at = v_next_at,
+                next_base_offset = CASE WHEN end_off < v_last THEN v_next_base
+                                        ELSE end_off + 1 END,
+                ready_at = queen.log_ready_at_v1(v_pid, end_off, end_off + 1, v_next_at)
             WHERE c.ctid = v_ctid
-              AND c.partition_id = v_cand.pid AND c.consumer_group = p_group
-            RETURNING NULL::timestamptz INTO STRICT v_expires;
+              AND c.partition_id = v_pid AND c.consumer_group = p_group
+            RETURNING NULL::timestamptz INTO STRICT lease_expires_at;
         ELSE
             UPDATE queen.log_consumers c
             SET lease_id = p_lease_id, worker_id = p_lease_id::text,
-                lease_expires_at = now() + make_interval(secs => v_cand.lease_time),
+                lease_expires_at = now() + make_interval(secs => v_lease_time),
                 leased_at = now(), last_popped_at = now(),
-                batch_start = v_start, batch_end = v_end, attempt_count = v_attempt,
-                next_offset = v_end + 1, next_created_at = v_next_at
+                batch_start = start_off, batch_end = end_off, attempt_count = attempt,
+                next_offset = end_off + 1, next_created_at = v_next_at,
+                next_base_offset = CASE WHEN end_off < v_last THEN v_next_base
+                                        ELSE end_off + 1 END
             WHERE c.ctid = v_ctid
-              AND c.partition_id = v_cand.pid AND c.consumer_group = p_group
-            RETURNING c.lease_expires_at INTO STRICT v_expires;
+              AND c.partition_id = v_pid AND c.consumer_group = p_group
+            RETURNING c.lease_expires_at INTO STRICT lease_expires_at;
         END IF;
 
-        v_queue_id := v_cand.qid;
-        v_left := v_left - (v_end - v_start + 1)::int4;
-        v_claims := v_claims || ARRAY[v_cand.pid, v_start, v_end, v_attempt];
-        v_pids := v_pids || v_cand.pid;
+        v_queue_id := v_qid;
+        v_left := v_left - (end_off - start_off + 1)::int4;
+        v_claims := v_claims || ARRAY[v_pid, start_off, end_off, attempt,
+                                      COALESCE(v_cover, start_off)];
+        v_pids := v_pids || v_pid;
     END LOOP;
     CLOSE v_cands;
 
@@ -758,50 +824,39 @@ BEGIN
     SELECT p_lease_id, p_tenant, p_group, v_pids
     WHERE p_lease_id IS NOT NULL AND NOT p_auto_ack;
 
-    IF cardinality(v_claims) = 4 AND v_cand.pid = v_claims[1] THEN
+    IF cardinality(v_claims) = 5 AND v_pid = v_claims[1] THEN
         -- PERF(pop): one claim that was the walk's last candidate (every pop of partitions=1
-        -- that claims): the queue's and the partition's names, the encryption flag and the
-        -- claim's start, end and attempt are the ones read with it (v_cand, v_part, v_start,
-        -- v_end, v_attempt: no later candidate replaced them), so its segments are the
-        -- statement, in primary key order: no join, no sort (bench/popsql.py).
+        -- that claims): the result columns queue_name .. lease_expires_at hold its values, as
+        -- the walk read them into them (no later candidate replaced them), so RETURN NEXT is
+        -- its first row (no statement), and its segments are one statement in primary key
+        -- order without the claim's columns: no join, no sort (bench/popsql.py).
+        RETURN NEXT;
         RETURN QUERY
-        SELECT v_cand.qname::text, v_cand.pid, v_part.name::text, v_start, v_end,
-               v_attempt, v_expires, v_cand.encrypted,
-               s.base_offset, s.created_at, s.payload, NULL::int8
+        SELECT NULL::text, NULL::int8, NULL::text, NULL::int8, NULL::int8, NULL::int4,
+               NULL::timestamptz, NULL::boolean, s.base_offset, s.created_at, s.payload,
+               NULL::int8
         FROM queen.log_segments s
-        WHERE s.partition_id = v_cand.pid
-          AND s.base_offset <= v_end
-          AND s.base_offset >= COALESCE(
-                (SELECT max(s2.base_offset) FROM queen.log_segments s2
-                 WHERE s2.partition_id = v_cand.pid AND s2.base_offset <= v_start),
-                v_start)
+        WHERE s.partition_id = v_pid
+          AND s.base_offset <= end_off
+          AND s.base_offset >= COALESCE(v_cover, start_off)
         ORDER BY s.base_offset;
-        IF NOT FOUND THEN  -- retained away: the claim's one row without segment columns
-            RETURN QUERY
-            SELECT v_cand.qname::text, v_cand.pid, v_part.name::text, v_start, v_end,
-                   v_attempt, v_expires, v_cand.encrypted, NULL::int8,
-                   NULL::timestamptz, NULL::bytea, NULL::int8;
-        END IF;
         RETURN;
     END IF;
     -- The claims' partitions and queue by primary key (a join with the scope would read
     -- every partition of the queue).
     RETURN QUERY
-    SELECT q.name::text, cl.pid, lp.name::text, cl.s, cl.e, cl.a, v_expires,
+    SELECT q.name::text, cl.pid, lp.name::text, cl.s, cl.e, cl.a, log_pop_v2.lease_expires_at,
            q.encryption_enabled, seg.base_offset, seg.created_at, seg.payload, NULL::int8
-    FROM generate_series(1, cardinality(v_claims), 4) AS g(n)
+    FROM generate_series(1, cardinality(v_claims), 5) AS g(n)
     CROSS JOIN LATERAL (SELECT v_claims[g.n] AS pid, v_claims[g.n + 1] AS s,
-                               v_claims[g.n + 2] AS e, v_claims[g.n + 3]::int4 AS a) cl
+                               v_claims[g.n + 2] AS e, v_claims[g.n + 3]::int4 AS a,
+                               v_claims[g.n + 4] AS b) cl
     JOIN queen.log_partitions lp ON lp.id = cl.pid
     JOIN queen.queues q ON q.id = lp.queue_id
     LEFT JOIN LATERAL (
         SELECT s.base_offset, s.created_at, s.payload
         FROM queen.log_segments s
-        WHERE s.partition_id = cl.pid
-          AND s.base_offset <= cl.e
-          AND s.base_offset >= COALESCE(
-                (SELECT max(s2.base_offset) FROM queen.log_segments s2
-                 WHERE s2.partition_id = cl.pid AND s2.base_offset <= cl.s), cl.s)
+        WHERE s.partition_id = cl.pid AND s.base_offset <= cl.e AND s.base_offset >= cl.b
     ) seg ON true
     ORDER BY g.n, seg.base_offset;
 END
