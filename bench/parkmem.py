@@ -10,14 +10,24 @@ what a parked pop holds reads as MB a worker. A release is what the suite does: 
 every queue (two 500-item pushes), then ``--settle`` seconds for the front workers' quiet-tick
 trim (queen_mp/heap.py ``HeapTrim``) before the sample.
 
+``--load 1,10,100,1000`` runs the suite's push cells first, one after the other on the same
+broker (bench/loadgen.py, 64 connections, ``--load-s`` each), each sampled after ``--settle``:
+what the pops then park on is what the earlier loads left. ``--maps`` prints each front
+worker's mappings of 512 KiB or more private dirty pages after each load.
+
 With ``--diag DIR`` the broker runs with a ``sitecustomize`` of this script's on its
 ``PYTHONPATH`` (the product is not changed): every forked child starts ``tracemalloc`` and a
 thread that, when asked, dumps a snapshot and the gc-tracked objects' counts by type; the
 front workers' growth from rest to parked is printed by allocation site and by type.
-tracemalloc costs memory of its own: read PSS from a run without ``--diag``::
+tracemalloc costs memory of its own: read PSS from a run without ``--diag``. ``--depth 0``
+starts no tracemalloc (whose hooks hide pymalloc from ``sys._debugmallocstats``): each sample
+then prints the front workers' pymalloc arenas, the memory they hold and how much of it is
+free (blocks free in used pools, and empty pools), the fragmentation a peak leaves::
 
     PYTHONPATH=<tree> .venv/bin/python -m bench.parkmem --dsn 'host=... dbname=<yours>'
     PYTHONPATH=<tree> .venv/bin/python -m bench.parkmem --dsn '...' --diag /tmp/parkdiag
+    PYTHONPATH=<tree> .venv/bin/python -m bench.parkmem --load 1,10,100,1000 --rounds 1 \
+        --diag /tmp/parkdiag --depth 0
 """
 
 from __future__ import annotations
@@ -41,6 +51,7 @@ from psycopg import sql
 
 from bench import push as pb
 from bench.consume import Http, push_to_all
+from bench.loadgen import LoadSpec, run_load
 
 #: what the broker's children run when ``--diag`` is given (written as its sitecustomize.py)
 _SITECUSTOMIZE = '''
@@ -50,7 +61,9 @@ import os, sys, threading, time
 def _child():
     import gc, json, pickle, tracemalloc
     out = os.environ["PARKMEM_DIAG"]
-    tracemalloc.start(int(os.environ.get("PARKMEM_DEPTH", "6")))
+    depth = int(os.environ.get("PARKMEM_DEPTH", "6"))
+    if depth:  # 0: no tracemalloc (its hooks hide pymalloc's arenas from the stats)
+        tracemalloc.start(depth)
     me, done = os.getpid(), set()
 
     def watch():
@@ -68,9 +81,20 @@ def _child():
                 for o in gc.get_objects():
                     name = type(o).__qualname__
                     counts[name] = counts.get(name, 0) + 1
-                snap = tracemalloc.take_snapshot()
-                with open(f"{out}/{me}-{tag}.tm", "wb") as f:
-                    pickle.dump(snap, f, pickle.HIGHEST_PROTOCOL)
+                snap = tracemalloc.take_snapshot() if depth else None
+                # pymalloc's arenas (sys._debugmallocstats writes to fd 2, lent for the call)
+                with open(f"{out}/{me}-{tag}.arenas", "w") as f:
+                    err = os.dup(2)
+                    try:
+                        sys.stderr.flush()
+                        os.dup2(f.fileno(), 2)
+                        sys._debugmallocstats()
+                    finally:
+                        os.dup2(err, 2)
+                        os.close(err)
+                if snap is not None:
+                    with open(f"{out}/{me}-{tag}.tm", "wb") as f:
+                        pickle.dump(snap, f, pickle.HIGHEST_PROTOCOL)
                 with open(f"{out}/{me}-{tag}.json.tmp", "w") as f:
                     json.dump(counts, f)
                 os.rename(f"{out}/{me}-{tag}.json.tmp", f"{out}/{me}-{tag}.json")
@@ -113,6 +137,25 @@ def _role(pid: int, root: int) -> str:
     return comm if comm.startswith("qmp-") else f"worker {pid}"
 
 
+def big_mappings(pid: int, min_kb: int = 512) -> list[str]:
+    """``pid``'s mappings with at least ``min_kb`` of private dirty pages: size, dirty, name."""
+    out: list[str] = []
+    head: list[str] = []
+    try:
+        with open(f"/proc/{pid}/smaps") as f:
+            for line in f:
+                first = line.split(None, 1)[0]
+                if "-" in first and not first.endswith(":"):
+                    head = line.split()
+                elif first == "Private_Dirty:" and int(line.split()[1]) >= min_kb:
+                    lo, hi = (int(x, 16) for x in head[0].split("-"))
+                    name = head[5] if len(head) > 5 else "[anon]"
+                    out.append(f"{(hi - lo) // 1024}k/{line.split()[1]}k {Path(name).name}")
+    except OSError:
+        pass
+    return out
+
+
 def sample(root: int) -> dict[str, dict[str, int]]:
     """Each broker process's memory by role (kB)."""
     return {_role(p, root): _fields(p) for p in pb.process_tree(root)}
@@ -148,11 +191,33 @@ class Diag:
         (self.site / "sitecustomize.py").write_text(_SITECUSTOMIZE)
 
     async def ask(self, tag: str, pids: list[int]) -> None:
+        """Snapshots of ``pids`` at ``tag``; prints each one's arenas."""
         (self.out / f"ask-{tag}").touch()
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not all(
                 (self.out / f"{p}-{tag}.json").exists() for p in pids):
             await asyncio.sleep(0.2)
+        for p in pids:
+            print(f"  worker {p} {tag}: {self.arenas(p, tag)}", flush=True)
+
+    def arenas(self, pid: int, tag: str) -> str:
+        """``pid``'s pymalloc arenas at ``tag``: what a worker keeps of a peak shows here, as
+        arenas held for a few live blocks (CPython frees an arena only once it is empty)."""
+        text = (self.out / f"{pid}-{tag}.arenas").read_text()
+        stat = {}
+        for line in text.splitlines():
+            name, eq, value = line.rpartition("=")
+            if eq and value.replace(",", "").strip().isdigit():
+                stat[name.strip()] = int(value.replace(",", ""))
+        pools, empty = 0, 0  # its line: "N unused pools * SIZE bytes = TOTAL"
+        for line in text.splitlines():
+            if line.split()[1:3] == ["unused", "pools"]:
+                pools, empty = int(line.split()[0]), int(line.rpartition("=")[2].replace(",", ""))
+        mb = 1 << 20
+        return (f"{stat.get('# arenas allocated current', 0)} arenas: live blocks "
+                f"{stat.get('# bytes in allocated blocks', 0) / mb:.1f} MB, free blocks "
+                f"{stat.get('# bytes in available blocks', 0) / mb:.1f} MB, {pools} empty pools "
+                f"{empty / mb:.1f} MB")
 
     def connections(self, pid: int, before: str, after: str) -> int:
         """The HTTP connections ``pid`` gained from ``before`` to ``after`` (its protocols)."""
@@ -160,6 +225,8 @@ class Diag:
         return max(0, c1.get(_PROTOCOL, 0) - c0.get(_PROTOCOL, 0))
 
     def report(self, pid: int, before: str, after: str, per: int, top: int) -> None:
+        if not (self.out / f"{pid}-{after}.tm").exists():  # --depth 0
+            return
         with open(self.out / f"{pid}-{before}.tm", "rb") as f:
             s0: tracemalloc.Snapshot = pickle.load(f)
         with open(self.out / f"{pid}-{after}.tm", "rb") as f:
@@ -213,6 +280,7 @@ async def run(args: argparse.Namespace) -> int:
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(diag.site), env.get("PYTHONPATH", "")) if p)
         env["PARKMEM_DIAG"] = str(diag.out)
+        env["PARKMEM_DEPTH"] = str(args.depth)
     srv = pb.Server("queen-mp", f"http://127.0.0.1:{port}",
                     pb._spawn([sys.executable, "-m", "queen_mp.processes.cli", "serve"], env,
                               tmp / "broker.log"), tmp / "broker.log", dsn)
@@ -228,6 +296,16 @@ async def run(args: argparse.Namespace) -> int:
                    if _role(p, root).startswith("worker")]
         if diag is not None:
             await diag.ask("rest", workers)
+        for items in args.load:
+            run = await asyncio.to_thread(run_load, LoadSpec(
+                srv.url, items=items, duration=args.load_s, queue=f"load-{rid}"))
+            await asyncio.sleep(args.settle)
+            show(f"pushed {items} ({run['msgs_per_s'] / 1000:.1f}k/s)", sample(root), rest)
+            if args.maps:
+                for p in workers:
+                    print(f"  worker {p}: " + ", ".join(big_mappings(p)), flush=True)
+            if diag is not None:
+                await diag.ask(f"pushed{items}", workers)
         tail = (f"?batch=1&consumerGroup=park&subscriptionMode=new&autoAck=true&wait=true"
                 f"&timeout={args.timeout_ms}")
         for r in range(1, args.rounds + 1):
@@ -281,6 +359,8 @@ async def run(args: argparse.Namespace) -> int:
                 await diag.ask("released", workers)
         if diag is not None:
             for p in workers:
+                if args.load:
+                    diag.report(p, "rest", f"pushed{args.load[-1]}", 1, args.top)
                 per = diag.connections(p, "rest", "parked") or args.parked // len(workers)
                 diag.report(p, "rest", "parked", per, args.top)
                 diag.report(p, "rest", "released", per, args.top)
@@ -311,6 +391,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="seconds before a sample at rest or after a release")
     ap.add_argument("--diag", metavar="DIR", default=None,
                     help="tracemalloc and gc counts in the broker's children, dumped in DIR")
+    ap.add_argument("--load", type=lambda v: [int(x) for x in v.split(",") if x], default=[],
+                    metavar="N,N..", help="before the pops: push loads of N items a request "
+                    "(bench/loadgen.py, 64 connections), one after the other, each sampled")
+    ap.add_argument("--load-s", type=float, default=10.0, help="each push load's seconds")
+    ap.add_argument("--maps", action="store_true",
+                    help="after each push load, the front workers' mappings of 512 KiB or "
+                    "more private dirty pages")
+    ap.add_argument("--depth", type=int, default=6,
+                    help="tracemalloc's frames (--diag); 0: none, for pymalloc's arena figures")
     ap.add_argument("--top", type=int, default=25, help="allocation sites shown (--diag)")
     return asyncio.run(run(ap.parse_args(argv)))
 

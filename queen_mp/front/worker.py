@@ -30,7 +30,7 @@ from queen_mp.front.queueflags import QueueFlags
 from queen_mp.front.spooldrain import Drainer
 from queen_mp.front.spoolhold import HOLD_TTL_MS, SpoolHold, now_us
 from queen_mp.front.transactions import Transactions
-from queen_mp.heap import HeapTrim, freeze_startup_objects
+from queen_mp.heap import HeapTrim, freeze_startup_objects, request_caches
 from queen_mp.ipc.flags import FlagsBoard
 from queen_mp.ipc.heartbeat import HeartbeatBoard
 from queen_mp.ipc.routing import ack_shard
@@ -182,8 +182,9 @@ class FrontWorker:
         mark_process_dead(os.getpid())
 
     async def _gauge_loop(self) -> None:
-        """Every second: the gauges, and the heap's free pages back after a burst."""
-        trim = HeapTrim()
+        """Every second: the gauges, and the heap's free pages back after a burst (the
+        request caches cleared first: ``HeapTrim``)."""
+        trim = HeapTrim(clear=request_caches)
         while True:
             try:
                 self.refresh_gauges()

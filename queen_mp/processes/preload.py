@@ -34,7 +34,7 @@ import importlib
 import mimetypes
 import os
 
-from queen_mp.heap import freeze_startup_objects
+from queen_mp.heap import bounded_caches, freeze_startup_objects, request_caches
 
 __all__ = ["PRELOADED", "preload"]
 
@@ -53,12 +53,14 @@ PRELOADED = (
 
 
 def preload() -> None:
-    """Import ``PRELOADED``, fill the front workers' startup caches and freeze everything
-    alive; run once, before the first fork."""
+    """Import ``PRELOADED``, fill the front workers' startup caches, list their request
+    caches (``queen_mp.heap.request_caches``) and freeze everything alive; run once, before
+    the first fork."""
     os.environ["OPENBLAS_NUM_THREADS"] = "1"
     for name in PRELOADED:
         importlib.import_module(name)
     _warm()
+    request_caches[:] = bounded_caches("queen_mp.")
     freeze_startup_objects()
 
 

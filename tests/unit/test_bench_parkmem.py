@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import mmap
 import os
 import pickle
 import subprocess
@@ -13,7 +14,7 @@ import time
 import tracemalloc
 from pathlib import Path
 
-from bench.parkmem import Diag, sample
+from bench.parkmem import Diag, big_mappings, sample
 
 # a "supervisor" that forks one child, which lives until told to go
 _FORKER = """
@@ -55,3 +56,23 @@ def test_a_forked_child_dumps_its_snapshot_and_counts_when_asked(tmp_path: Path)
             os.kill(child, 9)
         root.kill()
         root.wait()
+
+
+def test_big_mappings_lists_the_private_dirty_ones_of_a_process():
+    with mmap.mmap(-1, 4 << 20) as held:  # an anonymous mapping of its own, all written
+        held.write(b"x" * (4 << 20))
+        rows = big_mappings(os.getpid(), min_kb=2048)
+    # rows read "<size>k/<private dirty>k <name>"
+    assert any(r.endswith("[anon]") and int(r.split("/")[1].split("k")[0]) >= 4096
+               for r in rows), rows
+
+
+def test_arenas_reads_a_childs_debugmallocstats(tmp_path: Path):
+    diag = Diag(tmp_path)
+    err = subprocess.run([sys.executable, "-c", "import sys; sys._debugmallocstats()"],
+                         capture_output=True, text=True, env={**os.environ,
+                                                              "PYTHONMALLOC": "pymalloc"})
+    (tmp_path / "7-t.arenas").write_text(err.stderr)
+    line = diag.arenas(7, "t")
+    arenas = int(line.split()[0])
+    assert arenas > 0 and "live blocks" in line and "empty pools" in line

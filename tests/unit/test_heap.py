@@ -7,11 +7,12 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import types
 
 import pytest
 
 from queen_mp import heap
-from queen_mp.heap import HeapTrim, fix_mmap_threshold
+from queen_mp.heap import HeapTrim, bounded_caches, fix_mmap_threshold
 
 # Frees a 4 MiB block (glibc's adaptive threshold then rises to 4 MiB), allocates 512 KiB and
 # prints how many blocks malloc has mapped on their own (mallinfo2().hblks).
@@ -99,3 +100,29 @@ def test_glibcs_malloc_trim_is_what_it_calls() -> None:
     trim = HeapTrim(quiet_cpu_s=1e9)  # every tick is quiet
     trim._worked = True
     assert trim.tick() is True
+
+
+def test_bounded_caches_are_the_modules_own_lru_caches_with_a_bound(monkeypatch) -> None:
+    mod = types.ModuleType("fakepkg.mod")
+    exec("import functools\n"
+         "@functools.lru_cache(maxsize=8)\ndef bounded(x): return x\n"
+         "@functools.cache\ndef once(): return 1\n"
+         "from functools import lru_cache as _l\n", mod.__dict__)
+    other = types.ModuleType("fakepkg.other")
+    other.borrowed = mod.bounded  # another module's cache, named here: cleared once, there
+    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    monkeypatch.setitem(sys.modules, other.__name__, other)
+    monkeypatch.setitem(sys.modules, "fakepkg.gone", None)
+    assert bounded_caches("fakepkg.") == [mod.bounded.cache_clear]
+
+
+def test_the_caches_are_cleared_before_the_trim_and_only_then(monkeypatch) -> None:
+    clock = [0.0]
+    monkeypatch.setattr(heap.time, "process_time", lambda: clock[0])
+    calls: list[str] = []
+    trim = HeapTrim(0.02, lambda pad: calls.append("trim") or 1,
+                    clear=[lambda: calls.append("a"), lambda: calls.append("b")])
+    for cpu in (0.5, 0.3, 0.0, 0.0):
+        clock[0] += cpu
+        trim.tick()
+    assert calls == ["a", "b", "trim"]

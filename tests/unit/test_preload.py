@@ -25,6 +25,8 @@ print(json.dumps({
     "frozen": gc.get_freeze_count(),
     "warm": [mimetypes.inited,
              sys.modules["queen_mp.http.openapi"].document_bytes.cache_info().currsize],
+    "request_caches": sorted(c.__self__.__qualname__
+                             for c in sys.modules["queen_mp.heap"].request_caches),
 }))
 """
 
@@ -44,3 +46,6 @@ def test_preload_imports_the_children_modules_and_no_thread_or_descriptor(tmp_pa
     assert seen["frozen"] > 10_000
     # what each front worker would otherwise read and build for itself is there already
     assert seen["warm"] == [True, 1]
+    # the front workers' HeapTrim clears these (bounded lru caches), not the once-made document
+    assert {"_item_template", "_one_template", "iso_from_us"} <= set(seen["request_caches"])
+    assert "document_bytes" not in seen["request_caches"]
