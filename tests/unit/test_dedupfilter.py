@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from queen_mp.shards.dedupfilter import (
+    ADMIT_SHARE,
     CLOCK_MARGIN_S,
     EPOCHS,
     HOT_MAX,
@@ -115,7 +116,12 @@ def test_old_entries_are_forgotten_and_memory_is_bounded() -> None:
     assert f.entries == 1  # a and b left the window
     other = (b"\0" * 16, "q", "other")
     f.committed(other, 9, 1, 3, hashes("x", "y", "z"), 10)
-    assert f.entries <= 3 and f.verified(KEY, hashes("n")) == 0  # KEY was dropped
+    # both busy: the one taken in last goes, KEY keeps its promise
+    assert f.entries <= 3 and f.verified(KEY, hashes("n")) == 3
+    assert f.verified(other, hashes("n")) == 0
+    clock.t += 10 / EPOCHS  # KEY idle for an epoch: dropped first
+    f.committed(other, 9, 4, 3, hashes("u", "v", "w"), 10)
+    assert f.entries <= 3 and f.verified(KEY, hashes("n")) == 0
 
 
 def test_window_zero_keeps_nothing() -> None:
@@ -357,3 +363,93 @@ def test_a_bundle_at_once_is_its_segments_one_by_one() -> None:
     assert expected != [0] * 5  # something was promised
     assert many.entries == one.entries
     assert [r.lo for r in many.wanted(1 << 20)] == [r.lo for r in one.wanted(1 << 20)] != []
+
+
+def _answer(f: DedupFilter, log: dict[int, list[tuple[int, float, bytes]]], now: float) -> int:
+    """Every read-back the filter asks, answered from ``log`` (pid -> rows) as SQL would;
+    how many there were."""
+    asks = f.wanted(1 << 30)
+    for ask in asks:
+        f.recalled(ask, [(base, now - at, h) for base, at, h in log[ask.pid]
+                         if ask.lo <= base < ask.below and at >= now - ask.secs])
+    return len(asks)
+
+
+def test_pushes_round_over_more_partitions_than_fit_keep_a_stable_subset() -> None:
+    # Least recently pushed first dropped exactly the partition pushed next: every push
+    # probed its whole window and read it back. Now those taken in last leave, once.
+    clock = Clock()
+    cap, n, size = 1_000, 20, 20  # a round of pushes is 400 entries: 2.5 rounds fit
+    f = DedupFilter(cap, clock)
+    keys = [(b"\0" * 16, "q", f"p{i}") for i in range(n)]
+    log: dict[int, list[tuple[int, float, bytes]]] = {i: [] for i in range(n)}
+    last = [0] * n
+    promised = asked = 0
+    for r in range(12):
+        for i in range(n):
+            clock.t += 0.01
+            blob = hashes(*(f"r{r}-{i}-{j}" for j in range(size)))
+            if r >= 6:
+                promised += f.verified(keys[i], blob) == last[i]
+            f.committed(keys[i], i, last[i] + 1, size, blob, 3600)
+            log[i].append((last[i] + 1, clock.t, blob))
+            last[i] += size
+            n_asks = _answer(f, log, clock.t)
+            asked += n_asks if r >= 6 else 0
+            assert f.entries <= cap
+    assert asked == 0  # no read-back once the subset is stable
+    assert promised >= 6 * 3  # the same few partitions promised every round
+    known = [i for i in range(n) if f.verified(keys[i], hashes("fresh")) == last[i]]
+    for i in known:  # and the promise is exact: every stored hash of theirs is found
+        for base, _, blob in log[i]:
+            assert f.verified(keys[i], blob[:16]) < base
+
+
+def test_a_partition_is_taken_in_when_idle_ones_leave_room() -> None:
+    clock = Clock()
+    f = DedupFilter(100, clock)
+    old = [(b"\0" * 16, "q", f"old{i}") for i in range(5)]
+    for i, key in enumerate(old):
+        f.committed(key, i, 1, 20, hashes(*(f"o{i}-{j}" for j in range(20))), 3600)
+    new = (b"\0" * 16, "q", "new")
+    f.committed(new, 9, 1, 1, hashes("n1"), 3600)  # full, all busy: not taken in
+    assert f.verified(new, hashes("x")) == 0 and f.wanted(1000) == []
+    assert f.entries >= 100 * ADMIT_SHARE
+    clock.t += 3600 / EPOCHS  # the old ones idle for an epoch
+    f.committed(old[4], 4, 21, 1, hashes("o4-20"), 3600)  # busy again: kept
+    f.committed(new, 9, 2, 1, hashes("n2"), 3600)  # the idle ones make room
+    [ask] = f.wanted(1000)
+    assert (ask.pid, ask.lo, ask.below) == (9, 1, 2)
+    f.recalled(ask, [(1, 1.0, hashes("n1"))])
+    assert f.verified(new, hashes("x")) == 2 and f.verified(new, hashes("n1")) == 0
+    assert f.verified(old[4], hashes("x")) == 21 and f.verified(old[0], hashes("x")) == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 4), st.integers(1, 30), st.floats(0, 4), st.booleans()),
+                min_size=1, max_size=60))
+def test_never_a_promise_over_a_live_hash_past_the_bound(
+        steps: list[tuple[int, int, float, bool]]) -> None:
+    # five partitions through a bound smaller than what they hold: drops, refusals and
+    # partitions taken in again (read back from the model) never promise a live hash away
+    clock = Clock()
+    f = DedupFilter(50, clock)
+    window = 20
+    keys = [(b"\0" * 16, "q", f"p{i}") for i in range(5)]
+    log: dict[int, list[tuple[int, float, bytes]]] = {i: [] for i in range(5)}
+    last = [0] * 5
+    for step, (p, size, advance, read_back) in enumerate(steps):
+        clock.t += advance
+        blob = hashes(*(f"s{step}-{j}" for j in range(size)))
+        f.committed(keys[p], p, last[p] + 1, size, blob, window)
+        log[p].append((last[p] + 1, clock.t, blob))
+        last[p] += size
+        if read_back:
+            _answer(f, log, clock.t)
+        assert f.entries <= 50
+        horizon = clock.t - window - CLOCK_MARGIN_S
+        for q in range(5):
+            for base, at, stored in log[q]:
+                if at >= horizon:
+                    for k in range(0, len(stored), 16):
+                        assert f.verified(keys[q], stored[k:k + 16]) < base + k // 16
