@@ -23,16 +23,15 @@ hash: a match only means "maybe", and the promise then stops below the lowest ma
 SQL probes that run and the newer ones instead of the whole window. At a few thousand entries
 a partition, a 1,000-hash segment meets a stray match about once in a thousand.
 
-Past ``max_entries`` whole partitions are dropped: the least recently pushed one if it was
-idle for an epoch, else (every partition busy) the one taken in last. While the filter is
-nearly full (``ADMIT_SHARE`` of the bound), a partition first seen or dropped is taken in
-(its gap read back) only in the place of one idle for an epoch; else it is not remembered at
-all and its pushes probe their window in SQL. Least recently pushed first (before issue 26)
-dropped, under pushes going round over more partitions than fit, exactly the partition pushed
-next: every push probed its whole window and then read it back (``bench.dedupfilter
---past-budget``); now a stable subset stays known. Under rounds slower than an epoch every
-partition looks idle and each push is taken in again, reading back at most the segments of
-about ``EPOCHS`` earlier pushes its window holds.
+Past ``max_entries`` whole partitions are dropped, least recently pushed first. While the
+filter is nearly full (``ADMIT_SHARE`` of the bound), a partition first seen or dropped is
+taken in (its gap read back) only once it was pushed more often than the least recently
+pushed one held (both counts halve every ``AGE_EVERY`` commits a partition): otherwise its
+pushes probe their window in SQL. Until issue 26 every partition pushed was taken in, so under
+pushes going round over more partitions than fit, the one dropped was exactly the one pushed
+next, and every push probed its whole window and then read it back (``bench.dedupfilter
+--past-budget``); now a stable subset stays known, a busy partition still gets in at once and
+idle ones give way as their counts halve.
 """
 
 from __future__ import annotations
@@ -57,9 +56,10 @@ HOT_MAX = 32  # newest fingerprints of a partition kept in a set before they bec
 # A gap wider than this many offsets (16 bytes a hash to read) is not read back: it is known
 # once it left the window, as every gap was before read-backs.
 MAX_GAP_READ_BACK = 1 << 20
-# A partition is taken in only below this share of the bound: one dropped for room does not
-# make room for the next one seen (each taken in reads its window back).
+# Above this share of the bound a partition is taken in only in place of a less pushed one:
+# one dropped for room does not make room for the next one seen (each reads its window back).
 ADMIT_SHARE = 7 / 8
+AGE_EVERY = 8  # push counts halve after this many commits a partition counted
 _FEW = 8  # segments of up to this many hashes are probed fingerprint by fingerprint
 
 _U32 = np.dtype("=u4")  # native order: the filter lives in one process
@@ -94,12 +94,12 @@ class _Run:
 
 
 class _Partition:
-    __slots__ = ("gaps", "held", "hi", "hot", "hot_epoch", "hot_lo", "pid", "pushed", "runs",
+    __slots__ = ("gaps", "held", "hi", "hot", "hot_epoch", "hot_lo", "pid", "pushes", "runs",
                  "span", "window")
 
-    def __init__(self, pid: int, window: int, now: float) -> None:
+    def __init__(self, pid: int, window: int, pushes: int) -> None:
         self.pid = pid
-        self.pushed = now  # the last commit: idle for an epoch, it is dropped first
+        self.pushes = pushes  # commits, halved every so often: who may take its place
         self.window = window
         self.span = max(1.0, window / EPOCHS)
         self.hi = 0
@@ -251,7 +251,9 @@ class DedupFilter:
         self.entries = 0
         self._admit_below = max(1, int(max_entries * ADMIT_SHARE))
         self._parts: OrderedDict[Key, _Partition] = OrderedDict()  # least recently pushed first
-        self._taken: dict[Key, None] = {}  # the same keys, in the order they were taken in
+        self._refused: dict[Key, int] = {}  # push counts of partitions not held
+        self._commits = 0
+        self._age_at = AGE_EVERY * 64
         self._wanted: OrderedDict[tuple[Key, int], _Partition] = OrderedDict()
 
     def verified(self, key: Key, hashes: bytes) -> int:
@@ -301,7 +303,9 @@ class DedupFilter:
             return  # the filter is off: every push probes the whole window
         now = self.clock()
         parts = self._parts
+        n = 0
         for key, pid, base, count, hashes, window_s in stored:
+            n += 1
             if window_s <= 0:
                 self._drop(key)  # no probe at all: nothing to remember
                 continue
@@ -310,14 +314,13 @@ class DedupFilter:
                 # First sight, a recreated partition, or a longer window than the one entries
                 # were forgotten by: everything below `base` is a gap.
                 self._drop(key)
-                if self.entries >= self._admit_below and not self._make_room(now):
+                if self.entries >= self._admit_below and not self._admit(key):
                     continue  # not remembered: its pushes probe in SQL
-                part = parts[key] = _Partition(pid, window_s, now)
-                self._taken[key] = None
+                part = parts[key] = _Partition(pid, window_s, self._refused.pop(key, 0) + 1)
             else:
                 parts.move_to_end(key)
                 part.window = window_s
-                part.pushed = now
+                part.pushes += 1
             if base > part.hi + 1:  # written by someone else
                 part.flush_hot()
                 lo = part.hi + 1
@@ -340,7 +343,10 @@ class DedupFilter:
             part.held += added
             self.entries += added
             if self.entries > self.max_entries:
-                self._bound(now)
+                self._bound()
+        self._commits += n
+        if self._commits >= self._age_at:
+            self._age()
 
     def wanted(self, limit: int) -> list[Recall]:
         """Read-backs of gaps, each asked once, up to ``limit`` offsets together (at least
@@ -363,38 +369,43 @@ class DedupFilter:
         part = self._parts.get(recall.key)
         if part is not recall.part or part is None or recall.lo not in part.gaps:
             return
-        now = self.clock()
-        added = part.fill_gap(recall.lo, rows, now)
+        added = part.fill_gap(recall.lo, rows, self.clock())
         part.held += added
         self.entries += added
-        self._bound(now)
+        self._bound()
 
     def unrecalled(self, recall: Recall) -> None:
         """``recall`` failed: ask again with the next ones."""
         if self._parts.get(recall.key) is recall.part and recall.lo in recall.part.gaps:
             self._wanted[(recall.key, recall.lo)] = recall.part
 
-    def _make_room(self, now: float) -> bool:
-        """Whether a partition may be taken in while the filter is nearly full: in the place
-        of the least recently pushed one, if that one was idle for an epoch."""
-        key, part = next(iter(self._parts.items()))  # entries held: not empty
-        if now - part.pushed < part.span:
+    def _admit(self, key: Key) -> bool:
+        """Whether a partition not held may take the place of the least recently pushed one
+        (then dropped): only once pushed clearly more often."""
+        seen = self._refused.get(key, 0) + 1
+        least, part = next(iter(self._parts.items()))  # entries held: not empty
+        if seen <= 2 * part.pushes + 2:
+            self._refused[key] = seen
             return False
-        self._drop(key)
+        self._drop(least)
         return True
 
-    def _bound(self, now: float) -> None:
-        parts = self._parts
-        while self.entries > self.max_entries and parts:
-            key, part = next(iter(parts.items()))
-            if now - part.pushed < part.span:  # every partition busy: the last taken in
-                key = next(reversed(self._taken))
-            self._drop(key)
+    def _age(self) -> None:
+        """Halve every push count (forgetting those at 0): pushes long ago count less."""
+        for part in self._parts.values():
+            part.pushes >>= 1
+        self._refused = {k: c >> 1 for k, c in self._refused.items() if c > 1}
+        self._commits = 0
+        self._age_at = AGE_EVERY * (len(self._parts) + len(self._refused) + 64)
+
+    def _bound(self) -> None:
+        while self.entries > self.max_entries and self._parts:
+            self._drop(next(iter(self._parts)))
 
     def _drop(self, key: Key) -> None:
         part = self._parts.pop(key, None)
         if part is not None:
-            del self._taken[key]
+            self._refused[key] = part.pushes
             self.entries -= part.held
             for lo in part.gaps:
                 self._wanted.pop((key, lo), None)
