@@ -26,7 +26,7 @@ a partition, a 1,000-hash segment meets a stray match about once in a thousand.
 Past ``max_entries`` whole partitions are dropped, least recently pushed first. While the
 filter is nearly full (``ADMIT_SHARE`` of the bound), a partition first seen or dropped is
 taken in (its gap read back) only once it was pushed more often than the least recently
-pushed one held (both counts halve every ``AGE_EVERY`` commits a partition): otherwise its
+pushed one held (both counts halve every ``AGE_S`` seconds): otherwise its
 pushes probe their window in SQL. Until issue 26 every partition pushed was taken in, so under
 pushes going round over more partitions than fit, the one dropped was exactly the one pushed
 next, and every push probed its whole window and then read it back (``bench.dedupfilter
@@ -59,7 +59,9 @@ MAX_GAP_READ_BACK = 1 << 20
 # Above this share of the bound a partition is taken in only in place of a less pushed one:
 # one dropped for room does not make room for the next one seen (each reads its window back).
 ADMIT_SHARE = 7 / 8
-AGE_EVERY = 8  # push counts halve after this many commits a partition counted
+# Push counts halve this often. PERF(filter): by the clock each bundle reads anyway; a count
+# of commits cost 580 instructions a 1-item segment (callgrind, bench.dedupfilter 1:10000).
+AGE_S = 60.0
 _FEW = 8  # segments of up to this many hashes are probed fingerprint by fingerprint
 
 _U32 = np.dtype("=u4")  # native order: the filter lives in one process
@@ -252,8 +254,7 @@ class DedupFilter:
         self._admit_below = max(1, int(max_entries * ADMIT_SHARE))
         self._parts: OrderedDict[Key, _Partition] = OrderedDict()  # least recently pushed first
         self._refused: dict[Key, int] = {}  # push counts of partitions not held
-        self._commits = 0
-        self._age_at = AGE_EVERY * 64
+        self._age_due = clock() + AGE_S
         self._wanted: OrderedDict[tuple[Key, int], _Partition] = OrderedDict()
 
     def verified(self, key: Key, hashes: bytes) -> int:
@@ -303,9 +304,7 @@ class DedupFilter:
             return  # the filter is off: every push probes the whole window
         now = self.clock()
         parts = self._parts
-        n = 0
         for key, pid, base, count, hashes, window_s in stored:
-            n += 1
             if window_s <= 0:
                 self._drop(key)  # no probe at all: nothing to remember
                 continue
@@ -344,9 +343,8 @@ class DedupFilter:
             self.entries += added
             if self.entries > self.max_entries:
                 self._bound()
-        self._commits += n
-        if self._commits >= self._age_at:
-            self._age()
+        if now >= self._age_due:
+            self._age(now)
 
     def wanted(self, limit: int) -> list[Recall]:
         """Read-backs of gaps, each asked once, up to ``limit`` offsets together (at least
@@ -390,13 +388,12 @@ class DedupFilter:
         self._drop(least)
         return True
 
-    def _age(self) -> None:
+    def _age(self, now: float) -> None:
         """Halve every push count (forgetting those at 0): pushes long ago count less."""
         for part in self._parts.values():
             part.pushes >>= 1
         self._refused = {k: c >> 1 for k, c in self._refused.items() if c > 1}
-        self._commits = 0
-        self._age_at = AGE_EVERY * (len(self._parts) + len(self._refused) + 64)
+        self._age_due = now + AGE_S
 
     def _bound(self) -> None:
         while self.entries > self.max_entries and self._parts:
