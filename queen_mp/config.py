@@ -174,7 +174,7 @@ SETTINGS: tuple[Setting, ...] = (
        "filter off (every push probes the "
        "whole window). Past it, the least recently pushed partitions are forgotten, and above "
        "7/8 of it a partition is taken in (its window read back) only once pushed more often "
-       "than the least recently pushed one (counts that halve as pushes go by): one not "
+       "than the least recently pushed one (counts that halve every minute): one not "
        "remembered has every push probe its whole window in SQL (about 0.3 us of "
        "PostgreSQL CPU a stored hash), so a lower cap costs probes in proportion to what it "
        "forgets. The suite's push cells "
