@@ -24,6 +24,14 @@ printed as the filter passes 1M, 2M, 4M and 8M entries, at the end of each case,
 every run left the window (the clock moved past it, one 1-hash push a partition)::
 
     .venv/bin/python -m bench.dedupfilter --pss   # cases 1:200000,10:1000000,100:8000000,...
+
+``--past-budget`` pushes past the bound, one filter fed the cases in turn: segments to
+partitions in turn (``--order cycle``, the worst case of least-recently-pushed eviction) or at
+random, read-backs answered at once from a log of what was pushed, as ``log_txn_hashes_v1``
+would. It prints per push what SQL would pay: the pushes that probe, the offsets they probe
+(above the promise) and the read-backs with their offsets::
+
+    .venv/bin/python -m bench.dedupfilter --past-budget --entries 300000 --cases 100:3000000
 """
 
 from __future__ import annotations
@@ -142,6 +150,46 @@ def run_pss(partitions: int, cases: list[tuple[int, int]], rate: float, entries:
     show("after the runs left")
 
 
+def run_past_budget(partitions: int, cases: list[tuple[int, int]], rate: float, entries: int,
+                    order: str, seed: int = 1) -> None:
+    """What SQL pays a push past the bound, one filter fed every case in turn (see the
+    module's docstring): a line a case."""
+    rnd = random.Random(seed)
+    now = [1000.0]
+    filt = DedupFilter(entries, lambda: now[0])
+    keys = [(b"\0" * 16, "bench", f"p-{i}") for i in range(partitions)]
+    rows: list[list[tuple[int, float, bytes]]] = [[] for _ in range(partitions)]
+    last = [0] * partitions
+    n = 0
+    for size, total in cases:
+        pushes = total // size
+        probed = probed_offsets = recalls = recalled_offsets = 0
+        step = size / rate
+        for _ in range(pushes):
+            now[0] += step
+            p = n % partitions if order == "cycle" else rnd.randrange(partitions)
+            n += 1
+            key, hashes = keys[p], rnd.randbytes(16 * size)
+            verified = filt.verified(key, hashes)
+            if verified < last[p]:
+                probed += 1
+                probed_offsets += last[p] - verified
+            filt.committed(key, 7 + p, last[p] + 1, size, hashes, WINDOW_S)
+            rows[p].append((last[p] + 1, now[0], hashes))
+            last[p] += size
+            for ask in filt.wanted(1 << 18):
+                q = ask.pid - 7
+                got = [(base, now[0] - at, h) for base, at, h in rows[q]
+                       if ask.lo <= base < ask.below and at >= now[0] - ask.secs]
+                recalls += 1
+                recalled_offsets += ask.below - ask.lo
+                filt.recalled(ask, got)
+        print(f"segment {size:5d}, {order}: {pushes:7d} pushes, {probed / pushes:6.1%} probed, "
+              f"{probed_offsets / pushes:9.1f} offsets probed a push, {recalls / pushes:6.3f} "
+              f"read-backs a push ({recalled_offsets / pushes:9.1f} offsets), "
+              f"{filt.entries:8d} entries", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", help="segment size:total hashes, comma separated (default "
@@ -161,7 +209,16 @@ def main(argv: list[str] | None = None) -> int:
                          f"cells' {PSS_CASES})")
     ap.add_argument("--mmap-threshold-kb", type=int, default=128,
                     help="--pss: glibc's mmap threshold, as QUEEN_MALLOC_MMAP_THRESHOLD_KB")
+    ap.add_argument("--past-budget", action="store_true",
+                    help="what SQL pays a push past the bound: probes and read-backs")
+    ap.add_argument("--order", choices=("cycle", "random"), default="cycle",
+                    help="--past-budget: partitions in turn or at random")
     a = ap.parse_args(argv)
+    if a.past_budget:
+        cases = [tuple(int(x) for x in c.split(":"))
+                 for c in (a.cases or "100:3000000").split(",")]
+        run_past_budget(a.partitions, cases, a.rate or 30000.0, a.entries, a.order)
+        return 0
     if a.pss:
         cases = [tuple(int(x) for x in c.split(":")) for c in (a.cases or PSS_CASES).split(",")]
         run_pss(a.partitions, cases, a.rate or 5000.0, a.entries, a.mmap_threshold_kb)

@@ -23,8 +23,15 @@ hash: a match only means "maybe", and the promise then stops below the lowest ma
 SQL probes that run and the newer ones instead of the whole window. At a few thousand entries
 a partition, a 1,000-hash segment meets a stray match about once in a thousand.
 
-Past ``max_entries`` whole partitions are dropped, least recently pushed first; pushed again,
-they start over with a gap below.
+Past ``max_entries`` whole partitions are dropped, least recently pushed first. While the
+filter is nearly full (``ADMIT_SHARE`` of the bound), a partition first seen or dropped is
+taken in (its gap read back) only once it was pushed more often than the least recently
+pushed one held (both counts halve every ``AGE_S`` seconds): otherwise its
+pushes probe their window in SQL. Until issue 26 every partition pushed was taken in, so under
+pushes going round over more partitions than fit, the one dropped was exactly the one pushed
+next, and every push probed its whole window and then read it back (``bench.dedupfilter
+--past-budget``); now a stable subset stays known, a busy partition still gets in at once and
+idle ones give way as their counts halve.
 """
 
 from __future__ import annotations
@@ -49,6 +56,12 @@ HOT_MAX = 32  # newest fingerprints of a partition kept in a set before they bec
 # A gap wider than this many offsets (16 bytes a hash to read) is not read back: it is known
 # once it left the window, as every gap was before read-backs.
 MAX_GAP_READ_BACK = 1 << 20
+# Above this share of the bound a partition is taken in only in place of a less pushed one:
+# one dropped for room does not make room for the next one seen (each reads its window back).
+ADMIT_SHARE = 7 / 8
+# Push counts halve this often. PERF(filter): by the clock each bundle reads anyway; a count
+# of commits cost 580 instructions a 1-item segment (callgrind, bench.dedupfilter 1:10000).
+AGE_S = 60.0
 _FEW = 8  # segments of up to this many hashes are probed fingerprint by fingerprint
 
 _U32 = np.dtype("=u4")  # native order: the filter lives in one process
@@ -83,11 +96,12 @@ class _Run:
 
 
 class _Partition:
-    __slots__ = ("gaps", "held", "hi", "hot", "hot_epoch", "hot_lo", "pid", "runs", "span",
-                 "window")
+    __slots__ = ("gaps", "held", "hi", "hot", "hot_epoch", "hot_lo", "pid", "pushes", "runs",
+                 "span", "window")
 
-    def __init__(self, pid: int, window: int) -> None:
+    def __init__(self, pid: int, window: int, pushes: int) -> None:
         self.pid = pid
+        self.pushes = pushes  # commits, halved every so often: who may take its place
         self.window = window
         self.span = max(1.0, window / EPOCHS)
         self.hi = 0
@@ -237,7 +251,10 @@ class DedupFilter:
         self.max_entries = max_entries
         self.clock = clock
         self.entries = 0
-        self._parts: OrderedDict[Key, _Partition] = OrderedDict()
+        self._admit_below = max(1, int(max_entries * ADMIT_SHARE))
+        self._parts: OrderedDict[Key, _Partition] = OrderedDict()  # least recently pushed first
+        self._refused: dict[Key, int] = {}  # push counts of partitions not held
+        self._age_due = clock() + AGE_S
         self._wanted: OrderedDict[tuple[Key, int], _Partition] = OrderedDict()
 
     def verified(self, key: Key, hashes: bytes) -> int:
@@ -296,10 +313,13 @@ class DedupFilter:
                 # First sight, a recreated partition, or a longer window than the one entries
                 # were forgotten by: everything below `base` is a gap.
                 self._drop(key)
-                part = parts[key] = _Partition(pid, window_s)
+                if self.entries >= self._admit_below and not self._admit(key):
+                    continue  # not remembered: its pushes probe in SQL
+                part = parts[key] = _Partition(pid, window_s, self._refused.pop(key, 0) + 1)
             else:
                 parts.move_to_end(key)
                 part.window = window_s
+                part.pushes += 1
             if base > part.hi + 1:  # written by someone else
                 part.flush_hot()
                 lo = part.hi + 1
@@ -323,6 +343,8 @@ class DedupFilter:
             self.entries += added
             if self.entries > self.max_entries:
                 self._bound()
+        if now >= self._age_due:
+            self._age(now)
 
     def wanted(self, limit: int) -> list[Recall]:
         """Read-backs of gaps, each asked once, up to ``limit`` offsets together (at least
@@ -355,6 +377,24 @@ class DedupFilter:
         if self._parts.get(recall.key) is recall.part and recall.lo in recall.part.gaps:
             self._wanted[(recall.key, recall.lo)] = recall.part
 
+    def _admit(self, key: Key) -> bool:
+        """Whether a partition not held may take the place of the least recently pushed one
+        (then dropped): only once pushed clearly more often."""
+        seen = self._refused.get(key, 0) + 1
+        least, part = next(iter(self._parts.items()))  # entries held: not empty
+        if seen <= 2 * part.pushes + 2:
+            self._refused[key] = seen
+            return False
+        self._drop(least)
+        return True
+
+    def _age(self, now: float) -> None:
+        """Halve every push count (forgetting those at 0): pushes long ago count less."""
+        for part in self._parts.values():
+            part.pushes >>= 1
+        self._refused = {k: c >> 1 for k, c in self._refused.items() if c > 1}
+        self._age_due = now + AGE_S
+
     def _bound(self) -> None:
         while self.entries > self.max_entries and self._parts:
             self._drop(next(iter(self._parts)))
@@ -362,6 +402,7 @@ class DedupFilter:
     def _drop(self, key: Key) -> None:
         part = self._parts.pop(key, None)
         if part is not None:
+            self._refused[key] = part.pushes
             self.entries -= part.held
             for lo in part.gaps:
                 self._wanted.pop((key, lo), None)
