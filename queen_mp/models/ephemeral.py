@@ -124,8 +124,8 @@ class Ack:
     ids: tuple[str, ...]
     statuses: tuple[str, ...]  # one of ACK_STATUSES per id
     # each id's parts as ``parse_id`` reads them, the seq and delivery as their decimal digits
-    # (they go to PostgreSQL as text: Python's int() of each cost an ack of 100 a fifth of
-    # its parse); '' where the id is not a message id
+    # (made ints once, by ephemeral_procs.ack_params, not here: a parse that fails answers a
+    # 4xx without them); '' where the id is not a message id
     epochs: tuple[str, ...]
     seqs: tuple[str, ...]
     deliveries: tuple[str, ...]
@@ -135,7 +135,7 @@ _HEX = frozenset("0123456789abcdef")
 
 
 def parse_id(message_id: str) -> tuple[str, int, int] | None:
-    """A message id ``<epoch>-<seq>-<dlv>`` as minted by ``queen.eph_pop_v4`` (the queue's
+    """A message id ``<epoch>-<seq>-<dlv>`` as minted by ``queen.eph_pop_v5`` (the queue's
     incarnation: 16 lowercase hex digits; the message and its delivery: 1 to 18 decimal
     digits each), or None when it is not one."""
     # PERF(eph): str methods, not a regular expression: 0.5 us an id against 1.5 (timeit)
