@@ -1077,270 +1077,6 @@ CREATE OR REPLACE FUNCTION queen.eph_pop_v5(p_tenant uuid, p_queue text, p_parti
                                             OUT window_ms int4, OUT window_count int4)
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET plan_cache_mode = force_generic_plan  -- PERF(eph): see the header
-SET enable_seqscan = off
-AS $$
-DECLARE
-    v_r int4 := cardinality(p_counts);
-    v_i int4;
-    v_j int4;
-    v_o jsonb;
-    v_epoch text;
-    v_fast boolean := true;  -- every request stored: the caller's queue and run arrays hold
-    v_ttl boolean;
-    v_reject boolean;
-    v_max_len int8;
-    v_max_bytes int8;
-    v_depth int8;
-    v_stored int8;
-    v_q0 int4;  -- the first request of the current queue
-    v_first int4 := 1;  -- request i's first message in p_offs
-    v_all boolean := true;  -- every request stored
-    v_at int4 := 1;  -- where the next stored request's messages start in v_acc
-    v_acc bytea := p_body;
-    v_acc_offs int4[] := p_offs;
-    v_k int4 := 0;
-    v_want int8;  -- the chunks a queue's partitions store
-    v_rows int8;
-BEGIN
-    details := array_fill(NULL::text, ARRAY[v_r]);
-    IF v_r = 0 THEN
-        pushed := '{}';
-        RETURN;
-    END IF;
-    IF cardinality(p_tenants) <> v_r OR cardinality(p_queues) <> v_r
-       OR cardinality(p_parts) <> v_r OR cardinality(p_bytes) <> v_r
-       OR cardinality(p_offs) < 1 OR p_offs[1] <> 0
-       OR octet_length(p_body) IS DISTINCT FROM p_offs[cardinality(p_offs)] - 1
-       OR cardinality(p_q_r) <> cardinality(p_q_n) + 1
-       OR p_q_r[cardinality(p_q_r)] <> cardinality(p_r_n) + 1
-       OR p_r_first[cardinality(p_r_n)] + p_r_n[cardinality(p_r_n)] <> cardinality(p_offs) THEN
-        RAISE EXCEPTION USING ERRCODE = '22023',
-            MESSAGE = 'eph_push_v5: the arrays do not describe the same requests';
-    END IF;
-    -- the usual call: queue by queue (sorted), its lock, options and counts, and its total
-    FOR v_j IN 1..cardinality(p_q_n) LOOP
-        IF v_j > 1 AND (p_q_tenants[v_j], p_q_queues[v_j] COLLATE "C")
-                       <= (p_q_tenants[v_j - 1], p_q_queues[v_j - 1] COLLATE "C") THEN
-            RAISE EXCEPTION USING ERRCODE = '22023',
-                MESSAGE = 'eph_push_v5: the requests are not sorted';
-        END IF;
-        -- eph_enter_v1's lock (a simple expression), and what it and eph_options_v1 read
-        IF NOT pg_try_advisory_xact_lock_shared(queen.eph_key_v1(p_q_tenants[v_j],
-                                                                 p_q_queues[v_j])) THEN
-            PERFORM pg_advisory_xact_lock_shared(queen.eph_key_v1(p_q_tenants[v_j],
-                                                                  p_q_queues[v_j]));
-        END IF;
-        v_epoch := NULL;
-        SELECT h.epoch, h.options, h.depth, h.bytes INTO v_epoch, v_o, v_depth, v_stored
-          FROM queen.eph_head_v1(p_q_tenants[v_j], p_q_queues[v_j]) h;
-        IF v_epoch IS NULL THEN  -- a new queue (eph_enter_v1 inserts its row)
-            RAISE EXCEPTION USING ERRCODE = 'QE002', MESSAGE = 'push_alone',
-                DETAIL = format('queue %s has no row yet', p_q_queues[v_j]);
-        END IF;
-        v_fast := v_fast AND (v_o ->> 'ttlSeconds')::int4 = 0
-                  AND v_depth + p_q_n[v_j] <= (v_o ->> 'maxLength')::int8
-                  AND v_stored + p_q_b[v_j] <= (v_o ->> 'maxBytes')::int8;
-    END LOOP;
-    IF v_fast THEN
-        pushed := p_counts;
-    ELSE
-        -- a verdict per request, queue by queue (their locks are held): the queue and run
-        -- arrays made again of the stored requests
-        pushed := array_fill(0, ARRAY[v_r]);
-        p_q_tenants := '{}';
-        p_q_queues := '{}';
-        p_q_n := '{}';
-        p_q_b := '{}';
-        p_q_r := '{}';
-        p_r_parts := '{}';
-        p_r_first := '{}';
-        p_r_n := '{}';
-        FOR v_i IN 1..v_r LOOP
-            IF v_i = 1 OR p_tenants[v_i] <> p_tenants[v_q0] OR p_queues[v_i] <> p_queues[v_q0] THEN
-                IF v_i > 1 AND (p_tenants[v_i], p_queues[v_i] COLLATE "C")
-                               < (p_tenants[v_q0], p_queues[v_q0] COLLATE "C") THEN
-                    RAISE EXCEPTION USING ERRCODE = '22023',
-                        MESSAGE = 'eph_push_v5: the requests are not sorted';
-                END IF;
-                v_q0 := v_i;
-                p_q_tenants := p_q_tenants || p_tenants[v_i];  -- what its requests store
-                p_q_queues := p_q_queues || p_queues[v_i];
-                p_q_n := p_q_n || 0::int8;
-                p_q_b := p_q_b || 0::int8;
-                p_q_r := p_q_r || (v_k + 1);
-                SELECT h.epoch, h.options, h.depth, h.bytes INTO v_epoch, v_o, v_depth, v_stored
-                  FROM queen.eph_head_v1(p_tenants[v_i], p_queues[v_i]) h;
-                IF v_epoch IS NULL THEN  -- not a queue of the fast loop's: unsorted
-                    RAISE EXCEPTION USING ERRCODE = '22023',
-                        MESSAGE = 'eph_push_v5: the arrays do not describe the same requests';
-                END IF;
-                v_ttl := (v_o ->> 'ttlSeconds')::int4 > 0;
-                v_reject := v_o ->> 'policy' = 'reject';
-                v_max_len := (v_o ->> 'maxLength')::int8;
-                v_max_bytes := (v_o ->> 'maxBytes')::int8;
-            ELSIF p_parts[v_i] COLLATE "C" < p_parts[v_i - 1] COLLATE "C" THEN
-                RAISE EXCEPTION USING ERRCODE = '22023',
-                    MESSAGE = 'eph_push_v5: the requests are not sorted';
-            END IF;
-            IF p_counts[v_i] = 0 THEN
-                CONTINUE;
-            ELSIF v_ttl THEN
-                pushed[v_i] := -2;
-            ELSIF p_counts[v_i] > v_max_len OR p_bytes[v_i] > v_max_bytes THEN
-                pushed[v_i] := -1;
-                details[v_i] := format('this push (%s messages, %s bytes) is larger than the '
-                                       'queue (maxLength %s, maxBytes %s)', p_counts[v_i],
-                                       p_bytes[v_i], v_max_len, v_max_bytes);
-            ELSIF v_depth + p_q_n[cardinality(p_q_n)] + p_counts[v_i] > v_max_len
-                  OR v_stored + p_q_b[cardinality(p_q_b)] + p_bytes[v_i] > v_max_bytes THEN
-                IF v_reject THEN
-                    pushed[v_i] := -1;
-                    details[v_i] := format('the queue holds %s messages, %s bytes (maxLength '
-                                           '%s, maxBytes %s) and its policy is reject',
-                                           v_depth + p_q_n[cardinality(p_q_n)],
-                                           v_stored + p_q_b[cardinality(p_q_b)], v_max_len,
-                                           v_max_bytes);
-                ELSE
-                    pushed[v_i] := -2;
-                END IF;
-            ELSE
-                pushed[v_i] := p_counts[v_i];
-                p_q_n[cardinality(p_q_n)] := p_q_n[cardinality(p_q_n)] + p_counts[v_i];
-                p_q_b[cardinality(p_q_b)] := p_q_b[cardinality(p_q_b)] + p_bytes[v_i];
-                -- the partition's messages in v_acc: a run of their own (neighbours by
-                -- partition, after the queue's first run)
-                IF v_k >= p_q_r[cardinality(p_q_r)] AND p_r_parts[v_k] = p_parts[v_i] THEN
-                    p_r_n[v_k] := p_r_n[v_k] + p_counts[v_i];
-                ELSE
-                    v_k := v_k + 1;
-                    p_r_parts[v_k] := p_parts[v_i];
-                    p_r_first[v_k] := v_at;
-                    p_r_n[v_k] := p_counts[v_i];
-                END IF;
-                v_at := v_at + p_counts[v_i];
-            END IF;
-            v_all := v_all AND pushed[v_i] = p_counts[v_i];
-            v_first := v_first + p_counts[v_i];
-        END LOOP;
-        p_q_r := p_q_r || (v_k + 1);
-        IF v_first IS DISTINCT FROM cardinality(p_offs) THEN
-            RAISE EXCEPTION USING ERRCODE = '22023',
-                MESSAGE = 'eph_push_v5: the counts do not add up to the payloads';
-        END IF;
-        IF v_k = 0 THEN
-            RETURN;
-        END IF;
-        -- the stored requests' messages, a run per partition: when some request was refused,
-        -- the others' payloads joined again, with their offsets
-        IF NOT v_all THEN
-            SELECT string_agg(substring(p_body FROM p_offs[x.k] + 1 FOR x.s), '\x1e'::bytea
-                              ORDER BY x.o),
-                   array_agg(x.at - x.s - 1 ORDER BY x.o) || max(x.at)::int4
-              INTO v_acc, v_acc_offs
-              FROM (SELECT y.o, y.k, y.s, sum(y.s + 1) OVER (ORDER BY y.o) AS at
-                      FROM (SELECT row_number() OVER (ORDER BY u.i, g.k) AS o, g.k,
-                                   p_offs[g.k + 1] - p_offs[g.k] - 1 AS s
-                              FROM (SELECT w.i, w.n,
-                                           sum(w.n) OVER (ORDER BY w.i) - w.n + 1 AS first
-                                      FROM unnest(p_counts) WITH ORDINALITY AS w(n, i)) u
-                             CROSS JOIN LATERAL generate_series(u.first, u.first + u.n - 1)
-                                   AS g(k)
-                             WHERE pushed[u.i] > 0) y) x;
-        END IF;
-    END IF;
-    IF 16384 < ANY (p_r_n) THEN
-        RAISE EXCEPTION USING ERRCODE = '22023',
-            MESSAGE = 'eph_push_v5: over 16384 messages for one partition in one call';
-    END IF;
-    -- queue by queue: its partitions' turns and their chunks, one statement. Each partition
-    -- row is held to the commit, and its seq value taken again if it had to wait for it (see
-    -- eph_push_v3). The rows of a queue are taken by one scan of its primary key (= ANY: in
-    -- index order, whatever the runs' order), so two calls take a queue's rows in one order.
-    -- PERF(eph): v4 ran an UPDATE per partition and then an INSERT of every chunk; one UPDATE
-    -- joined to the arrays was planned as a hash join over a scan of the whole table (dead
-    -- versions included), locking in the scan's order, where = ANY on the key is an index
-    -- scan. A partition without a row stores no chunk: the inserted chunks are counted, and a
-    -- shortfall undoes the call (QE002).
-    FOR v_j IN 1..cardinality(p_q_n) LOOP
-        CONTINUE WHEN p_q_n[v_j] = 0;
-        v_want := 0;
-        FOR v_i IN p_q_r[v_j]..p_q_r[v_j + 1] - 1 LOOP  -- its partitions' runs, sorted
-            IF v_i > p_q_r[v_j] AND p_r_parts[v_i] COLLATE "C" <= p_r_parts[v_i - 1] COLLATE "C"
-            THEN
-                RAISE EXCEPTION USING ERRCODE = '22023',
-                    MESSAGE = 'eph_push_v5: the requests are not sorted';
-            END IF;
-            v_want := v_want + (p_r_n[v_i] - 1) / 256 + 1;
-        END LOOP;
-        v_i := p_q_r[v_j] - 1;  -- the queue's runs are v_i + 1 ..
-        v_k := p_q_r[v_j + 1] - 1;  -- .. v_k
-        WITH u AS (
-            UPDATE queen.eph_partitions p
-               SET last_seq = nextval('queen.eph_seq') * 16384
-                              + p_r_n[v_i + array_position(p_r_parts[v_i + 1:v_k], p.partition)]
-                              - 1
-             WHERE p.tenant = p_q_tenants[v_j] AND p.queue = p_q_queues[v_j]
-               AND p.partition = ANY (p_r_parts[v_i + 1:v_k])
-            RETURNING p.id, p.last_seq,
-                      v_i + array_position(p_r_parts[v_i + 1:v_k], p.partition) AS j)
-        -- a chunk: its part of the body and its slice of the offsets as they are (schema 015)
-        INSERT INTO queen.eph_chunks (pid, base, body, offs, live, created_at)
-        SELECT u.id, u.last_seq - p_r_n[u.j] + 1 + k * 256,
-               substring(v_acc FROM v_acc_offs[p_r_first[u.j] + k * 256] + 1
-                         FOR v_acc_offs[p_r_first[u.j] + least(p_r_n[u.j], k * 256 + 256)]
-                             - v_acc_offs[p_r_first[u.j] + k * 256] - 1),
-               v_acc_offs[p_r_first[u.j] + k * 256
-                          :p_r_first[u.j] + least(p_r_n[u.j], k * 256 + 256)],
-               least(256, p_r_n[u.j] - k * 256), clock_timestamp()
-          FROM u CROSS JOIN LATERAL generate_series(0, (p_r_n[u.j] - 1) / 256) AS k;
-        GET DIAGNOSTICS v_rows = ROW_COUNT;
-        IF v_rows <> v_want THEN  -- a new partition: this call undone, each pushed alone
-            RAISE EXCEPTION USING ERRCODE = 'QE002', MESSAGE = 'push_alone',
-                DETAIL = format('a partition of queue %s has no row yet', p_q_queues[v_j]);
-        END IF;
-        -- eph_count_v2's statement
-        INSERT INTO queen.eph_counts AS c (tenant, queue, slot, depth, bytes, drops_bounds,
-                                           drops_ttl, drops_retry)
-        VALUES (p_q_tenants[v_j], p_q_queues[v_j], (pg_backend_pid() % 16)::int2, p_q_n[v_j],
-                p_q_b[v_j], 0, 0, 0)
-        ON CONFLICT (tenant, queue, slot) DO UPDATE
-           SET depth = c.depth + EXCLUDED.depth, bytes = c.bytes + EXCLUDED.bytes;
-    END LOOP;
-END;
-$$;
-
--- Up to p_batch messages for p_group (redeliveries first, then new ones, the partitions whose
--- cursor is furthest behind first); p_partition NULL = any partition. The answer comes as
--- columns that the broker renders (queen_mp/front/ephemeral.py render_messages): runs of
--- messages of consecutive seqs, run i being counts[i] messages from seq firsts[i], of
--- partition parts[i], delivery dlvs[i], delivered atts[i] times; payloads is their payloads,
--- those of a run joined by the byte 0x1e, the runs by 0x1f (a stored payload is JSON text as
--- orjson or json write it, where a control character is always escaped); epoch is the
--- queue's. PERF(eph): v3
--- built every message's JSON object here, a statement's row each (unnest, a sort, three
--- aggregates, five concatenations): some 23k instructions a message of a pop of 100
--- (callgrind, PostgreSQL 15); a run is one substring of its chunk's body. claimed is
--- the count of messages; wake_in_ms, when nothing was claimable, says when a lease of this
--- group expires (NULL: none); window_ms and window_count are the queue's windowBuffer (a
--- waiting pop that got fewer messages than its batch decides with them whether to wait for
--- more). The messages of one partition handed out by one pop are one delivery: one
--- eph_leases row, whose dlv (a value of queen.eph_seq, 0 with autoAck) ends their ids. A
--- partition whose cursor another pop of the group holds is skipped; a pop that found nothing
--- else waits for the first such cursor, so it answers empty only when nothing was there.
-CREATE OR REPLACE FUNCTION queen.eph_pop_v5(p_tenant uuid, p_queue text, p_partition text,
-                                            p_group text, p_batch int4, p_auto_ack boolean,
-                                            OUT epoch text, OUT parts text[], OUT dlvs int8[],
-                                            OUT atts int4[], OUT firsts int8[],
-                                            OUT counts int4[], OUT payloads bytea,
-                                            OUT claimed int4, OUT wake_in_ms int8,
-                                            OUT window_ms int4, OUT window_count int4)
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
-SET plan_cache_mode = force_generic_plan  -- PERF(eph): see the header
--- PERF(eph): an ordered index scan for the reads of "the first chunk past the cursor" (ORDER
--- BY base LIMIT 1): their generic plans took every chunk of the partition past the cursor in
--- a bitmap scan, then sorted them (the planner counts on a few rows; pushes of 1, a pop of 100
--- read 2,500 chunks so twice: 6.73M instructions, eph15)
-SET enable_bitmapscan = off
 AS $$
 DECLARE
     v_epoch text;
@@ -1398,7 +1134,7 @@ BEGIN
     IF NOT pg_try_advisory_xact_lock_shared(queen.eph_key_v1(p_tenant, p_queue)) THEN
         PERFORM pg_advisory_xact_lock_shared(queen.eph_key_v1(p_tenant, p_queue));
     END IF;
-    SELECT q.epoch, queen.eph_defaults_v1() || coalesce(c.options, '{}'::jsonb),
+    SELECT q.epoch, c.options,
            EXISTS (SELECT 1 FROM queen.eph_groups g
                     WHERE g.tenant = p_tenant AND g.queue = p_queue AND g.grp = p_group),
            EXISTS (SELECT 1 FROM queen.eph_leases l
@@ -1428,7 +1164,12 @@ BEGIN
     -- usual pop (and the usual ack) as one statement of data-modifying CTEs: 1.55M (ack 0.98M
     -- against 0.66M), since every node of a plan is set up at each execution, the branches a
     -- call does not take included, where plpgsql skips the statements it does not run.
-    IF v_known AND NOT v_due AND NOT p_auto_ack AND (v_o ->> 'ttlSeconds')::int4 = 0 THEN
+    -- PERF(eph): v_o is first the queue's declared options alone (NULL: none), each read
+    -- with its default beside it (eph_defaults_v1 is inlined and folded into a constant):
+    -- merging the defaults and the options (jsonb ||) took some 17k instructions a pop, eph15
+    IF v_known AND NOT v_due AND NOT p_auto_ack
+       AND coalesce(v_o ->> 'ttlSeconds', queen.eph_defaults_v1() ->> 'ttlSeconds')::int4 = 0
+    THEN
         SELECT p.partition, c.pos, p.id, p.last_seq INTO r
           FROM queen.eph_partitions p
           JOIN queen.eph_cursors c
@@ -1515,10 +1256,13 @@ BEGIN
                 INSERT INTO queen.eph_leases (tenant, queue, grp, dlv, partition, seqs, atts,
                                               lease_until)
                 SELECT p_tenant, p_queue, p_group, dlvs[1], u.partition,
-                       ARRAY(SELECT s.s FROM unnest(firsts, counts) AS w(f, n)
-                              CROSS JOIN LATERAL generate_series(w.f, w.f + w.n - 1) AS s(s)),
+                       -- (the runs ascending, each ascending: a set-returning function of
+                       -- the select list, one node less than a lateral join)
+                       ARRAY(SELECT generate_series(w.f, w.f + w.n - 1)
+                               FROM unnest(firsts, counts) AS w(f, n)),
                        array_fill(1, ARRAY[claimed]),
-                       clock_timestamp() + make_interval(secs => (v_o ->> 'leaseSeconds')::int4)
+                       clock_timestamp() + make_interval(secs => coalesce(
+                           v_o ->> 'leaseSeconds', queen.eph_defaults_v1() ->> 'leaseSeconds')::int4)
                   FROM u;
                 RETURN;
             END IF;
@@ -1543,6 +1287,8 @@ BEGIN
         v_o := queen.eph_options_v1(p_tenant, p_queue);
         v_known := false;
         v_due := true;
+    ELSE
+        v_o := queen.eph_defaults_v1() || coalesce(v_o, '{}'::jsonb);
     END IF;
     v_lease := make_interval(secs => (v_o ->> 'leaseSeconds')::int4);
     v_retry := (v_o ->> 'retryLimit')::int4;
@@ -1836,9 +1582,8 @@ BEGIN
                    AND c.partition = r.partition;
                 v_settle_p := v_settle_p || array_fill(r.partition, ARRAY[v_k]);
                 v_settle_s := v_settle_s
-                              || ARRAY(SELECT s.s FROM unnest(v_firsts, v_counts) AS u(f, n)
-                                        CROSS JOIN LATERAL generate_series(u.f, u.f + u.n - 1)
-                                                           AS s(s));
+                              || ARRAY(SELECT generate_series(u.f, u.f + u.n - 1)
+                                         FROM unnest(v_firsts, v_counts) AS u(f, n));
             ELSE  -- PERF(eph): the cursor's move and the delivery's row in one statement
                 WITH u AS (
                     UPDATE queen.eph_cursors c SET pos = v_last
@@ -1848,9 +1593,9 @@ BEGIN
                 INSERT INTO queen.eph_leases (tenant, queue, grp, dlv, partition, seqs, atts,
                                               lease_until)
                 SELECT p_tenant, p_queue, p_group, v_dlv, u.partition,
-                       -- the runs ascending, each ascending (a nested loop: in order)
-                       ARRAY(SELECT s.s FROM unnest(v_firsts, v_counts) AS u(f, n)
-                              CROSS JOIN LATERAL generate_series(u.f, u.f + u.n - 1) AS s(s)),
+                       -- the runs ascending, each ascending (see the usual pop's)
+                       ARRAY(SELECT generate_series(u.f, u.f + u.n - 1)
+                               FROM unnest(v_firsts, v_counts) AS u(f, n)),
                        array_fill(1, ARRAY[v_k]), clock_timestamp() + v_lease
                   FROM u;
             END IF;
@@ -2002,44 +1747,56 @@ BEGIN
                 -- statements: plpgsql assignments are dearer, eph14)
                 -- PERF(eph): each with the count of what it took (eph_count_v2's statement)
                 -- as one statement of a data-modifying CTE, which the chunk's change always
-                -- needs: one statement and two plpgsql tests less an ack (eph15)
-                WITH d AS (
-                    DELETE FROM queen.eph_chunks c
-                     WHERE c.pid = v_pid AND c.base = p_seqs[1] - p_seqs[1] % 256
-                       AND c.live = v_k
-                       AND NOT c.gone && int4multirange(int4range(
-                               (p_seqs[1] % 256)::int4, (p_seqs[1] % 256)::int4 + v_k))
-                    RETURNING c.offs[p_seqs[1] % 256 + v_k + 1] - c.offs[p_seqs[1] % 256 + 1]
-                              - v_k AS b)
-                INSERT INTO queen.eph_counts AS c (tenant, queue, slot, depth, bytes,
-                                                   drops_bounds, drops_ttl, drops_retry)
-                SELECT p_tenant, p_queue, (pg_backend_pid() % 16)::int2, -v_k, -d.b, 0, 0, 0
-                  FROM d
-                ON CONFLICT (tenant, queue, slot) DO UPDATE
-                   SET depth = c.depth + EXCLUDED.depth, bytes = c.bytes + EXCLUDED.bytes
-                RETURNING v_k INTO v_set_n;
-                IF v_set_n IS NULL THEN  -- PERF(eph): a part of the chunk: struck from it
-                    WITH d AS (
-                        UPDATE queen.eph_chunks c
-                           SET gone = c.gone + int4multirange(int4range(
-                                          (p_seqs[1] % 256)::int4,
-                                          (p_seqs[1] % 256)::int4 + v_k)),
-                               live = c.live - v_k
-                         WHERE c.pid = v_pid AND c.base = p_seqs[1] - p_seqs[1] % 256
-                           AND c.live > v_k
-                           AND NOT c.gone && int4multirange(int4range(
-                                   (p_seqs[1] % 256)::int4, (p_seqs[1] % 256)::int4 + v_k))
-                        RETURNING c.offs[p_seqs[1] % 256 + v_k + 1]
-                                  - c.offs[p_seqs[1] % 256 + 1] - v_k AS b)
-                    INSERT INTO queen.eph_counts AS c (tenant, queue, slot, depth, bytes,
-                                                       drops_bounds, drops_ttl, drops_retry)
-                    SELECT p_tenant, p_queue, (pg_backend_pid() % 16)::int2, -v_k, -d.b, 0, 0,
-                           0
-                      FROM d
-                    ON CONFLICT (tenant, queue, slot) DO UPDATE
-                       SET depth = c.depth + EXCLUDED.depth, bytes = c.bytes + EXCLUDED.bytes
-                    RETURNING v_k INTO v_set_n;
-                END IF;
+                -- needs: one statement and two plpgsql tests less an ack. A run from the
+                -- chunk's start (a pop of a push's size) usually empties it: deleted first;
+                -- a run from inside it (a pop of less) usually leaves messages: struck first
+                -- (a statement that finds no row costs about what one that does, eph15)
+                FOR v_try IN 1..2 LOOP
+                    IF (v_try = 1) = (p_seqs[1] % 256 > 0) THEN
+                        WITH d AS (
+                            UPDATE queen.eph_chunks c
+                               SET gone = c.gone + int4multirange(int4range(
+                                              (p_seqs[1] % 256)::int4,
+                                              (p_seqs[1] % 256)::int4 + v_k)),
+                                   live = c.live - v_k
+                             WHERE c.pid = v_pid AND c.base = p_seqs[1] - p_seqs[1] % 256
+                               AND c.live > v_k
+                               AND NOT c.gone && int4multirange(int4range(
+                                       (p_seqs[1] % 256)::int4, (p_seqs[1] % 256)::int4 + v_k))
+                            RETURNING c.offs[p_seqs[1] % 256 + v_k + 1]
+                                      - c.offs[p_seqs[1] % 256 + 1] - v_k AS b)
+                        INSERT INTO queen.eph_counts AS c (tenant, queue, slot, depth, bytes,
+                                                           drops_bounds, drops_ttl,
+                                                           drops_retry)
+                        SELECT p_tenant, p_queue, (pg_backend_pid() % 16)::int2, -v_k, -d.b,
+                               0, 0, 0
+                          FROM d
+                        ON CONFLICT (tenant, queue, slot) DO UPDATE
+                           SET depth = c.depth + EXCLUDED.depth,
+                               bytes = c.bytes + EXCLUDED.bytes
+                        RETURNING v_k INTO v_set_n;
+                    ELSE
+                        WITH d AS (
+                            DELETE FROM queen.eph_chunks c
+                             WHERE c.pid = v_pid AND c.base = p_seqs[1] - p_seqs[1] % 256
+                               AND c.live = v_k
+                               AND NOT c.gone && int4multirange(int4range(
+                                       (p_seqs[1] % 256)::int4, (p_seqs[1] % 256)::int4 + v_k))
+                            RETURNING c.offs[p_seqs[1] % 256 + v_k + 1]
+                                      - c.offs[p_seqs[1] % 256 + 1] - v_k AS b)
+                        INSERT INTO queen.eph_counts AS c (tenant, queue, slot, depth, bytes,
+                                                           drops_bounds, drops_ttl,
+                                                           drops_retry)
+                        SELECT p_tenant, p_queue, (pg_backend_pid() % 16)::int2, -v_k, -d.b,
+                               0, 0, 0
+                          FROM d
+                        ON CONFLICT (tenant, queue, slot) DO UPDATE
+                           SET depth = c.depth + EXCLUDED.depth,
+                               bytes = c.bytes + EXCLUDED.bytes
+                        RETURNING v_k INTO v_set_n;
+                    END IF;
+                    EXIT WHEN v_set_n IS NOT NULL;
+                END LOOP;
                 IF v_set_n IS NOT NULL THEN  -- counted
                     RETURN;
                 END IF;
