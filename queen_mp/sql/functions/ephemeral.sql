@@ -1694,7 +1694,7 @@ DECLARE
     v_base int8;
     v_lo int4;
     v_pid int8;
-    v_groups int8;
+    v_alone boolean;  -- the delivery's group is the queue's only one
     v_del_t tid[];  -- the chunks the usual ack deletes, and those it strikes
     v_upd_t tid[];
     v_upd int8[];
@@ -1730,9 +1730,12 @@ BEGIN
                   (SELECT p.id FROM queen.eph_partitions p
                     WHERE p.tenant = l.tenant AND p.queue = l.queue
                       AND p.partition = l.partition),
-                  (SELECT count(*) FROM queen.eph_groups g
-                    WHERE g.tenant = l.tenant AND g.queue = l.queue)
-             INTO v_part, v_pid, v_groups;
+                  -- PERF(eph): a probe that stops at the first row, where count(*) took an
+                  -- aggregate and every row
+                  NOT EXISTS (SELECT 1 FROM queen.eph_groups g
+                               WHERE g.tenant = l.tenant AND g.queue = l.queue
+                                 AND g.grp <> l.grp)
+             INTO v_part, v_pid, v_alone;
         IF FOUND THEN
             redelivered := 0;  -- outcomes NULL: every id acked
             -- PERF(eph): with one group, the delivery's messages all go now (its cursor is past
@@ -1741,7 +1744,7 @@ BEGIN
             -- same), without a query per message. A run that fills what is left of its chunk:
             -- the chunk row goes, in one statement (settle_v3 and strike_v1 took five, and
             -- their calls two more).
-            IF v_groups = 1 AND p_seqs[v_k] - p_seqs[1] = v_k - 1
+            IF v_alone AND p_seqs[v_k] - p_seqs[1] = v_k - 1
                AND p_seqs[v_k] - p_seqs[v_k] % 256 = p_seqs[1] - p_seqs[1] % 256 THEN
                 -- (the run's base and first index in the chunk written out in the
                 -- statements: plpgsql assignments are dearer, eph14)
@@ -1809,7 +1812,7 @@ BEGIN
             -- striking): an ack of 70 such messages cost 1.59M instructions (callgrind), an
             -- ack of one chunk's 100 0.84M. width_bucket finds the seqs of the first chunk
             -- by bisection (p_seqs ascend: they are the delivery's)
-            ELSIF v_groups = 1 THEN
+            ELSIF v_alone THEN
                 v_r0 := 1;
                 v_base := p_seqs[1] - p_seqs[1] % 256;
                 v_r1 := width_bucket(v_base + 255, p_seqs);  -- the first chunk's last
@@ -1868,7 +1871,7 @@ BEGIN
             -- one run, ascending, what each loses computed from the row as locked (as
             -- strike_v1 does), then the emptied ones deleted and the others struck in one
             -- statement; a run with a hole, or a message gone, goes the general way below
-            IF v_set_n IS NULL AND v_groups = 1 THEN
+            IF v_set_n IS NULL AND v_alone THEN
                 SELECT array_agg(x.ctid) FILTER (WHERE x.live = x.n),
                        array_agg(x.ctid) FILTER (WHERE x.live <> x.n),
                        array_agg(x.base) FILTER (WHERE x.live <> x.n),
