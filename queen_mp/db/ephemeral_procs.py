@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 import psycopg
 
-from queen_mp.db.binarrays import Array, int4_array, int8_array, text_array, uuid_array
+from queen_mp.db.binarrays import int4_array, int8_array, text_array, uuid_array
 from queen_mp.db.errors import translate
 
 __all__ = ["ACK_SQL", "POP_SQL", "PUSHED_ALONE", "PUSHED_FULL", "PUSH_MANY_SQL", "PUSH_SQL",
@@ -105,7 +105,7 @@ def _tenant(tenant: bytes) -> uuid.UUID:
 # own list dumper escaped every element of a text array through a regular expression: 1.76 ms
 # of a front worker's CPU for a push of 100 200-byte payloads (17.6 us per message, two thirds
 # of the broker's CPU of the push route), against about 0.05 ms per array built in binary
-# (timeit, loaded machine). An ack's epochs and statuses go as text (``ack_params``).
+# (timeit, loaded machine). An ack's ids go as text instead (``ack_params``).
 
 
 async def configure(conn: Conn, tenant: bytes, queue: str, opts: dict[str, Any]
@@ -244,37 +244,31 @@ async def ack(conn: Conn, tenant: bytes, queue: str, group: str, statuses: Seque
 #: ``ack``'s statement; its parameters are ``ack_params``', its row (binary) ``ack_outcome``'s
 #: (the benches and tests call them too)
 ACK_SQL = ("SELECT outcomes, redelivered FROM queen.eph_ack_v5(%s, %s, %s, "
-           "string_to_array(%s, ',', ''), %b::int8[], %b::int8[], string_to_array(%s, ','))")
+           "string_to_array(%s, ',', ''), %s, string_to_array(%s, ',', '')::int8[], "
+           "string_to_array(%s, ','))")
 
 
 def ack_params(tenant: bytes, queue: str, group: str, statuses: Sequence[str],
                epochs: Sequence[str], seqs: Sequence[str], deliveries: Sequence[str]
                ) -> tuple[Any, ...]:
-    """The epochs and statuses go as comma-separated text, split by PostgreSQL
-    (``string_to_array``, '' read as NULL; none of their elements has a comma), the seqs and
-    deliveries as binary int8 arrays. A list whose elements are all one goes as that one
-    (``queen.eph_ack_v5`` spreads it), as the usual ack's epochs, deliveries and statuses do.
-
-    PERF(eph): PostgreSQL's split and int8 cast of an ack's 100 seqs sent as text were some
-    120k instructions of its 660k (callgrind, bench/ephemeral_sql.py); Python's ``int()`` of
-    each and one ``struct`` pack cost the front worker far less. An id that is not ours ('')
-    goes as seq and delivery 0: its epoch is NULL, which no incarnation matches."""
+    """PERF(eph): the lists go as comma-separated text ('' an element that is NULL; none of
+    their elements has a comma): Python built no int and no array element for them (an ack
+    of 100 cost the front worker 0.6 us a message in ``int()`` and the binary arrays, and
+    binary int8 arrays of the seqs some 180k instructions, callgrind). The seqs go as that
+    text, which ``queen.eph_ack_v5``'s usual ack compares with its delivery's (PostgreSQL's
+    split and cast of 100 were some 120k instructions); the other lists are split and cast by
+    the statement. A list whose elements are all one goes as that one (``queen.eph_ack_v5``
+    spreads it), as the usual ack's epochs, deliveries and statuses do: PostgreSQL splits,
+    casts and compares one, not one per id."""
     n = len(seqs)
-    return (_tenant(tenant), queue, group, _one_or_all(epochs, n), _int8s(seqs),
-            _int8s(deliveries, n), _one_or_all(statuses, n))
+    return (_tenant(tenant), queue, group, _one_or_all(epochs, n), ",".join(seqs),
+            _one_or_all(deliveries, n), _one_or_all(statuses, n))
 
 
 def _one_or_all(items: Sequence[str], n: int) -> str:
     """``items`` joined by commas, or its one element when all ``n`` are that one (not '')."""
     # PERF(eph): count compares in C, mostly by identity (parse_ack slices one split)
     return items[0] if items[0] and items.count(items[0]) == n else ",".join(items)
-
-
-def _int8s(items: Sequence[str], n: int = 0) -> Array:
-    """Decimal digits as an int8 array, '' as 0; its one element when all ``n`` are one."""
-    if n and items[0] and items.count(items[0]) == n:
-        return int8_array([int(items[0])])
-    return int8_array(list(map(int, items)) if "" not in items else [int(x or 0) for x in items])
 
 
 def ack_outcome(row: tuple[Any, ...], n: int) -> AckOutcome:

@@ -130,7 +130,8 @@ def test_a_push_that_drops_by_ttl_then_by_bounds_and_an_ack_of_both_complete(con
     wait_for_lock(watch, pusher)
     # the ack takes d1, then waits for d2
     acker = Call(connect(), "SELECT outcomes FROM queen.eph_ack_v5(%s, %s, 'g', %s::text[],"
-                            " %s::int8[], %s::int8[], '{completed,completed}'::text[])",
+                            " array_to_string(%s::int8[], ','), %s::int8[],"
+                            " '{completed,completed}'::text[])",
                  (tenant, q, [epoch, epoch], [b1, a1], [d1, d2]))
     wait_for_lock(watch, acker)
     holder.execute("COMMIT")
@@ -302,8 +303,8 @@ def test_two_acks_that_share_a_chunk_leave_it_deleted_and_count_each_message_onc
     tenant, q = uuid.uuid4(), f"locks-{uuid.uuid4().hex[:8]}"
     push(first, tenant, q, "p", 10)
     ids = delivered_ids(first, tenant, q, (4, 6))
-    ack = ("SELECT outcomes FROM queen.eph_ack_v5(%s, %s, 'g', %s::text[], %s::int8[],"
-           " %s::int8[], %s::text[])")
+    ack = ("SELECT outcomes FROM queen.eph_ack_v5(%s, %s, 'g', %s::text[],"
+           " array_to_string(%s::int8[], ','), %s::int8[], %s::text[])")
 
     def params(i: int) -> tuple[Any, ...]:
         k = len(ids[i]) if each else 1
@@ -333,8 +334,8 @@ def test_an_ack_over_three_chunks_that_waited_for_one_deletes_what_the_other_lef
     for _ in range(3):
         push(first, tenant, q, "p", 3)
     ids = delivered_ids(first, tenant, q, (7, 2))
-    ack = ("SELECT outcomes FROM queen.eph_ack_v5(%s, %s, 'g', %s::text[], %s::int8[],"
-           " %s::int8[], '{completed}'::text[])")
+    ack = ("SELECT outcomes FROM queen.eph_ack_v5(%s, %s, 'g', %s::text[],"
+           " array_to_string(%s::int8[], ','), %s::int8[], '{completed}'::text[])")
 
     def params(i: int) -> tuple[Any, ...]:
         return (tenant, q, [ids[i][0][0]], [int(s) for _, s, _ in ids[i]], [int(ids[i][0][2])])
@@ -355,8 +356,9 @@ def test_a_pop_that_skips_a_delivery_due_at_once_answers_it_is_0_ms_away(connect
     tenant, q = uuid.uuid4(), f"locks-{uuid.uuid4().hex[:8]}"
     push(setup, tenant, q, "p", 1)
     epoch, seq, dlv = pop(setup, tenant, q, "p", 1)
-    setup.execute("SELECT queen.eph_ack_v5(%s, %s, 'g', %s::text[], %s::int8[], %s::int8[],"
-                  " '{failed}'::text[])", (tenant, q, [epoch], [seq], [dlv]))
+    setup.execute("SELECT queen.eph_ack_v5(%s, %s, 'g', %s::text[],"
+                  " array_to_string(%s::int8[], ','), %s::int8[], '{failed}'::text[])",
+                  (tenant, q, [epoch], [seq], [dlv]))
     holder.execute("BEGIN")
     held = holder.execute("SELECT lease_until::text FROM queen.eph_leases WHERE tenant = %s"
                           " AND queue = %s FOR UPDATE", (tenant, q)).fetchall()

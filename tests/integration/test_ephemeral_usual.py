@@ -22,8 +22,8 @@ from queen_mp.db import ephemeral_procs
 from queen_mp.db.binarrays import register_arrays
 from queen_mp.front.ephemeral import render_messages
 
-ACK = ("SELECT outcomes FROM queen.eph_ack_v5(%s, %s, %s, %s::text[], %s::int8[], %s::int8[],"
-       " %s::text[])")
+ACK = ("SELECT outcomes FROM queen.eph_ack_v5(%s, %s, %s, %s::text[],"
+       " array_to_string(%s::int8[], ','), %s::int8[], %s::text[])")
 
 
 @pytest.fixture

@@ -71,7 +71,7 @@
 --   queen.eph_pop_v5(uuid, text, text, text, int4, boolean)
 --       -> (epoch text, parts text[], dlvs int8[], atts int4[], firsts int8[], counts int4[],
 --           payloads bytea, claimed int4, wake_in_ms int8, window_ms int4, window_count int4)
---   queen.eph_ack_v5(uuid, text, text, text[], int8[], int8[], text[])
+--   queen.eph_ack_v5(uuid, text, text, text[], text, int8[], text[])
 --       -> (outcomes text[], redelivered int4)    outcomes NULL: every id acked
 --   queen.eph_reset_v1(uuid, text) -> int8                dropped messages
 --   queen.eph_delete_v1(uuid, text) -> jsonb              {deleted, declared}
@@ -1652,8 +1652,9 @@ END;
 $$;
 
 -- One outcome per id, in order: acked | redelivered | stale | unknown (api.md). The ids come
--- parsed (queen_mp/models/ephemeral.py parse_id): p_epochs, p_seqs, p_dlvs, NULL for an id that
--- is not one of ours; p_epochs, p_dlvs and p_statuses may hold one element that stands for
+-- parsed (queen_mp/models/ephemeral.py parse_id): p_epochs, p_seq_text (the seqs' decimal
+-- digits joined by commas, '' an empty element), p_dlvs, NULL for an id that is not one of
+-- ours; p_epochs, p_dlvs and p_statuses may hold one element that stands for
 -- every id (the usual ack: one delivery's ids, one status), and outcomes is then NULL when
 -- every id is 'acked'. An id acts while its delivery (p_dlvs[i]) still holds its message: a
 -- redelivery moved it to another delivery, so the older id answers 'unknown'. A 'failed' or
@@ -1663,7 +1664,7 @@ $$;
 -- the others are 'unknown'. redelivered counts the 'redelivered' outcomes (the caller wakes
 -- parked pops). One statement per delivery touched, whatever the count of ids.
 CREATE OR REPLACE FUNCTION queen.eph_ack_v5(p_tenant uuid, p_queue text, p_group text,
-                                            p_epochs text[], p_seqs int8[], p_dlvs int8[],
+                                            p_epochs text[], p_seq_text text, p_dlvs int8[],
                                             p_statuses text[],
                                             OUT outcomes text[], OUT redelivered int4)
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
@@ -1671,6 +1672,7 @@ SET plan_cache_mode = force_generic_plan  -- PERF(eph): see the header
 AS $$
 DECLARE
     v_epoch text;
+    v_seqs int8[];  -- the ids' seqs: p_seq_text's (the usual ack: its delivery's)
     v_retry int4;
     v_i int8[];
     v_seq int8[];
@@ -1700,7 +1702,7 @@ DECLARE
     v_upd int8[];
     v_upd_lo int4[];
     v_upd_n int4[];
-    v_r0 int4;  -- a run of the usual ack: p_seqs[v_r0:v_r1], v_rn of them
+    v_r0 int4;  -- a run of the usual ack: v_seqs[v_r0:v_r1], v_rn of them
     v_r1 int4;
     v_rn int4;
     v_try int4;
@@ -1713,7 +1715,6 @@ BEGIN
     IF NOT pg_try_advisory_xact_lock_shared(queen.eph_key_v1(p_tenant, p_queue)) THEN
         PERFORM pg_advisory_xact_lock_shared(queen.eph_key_v1(p_tenant, p_queue));
     END IF;
-    v_k := cardinality(p_seqs);
     -- PERF(eph): the usual ack, every message still held by one delivery acknowledged
     -- 'completed' in the order the pop gave them, sent as one epoch, delivery and status: one
     -- statement on its lease row, none per id, the queue's epoch read by it (v3 read it in a
@@ -1723,10 +1724,12 @@ BEGIN
     THEN
         DELETE FROM queen.eph_leases l
          WHERE l.tenant = p_tenant AND l.queue = p_queue AND l.grp = p_group
-           AND l.dlv = p_dlvs[1] AND l.seqs = p_seqs
+           -- PERF(eph): the seqs compared as the text they came as, and then taken from the
+           -- row: splitting and casting 100 of them cost some 120k instructions (eph15)
+           AND l.dlv = p_dlvs[1] AND array_to_string(l.seqs, ',') = p_seq_text
            AND p_epochs[1] = (SELECT q.epoch FROM queen.eph_queues q
                                WHERE q.tenant = p_tenant AND q.queue = p_queue)
-        RETURNING l.partition,
+        RETURNING l.seqs, cardinality(l.seqs), l.partition,
                   (SELECT p.id FROM queen.eph_partitions p
                     WHERE p.tenant = l.tenant AND p.queue = l.queue
                       AND p.partition = l.partition),
@@ -1735,7 +1738,7 @@ BEGIN
                   NOT EXISTS (SELECT 1 FROM queen.eph_groups g
                                WHERE g.tenant = l.tenant AND g.queue = l.queue
                                  AND g.grp <> l.grp)
-             INTO v_part, v_pid, v_alone;
+             INTO v_seqs, v_k, v_part, v_pid, v_alone;
         IF FOUND THEN
             redelivered := 0;  -- outcomes NULL: every id acked
             -- PERF(eph): with one group, the delivery's messages all go now (its cursor is past
@@ -1744,8 +1747,8 @@ BEGIN
             -- same), without a query per message. A run that fills what is left of its chunk:
             -- the chunk row goes, in one statement (settle_v3 and strike_v1 took five, and
             -- their calls two more).
-            IF v_alone AND p_seqs[v_k] - p_seqs[1] = v_k - 1
-               AND p_seqs[v_k] - p_seqs[v_k] % 256 = p_seqs[1] - p_seqs[1] % 256 THEN
+            IF v_alone AND v_seqs[v_k] - v_seqs[1] = v_k - 1
+               AND v_seqs[v_k] - v_seqs[v_k] % 256 = v_seqs[1] - v_seqs[1] % 256 THEN
                 -- (the run's base and first index in the chunk written out in the
                 -- statements: plpgsql assignments are dearer, eph14)
                 -- PERF(eph): each with the count of what it took (eph_count_v2's statement)
@@ -1755,19 +1758,19 @@ BEGIN
                 -- a run from inside it (a pop of less) usually leaves messages: struck first
                 -- (a statement that finds no row costs about what one that does, eph15)
                 FOR v_try IN 1..2 LOOP
-                    IF (v_try = 1) = (p_seqs[1] % 256 > 0) THEN
+                    IF (v_try = 1) = (v_seqs[1] % 256 > 0) THEN
                         WITH d AS (
                             UPDATE queen.eph_chunks c
                                SET gone = c.gone + int4multirange(int4range(
-                                              (p_seqs[1] % 256)::int4,
-                                              (p_seqs[1] % 256)::int4 + v_k)),
+                                              (v_seqs[1] % 256)::int4,
+                                              (v_seqs[1] % 256)::int4 + v_k)),
                                    live = c.live - v_k
-                             WHERE c.pid = v_pid AND c.base = p_seqs[1] - p_seqs[1] % 256
+                             WHERE c.pid = v_pid AND c.base = v_seqs[1] - v_seqs[1] % 256
                                AND c.live > v_k
                                AND NOT c.gone && int4multirange(int4range(
-                                       (p_seqs[1] % 256)::int4, (p_seqs[1] % 256)::int4 + v_k))
-                            RETURNING c.offs[p_seqs[1] % 256 + v_k + 1]
-                                      - c.offs[p_seqs[1] % 256 + 1] - v_k AS b)
+                                       (v_seqs[1] % 256)::int4, (v_seqs[1] % 256)::int4 + v_k))
+                            RETURNING c.offs[v_seqs[1] % 256 + v_k + 1]
+                                      - c.offs[v_seqs[1] % 256 + 1] - v_k AS b)
                         INSERT INTO queen.eph_counts AS c (tenant, queue, slot, depth, bytes,
                                                            drops_bounds, drops_ttl,
                                                            drops_retry)
@@ -1781,12 +1784,12 @@ BEGIN
                     ELSE
                         WITH d AS (
                             DELETE FROM queen.eph_chunks c
-                             WHERE c.pid = v_pid AND c.base = p_seqs[1] - p_seqs[1] % 256
+                             WHERE c.pid = v_pid AND c.base = v_seqs[1] - v_seqs[1] % 256
                                AND c.live = v_k
                                AND NOT c.gone && int4multirange(int4range(
-                                       (p_seqs[1] % 256)::int4, (p_seqs[1] % 256)::int4 + v_k))
-                            RETURNING c.offs[p_seqs[1] % 256 + v_k + 1]
-                                      - c.offs[p_seqs[1] % 256 + 1] - v_k AS b)
+                                       (v_seqs[1] % 256)::int4, (v_seqs[1] % 256)::int4 + v_k))
+                            RETURNING c.offs[v_seqs[1] % 256 + v_k + 1]
+                                      - c.offs[v_seqs[1] % 256 + 1] - v_k AS b)
                         INSERT INTO queen.eph_counts AS c (tenant, queue, slot, depth, bytes,
                                                            drops_bounds, drops_ttl,
                                                            drops_retry)
@@ -1811,20 +1814,20 @@ BEGIN
             -- statement grouping the seqs by chunk and locking them, one deleting and
             -- striking): an ack of 70 such messages cost 1.59M instructions (callgrind), an
             -- ack of one chunk's 100 0.84M. width_bucket finds the seqs of the first chunk
-            -- by bisection (p_seqs ascend: they are the delivery's)
+            -- by bisection (v_seqs ascend: they are the delivery's)
             ELSIF v_alone THEN
                 v_r0 := 1;
-                v_base := p_seqs[1] - p_seqs[1] % 256;
-                v_r1 := width_bucket(v_base + 255, p_seqs);  -- the first chunk's last
-                IF v_r1 < v_k AND p_seqs[v_r1] - p_seqs[1] = v_r1 - 1
-                   AND p_seqs[v_k] - p_seqs[v_r1 + 1] = v_k - v_r1 - 1
-                   AND p_seqs[v_k] - p_seqs[v_k] % 256
-                       = p_seqs[v_r1 + 1] - p_seqs[v_r1 + 1] % 256 THEN
+                v_base := v_seqs[1] - v_seqs[1] % 256;
+                v_r1 := width_bucket(v_base + 255, v_seqs);  -- the first chunk's last
+                IF v_r1 < v_k AND v_seqs[v_r1] - v_seqs[1] = v_r1 - 1
+                   AND v_seqs[v_k] - v_seqs[v_r1 + 1] = v_k - v_r1 - 1
+                   AND v_seqs[v_k] - v_seqs[v_k] % 256
+                       = v_seqs[v_r1 + 1] - v_seqs[v_r1 + 1] % 256 THEN
                     v_set_n := 0;
                     v_set_b := 0;
                     LOOP
-                        v_base := p_seqs[v_r0] - p_seqs[v_r0] % 256;
-                        v_lo := (p_seqs[v_r0] % 256)::int4;
+                        v_base := v_seqs[v_r0] - v_seqs[v_r0] % 256;
+                        v_lo := (v_seqs[v_r0] % 256)::int4;
                         v_rn := v_r1 - v_r0 + 1;
                         v_run_n := NULL;
                         -- a second chunk usually keeps messages: its strike is tried first
@@ -1854,7 +1857,7 @@ BEGIN
                                 SELECT v_set_n + s.n, v_set_b + s.bytes INTO v_set_n, v_set_b
                                   FROM queen.eph_settle_v3(p_tenant, p_queue,
                                                            array_fill(v_part, ARRAY[v_k - v_r1]),
-                                                           p_seqs[v_r1 + 1:], true) s;
+                                                           v_seqs[v_r1 + 1:], true) s;
                             END IF;
                             EXIT;
                         END IF;
@@ -1887,7 +1890,7 @@ BEGIN
                                c.offs[w.hi + 2] - c.offs[w.lo + 1] - (w.hi - w.lo + 1) AS b
                           FROM (SELECT u.s - u.s % 256 AS base, min(u.s % 256)::int4 AS lo,
                                        max(u.s % 256)::int4 AS hi, count(*)::int4 AS n
-                                  FROM unnest(p_seqs) AS u(s) GROUP BY 1 ORDER BY 1) w
+                                  FROM unnest(v_seqs) AS u(s) GROUP BY 1 ORDER BY 1) w
                          -- PERF(eph): a probe by key each, ascending, and the rows then
                          -- deleted or struck by the ctid it locked (the newest version, which
                          -- no one else can change now): by their keys, joined or = ANY, the
@@ -1912,7 +1915,7 @@ BEGIN
             IF v_set_n IS NULL THEN
                 SELECT s.n, s.bytes INTO v_set_n, v_set_b
                   FROM queen.eph_settle_v3(p_tenant, p_queue, array_fill(v_part, ARRAY[v_k]),
-                                           p_seqs, true) s;
+                                           v_seqs, true) s;
             END IF;
             IF v_set_n > 0 THEN  -- PERF(eph): eph_count_v2's statement, inlined (see above)
                 INSERT INTO queen.eph_counts AS c (tenant, queue, slot, depth, bytes,
@@ -1925,6 +1928,8 @@ BEGIN
             RETURN;
         END IF;
     END IF;
+    v_seqs := string_to_array(p_seq_text, ',', '')::int8[];
+    v_k := cardinality(v_seqs);
     v_acked := '{}';
     v_red := '{}';
     v_settle_p := '{}';
@@ -1954,7 +1959,7 @@ BEGIN
     SELECT array_agg(x.i), array_agg(x.seq), array_agg(x.dlv), array_agg(x.st)
       INTO v_i, v_seq, v_dlv, v_st
       FROM (SELECT DISTINCT ON (u.seq) u.i, u.seq, u.dlv, u.st
-              FROM unnest(p_epochs, p_seqs, p_dlvs, p_statuses)
+              FROM unnest(p_epochs, v_seqs, p_dlvs, p_statuses)
                    WITH ORDINALITY AS u(ep, seq, dlv, st, i)
              WHERE u.ep = v_epoch AND u.seq IS NOT NULL AND u.dlv IS NOT NULL
              ORDER BY u.seq, u.i) AS x;
