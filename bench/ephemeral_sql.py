@@ -1,8 +1,8 @@
 """Ephemeral queues in SQL alone: PostgreSQL CPU per message of push, pop and ack, no broker.
 
 ``bench/ephemeral.py`` measures the routes, where the broker, the HTTP client and the load of
-the machine share the figures. This one calls ``queen.eph_push_v3``, ``eph_pop_v4`` and
-``eph_ack_v4`` over one connection, one call after the other, and reads from ``/proc`` (so the
+the machine share the figures. This one calls ``queen.eph_push_v3``, ``eph_pop_v5`` and
+``eph_ack_v5`` over one connection, one call after the other, and reads from ``/proc`` (so the
 server must run on this machine) the CPU time of that connection's backend and of the whole
 cluster (the backend, autovacuum, the writers): what a message costs PostgreSQL itself, the
 figure the storage layout decides.

@@ -23,7 +23,7 @@ database, the CPU work a request costs the broker between its sockets:
   unpacked, and the answer rendered;
 - ``ephack100``: the front worker's share of an ephemeral ack of 100 ids (one delivery's, as
   popped): the body parsed, the call's lists joined as they are sent, the answer rendered;
-- ``ephpop100``: an ephemeral claim of 100 messages (one run, as ``queen.eph_pop_v4`` answers
+- ``ephpop100``: an ephemeral claim of 100 messages (one run, as ``queen.eph_pop_v5`` answers
   a pop of one push's chunk) rendered as the answer's JSON (``render_messages``); psycopg's load
   of the row is not in it;
 - ``qpb1k``: the front worker's share of a 1,000-item binary push (QPB1 frames mode, 10

@@ -241,7 +241,7 @@ def private_pg() -> Iterator[EmbeddedPostgres]:
 
 def eph_pop(conn: psycopg.Connection, tenant: uuid.UUID, queue: str, partition: str | None,
             group: str, batch: int, auto_ack: bool) -> list[dict[str, Any]]:
-    """The messages of one ``queen.eph_pop_v4`` call as the broker renders them."""
+    """The messages of one ``queen.eph_pop_v5`` call as the broker renders them."""
     row = conn.execute(ephemeral_procs.POP_SQL, (tenant, queue, partition, group, batch, auto_ack),
                        binary=True).fetchone()
     assert row is not None

@@ -45,7 +45,7 @@ class QueueFull(Exception):
 
 @dataclass(frozen=True, slots=True)
 class PopOutcome:
-    """A claim as ``queen.eph_pop_v4`` answers it: runs of messages of consecutive seqs, that
+    """A claim as ``queen.eph_pop_v5`` answers it: runs of messages of consecutive seqs, that
     ``queen_mp.front.ephemeral.render_messages`` renders (run i: ``counts[i]`` messages from
     seq ``firsts[i]``)."""
 
@@ -105,7 +105,7 @@ def _tenant(tenant: bytes) -> uuid.UUID:
 # own list dumper escaped every element of a text array through a regular expression: 1.76 ms
 # of a front worker's CPU for a push of 100 200-byte payloads (17.6 us per message, two thirds
 # of the broker's CPU of the push route), against about 0.05 ms per array built in binary
-# (timeit, loaded machine). An ack's ids go as text instead (``ack``).
+# (timeit, loaded machine). An ack's ids go as text instead (``ack_params``).
 
 
 async def configure(conn: Conn, tenant: bytes, queue: str, opts: dict[str, Any]
@@ -219,7 +219,7 @@ async def pop(conn: Conn, tenant: bytes, queue: str, partition: str | None, grou
 
 #: ``pop``'s statement, parameters (tenant uuid, queue, partition, group, batch, autoAck); its
 #: row, fetched in binary, is ``pop_outcome``'s (the benches and tests call it too)
-POP_SQL = "SELECT * FROM queen.eph_pop_v4(%s, %s, %s, %s, %s, %s)"
+POP_SQL = "SELECT * FROM queen.eph_pop_v5(%s, %s, %s, %s, %s, %s)"
 
 
 def pop_outcome(row: tuple[Any, ...]) -> PopOutcome:
@@ -243,20 +243,23 @@ async def ack(conn: Conn, tenant: bytes, queue: str, group: str, statuses: Seque
 
 #: ``ack``'s statement; its parameters are ``ack_params``', its row (binary) ``ack_outcome``'s
 #: (the benches and tests call them too)
-ACK_SQL = ("SELECT outcomes, redelivered FROM queen.eph_ack_v4(%s, %s, %s, "
-           "string_to_array(%s, ',', ''), string_to_array(%s, ',', '')::int8[], "
-           "string_to_array(%s, ',', '')::int8[], string_to_array(%s, ','))")
+ACK_SQL = ("SELECT outcomes, redelivered FROM queen.eph_ack_v5(%s, %s, %s, "
+           "string_to_array(%s, ',', ''), %s, string_to_array(%s, ',', '')::int8[], "
+           "string_to_array(%s, ','))")
 
 
 def ack_params(tenant: bytes, queue: str, group: str, statuses: Sequence[str],
                epochs: Sequence[str], seqs: Sequence[str], deliveries: Sequence[str]
                ) -> tuple[Any, ...]:
-    """PERF(eph): the lists go as comma-separated text, split and cast by PostgreSQL
-    (``string_to_array``, '' read as NULL; none of their elements has a comma): Python built
-    no int and no array element for them (an ack of 100 cost the front worker 0.6 us a
-    message in ``int()`` and the binary arrays). A list whose elements are all one goes as
-    that one (``queen.eph_ack_v4`` spreads it), as the usual ack's epochs, deliveries and
-    statuses do: PostgreSQL splits, casts and compares one, not one per id."""
+    """PERF(eph): the lists go as comma-separated text ('' an element that is NULL; none of
+    their elements has a comma): Python built no int and no array element for them (an ack
+    of 100 cost the front worker 0.6 us a message in ``int()`` and the binary arrays, and
+    binary int8 arrays of the seqs some 180k instructions, callgrind). The seqs go as that
+    text, which ``queen.eph_ack_v5``'s usual ack compares with its delivery's (PostgreSQL's
+    split and cast of 100 were some 120k instructions); the other lists are split and cast by
+    the statement. A list whose elements are all one goes as that one (``queen.eph_ack_v5``
+    spreads it), as the usual ack's epochs, deliveries and statuses do: PostgreSQL splits,
+    casts and compares one, not one per id."""
     n = len(seqs)
     return (_tenant(tenant), queue, group, _one_or_all(epochs, n), ",".join(seqs),
             _one_or_all(deliveries, n), _one_or_all(statuses, n))

@@ -60,7 +60,7 @@ class Popped:
     count: int
 
 
-_SEP = b"\x1e"  # between two payloads of a run (eph_pop_v4): never in JSON text
+_SEP = b"\x1e"  # between two payloads of a run (eph_pop_v5): never in JSON text
 _RUN = b"\x1f"  # between two runs
 
 
@@ -89,7 +89,7 @@ def render_messages(out: ephemeral_procs.PopOutcome) -> bytes:
             rendered.append(b"".join((head, run.replace(_SEP, b"}," + head), b"}"))
                             % tuple(range(first, first + n)))
         except TypeError:  # a separator inside a payload: never one that dumps_json wrote
-            raise ValueError(f"eph_pop_v4: a run of {n} messages does not hold {n} payloads"
+            raise ValueError(f"eph_pop_v5: a run of {n} messages does not hold {n} payloads"
                              ) from None
     return b"[" + b",".join(rendered) + b"]"
 

@@ -304,7 +304,7 @@ def test_ack_outcomes_retry_limit_and_drops(broker):
 
 
 def test_a_deliverys_ids_acked_together_answer_each_outcome(broker):
-    """The broker sends a delivery's ids as one epoch, delivery and status (eph_ack_v4 spreads
+    """The broker sends a delivery's ids as one epoch, delivery and status (eph_ack_v5 spreads
     them): every outcome is the one each id would get alone, not only 'acked'."""
     q = uq()
     c = broker.client

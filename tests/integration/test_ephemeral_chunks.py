@@ -160,7 +160,7 @@ def test_a_later_group_starts_at_what_is_still_stored_inside_a_chunk(broker, db_
 
 
 def test_a_pop_cut_inside_a_later_run_of_a_chunk_resumes_after_it(broker, db_dsn):
-    """A chunk with a hole is two runs (eph_pop_v4): a batch that ends inside the second takes
+    """A chunk with a hole is two runs (eph_pop_v5): a batch that ends inside the second takes
     its first messages, ids in order, and the next pop goes on from there."""
     q, c = uq(), broker.client
     assert pop(c, q, "first", 1) == []
@@ -181,7 +181,7 @@ def test_a_pop_cut_inside_a_later_run_of_a_chunk_resumes_after_it(broker, db_dsn
 
 def test_pops_over_chunks_of_one_message_read_them_in_order(broker, db_dsn):
     """Pushes of one message (a chunk each): a pop reads its batch from the chunks in one range
-    scan (eph_pop_v4), past the cursor, whatever another group still keeps stored below it."""
+    scan (eph_pop_v5), past the cursor, whatever another group still keeps stored below it."""
     q, c = uq(), broker.client
     for g in ("first", "later"):
         assert pop(c, q, g, 1) == []  # registered: messages now wait for both
@@ -204,7 +204,7 @@ def test_pops_over_chunks_of_one_message_read_them_in_order(broker, db_dsn):
 def test_one_groups_ack_of_a_delivery_over_three_chunks_deletes_and_strikes_each(broker,
                                                                                    db_dsn):
     """The ack of a whole delivery of one group whose messages sit in three chunks, the first
-    keeping a message of another delivery (eph_ack_v4's one-group way, neither one chunk nor
+    keeping a message of another delivery (eph_ack_v5's one-group way, neither one chunk nor
     two): the chunks it empties go, the first loses what it acknowledged, each counted once."""
     q, c = uq(), broker.client
     for i in range(3):

@@ -129,8 +129,9 @@ def test_a_push_that_drops_by_ttl_then_by_bounds_and_an_ack_of_both_complete(con
                   ephemeral_procs.push_params(tenant.bytes, q, "c", ["1"]))
     wait_for_lock(watch, pusher)
     # the ack takes d1, then waits for d2
-    acker = Call(connect(), "SELECT outcomes FROM queen.eph_ack_v4(%s, %s, 'g', %s::text[],"
-                            " %s::int8[], %s::int8[], '{completed,completed}'::text[])",
+    acker = Call(connect(), "SELECT outcomes FROM queen.eph_ack_v5(%s, %s, 'g', %s::text[],"
+                            " array_to_string(%s::int8[], ','), %s::int8[],"
+                            " '{completed,completed}'::text[])",
                  (tenant, q, [epoch, epoch], [b1, a1], [d1, d2]))
     wait_for_lock(watch, acker)
     holder.execute("COMMIT")
@@ -168,7 +169,7 @@ def test_a_push_that_drops_by_ttl_then_by_bounds_and_a_pop_that_expires_complete
     wait_for_lock(watch, pusher)
     setup.execute(age, (tenant, q, "a"))
     # the pop expires a and b: a's chunk, then b's (the push's, when it struck it first)
-    popper = Call(connect(), "SELECT claimed FROM queen.eph_pop_v4(%s, %s, NULL, 'g2', 1, true)",
+    popper = Call(connect(), "SELECT claimed FROM queen.eph_pop_v5(%s, %s, NULL, 'g2', 1, true)",
                   (tenant, q))
     wait_for_lock(watch, popper, or_end=True)
     holder.execute("COMMIT")
@@ -190,7 +191,7 @@ def test_a_pop_that_expires_and_waits_for_a_cursor_and_a_settling_pop_complete(c
     its settle for one of the chunks (it did when the drop struck them at the pop's start)."""
     setup, watch, holder = connect(), connect(), connect()
     tenant, q = uuid.uuid4(), f"locks-{uuid.uuid4().hex[:8]}"
-    setup.execute("SELECT queen.eph_pop_v4(%s, %s, NULL, 'g', 1, true)", (tenant, q))  # group g
+    setup.execute("SELECT queen.eph_pop_v5(%s, %s, NULL, 'g', 1, true)", (tenant, q))  # group g
     push(setup, tenant, q, "a", 1)
     push(setup, tenant, q, "b", 1)
     setup.execute("SELECT queen.eph_configure_v1(%s, %s, %s::jsonb)",
@@ -200,14 +201,14 @@ def test_a_pop_that_expires_and_waits_for_a_cursor_and_a_settling_pop_complete(c
                    " WHERE p.tenant = %s AND p.queue = %s AND p.partition = 'a' FOR UPDATE OF k",
                    (tenant, q))
     # the first pop takes both messages (autoAck) and waits in its settle for a's chunk
-    first = Call(connect(), "SELECT claimed FROM queen.eph_pop_v4(%s, %s, NULL, 'g', 10, true)",
+    first = Call(connect(), "SELECT claimed FROM queen.eph_pop_v5(%s, %s, NULL, 'g', 10, true)",
                  (tenant, q))
     wait_for_lock(watch, first)
     setup.execute("UPDATE queen.eph_chunks k SET created_at = k.created_at - interval '2 hours'"
                   " FROM queen.eph_partitions p WHERE p.id = k.pid AND p.tenant = %s"
                   " AND p.queue = %s AND p.partition = 'b'", (tenant, q))
     # the second expires b's chunk, finds both cursors held, and waits for the first
-    second = Call(connect(), "SELECT claimed FROM queen.eph_pop_v4(%s, %s, NULL, 'g', 10, true)",
+    second = Call(connect(), "SELECT claimed FROM queen.eph_pop_v5(%s, %s, NULL, 'g', 10, true)",
                   (tenant, q))
     wait_for_lock(watch, second)
     holder.execute("COMMIT")
@@ -302,8 +303,8 @@ def test_two_acks_that_share_a_chunk_leave_it_deleted_and_count_each_message_onc
     tenant, q = uuid.uuid4(), f"locks-{uuid.uuid4().hex[:8]}"
     push(first, tenant, q, "p", 10)
     ids = delivered_ids(first, tenant, q, (4, 6))
-    ack = ("SELECT outcomes FROM queen.eph_ack_v4(%s, %s, 'g', %s::text[], %s::int8[],"
-           " %s::int8[], %s::text[])")
+    ack = ("SELECT outcomes FROM queen.eph_ack_v5(%s, %s, 'g', %s::text[],"
+           " array_to_string(%s::int8[], ','), %s::int8[], %s::text[])")
 
     def params(i: int) -> tuple[Any, ...]:
         k = len(ids[i]) if each else 1
@@ -324,7 +325,7 @@ def test_two_acks_that_share_a_chunk_leave_it_deleted_and_count_each_message_onc
 
 def test_an_ack_over_three_chunks_that_waited_for_one_deletes_what_the_other_left(connect):
     """One group's acks of two deliveries that share a chunk: the first delivery's messages
-    sit in three chunks (eph_ack_v4's one-group way: a probe and lock by key each, then the
+    sit in three chunks (eph_ack_v5's one-group way: a probe and lock by key each, then the
     delete or strike by ctid), the second holds the rest of the third chunk and is acked
     first. The first ack waits for that chunk's row and decides on the row as it was left:
     the chunk goes, and every message is counted out once."""
@@ -333,8 +334,8 @@ def test_an_ack_over_three_chunks_that_waited_for_one_deletes_what_the_other_lef
     for _ in range(3):
         push(first, tenant, q, "p", 3)
     ids = delivered_ids(first, tenant, q, (7, 2))
-    ack = ("SELECT outcomes FROM queen.eph_ack_v4(%s, %s, 'g', %s::text[], %s::int8[],"
-           " %s::int8[], '{completed}'::text[])")
+    ack = ("SELECT outcomes FROM queen.eph_ack_v5(%s, %s, 'g', %s::text[],"
+           " array_to_string(%s::int8[], ','), %s::int8[], '{completed}'::text[])")
 
     def params(i: int) -> tuple[Any, ...]:
         return (tenant, q, [ids[i][0][0]], [int(s) for _, s, _ in ids[i]], [int(ids[i][0][2])])
@@ -355,13 +356,14 @@ def test_a_pop_that_skips_a_delivery_due_at_once_answers_it_is_0_ms_away(connect
     tenant, q = uuid.uuid4(), f"locks-{uuid.uuid4().hex[:8]}"
     push(setup, tenant, q, "p", 1)
     epoch, seq, dlv = pop(setup, tenant, q, "p", 1)
-    setup.execute("SELECT queen.eph_ack_v4(%s, %s, 'g', %s::text[], %s::int8[], %s::int8[],"
-                  " '{failed}'::text[])", (tenant, q, [epoch], [seq], [dlv]))
+    setup.execute("SELECT queen.eph_ack_v5(%s, %s, 'g', %s::text[],"
+                  " array_to_string(%s::int8[], ','), %s::int8[], '{failed}'::text[])",
+                  (tenant, q, [epoch], [seq], [dlv]))
     holder.execute("BEGIN")
     held = holder.execute("SELECT lease_until::text FROM queen.eph_leases WHERE tenant = %s"
                           " AND queue = %s FOR UPDATE", (tenant, q)).fetchall()
     assert held == [("-infinity",)]
-    row = setup.execute("SELECT claimed, wake_in_ms FROM queen.eph_pop_v4(%s, %s, NULL, 'g', 1,"
+    row = setup.execute("SELECT claimed, wake_in_ms FROM queen.eph_pop_v5(%s, %s, NULL, 'g', 1,"
                         " false)", (tenant, q)).fetchone()
     holder.execute("COMMIT")
     assert row == (0, 0)

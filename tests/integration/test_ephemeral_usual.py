@@ -1,4 +1,4 @@
-"""The usual pop and the usual ack (sql/functions/ephemeral.sql, eph_pop_v4 and eph_ack_v4: one
+"""The usual pop and the usual ack (sql/functions/ephemeral.sql, eph_pop_v5 and eph_ack_v5: one
 statement each, eph14) answer what the general way answers. Two queues take the same pushes,
 pops and acks: one where the usual statements apply, and one where they never do (a
 ttlSeconds that expires nothing sends every pop the general way; an ack with an element per id
@@ -22,8 +22,8 @@ from queen_mp.db import ephemeral_procs
 from queen_mp.db.binarrays import register_arrays
 from queen_mp.front.ephemeral import render_messages
 
-ACK = ("SELECT outcomes FROM queen.eph_ack_v4(%s, %s, %s, %s::text[], %s::int8[], %s::int8[],"
-       " %s::text[])")
+ACK = ("SELECT outcomes FROM queen.eph_ack_v5(%s, %s, %s, %s::text[],"
+       " array_to_string(%s::int8[], ','), %s::int8[], %s::text[])")
 
 
 @pytest.fixture

@@ -111,7 +111,7 @@ def test_window_readiness(window, held, batch, waited, ready):
 
 
 def test_ack_params_send_a_list_of_one_value_as_that_value() -> None:
-    """eph_ack_v4 spreads a list of one element over every id; a list of several values, or
+    """eph_ack_v5 spreads a list of one element over every id; a list of several values, or
     of ids that are not ours (''), goes whole."""
     got = ack_params(b"\0" * 16, "q", "g", ("completed",) * 3, ("e" * 16,) * 3,
                      ("1", "2", "3"), ("7", "7", "7"))

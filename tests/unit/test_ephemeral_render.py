@@ -1,4 +1,4 @@
-"""The ephemeral pop's answer rendered from eph_pop_v4's runs (front/ephemeral.py)."""
+"""The ephemeral pop's answer rendered from eph_pop_v5's runs (front/ephemeral.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from queen_mp.models.items import dumps_json
 
 
 def outcome(runs: list[tuple[str, int, int, int, list[object]]]) -> PopOutcome:
-    """Runs of (partition, dlv, attempts, first seq, payloads), as eph_pop_v4 joins them."""
+    """Runs of (partition, dlv, attempts, first seq, payloads), as eph_pop_v5 joins them."""
     blob = b"\x1f".join(b"\x1e".join(dumps_json(p) for p in payloads)
                         for *_, payloads in runs)
     return PopOutcome("0123456789abcdef", [r[0] for r in runs], [r[1] for r in runs],

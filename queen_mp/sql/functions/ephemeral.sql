@@ -68,10 +68,10 @@
 --   queen.eph_push_v5(uuid[], text[], text[], int4[], int8[], int4[], bytea, uuid[], text[],
 --                     int8[], int8[], int4[], text[], int4[], int4[])
 --       -> (pushed int4[], details text[])                several pushes fused in one call
---   queen.eph_pop_v4(uuid, text, text, text, int4, boolean)
+--   queen.eph_pop_v5(uuid, text, text, text, int4, boolean)
 --       -> (epoch text, parts text[], dlvs int8[], atts int4[], firsts int8[], counts int4[],
 --           payloads bytea, claimed int4, wake_in_ms int8, window_ms int4, window_count int4)
---   queen.eph_ack_v4(uuid, text, text, text[], int8[], int8[], text[])
+--   queen.eph_ack_v5(uuid, text, text, text[], text, int8[], text[])
 --       -> (outcomes text[], redelivered int4)    outcomes NULL: every id acked
 --   queen.eph_reset_v1(uuid, text) -> int8                dropped messages
 --   queen.eph_delete_v1(uuid, text) -> jsonb              {deleted, declared}
@@ -1068,7 +1068,7 @@ $$;
 -- eph_leases row, whose dlv (a value of queen.eph_seq, 0 with autoAck) ends their ids. A
 -- partition whose cursor another pop of the group holds is skipped; a pop that found nothing
 -- else waits for the first such cursor, so it answers empty only when nothing was there.
-CREATE OR REPLACE FUNCTION queen.eph_pop_v4(p_tenant uuid, p_queue text, p_partition text,
+CREATE OR REPLACE FUNCTION queen.eph_pop_v5(p_tenant uuid, p_queue text, p_partition text,
                                             p_group text, p_batch int4, p_auto_ack boolean,
                                             OUT epoch text, OUT parts text[], OUT dlvs int8[],
                                             OUT atts int4[], OUT firsts int8[],
@@ -1134,7 +1134,7 @@ BEGIN
     IF NOT pg_try_advisory_xact_lock_shared(queen.eph_key_v1(p_tenant, p_queue)) THEN
         PERFORM pg_advisory_xact_lock_shared(queen.eph_key_v1(p_tenant, p_queue));
     END IF;
-    SELECT q.epoch, queen.eph_defaults_v1() || coalesce(c.options, '{}'::jsonb),
+    SELECT q.epoch, c.options,
            EXISTS (SELECT 1 FROM queen.eph_groups g
                     WHERE g.tenant = p_tenant AND g.queue = p_queue AND g.grp = p_group),
            EXISTS (SELECT 1 FROM queen.eph_leases l
@@ -1164,7 +1164,12 @@ BEGIN
     -- usual pop (and the usual ack) as one statement of data-modifying CTEs: 1.55M (ack 0.98M
     -- against 0.66M), since every node of a plan is set up at each execution, the branches a
     -- call does not take included, where plpgsql skips the statements it does not run.
-    IF v_known AND NOT v_due AND NOT p_auto_ack AND (v_o ->> 'ttlSeconds')::int4 = 0 THEN
+    -- PERF(eph): v_o is first the queue's declared options alone (NULL: none), each read
+    -- with its default beside it (eph_defaults_v1 is inlined and folded into a constant):
+    -- merging the defaults and the options (jsonb ||) took some 17k instructions a pop, eph15
+    IF v_known AND NOT v_due AND NOT p_auto_ack
+       AND coalesce(v_o ->> 'ttlSeconds', queen.eph_defaults_v1() ->> 'ttlSeconds')::int4 = 0
+    THEN
         SELECT p.partition, c.pos, p.id, p.last_seq INTO r
           FROM queen.eph_partitions p
           JOIN queen.eph_cursors c
@@ -1251,10 +1256,13 @@ BEGIN
                 INSERT INTO queen.eph_leases (tenant, queue, grp, dlv, partition, seqs, atts,
                                               lease_until)
                 SELECT p_tenant, p_queue, p_group, dlvs[1], u.partition,
-                       ARRAY(SELECT s.s FROM unnest(firsts, counts) AS w(f, n)
-                              CROSS JOIN LATERAL generate_series(w.f, w.f + w.n - 1) AS s(s)),
+                       -- (the runs ascending, each ascending: a set-returning function of
+                       -- the select list, one node less than a lateral join)
+                       ARRAY(SELECT generate_series(w.f, w.f + w.n - 1)
+                               FROM unnest(firsts, counts) AS w(f, n)),
                        array_fill(1, ARRAY[claimed]),
-                       clock_timestamp() + make_interval(secs => (v_o ->> 'leaseSeconds')::int4)
+                       clock_timestamp() + make_interval(secs => coalesce(
+                           v_o ->> 'leaseSeconds', queen.eph_defaults_v1() ->> 'leaseSeconds')::int4)
                   FROM u;
                 RETURN;
             END IF;
@@ -1279,6 +1287,8 @@ BEGIN
         v_o := queen.eph_options_v1(p_tenant, p_queue);
         v_known := false;
         v_due := true;
+    ELSE
+        v_o := queen.eph_defaults_v1() || coalesce(v_o, '{}'::jsonb);
     END IF;
     v_lease := make_interval(secs => (v_o ->> 'leaseSeconds')::int4);
     v_retry := (v_o ->> 'retryLimit')::int4;
@@ -1572,9 +1582,8 @@ BEGIN
                    AND c.partition = r.partition;
                 v_settle_p := v_settle_p || array_fill(r.partition, ARRAY[v_k]);
                 v_settle_s := v_settle_s
-                              || ARRAY(SELECT s.s FROM unnest(v_firsts, v_counts) AS u(f, n)
-                                        CROSS JOIN LATERAL generate_series(u.f, u.f + u.n - 1)
-                                                           AS s(s));
+                              || ARRAY(SELECT generate_series(u.f, u.f + u.n - 1)
+                                         FROM unnest(v_firsts, v_counts) AS u(f, n));
             ELSE  -- PERF(eph): the cursor's move and the delivery's row in one statement
                 WITH u AS (
                     UPDATE queen.eph_cursors c SET pos = v_last
@@ -1584,9 +1593,9 @@ BEGIN
                 INSERT INTO queen.eph_leases (tenant, queue, grp, dlv, partition, seqs, atts,
                                               lease_until)
                 SELECT p_tenant, p_queue, p_group, v_dlv, u.partition,
-                       -- the runs ascending, each ascending (a nested loop: in order)
-                       ARRAY(SELECT s.s FROM unnest(v_firsts, v_counts) AS u(f, n)
-                              CROSS JOIN LATERAL generate_series(u.f, u.f + u.n - 1) AS s(s)),
+                       -- the runs ascending, each ascending (see the usual pop's)
+                       ARRAY(SELECT generate_series(u.f, u.f + u.n - 1)
+                               FROM unnest(v_firsts, v_counts) AS u(f, n)),
                        array_fill(1, ARRAY[v_k]), clock_timestamp() + v_lease
                   FROM u;
             END IF;
@@ -1643,8 +1652,9 @@ END;
 $$;
 
 -- One outcome per id, in order: acked | redelivered | stale | unknown (api.md). The ids come
--- parsed (queen_mp/models/ephemeral.py parse_id): p_epochs, p_seqs, p_dlvs, NULL for an id that
--- is not one of ours; p_epochs, p_dlvs and p_statuses may hold one element that stands for
+-- parsed (queen_mp/models/ephemeral.py parse_id): p_epochs, p_seq_text (the seqs' decimal
+-- digits joined by commas, '' an empty element), p_dlvs, NULL for an id that is not one of
+-- ours; p_epochs, p_dlvs and p_statuses may hold one element that stands for
 -- every id (the usual ack: one delivery's ids, one status), and outcomes is then NULL when
 -- every id is 'acked'. An id acts while its delivery (p_dlvs[i]) still holds its message: a
 -- redelivery moved it to another delivery, so the older id answers 'unknown'. A 'failed' or
@@ -1653,8 +1663,8 @@ $$;
 -- and answers 'acked'. An id given twice in one call is answered for its first occurrence;
 -- the others are 'unknown'. redelivered counts the 'redelivered' outcomes (the caller wakes
 -- parked pops). One statement per delivery touched, whatever the count of ids.
-CREATE OR REPLACE FUNCTION queen.eph_ack_v4(p_tenant uuid, p_queue text, p_group text,
-                                            p_epochs text[], p_seqs int8[], p_dlvs int8[],
+CREATE OR REPLACE FUNCTION queen.eph_ack_v5(p_tenant uuid, p_queue text, p_group text,
+                                            p_epochs text[], p_seq_text text, p_dlvs int8[],
                                             p_statuses text[],
                                             OUT outcomes text[], OUT redelivered int4)
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
@@ -1662,6 +1672,7 @@ SET plan_cache_mode = force_generic_plan  -- PERF(eph): see the header
 AS $$
 DECLARE
     v_epoch text;
+    v_seqs int8[];  -- the ids' seqs: p_seq_text's (the usual ack: its delivery's)
     v_retry int4;
     v_i int8[];
     v_seq int8[];
@@ -1685,13 +1696,13 @@ DECLARE
     v_base int8;
     v_lo int4;
     v_pid int8;
-    v_groups int8;
+    v_alone boolean;  -- the delivery's group is the queue's only one
     v_del_t tid[];  -- the chunks the usual ack deletes, and those it strikes
     v_upd_t tid[];
     v_upd int8[];
     v_upd_lo int4[];
     v_upd_n int4[];
-    v_r0 int4;  -- a run of the usual ack: p_seqs[v_r0:v_r1], v_rn of them
+    v_r0 int4;  -- a run of the usual ack: v_seqs[v_r0:v_r1], v_rn of them
     v_r1 int4;
     v_rn int4;
     v_try int4;
@@ -1704,7 +1715,6 @@ BEGIN
     IF NOT pg_try_advisory_xact_lock_shared(queen.eph_key_v1(p_tenant, p_queue)) THEN
         PERFORM pg_advisory_xact_lock_shared(queen.eph_key_v1(p_tenant, p_queue));
     END IF;
-    v_k := cardinality(p_seqs);
     -- PERF(eph): the usual ack, every message still held by one delivery acknowledged
     -- 'completed' in the order the pop gave them, sent as one epoch, delivery and status: one
     -- statement on its lease row, none per id, the queue's epoch read by it (v3 read it in a
@@ -1714,16 +1724,21 @@ BEGIN
     THEN
         DELETE FROM queen.eph_leases l
          WHERE l.tenant = p_tenant AND l.queue = p_queue AND l.grp = p_group
-           AND l.dlv = p_dlvs[1] AND l.seqs = p_seqs
+           -- PERF(eph): the seqs compared as the text they came as, and then taken from the
+           -- row: splitting and casting 100 of them cost some 120k instructions (eph15)
+           AND l.dlv = p_dlvs[1] AND array_to_string(l.seqs, ',') = p_seq_text
            AND p_epochs[1] = (SELECT q.epoch FROM queen.eph_queues q
                                WHERE q.tenant = p_tenant AND q.queue = p_queue)
-        RETURNING l.partition,
+        RETURNING l.seqs, cardinality(l.seqs), l.partition,
                   (SELECT p.id FROM queen.eph_partitions p
                     WHERE p.tenant = l.tenant AND p.queue = l.queue
                       AND p.partition = l.partition),
-                  (SELECT count(*) FROM queen.eph_groups g
-                    WHERE g.tenant = l.tenant AND g.queue = l.queue)
-             INTO v_part, v_pid, v_groups;
+                  -- PERF(eph): a probe that stops at the first row, where count(*) took an
+                  -- aggregate and every row
+                  NOT EXISTS (SELECT 1 FROM queen.eph_groups g
+                               WHERE g.tenant = l.tenant AND g.queue = l.queue
+                                 AND g.grp <> l.grp)
+             INTO v_seqs, v_k, v_part, v_pid, v_alone;
         IF FOUND THEN
             redelivered := 0;  -- outcomes NULL: every id acked
             -- PERF(eph): with one group, the delivery's messages all go now (its cursor is past
@@ -1732,29 +1747,64 @@ BEGIN
             -- same), without a query per message. A run that fills what is left of its chunk:
             -- the chunk row goes, in one statement (settle_v3 and strike_v1 took five, and
             -- their calls two more).
-            IF v_groups = 1 AND p_seqs[v_k] - p_seqs[1] = v_k - 1
-               AND p_seqs[v_k] - p_seqs[v_k] % 256 = p_seqs[1] - p_seqs[1] % 256 THEN
+            IF v_alone AND v_seqs[v_k] - v_seqs[1] = v_k - 1
+               AND v_seqs[v_k] - v_seqs[v_k] % 256 = v_seqs[1] - v_seqs[1] % 256 THEN
                 -- (the run's base and first index in the chunk written out in the
                 -- statements: plpgsql assignments are dearer, eph14)
-                DELETE FROM queen.eph_chunks c
-                 WHERE c.pid = v_pid AND c.base = p_seqs[1] - p_seqs[1] % 256 AND c.live = v_k
-                   AND NOT c.gone && int4multirange(int4range((p_seqs[1] % 256)::int4,
-                                                              (p_seqs[1] % 256)::int4 + v_k))
-                RETURNING v_k, c.offs[p_seqs[1] % 256 + v_k + 1] - c.offs[p_seqs[1] % 256 + 1]
-                               - v_k
-                     INTO v_set_n, v_set_b;
-                IF v_set_n IS NULL THEN  -- PERF(eph): a part of the chunk: struck from it
-                    UPDATE queen.eph_chunks c
-                       SET gone = c.gone + int4multirange(int4range(
-                                      (p_seqs[1] % 256)::int4, (p_seqs[1] % 256)::int4 + v_k)),
-                           live = c.live - v_k
-                     WHERE c.pid = v_pid AND c.base = p_seqs[1] - p_seqs[1] % 256
-                       AND c.live > v_k
-                       AND NOT c.gone && int4multirange(int4range(
-                               (p_seqs[1] % 256)::int4, (p_seqs[1] % 256)::int4 + v_k))
-                    RETURNING v_k, c.offs[p_seqs[1] % 256 + v_k + 1]
-                                   - c.offs[p_seqs[1] % 256 + 1] - v_k
-                         INTO v_set_n, v_set_b;
+                -- PERF(eph): each with the count of what it took (eph_count_v2's statement)
+                -- as one statement of a data-modifying CTE, which the chunk's change always
+                -- needs: one statement and two plpgsql tests less an ack. A run from the
+                -- chunk's start (a pop of a push's size) usually empties it: deleted first;
+                -- a run from inside it (a pop of less) usually leaves messages: struck first
+                -- (a statement that finds no row costs about what one that does, eph15)
+                FOR v_try IN 1..2 LOOP
+                    IF (v_try = 1) = (v_seqs[1] % 256 > 0) THEN
+                        WITH d AS (
+                            UPDATE queen.eph_chunks c
+                               SET gone = c.gone + int4multirange(int4range(
+                                              (v_seqs[1] % 256)::int4,
+                                              (v_seqs[1] % 256)::int4 + v_k)),
+                                   live = c.live - v_k
+                             WHERE c.pid = v_pid AND c.base = v_seqs[1] - v_seqs[1] % 256
+                               AND c.live > v_k
+                               AND NOT c.gone && int4multirange(int4range(
+                                       (v_seqs[1] % 256)::int4, (v_seqs[1] % 256)::int4 + v_k))
+                            RETURNING c.offs[v_seqs[1] % 256 + v_k + 1]
+                                      - c.offs[v_seqs[1] % 256 + 1] - v_k AS b)
+                        INSERT INTO queen.eph_counts AS c (tenant, queue, slot, depth, bytes,
+                                                           drops_bounds, drops_ttl,
+                                                           drops_retry)
+                        SELECT p_tenant, p_queue, (pg_backend_pid() % 16)::int2, -v_k, -d.b,
+                               0, 0, 0
+                          FROM d
+                        ON CONFLICT (tenant, queue, slot) DO UPDATE
+                           SET depth = c.depth + EXCLUDED.depth,
+                               bytes = c.bytes + EXCLUDED.bytes
+                        RETURNING v_k INTO v_set_n;
+                    ELSE
+                        WITH d AS (
+                            DELETE FROM queen.eph_chunks c
+                             WHERE c.pid = v_pid AND c.base = v_seqs[1] - v_seqs[1] % 256
+                               AND c.live = v_k
+                               AND NOT c.gone && int4multirange(int4range(
+                                       (v_seqs[1] % 256)::int4, (v_seqs[1] % 256)::int4 + v_k))
+                            RETURNING c.offs[v_seqs[1] % 256 + v_k + 1]
+                                      - c.offs[v_seqs[1] % 256 + 1] - v_k AS b)
+                        INSERT INTO queen.eph_counts AS c (tenant, queue, slot, depth, bytes,
+                                                           drops_bounds, drops_ttl,
+                                                           drops_retry)
+                        SELECT p_tenant, p_queue, (pg_backend_pid() % 16)::int2, -v_k, -d.b,
+                               0, 0, 0
+                          FROM d
+                        ON CONFLICT (tenant, queue, slot) DO UPDATE
+                           SET depth = c.depth + EXCLUDED.depth,
+                               bytes = c.bytes + EXCLUDED.bytes
+                        RETURNING v_k INTO v_set_n;
+                    END IF;
+                    EXIT WHEN v_set_n IS NOT NULL;
+                END LOOP;
+                IF v_set_n IS NOT NULL THEN  -- counted
+                    RETURN;
                 END IF;
             -- PERF(eph): so do runs of two chunks, a pop's batch that began inside one
             -- chunk and ended inside the next (a pop whose batch is not the pushes': the usual
@@ -1764,20 +1814,20 @@ BEGIN
             -- statement grouping the seqs by chunk and locking them, one deleting and
             -- striking): an ack of 70 such messages cost 1.59M instructions (callgrind), an
             -- ack of one chunk's 100 0.84M. width_bucket finds the seqs of the first chunk
-            -- by bisection (p_seqs ascend: they are the delivery's)
-            ELSIF v_groups = 1 THEN
+            -- by bisection (v_seqs ascend: they are the delivery's)
+            ELSIF v_alone THEN
                 v_r0 := 1;
-                v_base := p_seqs[1] - p_seqs[1] % 256;
-                v_r1 := width_bucket(v_base + 255, p_seqs);  -- the first chunk's last
-                IF v_r1 < v_k AND p_seqs[v_r1] - p_seqs[1] = v_r1 - 1
-                   AND p_seqs[v_k] - p_seqs[v_r1 + 1] = v_k - v_r1 - 1
-                   AND p_seqs[v_k] - p_seqs[v_k] % 256
-                       = p_seqs[v_r1 + 1] - p_seqs[v_r1 + 1] % 256 THEN
+                v_base := v_seqs[1] - v_seqs[1] % 256;
+                v_r1 := width_bucket(v_base + 255, v_seqs);  -- the first chunk's last
+                IF v_r1 < v_k AND v_seqs[v_r1] - v_seqs[1] = v_r1 - 1
+                   AND v_seqs[v_k] - v_seqs[v_r1 + 1] = v_k - v_r1 - 1
+                   AND v_seqs[v_k] - v_seqs[v_k] % 256
+                       = v_seqs[v_r1 + 1] - v_seqs[v_r1 + 1] % 256 THEN
                     v_set_n := 0;
                     v_set_b := 0;
                     LOOP
-                        v_base := p_seqs[v_r0] - p_seqs[v_r0] % 256;
-                        v_lo := (p_seqs[v_r0] % 256)::int4;
+                        v_base := v_seqs[v_r0] - v_seqs[v_r0] % 256;
+                        v_lo := (v_seqs[v_r0] % 256)::int4;
                         v_rn := v_r1 - v_r0 + 1;
                         v_run_n := NULL;
                         -- a second chunk usually keeps messages: its strike is tried first
@@ -1807,7 +1857,7 @@ BEGIN
                                 SELECT v_set_n + s.n, v_set_b + s.bytes INTO v_set_n, v_set_b
                                   FROM queen.eph_settle_v3(p_tenant, p_queue,
                                                            array_fill(v_part, ARRAY[v_k - v_r1]),
-                                                           p_seqs[v_r1 + 1:], true) s;
+                                                           v_seqs[v_r1 + 1:], true) s;
                             END IF;
                             EXIT;
                         END IF;
@@ -1824,7 +1874,7 @@ BEGIN
             -- one run, ascending, what each loses computed from the row as locked (as
             -- strike_v1 does), then the emptied ones deleted and the others struck in one
             -- statement; a run with a hole, or a message gone, goes the general way below
-            IF v_set_n IS NULL AND v_groups = 1 THEN
+            IF v_set_n IS NULL AND v_alone THEN
                 SELECT array_agg(x.ctid) FILTER (WHERE x.live = x.n),
                        array_agg(x.ctid) FILTER (WHERE x.live <> x.n),
                        array_agg(x.base) FILTER (WHERE x.live <> x.n),
@@ -1840,7 +1890,7 @@ BEGIN
                                c.offs[w.hi + 2] - c.offs[w.lo + 1] - (w.hi - w.lo + 1) AS b
                           FROM (SELECT u.s - u.s % 256 AS base, min(u.s % 256)::int4 AS lo,
                                        max(u.s % 256)::int4 AS hi, count(*)::int4 AS n
-                                  FROM unnest(p_seqs) AS u(s) GROUP BY 1 ORDER BY 1) w
+                                  FROM unnest(v_seqs) AS u(s) GROUP BY 1 ORDER BY 1) w
                          -- PERF(eph): a probe by key each, ascending, and the rows then
                          -- deleted or struck by the ctid it locked (the newest version, which
                          -- no one else can change now): by their keys, joined or = ANY, the
@@ -1865,7 +1915,7 @@ BEGIN
             IF v_set_n IS NULL THEN
                 SELECT s.n, s.bytes INTO v_set_n, v_set_b
                   FROM queen.eph_settle_v3(p_tenant, p_queue, array_fill(v_part, ARRAY[v_k]),
-                                           p_seqs, true) s;
+                                           v_seqs, true) s;
             END IF;
             IF v_set_n > 0 THEN  -- PERF(eph): eph_count_v2's statement, inlined (see above)
                 INSERT INTO queen.eph_counts AS c (tenant, queue, slot, depth, bytes,
@@ -1878,6 +1928,8 @@ BEGIN
             RETURN;
         END IF;
     END IF;
+    v_seqs := string_to_array(p_seq_text, ',', '')::int8[];
+    v_k := cardinality(v_seqs);
     v_acked := '{}';
     v_red := '{}';
     v_settle_p := '{}';
@@ -1907,7 +1959,7 @@ BEGIN
     SELECT array_agg(x.i), array_agg(x.seq), array_agg(x.dlv), array_agg(x.st)
       INTO v_i, v_seq, v_dlv, v_st
       FROM (SELECT DISTINCT ON (u.seq) u.i, u.seq, u.dlv, u.st
-              FROM unnest(p_epochs, p_seqs, p_dlvs, p_statuses)
+              FROM unnest(p_epochs, v_seqs, p_dlvs, p_statuses)
                    WITH ORDINALITY AS u(ep, seq, dlv, st, i)
              WHERE u.ep = v_epoch AND u.seq IS NOT NULL AND u.dlv IS NOT NULL
              ORDER BY u.seq, u.i) AS x;
