@@ -13,6 +13,11 @@ database, the CPU work a request costs the broker between its sockets:
   record, read the shard's verdict record back, results) with a stand-in shard link that
   answers each record at once with the shard's common all-queued verdict, and the 201
   rendered; no event loop turn (the verdict is ready when awaited);
+- ``lean1``: ``front1`` between the socket's bytes: a 1-item push's request bytes fed to the
+  front's protocol (``CorkedHttpToolsProtocol``, its lean path, ``HotRoutes`` of the real
+  app, admission and counting included) and its 201 written back, the verdict resolved one
+  loop step later as a shard's reply is; each round also runs the driver's loop turn and
+  future (uvloop);
 - ``pop100``: a 100-message claim rendered as JSON (with the lease's hashes);
 - ``pop100s10``: a 100-message claim over 10 segments of 10 (as bench/liveroles.py's pre-fill
   of 1,000-item pushes over 100 partitions stores them), each segment's time a new datetime
@@ -48,8 +53,10 @@ import asyncio
 import importlib
 import operator
 import os
+import shutil
 import struct
 import sys
+import tempfile
 import uuid
 from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime, timedelta
@@ -201,6 +208,94 @@ class FrontPush:
         answer = _finish(self.resource.answer(self.body, TENANT, None, None))
         assert answer.data is not None
         return answer.data
+
+
+class _TurnLink(_AnsweringLink):
+    """``_AnsweringLink`` on a running loop, answering at the next step of it."""
+
+    def __init__(self, count: int, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop, self.count, self.request_id = loop, count, 0
+
+    def submit(self, shard: int, request_id: int, group_index: int, record: bytes,
+               deadline: float) -> asyncio.Future[PushVerdict]:
+        future: asyncio.Future[PushVerdict] = self.loop.create_future()
+        self.loop.call_soon(future.set_result, PushVerdict.unpack(pack_queued_run(
+            self.generation, self.slot, request_id, group_index, 7, 1_764_000_000_000_000,
+            100, self.count)))
+        return future
+
+
+class _Wire:
+    """The transport of one connection: what the protocol writes resolves ``answered``."""
+
+    def __init__(self) -> None:
+        self.answered: asyncio.Future[bytes] | None = None
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return {"sockname": ("127.0.0.1", 6632), "peername": ("127.0.0.1", 40000)}.get(
+            name, default)
+
+    def is_closing(self) -> bool:
+        return False
+
+    def writelines(self, data: Any) -> None:
+        assert self.answered is not None
+        self.answered.set_result(b"".join(data))
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+class LeanPush:
+    """A 1-item JSON push through the front's protocol, bytes in to bytes out."""
+
+    def __init__(self, data_dir: str) -> None:
+        import uvicorn
+        import uvloop
+        from uvicorn.server import ServerState
+
+        from queen_mp.config import Config
+        from queen_mp.http.app import create_app
+        from queen_mp.processes.uvworker import CorkedHttpToolsProtocol
+
+        self.loop = loop = uvloop.new_event_loop()
+        body = push_body(1, 1)
+        self.request = (b"POST /api/v1/push HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                        % (len(body), body))
+        config = Config.load(env={"QUEEN_DATA_DIR": data_dir, "QUEEN_DISK_HIGH_PCT": "100"})
+        ingest = Ingest(_TurnLink(1, loop), 1, SimpleNamespace(route=lambda: DIRECT),  # type: ignore[arg-type]
+                        5000, SimpleNamespace(known_encrypted=lambda t, q: False),  # type: ignore[arg-type]
+                        None)
+        worker = SimpleNamespace(config=config, metrics=None, cipher=None, ingest=ingest,
+                                 count_pushed=lambda results: None)
+        app = create_app(config, None, worker)  # type: ignore[arg-type]
+        uv = uvicorn.Config(app, http=CorkedHttpToolsProtocol, lifespan="off",
+                            proxy_headers=False, server_header=False, log_level="warning")
+        self.wire = _Wire()
+        self.protocol = CorkedHttpToolsProtocol(config=uv, server_state=ServerState(),
+                                                app_state={}, _loop=loop)
+        self.protocol.connection_made(self.wire)  # type: ignore[arg-type]
+
+    async def _one(self) -> bytes:
+        self.wire.answered = self.loop.create_future()
+        self.protocol.data_received(self.request)
+        return await self.wire.answered
+
+    async def _rounds(self, rounds: int) -> None:
+        for _ in range(rounds):
+            await self._one()
+
+    def __call__(self) -> bytes:
+        answer = self.loop.run_until_complete(self._one())
+        assert answer.startswith(b"HTTP/1.1 201"), answer
+        return answer
+
+    def repeat(self, rounds: int) -> None:
+        self.loop.run_until_complete(self._rounds(rounds))
 
 
 def _finish(coro: Coroutine[Any, Any, Answer]) -> Answer:
@@ -356,6 +451,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:28} {'compiled' if compiled else 'python'}")
         return 0
     ring = Ring.create(f"/qhot-{os.getpid()}", 1 << 20, replace=True)
+    tmp = tempfile.mkdtemp(prefix="qhot-")
     try:
         known: dict[str, Callable[[], bytes]] = {
             "push1": PushPath(1, 1, ring), "push100": PushPath(100, 10, ring),
@@ -364,12 +460,16 @@ def main(argv: list[str] | None = None) -> int:
             "ack100": AckPath(100), "ephack100": EphAckPath(100), "ephpop100": EphPopPath(100),
             "qpb1k": Qpb1Path(1000, 10)}
         for name in a.workloads.split(","):
-            work = known[name]
+            work = LeanPush(tmp) if name == "lean1" else known[name]
             work()  # warm: lazily built tables and caches are not the per-request cost
-            operator.call(repeat, work, a.rounds)
+            if isinstance(work, LeanPush):  # the rounds in one run of its loop
+                operator.call(work.repeat, a.rounds)
+            else:
+                operator.call(repeat, work, a.rounds)
     finally:
         ring.close()
         ring.unlink()
+        shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 

@@ -292,7 +292,8 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         if self.transport.is_closing():
             return
         self._idle_since = None
-        self.flow.resume_reading()
+        if self.flow.read_paused:  # PERF(http): not a Python call per answer to learn so
+            self.flow.resume_reading()
         if self.pipeline:
             cycle, app = self.pipeline.pop()
             self._start_asgi_task(cycle, app)
@@ -387,43 +388,47 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         if type(cycle) is not LeanCycle:
             super().on_message_complete()
             return
-        task = self.loop.create_task(self._answer_lean(cycle))
-        task.add_done_callback(self.tasks.discard)
-        self.tasks.add(task)
+        self.tasks.add(self.loop.create_task(self._answer_lean(cycle)))
 
     async def _answer_lean(self, cycle: LeanCycle) -> None:
-        hot = self._hot
-        assert hot is not None
-        whole, cycle.chunks = b"".join(cycle.chunks), []
         try:
-            # PERF(memory): not through a coroutine of its own (a parked pop holds its chain)
-            status, lines, body = hot.head_lines(await hot.respond(cycle.call, whole))
-        except BaseException as ex:  # as uvicorn's cycle: logged, answered 500, closed
-            self.logger.error("Exception in ASGI application\n", exc_info=ex)
-            (status, lines, body), cycle.keep_alive = _FAILED, False
-        if self.flow.write_paused and not cycle.disconnected:
-            await self.flow.drain()
-        if cycle.disconnected:
-            return  # as uvicorn's cycle: nobody to answer
-        scope = cycle.scope
-        if scope is not None:  # kept for the access log only
-            self.access_logger.info('%s - "%s %s HTTP/%s" %d', get_client_addr(scope),
-                                    scope["method"], get_path_with_query_string(scope),
-                                    scope["http_version"], status)
-        # PERF(http): the server's default headers (its Date, once a second) as lines, made
-        # once for each list of them the server sets
-        defaults = self.server_state.default_headers
-        made = _DEFAULT_LINES[0]
-        if made[0] is not defaults:
-            made = _DEFAULT_LINES[0] = (defaults, hot.header_lines(defaults))
-        transport: CorkedTransport = self.transport  # type: ignore[assignment]
-        transport.write_answer(b"".join((STATUS_LINE[status], made[1], lines, b"\r\n"
-                                         if cycle.keep_alive else
-                                         b"connection: close\r\n\r\n")), body)
-        cycle.response_complete = True
-        if not cycle.keep_alive:
-            transport.close()
-        self.on_response_complete()
+            hot = self._hot
+            assert hot is not None
+            whole, cycle.chunks = b"".join(cycle.chunks), []
+            try:
+                # PERF(memory): not through a coroutine of its own (a parked pop holds its chain)
+                status, lines, body = hot.head_lines(await hot.respond(cycle.call, whole))
+            except BaseException as ex:  # as uvicorn's cycle: logged, answered 500, closed
+                self.logger.error("Exception in ASGI application\n", exc_info=ex)
+                (status, lines, body), cycle.keep_alive = _FAILED, False
+            if self.flow.write_paused and not cycle.disconnected:
+                await self.flow.drain()
+            if cycle.disconnected:
+                return  # as uvicorn's cycle: nobody to answer
+            scope = cycle.scope
+            if scope is not None:  # kept for the access log only
+                self.access_logger.info('%s - "%s %s HTTP/%s" %d', get_client_addr(scope),
+                                        scope["method"], get_path_with_query_string(scope),
+                                        scope["http_version"], status)
+            # PERF(http): the server's default headers (its Date, once a second) as lines, made
+            # once for each list of them the server sets
+            defaults = self.server_state.default_headers
+            made = _DEFAULT_LINES[0]
+            if made[0] is not defaults:
+                made = _DEFAULT_LINES[0] = (defaults, hot.header_lines(defaults))
+            transport: CorkedTransport = self.transport  # type: ignore[assignment]
+            transport.write_answer(b"".join((STATUS_LINE[status], made[1], lines, b"\r\n"
+                                             if cycle.keep_alive else
+                                             b"connection: close\r\n\r\n")), body)
+            cycle.response_complete = True
+            if not cycle.keep_alive:
+                transport.close()
+            self.on_response_complete()
+        finally:
+            # PERF(http): out of ``tasks`` here, not by a done callback (a loop callback
+            # made, run and freed per request); a task cancelled before its first step (only
+            # by a graceful stop past its timeout, which stops waiting for tasks) stays
+            self.tasks.discard(asyncio.current_task())  # type: ignore[arg-type]
 
 
 class QuietExitServer(Server):

@@ -266,6 +266,18 @@ def test_what_the_hot_routes_leave_to_falcon(tmp_path: Any) -> None:
     assert not match("POST", "/api/v1/push", [(b"content-length", b" 1")])
     assert not match("POST", "/api/v1/push", [(b"authorization", b"a"),
                                               (b"authorization", b"b")])
+    assert not match("POST", "/api/v1/push", [(b"content-length", b"1"),
+                                              (b"content-length", b"1")])
+    assert not match("POST", "/api/v1/push", [(b"content-encoding", b"gzip"),
+                                              (b"content-encoding", b"gzip")])
+    # a static path found once for POST routes no other method
+    assert not match("GET", "/api/v1/push") and not match("HEAD", "/api/v1/push")
+    call = hot.match({"method": "POST", "path": "/api/v1/ack/batch", "query_string": b"a=1",
+                      "headers": [(b"host", b"x"), (b"authorization", b"Bearer t"),
+                                  (b"content-length", b"12"), (b"content-encoding", b"gzip")]})
+    assert call is not None
+    assert (call.template, call.content_length, call.encoding, call.authorization,
+            call.query_string) == ("/api/v1/ack/batch", 12, "gzip", "Bearer t", "a=1")
 
 
 @pytest.mark.parametrize("answer", [
