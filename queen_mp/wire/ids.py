@@ -185,12 +185,18 @@ _UUID_BULK = 32  # ids from which numpy's fixed cost (about 60k instructions) pa
 
 
 @functools.cache
-def _numpy_text() -> tuple[Any, Any]:
-    """numpy and the columns of a text's hex digits, imported on first use: the supervisor
-    must not load numpy before the preload sets OPENBLAS_NUM_THREADS (processes/preload.py)."""
+def _numpy_text() -> tuple[Any, Any, Any]:
+    """numpy, and the dtypes of an id's 32 hex digits and of its text as the same five
+    groups (the text's between its hyphens), imported on first use: the supervisor must not
+    load numpy before the preload sets OPENBLAS_NUM_THREADS (processes/preload.py)."""
     import numpy
 
-    return numpy, numpy.array([c for c in range(36) if c not in (8, 13, 18, 23)])
+    def groups(offsets: list[int], size: int) -> Any:
+        return numpy.dtype({"names": ["a", "b", "c", "d", "e"],
+                            "formats": ["S8", "S4", "S4", "S4", "S12"],
+                            "offsets": offsets, "itemsize": size})
+
+    return numpy, groups([0, 8, 12, 16, 20], 32), groups([0, 9, 14, 19, 24], 36)
 
 
 @functools.cache
@@ -210,7 +216,11 @@ def uuid_texts(ids: bytes) -> list[bytes]:
     count = len(ids) // 16
     if count < _UUID_BULK:
         return list(map(b"-".join, _UUID_GROUPS.iter_unpack(digits)))
-    np, columns = _numpy_text()
-    text = np.full((count, 36), ord("-"), np.uint8)
-    text[:, columns] = np.frombuffer(digits, np.uint8).reshape(count, 32)
-    return text.view("S36").ravel().tolist()  # type: ignore[no-any-return]
+    np, hexes, texts = _numpy_text()
+    text = bytearray(_HYPHENS * count)
+    # PERF(wire): one structured copy moves every group of every id (98k -> 84k for 100)
+    np.frombuffer(text, texts)[...] = np.frombuffer(digits, hexes)
+    return np.frombuffer(text, "S36").tolist()  # type: ignore[no-any-return]
+
+
+_HYPHENS = b"-" * 36

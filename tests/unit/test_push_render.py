@@ -200,3 +200,30 @@ def test_a_one_item_answer_is_the_dict_renderers() -> None:
              (item("100%s %d"), ItemResult("queued", MID, 7, 5, 1))]
     for it, r in cases:
         assert render_items([it], [r]) == orjson.dumps([render_item(0, it, r)])
+
+
+def test_a_runs_indexes_and_offsets_across_thousands() -> None:
+    """A run's indexes and offsets, cut from tables of decimals by thousands, are the
+    per-item renderer's at every edge: a thousand crossed, an offset of zero, an index past
+    the table, runs of scattered indexes."""
+    def items_of(n: int) -> list[PushItem]:
+        return [PushItem("orders", f"p-{i % 2}" if n > 1010 else "p-1", f"t-{i}",
+                         i.to_bytes(16, "big"), b"") for i in range(n)]
+
+    cases = []
+    for first in (0, 1, 998, 999, 1000, 1999, 999_999_998, 2**40 - 3):
+        for n in (2, 3, 5):
+            cases.append((items_of(n), PushResults([None] * n, (QueuedRun(
+                list(range(n)), 7, 1_764_400_000_123_456, first),))))
+    cases.append((items_of(1003), PushResults([None] * 1003, (QueuedRun(
+        list(range(1003)), 7, 1_764_400_000_123_456, 997),))))
+    many = items_of(2030)
+    cases.append((many, PushResults([None] * 2030, (
+        QueuedRun(list(range(0, 2030, 2)), 7, 1_764_400_000_123_456, 5),
+        QueuedRun(list(range(1, 2030, 2)), 8, 1_764_400_000_123_457, 1990)))))
+    cases.append((items_of(8), PushResults([None] * 8, (
+        QueuedRun([0, 3, 7], 7, 1_764_400_000_123_456, 999),
+        QueuedRun([1, 2, 4, 5, 6], 8, 1_764_400_000_123_456, 10)))))
+    for items, results in cases:
+        want = render_items(items, _expanded(items, results))
+        assert render_items(items, results.each, results.runs) == want
