@@ -13,12 +13,13 @@ trim (queen_mp/heap.py ``HeapTrim``) before the sample.
 ``--load 1,10,100,1000`` runs the suite's push cells first, one after the other on the same
 broker (bench/loadgen.py, 64 connections, ``--load-s`` each), each sampled after ``--settle``:
 what the pops then park on is what the earlier loads left. ``--maps`` prints each front
-worker's mappings of 512 KiB or more private dirty pages after each load.
+worker's and shard's mappings of 512 KiB or more private dirty pages after each load.
 
 With ``--diag DIR`` the broker runs with a ``sitecustomize`` of this script's on its
 ``PYTHONPATH`` (the product is not changed): every forked child starts ``tracemalloc`` and a
 thread that, when asked, dumps a snapshot and the gc-tracked objects' counts by type; the
-front workers' growth from rest to parked is printed by allocation site and by type.
+front workers' and shards' growth from rest to parked is printed by allocation site and by
+type.
 tracemalloc costs memory of its own: read PSS from a run without ``--diag``. ``--depth 0``
 starts no tracemalloc (whose hooks hide pymalloc from ``sys._debugmallocstats``): each sample
 then prints the front workers' pymalloc arenas, the memory they hold and how much of it is
@@ -276,6 +277,7 @@ async def run(args: argparse.Namespace) -> int:
                 "QUEEN_WORKERS": str(args.workers), "QUEEN_V2_FUSION_SHARDS": str(args.shards),
                 "QUEEN_LOG_LEVEL": "info", "QUEEN_SHUTDOWN_TIMEOUT_S": "20",
                 "QUEEN_PG_DSN": dsn})
+    env.update(kv.split("=", 1) for kv in args.env)
     if diag is not None:
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(diag.site), env.get("PYTHONPATH", "")) if p)
@@ -294,18 +296,21 @@ async def run(args: argparse.Namespace) -> int:
         show("at rest", rest, None)
         workers = [p for p in pb.process_tree(root)
                    if _role(p, root).startswith("worker")]
+        # the shards too: what a shard keeps of the loads is part of the peak
+        watched = workers + [p for p in pb.process_tree(root)
+                             if _role(p, root).startswith("qmp-shard")]
         if diag is not None:
-            await diag.ask("rest", workers)
+            await diag.ask("rest", watched)
         for items in args.load:
             run = await asyncio.to_thread(run_load, LoadSpec(
                 srv.url, items=items, duration=args.load_s, queue=f"load-{rid}"))
             await asyncio.sleep(args.settle)
             show(f"pushed {items} ({run['msgs_per_s'] / 1000:.1f}k/s)", sample(root), rest)
             if args.maps:
-                for p in workers:
-                    print(f"  worker {p}: " + ", ".join(big_mappings(p)), flush=True)
+                for p in watched:
+                    print(f"  {_role(p, root)}: " + ", ".join(big_mappings(p)), flush=True)
             if diag is not None:
-                await diag.ask(f"pushed{items}", workers)
+                await diag.ask(f"pushed{items}", watched)
         tail = (f"?batch=1&consumerGroup=park&subscriptionMode=new&autoAck=true&wait=true"
                 f"&timeout={args.timeout_ms}")
         for r in range(1, args.rounds + 1):
@@ -342,7 +347,7 @@ async def run(args: argparse.Namespace) -> int:
             parked = sample(root)
             show(f"round {r}: {count:.0f} parked", parked, rest)
             if diag is not None and r == 1:
-                await diag.ask("parked", workers)
+                await diag.ask("parked", watched)
             await push_to_all(srv.url, queues, f"{rid}-rel{r}")
             await asyncio.wait(tasks, timeout=30)
             if any(not t.done() for t in tasks) or set(answers) != {200}:
@@ -356,9 +361,9 @@ async def run(args: argparse.Namespace) -> int:
             await asyncio.sleep(args.settle)
             show(f"round {r}: released", sample(root), rest)
             if diag is not None and r == 1:
-                await diag.ask("released", workers)
+                await diag.ask("released", watched)
         if diag is not None:
-            for p in workers:
+            for p in watched:
                 if args.load:
                     diag.report(p, "rest", f"pushed{args.load[-1]}", 1, args.top)
                 per = diag.connections(p, "rest", "parked") or args.parked // len(workers)
@@ -396,8 +401,11 @@ def main(argv: list[str] | None = None) -> int:
                     "(bench/loadgen.py, 64 connections), one after the other, each sampled")
     ap.add_argument("--load-s", type=float, default=10.0, help="each push load's seconds")
     ap.add_argument("--maps", action="store_true",
-                    help="after each push load, the front workers' mappings of 512 KiB or "
-                    "more private dirty pages")
+                    help="after each push load, the front workers' and shards' mappings of "
+                    "512 KiB or more private dirty pages")
+    ap.add_argument("--env", action="append", default=[], metavar="QUEEN_X=V",
+                    help="a setting for the broker (repeatable), e.g. "
+                    "QUEEN_DEDUP_FILTER_ENTRIES=0 to leave the shard's filter out")
     ap.add_argument("--depth", type=int, default=6,
                     help="tracemalloc's frames (--diag); 0: none, for pymalloc's arena figures")
     ap.add_argument("--top", type=int, default=25, help="allocation sites shown (--diag)")
