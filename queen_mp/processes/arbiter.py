@@ -21,7 +21,7 @@ from gunicorn.app.base import BaseApplication
 from gunicorn.arbiter import Arbiter
 
 from queen_mp.config import Config
-from queen_mp.heap import freeze_startup_objects
+from queen_mp.heap import freeze_startup_objects, seal_free_blocks
 from queen_mp.processes.forked import exit_now
 
 __all__ = ["FRONT_WORKER_ARGS", "FrontApplication", "FrontArbiter", "front_argv"]
@@ -91,9 +91,11 @@ class FrontArbiter(Arbiter):  # type: ignore[misc]
         shared memory and remove the metrics directory of the broker it belongs to.
 
         What the arbiter made since the preload is frozen first, as before a shard's fork
-        (``ForkedChild.start``): the worker's collections leave those pages shared.
+        (``ForkedChild.start``): the worker's collections leave those pages shared; and the
+        free blocks of its pymalloc pools are filled (``seal_free_blocks``).
         """
         freeze_startup_objects()
+        seal_free_blocks()
         arbiter = os.getpid()
         try:
             return int(super().spawn_worker())

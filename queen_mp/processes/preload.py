@@ -18,10 +18,11 @@ broker calls no BLAS routine).
 
 The preload also fills, once, what every front worker would otherwise read and build for
 itself while it builds its app (``_warm``): a worker's parse of the OpenAPI document and
-``mimetypes``' tables left 1.5-2 MB of private pages in each worker (the parse's objects are
-freed, their pages stay dirty), shared when made here. That is idle memory: a loaded worker
-reuses such pages, so at the peak of 1,000-item pushes the broker's sum (with the freeze before
-each fork, ``ForkedChild.start``) was 1-2 MB lower, against 3-5 MB at light load.
+``mimetypes``' tables (now the built-in ones) left 1.5-2 MB of private pages in each worker
+(the parse's objects are freed, their pages stay dirty), shared when made here. That is idle
+memory: a loaded worker reuses such pages, so at the peak of 1,000-item pushes the broker's
+sum (with the freeze before each fork, ``ForkedChild.start``) was 1-2 MB lower, against 3-5
+MB at light load.
 
 New front workers (SIGHUP, a worker replaced) are forks of this same process, so they run the
 code it loaded: an upgrade is a restart of the service, as it already was for the shards and
@@ -66,9 +67,16 @@ def preload() -> None:
 
 def _warm() -> None:
     """What each front worker would read and build for itself while it builds its app: the
-    tables falcon's response options copy (``mimetypes.init``, which they call unless it
-    ran) and the OpenAPI document (read and parsed once, then cached)."""
+    OpenAPI document (read and parsed once, then cached); and ``mimetypes`` marked ready with
+    its built-in table, which falcon's response options copy (they call ``mimetypes.init``
+    unless it ran).
+
+    PERF(memory): ``mimetypes.init`` reads the system's tables (1,550 types from
+    /etc/mime.types, against 149 built in) and falcon copies them into every app for its
+    static routes, which the broker has none of: each worker's copy wrote the reference count
+    of some 3,000 strings spread over 100+ inherited pages (a private copy of each). No
+    module of the broker guesses a type from a file name."""
     from queen_mp.http.openapi import document_bytes  # with the app (PRELOADED), not before
 
-    mimetypes.init()
+    mimetypes.inited = True
     document_bytes()

@@ -70,6 +70,26 @@ def test_freezing_the_startup_objects_raises_only_the_young_generations_threshol
     assert out[6] == "True"
 
 
+_SEAL_PROBE = textwrap.dedent("""
+    from queen_mp import heap
+    keep = [bytes(128 - heap._BYTES_HEAD) for _ in range(20_000)]  # 128-byte blocks
+    del keep[::2]  # every other one free again, in pools still used
+    before = heap._free_blocks()[128]
+    filled = heap.seal_free_blocks()
+    print(before, heap._free_blocks()[128], filled)
+""")
+
+
+@pytest.mark.skipif(not heap._free_blocks(), reason="CPython's pymalloc only")
+def test_sealing_fills_the_free_blocks_of_the_used_pools() -> None:
+    out = subprocess.run([sys.executable, "-c", _SEAL_PROBE], capture_output=True, text=True,
+                         check=True).stdout.split()
+    before, after, filled = (int(x) for x in out)
+    assert before >= 9_000
+    assert after < before // 20
+    assert filled >= before
+
+
 def _ticks(monkeypatch: pytest.MonkeyPatch, cpu_per_tick: list[float]) -> list[bool]:
     """What ``HeapTrim.tick`` does over ticks that each saw that much CPU (a fake clock)."""
     clock = [0.0]

@@ -25,6 +25,8 @@ print(json.dumps({
     "frozen": gc.get_freeze_count(),
     "warm": [mimetypes.inited,
              sys.modules["queen_mp.http.openapi"].document_bytes.cache_info().currsize],
+    "static_types": len(sys.modules["falcon.response"].ResponseOptions().static_media_types),
+    "system_tables": mimetypes._db is not None,
     "request_caches": sorted(c.__self__.__qualname__
                              for c in sys.modules["queen_mp.heap"].request_caches),
 }))
@@ -46,6 +48,8 @@ def test_preload_imports_the_children_modules_and_no_thread_or_descriptor(tmp_pa
     assert seen["frozen"] > 10_000
     # what each front worker would otherwise read and build for itself is there already
     assert seen["warm"] == [True, 1]
+    # falcon's response options copy mimetypes' built-in table, not the system's 1,500 types
+    assert seen["static_types"] < 300 and seen["system_tables"] is False
     # the front workers' HeapTrim clears these (bounded lru caches), not the once-made document
     assert {"_item_template", "_one_template", "iso_from_us"} <= set(seen["request_caches"])
     assert "document_bytes" not in seen["request_caches"]
