@@ -27,6 +27,7 @@ HTTP on the local PostgreSQL (``--server-dsn``), the same broker command line as
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import statistics
 import sys
@@ -40,6 +41,7 @@ from typing import Any
 import httpx
 import psycopg
 
+from bench.consume import Http
 from bench.push import (
     LOCAL_DSN,
     Server,
@@ -70,7 +72,7 @@ class PopFigures:
 @dataclass(frozen=True)
 class DrainCpu:
     """CPU microseconds a pop of the drain, by role: the broker's front workers and shards,
-    PostgreSQL (every process of the server), and this client (httpx), whose requests are
+    PostgreSQL (every process of the server), and this client (``drain``), whose requests are
     sequential, so the drain's wall time is about their sum plus the waits."""
 
     front_us: float
@@ -186,6 +188,28 @@ def pop_stats(partitions: int, times: list[float], before: tuple[dict[int, int],
         delta_cpu_s(before[1], after[1]) / pops * 1e6)
 
 
+async def drain(url: str, queue: str) -> tuple[int, int]:
+    """(pops, messages) of single-message autoAck pops of ``queue``, one at a time, until one
+    finds nothing; through bench/consume.py's keep-alive client (``Http``), as
+    bench/ephemeral.py's cells: httpx's CPU a request (about 0.9 ms on a loaded 2-core machine)
+    was the largest share of the drain's serial round trip, more than the front worker's or
+    PostgreSQL's, so the drain measured its client first."""
+    http = Http(url, timeout=120)
+    path = f"/api/v1/pop/queue/{queue}?wait=false&autoAck=true"
+    pops = drained = 0
+    try:
+        while True:
+            status, body = await http.request("GET", path)
+            pops += 1
+            if status == 204:
+                return pops, drained
+            if status != 200:
+                raise RuntimeError(f"pop on {queue}: {status} {body[:300]!r}")
+            drained += len(json.loads(body)["messages"])
+    finally:
+        http.close()
+
+
 def drain_roles(broker: Broker, before: tuple[dict[int, int], dict[int, int]],
                 after: tuple[dict[int, int], dict[int, int]], client_s: float,
                 pops: int) -> DrainCpu:
@@ -243,13 +267,7 @@ def run(args: argparse.Namespace) -> Figures:
             broker.fill("scale-drain", args.drain, 1)
             before, client0 = broker.cpu(), time.process_time()
             t0 = time.perf_counter()
-            drained = pops = 0
-            while True:
-                _, got = broker.pop("scale-drain", autoAck="true")
-                pops += 1
-                if got == 0:
-                    break
-                drained += got
+            pops, drained = asyncio.run(drain(broker.server.url, "scale-drain"))
             drain_s = time.perf_counter() - t0
             drain_cpu = drain_roles(broker, before, broker.cpu(),
                                     time.process_time() - client0, pops)
