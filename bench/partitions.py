@@ -50,6 +50,7 @@ from bench.push import (
     drop_database,
     ppid_of,
     process_tree,
+    shard_pids,
     start_queen,
 )
 
@@ -67,12 +68,25 @@ class PopFigures:
 
 
 @dataclass(frozen=True)
+class DrainCpu:
+    """CPU microseconds a pop of the drain, by role: the broker's front workers and shards,
+    PostgreSQL (every process of the server), and this client (httpx), whose requests are
+    sequential, so the drain's wall time is about their sum plus the waits."""
+
+    front_us: float
+    shard_us: float
+    pg_us: float
+    client_us: float
+
+
+@dataclass(frozen=True)
 class Figures:
     small: PopFigures
     large: PopFigures
     drain_partitions: int
     drain_s: float
     drain_pops: int
+    drain_cpu: DrainCpu
     first_group_pop_ms: float
     first_group_claimed: int
     unleased: PopFigures
@@ -172,6 +186,18 @@ def pop_stats(partitions: int, times: list[float], before: tuple[dict[int, int],
         delta_cpu_s(before[1], after[1]) / pops * 1e6)
 
 
+def drain_roles(broker: Broker, before: tuple[dict[int, int], dict[int, int]],
+                after: tuple[dict[int, int], dict[int, int]], client_s: float,
+                pops: int) -> DrainCpu:
+    """``DrainCpu`` between two ``Broker.cpu`` readings; ``client_s`` this process's CPU."""
+    shards = shard_pids(after[0])
+    front = {p: t for p, t in after[0].items() if p not in shards}
+    shard = {p: t for p, t in after[0].items() if p in shards}
+    return DrainCpu(delta_cpu_s(before[0], front) / pops * 1e6,
+                    delta_cpu_s(before[0], shard) / pops * 1e6,
+                    delta_cpu_s(before[1], after[1]) / pops * 1e6, client_s / pops * 1e6)
+
+
 def pop_figures(broker: Broker, queue: str, partitions: int, pops: int) -> PopFigures:
     per = max(1, -(-(pops + 20) // partitions))  # every pop finds a message
     broker.fill(queue, partitions, per)
@@ -215,6 +241,7 @@ def run(args: argparse.Namespace) -> Figures:
 
             print(f"drain: {args.drain:,} one-message partitions ...", file=sys.stderr)
             broker.fill("scale-drain", args.drain, 1)
+            before, client0 = broker.cpu(), time.process_time()
             t0 = time.perf_counter()
             drained = pops = 0
             while True:
@@ -224,6 +251,8 @@ def run(args: argparse.Namespace) -> Figures:
                     break
                 drained += got
             drain_s = time.perf_counter() - t0
+            drain_cpu = drain_roles(broker, before, broker.cpu(),
+                                    time.process_time() - client0, pops)
             assert drained == args.drain, f"drained {drained} of {args.drain}"
 
             broker.fill("scale-drain", args.drain, 1)
@@ -235,7 +264,7 @@ def run(args: argparse.Namespace) -> Figures:
             leased = lease_figures(broker, "scale-leased", args.leases, args.pops)
         finally:
             broker.close()
-    return Figures(small, large, args.drain, drain_s, pops, first_s * 1e3, claimed,
+    return Figures(small, large, args.drain, drain_s, pops, drain_cpu, first_s * 1e3, claimed,
                    unleased, leased, args.leases)
 
 
@@ -253,7 +282,10 @@ def render(f: Figures) -> str:
                      f"{p.pg_cpu_us_per_pop:,.0f} |")
     lines.append("")
     lines.append(f"Drain: {f.drain_pops:,} pops in {f.drain_s:.1f} s "
-                 f"({f.drain_s / f.drain_pops * 1e3:.1f} ms a pop). A new group's first pop: "
+                 f"({f.drain_s / f.drain_pops * 1e3:.1f} ms a pop; CPU a pop: front "
+                 f"{f.drain_cpu.front_us:,.0f} us, shard {f.drain_cpu.shard_us:,.0f} us, "
+                 f"PostgreSQL {f.drain_cpu.pg_us:,.0f} us, client {f.drain_cpu.client_us:,.0f} "
+                 f"us). A new group's first pop: "
                  f"{f.first_group_pop_ms:.1f} ms, {f.first_group_claimed} message(s).")
     return "\n".join(lines) + "\n"
 

@@ -1367,7 +1367,10 @@ class Suite(cons.Bench):
         self.record({"section": "partitions", "variant": f"drain {f.drain_partitions:,} partitions",
                      "arm": "queen-mp", "round": 1, "msgs": f.drain_pops,
                      "msgs_per_s": f.drain_pops / f.drain_s,
-                     "p50_ms": f.drain_s / f.drain_pops * 1e3})
+                     "p50_ms": f.drain_s / f.drain_pops * 1e3,
+                     "cpu_broker_us_per_msg": f.drain_cpu.front_us + f.drain_cpu.shard_us,
+                     "cpu_pg_us_per_msg": f.drain_cpu.pg_us,
+                     "cpu_client_us_per_msg": f.drain_cpu.client_us})
         self.record({"section": "partitions",
                      "variant": f"first group pop, {f.drain_partitions:,} partitions",
                      "arm": "queen-mp", "round": 1, "msgs": f.first_group_claimed,

@@ -67,6 +67,7 @@ def test_the_partitions_section_drains_and_measures_pops_beside_live_leases(pg_s
         "--pops", "5", "--leases", "5"]))
     assert (f.small.partitions, f.large.partitions) == (2, 20)
     assert f.drain_partitions == 10 and f.drain_pops == 11  # the last pop finds nothing
+    assert f.drain_cpu.client_us > 0 and min(vars(f.drain_cpu).values()) >= 0, f.drain_cpu
     assert f.first_group_claimed == 1
     assert (f.unleased.partitions, f.leased.partitions, f.live_leases) == (25, 30, 5)
     for pop in (f.small, f.large, f.unleased, f.leased):
