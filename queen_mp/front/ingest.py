@@ -30,7 +30,7 @@ from queen_mp.front.spoolhold import SpoolHold
 from queen_mp.ipc.flags import HOLD, SPOOL
 from queen_mp.ipc.routing import push_shard
 from queen_mp.ipc.shardlink import ShardGone, ShardLink, verdicts_of
-from queen_mp.models.items import ClientChunk, PushItem
+from queen_mp.models.items import ClientChunk, PushBatch, PushItem
 from queen_mp.spool import SpoolItem, SpoolWriteError
 from queen_mp.wire.frames import iter_frames, pack_frame
 from queen_mp.wire.hashing import txn_hash_bytes
@@ -172,6 +172,8 @@ class Ingest:
         try:
             # PERF(queen): the memo answers almost every push: no coroutine then
             if any(flags.known_encrypted(tenant, q) is not False for q, _ in groups):
+                if type(items) is PushBatch:  # encrypt re-frames items, not the batch
+                    items = items.items
                 await self.encrypt(items, tenant, {q for q, _ in groups})
         except FlagsUnavailable as ex:
             log.warning("push spooled: %s", ex)
@@ -188,14 +190,15 @@ class Ingest:
             # PERF(queen): the group's hashes and frames joined by C loops (map), not a
             # Python step per item
             group = items if len(idx) == n else [items[i] for i in idx]
+            txns = group.transaction_ids if type(group) is PushBatch else map(_TXN, group)
             # NOTE(memory): only the packed bytes outlive this line, until they are in the ring.
             record = pack_push_group(
                 link.generation, link.slot, request_id, gi, tenant, queue, partition,
-                b"".join(map(_txn_digest, map(_TXN, group))), len(idx),
-                pieces_of(items, idx, chunks), deadline_ms)
+                b"".join(map(_txn_digest, txns)), len(idx), pieces_of(items, idx, chunks),
+                deadline_ms)
             calls.append(link.submit(self.shard_of(tenant, queue, partition), request_id, gi,
                                      record, deadline))
-        del record, group
+        del record, group, txns
         outcomes = await verdicts_of(calls)
         to_spool: list[int] = []
         runs: list[QueuedRun] = []
@@ -336,6 +339,8 @@ def group_items(items: Sequence[PushItem]
     batching one partition sends) is told by counts and a set size, C loops all, not a step
     per item (a count compares by identity first: a decoded body's names are one str each)."""
     n = len(items)
+    if type(items) is PushBatch:  # one partition, no transactionId repeated
+        return {(items.queue, items.partition): list(range(n))}, None
     if n == 1:
         return {(items[0].queue, items[0].partition): [0]}, None
     if n:
@@ -403,6 +408,8 @@ def _follow(leader: ItemResult, leader_id: bytes) -> ItemResult:
 def pieces_of(items: Sequence[PushItem], idx: list[int],
             chunks: Sequence[ClientChunk]) -> tuple[Piece, ...]:
     """Raw frames, except whole client chunks whose every frame is in this group."""
+    if type(items) is PushBatch and len(idx) == len(items):
+        return (_piece(Piece, (PIECE_RAW, len(idx), items.frames)),)
     if not chunks and idx:  # PERF(queen): a JSON push's group: one C join of its frames
         group = items if len(idx) == len(items) else map(items.__getitem__, idx)
         return (_piece(Piece, (PIECE_RAW, len(idx), b"".join(map(_FRAME, group)))),)
