@@ -19,7 +19,9 @@ filter's allocations (tracemalloc: slower, so its timings are not comparable).
 ``--pss`` measures what tracemalloc cannot (the C heap's fragmentation, pages freed but kept,
 the transient copies of merges): one filter fed the cases in turn, as a broker's push cells
 feed its shard, with glibc's mmap threshold fixed as the supervisor fixes it for its children;
-the process's PSS and private pages (``/proc/self/smaps_rollup``) above the empty filter's are
+the process's PSS, private and anonymous pages (``/proc/self/smaps_rollup``; the anonymous
+figure alone does not move as other processes map or unmap this one's libraries) above the
+empty filter's are
 printed as the filter passes 1M, 2M, 4M and 8M entries, at the end of each case, and once
 every run left the window (the clock moved past it, one 1-hash push a partition)::
 
@@ -95,16 +97,18 @@ def run(partitions: int, size: int, total: int, rate: float, entries: int,
             "held_bytes": tracemalloc.get_traced_memory()[0] - base}
 
 
-def pss_kb() -> tuple[int, int]:
-    """This process's proportional set size and its private pages (KiB): the private figure
-    leaves out the shares of libraries, which move as other processes map them or exit."""
+def pss_kb() -> tuple[int, int, int]:
+    """This process's proportional set size, its private pages and its anonymous pages
+    (KiB): the private figure leaves out the shares of libraries, which move as other
+    processes map them or exit; but a library page counts as private while no other process
+    maps it, so only the anonymous figure (heap and mapped blocks) is what the filter holds."""
     got: dict[str, int] = {}
     with open("/proc/self/smaps_rollup") as f:
         for line in f:
             name, _, rest = line.partition(":")
-            if name in ("Pss", "Private_Clean", "Private_Dirty"):
+            if name in ("Pss", "Private_Clean", "Private_Dirty", "Anonymous"):
                 got[name] = int(rest.split()[0])
-    return got["Pss"], got["Private_Clean"] + got["Private_Dirty"]
+    return got["Pss"], got["Private_Clean"] + got["Private_Dirty"], got["Anonymous"]
 
 
 def run_pss(partitions: int, cases: list[tuple[int, int]], rate: float, entries: int,
@@ -123,11 +127,12 @@ def run_pss(partitions: int, cases: list[tuple[int, int]], rate: float, entries:
 
     def show(what: str) -> None:
         gc.collect()
-        pss, private = ((kb - was) * 1024 for kb, was in zip(pss_kb(), base, strict=True))
+        pss, private, anon = ((kb - was) * 1024 for kb, was in zip(pss_kb(), base, strict=True))
         per = max(1, filt.entries)
         print(f"{what:>22}: {filt.entries:8d} entries, PSS +{pss / 1e6:6.2f} MB "
               f"({pss / per:5.2f} B an entry), private +{private / 1e6:6.2f} MB "
-              f"({private / per:5.2f} B an entry)", flush=True)
+              f"({private / per:5.2f} B an entry), anonymous +{anon / 1e6:6.2f} MB "
+              f"({anon / per:5.2f} B an entry)", flush=True)
 
     def push(p: int, size: int, hashes: bytes) -> None:
         key = keys[p]

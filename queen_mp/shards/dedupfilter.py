@@ -18,10 +18,11 @@ Storage. The shard keeps a 32-bit fingerprint of each hash (its first 4 bytes), 
 in the order of their first offset: the newest few in a set (up to ``HOT_MAX``), the rest in
 sorted numpy arrays merged like a binary counter, never across epochs (``window / EPOCHS``
 seconds of commits), so that a whole run leaves when its epoch leaves the window: an entry
-costs 4 bytes and is forgotten at most an epoch late, never early. A fingerprint is not the
-hash: a match only means "maybe", and the promise then stops below the lowest matching run, so
-SQL probes that run and the newer ones instead of the whole window. At a few thousand entries
-a partition, a 1,000-hash segment meets a stray match about once in a thousand.
+costs 4 bytes (3 in a run of ``PACK_MIN`` or more, ``_Run``) and is forgotten at most an
+epoch late, never early. A fingerprint is not the hash: a match only means "maybe", and the
+promise then stops below the lowest matching run, so SQL probes that run and the newer ones
+instead of the whole window. At a few thousand entries a partition, a 1,000-hash segment meets
+a stray match about once in a thousand.
 
 Past ``max_entries`` whole partitions are dropped, least recently pushed first. While the
 filter is nearly full (``ADMIT_SHARE`` of the bound), a partition first seen or dropped is
@@ -65,6 +66,11 @@ AGE_S = 60.0
 _FEW = 8  # segments of up to this many hashes are probed fingerprint by fingerprint
 
 _U32 = np.dtype("=u4")  # native order: the filter lives in one process
+_LE16, _LE32 = np.dtype("<u2"), np.dtype("<u4")  # a packed run's layout (see _Run)
+_TOPS = np.arange(256, dtype=_U32) << 24
+_TAB_BYTES = 2 * 257
+_BUCKET = struct.Struct("<HH").unpack_from
+PACK_MIN = 512  # runs of this many fingerprints or more are packed (see _Run)
 # PERF(filter): the fingerprints of k < HOT_MAX hashes as a tuple of ints in one C call (a
 # struct layout per k, made once): ``hash_prefixes`` took a memoryview, a cast, a slice and a
 # list, twice for every segment (probe and commit)
@@ -78,21 +84,71 @@ def _fingerprints(hashes: bytes) -> np.ndarray:
 
 
 class _Run:
-    """Sorted fingerprints of commits of one epoch, none at an offset below ``lo``."""
+    """Sorted fingerprints of commits of one epoch, none at an offset below ``lo``.
 
-    __slots__ = ("epoch", "fps", "lo", "view")
+    A run of a closed epoch (sealed, or read back) of ``PACK_MIN`` to 65,535 fingerprints is
+    ``packed`` in 3 bytes an entry: their top byte is implicit in a table of where each top
+    byte's entries start (257 little-endian u16), then come the low 3 bytes of each,
+    little-endian, then a pad byte (a decode reads 4 bytes at each record). PERF(memory): the
+    1,000 partitions of the suite's push cells hold runs of some 2,000 fingerprints each
+    (bench.dedupfilter --pss at 8M entries), where 4 bytes an entry were 32 MB of the shard;
+    fewer than 32 bits would make stray matches, and so SQL probes, twice as likely a bit
+    dropped. Smaller runs stay a plain array (``view``): the table would outweigh the byte
+    saved, and a 1-item push probes them inline with ``bisect``. PERF(filter): so do the runs
+    of the open epoch, merged and probed most: an array probe decodes a packed run
+    (bench.dedupfilter callgrind, 1000:8000000: 516k instructions a segment, 1,260k with
+    every run of 512 or more packed).
+    """
 
-    def __init__(self, epoch: int, lo: int, fps: np.ndarray) -> None:
+    __slots__ = ("epoch", "lo", "n", "packed", "plain", "view")
+
+    def __init__(self, epoch: int, lo: int, fps: np.ndarray, closed: bool = False) -> None:
         self.epoch = epoch
         self.lo = lo
-        self.fps = fps
-        self.view = memoryview(fps)  # the same memory, indexed as Python ints
+        n = self.n = len(fps)
+        if closed and PACK_MIN <= n < 1 << 16:
+            tab = np.zeros(257, dtype=_LE16)
+            tab[1:] = np.bincount(fps >> 24, minlength=256).cumsum()
+            rest = fps.astype(_LE32).view(np.uint8).reshape(n, 4)[:, :3]
+            self.packed: bytes | None = b"".join((tab.tobytes(), rest.tobytes(), b"\0"))
+            self.plain: np.ndarray | None = None
+            self.view: memoryview | None = None
+        else:
+            self.packed = None
+            self.plain = fps
+            self.view = memoryview(fps)  # the same memory, indexed as Python ints
+
+    def fps(self) -> np.ndarray:
+        """The fingerprints, ascending (a packed run's decoded: a transient copy)."""
+        if self.plain is not None:
+            return self.plain
+        packed = self.packed
+        full = np.ndarray((self.n,), _LE32, packed, _TAB_BYTES, (3,)) & 0xFFFFFF
+        full |= np.repeat(_TOPS, np.diff(np.frombuffer(packed, _LE16, 257)))
+        return full
 
     def holds_any(self, incoming: np.ndarray) -> bool:
-        fps = self.fps
+        fps = self.fps()
         at = np.searchsorted(fps, incoming)
         np.minimum(at, len(fps) - 1, out=at)
         return bool((fps[at] == incoming).any())
+
+    def holds_few(self, ints: Iterable[int]) -> bool:
+        """Whether a packed run holds one of these fingerprints: each looked for among the
+        records of its top byte (``bytes.find``, a hit counting only at a record's start)."""
+        packed = self.packed
+        assert packed is not None
+        for v in ints:
+            a, e = _BUCKET(packed, (v >> 24) << 1)
+            if a == e:
+                continue
+            rest, end = (v & 0xFFFFFF).to_bytes(3, "little"), _TAB_BYTES + 3 * e
+            at = packed.find(rest, _TAB_BYTES + 3 * a, end)
+            while at >= 0 and (at - _TAB_BYTES) % 3:
+                at = packed.find(rest, at + 1, end)
+            if at >= 0:
+                return True
+        return False
 
 
 class _Partition:
@@ -143,6 +199,10 @@ class _Partition:
         ints = _FEW_FPS[len(hashes) >> 4](hashes)
         for run in runs:
             view = run.view
+            if view is None:
+                if run.holds_few(ints):
+                    return run.lo
+                continue
             n = len(view)
             for v in ints:
                 at = bisect_left(view, v)
@@ -186,10 +246,10 @@ class _Partition:
         for epoch, first, blobs in epochs:
             fps = _fingerprints(b"".join(blobs))  # one array an epoch, not one per row
             fps.sort()
-            filled.append(_Run(epoch, first, fps))
+            filled.append(_Run(epoch, first, fps, closed=True))
         at = bisect_left(self.runs, lo, key=lambda r: r.lo)
         self.runs[at:at] = filled
-        return sum(len(r.fps) for r in filled)
+        return sum(r.n for r in filled)
 
     def flush_hot(self) -> None:
         if not self.hot:
@@ -205,23 +265,26 @@ class _Partition:
             self._seal()
         runs.append(run)
         while (len(runs) > 1 and runs[-2].epoch == run.epoch
-               and len(runs[-2].fps) < 2 * len(runs[-1].fps)):
+               and runs[-2].n < 2 * runs[-1].n):
             newer, older = runs.pop(), runs.pop()
-            merged = np.concatenate((older.fps, newer.fps))
+            merged = np.concatenate((older.fps(), newer.fps()))
             merged.sort(kind="stable")  # two sorted runs: a linear merge
             runs.append(_Run(run.epoch, older.lo, merged))
 
     def _seal(self) -> None:
-        """One run for the newest epoch, now closed: a probe then searches one run an epoch."""
+        """One run for the newest epoch, now closed (packed if big enough): a probe then
+        searches one run an epoch."""
         runs = self.runs
         epoch = runs[-1].epoch
         k = len(runs) - 1
         while k > 0 and runs[k - 1].epoch == epoch:
             k -= 1
         if k < len(runs) - 1:
-            merged = np.concatenate([r.fps for r in runs[k:]])
+            merged = np.concatenate([r.fps() for r in runs[k:]])
             merged.sort()
-            runs[k:] = [_Run(epoch, runs[k].lo, merged)]
+            runs[k:] = [_Run(epoch, runs[k].lo, merged, closed=True)]
+        elif runs[k].packed is None and runs[k].n >= PACK_MIN:
+            runs[k] = _Run(epoch, runs[k].lo, runs[k].fps(), closed=True)
 
     def expire(self, before: float) -> int:
         """Forget the runs whose epoch ended before ``before``; how many entries that was."""
@@ -229,7 +292,7 @@ class _Partition:
         span = self.span
         runs = self.runs
         while runs and (runs[0].epoch + 1) * span < before:
-            gone += len(runs.pop(0).fps)
+            gone += runs.pop(0).n
         # The set never needs it: add() turned it into a run when its epoch ended.
         return gone
 

@@ -24,7 +24,7 @@ from queen_mp.config import Config
 from queen_mp.crypto import PayloadCipher
 from queen_mp.db import errors as dberrors
 from queen_mp.db.bundles import BundleWriter
-from queen_mp.heap import freeze_startup_objects
+from queen_mp.heap import HeapTrim, freeze_startup_objects
 from queen_mp.ipc.doorbell import AsyncDoorbellWaiter, Doorbell
 from queen_mp.ipc.heartbeat import HeartbeatBoard
 from queen_mp.ipc.ring import Ring
@@ -286,7 +286,15 @@ class Shard:
 
     # ------------------------------------------------------------------ loops
     async def heartbeat(self) -> None:
+        """Every beat: the board, the slots' outboxes, and the heap's free pages back after a
+        burst (``HeapTrim``: the same 2% of a core as a front worker's quiet tick).
+
+        PERF(memory): the dedup filter's runs (a few KB each, below the mmap threshold) are
+        merged and dropped under push loads; what they freed stayed in the shard's heap for
+        good: bench.dedupfilter --pss at the push cells' loads, anonymous pages once trimmed
+        35.1 -> 33.1 MB after the 1,000-item case, 29.1 -> 4.5 MB once every run left."""
         parent = os.getppid()
+        trim = HeapTrim(quiet_cpu_s=0.02 * BEAT_EVERY_S)
         while True:
             if os.getppid() != parent:
                 # NOTE(queen): the supervisor died without stopping us; flush and leave rather
@@ -298,6 +306,7 @@ class Shard:
             for slot, box in enumerate(self.outbox):
                 if box:
                     self.flush_outbox(slot)
+            trim.tick()
             await asyncio.sleep(BEAT_EVERY_S)
 
     async def run(self) -> None:

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import random
+import struct
+
+import numpy as np
+import pytest
 import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -13,7 +18,9 @@ from queen_mp.shards.dedupfilter import (
     EPOCHS,
     HOT_MAX,
     MAX_GAP_READ_BACK,
+    PACK_MIN,
     DedupFilter,
+    _Run,
 )
 
 KEY = (b"\0" * 16, "q", "p")
@@ -191,6 +198,79 @@ def test_a_big_segment_finds_a_stored_hash_like_a_small_one() -> None:
     for i in range(len(txns)):
         assert f.verified(KEY, hashes(*fresh, f"t{i}")) < i + 1, i
         assert f.verified(KEY, hashes("new", f"t{i}")) < i + 1, i
+
+
+# fingerprints at the packed layout's edges: the first and last top byte, either side of a
+# top byte's boundary, the low bytes at their extremes; and two neighbours whose records'
+# bytes (cc bb aa ff ee dd) hold a third's (bb aa ff: MISALIGNED) across their boundary
+EDGES = (0, 1, 0xFF, 0x100, 0xFFFF, 0x10000, 0x00FFFFFF, 0x01000000, 0x12AABBCC, 0x12DDEEFF,
+         0x7FFFFFFF, 0x80000000, 0xFEFFFFFF, 0xFF000000, 0xFFFFFF00, 0xFFFFFFFE, 0xFFFFFFFF)
+MISALIGNED = 0x12FFAABB
+
+
+def with_fps(fps: list[int]) -> bytes:
+    """Hashes whose fingerprints (first 4 bytes, native order) are ``fps``."""
+    rnd = random.Random(len(fps))
+    return b"".join(struct.pack("=I", fp) + rnd.randbytes(12) for fp in fps)
+
+
+@pytest.mark.parametrize("n", [1, PACK_MIN - 1, PACK_MIN, PACK_MIN + 1, (1 << 16) - 1, 1 << 16])
+def test_a_run_keeps_its_fingerprints_exactly_packed_or_not(n: int) -> None:
+    """Edge fingerprints, duplicates (one 40 times), and a whole top byte's share in one
+    bucket: decoded back as they were, found by either probe, and nothing else found."""
+    rnd = random.Random(n)
+    fps = list(EDGES[:n]) + [0x34567890] * min(40, max(0, n - len(EDGES)))
+    fps += [0x5A000000 | rnd.getrandbits(24) for _ in range(min(300, n - len(fps)))]
+    while len(fps) < n:  # nothing between the two neighbours
+        if (v := rnd.getrandbits(32)) >> 24 != 0x12:
+            fps.append(v)
+    run = _Run(3, 11, np.sort(np.array(fps, dtype=np.uint32)), closed=True)
+    assert run.n == n and (run.packed is not None) == (PACK_MIN <= n < 1 << 16)
+    assert run.fps().tolist() == sorted(fps)
+    clock = Clock()
+    f = DedupFilter(1 << 20, clock)
+    f.committed(KEY, 7, 1, n, with_fps(fps), 3600)
+    clock.t += 3600 / EPOCHS  # the next epoch's run seals it (packed if big enough)
+    f.committed(KEY, 7, n + 1, HOT_MAX, with_fps([0x3C3C3C3C] * HOT_MAX), 3600)
+    assert [r.packed is not None for r in f._parts[KEY].runs] == [run.packed is not None, False]
+    held = set(fps)
+    absent = [v for e in (*EDGES, MISALIGNED) for v in (e - 1, e, e + 1)
+              if 0 <= v < 1 << 32 and v not in held]
+    assert MISALIGNED in absent
+    fresh = with_fps(absent)
+    assert f.verified(KEY, fresh) == n + HOT_MAX  # none of them: everything is promised
+    for v in absent:
+        assert f.verified(KEY, with_fps([v])) == n + HOT_MAX, hex(v)
+    for v in sorted(held)[:: max(1, len(held) // 200)] + [v for v in EDGES if v in held]:
+        assert f.verified(KEY, with_fps([v])) == 0, hex(v)  # few: fingerprint by fingerprint
+        assert f.verified(KEY, fresh + with_fps([v])) == 0, hex(v)  # many: as arrays
+
+
+def test_packed_runs_merge_seal_and_expire_like_plain_ones() -> None:
+    """Segments that merge into packed runs, an epoch sealed over them, then forgotten:
+    every stored hash withholds the promise from its own offset, and entries count back
+    to what is still held."""
+    clock = Clock()
+    f = DedupFilter(1 << 20, clock)
+    txns = [f"t{i}" for i in range(6 * PACK_MIN)]
+    size = PACK_MIN // 2 + 7
+    for i in range(0, len(txns), size):
+        chunk = txns[i:i + size]
+        f.committed(KEY, 7, i + 1, len(chunk), hashes(*chunk), 3600)
+    assert f.entries == len(txns)
+    assert [r.packed for r in f._parts[KEY].runs] == [None, None]  # the open epoch: plain
+    clock.t += 3600 / EPOCHS  # a run of the next epoch seals the first into one run
+    hi = len(txns) + HOT_MAX
+    f.committed(KEY, 7, len(txns) + 1, HOT_MAX, hashes(*(f"l{j}" for j in range(HOT_MAX))), 3600)
+    assert [(r.n, r.packed is not None) for r in f._parts[KEY].runs] == [
+        (len(txns), True), (HOT_MAX, False)]
+    assert f.verified(KEY, hashes("new")) == hi
+    for i in range(0, len(txns), 97):
+        assert f.verified(KEY, hashes("new", f"t{i}")) < i + 1, i
+        assert f.verified(KEY, hashes(*(f"n{j}" for j in range(40)), f"t{i}")) < i + 1, i
+    clock.t += 3600 + CLOCK_MARGIN_S + 3600 / EPOCHS
+    f.committed(KEY, 7, hi + 1, 1, hashes("later"), 3600)
+    assert f.entries == 1  # "later" alone: both epochs left
 
 
 def test_one_hash_commits_and_probes_across_the_set_runs_and_epochs() -> None:
