@@ -16,8 +16,14 @@ what the pops then park on is what the earlier loads left. ``--consume 1,4,16`` 
 for each count, ``--consume-msgs`` messages pre-filled over 100 partitions of a fresh queue
 with that many consumers (bench/consume.py ``consumer_loop``: pop batch 100, one ack per
 batch; ``--consume-groups`` consumer groups each, as the suite's fanout), at most
-``--consume-s`` each, sampled after ``--settle`` as the push loads are. ``--maps`` prints each front
-worker's and shard's mappings of 512 KiB or more private dirty pages after each load.
+``--consume-s`` each, sampled after ``--settle`` as the push loads are (``--pop-partitions``,
+``--mixed``: as the suite's mixed and fanout). ``--maps`` prints each front worker's and
+shard's mappings of 512 KiB or more private dirty pages after each load.
+
+The suite's PSS peak is its wake section's push burst (16 connections of 1-item pushes) with
+the pops parked, which meets the 30 s long polls timing out and asked again all at once:
+``--repark --timeout-ms 8000 --burst-s 12`` does the same (each answered pop asked again until
+the release; the burst outlasting the timeout), the tree sampled every 0.2 s during the burst.
 
 With ``--diag DIR`` the broker runs with a ``sitecustomize`` of this script's on its
 ``PYTHONPATH`` (the product is not changed): every forked child starts ``tracemalloc`` and a
@@ -266,11 +272,12 @@ class Diag:
 
 
 async def consume_load(url: str, queue: str, consumers: int, groups: int, msgs: int,
-                       seconds: float, mixed: bool) -> tuple[int, float]:
+                       seconds: float, mixed: bool, partitions: int) -> tuple[int, float]:
     """``msgs`` messages pushed over 100 partitions of ``queue`` (1,000-item requests), then
-    drained by ``consumers`` consumers in each of ``groups`` groups (pop batch 100, one ack a
-    batch) for at most ``seconds``, ``mixed``: for ``seconds`` while the suite's mixed pushes
-    (16 connections of 10 items) feed it: (messages acked, msgs/s)."""
+    drained by ``consumers`` consumers in each of ``groups`` groups (pop batch 100 over up to
+    ``partitions`` partitions, one ack a batch) for at most ``seconds``; ``mixed``: for
+    ``seconds``, while the suite's mixed pushes (16 connections of 10 items) feed it. Returns
+    (messages acked, msgs/s)."""
     http = Http(url, timeout=120)
     try:
         for s in range(0, msgs, 1000):
@@ -287,7 +294,7 @@ async def consume_load(url: str, queue: str, consumers: int, groups: int, msgs: 
     feed = asyncio.create_task(asyncio.to_thread(run_load, LoadSpec(
         url, connections=16, procs=1, items=10, duration=seconds, partitions=100,
         queue=queue))) if mixed else None
-    tasks = [asyncio.create_task(consumer_loop(arm, h, queue, 100, 1, f"g{i % groups}", st,
+    tasks = [asyncio.create_task(consumer_loop(arm, h, queue, 100, partitions, f"g{i % groups}", st,
                                                lambda *_: None, 0.0, wait_ms=1000))
              for i, h in enumerate(https)]
     while time.monotonic() - t0 < seconds and (mixed or st.acked < msgs * groups):
@@ -394,7 +401,8 @@ async def run(args: argparse.Namespace) -> int:
         for consumers in args.consume:
             acked, rate = await consume_load(srv.url, f"cons-{rid}-{consumers}", consumers,
                                              args.consume_groups, args.consume_msgs,
-                                             args.consume_s, args.mixed)
+                                             args.consume_s, args.mixed,
+                                             args.pop_partitions)
             await asyncio.sleep(args.settle)
             show(f"consumed x{consumers} ({rate / 1000:.1f}k/s)", sample(root), rest)
             if acked < args.consume_msgs * args.consume_groups:
@@ -415,10 +423,16 @@ async def run(args: argparse.Namespace) -> int:
             show(f"round {r}: connected", sample(root), rest)
             answers: Counter[int] = Counter()
 
-            async def pop(q: str, h: Http, answers: Counter[int] = answers) -> None:
-                status, _ = await h.request("GET", f"/api/v1/pop/queue/{quote(q, safe='')}"
-                                            + tail)
-                answers[status] += 1
+            releasing = asyncio.Event()
+
+            async def pop(q: str, h: Http, answers: Counter[int] = answers,
+                          releasing: asyncio.Event = releasing) -> None:
+                while True:  # --repark: asked again at once, as the suite's wake section
+                    status, _ = await h.request(
+                        "GET", f"/api/v1/pop/queue/{quote(q, safe='')}" + tail)
+                    answers[status] += 1
+                    if not args.repark or releasing.is_set():
+                        return
 
             tasks = []
             for q, h in zip(queues, https, strict=True):
@@ -441,6 +455,7 @@ async def run(args: argparse.Namespace) -> int:
                 await burst(srv.url, f"burst-{rid}", args.burst_s, root, rest)
                 if diag is not None and r == 1:
                     await diag.ask("burst", watched)
+            releasing.set()
             await push_to_all(srv.url, queues, f"{rid}-rel{r}")
             await asyncio.wait(tasks, timeout=30)
             if any(not t.done() for t in tasks) or set(answers) != {200}:
@@ -464,6 +479,8 @@ async def run(args: argparse.Namespace) -> int:
                                 f"consumed{args.consume[-1]}", 1, args.top)
                 per = diag.connections(p, "rest", "parked") or args.parked // len(workers)
                 diag.report(p, "rest", "parked", per, args.top)
+                if args.burst_s > 0:
+                    diag.report(p, "parked", "burst", per, args.top)
                 diag.report(p, "rest", "released", per, args.top)
         return 0
     finally:
@@ -509,9 +526,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="consumer groups draining each --consume queue (C consumers each)")
     ap.add_argument("--consume-s", type=float, default=10.0,
                     help="each --consume drain's cap in seconds")
+    ap.add_argument("--pop-partitions", type=int, default=1,
+                    help="partitions a --consume pop may claim (the suite's mixed and fanout: 10)")
     ap.add_argument("--mixed", action="store_true",
                     help="each --consume drain runs --consume-s with the suite's mixed pushes "
                     "(16 connections of 10 items) into its queue")
+    ap.add_argument("--repark", action="store_true",
+                    help="a pop answered (a wake, its --timeout-ms) is asked again at once until "
+                    "the release, as the suite's wake section: with --burst-s past --timeout-ms "
+                    "the burst meets the wave of timed-out pops parking again (the suite's peak)")
     ap.add_argument("--burst-s", type=float, default=0.0,
                     help="with the pops parked: a push burst of this many seconds (16 "
                     "connections, 1 item a request, as the suite's wake section), peak shown")
