@@ -12,8 +12,18 @@ trim (queen_mp/heap.py ``HeapTrim``) before the sample.
 
 ``--load 1,10,100,1000`` runs the suite's push cells first, one after the other on the same
 broker (bench/loadgen.py, 64 connections, ``--load-s`` each), each sampled after ``--settle``:
-what the pops then park on is what the earlier loads left. ``--maps`` prints each front
-worker's and shard's mappings of 512 KiB or more private dirty pages after each load.
+what the pops then park on is what the earlier loads left. ``--consume 1,4,16`` then drains,
+for each count, ``--consume-msgs`` messages pre-filled over 100 partitions of a fresh queue
+with that many consumers (bench/consume.py ``consumer_loop``: pop batch 100, one ack per
+batch; ``--consume-groups`` consumer groups each, as the suite's fanout), at most
+``--consume-s`` each, sampled after ``--settle`` as the push loads are (``--pop-partitions``,
+``--mixed``: as the suite's mixed and fanout). ``--maps`` prints each front worker's and
+shard's mappings of 512 KiB or more private dirty pages after each load.
+
+The suite's PSS peak is its wake section's push burst (16 connections of 1-item pushes) with
+the pops parked, which meets the 30 s long polls timing out and asked again all at once:
+``--repark --timeout-ms 8000 --burst-s 12`` does the same (each answered pop asked again until
+the release; the burst outlasting the timeout), the tree sampled every 0.2 s during the burst.
 
 With ``--diag DIR`` the broker runs with a ``sitecustomize`` of this script's on its
 ``PYTHONPATH`` (the product is not changed): every forked child starts ``tracemalloc`` and a
@@ -51,7 +61,16 @@ import psycopg
 from psycopg import sql
 
 from bench import push as pb
-from bench.consume import Http, push_to_all
+from bench.consume import (
+    Arm,
+    Http,
+    OpStats,
+    cancel_all,
+    consumer_loop,
+    payload,
+    push_body,
+    push_to_all,
+)
 from bench.loadgen import LoadSpec, run_load
 
 #: what the broker's children run when ``--diag`` is given (written as its sitecustomize.py)
@@ -252,6 +271,69 @@ class Diag:
             f"{k} {v / per:+.2f}" for k, v in grown.most_common(25) if v > 0))
 
 
+async def consume_load(url: str, queue: str, consumers: int, groups: int, msgs: int,
+                       seconds: float, mixed: bool, partitions: int) -> tuple[int, float]:
+    """``msgs`` messages pushed over 100 partitions of ``queue`` (1,000-item requests), then
+    drained by ``consumers`` consumers in each of ``groups`` groups (pop batch 100 over up to
+    ``partitions`` partitions, one ack a batch) for at most ``seconds``; ``mixed``: for
+    ``seconds``, while the suite's mixed pushes (16 connections of 10 items) feed it. Returns
+    (messages acked, msgs/s)."""
+    http = Http(url, timeout=120)
+    try:
+        for s in range(0, msgs, 1000):
+            body = push_body([(queue, f"p-{i % 100:03d}", f"{queue}-{i}", payload(queue, i))
+                              for i in range(s, min(msgs, s + 1000))])
+            status, answer = await http.request("POST", "/api/v1/push", body)
+            if status != 201:
+                raise RuntimeError(f"prefill of {queue}: {status} {answer[:300]!r}")
+    finally:
+        http.close()
+    arm, st = Arm("queen-mp", url), OpStats()
+    https = [Http(url) for _ in range(consumers * groups)]
+    t0 = time.monotonic()
+    feed = asyncio.create_task(asyncio.to_thread(run_load, LoadSpec(
+        url, connections=16, procs=1, items=10, duration=seconds, partitions=100,
+        queue=queue))) if mixed else None
+    tasks = [asyncio.create_task(consumer_loop(arm, h, queue, 100, partitions, f"g{i % groups}", st,
+                                               lambda *_: None, 0.0, wait_ms=1000))
+             for i, h in enumerate(https)]
+    while time.monotonic() - t0 < seconds and (mixed or st.acked < msgs * groups):
+        await asyncio.sleep(0.1)
+    if feed is not None:
+        await feed
+    await cancel_all(tasks)
+    for h in https:
+        h.close()
+    return st.acked, st.acked / (time.monotonic() - t0)
+
+
+async def burst(url: str, queue: str, seconds: float, root: int,
+                rest: dict[str, dict[str, int]]) -> None:
+    """The suite's wake-section push burst with the pops parked (its probe 5, where ``make
+    bench`` sets the broker's PSS peak): 16 connections of 1-item pushes over 100 partitions;
+    the tree sampled every 0.2 s, its highest summed PSS shown."""
+    done = asyncio.Event()
+    peak: dict[str, dict[str, int]] = {}
+
+    async def sampler() -> None:
+        nonlocal peak
+        while not done.is_set():
+            now = sample(root)
+            if sum(m["Pss"] for m in now.values()) > sum(m["Pss"] for m in peak.values()):
+                peak = now
+            await asyncio.sleep(0.2)
+
+    watch = asyncio.create_task(sampler())
+    try:
+        run = await asyncio.to_thread(run_load, LoadSpec(
+            url, connections=16, procs=1, items=1, duration=seconds, partitions=100,
+            queue=queue))
+    finally:
+        done.set()
+        await watch
+    show(f"burst peak ({run['msgs_per_s'] / 1000:.1f}k/s)", peak, rest)
+
+
 def show(label: str, mem: dict[str, dict[str, int]], base: dict[str, dict[str, int]] | None
          ) -> None:
     total = sum(m["Pss"] for m in mem.values())
@@ -301,16 +383,31 @@ async def run(args: argparse.Namespace) -> int:
                              if _role(p, root).startswith("qmp-shard")]
         if diag is not None:
             await diag.ask("rest", watched)
+
+        async def checkpoint(tag: str) -> None:
+            """After a load: the big mappings (``--maps``) and the snapshots (``--diag``)."""
+            if args.maps:
+                for p in watched:
+                    print(f"  {_role(p, root)}: " + ", ".join(big_mappings(p)), flush=True)
+            if diag is not None:
+                await diag.ask(tag, watched)
+
         for items in args.load:
             run = await asyncio.to_thread(run_load, LoadSpec(
                 srv.url, items=items, duration=args.load_s, queue=f"load-{rid}"))
             await asyncio.sleep(args.settle)
             show(f"pushed {items} ({run['msgs_per_s'] / 1000:.1f}k/s)", sample(root), rest)
-            if args.maps:
-                for p in watched:
-                    print(f"  {_role(p, root)}: " + ", ".join(big_mappings(p)), flush=True)
-            if diag is not None:
-                await diag.ask(f"pushed{items}", watched)
+            await checkpoint(f"pushed{items}")
+        for consumers in args.consume:
+            acked, rate = await consume_load(srv.url, f"cons-{rid}-{consumers}", consumers,
+                                             args.consume_groups, args.consume_msgs,
+                                             args.consume_s, args.mixed,
+                                             args.pop_partitions)
+            await asyncio.sleep(args.settle)
+            show(f"consumed x{consumers} ({rate / 1000:.1f}k/s)", sample(root), rest)
+            if acked < args.consume_msgs * args.consume_groups:
+                print(f"  {acked} of {args.consume_msgs * args.consume_groups} acked", flush=True)
+            await checkpoint(f"consumed{consumers}")
         tail = (f"?batch=1&consumerGroup=park&subscriptionMode=new&autoAck=true&wait=true"
                 f"&timeout={args.timeout_ms}")
         for r in range(1, args.rounds + 1):
@@ -326,10 +423,16 @@ async def run(args: argparse.Namespace) -> int:
             show(f"round {r}: connected", sample(root), rest)
             answers: Counter[int] = Counter()
 
-            async def pop(q: str, h: Http, answers: Counter[int] = answers) -> None:
-                status, _ = await h.request("GET", f"/api/v1/pop/queue/{quote(q, safe='')}"
-                                            + tail)
-                answers[status] += 1
+            releasing = asyncio.Event()
+
+            async def pop(q: str, h: Http, answers: Counter[int] = answers,
+                          releasing: asyncio.Event = releasing) -> None:
+                while True:  # --repark: asked again at once, as the suite's wake section
+                    status, _ = await h.request(
+                        "GET", f"/api/v1/pop/queue/{quote(q, safe='')}" + tail)
+                    answers[status] += 1
+                    if not args.repark or releasing.is_set():
+                        return
 
             tasks = []
             for q, h in zip(queues, https, strict=True):
@@ -348,6 +451,11 @@ async def run(args: argparse.Namespace) -> int:
             show(f"round {r}: {count:.0f} parked", parked, rest)
             if diag is not None and r == 1:
                 await diag.ask("parked", watched)
+            if args.burst_s > 0:
+                await burst(srv.url, f"burst-{rid}", args.burst_s, root, rest)
+                if diag is not None and r == 1:
+                    await diag.ask("burst", watched)
+            releasing.set()
             await push_to_all(srv.url, queues, f"{rid}-rel{r}")
             await asyncio.wait(tasks, timeout=30)
             if any(not t.done() for t in tasks) or set(answers) != {200}:
@@ -366,14 +474,23 @@ async def run(args: argparse.Namespace) -> int:
             for p in watched:
                 if args.load:
                     diag.report(p, "rest", f"pushed{args.load[-1]}", 1, args.top)
+                if args.consume:
+                    diag.report(p, f"pushed{args.load[-1]}" if args.load else "rest",
+                                f"consumed{args.consume[-1]}", 1, args.top)
                 per = diag.connections(p, "rest", "parked") or args.parked // len(workers)
                 diag.report(p, "rest", "parked", per, args.top)
+                if args.burst_s > 0:
+                    diag.report(p, "parked", "burst", per, args.top)
                 diag.report(p, "rest", "released", per, args.top)
         return 0
     finally:
         await asyncio.to_thread(srv.stop)
         if own_db:
             _drop(args.server_dsn, name)
+
+
+def _ints(value: str) -> list[int]:
+    return [int(x) for x in value.split(",") if x]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -396,12 +513,33 @@ def main(argv: list[str] | None = None) -> int:
                     help="seconds before a sample at rest or after a release")
     ap.add_argument("--diag", metavar="DIR", default=None,
                     help="tracemalloc and gc counts in the broker's children, dumped in DIR")
-    ap.add_argument("--load", type=lambda v: [int(x) for x in v.split(",") if x], default=[],
+    ap.add_argument("--load", type=_ints, default=[],
                     metavar="N,N..", help="before the pops: push loads of N items a request "
                     "(bench/loadgen.py, 64 connections), one after the other, each sampled")
     ap.add_argument("--load-s", type=float, default=10.0, help="each push load's seconds")
+    ap.add_argument("--consume", type=_ints, default=[], metavar="C,C..",
+                    help="after the push loads: drain a pre-filled queue with C consumers (pop "
+                    "batch 100 + ack), one after the other, each sampled")
+    ap.add_argument("--consume-msgs", type=int, default=20000,
+                    help="messages pre-filled for each --consume drain")
+    ap.add_argument("--consume-groups", type=int, default=1,
+                    help="consumer groups draining each --consume queue (C consumers each)")
+    ap.add_argument("--consume-s", type=float, default=10.0,
+                    help="each --consume drain's cap in seconds")
+    ap.add_argument("--pop-partitions", type=int, default=1,
+                    help="partitions a --consume pop may claim (the suite's mixed and fanout: 10)")
+    ap.add_argument("--mixed", action="store_true",
+                    help="each --consume drain runs --consume-s with the suite's mixed pushes "
+                    "(16 connections of 10 items) into its queue")
+    ap.add_argument("--repark", action="store_true",
+                    help="a pop answered (a wake, its --timeout-ms) is asked again at once until "
+                    "the release, as the suite's wake section: with --burst-s past --timeout-ms "
+                    "the burst meets the wave of timed-out pops parking again (the suite's peak)")
+    ap.add_argument("--burst-s", type=float, default=0.0,
+                    help="with the pops parked: a push burst of this many seconds (16 "
+                    "connections, 1 item a request, as the suite's wake section), peak shown")
     ap.add_argument("--maps", action="store_true",
-                    help="after each push load, the front workers' and shards' mappings of "
+                    help="after each load, the front workers' and shards' mappings of "
                     "512 KiB or more private dirty pages")
     ap.add_argument("--env", action="append", default=[], metavar="QUEEN_X=V",
                     help="a setting for the broker (repeatable), e.g. "

@@ -332,3 +332,49 @@ def test_a_bucket_wakes_the_first_waiter_of_each_of_its_keys_and_of_every_discov
         await lot.close()
 
     asyncio.run(go())
+
+
+class CountingPool:
+    """A pool of ``max_size`` stand-in connections that counts how many are out at once."""
+
+    def __init__(self, max_size: int) -> None:
+        self.max_size = max_size
+        self.out = self.most = 0
+
+    async def getconn(self) -> object:
+        self.out += 1
+        self.most = max(self.most, self.out)
+        return object()
+
+    async def putconn(self, conn: object) -> None:
+        self.out -= 1
+
+
+def test_pops_past_the_pools_size_wait_at_the_popper_not_in_the_pool(monkeypatch) -> None:
+    async def body() -> None:
+        release = asyncio.Event()
+        claims = 0
+
+        async def claim(conn: object, r: PopRequest, lease: Any, claim_ms: int
+                        ) -> pop_procs.ClaimResult:
+            nonlocal claims
+            claims += 1
+            await release.wait()
+            return pop_procs.ClaimResult([], None)
+
+        monkeypatch.setattr(popper.pop_procs, "claim", claim)
+        pool = CountingPool(2)
+        p = Popper(pool, ParkingLot(FakeBoard(), 0.01), 10)  # type: ignore[arg-type]
+        pops = [asyncio.create_task(p.pop(request(f"q{i}"))) for i in range(6)]
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert (pool.out, claims) == (2, 2)
+        pops[3].cancel()  # a waiter cancelled: its turn goes to the next
+        release.set()
+        done = await asyncio.gather(*pops, return_exceptions=True)
+        assert isinstance(done[3], asyncio.CancelledError)
+        assert done[:3] + done[4:] == [None] * 5
+        assert (pool.most, pool.out, claims) == (2, 0, 5)
+        assert p._pooled.running == 0 and not p._pooled.waiters
+
+    asyncio.run(body())
