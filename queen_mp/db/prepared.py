@@ -22,18 +22,16 @@ import contextlib
 import os
 import select
 from collections.abc import Callable, Sequence
-from functools import partial
 from typing import Any
 
 import psycopg
 from psycopg import errors as e
 from psycopg import generators, pq
-from psycopg.adapt import Transformer
 from psycopg.waiting import READY_R, READY_W, WAIT_W
 
 from queen_mp.db.connect import Conn
 
-__all__ = ["Channel", "PreparedCall", "first_value", "one_result", "pooled_rows"]
+__all__ = ["Channel", "PreparedCall", "first_value", "one_result"]
 
 _TUPLES_OK = pq.ExecStatus.TUPLES_OK
 _COMMAND_OK = pq.ExecStatus.COMMAND_OK
@@ -58,7 +56,7 @@ class PreparedCall:
     def prepared(self, conn: Conn) -> bool:
         return getattr(conn, self._attr, False)
 
-    def send(self, conn: Conn, params: Sequence[bytes | None]) -> None:
+    def send(self, conn: Conn, params: Sequence[bytes]) -> None:
         """Queue the call on a connection where it is ``prepared`` (its results follow)."""
         conn.pgconn.send_query_prepared(self.name, params, self._formats, self._result)
 
@@ -213,53 +211,3 @@ class Channel:
                 loop.remove_writer(fd)
         self.writing = False
         os.close(fd)
-
-
-async def pooled_rows(conn: Conn, call: PreparedCall, params: Sequence[bytes | None]
-                      ) -> list[tuple[Any, ...]]:
-    """Every row of ``call`` on a pooled connection the caller holds alone (a checkout), in
-    tuples as a cursor loads them; errors as psycopg raises them.
-
-    PERF(pop): the pop's claim went through a cursor and psycopg's wait, whose machinery
-    (query conversion, dumpers, the prepared-statement cache, a future and a poll handle made
-    and dropped per wait) was most of the front worker's share of its round trip. Here the
-    connection keeps a ``Channel`` (made at its first call, again if other input ended it:
-    a cursor used the connection since) and a ``Transformer`` for the rows: 163.1k -> 76.0k
-    instructions a one-message autoAck claim in the calling process (callgrind, 300 claims
-    less 10, ``pop_procs.claim`` on one connection to a local server). A caller
-    cancelled mid-call abandons the call: the connection goes back to the pool with a
-    statement in flight, and the pool closes it."""
-    pgconn = conn.pgconn
-    if not call.prepared(conn):
-        pgconn.send_prepare(call.name, call.sql)
-        one_result(await conn.wait(generators.execute(pgconn)), pgconn, _COMMAND_OK)
-        setattr(conn, call._attr, True)
-    channel: Channel | None = getattr(conn, "_queen_channel", None)
-    if channel is None or channel.closed:
-        channel = Channel(asyncio.get_running_loop(), conn)
-        conn._queen_channel = channel  # type: ignore[attr-defined]
-    landed = channel.loop.create_future()
-    call.send(conn, params)
-    channel.call(partial(_settle, landed))
-    try:
-        results = await landed
-    except asyncio.CancelledError:
-        channel.abandon()
-        raise
-    res = one_result(results, pgconn)
-    tx: Transformer | None = getattr(conn, "_queen_transformer", None)
-    if tx is None:
-        tx = conn._queen_transformer = Transformer(conn)  # type: ignore[attr-defined]
-    tx.set_pgresult(res)
-    try:
-        return tx.load_rows(0, res.ntuples, tuple)
-    finally:
-        tx.set_pgresult(None)  # no pop's payloads held until the next call
-
-
-def _settle(landed: asyncio.Future[Any], result: Any) -> None:
-    if not landed.done():
-        if isinstance(result, BaseException):
-            landed.set_exception(result)
-        else:
-            landed.set_result(result)
