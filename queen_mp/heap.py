@@ -11,8 +11,8 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 
-__all__ = ["HeapTrim", "bounded_caches", "fix_mmap_threshold", "freeze_startup_objects",
-           "request_caches", "seal_free_blocks"]
+__all__ = ["HeapTrim", "before_fork", "bounded_caches", "fix_mmap_threshold",
+           "freeze_startup_objects", "request_caches", "seal_free_blocks"]
 
 _M_MMAP_THRESHOLD = -3  # glibc's malloc.h
 # PERF(queen): a 1,000-item push allocates some 5,000 tracked objects (frames, items, results)
@@ -105,6 +105,15 @@ def seal_free_blocks() -> int:
         seals.extend(bytes(length) for _ in range(count))
     _SEALS.append(tuple(seals))
     return len(seals)
+
+
+def before_fork() -> None:
+    """What the supervisor does to its heap just before it forks a child (a shard,
+    ``ForkedChild.start``; a front worker, ``FrontArbiter.spawn_worker``): what it made since the
+    preload is frozen (``freeze_startup_objects``) and its pymalloc pools' free blocks filled
+    (``seal_free_blocks``), so that the child copies fewer of the pages it inherits."""
+    freeze_startup_objects()
+    seal_free_blocks()
 
 
 #: The request caches' ``cache_clear`` (``bounded_caches``), found by the supervisor's preload

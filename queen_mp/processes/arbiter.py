@@ -21,7 +21,7 @@ from gunicorn.app.base import BaseApplication
 from gunicorn.arbiter import Arbiter
 
 from queen_mp.config import Config
-from queen_mp.heap import freeze_startup_objects, seal_free_blocks
+from queen_mp.heap import before_fork
 from queen_mp.processes.forked import exit_now
 
 __all__ = ["FRONT_WORKER_ARGS", "FrontApplication", "FrontArbiter", "front_argv"]
@@ -94,8 +94,7 @@ class FrontArbiter(Arbiter):  # type: ignore[misc]
         (``ForkedChild.start``): the worker's collections leave those pages shared; and the
         free blocks of its pymalloc pools are filled (``seal_free_blocks``).
         """
-        freeze_startup_objects()
-        seal_free_blocks()
+        before_fork()
         arbiter = os.getpid()
         try:
             return int(super().spawn_worker())

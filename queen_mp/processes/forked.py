@@ -42,7 +42,7 @@ import traceback
 from collections.abc import Callable
 from typing import NoReturn
 
-from queen_mp.heap import freeze_startup_objects, seal_free_blocks
+from queen_mp.heap import before_fork
 
 __all__ = ["ForkedChild", "exit_now", "exit_status"]
 
@@ -65,8 +65,7 @@ class ForkedChild:
         objects, measured on a fork's ``Private_Dirty``). The free blocks of its pymalloc pools
         are filled (``seal_free_blocks``), so that the child allocates in pools of its own.
         """
-        freeze_startup_objects()
-        seal_free_blocks()
+        before_fork()
         pid = os.fork()
         if pid == 0:
             _run_child(target, name)
