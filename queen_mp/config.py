@@ -168,7 +168,7 @@ SETTINGS: tuple[Setting, ...] = (
        maximum=10000),
     _s("QUEEN_DEDUP_FILTER_ENTRIES", int, 8_000_000,
        "Transaction hashes a shard remembers of its partitions, so the dedup probe skips "
-       "what it knows. It counts hashes, not bytes: about 5 bytes a hash in segments of "
+       "what it knows. It counts hashes, not bytes: 4-5 bytes a hash in segments of "
        "1,000, 33-55 in segments of 1-10 over 1,000 partitions, about 220 in 1-item segments "
        "over 10,000 partitions (the hot set and each partition's overhead); 0 turns the "
        "filter off (every push probes the "
