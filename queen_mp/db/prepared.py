@@ -13,6 +13,19 @@ the results and turns a failed one into its error class.
 
 The caller holds the connection alone (a ``Dedicated`` user), as psycopg's own lock would
 ensure: a connection is never shared with a cursor in the middle of a call.
+
+A statement prepared here can disappear behind the connection's flag: psycopg sends
+``DEALLOCATE ALL`` after a ROLLBACK (``conn.rollback()``, a ``transaction()`` left by an
+exception), DROP, ALTER or DISCARD ALL it runs on a connection where it holds prepared
+statements of its own (``psycopg/_preparing.py``, ``_should_discard``/``clear``), and a
+DISCARD ALL deallocates by itself. So the server's ``26000`` (invalid_sql_statement_name) for
+a statement the flag says prepared clears the flag (``PreparedCall.lost``) and the call goes
+again once, prepared first: nothing ran (the name is resolved at Bind, before execution) and
+an autocommit connection is idle again. Why not keep psycopg from preparing on these
+connections (``prepare_threshold=None``) instead: psycopg then ignores ``prepare=True`` too,
+and the front workers' pool, where the pop's claim lives, prepares every other hot statement
+(acks, renewals) through psycopg; nor would it cover a DISCARD ALL. The check costs nothing
+while the statement is there: one except clause on the error path.
 """
 
 from __future__ import annotations
@@ -36,6 +49,9 @@ __all__ = ["Channel", "PreparedCall", "first_value", "one_result"]
 _TUPLES_OK = pq.ExecStatus.TUPLES_OK
 _COMMAND_OK = pq.ExecStatus.COMMAND_OK
 _FATAL_ERROR = pq.ExecStatus.FATAL_ERROR
+_IDLE = pq.TransactionStatus.IDLE
+#: SQLSTATE invalid_sql_statement_name: the name is not prepared on the connection
+_NOT_PREPARED = "26000"
 
 Landed = Callable[[Any], None]  # the results (a list of PGresult), or the exception raised
 
@@ -56,19 +72,41 @@ class PreparedCall:
     def prepared(self, conn: Conn) -> bool:
         return getattr(conn, self._attr, False)
 
-    def send(self, conn: Conn, params: Sequence[bytes]) -> None:
+    def lost(self, conn: Conn, ex: BaseException) -> bool:
+        """Whether ``ex`` says the statement the flag says prepared is gone (deallocated
+        behind our back, see the module's docstring): the flag is cleared, and True if the
+        call may go again, prepared first (the connection is idle: nothing ran)."""
+        if getattr(ex, "sqlstate", None) != _NOT_PREPARED or not self.prepared(conn):
+            return False
+        setattr(conn, self._attr, False)
+        return conn.pgconn.transaction_status == _IDLE
+
+    async def prepare(self, conn: Conn) -> None:
+        """Prepare the statement on ``conn`` (psycopg's own wait) and flag it there."""
+        pgconn = conn.pgconn
+        pgconn.send_prepare(self.name, self.sql)
+        one_result(await conn.wait(generators.execute(pgconn)), pgconn, _COMMAND_OK)
+        setattr(conn, self._attr, True)
+
+    def send(self, conn: Conn, params: Sequence[bytes | None]) -> None:
         """Queue the call on a connection where it is ``prepared`` (its results follow)."""
         conn.pgconn.send_query_prepared(self.name, params, self._formats, self._result)
 
-    async def first(self, conn: Conn, params: Sequence[bytes]) -> bytes | None:
+    async def first(self, conn: Conn, params: Sequence[bytes | None]) -> bytes | None:
         """Prepare if needed, call, and wait with psycopg's own wait: the first use of a
-        connection."""
-        pgconn = conn.pgconn
+        connection, or the one after the statement was ``lost``."""
+        try:
+            return await self._first(conn, params)
+        except psycopg.Error as ex:
+            if not self.lost(conn, ex):
+                raise
+        return await self._first(conn, params)
+
+    async def _first(self, conn: Conn, params: Sequence[bytes | None]) -> bytes | None:
         if not self.prepared(conn):
-            pgconn.send_prepare(self.name, self.sql)
-            one_result(await conn.wait(generators.execute(pgconn)), pgconn, _COMMAND_OK)
-            setattr(conn, self._attr, True)
+            await self.prepare(conn)
         self.send(conn, params)
+        pgconn = conn.pgconn
         return first_value(await conn.wait(generators.execute(pgconn)), pgconn)
 
 

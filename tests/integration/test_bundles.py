@@ -277,3 +277,32 @@ def test_the_shards_own_paths_leave_the_bundles_statement_prepared(db, db_dsn):
     assert "qmp_push_multi_v3" in names
     assert [v.queued for v in verdicts] == [True]
 
+
+@pytest.mark.parametrize("statement", ["ROLLBACK", "DROP TABLE IF EXISTS qmp_no_such_table",
+                                       "DISCARD ALL"])
+def test_a_bundle_after_the_connections_statements_were_deallocated_prepares_again(
+        db, db_dsn, statement):
+    """Provoked (no shard path runs these on a bundle connection): psycopg, holding statements
+    of its own, runs a ROLLBACK or a DROP and sends DEALLOCATE ALL after it (DISCARD ALL
+    deallocates by itself). ``qmp_push_multi_v3`` is gone while the connection's flag says
+    prepared; the next bundle prepares it again and commits."""
+    tag = uuid.uuid4().hex[:8]
+
+    async def run() -> tuple[list[str], list]:
+        writer = BundleWriter(db_dsn, 1, 10_000, "test bundles deallocated")
+        try:
+            first = await writer.push_multi(_one(tag))
+            await writer.segments_at([(first[0].partition_id, 1)])  # psycopg prepares its own
+
+            async def run_it(conn) -> None:
+                await conn.execute(statement)
+            await writer._run(run_it)
+            names = await _statements(writer)
+            return names, [await writer.push_multi(_one(tag)) for _ in range(2)]
+        finally:
+            await writer.close()
+
+    names, pushed = asyncio.run(run())
+    assert "qmp_push_multi_v3" not in names  # deallocated behind the flag's back
+    assert [[v.queued for v in verdicts] for verdicts in pushed] == [[True], [True]]
+    assert [verdicts[0].base_offset for verdicts in pushed] == [2, 3]
