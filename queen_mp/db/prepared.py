@@ -24,7 +24,9 @@ again once, prepared first: nothing ran (the name is resolved at Bind, before ex
 an autocommit connection is idle again. Why not keep psycopg from preparing on these
 connections (``prepare_threshold=None``) instead: psycopg then ignores ``prepare=True`` too,
 and the front workers' pool, where the pop's claim lives, prepares every other hot statement
-(acks, renewals) through psycopg; nor would it cover a DISCARD ALL. The check costs nothing
+(acks, renewals) through psycopg (unprepared, the base's claim statement on an empty queue
+took 130-140 us of its backend's CPU a call against 80 prepared); nor would it cover a
+DISCARD ALL. The check costs nothing
 while the statement is there: one except clause on the error path.
 """
 
