@@ -232,7 +232,7 @@ class BundleWriter:
                            else translate(ex) if isinstance(ex, OSError) else ex)
             return
         now = loop.time()
-        call = _Bundle(self, db, channel, n, done, now + self.timeout_s)
+        call = _Bundle(self, db, channel, params, n, done, now + self.timeout_s)
         self._flights[call] = None
         if self._watchdog is None:
             self._watchdog = loop.call_at(min(call.deadline, now + _PROBE_S), self._expire)
@@ -240,7 +240,8 @@ class BundleWriter:
 
     async def _push_slowly(self, db: Dedicated, params: list[bytes], n: int,
                            done: Done) -> None:
-        """The first bundle of a connection: connect and prepare, under ``Dedicated.run``."""
+        """The first bundle of a connection, or one whose statement was deallocated behind
+        its flag (``PreparedCall.lost``): connect and prepare, under ``Dedicated.run``."""
         try:
             answer = await db.run(lambda conn: _PUSH.first(conn, params))
             result: list[SegmentVerdict] | Exception = _verdicts(answer, n)
@@ -261,6 +262,10 @@ class BundleWriter:
                 raise results
             result = _verdicts(first_value(results, call.channel.conn.pgconn), call.n)
         except psycopg.Error as ex:
+            if _PUSH.lost(call.channel.conn, ex):
+                # NOTE(db): nothing ran: the same bundle again, prepared first
+                self._spawn(self._push_slowly(db, call.params, call.n, call.done))
+                return
             result = db.failed(ex)
         except DatabaseError as ex:
             result = ex
@@ -353,13 +358,14 @@ class BundleWriter:
 class _Bundle:
     """One bundle in flight on a connection of the writer."""
 
-    __slots__ = ("channel", "db", "deadline", "done", "n", "writer")
+    __slots__ = ("channel", "db", "deadline", "done", "n", "params", "writer")
 
-    def __init__(self, writer: BundleWriter, db: Dedicated, channel: Channel, n: int,
-                 done: Done, deadline: float) -> None:
+    def __init__(self, writer: BundleWriter, db: Dedicated, channel: Channel,
+                 params: list[bytes], n: int, done: Done, deadline: float) -> None:
         self.writer = writer
         self.db = db
         self.channel = channel
+        self.params = params  # sent again if the statement was deallocated (``_PUSH.lost``)
         self.n = n
         self.done = done
         self.deadline = deadline

@@ -1,12 +1,13 @@
-"""One reused cursor per connection for the hot statements (pop claim, ack, push bundle).
+"""One reused cursor per connection for the hot statements that take one (the SQL-path acks).
 
 Why: psycopg gives every ``conn.execute`` a new cursor, and a new cursor copies the
 connection's adapters map and starts with cold dumper and loader caches. For a 13-parameter,
-12-column prepared statement that was 60 of the 190 thousand instructions of a round trip
+12-column prepared statement (the pop's claim, which ``queen_mp.db.prepared.pooled_rows``
+sends now) that was 60 of the 190 thousand instructions of a round trip
 (callgrind, uvloop, psycopg 3.3). A connection serves one statement at a time here (a pool
 checkout or a ``Dedicated`` user), so one cursor per connection and format is enough; the
 rows are fetched and the cursor's result dropped before the call returns, so a connection
-never holds a large pop result until its next statement. Pipelined calls, which need one
+never holds a large result until its next statement. Pipelined calls, which need one
 cursor per statement in flight, keep ``conn.execute``.
 """
 
@@ -19,7 +20,7 @@ from psycopg.abc import Query
 
 from queen_mp.db.connect import Conn
 
-__all__ = ["fetch_all", "fetch_one"]
+__all__ = ["fetch_one"]
 
 _ATTR = ("_queen_text_cursor", "_queen_binary_cursor")
 
@@ -33,25 +34,18 @@ def _cursor(conn: Conn, binary: bool) -> psycopg.AsyncCursor[Any]:
     return cur
 
 
-async def fetch_all(conn: Conn, query: Query, params: Any, *, prepare: bool | None = None,
-                    binary: bool = False) -> list[Any]:
-    """Every row of ``query`` run on ``conn``'s reused cursor."""
-    rows: list[Any] = await _fetch(conn, query, params, prepare, binary, one=False)
-    return rows
-
-
 async def fetch_one(conn: Conn, query: Query, params: Any, *, prepare: bool | None = None,
                     binary: bool = False) -> Any:
     """The first row of ``query`` (None if it returned none), on the reused cursor."""
-    return await _fetch(conn, query, params, prepare, binary, one=True)
+    return await _fetch(conn, query, params, prepare, binary)
 
 
-async def _fetch(conn: Conn, query: Query, params: Any, prepare: bool | None, binary: bool,
-                 *, one: bool) -> Any:
+async def _fetch(conn: Conn, query: Query, params: Any, prepare: bool | None, binary: bool
+                 ) -> Any:
     cur = _cursor(conn, binary)
     try:
         await cur.execute(query, params, prepare=prepare)
-        return await cur.fetchone() if one else await cur.fetchall()
+        return await cur.fetchone()
     finally:
         # NOTE(db): psycopg's own reset (3.x, pinned < 3.4): drops the result it holds
         cur._reset()

@@ -2,19 +2,30 @@
 
 from __future__ import annotations
 
+import struct
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import msgspec
 import psycopg
 
-from queen_mp.db.cursors import fetch_all
+from queen_mp.db.prepared import PreparedCall, pooled_rows
 
-__all__ = ["Claim", "ClaimResult", "PopRequest", "StoredChunks", "claim", "renew_lease"]
+__all__ = ["Claim", "ClaimResult", "PopRequest", "StoredChunks", "claim", "claim_params",
+           "claim_result", "renew_lease"]
 
-_POP = ("SELECT * FROM queen.log_pop_v2(%s, %s, %s, %s, %s, %s, %s::int4, %s::int4, %s, %s,"
-        " %s, %s, %s::int4)")
+#: PERF(pop): every parameter sent in binary, made here (``claim_params``), and the rows read
+#: back in binary (payloads as stored, not hex text), through ``pooled_rows``
+_POP = PreparedCall(
+    "queen_log_pop_v2",
+    "SELECT * FROM queen.log_pop_v2($1::uuid, $2::text, $3::text, $4::text, $5::text, $6::text,"
+    " $7::int4, $8::int4, $9::bool, $10::text, $11::timestamptz, $12::uuid, $13::int4)",
+    13, binary_result=True)
+_INT4 = struct.Struct(">i").pack
+_INT8 = struct.Struct(">q").pack
+_PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
 
 #: one covering segment of a claim as stored: (base offset, created at, payload chunks)
 StoredChunks = tuple[int, datetime, bytes]
@@ -69,16 +80,37 @@ class ClaimResult(msgspec.Struct, frozen=True):
 
 async def claim(conn: psycopg.AsyncConnection[Any], r: PopRequest, lease_id: uuid.UUID | None,
                 claim_ms: int) -> ClaimResult:
-    """``log_pop_v2``: a claim's rows together, its first one with the claim's columns (a row
-    with no partition continues the claim above it), each row with a covering segment or not;
-    one row with no partition when nothing was claimed.
+    """``log_pop_v2`` on a pooled connection the caller holds alone."""
+    return claim_result(await pooled_rows(conn, _POP, claim_params(r, lease_id, claim_ms)))
+
+
+def claim_params(r: PopRequest, lease_id: uuid.UUID | None, claim_ms: int
+                 ) -> list[bytes | None]:
+    """``log_pop_v2``'s parameters in PostgreSQL's binary form, in its order."""
+    sub_from = r.sub_from
+    if sub_from is not None:
+        if sub_from.tzinfo is None:  # as psycopg sends it: a timestamp read in UTC
+            sub_from = sub_from.replace(tzinfo=UTC)
+        sub_from_bin: bytes | None = _INT8((sub_from - _PG_EPOCH) // _MICROSECOND)
+    else:
+        sub_from_bin = None
+    return [r.tenant, _text(r.queue), _text(r.partition), _text(r.namespace), _text(r.task),
+            r.group.encode(), _INT4(r.batch), _INT4(r.partitions),
+            b"\x01" if r.auto_ack else b"\x00", r.sub_mode.encode(), sub_from_bin,
+            lease_id.bytes if lease_id is not None else None, _INT4(claim_ms)]
+
+
+def _text(value: str | None) -> bytes | None:
+    return value.encode() if value is not None else None
+
+
+def claim_result(records: list[tuple[Any, ...]]) -> ClaimResult:
+    """``log_pop_v2``'s rows: a claim's rows together, its first one with the claim's columns
+    (a row with no partition continues the claim above it), each row with a covering segment
+    or not; one row with no partition when nothing was claimed.
 
     PERF(pop): a claim's columns come once (NULLs after), not on each of its segments'
     rows: fewer send functions in PostgreSQL, fewer values to decode here."""
-    records = await fetch_all(conn, _POP, (
-        uuid.UUID(bytes=r.tenant), r.queue, r.partition, r.namespace, r.task, r.group, r.batch,
-        r.partitions, r.auto_ack, r.sub_mode, r.sub_from, lease_id, claim_ms),
-        prepare=True, binary=True)  # PERF(queen): payloads as stored, not hex text
     if len(records) == 1 and records[0][1] is None:
         return ClaimResult([], records[0][11])
     claims: list[Claim] = []

@@ -229,3 +229,80 @@ def test_the_shard_names_partitions_by_cached_ids_and_by_name_once_one_is_gone(d
     rows = db.execute("SELECT base_offset FROM queen.log_segments WHERE partition_id = %s",
                       (third.partition_id,)).fetchall()
     assert rows == [(1,)]
+
+
+_NAMES = "SELECT name FROM pg_prepared_statements ORDER BY name"
+
+
+async def _statements(writer: BundleWriter) -> list[str]:
+    """The prepared statements of the writer's one connection, read on it."""
+    async def work(conn) -> list[str]:
+        cur = await conn.execute(_NAMES, prepare=False)
+        return [r[0] for r in await cur.fetchall()]
+    return await writer._run(work)
+
+
+def test_the_shards_own_paths_leave_the_bundles_statement_prepared(db, db_dsn):
+    """Every statement the shard runs on a bundle connection besides the bundle (the dedup
+    read-backs, pipelined or not, which psycopg prepares itself: prepare_threshold=0), and a
+    bundle the database refuses, leave ``qmp_push_multi_v3`` prepared: none of them makes
+    psycopg send DEALLOCATE ALL (it does after a ROLLBACK, DROP, ALTER or DISCARD ALL it ran
+    while holding statements of its own)."""
+    tag = uuid.uuid4().hex[:8]
+
+    async def run() -> tuple[list[str], list, list]:
+        writer = BundleWriter(db_dsn, 1, 10_000, "test bundles own paths")
+        try:
+            first = await writer.push_multi(_one(tag))
+            pid = first[0].partition_id
+            for _ in range(2):
+                assert (await writer.segments_at([(pid, 1), (pid, 99)]))[1] is None
+                await writer.txn_hashes([(pid, 1, 2, 60)])
+            bad = _bundle("mis", 2)
+            with pytest.raises(DatabaseError, match="misaligned"):
+                await writer.push_multi(bad._replace(hashes=bad.hashes[:1]))
+            gone = _one(tag)._replace(pids=[2**62])  # a cached id that is gone: QM002
+            with pytest.raises(DatabaseError) as stale:
+                await writer.push_multi(gone)
+            assert stale.value.sqlstate == "QM002"
+            names = await _statements(writer)
+            (conn,) = [db_.usable() for db_ in writer._all]
+            held = list(conn._prepared._names.values())  # psycopg's own, besides ours
+            return names, held, await writer.push_multi(_one(tag))
+        finally:
+            await writer.close()
+
+    names, held, verdicts = asyncio.run(run())
+    assert len(held) >= 2  # psycopg holds statements: a clear would have deallocated all
+    assert "qmp_push_multi_v3" in names
+    assert [v.queued for v in verdicts] == [True]
+
+
+@pytest.mark.parametrize("statement", ["ROLLBACK", "DROP TABLE IF EXISTS qmp_no_such_table",
+                                       "DISCARD ALL"])
+def test_a_bundle_after_the_connections_statements_were_deallocated_prepares_again(
+        db, db_dsn, statement):
+    """Provoked (no shard path runs these on a bundle connection): psycopg, holding statements
+    of its own, runs a ROLLBACK or a DROP and sends DEALLOCATE ALL after it (DISCARD ALL
+    deallocates by itself). ``qmp_push_multi_v3`` is gone while the connection's flag says
+    prepared; the next bundle prepares it again and commits."""
+    tag = uuid.uuid4().hex[:8]
+
+    async def run() -> tuple[list[str], list]:
+        writer = BundleWriter(db_dsn, 1, 10_000, "test bundles deallocated")
+        try:
+            first = await writer.push_multi(_one(tag))
+            await writer.segments_at([(first[0].partition_id, 1)])  # psycopg prepares its own
+
+            async def run_it(conn) -> None:
+                await conn.execute(statement)
+            await writer._run(run_it)
+            names = await _statements(writer)
+            return names, [await writer.push_multi(_one(tag)) for _ in range(2)]
+        finally:
+            await writer.close()
+
+    names, pushed = asyncio.run(run())
+    assert "qmp_push_multi_v3" not in names  # deallocated behind the flag's back
+    assert [[v.queued for v in verdicts] for verdicts in pushed] == [[True], [True]]
+    assert [verdicts[0].base_offset for verdicts in pushed] == [2, 3]

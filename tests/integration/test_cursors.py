@@ -20,9 +20,9 @@ def test_calls_share_one_cursor_per_format_and_keep_no_result(pg_server_dsn: str
     async def run() -> None:
         conn = await _connect(pg_server_dsn)
         try:
-            rows = await cursors.fetch_all(conn, "SELECT g FROM generate_series(1, %s) g",
-                                           (3,), prepare=True)
-            assert rows == [(1,), (2,), (3,)]
+            row = await cursors.fetch_one(conn, "SELECT g FROM generate_series(1, %s) g",
+                                          (3,), prepare=True)
+            assert row == (1,)
             text_cur = conn._queen_text_cursor  # type: ignore[attr-defined]
             assert text_cur.pgresult is None  # the 3 rows are not held until the next call
             one = await cursors.fetch_one(conn, "SELECT %s::bytea", (b"\x00\xff",),

@@ -200,3 +200,32 @@ def test_single_acks_keep_the_lease_until_the_batch_end(broker, db):
     assert r.status_code == 200, r.text
     assert [m["offset"] for m in r.json()["messages"]] == [4, 5]
     assert r.json()["claims"][0]["deliveryAttempt"] == 1
+
+
+def test_pops_after_a_rolled_back_call_on_their_pooled_connection(make_broker, db_dsn):
+    """CI's 503 ``prepared statement "queen_log_pop_v2" does not exist`` (the claim reverted in
+    c6dd937), for real: one front worker with one pooled connection pops (the claim's
+    statement prepared there by hand), runs kv writes until psycopg prepares that statement
+    of its own (prepare_threshold 5), then a kv call whose required op fails, so psycopg
+    rolls the transaction back and sends DEALLOCATE ALL after it. The pops after it claim."""
+    b = make_broker(db_dsn, QUEEN_WORKERS="1", QUEEN_PG_POOL_SIZE="1")
+    q, ns = uq(), f"kv-{uuid.uuid4().hex[:12]}"
+    push(b.client, [{"queue": q, "payload": {"i": i}} for i in range(3)])
+
+    def pop_one() -> int:
+        r = b.client.get(f"{POP}/queue/{q}", params={"autoAck": "true", "wait": "false"})
+        assert r.status_code == 200, (r.status_code, r.text)
+        (m,) = r.json()["messages"]
+        return int(m["data"]["i"])
+
+    got = [pop_one()]
+    for k in range(7):
+        r = b.client.post("/api/v1/kv", json={"operations": [
+            {"op": "put", "ns": ns, "key": "k", "value": k, "forever": True}]})
+        assert r.status_code == 200 and r.json()["success"] is True, r.text
+    r = b.client.post("/api/v1/kv", json={"operations": [
+        {"op": "put", "ns": ns, "key": "k", "value": -1, "forever": True, "expect": 99,
+         "required": True}]})
+    assert r.status_code == 200 and r.json()["success"] is False, r.text  # rolled back
+    got += [pop_one(), pop_one()]
+    assert got == [0, 1, 2]

@@ -12,6 +12,7 @@ import struct
 import uuid
 from typing import Any
 
+import msgspec
 import pytest
 
 from queen_mp.db import ack_procs, bundles, pop_procs
@@ -144,17 +145,28 @@ def test_log_pop_rows_become_one_claim_per_partition_with_its_segments() -> None
         ("q", 7, "p0", 3, 5, 1, exp, False, 5, t0, b"seg-b", None),
         ("q", 9, "p1", 1, 1, 2, exp, True, None, None, None, None),  # retained away
     ]
-    conn = _Conn(rows)
-    lease = uuid.uuid4()
-    got = asyncio.run(pop_procs.claim(conn, REQUEST, lease, 750))  # type: ignore[arg-type]
+    got = pop_procs.claim_result(rows)
     assert got == pop_procs.ClaimResult([
         pop_procs.Claim("q", 7, "p0", 3, 5, 1, exp, False, [(1, t0, b"seg-a"), (5, t0, b"seg-b")]),
         pop_procs.Claim("q", 9, "p1", 1, 1, 2, exp, True, []),
     ], None)
     assert got.claims[0].count == 3
-    # the request's claim parameters, in log_pop_v2's order, then the attempt's own
-    assert conn.params == (uuid.UUID(int=0), "q", None, None, None, "g", 5, 2, False, "all",
-                           None, lease, 750)
+
+
+def test_log_pop_parameters_go_in_binary_in_its_order() -> None:
+    """the request's claim parameters, in log_pop_v2's order, then the attempt's own"""
+    lease = uuid.uuid4()
+    assert pop_procs.claim_params(REQUEST, lease, 750) == [
+        bytes(16), b"q", None, None, None, b"g", b"\0\0\0\x05", b"\0\0\0\x02", b"\0", b"all",
+        None, lease.bytes, b"\0\0\x02\xee"]
+    since = msgspec.structs.replace(
+        REQUEST, partition="p", auto_ack=True, sub_mode="timestamp",
+        sub_from=dt.datetime(2000, 1, 1, 0, 0, 1, 5, tzinfo=dt.UTC))
+    got = pop_procs.claim_params(since, None, 10)
+    assert got[2] == b"p" and got[8] == b"\x01" and got[11] is None
+    assert got[10] == (1_000_005).to_bytes(8, "big")  # microseconds since 2000-01-01 UTC
+    naive = msgspec.structs.replace(since, sub_from=dt.datetime(2000, 1, 1, 0, 0, 1, 5))
+    assert pop_procs.claim_params(naive, None, 10)[10] == got[10]  # read as UTC
 
 
 def test_log_pop_rows_without_claim_columns_continue_the_claim_above() -> None:
@@ -171,7 +183,7 @@ def test_log_pop_rows_without_claim_columns_continue_the_claim_above() -> None:
         (*none8, 2, t0, b"seg-d", None),
         ("q", 11, "p2", 4, 4, 1, exp, True, None, None, None, None),  # retained away
     ]
-    got = asyncio.run(pop_procs.claim(_Conn(rows), REQUEST, uuid.uuid4(), 750))  # type: ignore[arg-type]
+    got = pop_procs.claim_result(rows)
     assert got == pop_procs.ClaimResult([
         pop_procs.Claim("q", 7, "p0", 3, 12, 1, exp, False,
                         [(1, t0, b"seg-a"), (5, t0, b"seg-b")]),
@@ -182,8 +194,7 @@ def test_log_pop_rows_without_claim_columns_continue_the_claim_above() -> None:
 
 def test_nothing_claimable_carries_the_wake_hint() -> None:
     row = (None,) * 11 + (250,)
-    got = asyncio.run(pop_procs.claim(_Conn([row]), REQUEST, None, 10))  # type: ignore[arg-type]
-    assert got == pop_procs.ClaimResult([], 250)
+    assert pop_procs.claim_result([row]) == pop_procs.ClaimResult([], 250)
 
 
 def test_ack_answers() -> None:
