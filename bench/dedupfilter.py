@@ -39,6 +39,7 @@ would. It prints per push what SQL would pay: the pushes that probe, the offsets
 from __future__ import annotations
 
 import argparse
+import ctypes
 import gc
 import operator
 import random
@@ -46,7 +47,7 @@ import time
 import tracemalloc
 
 from queen_mp.heap import fix_mmap_threshold
-from queen_mp.shards.dedupfilter import CLOCK_MARGIN_S, DedupFilter
+from queen_mp.shards.dedupfilter import AGE_S, CLOCK_MARGIN_S, EPOCHS, DedupFilter
 
 WINDOW_S = 3600  # QUEEN_DEDUP_WINDOW's default
 PSS_CASES = "1:200000,10:1000000,100:8000000,1000:4000000"  # the push cells' order
@@ -149,6 +150,17 @@ def run_pss(partitions: int, cases: list[tuple[int, int]], rate: float, entries:
             if marks and filt.entries >= marks[0]:
                 show(f"{marks.pop(0) // 1_000_000}M entries")
         show(f"after segments of {size}")
+    # The shard's heartbeats once the load ended and its epoch did: a quiet beat trims the
+    # heap (``HeapTrim``); ``tidy`` closes the ended epoch, a round in calls of 512.
+    trim = ctypes.CDLL(None).malloc_trim
+    trim(0)
+    show("trimmed")
+    now[0] += WINDOW_S / EPOCHS + AGE_S
+    filt.tidy()
+    while filt.tidying():
+        filt.tidy()
+    trim(0)
+    show("epoch closed, trimmed")
     now[0] += WINDOW_S * 2 + CLOCK_MARGIN_S  # every epoch left the window: runs leave
     for p in range(partitions):
         push(p, 1, rnd.randbytes(16))

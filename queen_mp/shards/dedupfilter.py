@@ -63,6 +63,7 @@ ADMIT_SHARE = 7 / 8
 # Push counts halve this often. PERF(filter): by the clock each bundle reads anyway; a count
 # of commits cost 580 instructions a 1-item segment (callgrind, bench.dedupfilter 1:10000).
 AGE_S = 60.0
+TIDY_VISITS = 512  # partitions ``tidy`` visits a call (a heartbeat)
 _FEW = 8  # segments of up to this many hashes are probed fingerprint by fingerprint
 
 _U32 = np.dtype("=u4")  # native order: the filter lives in one process
@@ -286,6 +287,20 @@ class _Partition:
         elif runs[k].packed is None and runs[k].n >= PACK_MIN:
             runs[k] = _Run(epoch, runs[k].lo, runs[k].fps(), closed=True)
 
+    def close(self, now: float, before: float) -> int:
+        """What the next push would do to an ended epoch, done for a partition not pushed
+        since: its hot set becomes a run, the newest epoch's runs one sealed (packed) run, the
+        runs that left the window go; how many entries left."""
+        epoch = int(now // self.span)
+        if self.hot and self.hot_epoch != epoch:
+            self.flush_hot()
+        runs = self.runs
+        if runs and runs[-1].epoch != epoch:
+            self._seal()
+        if runs and (runs[0].epoch + 1) * self.span < before:
+            return self.expire(before)
+        return 0
+
     def expire(self, before: float) -> int:
         """Forget the runs whose epoch ended before ``before``; how many entries that was."""
         gone = 0
@@ -319,6 +334,8 @@ class DedupFilter:
         self._refused: dict[Key, int] = {}  # push counts of partitions not held
         self._age_due = clock() + AGE_S
         self._wanted: OrderedDict[tuple[Key, int], _Partition] = OrderedDict()
+        self._closing: list[Key] = []  # partitions ``tidy`` has yet to visit this round
+        self._close_due = clock() + AGE_S
 
     def verified(self, key: Key, hashes: bytes) -> int:
         """``p_verified`` for a segment of these hashes: the highest offset up to which the
@@ -408,6 +425,42 @@ class DedupFilter:
                 self._bound()
         if now >= self._age_due:
             self._age(now)
+
+    def tidy(self, visits: int = TIDY_VISITS) -> int:
+        """Close the ended epochs of partitions not pushed since (``_Partition.close``), a
+        round every ``AGE_S``, up to ``visits`` partitions a call; how many entries left.
+
+        PERF(memory): a partition seals its newest epoch only when pushed in the next one, so
+        the partitions of a load that ended kept their last epoch unsealed - plain arrays of 4
+        bytes an entry in runs merged like a binary counter, and a set of up to ``HOT_MAX``
+        ints - until pushed again or dropped for room: bench/suite.py's push cells leave
+        their 1,000 partitions so, and every later section carried them. Called from the
+        shard's heartbeat: a round of 100,000 partitions takes some 200 beats, none of them
+        long (a visit without work is a few attribute reads)."""
+        if not self._closing:
+            now = self.clock()
+            if now < self._close_due or not self._parts:
+                return 0
+            self._close_due = now + AGE_S
+            self._closing = list(self._parts)
+        now = self.clock()
+        before = now - CLOCK_MARGIN_S
+        parts = self._parts
+        closing = self._closing
+        gone = 0
+        for key in closing[-visits:]:
+            part = parts.get(key)
+            if part is not None:
+                left = part.close(now, before - part.window)
+                part.held -= left
+                gone += left
+        del closing[-visits:]
+        self.entries -= gone
+        return gone
+
+    def tidying(self) -> bool:
+        """Whether a round of ``tidy`` is under way."""
+        return bool(self._closing)
 
     def wanted(self, limit: int) -> list[Recall]:
         """Read-backs of gaps, each asked once, up to ``limit`` offsets together (at least

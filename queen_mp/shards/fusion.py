@@ -544,6 +544,12 @@ class PushFusion:
                 if lk == k:
                     fe.resolve(fj, DUPLICATE, off, original)
 
+    def tidy(self) -> None:
+        """A heartbeat's share of closing the dedup filter's ended epochs
+        (``DedupFilter.tidy``): partitions no longer pushed give back what sealing saves."""
+        if self.dedup.tidy():
+            self.metrics.dedup_filter_entries.set(self.dedup.entries)
+
     def _recall(self) -> None:
         """Read back the stored hashes of offsets this shard did not write, one batch at a
         time: until then every push to those partitions probes them in SQL."""

@@ -286,8 +286,9 @@ class Shard:
 
     # ------------------------------------------------------------------ loops
     async def heartbeat(self) -> None:
-        """Every beat: the board, the slots' outboxes, and the heap's free pages back after a
-        burst (``HeapTrim``: the same 2% of a core as a front worker's quiet tick).
+        """Every beat: the board, the slots' outboxes, a share of the dedup filter's tidying
+        (``Fusion.tidy``), and the heap's free pages back after a burst (``HeapTrim``: the
+        same 2% of a core as a front worker's quiet tick).
 
         PERF(memory): the dedup filter's runs (a few KB each, below the mmap threshold) are
         merged and dropped under push loads; what they freed stayed in the shard's heap for
@@ -306,6 +307,7 @@ class Shard:
             for slot, box in enumerate(self.outbox):
                 if box:
                     self.flush_outbox(slot)
+            self.fusion.tidy()
             trim.tick()
             await asyncio.sleep(BEAT_EVERY_S)
 

@@ -293,9 +293,64 @@ def test_one_hash_commits_and_probes_across_the_set_runs_and_epochs() -> None:
     assert f.verified(KEY, hashes(txns[-1])) < len(txns)
 
 
+def tidy_round(f: DedupFilter) -> int:
+    """What the shard's heartbeats do between pushes: a whole round of ``tidy`` if one is
+    due; the entries it let go."""
+    gone = f.tidy(visits=3)
+    while f.tidying():
+        gone += f.tidy(visits=3)
+    return gone
+
+
+def test_tidy_closes_the_ended_epoch_of_a_partition_not_pushed_since() -> None:
+    """Runs merged like a binary counter and a set of fingerprints, left by the last pushes
+    of an epoch: once it ended (and a round is due), ``tidy`` makes them one packed run, as
+    the next push would; every hash is still found and the entries stay."""
+    clock = Clock()
+    f = DedupFilter(1 << 20, clock)
+    others = [(b"\0" * 16, "q", f"o{i}") for i in range(5)]
+    for i, key in enumerate(others):
+        f.committed(key, 8 + i, 1, 1, hashes(f"o{i}"), 3600)
+    txns = [f"t{i}" for i in range(3 * PACK_MIN + 5)]
+    off = 1
+    for i in range(0, 3 * PACK_MIN, PACK_MIN // 2):
+        chunk = txns[i:i + PACK_MIN // 2]
+        f.committed(KEY, 7, off, len(chunk), hashes(*chunk), 3600)
+        off += len(chunk)
+    for t in txns[3 * PACK_MIN:]:  # a few 1-item pushes: the set
+        f.committed(KEY, 7, off, 1, hashes(t), 3600)
+        off += 1
+    part = f._parts[KEY]
+    assert len(part.runs) > 1 and part.hot
+    assert tidy_round(f) == 0  # not due: nothing happens inside the epoch
+    clock.t += AGE_S
+    assert tidy_round(f) == 0
+    assert len(part.runs) > 1 and part.hot  # the epoch goes on: the open runs stay
+    clock.t += 3600 / EPOCHS
+    assert tidy_round(f) == 0
+    assert [(r.n, r.packed is not None) for r in part.runs] == [(len(txns), True)]
+    assert not part.hot and f.entries == len(txns) + len(others) == part.held + len(others)
+    assert f.verified(KEY, hashes("new")) == off - 1
+    for i, t in enumerate(txns):
+        assert f.verified(KEY, hashes("new", t)) < i + 1, i
+    for i, key in enumerate(others):  # the set of a 1-item partition: a run of its own
+        assert f.verified(key, hashes(f"o{i}")) == 0 and not f._parts[key].hot
+
+
+def test_tidy_forgets_runs_that_left_the_window_without_a_push() -> None:
+    clock = Clock()
+    f = DedupFilter(1 << 20, clock)
+    f.committed(KEY, 7, 1, 40, hashes(*(f"t{i}" for i in range(40))), 600)
+    clock.t += 600 + CLOCK_MARGIN_S + 600 / EPOCHS + AGE_S
+    assert tidy_round(f) == 40
+    assert f.entries == 0 and f._parts[KEY].held == 0
+    assert f.verified(KEY, hashes("t3")) == 40  # forgotten only once out of the window
+
+
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.integers(1, 80), st.floats(0, 30)), min_size=1, max_size=40))
-def test_never_a_promise_over_a_live_hash(steps: list[tuple[int, float]]) -> None:
+@given(st.lists(st.tuples(st.integers(1, 80), st.floats(0, 30), st.booleans()), min_size=1,
+                max_size=40))
+def test_never_a_promise_over_a_live_hash(steps: list[tuple[int, float, bool]]) -> None:
     # model: (time, offset, txn) of every commit; live = inside window + margin (+ an epoch)
     clock = Clock()
     f = DedupFilter(1_000_000, clock)
@@ -303,8 +358,10 @@ def test_never_a_promise_over_a_live_hash(steps: list[tuple[int, float]]) -> Non
     span = window / EPOCHS
     log: list[tuple[float, int, str]] = []
     off = 1
-    for step, (size, advance) in enumerate(steps):
+    for step, (size, advance, tidy) in enumerate(steps):
         clock.t += advance
+        if tidy:  # heartbeats came before this push
+            tidy_round(f)
         txns = [f"s{step}-{j}" for j in range(size)]
         f.committed(KEY, 7, off, size, hashes(*txns), window)
         log += [(clock.t, off + j, t) for j, t in enumerate(txns)]
