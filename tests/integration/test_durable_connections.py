@@ -406,3 +406,41 @@ def test_the_migration_runner_commits_durably(cluster):
     finally:
         phantom_standby(cluster, False)
         drop_database(cluster, dsn)
+
+
+def _gssencmode(pgconn: Any) -> str:
+    return next(o.val.decode() for o in pgconn.info if o.keyword == b"gssencmode")
+
+
+def test_connections_on_this_host_do_not_try_gss_encryption(pg_server_dsn, monkeypatch):
+    """queen_mp.db.connect.local_params: every factory connects to a loopback server with
+    ``gssencmode=disable`` (no GSSAPI set up per process and per connection), and keeps a
+    ``gssencmode`` the DSN names."""
+    monkeypatch.delenv("PGGSSENCMODE", raising=False)
+    if not db_connect.local_params(pg_server_dsn):
+        pytest.skip("the test server is not on this host")
+    tcp = make_conninfo(pg_server_dsn, host="127.0.0.1", hostaddr="")
+    own = make_conninfo(tcp, gssencmode="prefer")
+
+    async def modes() -> list[str]:
+        out = []
+        for d in (tcp, own):
+            conn = await db_connect.connect(d, application_name="test gss")
+            try:
+                out.append(_gssencmode(conn.pgconn))
+            finally:
+                await conn.close()
+        pool = db_connect.make_pool(tcp, application_name="test gss pool", min_size=1,
+                                    max_size=1, name="gss", timeout=5, reconnect_timeout=2)
+        await pool.open(wait=True)
+        try:
+            async with pool.connection() as conn:
+                out.append(_gssencmode(conn.pgconn))
+        finally:
+            await pool.close()
+        return out
+
+    import asyncio
+    assert asyncio.run(modes()) == ["disable", "prefer", "disable"]
+    with db_connect.connect_blocking(tcp, application_name="test gss") as conn:
+        assert _gssencmode(conn.pgconn) == "disable"

@@ -13,6 +13,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 from queen_mp.db import connect as db_connect
 
 PACKAGE = Path(__file__).resolve().parents[2] / "queen_mp"
@@ -128,3 +130,39 @@ def test_the_session_options_pin_synchronous_commit_last() -> None:
     assert db_connect.session_options(
         "postgresql://h/x?options=-c%20search_path%3Dq") == (
         "-c search_path=q -c synchronous_commit=on -c TimeZone=UTC")
+
+
+@pytest.mark.parametrize(("dsn", "local"), [
+    ("host=127.0.0.1 port=5432 dbname=x", True),
+    ("host=127.0.0.2", True),
+    ("postgresql://[::1]:5432/x", True),
+    ("host=localhost", True),
+    ("host=/var/run/postgresql", True),
+    ("postgresql://%2Fvar%2Frun%2Fpostgresql/x", True),
+    ("dbname=x", True),  # no host: libpq's default Unix socket
+    ("host=127.0.0.1,/tmp", True),
+    ("host=db.example.com", False),
+    ("host=10.0.0.5", False),
+    ("host=127.0.0.1,db.example.com", False),  # one host may be elsewhere
+    ("postgresql://h1,h2/x", False),
+    ("hostaddr=127.0.0.1 host=db.example.com", True),  # hostaddr is where it connects
+    ("hostaddr=10.0.0.5 host=localhost", False),
+    ("host=127.0.0.1 gssencmode=prefer", False),  # the DSN's own choice is kept
+    ("postgresql://127.0.0.1/x?gssencmode=require", False),
+])
+def test_gss_encryption_is_not_tried_on_this_host(dsn: str, local: bool,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("PGHOST", "PGHOSTADDR", "PGGSSENCMODE"):
+        monkeypatch.delenv(var, raising=False)
+    assert db_connect.local_params(dsn) == ({"gssencmode": "disable"} if local else {})
+
+
+def test_gss_encryption_follows_libpq_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("PGHOST", "PGHOSTADDR", "PGGSSENCMODE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("PGHOST", "db.example.com")
+    assert db_connect.local_params("dbname=x") == {}
+    assert db_connect.local_params("host=127.0.0.1") == {"gssencmode": "disable"}
+    monkeypatch.setenv("PGHOST", "127.0.0.1")
+    monkeypatch.setenv("PGGSSENCMODE", "prefer")  # the user's choice, through the environment
+    assert db_connect.local_params("dbname=x") == {}
