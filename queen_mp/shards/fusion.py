@@ -33,14 +33,19 @@ from queen_mp.db.errors import DatabaseError
 from queen_mp.metrics import Metrics
 from queen_mp.shards.dedupfilter import DedupFilter, Recall
 from queen_mp.wire import frames as wf
+from queen_mp.wire.frames import raw_one_head
 from queen_mp.wire.hashing import hash_prefixes
 from queen_mp.wire.ids import ZERO_UUID
 from queen_mp.wire.records import (
+    ITEM_QUEUED,
+    KIND_PUSH_VERDICT,
     PIECE_RAW,
+    VERDICT_OK,
     ItemVerdict,
     PushGroup,
     PushVerdict,
     blob_from_pieces,
+    pack_queued_one,
     pack_queued_run,
 )
 
@@ -61,6 +66,7 @@ _MAX_PIDS = 1 << 17
 Key = tuple[bytes, str, str]  # tenant, queue, partition
 _TUPLE_NEW = tuple.__new__
 _PARTITION_ID = itemgetter(0)  # SegmentVerdict.partition_id
+_COUNT = itemgetter(4)  # Segment.count
 Reply = Callable[[int, bytes], None]  # (slot, a packed PushVerdict)
 Stored = Callable[[set[tuple[bytes, str]]], None]  # (tenant, queue) pairs just committed
 
@@ -340,14 +346,29 @@ class PushFusion:
         segments: list[Segment] = []
         try:
             now_ms = int(time.time() * 1000)
+            pending = self.pending
+            add = segments.append
             for key in keys:
-                entries = self.pending.pop(key, [])
+                entries = pending.pop(key, None)
+                if not entries:
+                    continue
+                e = entries[0]
+                g = e.group
                 # a partition's entries come in arrival order, so the first one's deadline is
                 # the earliest (every request has the same push timeout)
-                if entries and 0 < entries[0].group.deadline_ms < now_ms:
+                if 0 < g.deadline_ms < now_ms:
                     entries = self._expire(entries, now_ms)
-                if entries:
-                    segments.append(build_segment(key, entries))
+                    if entries:
+                        add(build_segment(key, entries))
+                elif (len(entries) == 1 and e.remaining == g.count == 1
+                      and g.pieces[0].kind == PIECE_RAW):
+                    # PERF(fusion): build_segment's first case (one 1-frame group, every
+                    # segment of 1-item pushes) here: two Python calls less a segment
+                    data = g.pieces[0].data
+                    add(_TUPLE_NEW(Segment, (key, entries, g.hashes,
+                                             raw_one_head(len(data)) + data, 1, None, ())))
+                else:
+                    add(build_segment(key, entries))
             if not segments:
                 self._flushed(keys)
                 return
@@ -355,10 +376,10 @@ class PushFusion:
             # comprehension per column
             keys_of, _, hashes, blobs, counts, _, _ = zip(*segments, strict=True)
             tenants, queues, partitions = zip(*keys_of, strict=True)
-            bundle = PushBundle(
-                queues=queues, partitions=partitions, counts=counts, hashes=hashes,
-                verified=self.dedup.verified_all(keys_of, hashes), blobs=blobs,
-                tenants=tenants, pids=list(map(self.pids.get, keys_of, repeat(0))))
+            # PERF(fusion): made in C, not by the NamedTuple's ``__new__`` with keywords
+            bundle: PushBundle = _TUPLE_NEW(PushBundle, (
+                queues, partitions, counts, hashes, self.dedup.verified_all(keys_of, hashes),
+                blobs, tenants, list(map(self.pids.get, keys_of, repeat(0)))))
             started = time.monotonic()
             self.writer.push(bundle, lambda result: self._landed(keys, segments, started,
                                                                   result, bundle))
@@ -460,7 +481,7 @@ class PushFusion:
         PERF(fusion): an entry of a fast-path segment (every frame stored, in order) is
         answered here, in the loop that reads its verdict, not by a second pass over the
         bundle; its answer reaches the ring after this callback anyway (``reply``)."""
-        frames = sum(s.count for s in segments)
+        frames = sum(map(_COUNT, segments))
         self._commits += 1
         self._segments += len(segments)
         dup_lookups: list[tuple[Segment, int, int, int]] = []  # seg, k, pid, original offset
@@ -488,9 +509,15 @@ class PushFusion:
                     for e in seg.entries:
                         g = e.group
                         e.remaining = 0
-                        reply(e.slot, pack_queued_run(g.generation, g.slot, g.request_id,
-                                                      g.group_index, pid, ts, base, g.count))
-                        base += g.count
+                        n = g.count
+                        # PERF(fusion): a 1-frame group's verdict packed by the struct's C
+                        # call here, not through pack_queued_run's Python frame
+                        reply(e.slot, pack_queued_one(
+                            KIND_PUSH_VERDICT, g.generation, g.slot, g.request_id,
+                            g.group_index, VERDICT_OK, pid, ts, 1, 0, 0, ITEM_QUEUED, base)
+                            if n == 1 else pack_queued_run(g.generation, g.slot, g.request_id,
+                                                           g.group_index, pid, ts, base, n))
+                        base += n
                     continue
             rest.append(seg)
             for e in seg.entries:
