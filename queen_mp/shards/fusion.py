@@ -67,6 +67,7 @@ Key = tuple[bytes, str, str]  # tenant, queue, partition
 _TUPLE_NEW = tuple.__new__
 _PARTITION_ID = itemgetter(0)  # SegmentVerdict.partition_id
 _COUNT = itemgetter(4)  # Segment.count
+_GROUP_COUNT = 8  # PushGroup.count's index (generation, slot, request_id, group_index first)
 Reply = Callable[[int, bytes], None]  # (slot, a packed PushVerdict)
 Stored = Callable[[set[tuple[bytes, str]]], None]  # (tenant, queue) pairs just committed
 
@@ -276,7 +277,7 @@ class PushFusion:
             queue = self.pending[key] = []
             if self._arrival is not None:
                 self._wake_tick()
-        queue.append(Entry(slot, group, group.count))
+        queue.append(Entry(slot, group, group[_GROUP_COUNT]))
         if key not in self.inflight_keys:
             self.ready[key] = None
         if not self._kick_soon:
@@ -353,19 +354,20 @@ class PushFusion:
                 if not entries:
                     continue
                 e = entries[0]
-                g = e.group
+                # PERF(fusion): the group's fields unpacked, not read by name (_committed)
+                _, _, _, _, _, _, _, hashes, count, pieces, deadline_ms = e.group
                 # a partition's entries come in arrival order, so the first one's deadline is
                 # the earliest (every request has the same push timeout)
-                if 0 < g.deadline_ms < now_ms:
+                if 0 < deadline_ms < now_ms:
                     entries = self._expire(entries, now_ms)
                     if entries:
                         add(build_segment(key, entries))
-                elif (len(entries) == 1 and e.remaining == g.count == 1
-                      and g.pieces[0].kind == PIECE_RAW):
+                elif (len(entries) == 1 and e.remaining == count == 1
+                      and pieces[0][0] == PIECE_RAW):
                     # PERF(fusion): build_segment's first case (one 1-frame group, every
                     # segment of 1-item pushes) here: two Python calls less a segment
-                    data = g.pieces[0].data
-                    add(_TUPLE_NEW(Segment, (key, entries, g.hashes,
+                    data = pieces[0][2]  # Piece(kind, count, data)
+                    add(_TUPLE_NEW(Segment, (key, entries, hashes,
                                              raw_one_head(len(data)) + data, 1, None, ())))
                 else:
                     add(build_segment(key, entries))
@@ -499,24 +501,28 @@ class PushFusion:
             for seg, pid in zip(segments, answered, strict=True):
                 pids[seg.key] = pid
         for seg, res in zip(segments, results, strict=True):
-            pid = res.partition_id
-            ts = res.created_at_us
-            if res.queued:
-                stored.add(seg.key[:2])
-                base: int = res.base_offset  # type: ignore[assignment]  # set when queued
-                remember.append((seg.key, pid, base, seg.count, seg.hashes, res.window))
-                if seg.refs is None:
-                    for e in seg.entries:
-                        g = e.group
+            # PERF(fusion): the NamedTuples' fields unpacked, not read by name: a field read
+            # by name (a ``_tuplegetter``, which Python 3.11 does not specialize) is a type
+            # lookup and a descriptor call, some 400 instructions; the 16 such reads of a
+            # 1-item segment here were most of its cost (bench/shardpath.py)
+            pid, ts, queued, base_or_none, window, _ = res
+            if queued:
+                key, entries, hashes, _, count, refs, _ = seg
+                stored.add(key[:2])
+                base: int = base_or_none  # type: ignore[assignment]  # set when queued
+                remember.append((key, pid, base, count, hashes, window))
+                if refs is None:
+                    for e in entries:
+                        generation, gslot, request_id, group_index = e.group[:4]
+                        n = e.group[_GROUP_COUNT]
                         e.remaining = 0
-                        n = g.count
                         # PERF(fusion): a 1-frame group's verdict packed by the struct's C
                         # call here, not through pack_queued_run's Python frame
                         reply(e.slot, pack_queued_one(
-                            KIND_PUSH_VERDICT, g.generation, g.slot, g.request_id,
-                            g.group_index, VERDICT_OK, pid, ts, 1, 0, 0, ITEM_QUEUED, base)
-                            if n == 1 else pack_queued_run(g.generation, g.slot, g.request_id,
-                                                           g.group_index, pid, ts, base, n))
+                            KIND_PUSH_VERDICT, generation, gslot, request_id, group_index,
+                            VERDICT_OK, pid, ts, 1, 0, 0, ITEM_QUEUED, base)
+                            if n == 1 else pack_queued_run(generation, gslot, request_id,
+                                                           group_index, pid, ts, base, n))
                         base += n
                     continue
             rest.append(seg)
