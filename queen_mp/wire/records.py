@@ -111,6 +111,7 @@ _BIG_ENDIAN_HOST = sys.byteorder == "big"
 
 _PUSH_GROUP_HEAD = struct.Struct("<BIHQIQ16sIHHI")
 _PIECE_HEAD = struct.Struct("<BII")
+_PUSH_GROUP_HEAD_SIZE = _PUSH_GROUP_HEAD.size
 _PUSH_VERDICT_HEAD = struct.Struct("<BIHQIBqqIII")
 _LEASE_GRANT_HEAD = struct.Struct("<B16s16sqqQHHI")
 _ACK_REQUEST_HEAD = struct.Struct("<BIHQI16s16sqHI")
@@ -201,16 +202,17 @@ def pack_push_group(generation: int, slot: int, request_id: int, group_index: in
 
 # PushGroup.unpack's struct of a one-piece group's names, hashes and piece header, by
 # (queue bytes, partition bytes, frames); cleared when full
-_ONE_PIECE: dict[tuple[int, int, int], struct.Struct] = {}
+_ONE_PIECE: dict[tuple[int, int, int], tuple[struct.Struct, int]] = {}  # and its size
 _ONE_PIECE_MAX = 4096
 
 
-def _one_piece_tail(queue_len: int, partition_len: int, count: int) -> struct.Struct:
+def _one_piece_tail(queue_len: int, partition_len: int, count: int
+                    ) -> tuple[struct.Struct, int]:
     if len(_ONE_PIECE) >= _ONE_PIECE_MAX:
         _ONE_PIECE.clear()
-    tail = _ONE_PIECE[(queue_len, partition_len, count)] = struct.Struct(
-        f"<{queue_len}s{partition_len}s{16 * count}s{_PIECE_HEAD.format[1:]}")
-    return tail
+    tail = struct.Struct(f"<{queue_len}s{partition_len}s{16 * count}s{_PIECE_HEAD.format[1:]}")
+    got = _ONE_PIECE[(queue_len, partition_len, count)] = (tail, tail.size)
+    return got
 
 
 class PushGroup(NamedTuple):
@@ -251,7 +253,7 @@ class PushGroup(NamedTuple):
         view = type(buf) is not bytes
         raw = memoryview(buf) if view else buf
         end = len(raw) if stop < 0 else stop
-        if end - start < _PUSH_GROUP_HEAD.size:
+        if end - start < _PUSH_GROUP_HEAD_SIZE:
             raise RecordDecodeError(
                 f"PushGroup of {end - start} bytes, shorter than its header", buf)
         (
@@ -269,15 +271,18 @@ class PushGroup(NamedTuple):
         ) = _PUSH_GROUP_HEAD.unpack_from(raw, start)
         if kind != KIND_PUSH_GROUP:
             raise RecordDecodeError(f"kind {kind}, not a PushGroup", buf)
-        at = start + _PUSH_GROUP_HEAD.size
+        at = start + _PUSH_GROUP_HEAD_SIZE
         if piece_count == 1:
             # PERF(wire): one piece (every group of a JSON push): names, hashes and the piece
             # header by one struct of these lengths, not three slices and a second unpack
             # (14.7k -> 13.0k instructions a 1-item group, callgrind)
-            tail = _ONE_PIECE.get((queue_len, partition_len, count))
-            if tail is None:
-                tail = _one_piece_tail(queue_len, partition_len, count)
-            data_at = at + tail.size
+            cached = _ONE_PIECE.get((queue_len, partition_len, count))
+            if cached is None:
+                cached = _one_piece_tail(queue_len, partition_len, count)
+            # PERF(wire): the sizes kept as ints: ``Struct.size`` is a getset descriptor,
+            # which Python 3.11 reads through a type lookup and a call (three a group)
+            tail, tail_size = cached
+            data_at = at + tail_size
             if data_at <= end:
                 (queue_raw, partition_raw, hashes, piece_kind, piece_count_,
                  length) = tail.unpack_from(raw, at)
