@@ -33,14 +33,19 @@ from queen_mp.db.errors import DatabaseError
 from queen_mp.metrics import Metrics
 from queen_mp.shards.dedupfilter import DedupFilter, Recall
 from queen_mp.wire import frames as wf
+from queen_mp.wire.frames import raw_one_head
 from queen_mp.wire.hashing import hash_prefixes
 from queen_mp.wire.ids import ZERO_UUID
 from queen_mp.wire.records import (
+    ITEM_QUEUED,
+    KIND_PUSH_VERDICT,
     PIECE_RAW,
+    VERDICT_OK,
     ItemVerdict,
     PushGroup,
     PushVerdict,
     blob_from_pieces,
+    pack_queued_one,
     pack_queued_run,
 )
 
@@ -61,6 +66,8 @@ _MAX_PIDS = 1 << 17
 Key = tuple[bytes, str, str]  # tenant, queue, partition
 _TUPLE_NEW = tuple.__new__
 _PARTITION_ID = itemgetter(0)  # SegmentVerdict.partition_id
+_COUNT = itemgetter(4)  # Segment.count
+_GROUP_COUNT = 8  # PushGroup.count's index (generation, slot, request_id, group_index first)
 Reply = Callable[[int, bytes], None]  # (slot, a packed PushVerdict)
 Stored = Callable[[set[tuple[bytes, str]]], None]  # (tenant, queue) pairs just committed
 
@@ -270,7 +277,7 @@ class PushFusion:
             queue = self.pending[key] = []
             if self._arrival is not None:
                 self._wake_tick()
-        queue.append(Entry(slot, group, group.count))
+        queue.append(Entry(slot, group, group[_GROUP_COUNT]))
         if key not in self.inflight_keys:
             self.ready[key] = None
         if not self._kick_soon:
@@ -340,14 +347,30 @@ class PushFusion:
         segments: list[Segment] = []
         try:
             now_ms = int(time.time() * 1000)
+            pending = self.pending
+            add = segments.append
             for key in keys:
-                entries = self.pending.pop(key, [])
+                entries = pending.pop(key, None)
+                if not entries:
+                    continue
+                e = entries[0]
+                # PERF(fusion): the group's fields unpacked, not read by name (_committed)
+                _, _, _, _, _, _, _, hashes, count, pieces, deadline_ms = e.group
                 # a partition's entries come in arrival order, so the first one's deadline is
                 # the earliest (every request has the same push timeout)
-                if entries and 0 < entries[0].group.deadline_ms < now_ms:
+                if 0 < deadline_ms < now_ms:
                     entries = self._expire(entries, now_ms)
-                if entries:
-                    segments.append(build_segment(key, entries))
+                    if entries:
+                        add(build_segment(key, entries))
+                elif (len(entries) == 1 and e.remaining == count == 1
+                      and pieces[0][0] == PIECE_RAW):
+                    # PERF(fusion): build_segment's first case (one 1-frame group, every
+                    # segment of 1-item pushes) here: two Python calls less a segment
+                    data = pieces[0][2]  # Piece(kind, count, data)
+                    add(_TUPLE_NEW(Segment, (key, entries, hashes,
+                                             raw_one_head(len(data)) + data, 1, None, ())))
+                else:
+                    add(build_segment(key, entries))
             if not segments:
                 self._flushed(keys)
                 return
@@ -355,10 +378,10 @@ class PushFusion:
             # comprehension per column
             keys_of, _, hashes, blobs, counts, _, _ = zip(*segments, strict=True)
             tenants, queues, partitions = zip(*keys_of, strict=True)
-            bundle = PushBundle(
-                queues=queues, partitions=partitions, counts=counts, hashes=hashes,
-                verified=self.dedup.verified_all(keys_of, hashes), blobs=blobs,
-                tenants=tenants, pids=list(map(self.pids.get, keys_of, repeat(0))))
+            # PERF(fusion): made in C, not by the NamedTuple's ``__new__`` with keywords
+            bundle: PushBundle = _TUPLE_NEW(PushBundle, (
+                queues, partitions, counts, hashes, self.dedup.verified_all(keys_of, hashes),
+                blobs, tenants, list(map(self.pids.get, keys_of, repeat(0)))))
             started = time.monotonic()
             self.writer.push(bundle, lambda result: self._landed(keys, segments, started,
                                                                   result, bundle))
@@ -460,7 +483,7 @@ class PushFusion:
         PERF(fusion): an entry of a fast-path segment (every frame stored, in order) is
         answered here, in the loop that reads its verdict, not by a second pass over the
         bundle; its answer reaches the ring after this callback anyway (``reply``)."""
-        frames = sum(s.count for s in segments)
+        frames = sum(map(_COUNT, segments))
         self._commits += 1
         self._segments += len(segments)
         dup_lookups: list[tuple[Segment, int, int, int]] = []  # seg, k, pid, original offset
@@ -478,19 +501,29 @@ class PushFusion:
             for seg, pid in zip(segments, answered, strict=True):
                 pids[seg.key] = pid
         for seg, res in zip(segments, results, strict=True):
-            pid = res.partition_id
-            ts = res.created_at_us
-            if res.queued:
-                stored.add(seg.key[:2])
-                base: int = res.base_offset  # type: ignore[assignment]  # set when queued
-                remember.append((seg.key, pid, base, seg.count, seg.hashes, res.window))
-                if seg.refs is None:
-                    for e in seg.entries:
-                        g = e.group
+            # PERF(fusion): the NamedTuples' fields unpacked, not read by name: a field read
+            # by name (a ``_tuplegetter``, which Python 3.11 does not specialize) is a type
+            # lookup and a descriptor call, some 400 instructions; the 16 such reads of a
+            # 1-item segment here were most of its cost (bench/shardpath.py)
+            pid, ts, queued, base_or_none, window, _ = res
+            if queued:
+                key, entries, hashes, _, count, refs, _ = seg
+                stored.add(key[:2])
+                base: int = base_or_none  # type: ignore[assignment]  # set when queued
+                remember.append((key, pid, base, count, hashes, window))
+                if refs is None:
+                    for e in entries:
+                        generation, gslot, request_id, group_index = e.group[:4]
+                        n = e.group[_GROUP_COUNT]
                         e.remaining = 0
-                        reply(e.slot, pack_queued_run(g.generation, g.slot, g.request_id,
-                                                      g.group_index, pid, ts, base, g.count))
-                        base += g.count
+                        # PERF(fusion): a 1-frame group's verdict packed by the struct's C
+                        # call here, not through pack_queued_run's Python frame
+                        reply(e.slot, pack_queued_one(
+                            KIND_PUSH_VERDICT, generation, gslot, request_id, group_index,
+                            VERDICT_OK, pid, ts, 1, 0, 0, ITEM_QUEUED, base)
+                            if n == 1 else pack_queued_run(generation, gslot, request_id,
+                                                           group_index, pid, ts, base, n))
+                        base += n
                     continue
             rest.append(seg)
             for e in seg.entries:

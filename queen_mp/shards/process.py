@@ -52,6 +52,7 @@ from queen_mp.wire.records import (
     LeaseGrant,
     PushGroup,
     RecordBatch,
+    pack_batch,
     peek_kind,
 )
 
@@ -257,7 +258,7 @@ class Shard:
         n = len(box)
         # PERF(ipc): the common case, every pending verdict in one record, sized in C
         if (n > 1 and sum(map(len, box)) + 4 * n + _BATCH_HEAD_BYTES <= limit
-                and ring.try_write(RecordBatch(tuple(box)).pack())):
+                and ring.try_write(pack_batch(box))):
             box.clear()
             sent = True
         while box:
@@ -274,7 +275,7 @@ class Shard:
                 if size > limit:
                     break
                 n += 1
-            record = box[0] if n <= 1 else RecordBatch(tuple(islice(box, n))).pack()
+            record = box[0] if n <= 1 else pack_batch(tuple(islice(box, n)))
             n = max(n, 1)
             if not ring.try_write(record):
                 break  # full: retried on the next tick

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import struct
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import NamedTuple
 
 import zstandard
@@ -44,6 +45,7 @@ __all__ = [
     "pack_frame",
     "pack_plain_frame",
     "plain_columns",
+    "raw_one_head",
     "read_frames",
     "single_chunk",
     "zstd_compress",
@@ -618,6 +620,11 @@ def pack_chunk(codec: int, count: int, data: bytes | bytearray | memoryview) -> 
 def pack_chunk_raw(frames_bytes: bytes | bytearray | memoryview, count: int) -> bytes:
     """``count`` frames as a raw chunk (codec 0)."""
     return b"".join((_CHUNK_HEAD.pack(count, CODEC_RAW, len(frames_bytes)), frames_bytes))
+
+
+#: ``pack_chunk_raw(frame, 1)``'s head, given the frame's length: a C call (a partial of the
+#: struct's pack), no Python frame; PERF(shard): one a segment of a 1-item push
+raw_one_head: Callable[[int], bytes] = partial(_CHUNK_HEAD.pack, 1, CODEC_RAW)
 
 
 #: Frames under this many bytes are compressed at ``SMALL_RUN_LEVEL``, not level 1.

@@ -522,3 +522,49 @@ def test_a_one_frame_verdict_of_its_short_size_decodes_as_the_general_path_would
         PushVerdict.unpack(packed[:-9] + b"\x02" + packed[-8:])
     with pytest.raises(RecordDecodeError):
         PushVerdict.unpack(b"\x00" + packed[1:])
+
+
+@given(st.integers(0, 2**32 - 1), st.integers(0, 2**16 - 1), st.integers(0, 2**64 - 1),
+       st.integers(0, 2**32 - 1), st.integers(0, 2**63 - 1), st.integers(-(2**63), 2**63 - 1),
+       st.integers(0, 2**63 - 1))
+@settings(max_examples=200, deadline=None)
+def test_pack_queued_one_is_a_one_frame_queued_run(generation, slot, request_id, group_index,
+                                                    pid, created, first):
+    """The shard packs a 1-frame group's verdict with the struct's own pack (fusion
+    ``_committed``): the same bytes as ``pack_queued_run(..., 1)``, read back as one queued
+    item at ``first``."""
+    from queen_mp.wire.records import (
+        ITEM_QUEUED,
+        KIND_PUSH_VERDICT,
+        VERDICT_OK,
+        pack_queued_one,
+    )
+
+    packed = pack_queued_one(KIND_PUSH_VERDICT, generation, slot, request_id, group_index,
+                             VERDICT_OK, pid, created, 1, 0, 0, ITEM_QUEUED, first)
+    assert packed == pack_queued_run(generation, slot, request_id, group_index, pid, created,
+                                     first, 1)
+    v = PushVerdict.unpack(packed)
+    assert (v.request_id, v.partition_id, v.created_at_us) == (request_id, pid, created)
+    assert [(i.status, i.offset) for i in v.items] == [(0, first)]
+
+
+def test_pack_batch_is_record_batch_pack():
+    from collections import deque
+
+    from queen_mp.wire.records import pack_batch
+
+    records = (b"a", b"", bytes(range(200)), b"xyz")
+    assert pack_batch(deque(records)) == RecordBatch(records).pack()
+    assert RecordBatch.unpack(pack_batch(records)).records == records
+    assert pack_batch(()) == RecordBatch(()).pack()
+
+
+def test_raw_one_head_is_pack_chunk_raw_of_one_frame():
+    from queen_mp.wire.frames import iter_chunks, pack_chunk_raw, raw_one_head
+
+    frame = bytes(range(233))
+    blob = raw_one_head(len(frame)) + frame
+    assert blob == pack_chunk_raw(frame, 1)
+    (chunk,) = iter_chunks(blob)
+    assert (chunk.count, chunk.codec, bytes(chunk.data)) == (1, 0, frame)
