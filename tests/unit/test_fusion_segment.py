@@ -54,3 +54,22 @@ def test_a_client_chunk_of_one_frame_is_kept() -> None:
     assert [c.codec for c in iter_chunks(seg.blob)] == [CODEC_ZSTD]
     assert bytes(next(iter_chunks(seg.blob)).data) == z
     assert stored(seg.blob) == [(1, CODEC_ZSTD, raw)]
+
+
+def test_the_field_orders_the_fusion_unpacks_by_position() -> None:
+    """``PushFusion`` reads these NamedTuples by position (PERF(fusion): a field read by name
+    costs a descriptor call on 3.11): a field moved or added must fail here, not shift what
+    ``_flush`` and ``_committed`` read."""
+    from queen_mp.db.calls import SegmentVerdict
+    from queen_mp.shards import fusion
+    from queen_mp.shards.fusion import Segment
+
+    assert PushGroup._fields[fusion._GROUP_COUNT] == "count"
+    assert PushGroup._fields[7:] == ("hashes", "count", "pieces", "deadline_ms")
+    assert PushGroup._fields[:4] == ("generation", "slot", "request_id", "group_index")
+    assert Segment._fields == ("key", "entries", "hashes", "blob", "count", "refs",
+                               "followers")
+    assert fusion._COUNT(Segment(*range(7))) == 4
+    assert SegmentVerdict._fields[:5] == ("partition_id", "created_at_us", "queued",
+                                          "base_offset", "window")
+    assert len(SegmentVerdict._fields) == 6
