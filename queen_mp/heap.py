@@ -11,7 +11,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 
-__all__ = ["HeapTrim", "before_fork", "bounded_caches", "fix_mmap_threshold",
+__all__ = ["BUSY_TRIM_EVERY_S", "HeapTrim", "before_fork", "bounded_caches", "fix_mmap_threshold",
            "freeze_startup_objects", "request_caches", "seal_free_blocks"]
 
 _M_MMAP_THRESHOLD = -3  # glibc's malloc.h
@@ -21,6 +21,9 @@ _M_MMAP_THRESHOLD = -3  # glibc's malloc.h
 # QPB1 1,000-item pushes (py-spy). A request's objects die by reference count; a higher
 # threshold only keeps cyclic garbage a little longer.
 _GEN0_THRESHOLD = 20_000
+#: a busy shard's heap is trimmed this often (``HeapTrim``'s busy_every_s: 0.5 ms a trim at 8M
+#: dedup filter entries)
+BUSY_TRIM_EVERY_S = 2.0
 
 
 def fix_mmap_threshold(kb: int) -> bool:

@@ -24,7 +24,7 @@ from queen_mp.config import Config
 from queen_mp.crypto import PayloadCipher
 from queen_mp.db import errors as dberrors
 from queen_mp.db.bundles import BundleWriter
-from queen_mp.heap import HeapTrim, freeze_startup_objects
+from queen_mp.heap import BUSY_TRIM_EVERY_S, HeapTrim, freeze_startup_objects
 from queen_mp.ipc.doorbell import AsyncDoorbellWaiter, Doorbell
 from queen_mp.ipc.heartbeat import HeartbeatBoard
 from queen_mp.ipc.ring import Ring
@@ -60,8 +60,6 @@ __all__ = ["Shard", "main"]
 log = logging.getLogger("queen_mp.shard")
 
 BEAT_EVERY_S = 0.25
-# A busy shard's heap trimmed this often (HeapTrim: 0.5 ms a trim at 8M filter entries)
-BUSY_TRIM_EVERY_S = 2.0
 _READ_BATCH = 256
 _BATCH_HEAD_BYTES = RecordBatch.packed_size(())
 
