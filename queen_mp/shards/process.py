@@ -294,8 +294,10 @@ class Shard:
         merged and dropped under push loads; what they freed stayed in the shard's heap for
         good: bench.dedupfilter --pss at the push cells' loads, anonymous pages once trimmed
         35.1 -> 33.1 MB after the 1,000-item case, 29.1 -> 4.5 MB once every run left. Under
-        load too, every ``BUSY_TRIM_EVERY_S``: the 11 MB the filter's merges left free by the
-        end of the 1,000-item case were a share of the broker's peak (issue 26)."""
+        load too, every ``BUSY_TRIM_EVERY_S``: the filter's merges left 11 MB of its heap free
+        by the end of that case; a live shard's peak under 80 s of 1,000-item pushes (the
+        filter at its bound, bench.parkmem --load 1000 --load-s 80) 66.6-69.8 -> 64.9-67.7 MB
+        (3 runs each; issue 26)."""
         parent = os.getppid()
         trim = HeapTrim(quiet_cpu_s=0.02 * BEAT_EVERY_S, busy_every_s=BUSY_TRIM_EVERY_S)
         while True:
