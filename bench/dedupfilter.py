@@ -23,7 +23,9 @@ the process's PSS, private and anonymous pages (``/proc/self/smaps_rollup``; the
 figure alone does not move as other processes map or unmap this one's libraries) above the
 empty filter's are
 printed as the filter passes 1M, 2M, 4M and 8M entries, at the end of each case, and once
-every run left the window (the clock moved past it, one 1-hash push a partition)::
+every run left the window (the clock moved past it, one 1-hash push a partition). The heap is
+trimmed every ``--busy-trim-s`` seconds of the clock, as a busy shard's ``HeapTrim`` does
+(``BUSY_TRIM_EVERY_S``; 0: never, as before it did)::
 
     .venv/bin/python -m bench.dedupfilter --pss   # cases 1:200000,10:1000000,100:8000000,...
 
@@ -46,7 +48,7 @@ import random
 import time
 import tracemalloc
 
-from queen_mp.heap import fix_mmap_threshold
+from queen_mp.heap import BUSY_TRIM_EVERY_S, fix_mmap_threshold
 from queen_mp.shards.dedupfilter import AGE_S, CLOCK_MARGIN_S, EPOCHS, DedupFilter
 
 WINDOW_S = 3600  # QUEEN_DEDUP_WINDOW's default
@@ -113,7 +115,7 @@ def pss_kb() -> tuple[int, int, int]:
 
 
 def run_pss(partitions: int, cases: list[tuple[int, int]], rate: float, entries: int,
-            mmap_threshold_kb: int, seed: int = 1) -> None:
+            mmap_threshold_kb: int, busy_trim_s: float, seed: int = 1) -> None:
     """Feed one filter every case in turn (hashes made segment by segment, so that nothing
     but the filter grows) and print its PSS above the empty filter's at each mark."""
     fix_mmap_threshold(mmap_threshold_kb)
@@ -141,18 +143,26 @@ def run_pss(partitions: int, cases: list[tuple[int, int]], rate: float, entries:
         filt.committed(key, 7 + p, last[p] + 1, size, hashes, WINDOW_S)
         last[p] += size
 
+    trim = ctypes.CDLL(None).malloc_trim
+    trims, trim_cpu, trim_due = 0, 0.0, now[0] + busy_trim_s
     print(f"empty filter: PSS {base[0] / 1024:.1f} MB", flush=True)
     for size, total in cases:
         step = size / rate
         for _ in range(total // size):
             now[0] += step
+            if busy_trim_s and now[0] >= trim_due:
+                cpu = time.process_time()
+                trim(0)
+                trim_cpu += time.process_time() - cpu
+                trims, trim_due = trims + 1, now[0] + busy_trim_s
             push(rnd.randrange(partitions), size, rnd.randbytes(16 * size))
             if marks and filt.entries >= marks[0]:
                 show(f"{marks.pop(0) // 1_000_000}M entries")
         show(f"after segments of {size}")
+    if trims:
+        print(f"{trims} trims under load, {trim_cpu * 1e3:.1f} ms of CPU", flush=True)
     # The shard's heartbeats once the load ended and its epoch did: a quiet beat trims the
     # heap (``HeapTrim``); ``tidy`` closes the ended epoch, a round in calls of 512.
-    trim = ctypes.CDLL(None).malloc_trim
     trim(0)
     show("trimmed")
     now[0] += WINDOW_S / EPOCHS + AGE_S
@@ -226,6 +236,9 @@ def main(argv: list[str] | None = None) -> int:
                          f"cells' {PSS_CASES})")
     ap.add_argument("--mmap-threshold-kb", type=int, default=128,
                     help="--pss: glibc's mmap threshold, as QUEEN_MALLOC_MMAP_THRESHOLD_KB")
+    ap.add_argument("--busy-trim-s", type=float, default=BUSY_TRIM_EVERY_S,
+                    help="--pss: the heap trimmed every this many seconds of the clock, as a "
+                         "busy shard's (0: never)")
     ap.add_argument("--past-budget", action="store_true",
                     help="what SQL pays a push past the bound: probes and read-backs")
     ap.add_argument("--order", choices=("cycle", "random"), default="cycle",
@@ -238,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if a.pss:
         cases = [tuple(int(x) for x in c.split(":")) for c in (a.cases or PSS_CASES).split(",")]
-        run_pss(a.partitions, cases, a.rate or 5000.0, a.entries, a.mmap_threshold_kb)
+        run_pss(a.partitions, cases, a.rate or 5000.0, a.entries, a.mmap_threshold_kb,
+                a.busy_trim_s)
         return 0
     a.cases = a.cases or "1:40000,10:200000,100:600000,1000:1000000"
     a.rate = a.rate or 30000.0

@@ -11,7 +11,8 @@ every queue (two 500-item pushes), then ``--settle`` seconds for the front worke
 trim (queen_mp/heap.py ``HeapTrim``) before the sample.
 
 ``--load 1,10,100,1000`` runs the suite's push cells first, one after the other on the same
-broker (bench/loadgen.py, 64 connections, ``--load-s`` each), each sampled after ``--settle``:
+broker (bench/loadgen.py, 64 connections, ``--load-s`` each), each sampled every 0.2 s
+meanwhile (the highest summed PSS shown: ``peak pushing N``) and after ``--settle``:
 what the pops then park on is what the earlier loads left. ``--consume 1,4,16`` then drains,
 for each count, ``--consume-msgs`` messages pre-filled over 100 partitions of a fresh queue
 with that many consumers (bench/consume.py ``consumer_loop``: pop batch 100, one ack per
@@ -307,11 +308,9 @@ async def consume_load(url: str, queue: str, consumers: int, groups: int, msgs: 
     return st.acked, st.acked / (time.monotonic() - t0)
 
 
-async def burst(url: str, queue: str, seconds: float, root: int,
-                rest: dict[str, dict[str, int]]) -> None:
-    """The suite's wake-section push burst with the pops parked (its probe 5, where ``make
-    bench`` sets the broker's PSS peak): 16 connections of 1-item pushes over 100 partitions;
-    the tree sampled every 0.2 s, its highest summed PSS shown."""
+async def load_peak(spec: LoadSpec, root: int) -> tuple[dict, dict[str, dict[str, int]]]:
+    """``run_load(spec)`` with the tree sampled every 0.2 s meanwhile: its result, and the
+    sample of the highest summed PSS."""
     done = asyncio.Event()
     peak: dict[str, dict[str, int]] = {}
 
@@ -325,12 +324,20 @@ async def burst(url: str, queue: str, seconds: float, root: int,
 
     watch = asyncio.create_task(sampler())
     try:
-        run = await asyncio.to_thread(run_load, LoadSpec(
-            url, connections=16, procs=1, items=1, duration=seconds, partitions=100,
-            queue=queue))
+        run = await asyncio.to_thread(run_load, spec)
     finally:
         done.set()
         await watch
+    return run, peak
+
+
+async def burst(url: str, queue: str, seconds: float, root: int,
+                rest: dict[str, dict[str, int]]) -> None:
+    """The suite's wake-section push burst with the pops parked (its probe 5, where ``make
+    bench`` sets the broker's PSS peak): 16 connections of 1-item pushes over 100 partitions;
+    the tree sampled every 0.2 s, its highest summed PSS shown."""
+    run, peak = await load_peak(LoadSpec(url, connections=16, procs=1, items=1,
+                                         duration=seconds, partitions=100, queue=queue), root)
     show(f"burst peak ({run['msgs_per_s'] / 1000:.1f}k/s)", peak, rest)
 
 
@@ -393,8 +400,9 @@ async def run(args: argparse.Namespace) -> int:
                 await diag.ask(tag, watched)
 
         for items in args.load:
-            run = await asyncio.to_thread(run_load, LoadSpec(
-                srv.url, items=items, duration=args.load_s, queue=f"load-{rid}"))
+            run, peak = await load_peak(LoadSpec(
+                srv.url, items=items, duration=args.load_s, queue=f"load-{rid}"), root)
+            show(f"peak pushing {items}", peak, rest)
             await asyncio.sleep(args.settle)
             show(f"pushed {items} ({run['msgs_per_s'] / 1000:.1f}k/s)", sample(root), rest)
             await checkpoint(f"pushed{items}")

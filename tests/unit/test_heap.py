@@ -115,6 +115,27 @@ def test_a_process_that_never_worked_is_never_trimmed(monkeypatch) -> None:
     assert _ticks(monkeypatch, [0.001, 0.0, 0.01]) == [False, False, False]
 
 
+def test_under_load_it_trims_at_most_every_busy_every_s_without_clearing(monkeypatch) -> None:
+    cpu, wall = [0.0], [100.0]
+    monkeypatch.setattr(heap.time, "process_time", lambda: cpu[0])
+    monkeypatch.setattr(heap.time, "monotonic", lambda: wall[0])
+    calls: list[str] = []
+    trim = HeapTrim(0.02, lambda pad: calls.append("trim") or 1,
+                    clear=[lambda: calls.append("clear")], busy_every_s=2.0)
+    out = []
+    for busy_cpu in (0.5, 0.5, 0.5, 0.5, 0.5, 0.0, 0.0):  # a tick a second
+        cpu[0] += busy_cpu
+        wall[0] += 1.0
+        out.append(trim.tick())
+    # busy: at 2 s and 4 s after the start (no caches cleared); then the quiet trim as before
+    assert out == [False, True, False, True, False, True, False]
+    assert calls == ["trim", "trim", "clear", "trim"]
+
+
+def test_without_busy_every_s_a_load_is_never_trimmed(monkeypatch) -> None:
+    assert _ticks(monkeypatch, [0.5] * 20) == [False] * 20
+
+
 @pytest.mark.skipif(not _glibc(), reason="glibc's malloc only (malloc_trim)")
 def test_glibcs_malloc_trim_is_what_it_calls() -> None:
     trim = HeapTrim(quiet_cpu_s=1e9)  # every tick is quiet
