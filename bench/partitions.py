@@ -22,11 +22,17 @@ a fresh database (issue 26's targets in brackets):
 ``python -m bench.partitions`` (``--quick``: 2,000 large partitions, 1,000 drained) prints a
 Markdown report and writes the figures to ``--json`` if given. It drives queen-mp over real
 HTTP on the local PostgreSQL (``--server-dsn``), the same broker command line as the suite.
+The timed pops and acks go through the suite's own client (bench/consume.py ``Http``: one
+keep-alive connection on raw asyncio streams), as the suite's other cells send theirs: an HTTP
+client library cost about 800 us of CPU a request here (httpx, measured in the drain), more
+than the broker's front worker, and the drain's pops are sequential, so its wall time is about
+the sum of every role's CPU a pop; the client's share is reported beside the broker's.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import statistics
 import sys
@@ -36,10 +42,12 @@ import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import httpx
 import psycopg
 
+from bench.consume import Http
 from bench.push import (
     LOCAL_DSN,
     Server,
@@ -70,7 +78,7 @@ class PopFigures:
 @dataclass(frozen=True)
 class DrainCpu:
     """CPU microseconds a pop of the drain, by role: the broker's front workers and shards,
-    PostgreSQL (every process of the server), and this client (httpx), whose requests are
+    PostgreSQL (every process of the server), and this client (``Http``), whose requests are
     sequential, so the drain's wall time is about their sum plus the waits."""
 
     front_us: float
@@ -116,7 +124,9 @@ class Broker:
         self.server: Server = start_queen(tmp, self.dsn, workers=2, shards=1)
         try:
             self.server.wait_ready()
-            self.http = httpx.Client(base_url=self.server.url, timeout=120)
+            self.http = httpx.Client(base_url=self.server.url, timeout=120)  # untimed fills
+            self.loop = asyncio.new_event_loop()
+            self.raw = Http(self.server.url, timeout=120)
             with psycopg.connect(self.dsn) as conn:
                 backend = conn.execute("SELECT pg_backend_pid()").fetchone()
                 assert backend is not None
@@ -141,34 +151,40 @@ class Broker:
             bad = [a for a in r.json() if a["status"] != "queued"]
             assert not bad, bad[:3]
 
+    def request(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        """(status, parsed JSON body or None) of one request on the timed connection."""
+        status, data = self.loop.run_until_complete(self.raw.request(
+            method, path, None if body is None else json.dumps(body).encode()))
+        if status >= 300:
+            raise RuntimeError(f"{method} {path}: {status} {data[:300]!r}")
+        return status, json.loads(data) if data else None
+
     def pop(self, queue: str, **params: str) -> tuple[float, int]:
         """(seconds, messages) of one pop that does not wait."""
+        path = f"/api/v1/pop/queue/{queue}?" + urlencode({"wait": "false", **params})
         t0 = time.perf_counter()
-        r = self.http.get(f"/api/v1/pop/queue/{queue}", params={"wait": "false", **params})
+        status, answer = self.request("GET", path)
         elapsed = time.perf_counter() - t0
-        if r.status_code == 204:
-            return elapsed, 0
-        if r.status_code != 200:
-            raise RuntimeError(f"pop on {queue}: {r.status_code} {r.text[:300]}")
-        return elapsed, len(r.json()["messages"])
+        return elapsed, 0 if status == 204 else len(answer["messages"])
 
     def ack(self, message: dict[str, Any]) -> None:
-        r = self.http.post("/api/v1/ack", json={
+        self.request("POST", "/api/v1/ack", {
             "transactionId": message["transactionId"], "partitionId": message["partitionId"],
             "leaseId": message["leaseId"], "status": "completed"})
-        r.raise_for_status()
 
     def leased_pop(self, queue: str) -> tuple[float, dict[str, Any]]:
         """(seconds, the message) of one single-message pop that takes a lease."""
         t0 = time.perf_counter()
-        r = self.http.get(f"/api/v1/pop/queue/{queue}", params={"wait": "false"})
+        status, answer = self.request("GET", f"/api/v1/pop/queue/{queue}?wait=false")
         elapsed = time.perf_counter() - t0
-        if r.status_code != 200:
-            raise RuntimeError(f"pop on {queue}: {r.status_code} {r.text[:300]}")
-        (message,) = r.json()["messages"]
+        if status != 200:
+            raise RuntimeError(f"pop on {queue}: {status}")
+        (message,) = answer["messages"]
         return elapsed, message
 
     def close(self) -> None:
+        self.raw.close()
+        self.loop.close()
         self.http.close()
         self.server.stop()
         drop_database(self.server_dsn, db_name(self.dsn))
