@@ -37,6 +37,7 @@ import json
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass
@@ -100,6 +101,7 @@ class Figures:
     unleased: PopFigures
     leased: PopFigures
     live_leases: int
+    drain_autovacuum: tuple[str, ...] = ()  # what autovacuum ran on the server meanwhile
 
     def verdicts(self) -> list[tuple[str, str, str, bool]]:
         """(target, value, threshold, met) rows."""
@@ -190,6 +192,35 @@ class Broker:
         drop_database(self.server_dsn, db_name(self.dsn))
 
 
+class Autovacuums:
+    """What the server's autovacuum workers run while a measurement does: their CPU counts in
+    PostgreSQL's share (every process of the server) and takes the cores the drain's
+    sequential pops need, so the report names them (database: statement) beside the drain."""
+
+    def __init__(self, server_dsn: str, every_s: float = 0.5) -> None:
+        self.server_dsn, self.every_s = server_dsn, every_s
+        self.seen: dict[str, None] = {}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Autovacuums:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+    def _run(self) -> None:
+        with psycopg.connect(self.server_dsn, autocommit=True) as conn:
+            while not self.stop.is_set():
+                for db, query in conn.execute(
+                        "SELECT datname, query FROM pg_stat_activity"
+                        " WHERE backend_type = 'autovacuum worker'"):
+                    self.seen.setdefault(f"{db}: {query}", None)
+                self.stop.wait(self.every_s)
+
+
 def pop_stats(partitions: int, times: list[float], before: tuple[dict[int, int], dict[int, int]],
               after: tuple[dict[int, int], dict[int, int]]) -> PopFigures:
     """p50/p99 of ``times`` and the broker's and PostgreSQL's CPU per pop between two
@@ -260,12 +291,13 @@ def run(args: argparse.Namespace) -> Figures:
             before, client0 = broker.cpu(), time.process_time()
             t0 = time.perf_counter()
             drained = pops = 0
-            while True:
-                _, got = broker.pop("scale-drain", autoAck="true")
-                pops += 1
-                if got == 0:
-                    break
-                drained += got
+            with Autovacuums(args.server_dsn) as vacuums:
+                while True:
+                    _, got = broker.pop("scale-drain", autoAck="true")
+                    pops += 1
+                    if got == 0:
+                        break
+                    drained += got
             drain_s = time.perf_counter() - t0
             drain_cpu = drain_roles(broker, before, broker.cpu(),
                                     time.process_time() - client0, pops)
@@ -281,7 +313,7 @@ def run(args: argparse.Namespace) -> Figures:
         finally:
             broker.close()
     return Figures(small, large, args.drain, drain_s, pops, drain_cpu, first_s * 1e3, claimed,
-                   unleased, leased, args.leases)
+                   unleased, leased, args.leases, tuple(vacuums.seen))
 
 
 def render(f: Figures) -> str:
@@ -303,6 +335,8 @@ def render(f: Figures) -> str:
                  f"PostgreSQL {f.drain_cpu.pg_us:,.0f} us, client {f.drain_cpu.client_us:,.0f} "
                  f"us). A new group's first pop: "
                  f"{f.first_group_pop_ms:.1f} ms, {f.first_group_claimed} message(s).")
+    lines.append("Autovacuum during the drain: "
+                 + ("; ".join(f.drain_autovacuum) if f.drain_autovacuum else "none seen") + ".")
     return "\n".join(lines) + "\n"
 
 

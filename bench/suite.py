@@ -1384,6 +1384,9 @@ class Suite(cons.Bench):
                          "cpu_pg_us_per_msg": pop.pg_cpu_us_per_pop})
         for target, value, _, met in f.verdicts():
             print(f"  {target}: {value} ({'met' if met else 'missed'})", flush=True)
+        vacuums = "; ".join(f.drain_autovacuum) if f.drain_autovacuum else "none seen"
+        print(f"  autovacuum during the drain: {vacuums}", flush=True)
+        self.notes.append(f"partitions: autovacuum during the drain: {vacuums}")
 
 
 # ------------------------------------------------------------------------------ summary
