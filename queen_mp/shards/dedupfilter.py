@@ -294,12 +294,9 @@ class _Partition:
         epoch = int(now // self.span)
         if self.hot and self.hot_epoch != epoch:
             self.flush_hot()
-        runs = self.runs
-        if runs and runs[-1].epoch != epoch:
+        if self.runs and self.runs[-1].epoch != epoch:
             self._seal()
-        if runs and (runs[0].epoch + 1) * self.span < before:
-            return self.expire(before)
-        return 0
+        return self.expire(before)
 
     def expire(self, before: float) -> int:
         """Forget the runs whose epoch ended before ``before``; how many entries that was."""
@@ -437,13 +434,12 @@ class DedupFilter:
         their 1,000 partitions so, and every later section carried them. Called from the
         shard's heartbeat: a round of 100,000 partitions takes some 200 beats, none of them
         long (a visit without work is a few attribute reads)."""
+        now = self.clock()
         if not self._closing:
-            now = self.clock()
             if now < self._close_due or not self._parts:
                 return 0
             self._close_due = now + AGE_S
             self._closing = list(self._parts)
-        now = self.clock()
         before = now - CLOCK_MARGIN_S
         parts = self._parts
         closing = self._closing
