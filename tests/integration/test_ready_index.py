@@ -92,7 +92,7 @@ def reads_of_one_pop(db: psycopg.Connection, queue: str, group: str) -> tuple[li
     with db.transaction(force_rollback=True):
         before = dict(db.execute(sql, (list(tables),)).fetchall())
         rows = db.execute(
-            "SELECT partition_name, start_off, end_off FROM queen.log_pop_v2(%s, %s, NULL, NULL,"
+            "SELECT partition_name, start_off, end_off FROM queen.log_pop_v3(%s, %s, NULL, NULL,"
             " NULL, %s, 1, 1, true, 'all', NULL, NULL, 5000) WHERE partition_id IS NOT NULL",
             (TENANT, queue, group)).fetchall()
         after = dict(db.execute(sql, (list(tables),)).fetchall())
@@ -149,7 +149,7 @@ def test_the_candidate_walk_is_an_index_scan_in_claim_order_under_a_generic_plan
             db.execute("SELECT set_config(%s, %s, true)", (name, value))
         for _ in range(2):
             rows = db.execute(
-                "SELECT partition_name FROM queen.log_pop_v2(%s, %s, NULL, NULL, NULL, %s, 1,"
+                "SELECT partition_name FROM queen.log_pop_v3(%s, %s, NULL, NULL, NULL, %s, 1,"
                 " 1, true, 'all', NULL, NULL, 5000) WHERE partition_id IS NOT NULL",
                 (TENANT, q, QUEUE_MODE)).fetchall()
             assert len(rows) == 1
@@ -345,6 +345,42 @@ def test_every_cursor_writer_sets_the_flag_itself(broker, db):
     assert listed(g) == ["a"] and listed(h) == ["a"]
 
 
+def test_a_drain_pop_leaves_its_cursor_listed_while_an_allocator_holds_the_partition(
+        broker, db, db_dsn):
+    """An autoAck pop that takes a partition's last message writes NULL (caught up) only under
+    the partition's FOR SHARE, which log_pop_v3 takes itself since pop15 (log_ready_at_v1's
+    call before): while a push's allocator holds the row, the cursor stays listed with a time,
+    and the next pop that meets it, the push gone, clears it."""
+    q = uq("drainlock")
+    push_n(broker.client, q, "a", 1)
+    push_n(broker.client, q, "b", 2)
+    pop_one = ("SELECT partition_name, end_off FROM queen.log_pop_v3(%s, %s, %s, NULL, NULL,"
+               " 'g', 1, 1, true, 'all', NULL, NULL, 5000) WHERE partition_id IS NOT NULL")
+    flag = ("SELECT c.ready_at IS NOT NULL FROM queen.log_consumers c"
+            " JOIN queen.log_partitions lp ON lp.id = c.partition_id"
+            " JOIN queen.queues q ON q.id = lp.queue_id"
+            " WHERE q.name = %s AND lp.name = %s AND c.consumer_group = 'g'")
+    assert db.execute(pop_one, (TENANT, q, "b")).fetchall() == [("b", 1)]  # the group starts
+    with psycopg.connect(db_dsn) as holder:  # an allocator's row lock, as a push holds it
+        holder.execute("SELECT 1 FROM queen.log_partitions lp JOIN queen.queues q"
+                       " ON q.id = lp.queue_id WHERE q.name = %s AND lp.name IN ('a', 'b')"
+                       " ORDER BY lp.id FOR UPDATE OF lp", (q,))
+        assert db.execute(pop_one, (TENANT, q, "a")).fetchall() == [("a", 1)]
+        assert db.execute(pop_one, (TENANT, q, "b")).fetchall() == [("b", 2)]
+        assert db.execute(flag, (q, "a")).fetchone()[0] is True
+        assert db.execute(flag, (q, "b")).fetchone()[0] is True
+        holder.rollback()
+    assert db.execute(UNLISTED_SQL).fetchone()[0] == 0
+    for part in ("a", "b"):
+        assert db.execute(pop_one, (TENANT, q, part)).fetchall() == []
+        assert db.execute(flag, (q, part)).fetchone()[0] is False
+    # and without the lock a drain clears the flag in its own claim
+    push_n(broker.client, q, "a", 1, start=1)
+    assert db.execute(flag, (q, "a")).fetchone()[0] is True
+    assert db.execute(pop_one, (TENANT, q, "a")).fetchall() == [("a", 2)]
+    assert db.execute(flag, (q, "a")).fetchone()[0] is False
+
+
 @pytest.mark.parametrize("damage", ["flag", "queue_id", "cursor", "unstarted"])
 def test_the_repair_restores_what_an_older_build_left(broker, db, damage):
     """What a broker of the previous build writes during an upgrade (its pops create cursor
@@ -384,7 +420,7 @@ def test_the_repair_restores_what_an_older_build_left(broker, db, damage):
         assert db.execute(UNLISTED_SQL).fetchone()[0] + db.execute(MISSING_SQL).fetchone()[0] > 0
         with db.transaction(force_rollback=True):  # a pop does not see it
             assert db.execute(
-                "SELECT partition_id FROM queen.log_pop_v2(%s, %s, NULL, NULL, NULL, %s, 10, 1,"
+                "SELECT partition_id FROM queen.log_pop_v3(%s, %s, NULL, NULL, NULL, %s, 10, 1,"
                 " true, 'all', NULL, NULL, 5000)", (TENANT, q, g)).fetchall() == [(None,)]
         assert db.execute("SELECT queen.log_ready_repair_v1()").fetchone()[0] > 0
         assert db.execute(UNLISTED_SQL).fetchone()[0] == 0
@@ -458,7 +494,7 @@ def test_a_group_start_and_lease_less_acks_of_that_group_never_collide(broker, d
         with psycopg.connect(db_dsn, autocommit=True) as conn:
             go.wait()
             try:
-                conn.execute("SELECT count(*) FROM queen.log_pop_v2(%s, %s, NULL, NULL, NULL,"
+                conn.execute("SELECT count(*) FROM queen.log_pop_v3(%s, %s, NULL, NULL, NULL,"
                              " %s, 1, 1, true, 'all', NULL, gen_random_uuid(), 5000)",
                              (uuid.UUID(int=0), q, group))
             except psycopg.Error as ex:
@@ -496,7 +532,7 @@ def _sql_pop(db: psycopg.Connection, queue: str | None, partition: str | None = 
              namespace: str | None = None) -> list[tuple]:
     """One leased single-message pop of the queue-mode group: (partition, wake_in_ms) rows."""
     return db.execute(
-        "SELECT partition_name, wake_in_ms FROM queen.log_pop_v2(%s, %s, %s, %s, NULL, %s, 1,"
+        "SELECT partition_name, wake_in_ms FROM queen.log_pop_v3(%s, %s, %s, %s, NULL, %s, 1,"
         " 1, false, 'all', NULL, %s, 5000)"
         " WHERE partition_id IS NOT NULL OR base_offset IS NULL",
         (TENANT, queue, partition, namespace, QUEUE_MODE, uuid.uuid4())).fetchall()

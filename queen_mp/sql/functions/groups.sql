@@ -34,13 +34,13 @@
 --   queen.consumer_groups_meta  read; DELETE (group_delete_v1); INSERT/UPDATE (subscription);
 --                               UPDATE started (group_delete_v1 keeping the records, repair)
 --
--- Lock order (design.md invariant 4; the same as log_pop_v2 in pop.sql, which records
+-- Lock order (design.md invariant 4; the same as log_pop_v3 in pop.sql, which records
 --   the group's consumer_groups_meta row before it creates or locks any cursor row):
 --   1. consumer_groups_meta rows ascending by queue_id (only one consumer_group per call);
 --   2. log_consumers rows ascending by (partition_id, consumer_group): taken by one
 --      SELECT ... ORDER BY partition_id FOR UPDATE before the DELETE / UPDATE that changes
 --      them. group_seek_v1 first inserts the missing rows (ascending, ON CONFLICT DO NOTHING,
---      as log_pop_v2 does), then locks all of them.
+--      as log_pop_v3 does), then locks all of them.
 --   queues rows come before everything: a first pop (and the repair) takes them FOR UPDATE
 --   (ascending id), then writes the records, then inserts cursor rows (group_start_v1);
 --   group_delete_v1 keeping the records takes queue rows and records FOR UPDATE before any
