@@ -58,6 +58,7 @@ from bench.push import (
     delta_cpu_s,
     drop_database,
     ppid_of,
+    proc_file,
     process_tree,
     shard_pids,
     start_queen,
@@ -79,8 +80,9 @@ class PopFigures:
 @dataclass(frozen=True)
 class DrainCpu:
     """CPU microseconds a pop of the drain, by role: the broker's front workers and shards,
-    PostgreSQL (every process of the server), and this client (``Http``), whose requests are
-    sequential, so the drain's wall time is about their sum plus the waits."""
+    PostgreSQL (the server's processes that work for the bench's database: ``Broker.cpu``),
+    and this client (``Http``), whose requests are sequential, so the drain's wall time is
+    about their sum plus the waits."""
 
     front_us: float
     shard_us: float
@@ -140,8 +142,14 @@ class Broker:
             raise
 
     def cpu(self) -> tuple[dict[int, int], dict[int, int]]:
+        """CPU ticks of the broker's processes, and of the server's processes that work for
+        this database (its backends, autovacuum workers on it, the server's own processes).
+
+        NOTE(bench): not the whole server's: on a shared server other users' sessions went into
+        the figure (a drain on this 2-core machine: 1,338 us of PostgreSQL a pop, of which
+        the broker's own backends had some 500, another helper's database most of the rest)."""
         return (cpu_ticks(process_tree(self.server.proc.pid)),
-                cpu_ticks(process_tree(self.postmaster)))
+                cpu_ticks(database_pids(process_tree(self.postmaster), db_name(self.dsn))))
 
     def fill(self, queue: str, partitions: int, per: int) -> None:
         items = [(f"p{i}", k) for k in range(per) for i in range(partitions)]
@@ -193,9 +201,9 @@ class Broker:
 
 
 class Autovacuums:
-    """What the server's autovacuum workers run while a measurement does: their CPU counts in
-    PostgreSQL's share (every process of the server) and takes the cores the drain's
-    sequential pops need, so the report names them (database: statement) beside the drain."""
+    """What the server's autovacuum workers run while a measurement does: they take the cores
+    the drain's sequential pops need (and, on the bench's own database, count in PostgreSQL's
+    share), so the report names them (database: statement) beside the drain."""
 
     def __init__(self, server_dsn: str, every_s: float = 0.5) -> None:
         self.server_dsn, self.every_s = server_dsn, every_s
@@ -219,6 +227,29 @@ class Autovacuums:
                         " WHERE backend_type = 'autovacuum worker'"):
                     self.seen.setdefault(f"{db}: {query}", None)
                 self.stop.wait(self.every_s)
+
+
+#: how the titles of the server's own processes end (``postgres: [cluster: ]walwriter``):
+#: they work for every database (``database_pids``)
+_SHARED = (b": walwriter", b": checkpointer", b": background writer", b": autovacuum launcher")
+
+
+def database_pids(pids: list[int], database: str) -> list[int]:
+    """The PostgreSQL processes among ``pids`` whose title names ``database`` (a backend's
+    title is ``postgres: ... <user> <database> <client> <state>``, an autovacuum worker's
+    ``postgres: autovacuum worker <database>``), and the server's own (WAL writer,
+    checkpointer: every commit's flush and checkpoint go through them); not the sessions of
+    another database of a shared server."""
+    needle = f" {database} ".encode()
+    out = []
+    for pid in pids:
+        title = proc_file(pid, "cmdline")
+        if title is None:
+            continue
+        title = title.replace(b"\0", b" ").rstrip()
+        if needle in title + b" " or title.endswith(_SHARED):
+            out.append(pid)
+    return out
 
 
 def pop_stats(partitions: int, times: list[float], before: tuple[dict[int, int], dict[int, int]],

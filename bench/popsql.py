@@ -4,7 +4,7 @@
 (bench/suite.py: pop batch 100 from one partition, a consumer group, a lease; one ack of the
 whole batch). Two autocommit connections, each its own backend, send what the front worker and
 the shard send, through the broker's own calls: ``queen_mp.db.pop_procs.claim``
-(``log_pop_v2``, binary results) on one, and ``queen_mp.db.ack_procs.ack_multi`` (ack fusion's
+(``log_pop_v3``, binary results) on one, and ``queen_mp.db.ack_procs.ack_multi`` (ack fusion's
 statement, binary array parameters, one row per ack: the registry fast path the suite's
 consumers take) on the other, one pop and its ack after the other. The queue is filled first
 (not measured) with ``--partitions`` partitions of segments of ``--segment`` messages each, as

@@ -98,14 +98,21 @@ def process_tree(pid: int) -> list[int]:
     return seen
 
 
+def proc_file(pid: int, name: str) -> bytes | None:
+    """``/proc/<pid>/<name>``, or None once the process is gone."""
+    try:
+        with open(f"/proc/{pid}/{name}", "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
 def cpu_ticks(pids: list[int]) -> dict[int, int]:
     """utime + stime of each live pid, in clock ticks."""
     out = {}
     for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
+        stat = proc_file(pid, "stat")
+        if stat is None:
             continue
         fields = stat[stat.rindex(b")") + 2:].split()
         out[pid] = int(fields[11]) + int(fields[12])

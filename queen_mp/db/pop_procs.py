@@ -18,8 +18,8 @@ __all__ = ["Claim", "ClaimResult", "PopRequest", "StoredChunks", "claim", "claim
 #: PERF(pop): every parameter sent in binary, made here (``claim_params``), and the rows read
 #: back in binary (payloads as stored, not hex text), through ``pooled_rows``
 _POP = PreparedCall(
-    "queen_log_pop_v2",
-    "SELECT * FROM queen.log_pop_v2($1::uuid, $2::text, $3::text, $4::text, $5::text, $6::text,"
+    "queen_log_pop_v3",
+    "SELECT * FROM queen.log_pop_v3($1::uuid, $2::text, $3::text, $4::text, $5::text, $6::text,"
     " $7::int4, $8::int4, $9::bool, $10::text, $11::timestamptz, $12::uuid, $13::int4)",
     13, binary_result=True)
 _INT4 = struct.Struct(">i").pack
@@ -32,7 +32,7 @@ StoredChunks = tuple[int, datetime, bytes]
 
 
 class PopRequest(msgspec.Struct, frozen=True, gc=False):
-    """One pop as the API asked for it (docs/api.md 2.3): what ``log_pop_v2`` claims, and how
+    """One pop as the API asked for it (docs/api.md 2.3): what ``log_pop_v3`` claims, and how
     long the front worker may wait for something claimable (``wait``, ``timeout_ms``).
 
     PERF(pop): the records of a pop (this, ``Claim``, ``ClaimResult``, the popper's
@@ -80,13 +80,13 @@ class ClaimResult(msgspec.Struct, frozen=True):
 
 async def claim(conn: psycopg.AsyncConnection[Any], r: PopRequest, lease_id: uuid.UUID | None,
                 claim_ms: int) -> ClaimResult:
-    """``log_pop_v2`` on a pooled connection the caller holds alone."""
+    """``log_pop_v3`` on a pooled connection the caller holds alone."""
     return claim_result(await pooled_rows(conn, _POP, claim_params(r, lease_id, claim_ms)))
 
 
 def claim_params(r: PopRequest, lease_id: uuid.UUID | None, claim_ms: int
                  ) -> list[bytes | None]:
-    """``log_pop_v2``'s parameters in PostgreSQL's binary form, in its order."""
+    """``log_pop_v3``'s parameters in PostgreSQL's binary form, in its order."""
     sub_from = r.sub_from
     if sub_from is not None:
         if sub_from.tzinfo is None:  # as psycopg sends it: a timestamp read in UTC
@@ -105,7 +105,7 @@ def _text(value: str | None) -> bytes | None:
 
 
 def claim_result(records: list[tuple[Any, ...]]) -> ClaimResult:
-    """``log_pop_v2``'s rows: a claim's rows together, its first one with the claim's columns
+    """``log_pop_v3``'s rows: a claim's rows together, its first one with the claim's columns
     (a row with no partition continues the claim above it), each row with a covering segment
     or not; one row with no partition when nothing was claimed.
 

@@ -56,11 +56,11 @@ async def retention_step(conn: Conn, partition_id: int, limit: int) -> Retention
 
 
 async def repair_ready(conn: Conn, after: int, limit: int) -> tuple[int, int]:
-    """``log_ready_repair_v2`` (functions/groups.sql) on the ``limit`` partitions after id
+    """``log_ready_repair_v3`` (functions/groups.sql) on the ``limit`` partitions after id
     ``after``: (rows of the ready index it had to add, the id the next slice starts after; 0
     once the sweep reached the end). The rows are 0 unless an older build ran against the
     database or a writer broke the protocol."""
-    cur = await conn.execute("SELECT * FROM queen.log_ready_repair_v2(%s, %s)", (after, limit))
+    cur = await conn.execute("SELECT * FROM queen.log_ready_repair_v3(%s, %s)", (after, limit))
     row = await cur.fetchone()
     assert row is not None
     return int(row[0]), int(row[1])

@@ -1,6 +1,6 @@
 """What a pop hands to its caller: claims and messages built from the stored segments.
 
-The claims of ``log_pop_v2`` (``queen_mp.db.pop_procs.Claim``, decoded there) carry their
+The claims of ``log_pop_v3`` (``queen_mp.db.pop_procs.Claim``, decoded there) carry their
 covering segments as stored (chunks of frames). JSON answers render each message of the
 claimed offsets straight from its frame into the JSON object docs/api.md 2.2 shows, with the
 payload spliced into ``data`` verbatim (a stored payload is already JSON text); ``QPF1``

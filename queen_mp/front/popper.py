@@ -1,6 +1,6 @@
 """The pop path of a front worker: claim, and when nothing is claimable, park until woken.
 
-One claim is one ``log_pop_v2`` statement on a pooled connection, released before any wait:
+One claim is one ``log_pop_v3`` statement on a pooled connection, released before any wait:
 a parked pop holds no database connection. Claiming stops a margin before the caller's deadline
 (250 ms at most, a quarter of the time left at most) so nothing is leased that cannot be
 delivered; a waiting pop that got nothing is still held to its deadline so clients do not spin.

@@ -36,7 +36,7 @@ log = logging.getLogger("queen_mp.housekeeping")
 
 _BATCH = 1000
 _PARTITIONS_PER_QUERY = 200
-#: partitions per round of the ready index's backstop (log_ready_repair_v2): a round's repair
+#: partitions per round of the ready index's backstop (log_ready_repair_v3): a round's repair
 #: costs the same whatever the table holds (the whole repair was 200-350 ms a round at 55,000
 #: partitions under a drain, issue 26); the sweep of the table takes partitions / this rounds
 _READY_PARTITIONS = 5000

@@ -104,7 +104,7 @@ async def _names(conn: psycopg.AsyncConnection[Any]) -> list[str]:
                                        "DISCARD ALL", None])
 def test_a_claim_after_psycopg_deallocated_the_connections_statements(
         db_dsn: str, statement: str | None) -> None:
-    """A pooled connection claims (``queen_log_pop_v2`` prepared by hand), psycopg prepares a
+    """A pooled connection claims (``queen_log_pop_v3`` prepared by hand), psycopg prepares a
     statement of its own there, then a ``transaction()`` left by an exception (ROLLBACK) or a
     DROP makes psycopg send DEALLOCATE ALL (a DISCARD ALL deallocates by itself; None: no
     such statement, the claim's statement stays): the next claims prepare again and claim."""
@@ -145,10 +145,10 @@ def test_a_claim_after_psycopg_deallocated_the_connections_statements(
 
     after, again, claims = asyncio.run(run())
     if statement is None:
-        assert "queen_log_pop_v2" in after and len(after) >= 2
+        assert "queen_log_pop_v3" in after and len(after) >= 2
     else:
-        assert "queen_log_pop_v2" not in after  # deallocated behind the flag's back
-    assert "queen_log_pop_v2" in again
+        assert "queen_log_pop_v3" not in after  # deallocated behind the flag's back
+    assert "queen_log_pop_v3" in again
     assert [[(c.start, c.end) for c in r.claims] for r in claims] == [[(1, 1)], [(2, 2)],
                                                                        [(3, 3)]]
     assert [r.claims[0].segments[0][2] for r in claims] == [b"m0", b"m1", b"m2"]

@@ -395,7 +395,7 @@ def test_partitions_claims_as_many_partitions_as_asked(broker, parts):
 
 
 def test_a_one_claim_answer_is_its_segments_whichever_statement_reads_them(broker, db):
-    """log_pop_v2 answers a lone claim that ended its walk (every partitions=1 pop that claims)
+    """log_pop_v3 answers a lone claim that ended its walk (every partitions=1 pop that claims)
     with its claim's row (the walk's values) and a statement of its segments alone, without the
     claim's columns; a walk that went on past its claim answers through the statement for
     several claims (the claim's columns on each row): both give the covering segments in
@@ -405,7 +405,7 @@ def test_a_one_claim_answer_is_its_segments_whichever_statement_reads_them(broke
     push_n(broker.client, q, "a", 2, start=3)  # segments at 1 and 4
     push_n(broker.client, q, "b", 1)
     sql = ("SELECT queue_name, partition_name, start_off, end_off, encrypted, base_offset"
-           " FROM queen.log_pop_v2(%s, %s, %s, NULL, NULL, %s, %s, %s, %s, 'all', NULL, %s,"
+           " FROM queen.log_pop_v3(%s, %s, %s, NULL, NULL, %s, %s, %s, %s, 'all', NULL, %s,"
            " 5000)")
     tenant = uuid.UUID(int=0)
 
@@ -451,7 +451,7 @@ def test_a_claim_starts_at_the_segment_its_claim_record_names_or_at_the_one_it_p
     push_n(broker.client, q, "a", 3, start=5)  # segments at 1, 4 and 6
     tenant = uuid.UUID(int=0)
     sql = ("SELECT partition_id, start_off, end_off, base_offset"
-           " FROM queen.log_pop_v2(%s, %s, NULL, NULL, NULL, %s, %s, 1, false, 'all', NULL,"
+           " FROM queen.log_pop_v3(%s, %s, NULL, NULL, NULL, %s, %s, 1, false, 'all', NULL,"
            " %s, 5000)")
     record = ("SELECT c.next_offset, c.next_base_offset FROM queen.log_consumers c"
               " JOIN queen.log_partitions lp ON lp.id = c.partition_id"
@@ -540,14 +540,14 @@ def test_queue_mode_and_an_explicit_group_are_independent(broker, db):
 
 def pop_counting_reads(db, queue: str | None, group: str, table: str,
                        namespace: str | None = None) -> tuple[list, int]:
-    """One log_pop_v2 call (rolled back) and the rows it read of ``table`` (counted, not
+    """One log_pop_v3 call (rolled back) and the rows it read of ``table`` (counted, not
     timed: seq_tup_read + idx_tup_fetch of the transaction)."""
     fetched_sql = ("SELECT seq_tup_read + COALESCE(idx_tup_fetch, 0) FROM pg_stat_xact_user_tables"
                    " WHERE schemaname = 'queen' AND relname = %s")
     with db.transaction(force_rollback=True):
         before = db.execute(fetched_sql, (table,)).fetchone()[0]
         rows = db.execute(
-            "SELECT partition_name, start_off, end_off FROM queen.log_pop_v2(%s, %s, NULL, %s,"
+            "SELECT partition_name, start_off, end_off FROM queen.log_pop_v3(%s, %s, NULL, %s,"
             " NULL, %s, 10, 1, false, 'all', NULL, gen_random_uuid(), 5000)"
             " WHERE partition_id IS NOT NULL",
             (uuid.UUID(int=0), queue, namespace, group)).fetchall()
@@ -588,7 +588,7 @@ def test_a_pop_reads_its_own_queues_partitions_by_index_after_analyze(broker, db
 
 
 def test_a_pop_reads_only_the_queue_rows_of_its_scope(broker, db):
-    """log_pop_v2 runs cached generic plans (issue 26): its scope is found by one key lookup
+    """log_pop_v3 runs cached generic plans (issue 26): its scope is found by one key lookup
     per kind of scope, so a queue pop and a namespace pop of a tenant with 150 more queues
     read a handful of queue rows (counted, not timed); one statement with every filter
     optional would read every queue of the tenant in its generic plan."""
@@ -730,10 +730,10 @@ def test_lease_extend(broker, db):
 ])
 def test_log_pop_refuses_bad_arguments_each_with_its_reason(db, queue, batch, parts, mode,
                                                             message):
-    """log_pop_v2 tests its arguments in one expression on the good path; a bad one still gets
+    """log_pop_v3 tests its arguments in one expression on the good path; a bad one still gets
     its own message (22023)."""
     with pytest.raises(psycopg.errors.InvalidParameterValue, match=message):
-        db.execute("SELECT * FROM queen.log_pop_v2(%s, %s, NULL, NULL, NULL, 'g', %s, %s,"
+        db.execute("SELECT * FROM queen.log_pop_v3(%s, %s, NULL, NULL, NULL, 'g', %s, %s,"
                    " false, %s, NULL, %s, 5000)",
                    (uuid.UUID(int=0), queue, batch, parts, mode, uuid.uuid4()))
 
@@ -851,7 +851,7 @@ def test_every_parked_pop_of_a_group_is_served_when_one_push_fills_several_parti
 def test_a_parked_pop_does_not_poll_the_database(broker, db):
     """With nothing known to free up, a parked pop waits for a wake-up: it claims once at the
     start and once before its deadline, not every few milliseconds (a NULL wake hint used to
-    come back as 0 ms from log_pop_v2, so parked pops re-ran it ~40 times a second).
+    come back as 0 ms from log_pop_v3, so parked pops re-ran it ~40 times a second).
 
     Claims are counted live from pg_stat_activity (each statement's (pid, query_start));
     pg_stat_database counters are flushed up to 10 s late and would count other tests."""
@@ -866,7 +866,7 @@ def test_a_parked_pop_does_not_poll_the_database(broker, db):
             claims.update(db.execute(
                 "SELECT pid, query_start FROM pg_stat_activity "
                 "WHERE datname = current_database() AND pid <> pg_backend_pid() "
-                "AND query LIKE %s", ("%queen.log_pop_v2(%",)).fetchall())
+                "AND query LIKE %s", ("%queen.log_pop_v3(%",)).fetchall())
             time.sleep(0.005)
         assert_204(fut.result())
     # the tail before the deadline re-claims a few times (a quarter of the time left each)

@@ -92,7 +92,7 @@ def reads_of_one_pop(db: psycopg.Connection, queue: str, group: str) -> tuple[li
     with db.transaction(force_rollback=True):
         before = dict(db.execute(sql, (list(tables),)).fetchall())
         rows = db.execute(
-            "SELECT partition_name, start_off, end_off FROM queen.log_pop_v2(%s, %s, NULL, NULL,"
+            "SELECT partition_name, start_off, end_off FROM queen.log_pop_v3(%s, %s, NULL, NULL,"
             " NULL, %s, 1, 1, true, 'all', NULL, NULL, 5000) WHERE partition_id IS NOT NULL",
             (TENANT, queue, group)).fetchall()
         after = dict(db.execute(sql, (list(tables),)).fetchall())
@@ -149,7 +149,7 @@ def test_the_candidate_walk_is_an_index_scan_in_claim_order_under_a_generic_plan
             db.execute("SELECT set_config(%s, %s, true)", (name, value))
         for _ in range(2):
             rows = db.execute(
-                "SELECT partition_name FROM queen.log_pop_v2(%s, %s, NULL, NULL, NULL, %s, 1,"
+                "SELECT partition_name FROM queen.log_pop_v3(%s, %s, NULL, NULL, NULL, %s, 1,"
                 " 1, true, 'all', NULL, NULL, 5000) WHERE partition_id IS NOT NULL",
                 (TENANT, q, QUEUE_MODE)).fetchall()
             assert len(rows) == 1
@@ -345,6 +345,42 @@ def test_every_cursor_writer_sets_the_flag_itself(broker, db):
     assert listed(g) == ["a"] and listed(h) == ["a"]
 
 
+def test_a_drain_pop_leaves_its_cursor_listed_while_an_allocator_holds_the_partition(
+        broker, db, db_dsn):
+    """An autoAck pop that takes a partition's last message writes NULL (caught up) only under
+    the partition's FOR SHARE, which log_pop_v3 takes itself since pop15 (log_ready_at_v1's
+    call before): while a push's allocator holds the row, the cursor stays listed with a time,
+    and the next pop that meets it, the push gone, clears it."""
+    q = uq("drainlock")
+    push_n(broker.client, q, "a", 1)
+    push_n(broker.client, q, "b", 2)
+    pop_one = ("SELECT partition_name, end_off FROM queen.log_pop_v3(%s, %s, %s, NULL, NULL,"
+               " 'g', 1, 1, true, 'all', NULL, NULL, 5000) WHERE partition_id IS NOT NULL")
+    flag = ("SELECT c.ready_at IS NOT NULL FROM queen.log_consumers c"
+            " JOIN queen.log_partitions lp ON lp.id = c.partition_id"
+            " JOIN queen.queues q ON q.id = lp.queue_id"
+            " WHERE q.name = %s AND lp.name = %s AND c.consumer_group = 'g'")
+    assert db.execute(pop_one, (TENANT, q, "b")).fetchall() == [("b", 1)]  # the group starts
+    with psycopg.connect(db_dsn) as holder:  # an allocator's row lock, as a push holds it
+        holder.execute("SELECT 1 FROM queen.log_partitions lp JOIN queen.queues q"
+                       " ON q.id = lp.queue_id WHERE q.name = %s AND lp.name IN ('a', 'b')"
+                       " ORDER BY lp.id FOR UPDATE OF lp", (q,))
+        assert db.execute(pop_one, (TENANT, q, "a")).fetchall() == [("a", 1)]
+        assert db.execute(pop_one, (TENANT, q, "b")).fetchall() == [("b", 2)]
+        assert db.execute(flag, (q, "a")).fetchone()[0] is True
+        assert db.execute(flag, (q, "b")).fetchone()[0] is True
+        holder.rollback()
+    assert db.execute(UNLISTED_SQL).fetchone()[0] == 0
+    for part in ("a", "b"):
+        assert db.execute(pop_one, (TENANT, q, part)).fetchall() == []
+        assert db.execute(flag, (q, part)).fetchone()[0] is False
+    # and without the lock a drain clears the flag in its own claim
+    push_n(broker.client, q, "a", 1, start=1)
+    assert db.execute(flag, (q, "a")).fetchone()[0] is True
+    assert db.execute(pop_one, (TENANT, q, "a")).fetchall() == [("a", 2)]
+    assert db.execute(flag, (q, "a")).fetchone()[0] is False
+
+
 @pytest.mark.parametrize("damage", ["flag", "queue_id", "cursor", "unstarted"])
 def test_the_repair_restores_what_an_older_build_left(broker, db, damage):
     """What a broker of the previous build writes during an upgrade (its pops create cursor
@@ -384,7 +420,7 @@ def test_the_repair_restores_what_an_older_build_left(broker, db, damage):
         assert db.execute(UNLISTED_SQL).fetchone()[0] + db.execute(MISSING_SQL).fetchone()[0] > 0
         with db.transaction(force_rollback=True):  # a pop does not see it
             assert db.execute(
-                "SELECT partition_id FROM queen.log_pop_v2(%s, %s, NULL, NULL, NULL, %s, 10, 1,"
+                "SELECT partition_id FROM queen.log_pop_v3(%s, %s, NULL, NULL, NULL, %s, 10, 1,"
                 " true, 'all', NULL, NULL, 5000)", (TENANT, q, g)).fetchall() == [(None,)]
         assert db.execute("SELECT queen.log_ready_repair_v1()").fetchone()[0] > 0
         assert db.execute(UNLISTED_SQL).fetchone()[0] == 0
@@ -396,7 +432,7 @@ def test_the_repair_restores_what_an_older_build_left(broker, db, damage):
 
 
 def test_a_housekeeping_repair_reads_one_slice_whatever_the_table_holds(broker, db):
-    """Housekeeping's backstop (log_ready_repair_v2) reads the partitions of its slice, not
+    """Housekeeping's backstop (log_ready_repair_v3) reads the partitions of its slice, not
     every cursor of the table: the whole repair, run every round, read 20,000 rows here and
     200-350 ms of PostgreSQL time a round at 55,000 partitions (issue 26). A slice without
     damage finds nothing; the slice holding the damage repairs it."""
@@ -424,19 +460,44 @@ def test_a_housekeeping_repair_reads_one_slice_whatever_the_table_holds(broker, 
                    " subscription_mode) SELECT id, %s, 'all' FROM queen.queues WHERE name = %s",
                    (uq("sub"), q))
         before = db.execute(sql, (tables,)).fetchone()[0]
-        repaired, after = db.execute("SELECT * FROM queen.log_ready_repair_v2(%s, 100)",
+        repaired, after = db.execute("SELECT * FROM queen.log_ready_repair_v3(%s, 100)",
                                      (lo - 1,)).fetchone()
         reads = db.execute(sql, (tables,)).fetchone()[0] - before
         assert repaired == 0
         assert after == db.execute("SELECT id FROM queen.log_partitions WHERE id >= %s"
                                    " ORDER BY id OFFSET 99 LIMIT 1", (lo,)).fetchone()[0]
         assert reads <= 1000, reads  # about 6 a partition of the slice
-        assert db.execute("SELECT * FROM queen.log_ready_repair_v2(%s, 100)",
+        assert db.execute("SELECT * FROM queen.log_ready_repair_v3(%s, 100)",
                           (hi - 1,)).fetchone()[0] == 1
         assert db.execute(UNLISTED_SQL).fetchone()[0] == 0
     # a sweep wraps around once it reached the last partition
-    assert db.execute("SELECT * FROM queen.log_ready_repair_v2((SELECT max(id)"
+    assert db.execute("SELECT * FROM queen.log_ready_repair_v3((SELECT max(id)"
                       " FROM queen.log_partitions), 100)").fetchone() == (0, 0)
+
+
+def test_a_housekeeping_repair_probes_each_missing_cursor_by_both_keys(broker, db_dsn):
+    """The slice's test for missing cursors of a started group is a probe by (partition,
+    group) per partition of the slice, never an anti-join: on tables no ANALYZE had seen since
+    they were small (a queue filled, started and drained within a minute) the planner made the
+    anti-join read every cursor of the group for each partition of the slice, through
+    log_consumers_group_idx on the group alone (1.5 s of CPU a round at 5,000 partitions;
+    pop15). Its plan, through auto_explain's nested statements."""
+    q = uq("probe")
+    fill(broker.client, q, 20)
+    pop_ok(broker.client, q, batch=1, autoAck=True)  # a started group
+    plans: list[str] = []
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.add_notice_handler(lambda d: plans.append(d.message_primary or ""))
+        for setting in ("auto_explain.log_min_duration = 0",
+                        "auto_explain.log_nested_statements = on",
+                        "auto_explain.log_level = notice"):
+            conn.execute(f"SET {setting}")
+        conn.execute("LOAD 'auto_explain'")
+        assert conn.execute("SELECT * FROM queen.log_ready_repair_v3(0, 5000)"
+                            ).fetchone()[0] == 0
+    (missing,) = [p for p in plans if "g.started" in p and "Query Text" in p]
+    assert "Anti Join" not in missing, missing
+    assert "SubPlan" in missing, missing
 
 
 def test_a_group_start_and_lease_less_acks_of_that_group_never_collide(broker, db_dsn):
@@ -458,7 +519,7 @@ def test_a_group_start_and_lease_less_acks_of_that_group_never_collide(broker, d
         with psycopg.connect(db_dsn, autocommit=True) as conn:
             go.wait()
             try:
-                conn.execute("SELECT count(*) FROM queen.log_pop_v2(%s, %s, NULL, NULL, NULL,"
+                conn.execute("SELECT count(*) FROM queen.log_pop_v3(%s, %s, NULL, NULL, NULL,"
                              " %s, 1, 1, true, 'all', NULL, gen_random_uuid(), 5000)",
                              (uuid.UUID(int=0), q, group))
             except psycopg.Error as ex:
@@ -496,7 +557,7 @@ def _sql_pop(db: psycopg.Connection, queue: str | None, partition: str | None = 
              namespace: str | None = None) -> list[tuple]:
     """One leased single-message pop of the queue-mode group: (partition, wake_in_ms) rows."""
     return db.execute(
-        "SELECT partition_name, wake_in_ms FROM queen.log_pop_v2(%s, %s, %s, %s, NULL, %s, 1,"
+        "SELECT partition_name, wake_in_ms FROM queen.log_pop_v3(%s, %s, %s, %s, NULL, %s, 1,"
         " 1, false, 'all', NULL, %s, 5000)"
         " WHERE partition_id IS NOT NULL OR base_offset IS NULL",
         (TENANT, queue, partition, namespace, QUEUE_MODE, uuid.uuid4())).fetchall()

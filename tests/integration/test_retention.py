@@ -188,7 +188,7 @@ LEASE_ROWS_SQL = "SELECT lease_id FROM queen.log_leases WHERE lease_id = ANY (%s
 
 
 def test_expired_leases_are_reclaimed_live_ones_kept(db):
-    """Cursor rows and lease rows as a pop writes them (log_pop_v2): the expired lease's
+    """Cursor rows and lease rows as a pop writes them (log_pop_v3): the expired lease's
     cursor drops its lease id and the lease's row goes; a released lease's row goes; the
     live lease and its row stay."""
     q = uq()

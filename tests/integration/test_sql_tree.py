@@ -217,7 +217,7 @@ def test_an_upgrade_drops_the_ready_trigger_and_the_writers_keep_the_index_true(
         assert db.execute(UNLISTED_SQL).fetchone()[0] == 0
         push(db, [Seg(q, "done", ["d"], verified=1)])  # the allocator lists the caught-up one
         assert db.execute(flags, (done,)).fetchone()[0] is True
-        pop = ("SELECT partition_id, end_off FROM queen.log_pop_v2(%s, %s, %s, NULL, NULL,"
+        pop = ("SELECT partition_id, end_off FROM queen.log_pop_v3(%s, %s, %s, NULL, NULL,"
                " 'g', 10, 1, true, 'all', NULL, NULL, 5000) WHERE partition_id IS NOT NULL")
         for part, pid, end in (("pending", pending, 2), ("done", done, 2)):
             assert db.execute(pop, (uuid.UUID(int=0), q, part)).fetchall() == [(pid, end)]

@@ -45,3 +45,19 @@ def test_no_reaping_is_the_live_delta() -> None:
     c0 = {"pg_live": {1: 10, 2: 20}, "pg_reaped": {1: 0}}
     c1 = {"pg_live": {1: 10, 2: 20 + CLK_TCK}, "pg_reaped": {1: 0}}
     assert cluster_cpu_s(c0, c1) == 1.0
+
+
+def test_the_partitions_bench_counts_only_its_own_databases_server_processes() -> None:
+    """bench.partitions' PostgreSQL figure: the processes whose title names its database, not
+    a shared server's other sessions (nor a database whose name only starts alike)."""
+    from bench.partitions import database_pids
+
+    sleep = "import time; time.sleep(30)"
+    ours = subprocess.Popen([sys.executable, "-c", sleep, "postgres", "queen_db_a", "idle"])
+    other = subprocess.Popen([sys.executable, "-c", sleep, "postgres", "queen_db_ab", "idle"])
+    try:
+        assert database_pids([ours.pid, other.pid, 2 ** 22 + 1], "queen_db_a") == [ours.pid]
+    finally:
+        for p in (ours, other):
+            p.kill()
+            p.wait()

@@ -154,7 +154,7 @@ def test_log_pop_rows_become_one_claim_per_partition_with_its_segments() -> None
 
 
 def test_log_pop_parameters_go_in_binary_in_its_order() -> None:
-    """the request's claim parameters, in log_pop_v2's order, then the attempt's own"""
+    """the request's claim parameters, in log_pop_v3's order, then the attempt's own"""
     lease = uuid.uuid4()
     assert pop_procs.claim_params(REQUEST, lease, 750) == [
         bytes(16), b"q", None, None, None, b"g", b"\0\0\0\x05", b"\0\0\0\x02", b"\0", b"all",
@@ -170,7 +170,7 @@ def test_log_pop_parameters_go_in_binary_in_its_order() -> None:
 
 
 def test_log_pop_rows_without_claim_columns_continue_the_claim_above() -> None:
-    """log_pop_v2's lone claim: a first row with the claim's columns and no segment, then one
+    """log_pop_v3's lone claim: a first row with the claim's columns and no segment, then one
     row per segment with NULL claim columns; the next claim starts at its own first row."""
     t0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
     exp = t0 + dt.timedelta(seconds=30)

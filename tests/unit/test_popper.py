@@ -1,7 +1,7 @@
 """Popper's claim gate: claims of one worker on the same cursor rows run one at a time, or
 ``CLAIMS_PER_KEY`` at a time while they come back full.
 
-The claim itself is replaced by a recorder (``log_pop_v2`` is covered by the integration
+The claim itself is replaced by a recorder (``log_pop_v3`` is covered by the integration
 tests); what is checked here is how many claims run at once, per key.
 """
 

@@ -18,7 +18,7 @@
 --       queues (every partition, at the recorded start); called by the pop and the repair.
 --   queen.log_ready_repair_v1() -> int8: cursor rows and ready flags an older build left
 --       missing (schema/002_ready_index.sql), on every partition; run by the function families.
---   queen.log_ready_repair_v2(int8, int4) -> (repaired, next_after): the same on a slice of
+--   queen.log_ready_repair_v3(int8, int4) -> (repaired, next_after): the same on a slice of
 --       the partitions; housekeeping sweeps the table with it, a slice a round.
 --   Calls queen.log_cursor_before_v1 and queen.log_pending_at_v1 (pop.sql).
 --
@@ -30,17 +30,17 @@
 --   queen.log_consumers         read; DELETE (group_delete_v1); UPDATE cursor/lease/retry
 --                               columns and ready_at (subscription, seek: pop.sql's
 --                               log_ready_at_v1); INSERT missing rows with queue_id and
---                               ready_at (seek, group_start_v1, log_ready_repair_v2)
+--                               ready_at (seek, group_start_v1, log_ready_repair_v3)
 --   queen.consumer_groups_meta  read; DELETE (group_delete_v1); INSERT/UPDATE (subscription);
 --                               UPDATE started (group_delete_v1 keeping the records, repair)
 --
--- Lock order (design.md invariant 4; the same as log_pop_v2 in pop.sql, which records
+-- Lock order (design.md invariant 4; the same as log_pop_v3 in pop.sql, which records
 --   the group's consumer_groups_meta row before it creates or locks any cursor row):
 --   1. consumer_groups_meta rows ascending by queue_id (only one consumer_group per call);
 --   2. log_consumers rows ascending by (partition_id, consumer_group): taken by one
 --      SELECT ... ORDER BY partition_id FOR UPDATE before the DELETE / UPDATE that changes
 --      them. group_seek_v1 first inserts the missing rows (ascending, ON CONFLICT DO NOTHING,
---      as log_pop_v2 does), then locks all of them.
+--      as log_pop_v3 does), then locks all of them.
 --   queues rows come before everything: a first pop (and the repair) takes them FOR UPDATE
 --   (ascending id), then writes the records, then inserts cursor rows (group_start_v1);
 --   group_delete_v1 keeping the records takes queue rows and records FOR UPDATE before any
@@ -546,7 +546,7 @@ END
 $$;
 
 -- ---------------------------------------------------------------------------------------------
--- log_ready_repair_v2: what the ready index needs and a broker of an older build (or a bug)
+-- log_ready_repair_v3: what the ready index needs and a broker of an older build (or a bug)
 -- left out, on the partitions with ids in (p_after, the p_limit-th id after it] (NULL limit:
 -- every partition after p_after): (1) `started` on records whose group has cursors (an older
 -- build's pops created them one by one) on the slice; (2) the cursor rows of started groups
@@ -563,8 +563,18 @@ $$;
 -- a drain (pg_stat_statements), every 5 s, beside the pops on the same CPUs. A round now reads
 -- a bounded number of partitions whatever the table holds (5,000: 270 buffers and 5 ms a
 -- round there); the whole table is swept in partitions / slice rounds.
+-- Revision (issue 26, pop15): log_ready_repair_v3 replaces log_ready_repair_v2 (same arguments,
+-- rows and effects). (2)'s test "no cursor of this started group on this partition" is a
+-- probe by both keys (OFFSET 0: a subplan per partition, not an anti-join). As an anti-join on
+-- tables no ANALYZE had seen yet (a queue of 5,000 partitions filled and drained within a
+-- minute, bench/partitions.py) the planner took the group's cursors by log_consumers_group_idx
+-- on the group alone and the partition as a join filter: every cursor of the group for each
+-- partition of the slice, 12.5M rows, 1.5 s of CPU a round at 5,000 partitions (auto_explain:
+-- 380,549 buffers). Now 11-14 ms a round there (backend CPU, before and after 2,500 drained);
+-- the housekeeping backend took 600-760 us of PostgreSQL's CPU per drain pop beside the
+-- pop's own 460-600 (bench.partitions' drain of 5,000, /proc by process).
 -- ---------------------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION queen.log_ready_repair_v2(p_after int8, p_limit int4)
+CREATE OR REPLACE FUNCTION queen.log_ready_repair_v3(p_after int8, p_limit int4)
 RETURNS TABLE (repaired int8, next_after int8)
 LANGUAGE plpgsql VOLATILE
 -- a seq scan under the slice's range filter still reads the whole table: every statement
@@ -616,7 +626,8 @@ BEGIN
               OFFSET 0) lp
         JOIN queen.consumer_groups_meta g ON g.queue_id = lp.queue_id AND g.started
         WHERE NOT EXISTS (SELECT 1 FROM queen.log_consumers c
-                          WHERE c.partition_id = lp.id AND c.consumer_group = g.consumer_group)
+                          WHERE c.partition_id = lp.id AND c.consumer_group = g.consumer_group
+                          OFFSET 0)  -- a probe by both keys (the revision above)
         ORDER BY 1, 2
     LOOP
         PERFORM 1 FROM queen.queues q WHERE q.id = r.queue_id FOR UPDATE;
@@ -660,12 +671,12 @@ END
 $$;
 
 -- ---------------------------------------------------------------------------------------------
--- log_ready_repair_v1: log_ready_repair_v2 on every partition at once (the function families'
+-- log_ready_repair_v1: log_ready_repair_v3 on every partition at once (the function families'
 -- repair, in the transaction that installs the triggers).
 -- ---------------------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION queen.log_ready_repair_v1()
 RETURNS int8
 LANGUAGE sql VOLATILE
 AS $$
-    SELECT r.repaired FROM queen.log_ready_repair_v2(0, NULL) r
+    SELECT r.repaired FROM queen.log_ready_repair_v3(0, NULL) r
 $$;

@@ -11,7 +11,7 @@
 --       cursor sets it (the protocol that keeps it true is written at the function).
 --   queen.pop_scope_ids_v2(uuid, text, text) -> int8[]: the queues a discovery pop may claim.
 --   queen.pop_scope_v5(int8[], text) -> table: those queues' options and the group's start.
---   queen.log_pop_v2(uuid, text, text, text, text, text, int4, int4, boolean, text,
+--   queen.log_pop_v3(uuid, text, text, text, text, text, int4, int4, boolean, text,
 --                    timestamptz, uuid, int4) -> SETOF rows (below)
 --       claim partitions for a group, lease (or auto-ack) them and return the covering
 --       segments, all in the caller's one statement / transaction.
@@ -21,7 +21,7 @@
 -- Tables touched:
 --   queen.queues                read (tenant, name / namespace / task, options)
 --   queen.system_settings       read (pop_maintenance_mode)
---   queen.log_partitions        read only (never locked: pops must not queue behind pushes)
+--   queen.log_partitions        read (never waited for: pops must not queue behind pushes)
 --   queen.consumer_groups_meta  INSERT ... ON CONFLICT DO NOTHING (the group's first start)
 --   queen.queues                FOR UPDATE of the queues where this pop records a first start
 --                               (group_start_v1, groups.sql), nothing otherwise
@@ -32,8 +32,8 @@
 --   queen.log_segments          read (covering segments of each claim; delay cut-off)
 --
 -- Lock order (design.md invariant 4): no log_partitions row lock, except the FOR SHARE ...
---   SKIP LOCKED that log_ready_at_v1 takes (never waits) when an autoAck claim or a settled
---   flag finds the cursor caught up. A first start locks its queue rows, then
+--   SKIP LOCKED (never waits) that log_pop_v3 takes when an autoAck claim takes a partition's
+--   last message, and log_ready_at_v1 when a settled flag finds the cursor caught up. A first start locks its queue rows, then
 --   inserts the cursor rows in ascending partition id order (a speculative insertion may wait
 --   for another transaction inserting the same key; the ascending order keeps those waits
 --   acyclic). Existing cursor rows are then locked with SKIP LOCKED, which never waits, so a
@@ -49,7 +49,7 @@
 --   become visible only at its commit, and one partition's pushes commit in offset order (one
 --   allocator row lock), so every offset <= a visible last_offset is committed.
 --
--- log_pop_v2 result rows. One row per covering segment of each claim, claims in claim order,
+-- log_pop_v3 result rows. One row per covering segment of each claim, claims in claim order,
 -- segments ascending; a claim whose segments were all retained away has one row with NULL
 -- segment columns. When nothing was claimed, exactly ONE hint row with partition_id NULL:
 -- wake_in_ms = milliseconds until a currently blocked partition becomes claimable (a live
@@ -185,7 +185,7 @@ $$;
 -- ---------------------------------------------------------------------------------------------
 -- pop_scope_ids_v2: the ids of the queues a discovery pop (namespace and/or task) may claim
 -- from, ascending. One statement per kind of scope, each a key lookup in its generic plan:
--- log_pop_v2 runs cached generic plans (below), and a generic plan of one statement with every
+-- log_pop_v3 runs cached generic plans (below), and a generic plan of one statement with every
 -- filter optional ("p_namespace IS NULL OR q.namespace = p_namespace") reads every queue of the
 -- tenant. (v1 took the queue name too: a queue pop reads its one queue in its own scope
 -- statement now.)
@@ -238,7 +238,7 @@ AS $$
 $$;
 
 -- ---------------------------------------------------------------------------------------------
--- log_pop_v2 (the claim and its segments: see "log_pop_v2 result rows" above)
+-- log_pop_v3 (the claim and its segments: see "log_pop_v3 result rows" above)
 --   p_tenant          tenant of the caller
 --   p_queue           queue name; NULL for a namespace/task pop
 --   p_partition       partition name (the partition route); NULL = any partition
@@ -426,7 +426,23 @@ $$;
 -- group's 40 cursors on another queue (test_a_pop_reads_the_cursors_of_its_own_queue_only:
 -- 42 rows read, < 10 asked). Kept, as pgcons11 concluded.
 
-CREATE OR REPLACE FUNCTION queen.log_pop_v2(
+-- Revision (issue 26, pop15): log_pop_v3 replaces log_pop_v2 (same arguments and rows). An
+-- autoAck claim that takes its partition's last message (a drain: the cursor's ready_at goes
+-- NULL, a non-HOT update) decided that NULL through log_ready_at_v1: a plpgsql call, an
+-- unlocked read of the partition the walk had just read, then its FOR SHARE SKIP LOCKED read.
+-- Now the claim takes that locked read itself and answers as log_ready_at_v1 would (NULL only
+-- under the lock; an allocator holding the row: a time, the flag stays; a push committed since
+-- the walk's read: its time), and a claim to the end runs no claim-record statement (it found
+-- nothing there: no segment past the last offset). PostgreSQL instructions a one-message
+-- autoAck pop (callgrind, private cluster, autovacuum off; 20 pops subtracted from 220): drain
+-- of 1,000 one-message partitions 922,194 -> 856,263, of 3,000 after 2,500 drained 984,342
+-- -> 918,147; pops of 10 partitions that keep messages (HOT) 728,000 -> 726,787.
+-- What stays of a drain pop's extra over a HOT one (+190k): the non-HOT update's entries in
+-- the primary key and log_consumers_group_idx (43k), and the candidate walk over the entries
+-- of the cursors drained before (the old versions' entries in log_consumers_ready_idx, dead
+-- and marked so by the scans, but left in their leaf pages until VACUUM: +62k a pop after
+-- 2,500 drained, 35 buffers for the first candidate 200 pops before the end of a 5,000 drain).
+CREATE OR REPLACE FUNCTION queen.log_pop_v3(
     p_tenant         uuid,
     p_queue          text,
     p_partition      text,
@@ -498,6 +514,9 @@ DECLARE
     -- is an expression each call initializes)
     v_claims     int8[];
     v_pids       int8[];        -- the claims' partitions
+    v_caught     timestamptz;   -- an autoAck claim to the partition's end: its new ready_at
+    v_lock_last  int8;          -- that partition under its FOR SHARE: last_offset and
+    v_lock_from  int8;          -- log_start_offset
 BEGIN
     -- PERF(pop): one test on the good path (each plpgsql expression a call evaluates is
     -- initialized anew in each transaction: about 2,500 instructions; bench/popsql.py)
@@ -506,14 +525,14 @@ BEGIN
        OR (p_queue IS NULL AND p_namespace IS NULL AND p_task IS NULL) THEN
         IF p_batch IS NULL OR p_batch < 1 OR p_max_partitions IS NULL
            OR p_max_partitions < 1 THEN
-            RAISE EXCEPTION 'log_pop_v2: batch and max_partitions must be >= 1'
+            RAISE EXCEPTION 'log_pop_v3: batch and max_partitions must be >= 1'
                 USING ERRCODE = '22023';
         END IF;
         IF p_sub_mode NOT IN ('all', 'new', 'new-only', 'timestamp') THEN
-            RAISE EXCEPTION 'log_pop_v2: unknown subscription mode %', p_sub_mode
+            RAISE EXCEPTION 'log_pop_v3: unknown subscription mode %', p_sub_mode
                 USING ERRCODE = '22023';
         END IF;
-        RAISE EXCEPTION 'log_pop_v2: a queue, a namespace or a task is required'
+        RAISE EXCEPTION 'log_pop_v3: a queue, a namespace or a task is required'
             USING ERRCODE = '22023';
     END IF;
 
@@ -750,11 +769,32 @@ BEGIN
         -- the claim record: created_at and base of the segment holding end_off + 1 (a claim
         -- that reached the partition's end: no time, and the next segment's base is
         -- end_off + 1, offsets being allocated without gaps)
-        SELECT s.created_at, s.base_offset INTO v_next_at, v_next_base
-        FROM queen.log_segments s
-        WHERE end_off < v_last
-          AND s.partition_id = v_pid AND s.base_offset <= end_off + 1
-        ORDER BY s.base_offset DESC LIMIT 1;
+        IF end_off < v_last THEN
+            SELECT s.created_at, s.base_offset INTO v_next_at, v_next_base
+            FROM queen.log_segments s
+            WHERE s.partition_id = v_pid AND s.base_offset <= end_off + 1
+            ORDER BY s.base_offset DESC LIMIT 1;
+        ELSE
+            v_next_at := NULL;
+            IF p_auto_ack THEN
+                -- PERF(pop): a drain (the claim takes the partition's last message): what
+                -- log_ready_at_v1 would answer, without its call and its unlocked read of the
+                -- partition: caught up (NULL) only under the partition's FOR SHARE, as there;
+                -- an allocator holding it means data may be arriving; a push committed since
+                -- the walk read the partition, the time of what it added
+                SELECT lp.last_offset, lp.log_start_offset INTO v_lock_last, v_lock_from
+                FROM queen.log_partitions lp WHERE lp.id = v_pid
+                FOR SHARE SKIP LOCKED;
+                IF NOT FOUND THEN
+                    v_caught := clock_timestamp();
+                ELSIF GREATEST(end_off + 1, v_lock_from) > v_lock_last THEN
+                    v_caught := NULL;
+                ELSE
+                    v_caught := COALESCE(queen.log_pending_at_v1(
+                        v_pid, GREATEST(end_off + 1, v_lock_from)), clock_timestamp());
+                END IF;
+            END IF;
+        END IF;
         -- INTO STRICT: the row is locked by this pop, so its version cannot have moved
         -- (P0002 if it did)
         IF p_auto_ack THEN
@@ -766,7 +806,9 @@ BEGIN
                 next_offset = end_off + 1, next_created_at = v_next_at,
                 next_base_offset = CASE WHEN end_off < v_last THEN v_next_base
                                         ELSE end_off + 1 END,
-                ready_at = queen.log_ready_at_v1(v_pid, end_off, end_off + 1, v_next_at)
+                ready_at = CASE WHEN end_off < v_last
+                                THEN queen.log_ready_at_v1(v_pid, end_off, end_off + 1, v_next_at)
+                                ELSE v_caught END
             WHERE c.ctid = v_ctid
               AND c.partition_id = v_pid AND c.consumer_group = p_group
             RETURNING NULL::timestamptz INTO STRICT lease_expires_at;
@@ -845,7 +887,7 @@ BEGIN
     -- The claims' partitions and queue by primary key (a join with the scope would read
     -- every partition of the queue).
     RETURN QUERY
-    SELECT q.name::text, cl.pid, lp.name::text, cl.s, cl.e, cl.a, log_pop_v2.lease_expires_at,
+    SELECT q.name::text, cl.pid, lp.name::text, cl.s, cl.e, cl.a, log_pop_v3.lease_expires_at,
            q.encryption_enabled, seg.base_offset, seg.created_at, seg.payload, NULL::int8
     FROM generate_series(1, cardinality(v_claims), 5) AS g(n)
     CROSS JOIN LATERAL (SELECT v_claims[g.n] AS pid, v_claims[g.n + 1] AS s,
