@@ -377,8 +377,12 @@ class Admission:
         PERF(http): what fits is admitted by a plain call, with no coroutine made and run
         (nearly every request), and the budgets' ``try_acquire`` taken inline: a Python call
         costs some 1k instructions, and admission made a dozen a request."""
-        if path in DISK_CHECKED_PATHS and self.disk_pct() > self.disk_high_pct:
-            self._check_disk(path)  # raises
+        if path in DISK_CHECKED_PATHS:
+            at = self._disk_at  # the sample, unless it is due again (``disk_pct``)
+            pct = (self._disk_pct if at is not None and self._clock() - at < DISK_SAMPLE_S
+                   else self.disk_pct())
+            if pct > self.disk_high_pct:
+                self._check_disk(path)  # raises
         budget = self.budget
         size = self.cost(content_length)
         if size and (budget._waiters or size > budget.available):

@@ -221,7 +221,8 @@ class LeanCycle:
     """A hot-route request on the lean path: what uvicorn's RequestResponseCycle would hold
     of it, under the names the protocol's code (uvicorn's and ours) reads of a cycle."""
 
-    __slots__ = ("call", "chunks", "disconnected", "keep_alive", "response_complete", "scope")
+    __slots__ = ("call", "chunks", "disconnected", "keep_alive", "response_complete", "scope",
+                 "task")
 
     def __init__(self, call: HotCall, scope: dict[str, Any] | None, keep_alive: bool) -> None:
         self.call = call
@@ -230,6 +231,8 @@ class LeanCycle:
         self.chunks: list[bytes] = []
         self.disconnected = False
         self.response_complete = False
+        #: the task answering it, set once made; dropped when it ends (it holds this cycle)
+        self.task: asyncio.Task[None] | None = None
 
 
 class CorkedHttpToolsProtocol(HttpToolsProtocol):
@@ -432,7 +435,8 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         if type(cycle) is not LeanCycle:
             super().on_message_complete()
             return
-        self.tasks.add(self.loop.create_task(self._answer_lean(cycle)))
+        cycle.task = task = self.loop.create_task(self._answer_lean(cycle))
+        self.tasks.add(task)
 
     async def _answer_lean(self, cycle: LeanCycle) -> None:
         try:
@@ -472,9 +476,10 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
             # PERF(http): out of ``tasks`` here, not by a done callback (a loop callback
             # made, run and freed per request); a task cancelled before its first step (only
             # by a graceful stop past its timeout, which stops waiting for tasks) stays
-            # PERF(http): of this loop: ``current_task()`` asks for the running loop, whose
-            # check for a fork is a getpid system call (CPython 3.11)
-            self.tasks.discard(asyncio.current_task(self.loop))  # type: ignore[arg-type]
+            # PERF(http): the cycle's, not ``asyncio.current_task()`` (a Python call, and its
+            # running loop's check for a fork is a getpid system call on CPython 3.11)
+            task, cycle.task = cycle.task, None
+            self.tasks.discard(task)  # type: ignore[arg-type]
 
 
 class QuietExitServer(Server):
