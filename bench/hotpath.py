@@ -274,7 +274,8 @@ class LeanPush:
                                  count_pushed=lambda results: None)
         app = create_app(config, None, worker)  # type: ignore[arg-type]
         uv = uvicorn.Config(app, http=CorkedHttpToolsProtocol, lifespan="off",
-                            proxy_headers=False, server_header=False, log_level="warning")
+                            proxy_headers=False, server_header=False, log_level="warning",
+                            access_log=False)  # as gunicorn serves it: no --access-logfile
         self.wire = _Wire()
         self.protocol = CorkedHttpToolsProtocol(config=uv, server_state=ServerState(),
                                                 app_state={}, _loop=loop)

@@ -35,7 +35,7 @@ from queen_mp.http.ack import AckBatchResource, AckResource
 from queen_mp.http.admission import ADMITTED_PATHS, Admission, Grant
 from queen_mp.http.answer import JSON_UTF8, Answer
 from queen_mp.http.authz import Authz
-from queen_mp.http.body import read_stream
+from queen_mp.http.body import read_stream, read_whole
 from queen_mp.http.edge import EdgeMiddleware
 from queen_mp.http.errors import error_answer, error_of
 from queen_mp.http.pop import PopResource
@@ -218,8 +218,14 @@ class HotRoutes:
             "POST": {}, "GET": {}}
 
     def match(self, scope: dict[str, Any]) -> HotCall | None:
-        method = scope["method"]
-        path = scope["path"] or "/"
+        return self.match_head(scope["method"], scope["path"], scope["headers"],
+                               scope["query_string"])
+
+    def match_head(self, method: str, path: str, headers: Sequence[tuple[bytes, bytes]],
+                   raw_query: bytes) -> HotCall | None:
+        """``match`` of a request's parts as its scope would hold them (the front's lean
+        path has no scope)."""
+        path = path or "/"
         if self._strip and len(path) != 1 and path.endswith("/"):
             path = path[:-1]  # as falcon's Request does
         # PERF(http): a hot route's static path by method, found and checked once (9.9k
@@ -237,7 +243,7 @@ class HotRoutes:
             if not found[2]:
                 self._static[method][path] = found
         length = encoding = authorization = None
-        for name, value in scope["headers"]:
+        for name, value in headers:
             if name in _READ_HEADERS:
                 if name == b"content-length":
                     if length is not None or not (value.isdigit() and value.isascii()):
@@ -252,7 +258,7 @@ class HotRoutes:
                 else:
                     authorization = value.decode("latin1")
         try:
-            query_string = scope["query_string"].decode()
+            query_string = raw_query.decode()
         except UnicodeDecodeError:
             return None  # falcon's Request raises it: let it
         return HotCall(method, path, query_string, found[3], found[2], length, encoding,
@@ -291,7 +297,9 @@ class HotRoutes:
                              self.authz.principal(call.method, call.path, call.template,
                                                   call.authorization))
                 if call.method == "POST" and call.path in ADMITTED_PATHS:
-                    grant = await self.admission.admit(call.path, call.content_length)
+                    admitted = self.admission.admit_now(call.path, call.content_length)
+                    grant = (await self.admission.admit(call.path, call.content_length)
+                             if admitted is False else admitted)  # type: ignore[assignment]
                 answer = await self._answer(call, body, principal.tenant, principal.sub, grant)
             except Exception as ex:
                 answer = error_answer(error_of(ex, call.method, call.path))
@@ -301,21 +309,37 @@ class HotRoutes:
         self.edge.account(call.template, answer.status, started)
         return answer
 
-    async def _answer(self, call: HotCall, body: bytes | AsyncIterable[bytes], tenant: bytes,
-                      sub: str | None, grant: Grant | None) -> Answer:
+    def _answer(self, call: HotCall, body: bytes | AsyncIterable[bytes], tenant: bytes,
+                sub: str | None, grant: Grant | None) -> Awaitable[Answer]:
+        """The awaitable of ``call``'s answer.
+
+        PERF(http): not a coroutine itself, and a body read whole is checked and decoded by a
+        plain call (``read_whole``): the caller awaits the responder's own coroutine, two
+        coroutines fewer a request."""
         other = self.extra.get((call.method, call.template)) if self.extra else None
         if other is not None:
-            return await other(call, body, tenant)
+            return other(call, body, tenant)
         if call.method == "GET":
-            return await self.pop.answer(call.query_string, tenant, call.params["queue"],
-                                         call.params.get("partition"))
+            return self.pop.answer(call.query_string, tenant, call.params["queue"],
+                                   call.params.get("partition"))
+        if type(body) is not bytes:
+            return self._answer_read(call, body, tenant, sub, grant)  # type: ignore[arg-type]
         # NOTE(memory): the body read goes straight into the answer (no local here), which
         # drops a push's once parsed: a local would keep it until every verdict is in. A body
         # the lean path read whole (up to uvworker.LEAN_MAX_BODY) stays with its caller.
         if call.path == PUSH:
-            return await self.push.answer(
-                await read_stream(call.content_length, body, call.encoding,
-                                  self.push.worker.config.max_body_mb << 20),
+            return self.push.answer(
+                read_whole(call.content_length, body, call.encoding,
+                           self.push.worker.config.max_body_mb << 20),
                 tenant, sub, grant)
-        return await self.acks[call.path].answer(
-            await read_stream(call.content_length, body, call.encoding, MAX_ACK_BODY), tenant)
+        return self.acks[call.path].answer(
+            read_whole(call.content_length, body, call.encoding, MAX_ACK_BODY), tenant)
+
+    async def _answer_read(self, call: HotCall, chunks: AsyncIterable[bytes], tenant: bytes,
+                           sub: str | None, grant: Grant | None) -> Answer:
+        """``_answer`` of a body that comes in chunks (``serve``): read whole first."""
+        limit = (self.push.worker.config.max_body_mb << 20 if call.path == PUSH
+                 else MAX_ACK_BODY)
+        return await self._answer(
+            call, await read_stream(call.content_length, chunks, call.encoding, limit),
+            tenant, sub, grant)

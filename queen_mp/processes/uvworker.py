@@ -26,6 +26,7 @@ read whole by the protocol and answered by one task that writes the bytes uvicor
 from __future__ import annotations
 
 import asyncio
+import functools
 import socket
 import sys
 from typing import TYPE_CHECKING, Any
@@ -100,6 +101,23 @@ LEAN_MAX_BODY = HIGH_WATER_LIMIT
 #: what uvicorn answers when the application fails before answering (its header lines)
 _FAILED = (500, b"content-type: text/plain; charset=utf-8\r\ncontent-length: 21\r\n",
            b"Internal Server Error")
+
+
+@functools.lru_cache(maxsize=256)
+def request_target(url: bytes) -> tuple[str, bytes, bytes]:
+    """A request target's path (decoded, unquoted), raw path and query string, as uvicorn's
+    ``on_headers_complete`` sets them in a scope.
+
+    PERF(http): cached by the target's bytes: a client sends the same few (a producer's push
+    path, a consumer's pop with its query) over and over; httptools' parse of it made a URL
+    object and the path was decoded anew for each request. NOTE(memory): at most 256
+    targets, as their bytes and parts."""
+    parsed = httptools.parse_url(url)
+    raw_path = parsed.path
+    path = raw_path.decode("ascii")
+    if "%" in path:
+        path = unquote(path)
+    return path, raw_path, parsed.query or b""
 
 
 #: the last list of default headers the server set (it sets a new one with each new Date) and
@@ -203,7 +221,8 @@ class LeanCycle:
     """A hot-route request on the lean path: what uvicorn's RequestResponseCycle would hold
     of it, under the names the protocol's code (uvicorn's and ours) reads of a cycle."""
 
-    __slots__ = ("call", "chunks", "disconnected", "keep_alive", "response_complete", "scope")
+    __slots__ = ("call", "chunks", "disconnected", "keep_alive", "response_complete", "scope",
+                 "task")
 
     def __init__(self, call: HotCall, scope: dict[str, Any] | None, keep_alive: bool) -> None:
         self.call = call
@@ -212,6 +231,8 @@ class LeanCycle:
         self.chunks: list[bytes] = []
         self.disconnected = False
         self.response_complete = False
+        #: the task answering it, set once made; dropped when it ends (it holds this cycle)
+        self.task: asyncio.Task[None] | None = None
 
 
 class CorkedHttpToolsProtocol(HttpToolsProtocol):
@@ -327,13 +348,39 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         else:
             self.cycle.keep_alive = False
 
+    def on_message_begin(self) -> None:
+        # uvicorn's, minus the request's ASGI scope: PERF(http): the lean path reads the
+        # method, target and headers from the parser and this protocol, and a request has its
+        # scope made (``_new_scope``) only if it takes uvicorn's path or the access log wants
+        # it (a dict of ten keys, two of them new dicts, per request)
+        self.url = b""
+        self.expect_100_continue = False
+        self.headers = []
+        self.scope = None  # type: ignore[assignment]
+
+    def _new_scope(self) -> dict[str, Any]:
+        """The scope uvicorn's ``on_message_begin`` makes, of the request's headers so far."""
+        return {
+            "type": "http",
+            "asgi": {"version": self.asgi_version, "spec_version": "2.3"},
+            "http_version": "1.1",
+            "server": self.server,
+            "client": self.client,
+            "scheme": self.scheme,
+            "root_path": self.root_path,
+            "headers": self.headers,
+            "state": self.app_state.copy(),
+        }
+
     def on_headers_complete(self) -> None:
         lean = self._lean_cycle()
         if lean is not None:
             self.cycle = lean  # type: ignore[assignment]
-            # NOTE(memory): the next request's ``on_message_begin`` makes both anew
-            self.scope = self.headers = None  # type: ignore[assignment]
+            # NOTE(memory): the next request's ``on_message_begin`` makes it anew
+            self.headers = None  # type: ignore[assignment]
             return
+        if self.scope is None:
+            self.scope = self._new_scope()  # type: ignore[assignment]
         super().on_headers_complete()
         if self._stopping and self.cycle is not None:
             self.cycle.keep_alive = False
@@ -348,25 +395,15 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         version = parser.get_http_version()
         if version != "1.1" and version != "1.0":
             return None
-        for name, _ in self.headers:
+        headers = self.headers
+        for name, _ in headers:
             if name == b"transfer-encoding":
                 return None
-        scope = self.scope
-        scope["method"] = method = parser.get_method().decode("ascii")
+        method = parser.get_method().decode("ascii")
         if method != "POST" and method != "GET":
             return None
-        # NOTE(http): the path and query string as uvicorn's on_headers_complete sets them
-        url = httptools.parse_url(self.url)
-        raw_path = url.path
-        path = raw_path.decode("ascii")
-        if "%" in path:
-            path = unquote(path)
-        scope["path"] = self.root_path + path
-        scope["raw_path"] = self.root_path.encode("ascii") + raw_path
-        scope["query_string"] = url.query or b""
-        if version != "1.1":
-            scope["http_version"] = version
-        call = hot.match(scope)
+        path, raw_path, query = request_target(self.url)
+        call = hot.match_head(method, self.root_path + path, headers, query)
         if call is None:
             return None
         length = call.content_length
@@ -374,7 +411,17 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
                                                      length > LEAN_MAX_BODY):
             return None
         keep_alive = version != "1.0" and parser.should_keep_alive() and not self._stopping
-        return LeanCycle(call, scope if self.access_log else None, keep_alive)
+        if not self.access_log:
+            return LeanCycle(call, None, keep_alive)
+        # kept for the access log: what uvicorn's on_headers_complete sets
+        scope = self._new_scope()
+        scope["method"] = method
+        scope["path"] = self.root_path + path
+        scope["raw_path"] = self.root_path.encode("ascii") + raw_path
+        scope["query_string"] = query
+        if version != "1.1":
+            scope["http_version"] = version
+        return LeanCycle(call, scope, keep_alive)
 
     def on_body(self, body: bytes) -> None:
         cycle = self.cycle
@@ -388,7 +435,8 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         if type(cycle) is not LeanCycle:
             super().on_message_complete()
             return
-        self.tasks.add(self.loop.create_task(self._answer_lean(cycle)))
+        cycle.task = task = self.loop.create_task(self._answer_lean(cycle))
+        self.tasks.add(task)
 
     async def _answer_lean(self, cycle: LeanCycle) -> None:
         try:
@@ -428,7 +476,10 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
             # PERF(http): out of ``tasks`` here, not by a done callback (a loop callback
             # made, run and freed per request); a task cancelled before its first step (only
             # by a graceful stop past its timeout, which stops waiting for tasks) stays
-            self.tasks.discard(asyncio.current_task())  # type: ignore[arg-type]
+            # PERF(http): the cycle's, not ``asyncio.current_task()`` (a Python call, and its
+            # running loop's check for a fork is a getpid system call on CPython 3.11)
+            task, cycle.task = cycle.task, None
+            self.tasks.discard(task)  # type: ignore[arg-type]
 
 
 class QuietExitServer(Server):

@@ -618,3 +618,36 @@ async def test_rewindow_waits_only_for_what_is_left_of_the_request_hold():
     assert adm.window.in_use == 600 and adm.window.waiting == 0
     grant.release()
     assert adm.budget.in_use == 0 and adm.window.in_use == 600
+
+
+# ------------------------------------------------------------------ admission without a wait
+@run
+async def test_admit_now_takes_what_fits_and_nothing_when_it_would_wait():
+    """The hot routes' plain call: a Grant as ``admit`` gives it when nothing waits, and
+    False with nothing taken (budget and window as they were) when ``admit`` would wait."""
+    adm = make_admission(budget_mb=1, window=64 << 10)
+    grant = adm.admit_now(PUSH, 1000)
+    assert isinstance(grant, Grant) and (grant.size, grant.window) == (1000, 1000)
+    assert adm.budget.in_use == 1000 and adm.window is not None and adm.window.in_use == 1000
+    assert adm.admit_now(KV, 0) is None  # no permits for an empty body
+    # the window is full: the budget taken for it goes back
+    assert adm.admit_now(PUSH, 64 << 10) is False
+    assert adm.budget.in_use == 1000 and adm.window.in_use == 1000
+    grant.release()
+    assert adm.budget.in_use == 0 and adm.window.in_use == 0
+    # the budget is full: False, and ``admit`` then queues the request behind
+    held = adm.admit_now(KV, MB)
+    assert isinstance(held, Grant) and adm.admit_now(KV, 10) is False
+    waiting = asyncio.ensure_future(adm.admit(KV, 10))
+    await _until(lambda: adm.budget.waiting == 1)
+    held.release()
+    late = await waiting
+    assert isinstance(late, Grant) and adm.budget.in_use == 10
+    late.release()
+
+
+def test_admit_now_refuses_above_the_disk_mark_with_nothing_taken():
+    adm = make_admission(disk=lambda: 99.0, high_pct=85)
+    with pytest.raises(errors.StorageFull):
+        adm.admit_now(PUSH, 1000)
+    assert adm.budget.in_use == 0

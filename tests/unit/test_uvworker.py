@@ -7,7 +7,9 @@ import contextlib
 import socket
 import time
 from typing import Any
+from urllib.parse import unquote
 
+import httptools
 import pytest
 import uvicorn
 
@@ -16,6 +18,7 @@ from queen_mp.processes.uvworker import (
     CorkedTransport,
     LazyFlowControl,
     limit_receive_buffers,
+    request_target,
 )
 
 pytestmark = pytest.mark.timeout(20)
@@ -225,3 +228,42 @@ def test_no_limit_leaves_the_kernel_s_receive_buffer() -> None:
         limit_receive_buffers([listener], 0)
         assert (listener.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
                 == untouched.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF))
+
+
+@pytest.mark.parametrize("url", [b"/api/v1/push", b"/api/v1/pop/queue/q?batch=2&wait=true",
+                                 b"/api/v1/pop/queue/a%2Fb/partition/p%20q?x=%41",
+                                 b"http://example.com/api/v1/push?", b"/"])
+def test_request_target_is_what_uvicorn_puts_in_a_scope(url: bytes) -> None:
+    """The lean path's path, raw path and query string of a target, as uvicorn's
+    ``on_headers_complete`` sets them (the same again from its cache)."""
+    parsed = httptools.parse_url(url)
+    expected = (unquote(parsed.path.decode("ascii")), parsed.path, parsed.query or b"")
+    assert request_target(url) == expected
+    assert request_target(bytes(url)) == expected
+
+
+def test_request_target_raises_as_httptools_does() -> None:
+    with pytest.raises(httptools.HttpParserInvalidURLError):
+        request_target(b"not a url")
+
+
+def test_a_scope_made_late_is_the_one_uvicorn_makes_at_message_begin() -> None:
+    """The lean path skips uvicorn's ``on_message_begin`` scope and makes it only when a
+    request takes uvicorn's path (``_new_scope``): it must be the same dict, key for key, as
+    the installed uvicorn's, which a new uvicorn release may change."""
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    proto = object.__new__(CorkedHttpToolsProtocol)
+    proto.asgi_version = "3.0"  # type: ignore[attr-defined]
+    proto.server, proto.client = ("127.0.0.1", 6632), ("127.0.0.1", 50000)
+    proto.scheme, proto.root_path = "http", "/root"
+    proto.app_state = {"k": 1}
+    HttpToolsProtocol.on_message_begin(proto)
+    theirs = proto.scope
+    proto.headers.append((b"host", b"x"))
+    proto.on_message_begin()
+    assert proto.scope is None and proto.headers == [] and proto.url == b""
+    proto.headers.append((b"host", b"x"))
+    ours = proto._new_scope()
+    assert ours == theirs and ours["headers"] is proto.headers
+    assert ours["state"] is not proto.app_state
