@@ -16,7 +16,7 @@ import zstandard
 
 from queen_mp.http.errors import BodyTooLarge, InvalidRequest, UnsupportedEncoding
 
-__all__ = ["read_body", "read_stream", "read_whole"]
+__all__ = ["read_body", "read_chunks", "read_stream", "read_whole"]
 
 _READ_CHUNK = 1 << 16
 
@@ -32,8 +32,14 @@ async def read_stream(declared: int | None, chunks: bytes | AsyncIterable[bytes]
     """A body of ``declared`` bytes (the Content-Length, None without one) from its chunks (or
     whole, as the front's lean path read it), decoded per its Content-Encoding, within
     ``limit``."""
-    if isinstance(chunks, bytes):
-        return read_whole(declared, chunks, encoding, limit)
+    if not isinstance(chunks, bytes):
+        chunks = await read_chunks(declared, chunks, limit)
+    return read_whole(declared, chunks, encoding, limit)
+
+
+async def read_chunks(declared: int | None, chunks: AsyncIterable[bytes], limit: int) -> bytes:
+    """A body's chunks joined as they came (not decoded), within ``limit``: what
+    ``read_whole`` takes."""
     if declared is not None and declared > limit:
         raise _declared_over(declared, limit)
     parts: list[bytes] = []
@@ -43,7 +49,7 @@ async def read_stream(declared: int | None, chunks: bytes | AsyncIterable[bytes]
         if size > limit:
             raise BodyTooLarge(f"body is over the {limit} byte limit", limit=limit)
         parts.append(chunk)
-    return _decoded(declared, b"".join(parts), size, encoding, limit)
+    return b"".join(parts)
 
 
 def read_whole(declared: int | None, body: bytes, encoding: str | None, limit: int) -> bytes:

@@ -35,7 +35,7 @@ from queen_mp.http.ack import AckBatchResource, AckResource
 from queen_mp.http.admission import ADMITTED_PATHS, Admission, Grant
 from queen_mp.http.answer import JSON_UTF8, Answer
 from queen_mp.http.authz import Authz
-from queen_mp.http.body import read_stream, read_whole
+from queen_mp.http.body import read_chunks, read_whole
 from queen_mp.http.edge import EdgeMiddleware
 from queen_mp.http.errors import error_answer, error_of
 from queen_mp.http.pop import PopResource
@@ -337,9 +337,9 @@ class HotRoutes:
 
     async def _answer_read(self, call: HotCall, chunks: AsyncIterable[bytes], tenant: bytes,
                            sub: str | None, grant: Grant | None) -> Answer:
-        """``_answer`` of a body that comes in chunks (``serve``): read whole first."""
+        """``_answer`` of a body that comes in chunks (``serve``): joined first, as they
+        came (``_answer`` decodes it)."""
         limit = (self.push.worker.config.max_body_mb << 20 if call.path == PUSH
                  else MAX_ACK_BODY)
-        return await self._answer(
-            call, await read_stream(call.content_length, chunks, call.encoding, limit),
-            tenant, sub, grant)
+        return await self._answer(call, await read_chunks(call.content_length, chunks, limit),
+                                  tenant, sub, grant)
