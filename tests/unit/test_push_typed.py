@@ -278,3 +278,25 @@ def test_the_bulk_number_scan_sees_what_translate_sees(pieces: list[bytes], at: 
     for body in (filler[:at] + text + filler, text + filler, filler + text):
         assert len(body) >= items_module._SCAN_BULK
         assert items_module._no_long_number(body) == _translated(body)
+
+
+_SHAPES = st.one_of(st.binary(max_size=30).map(lambda b: b.replace(b'"', b"").replace(b"\\", b"")),
+                    st.sampled_from([b"e123", b"E+308", b"+999", b"e-400", b"e12", b"1" * 18,
+                                     b"9" * 19, b"x1e99", b"12345", b"1" * 40]),
+                    st.integers(0, 10 ** 25).map(lambda v: str(v).encode()))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(pieces=st.lists(st.tuples(_SHAPES, _SHAPES), max_size=30),
+       pad=st.integers(0, 1 << 13))
+def test_the_bulk_scan_outside_strings_sees_what_the_cut_strings_show(
+        pieces: list[tuple[bytes, bytes]], pad: int) -> None:
+    """The second look of a big body (no backslash) finds a number shape outside its strings
+    exactly when the body with its strings cut out shows one (the cut was the former way;
+    the outside pieces are kept apart by commas, as JSON's numbers are)."""
+    body = b'{"a":"' + b"x" * pad + b'"' + b"".join(
+        b"," + outside + b',"' + inside + b'"' for outside, inside in pieces) + b"}"
+    body += b' ,"' + b"y" * items_module._SCAN_BULK + b'"'  # big enough for numpy's scan
+    cut = b"".join(body.split(b'"')[::2])
+    assert (items_module._no_long_number_bulk(body, strings=False)
+            == items_module._no_long_number(cut))
