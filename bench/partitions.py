@@ -54,6 +54,7 @@ from bench.push import (
     Server,
     cpu_ticks,
     create_database,
+    database_pids,
     db_name,
     delta_cpu_s,
     drop_database,
@@ -105,6 +106,11 @@ class Figures:
     live_leases: int
     drain_autovacuum: tuple[str, ...] = ()  # what autovacuum ran on the server meanwhile
 
+    @property
+    def autovacuum_seen(self) -> str:
+        """``drain_autovacuum`` as the reports print it."""
+        return "; ".join(self.drain_autovacuum) if self.drain_autovacuum else "none seen"
+
     def verdicts(self) -> list[tuple[str, str, str, bool]]:
         """(target, value, threshold, met) rows."""
         ratio = self.large.p50_ms / self.small.p50_ms
@@ -148,8 +154,9 @@ class Broker:
         NOTE(bench): not the whole server's: on a shared server other users' sessions went into
         the figure (a drain on this 2-core machine: 1,338 us of PostgreSQL a pop, of which
         the broker's own backends had some 500, another helper's database most of the rest)."""
+        cluster = process_tree(self.postmaster)
         return (cpu_ticks(process_tree(self.server.proc.pid)),
-                cpu_ticks(database_pids(process_tree(self.postmaster), db_name(self.dsn))))
+                cpu_ticks(database_pids(cluster, db_name(self.dsn)) + shared_pids(cluster)))
 
     def fill(self, queue: str, partitions: int, per: int) -> None:
         items = [(f"p{i}", k) for k in range(per) for i in range(partitions)]
@@ -230,26 +237,15 @@ class Autovacuums:
 
 
 #: how the titles of the server's own processes end (``postgres: [cluster: ]walwriter``):
-#: they work for every database (``database_pids``)
+#: they work for every database (``Broker.cpu``)
 _SHARED = (b": walwriter", b": checkpointer", b": background writer", b": autovacuum launcher")
 
 
-def database_pids(pids: list[int], database: str) -> list[int]:
-    """The PostgreSQL processes among ``pids`` whose title names ``database`` (a backend's
-    title is ``postgres: ... <user> <database> <client> <state>``, an autovacuum worker's
-    ``postgres: autovacuum worker <database>``), and the server's own (WAL writer,
-    checkpointer: every commit's flush and checkpoint go through them); not the sessions of
-    another database of a shared server."""
-    needle = f" {database} ".encode()
-    out = []
-    for pid in pids:
-        title = proc_file(pid, "cmdline")
-        if title is None:
-            continue
-        title = title.replace(b"\0", b" ").rstrip()
-        if needle in title + b" " or title.endswith(_SHARED):
-            out.append(pid)
-    return out
+def shared_pids(pids: list[int]) -> list[int]:
+    """The server's own processes among ``pids`` (WAL writer, checkpointer: every commit's
+    flush and checkpoint go through them)."""
+    return [pid for pid in pids
+            if (proc_file(pid, "cmdline") or b"").replace(b"\0", b" ").rstrip().endswith(_SHARED)]
 
 
 def pop_stats(partitions: int, times: list[float], before: tuple[dict[int, int], dict[int, int]],
@@ -366,8 +362,7 @@ def render(f: Figures) -> str:
                  f"PostgreSQL {f.drain_cpu.pg_us:,.0f} us, client {f.drain_cpu.client_us:,.0f} "
                  f"us). A new group's first pop: "
                  f"{f.first_group_pop_ms:.1f} ms, {f.first_group_claimed} message(s).")
-    lines.append("Autovacuum during the drain: "
-                 + ("; ".join(f.drain_autovacuum) if f.drain_autovacuum else "none seen") + ".")
+    lines.append(f"Autovacuum during the drain: {f.autovacuum_seen}.")
     return "\n".join(lines) + "\n"
 
 

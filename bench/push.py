@@ -107,6 +107,19 @@ def proc_file(pid: int, name: str) -> bytes | None:
         return None
 
 
+def database_pids(pids: list[int], database: str) -> list[int]:
+    """The PostgreSQL processes among ``pids`` whose title names ``database`` (a backend's
+    title is ``postgres: ... <user> <database> <client> <state>``, an autovacuum worker's
+    ``postgres: autovacuum worker <database>``)."""
+    needle = f" {database} ".encode()
+    out = []
+    for pid in pids:
+        title = proc_file(pid, "cmdline")
+        if title is not None and needle in title.replace(b"\0", b" ") + b" ":
+            out.append(pid)
+    return out
+
+
 def cpu_ticks(pids: list[int]) -> dict[int, int]:
     """utime + stime of each live pid, in clock ticks."""
     out = {}

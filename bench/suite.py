@@ -94,6 +94,7 @@ from bench.push import (
     counters_delta,
     cpu_ticks,
     create_database,
+    database_pids,
     db_name,
     delta_cpu_s,
     guarded,
@@ -172,7 +173,7 @@ class Sampler(threading.Thread):
     def __init__(self, postmaster: int, db: str, root: int | None, every: float = 0.25) -> None:
         super().__init__(daemon=True)
         self.postmaster, self.root, self.every = postmaster, root, every
-        self.title = f" {db} ".encode()
+        self.db = db
         self.ticks: dict[str, dict[int, int]] = {"broker": {}, "pg_db": {}, "pg_live": {},
                                                  "pg_reaped": {}}
         self.peak_rss = self.peak_pss = 0
@@ -187,8 +188,7 @@ class Sampler(threading.Thread):
         reaped = reaped_ticks(self.postmaster)
         cluster = process_tree(self.postmaster)
         ticks = cpu_ticks(cluster)
-        db = {p: t for p, t in ticks.items()
-              if self.title in _read(f"/proc/{p}/cmdline").replace(b"\0", b" ")}
+        db = {p: ticks[p] for p in database_pids(list(ticks), self.db)}
         broker = process_tree(self.root) if self.root else []
         with self.lock:
             self.ticks["pg_live"] = ticks
@@ -1384,9 +1384,8 @@ class Suite(cons.Bench):
                          "cpu_pg_us_per_msg": pop.pg_cpu_us_per_pop})
         for target, value, _, met in f.verdicts():
             print(f"  {target}: {value} ({'met' if met else 'missed'})", flush=True)
-        vacuums = "; ".join(f.drain_autovacuum) if f.drain_autovacuum else "none seen"
-        print(f"  autovacuum during the drain: {vacuums}", flush=True)
-        self.notes.append(f"partitions: autovacuum during the drain: {vacuums}")
+        print(f"  autovacuum during the drain: {f.autovacuum_seen}", flush=True)
+        self.notes.append(f"partitions: autovacuum during the drain: {f.autovacuum_seen}")
 
 
 # ------------------------------------------------------------------------------ summary

@@ -47,10 +47,11 @@ def test_no_reaping_is_the_live_delta() -> None:
     assert cluster_cpu_s(c0, c1) == 1.0
 
 
-def test_the_partitions_bench_counts_only_its_own_databases_server_processes() -> None:
-    """bench.partitions' PostgreSQL figure: the processes whose title names its database, not
-    a shared server's other sessions (nor a database whose name only starts alike)."""
-    from bench.partitions import database_pids
+def test_a_databases_processes_are_those_whose_title_names_it() -> None:
+    """The suite's and bench.partitions' PostgreSQL figure of a database: the processes whose
+    title names it, not a shared server's other sessions (nor a database whose name only
+    starts alike)."""
+    from bench.push import database_pids
 
     sleep = "import time; time.sleep(30)"
     ours = subprocess.Popen([sys.executable, "-c", sleep, "postgres", "queen_db_a", "idle"])
