@@ -76,6 +76,11 @@ PACK_MIN = 512  # runs of this many fingerprints or more are packed (see _Run)
 # struct layout per k, made once): ``hash_prefixes`` took a memoryview, a cast, a slice and a
 # list, twice for every segment (probe and commit)
 _FEW_FPS = [struct.Struct("=" + "I12x" * k).unpack for k in range(HOT_MAX)]
+# numpy's C count of the true elements: ``np.count_nonzero`` wraps it in a Python frame
+try:
+    from numpy._core.multiarray import count_nonzero as _count_nonzero
+except ImportError:  # numpy 1.x
+    _count_nonzero = np.count_nonzero
 
 
 def _fingerprints(hashes: bytes) -> np.ndarray:
@@ -124,15 +129,24 @@ class _Run:
         if self.plain is not None:
             return self.plain
         packed = self.packed
+        starts = np.frombuffer(packed, _LE16, 257)
         full = np.ndarray((self.n,), _LE32, packed, _TAB_BYTES, (3,)) & 0xFFFFFF
-        full |= np.repeat(_TOPS, np.diff(np.frombuffer(packed, _LE16, 257)))
+        # PERF(filter): C calls only (``np.diff`` and ``np.repeat`` are Python functions):
+        # 10.3 -> 6.9 us a run of 2,000 (timeit), decoded for every probe of a multi-item
+        # segment
+        full |= _TOPS.repeat(starts[1:] - starts[:-1])
         return full
 
     def holds_any(self, incoming: np.ndarray) -> bool:
-        fps = self.fps()
-        at = np.searchsorted(fps, incoming)
-        np.minimum(at, len(fps) - 1, out=at)
-        return bool((fps[at] == incoming).any())
+        """Whether the run holds one of these fingerprints.
+
+        PERF(filter): four C calls (the array's own ``searchsorted`` and ``take``, ``==``,
+        ``count_nonzero``), no Python frame of numpy's: ``np.searchsorted`` and ``.any()`` go
+        through Python wrappers, and the index was clipped by a ufunc and gathered by fancy
+        indexing; 6.7 -> 2.9 us a probe of 100 against 2,000 (timeit), once per run for
+        every segment of a multi-item push."""
+        fps = self.plain if self.plain is not None else self.fps()
+        return _count_nonzero(fps.take(fps.searchsorted(incoming), mode="clip") == incoming) > 0
 
     def holds_few(self, ints: Iterable[int]) -> bool:
         """Whether a packed run holds one of these fingerprints: each looked for among the
