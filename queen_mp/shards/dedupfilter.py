@@ -167,8 +167,8 @@ class _Run:
 
 
 class _Partition:
-    __slots__ = ("gaps", "held", "hi", "hot", "hot_epoch", "hot_lo", "pid", "pushes", "runs",
-                 "span", "window")
+    __slots__ = ("gaps", "held", "hi", "hot", "hot_epoch", "hot_lo", "pid", "probed", "pushes",
+                 "runs", "span", "window")
 
     def __init__(self, pid: int, window: int, pushes: int) -> None:
         self.pid = pid
@@ -182,6 +182,8 @@ class _Partition:
         self.runs: list[_Run] = []  # ascending offsets: oldest first
         self.held = 0
         self.gaps: dict[int, tuple[int, float]] = {}  # first offset -> (last, known after)
+        # the last probe's hash blob and its fingerprints, sorted, for its commit (``add``)
+        self.probed: tuple[bytes, np.ndarray] | None = None
 
     def known_to(self, now: float) -> int:
         """The highest offset below every gap that is still unknown: where promises stop."""
@@ -200,11 +202,21 @@ class _Partition:
         over each run's view (0.37 us against 1.6 for numpy's scalar ``searchsorted`` and its
         scalar compare at 3,000 entries, which cost 7.1 against 2.0 us for ``holds_any``'s four
         numpy calls); a method call per run and the prefixes' helper cost more than the
-        probe itself on a 1-hash segment."""
+        probe itself on a 1-hash segment.
+
+        PERF(filter): ``HOT_MAX`` or more fingerprints are sorted first, and kept for the
+        segment's commit (``add``: one flush of a partition is in flight at a time, so its next
+        commit is this segment's, or one of other hashes that makes its own): sorted keys walk
+        each run's binary search in order, out of cache less often (100 keys against 2,000
+        runs of 4,000: 10.0 us a run unsorted, 7.0 sorted with the sort, timeit), and the
+        commit sorts nothing again."""
         runs = self.runs
         if len(hashes) > 16 * _FEW:
             if runs:
                 incoming = _fingerprints(hashes)
+                if len(hashes) >= 16 * HOT_MAX:  # fewer are remembered in the hot set
+                    incoming.sort()
+                    self.probed = (hashes, incoming)
                 for run in runs:  # oldest first: the first match is the lowest
                     if run.holds_any(incoming):
                         return run.lo
@@ -234,8 +246,12 @@ class _Partition:
             self.flush_hot()
         if len(hashes) >= 16 * HOT_MAX:
             self.flush_hot()
-            fps = _fingerprints(hashes)
-            fps.sort()
+            probed, self.probed = self.probed, None
+            if probed is not None and probed[0] is hashes:
+                fps = probed[1]  # lowest_match's, sorted
+            else:
+                fps = _fingerprints(hashes)
+                fps.sort()
             self._add_run(_Run(epoch, base, fps))
             return len(fps)
         if not self.hot:
@@ -306,6 +322,7 @@ class _Partition:
         since: its hot set becomes a run, the newest epoch's runs one sealed (packed) run, the
         runs that left the window go; how many entries left."""
         epoch = int(now // self.span)
+        self.probed = None  # a probe whose bundle failed
         if self.hot and self.hot_epoch != epoch:
             self.flush_hot()
         if self.runs and self.runs[-1].epoch != epoch:
