@@ -15,7 +15,10 @@ next bundle; PostgreSQL runs in its own processes, so callgrind counts the shard
 Without ``--dsn`` it starts a private cluster (queen_mp/db/embedded.py, fsync off: the wait for
 a commit is not counted anyway) and migrates a database there. ``--bundles`` are counted inside
 one ``operator.call`` after ``--warm`` bundles outside it; divide by bundles x segments for the
-instructions a message.
+instructions a message. ``--items 100 --segments 10`` gives each group 100 frames in one raw
+piece, as a front worker packs the suite's 100-item JSON push (each request's items in one
+partition): the stored chunk is then compressed, and the dedup filter probes and remembers
+100 hashes a segment.
 """
 
 from __future__ import annotations
@@ -53,19 +56,24 @@ TENANT = bytes(16)
 LIVE_SLOTS = 2
 
 
-def bundle_records(bundle: int, segments: int, partitions: int) -> list[bytes]:
-    """One ``RecordBatch`` per live slot: ``segments`` 1-item groups on distinct partitions."""
+def bundle_records(bundle: int, segments: int, partitions: int, items: int = 1) -> list[bytes]:
+    """One ``RecordBatch`` per live slot: ``segments`` groups of ``items`` frames each (one
+    raw piece, as a front worker packs a JSON push) on distinct partitions."""
     per_slot: list[list[bytes]] = [[] for _ in range(LIVE_SLOTS)]
     for i in range(segments):
         seq = bundle * segments + i
-        txn = f"sp-{os.getpid()}-{seq}"
-        payload = orjson.dumps({"producer": "shardpath", "seq": seq, "pad": "x" * 160})
-        frame = pack_frame(uuid7(), txn.encode(), payload)
+        frames, hashes = [], []
+        for j in range(items):
+            txn = f"sp-{os.getpid()}-{seq}-{j}"
+            payload = orjson.dumps({"producer": "shardpath", "seq": seq * items + j,
+                                    "pad": "x" * 160})
+            frames.append(pack_frame(uuid7(), txn.encode(), payload))
+            hashes.append(txn_hash(txn))
         slot = i % LIVE_SLOTS
         per_slot[slot].append(PushGroup(
             generation=1, slot=slot, request_id=seq, group_index=0, tenant=TENANT,
-            queue="shardpath", partition=f"p-{seq % partitions:04d}", hashes=txn_hash(txn),
-            count=1, pieces=(Piece(0, 1, frame),), deadline_ms=0).pack())
+            queue="shardpath", partition=f"p-{seq % partitions:04d}", hashes=b"".join(hashes),
+            count=items, pieces=(Piece(0, items, b"".join(frames)),), deadline_ms=0).pack())
     return [RecordBatch(tuple(r)).pack() for r in per_slot]
 
 
@@ -119,7 +127,7 @@ class Driver:
         # the shard's doorbell watch, as its AsyncDoorbellWaiter sets it up
         self.loop.add_reader(bell.fileno(), lambda: bell.clear() and self.shard.drain_requests())
         self.front = Front(rt, self.loop)
-        self.plans = [bundle_records(b, a.segments, a.partitions)
+        self.plans = [bundle_records(b, a.segments, a.partitions, a.items)
                       for b in range(a.warm + a.bundles)]
         # as Shard.run does once it is up: the collector's young generation at the shard's
         # threshold, the startup objects out of its reach (at CPython's default threshold a
@@ -156,7 +164,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dsn", default=None, help="a migrated-or-empty database (default: private)")
     ap.add_argument("--bundles", type=int, default=200)
     ap.add_argument("--warm", type=int, default=50)
-    ap.add_argument("--segments", type=int, default=20, help="1-item groups per bundle")
+    ap.add_argument("--segments", type=int, default=20, help="groups (partitions) per bundle")
+    ap.add_argument("--items", type=int, default=1,
+                    help="frames per group (100: the suite's 100-item JSON push, one partition "
+                         "a request)")
     ap.add_argument("--partitions", type=int, default=1000)
     ap.add_argument("--wake-notify", action="store_true",
                     help="QUEEN_WAKE_NOTIFY on, as a broker runs by default (no other instance "
@@ -194,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
                 operator.call(loop.run_until_complete, driver.run(a.warm, a.bundles))
             finally:
                 loop.run_until_complete(driver.close())
-            stored, pushed = count_stored(dsn), (a.warm + a.bundles) * a.segments
+            stored, pushed = count_stored(dsn), (a.warm + a.bundles) * a.segments * a.items
             if stored != pushed:
                 raise SystemExit(f"{stored} messages stored, not {pushed}")
         finally:

@@ -198,8 +198,12 @@ def build_segment(key: Key, entries: list[Entry]) -> Segment:
             # _segment's tuple made here: a Python call less per 1-item segment
             return _TUPLE_NEW(Segment, (key, entries, g.hashes,  # type: ignore[no-any-return]
                                         wf.pack_chunk_raw(g.pieces[0].data, 1), 1, None, ()))
-        if e.remaining == g.count and (g.count == 1
-                                       or len(set(hash_prefixes(g.hashes))) == g.count):
+        if e.remaining == g.count:
+            # PERF(fusion): a group's hashes are distinct, as PushGroup promises (its front
+            # worker sends a repeated transactionId of a request to no shard: it follows its
+            # first copy's verdict), so one whole group needs no test; the set of 100 prefixes
+            # that proved it was 457 of 4,109 instructions a message at 100-item pushes
+            # (callgrind, bench/shardpath.py --items 100)
             return _segment(key, entries, g.hashes, blob_from_pieces(g.pieces), g.count)
     elif all(e.remaining == e.group.count for e in entries):
         hashes = b"".join(e.group.hashes for e in entries)

@@ -219,8 +219,11 @@ class PushGroup(NamedTuple):
     """A front worker's frames for one (tenant, queue, partition), to its owning shard.
 
     ``hashes`` holds one xxh3_128 per frame in frame order across all pieces, so the shard
-    dedups without reparsing; the shard may drop the group after ``deadline_ms`` (Unix ms),
-    when the worker has answered ``503 timeout`` anyway.
+    dedups without reparsing; they are distinct (a request's repeated transactionId is not
+    sent: it takes its first copy's verdict, ``front.ingest.group_items``, and the spool's
+    drain likewise), which the shard relies on (``fusion.build_segment`` stores a whole group
+    as it is). The shard may drop the group after ``deadline_ms`` (Unix ms), when the worker
+    has answered ``503 timeout`` anyway.
 
     PERF(wire): a NamedTuple, built in C from its fields: the shard unpacks one per pushed
     group, and a slots dataclass took eleven descriptor calls to fill (9.4k of the 26k

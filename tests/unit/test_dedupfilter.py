@@ -611,3 +611,24 @@ def test_never_a_promise_over_a_live_hash_past_the_bound(
                 if at >= horizon:
                     for k in range(0, len(stored), 16):
                         assert f.verified(keys[q], stored[k:k + 16]) < base + k // 16
+
+
+def test_a_commit_keeps_its_probe_sorted_fingerprints_only_for_the_same_blob() -> None:
+    # a probe of HOT_MAX or more hashes keeps its sorted fingerprints for the commit; a
+    # commit of another blob (a resubmitted remainder) makes its own
+    f = DedupFilter(100_000)
+    first = hashes(*(f"a{i}" for i in range(HOT_MAX)))
+    f.committed(KEY, 7, 1, HOT_MAX, first, 3600)
+    probed = hashes(*(f"b{i}" for i in range(HOT_MAX)))
+    assert f.verified(KEY, probed) == HOT_MAX
+    other = hashes(*(f"c{i}" for i in range(HOT_MAX)))
+    f.committed(KEY, 7, HOT_MAX + 1, HOT_MAX, other, 3600)
+    # the two runs merged (1 .. 2 * HOT_MAX): c3 is in it, b3 was never stored
+    assert f.verified(KEY, hashes("c3", "x")) == 0
+    assert f.verified(KEY, hashes("b3", "x")) == 2 * HOT_MAX
+    again = hashes(*(f"d{i}" for i in range(HOT_MAX)))
+    assert f.verified(KEY, again) == 2 * HOT_MAX
+    f.committed(KEY, 7, 2 * HOT_MAX + 1, HOT_MAX, again, 3600)
+    assert f.verified(KEY, hashes(*(f"d{i}" for i in range(9, 11)))) == 2 * HOT_MAX
+    assert f.verified(KEY, hashes(*(f"e{i}" for i in range(HOT_MAX)))) == 3 * HOT_MAX
+    assert f.verified(KEY, hashes(*(f"d{i}" for i in range(HOT_MAX)))) == 2 * HOT_MAX
