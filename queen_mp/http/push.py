@@ -188,11 +188,16 @@ def _runs_answer(items: Sequence[PushItem], runs: Sequence[QueuedRun]) -> bytes 
     n = len(items)
     if type(items) is PushBatch:  # PERF(http): its columns, no PushItem made
         texts, ids = items.transaction_ids, uuid_texts(b"".join(items.message_ids))
+        # PERF(http): the body's own UTF-8 of them, when their JSON needs no escape
+        # (bench.hotpath front100 68k instructions less)
+        plain = items.plain_ids
     elif n < 2 or any(map(_TRACE, items)):
         return None
     else:
         texts, ids = list(map(_TXN, items)), uuid_texts(b"".join(map(_MID, items)))
-    plain = _plain_texts(texts)
+        plain = None
+    if plain is None:
+        plain = _plain_texts(texts)
     txns = list(map(orjson.dumps, texts)) if plain is None else plain
     q = b"" if plain is None else b'"'
     run = runs[0]

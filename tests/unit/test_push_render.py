@@ -13,8 +13,14 @@ import orjson
 
 from queen_mp.front.ingest import ItemResult, PushResults, QueuedRun, group_items
 from queen_mp.http.hot import HotCall, HotRoutes
-from queen_mp.http.push import PUSH_PATH, PushResource, render_item, render_items
-from queen_mp.models.items import PushItem
+from queen_mp.http.push import (
+    PUSH_PATH,
+    PushResource,
+    parse_json_push,
+    render_item,
+    render_items,
+)
+from queen_mp.models.items import PushBatch, PushItem
 
 MID = bytes(range(16))
 
@@ -185,6 +191,29 @@ def test_a_runs_transaction_ids_are_json_strings_as_orjson_writes_them() -> None
             want = render_items(items, _expanded(items, results))
             assert render_items(items, results.each, results.runs) == want, texts
             assert orjson.loads(want)[0]["transactionId"] == texts[0]
+
+
+def test_a_batchs_transaction_ids_from_the_body_are_json_strings_as_orjson_writes_them(
+        ) -> None:
+    """A body read by columns (a PushBatch) lends the answer its transactionIds' UTF-8 when
+    it held no backslash; escaped ones are quoted by orjson: the same bytes either way."""
+    odd = ["\x7f", "\u2028", "\ud7ff", "é", "💡", "%s%d", " ", "\u00a0", "<>&'", 'a"b',
+           "a\\b", "a\nb"]  # (a control character orjson writes as \u: the exact path's)
+    for txn in odd:
+        texts = [f"t-{i}" for i in range(30)]
+        texts[3] = txn
+        body = orjson.dumps({"items": [{"queue": "orders", "partition": "p-1",
+                                        "transactionId": t, "payload": {"n": i}}
+                                       for i, t in enumerate(texts)]})
+        batch = parse_json_push(body)
+        assert type(batch) is PushBatch
+        assert (batch.plain_ids is None) == (b"\\" in body)
+        results = PushResults([None] * len(texts), (QueuedRun(
+            list(range(len(texts))), 7, 1_764_400_000_123_456, 41),))
+        items = list(batch)
+        want = render_items(items, _expanded(items, results))
+        assert render_items(batch, results.each, results.runs) == want, txn
+        assert orjson.loads(want)[3]["transactionId"] == txn
 
 
 def test_a_one_item_answer_is_the_dict_renderers() -> None:
