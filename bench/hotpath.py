@@ -13,6 +13,11 @@ database, the CPU work a request costs the broker between its sockets:
   record, read the shard's verdict record back, results) with a stand-in shard link that
   answers each record at once with the shard's common all-queued verdict, and the 201
   rendered; no event loop turn (the verdict is ready when awaited);
+- ``front100u``: ``front100`` with UUIDv4 transactionIds, as clients mint them: about a fifth
+  of such ids hold an "e" before three digits, a shape the number scan of
+  ``models.items._orjson_reads_alike`` then looks up among the body's quotes (its costlier
+  branch, which front100's ids never take; the live load generator's ids take it whenever its
+  random run tag holds such a shape);
 - ``lean1``: ``front1`` between the socket's bytes: a 1-item push's request bytes fed to the
   front's protocol (``CorkedHttpToolsProtocol``, its lean path, ``HotRoutes`` of the real
   app, admission and counting included) and its 201 written back, the verdict resolved one
@@ -108,10 +113,16 @@ MODULES = (
 )
 
 
-def push_body(items: int, partitions: int) -> bytes:
+def push_body(items: int, partitions: int, uuid_txns: bool = False) -> bytes:
+    """``items`` items over ``partitions``; ``uuid_txns``: UUIDv4 transactionIds (fixed ones,
+    the same every run) in place of ``t-<i>``."""
     return orjson.dumps({"items": [
-        {"queue": "hot.q", "partition": f"p{i % partitions}", "transactionId": f"t-{i}",
-         "payload": PAYLOAD} for i in range(items)]})
+        {"queue": "hot.q", "partition": f"p{i % partitions}",
+         "transactionId": str(uuid.UUID(int=i * _SPREAD % (1 << 128), version=4))
+         if uuid_txns else f"t-{i}", "payload": PAYLOAD} for i in range(items)]})
+
+
+_SPREAD = 0x9E3779B97F4A7C15F39CC0605CEDC835  # an odd multiplier: distinct, spread-out ids
 
 
 class PushPath:
@@ -191,8 +202,8 @@ class _AnsweringLink:
 class FrontPush:
     """A JSON push of ``items`` items on one partition, answered by the front worker."""
 
-    def __init__(self, items: int) -> None:
-        self.body = push_body(items, 1)
+    def __init__(self, items: int, uuid_txns: bool = False) -> None:
+        self.body = push_body(items, 1, uuid_txns)
         link = _AnsweringLink(items)
         ingest = Ingest(link, 1, SimpleNamespace(route=lambda: DIRECT),  # type: ignore[arg-type]
                         5000, SimpleNamespace(known_encrypted=lambda t, q: False),  # type: ignore[arg-type]
@@ -457,6 +468,7 @@ def main(argv: list[str] | None = None) -> int:
         known: dict[str, Callable[[], bytes]] = {
             "push1": PushPath(1, 1, ring), "push100": PushPath(100, 10, ring),
             "front1": FrontPush(1), "front100": FrontPush(100),
+            "front100u": FrontPush(100, uuid_txns=True),
             "pop100": PopPath(100), "pop100s10": PopSegmentsPath(100, 10),
             "ack100": AckPath(100), "ephack100": EphAckPath(100), "ephpop100": EphPopPath(100),
             "qpb1k": Qpb1Path(1000, 10)}
