@@ -300,3 +300,34 @@ def test_the_bulk_scan_outside_strings_sees_what_the_cut_strings_show(
     cut = b"".join(body.split(b'"')[::2])
     assert (items_module._no_long_number_bulk(body, strings=False)
             == items_module._no_long_number(cut))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(pieces=st.lists(st.tuples(_SHAPES, _SHAPES, st.booleans()), max_size=30),
+       pad=st.integers(0, 1 << 13))
+def test_the_bulk_scan_reads_the_known_strings_as_the_quotes_do(
+        pieces: list[tuple[bytes, bytes, bool]], pad: int) -> None:
+    """Given the text of some of the body's strings (``known``: a push's transactionIds), the
+    scan answers what its look among the quotes answers, shapes outside strings included."""
+    body = b'{"a":"' + b"x" * pad + b'"' + b"".join(
+        b"," + outside + b',"' + inside + b'"' for outside, inside, _ in pieces) + b"}"
+    body += b' ,"' + b"y" * items_module._SCAN_BULK + b'"'
+    known = b"\0".join(inside for _, inside, taken in pieces if taken)
+    assert (items_module._no_long_number_bulk(body, strings=False, known=lambda: known)
+            == items_module._no_long_number_bulk(body, strings=False))
+
+
+def test_uuid_transaction_ids_that_look_like_exponents_take_the_typed_path() -> None:
+    txns = [f"{i:08x}-e123-4{i % 10}00-8000-00000000000{i % 10}" for i in range(60)]
+    items = [{"queue": "q", "transactionId": t, "payload": {"n": i, "s": "x" * 50}}
+             for i, t in enumerate(txns)]
+    typed = same_reading(orjson.dumps({"items": items}))
+    assert typed is not None and [i.transaction_id for i in typed] == txns
+    # a number that may not fit still goes to the exact path, the known strings or not
+    items[7]["payload"] = {"n": 1}
+    body = orjson.dumps({"items": items}).replace(b'{"n":1}', b'{"n":1e400}')
+    assert decode_push_items(body, None, ids) is None
+    same_reading(body)
+    # and a shape in a payload's string is still found to be text (by the quotes)
+    items[7]["payload"] = {"s": "ab-e999-cd"}
+    assert same_reading(orjson.dumps({"items": items})) is not None
