@@ -469,7 +469,17 @@ class PushFusion:
                     e.remaining = 0
 
     def _flushed(self, keys: list[Key]) -> None:
-        """The bundle's permit back; its partitions may flush again."""
+        """The bundle's permit back and its partitions free to flush again, one loop step
+        later (``_release``).
+
+        PERF(fusion): after the bundle's verdicts have gone: ``reply`` schedules their flush
+        to the front workers' rings before this runs, and ``_committed`` the dedup filter's
+        update, so the next bundle (segments built, probed and compressed, milliseconds at
+        a time under 100-item pushes) is made after the front workers were rung, not while
+        they wait (perf sched: one CPU idle for 2 ms while the shard built it)."""
+        self.loop.call_soon(self._release, keys)
+
+    def _release(self, keys: list[Key]) -> None:
         self.bundles_inflight -= 1
         for key in keys:
             self.inflight_keys.discard(key)
@@ -544,7 +554,8 @@ class PushFusion:
             for e, j, k in seg.followers:
                 leader_e, leader_j = refs[k]
                 e.resolve(j, DUPLICATE, base + k, self._leader_id(leader_e, leader_j))
-        self.dedup.committed_all(remember)
+        # after the verdicts' flush, before the partitions' release (``_flushed``)
+        self.loop.call_soon(self.dedup.committed_all, remember)
         self.metrics.push_bundle(len(segments), frames)
         if self.stored is not None and stored:
             self.stored(stored)
