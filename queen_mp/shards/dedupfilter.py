@@ -73,11 +73,12 @@ _TOPS = np.arange(256, dtype=_U32) << 24
 _TAB_BYTES = 2 * 257
 _BUCKET = struct.Struct("<HH").unpack_from
 PACK_MIN = 512  # runs of this many fingerprints or more are packed (see _Run)
-# A run of the open epoch is packed too when a merge makes it of PACK_OPEN_MIN to
-# PACK_OPEN_RATIO times the committed segment's fingerprints, and made plain again when a probe
-# of fewer than n / PACK_OPEN_RATIO hashes meets it (see _Run).
+# A run of the open epoch is packed too when a merge for a segment of PACK_OPEN_SEGMENT hashes
+# or more makes it of PACK_OPEN_MIN to PACK_OPEN_RATIO times the segment's fingerprints, and
+# made plain again when a probe of fewer hashes than either meets it (see _Run).
 PACK_OPEN_MIN = 4096
 PACK_OPEN_RATIO = 16
+PACK_OPEN_SEGMENT = 512
 # PERF(filter): the fingerprints of k < HOT_MAX hashes as a tuple of ints in one C call (a
 # struct layout per k, made once): ``hash_prefixes`` took a memoryview, a cast, a slice and a
 # list, twice for every segment (probe and commit)
@@ -108,19 +109,22 @@ class _Run:
     dropped. Smaller runs stay a plain array (``view``): the table would outweigh the byte
     saved, and a 1-item push probes them inline with ``bisect``.
 
-    A run of the open epoch is packed when a merge makes it of ``PACK_OPEN_MIN`` or more and at
-    most ``PACK_OPEN_RATIO`` times the segment committed (``pack``), and made plain again by a
-    probe of fewer than n / ``PACK_OPEN_RATIO`` hashes (``holds_any``; a probe of up to
-    ``_FEW`` reads it packed): an array probe decodes a packed run, some 1.5 instructions an
-    entry, so no probe decodes more than ``PACK_OPEN_RATIO`` entries a hash it looks for.
-    PERF(memory): the suite's peak is in its 1,000-item push cells, the filter at its 8M bound
-    in one open epoch, every run plain before (bench.dedupfilter --pss --rate 150000 --cases
-    1:400000,10:600000,100:1500000,1000:5500000: +37.5 -> +32.0 MB of PSS at 8M entries).
-    PERF(filter): 1,000-item segments pay the decodes and the packing (callgrind,
-    bench.dedupfilter --partitions 250 --cases 1000:2000000: 445.4M -> 496.5M instructions,
-    +51 a message); 100-item ones, whose runs of 4,096 or more stay plain, 1,535.3M ->
-    1,543.9M (--cases 100:2000000). Packing every run of 512 or more, open ones too, cost
-    516k -> 1,260k instructions a 1,000-item segment (1000:8000000).
+    A run of the open epoch is packed when a merge for a segment of ``PACK_OPEN_SEGMENT``
+    hashes or more makes it of ``PACK_OPEN_MIN`` or more and at most ``PACK_OPEN_RATIO`` times
+    that segment (``pack``), and made plain again by an array probe of fewer hashes than
+    either asks (``holds_any``; a probe of up to ``_FEW`` reads it packed): an array probe
+    decodes a packed run, some 1.5 instructions an entry and a few numpy calls, so no probe
+    decodes more than ``PACK_OPEN_RATIO`` entries a hash it looks for. PERF(memory): the
+    suite's peak is in its 1,000-item push cells, the filter at its 8M bound in one open
+    epoch, every run plain before (bench.dedupfilter --pss --rate 150000 --cases
+    1:400000,10:600000,100:1500000,1000:5500000: anonymous pages +37.2 -> +31.7 MB, PSS
+    +38.0 -> +32.6 MB at 8M entries, twice each alternated). PERF(filter): 1,000-item segments
+    pay the decodes and the packing (callgrind, bench.dedupfilter --partitions 250 --cases
+    1000:2000000: 445.4M -> 497.1M instructions, +52 a message); 100-item ones, whose runs
+    stay plain, 1,535.3M -> 1,545.6M (--cases 100:2000000). PACK_OPEN_MIN 1,024 saved 1-2 MB
+    more but cost 681.6M there;
+    packing every run of 512 or more, open ones too, cost 516k -> 1,260k instructions a
+    1,000-item segment (1000:8000000).
     """
 
     __slots__ = ("closed", "epoch", "lo", "n", "packed", "plain", "view")
@@ -176,9 +180,11 @@ class _Run:
         fps = self.plain
         if fps is None:
             fps = self.fps()
-            if not self.closed and self.n > PACK_OPEN_RATIO * len(incoming):
+            m = len(incoming)
+            if not self.closed and (self.n > PACK_OPEN_RATIO * m or m < PACK_OPEN_SEGMENT):
                 # smaller segments than this open run was packed for: plain again, so that a
-                # probe decodes at most PACK_OPEN_RATIO entries a hash
+                # probe decodes at most PACK_OPEN_RATIO entries a hash, and a decode's fixed
+                # cost is shared by PACK_OPEN_SEGMENT hashes or more
                 self.plain, self.view, self.packed = fps, memoryview(fps), None
         return _count_nonzero(fps.take(fps.searchsorted(incoming), mode="clip") == incoming) > 0
 
@@ -329,15 +335,16 @@ class _Partition:
         if runs and runs[-1].epoch != run.epoch:
             self._seal()
         runs.append(run)
+        # the largest open run packed (see PACK_OPEN_MIN): none for small segments
+        most = PACK_OPEN_RATIO * run.n if run.n >= PACK_OPEN_SEGMENT else 0
         while (len(runs) > 1 and runs[-2].epoch == run.epoch
                and runs[-2].n < 2 * runs[-1].n):
             newer, older = runs.pop(), runs.pop()
             merged = np.concatenate((older.fps(), newer.fps()))
             merged.sort(kind="stable")  # two sorted runs: a linear merge
-            # packed if big enough and probed by segments big enough (see PACK_OPEN_MIN);
             # positional: keywords cost the call a dict
             runs.append(_Run(run.epoch, older.lo, merged, False,
-                             PACK_OPEN_MIN <= len(merged) <= PACK_OPEN_RATIO * run.n))
+                             PACK_OPEN_MIN <= len(merged) <= most))
 
     def _seal(self) -> None:
         """One run for the newest epoch, now closed (packed if big enough): a probe then

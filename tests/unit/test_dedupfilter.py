@@ -21,6 +21,7 @@ from queen_mp.shards.dedupfilter import (
     PACK_MIN,
     PACK_OPEN_MIN,
     PACK_OPEN_RATIO,
+    PACK_OPEN_SEGMENT,
     DedupFilter,
     _Run,
 )
@@ -277,26 +278,27 @@ def test_packed_runs_merge_seal_and_expire_like_plain_ones() -> None:
 
 def test_big_segments_pack_the_open_epoch_and_smaller_probes_unpack_it() -> None:
     """Segments big enough for their merged runs to be packed while the epoch is open: every
-    stored hash is found by probes of every size; a probe of fewer than n / PACK_OPEN_RATIO
+    stored hash is found by probes of every size; a probe of fewer than PACK_OPEN_SEGMENT
     hashes makes such a run plain again (a few hashes read it packed), and the epoch's seal
     keeps what is packed."""
     clock = Clock()
     f = DedupFilter(1 << 20, clock)
-    size = PACK_OPEN_MIN // 4
-    txns = [f"b{i}" for i in range(4 * size)]
+    size = PACK_OPEN_SEGMENT
+    assert PACK_OPEN_RATIO * size >= PACK_OPEN_MIN
+    txns = [f"b{i}" for i in range(PACK_OPEN_MIN)]  # merged into one run of PACK_OPEN_MIN
     for i in range(0, len(txns), size):
         f.committed(KEY, 7, i + 1, size, hashes(*txns[i:i + size]), 3600)
     runs = f._parts[KEY].runs
     assert [(r.n, r.packed is not None, r.closed) for r in runs] == [
         (len(txns), True, False)]
     n = len(txns)
-    assert f.verified(KEY, hashes(*(f"n{j}" for j in range(size)))) == n
+    fresh = [f"n{j}" for j in range(size)]
+    assert f.verified(KEY, hashes(*fresh)) == n
     for i in range(0, n, 61):
-        assert f.verified(KEY, hashes("new", f"b{i}")) < i + 1, i  # few: still packed
-        assert f.verified(KEY, hashes(*(f"n{j}" for j in range(n // PACK_OPEN_RATIO)),
-                                      f"b{i}")) < i + 1, i
+        assert f.verified(KEY, hashes("new", f"b{i}")) < i + 1, i  # few: read packed
+        assert f.verified(KEY, hashes(*fresh, f"b{i}")) < i + 1, i
     assert runs[0].packed is not None
-    assert f.verified(KEY, hashes(*(f"m{j}" for j in range(n // PACK_OPEN_RATIO - 2)))) == n
+    assert f.verified(KEY, hashes(*fresh[1:])) == n  # fewer than PACK_OPEN_SEGMENT
     assert runs[0].packed is None and runs[0].n == n  # plain again, the same fingerprints
     for i in range(0, n, 61):
         assert f.verified(KEY, hashes("new", f"b{i}")) < i + 1, i
@@ -425,6 +427,7 @@ def test_never_a_promise_over_a_live_hash_with_open_runs_packed(
         mp.setattr(dedupfilter, "PACK_MIN", 16)
         mp.setattr(dedupfilter, "PACK_OPEN_MIN", 32)
         mp.setattr(dedupfilter, "PACK_OPEN_RATIO", 2)
+        mp.setattr(dedupfilter, "PACK_OPEN_SEGMENT", 8)
         clock = Clock()
         f = DedupFilter(1_000_000, clock)
         window = 20
