@@ -18,7 +18,8 @@ Storage. The shard keeps a 32-bit fingerprint of each hash (its first 4 bytes), 
 in the order of their first offset: the newest few in a set (up to ``HOT_MAX``), the rest in
 sorted numpy arrays merged like a binary counter, never across epochs (``window / EPOCHS``
 seconds of commits), so that a whole run leaves when its epoch leaves the window: an entry
-costs 4 bytes (3 in a run of ``PACK_MIN`` or more, ``_Run``) and is forgotten at most an
+costs 4 bytes (3 in a closed epoch's run of ``PACK_MIN`` or more, and in an open epoch's
+run big against the segments that probe it: ``_Run``) and is forgotten at most an
 epoch late, never early. A fingerprint is not the hash: a match only means "maybe", and the
 promise then stops below the lowest matching run, so SQL probes that run and the newer ones
 instead of the whole window. At a few thousand entries a partition, a 1,000-hash segment meets
@@ -72,6 +73,12 @@ _TOPS = np.arange(256, dtype=_U32) << 24
 _TAB_BYTES = 2 * 257
 _BUCKET = struct.Struct("<HH").unpack_from
 PACK_MIN = 512  # runs of this many fingerprints or more are packed (see _Run)
+# A run of the open epoch is packed too when a merge for a segment of PACK_OPEN_SEGMENT hashes
+# or more makes it of PACK_OPEN_MIN to PACK_OPEN_RATIO times the segment's fingerprints, and
+# made plain again when a probe of fewer hashes than either meets it (see _Run).
+PACK_OPEN_MIN = 4096
+PACK_OPEN_RATIO = 16
+PACK_OPEN_SEGMENT = 512
 # PERF(filter): the fingerprints of k < HOT_MAX hashes as a tuple of ints in one C call (a
 # struct layout per k, made once): ``hash_prefixes`` took a memoryview, a cast, a slice and a
 # list, twice for every segment (probe and commit)
@@ -100,23 +107,48 @@ class _Run:
     (bench.dedupfilter --pss at 8M entries), where 4 bytes an entry were 32 MB of the shard;
     fewer than 32 bits would make stray matches, and so SQL probes, twice as likely a bit
     dropped. Smaller runs stay a plain array (``view``): the table would outweigh the byte
-    saved, and a 1-item push probes them inline with ``bisect``. PERF(filter): so do the runs
-    of the open epoch, merged and probed most: an array probe decodes a packed run
-    (bench.dedupfilter callgrind, 1000:8000000: 516k instructions a segment, 1,260k with
-    every run of 512 or more packed).
+    saved, and a 1-item push probes them inline with ``bisect``.
+
+    A run of the open epoch is packed when a merge for a segment of ``PACK_OPEN_SEGMENT``
+    hashes or more makes it of ``PACK_OPEN_MIN`` or more and at most ``PACK_OPEN_RATIO`` times
+    that segment (``pack``), and made plain again by an array probe of fewer hashes than
+    either asks (``holds_any``; a probe of up to ``_FEW`` reads it packed): an array probe
+    decodes a packed run, some 1.5 instructions an entry and a few numpy calls, so no probe
+    decodes more than ``PACK_OPEN_RATIO`` entries a hash it looks for. PERF(memory): the
+    suite's peak is in its 1,000-item push cells, the filter at its 8M bound in one open
+    epoch, every run plain before (bench.dedupfilter --pss --rate 150000 --cases
+    1:400000,10:600000,100:1500000,1000:5500000: anonymous pages +37.2 -> +31.7 MB, PSS
+    +38.0 -> +32.6 MB at 8M entries, twice each alternated). PERF(filter): 1,000-item segments
+    pay the decodes and the packing (callgrind, bench.dedupfilter --partitions 250 --cases
+    1000:2000000: 445.4M -> 497.1M instructions, +52 a message); 100-item ones, whose runs
+    stay plain, 1,535.3M -> 1,545.6M (--cases 100:2000000). PACK_OPEN_MIN 1,024 saved 1-2 MB
+    more but cost 681.6M there;
+    packing every run of 512 or more, open ones too, cost 516k -> 1,260k instructions a
+    1,000-item segment (1000:8000000).
     """
 
-    __slots__ = ("epoch", "lo", "n", "packed", "plain", "view")
+    __slots__ = ("closed", "epoch", "lo", "n", "packed", "plain", "view")
 
-    def __init__(self, epoch: int, lo: int, fps: np.ndarray, closed: bool = False) -> None:
+    def __init__(self, epoch: int, lo: int, fps: np.ndarray, closed: bool = False,
+                 pack: bool = False) -> None:
         self.epoch = epoch
         self.lo = lo
+        self.closed = closed
         n = self.n = len(fps)
-        if closed and PACK_MIN <= n < 1 << 16:
-            tab = np.zeros(257, dtype=_LE16)
-            tab[1:] = np.bincount(fps >> 24, minlength=256).cumsum()
-            rest = fps.astype(_LE32).view(np.uint8).reshape(n, 4)[:, :3]
-            self.packed: bytes | None = b"".join((tab.tobytes(), rest.tobytes(), b"\0"))
+        if (closed or pack) and PACK_MIN <= n < 1 << 16:
+            # PERF(filter): written in place, two C calls: each top byte's start by a binary
+            # search of the sorted run, and the records as 4-byte little-endian writes 3 bytes
+            # apart in ascending order (numpy's strided copy; the unit tests decode every
+            # layout back), each one's top byte overwritten by the next record (the last
+            # one's lands in the pad). A bincount, a strided copy of the low 3 bytes and a
+            # join cost 87k instructions more a 1,000-item segment once open runs were packed
+            # (bench.dedupfilter --partitions 250 --cases 1000:2000000: 586.4M -> 499.2M).
+            packed = bytearray(_TAB_BYTES + 3 * n + 1)
+            self.packed: bytearray | None = packed  # bytes' find, without a copy to bytes
+            tab = np.frombuffer(packed, _LE16, 257)
+            tab[:256] = fps.searchsorted(_TOPS)
+            tab[256] = n
+            np.ndarray((n,), _LE32, packed, _TAB_BYTES, (3,))[...] = fps
             self.plain: np.ndarray | None = None
             self.view: memoryview | None = None
         else:
@@ -145,7 +177,15 @@ class _Run:
         through Python wrappers, and the index was clipped by a ufunc and gathered by fancy
         indexing; 6.7 -> 2.9 us a probe of 100 against 2,000 (timeit), once per run for
         every segment of a multi-item push."""
-        fps = self.plain if self.plain is not None else self.fps()
+        fps = self.plain
+        if fps is None:
+            fps = self.fps()
+            m = len(incoming)
+            if not self.closed and (self.n > PACK_OPEN_RATIO * m or m < PACK_OPEN_SEGMENT):
+                # smaller segments than this open run was packed for: plain again, so that a
+                # probe decodes at most PACK_OPEN_RATIO entries a hash, and a decode's fixed
+                # cost is shared by PACK_OPEN_SEGMENT hashes or more
+                self.plain, self.view, self.packed = fps, memoryview(fps), None
         return _count_nonzero(fps.take(fps.searchsorted(incoming), mode="clip") == incoming) > 0
 
     def holds_few(self, ints: Iterable[int]) -> bool:
@@ -295,12 +335,16 @@ class _Partition:
         if runs and runs[-1].epoch != run.epoch:
             self._seal()
         runs.append(run)
+        # the largest open run packed (see PACK_OPEN_MIN): none for small segments
+        most = PACK_OPEN_RATIO * run.n if run.n >= PACK_OPEN_SEGMENT else 0
         while (len(runs) > 1 and runs[-2].epoch == run.epoch
                and runs[-2].n < 2 * runs[-1].n):
             newer, older = runs.pop(), runs.pop()
             merged = np.concatenate((older.fps(), newer.fps()))
             merged.sort(kind="stable")  # two sorted runs: a linear merge
-            runs.append(_Run(run.epoch, older.lo, merged))
+            # positional: keywords cost the call a dict
+            runs.append(_Run(run.epoch, older.lo, merged, False,
+                             PACK_OPEN_MIN <= len(merged) <= most))
 
     def _seal(self) -> None:
         """One run for the newest epoch, now closed (packed if big enough): a probe then
@@ -316,6 +360,8 @@ class _Partition:
             runs[k:] = [_Run(epoch, runs[k].lo, merged, closed=True)]
         elif runs[k].packed is None and runs[k].n >= PACK_MIN:
             runs[k] = _Run(epoch, runs[k].lo, runs[k].fps(), closed=True)
+        else:
+            runs[k].closed = True  # packed while open, or too small: stays as it is
 
     def close(self, now: float, before: float) -> int:
         """What the next push would do to an ended epoch, done for a partition not pushed

@@ -19,6 +19,9 @@ from queen_mp.shards.dedupfilter import (
     HOT_MAX,
     MAX_GAP_READ_BACK,
     PACK_MIN,
+    PACK_OPEN_MIN,
+    PACK_OPEN_RATIO,
+    PACK_OPEN_SEGMENT,
     DedupFilter,
     _Run,
 )
@@ -273,6 +276,42 @@ def test_packed_runs_merge_seal_and_expire_like_plain_ones() -> None:
     assert f.entries == 1  # "later" alone: both epochs left
 
 
+def test_big_segments_pack_the_open_epoch_and_smaller_probes_unpack_it() -> None:
+    """Segments big enough for their merged runs to be packed while the epoch is open: every
+    stored hash is found by probes of every size; a probe of fewer than PACK_OPEN_SEGMENT
+    hashes makes such a run plain again (a few hashes read it packed), and the epoch's seal
+    keeps what is packed."""
+    clock = Clock()
+    f = DedupFilter(1 << 20, clock)
+    size = PACK_OPEN_SEGMENT
+    assert PACK_OPEN_RATIO * size >= PACK_OPEN_MIN
+    txns = [f"b{i}" for i in range(PACK_OPEN_MIN)]  # merged into one run of PACK_OPEN_MIN
+    for i in range(0, len(txns), size):
+        f.committed(KEY, 7, i + 1, size, hashes(*txns[i:i + size]), 3600)
+    runs = f._parts[KEY].runs
+    assert [(r.n, r.packed is not None, r.closed) for r in runs] == [
+        (len(txns), True, False)]
+    n = len(txns)
+    fresh = [f"n{j}" for j in range(size)]
+    assert f.verified(KEY, hashes(*fresh)) == n
+    for i in range(0, n, 61):
+        assert f.verified(KEY, hashes("new", f"b{i}")) < i + 1, i  # few: read packed
+        assert f.verified(KEY, hashes(*fresh, f"b{i}")) < i + 1, i
+    assert runs[0].packed is not None
+    assert f.verified(KEY, hashes(*fresh[1:])) == n  # fewer than PACK_OPEN_SEGMENT
+    assert runs[0].packed is None and runs[0].n == n  # plain again, the same fingerprints
+    for i in range(0, n, 61):
+        assert f.verified(KEY, hashes("new", f"b{i}")) < i + 1, i
+    f.committed(KEY, 7, n + 1, size, hashes(*(f"c{j}" for j in range(size))), 3600)
+    assert [(r.n, r.packed is not None) for r in runs] == [(n, False), (size, False)]
+    clock.t += 3600 / EPOCHS  # the epoch ended: tidy seals both into one packed run
+    tidy_round(f)
+    assert [(r.n, r.packed is not None, r.closed) for r in runs] == [(n + size, True, True)]
+    assert f.verified(KEY, hashes(*(f"m{j}" for j in range(40)), "b5")) < 6
+    assert runs[0].packed is not None  # a closed run stays packed for any probe
+    assert f.entries == n + size
+
+
 def test_one_hash_commits_and_probes_across_the_set_runs_and_epochs() -> None:
     """1-item pushes (one hash a segment, the filter's inline paths): every stored hash,
     probed alone, withholds the promise from its own offset, through the set filling past
@@ -373,6 +412,39 @@ def test_never_a_promise_over_a_live_hash(steps: list[tuple[int, float, bool]]) 
         assert f.verified(KEY, hashes(f"fresh-{step}")) == off - 1
         # memory: whole epochs leave, so at most one epoch more than the window is held
         assert f.entries <= sum(1 for at, _, _ in log if at >= horizon - span)
+
+
+@given(st.lists(st.tuples(st.integers(1, 80), st.floats(0, 30), st.integers(1, 40)),
+                min_size=1, max_size=40))
+@settings(deadline=None)
+def test_never_a_promise_over_a_live_hash_with_open_runs_packed(
+        steps: list[tuple[int, float, int]]) -> None:
+    """The model above with packing scaled down to these sizes: open runs packed by big
+    segments, probed packed by few hashes and made plain again by probes of more."""
+    import queen_mp.shards.dedupfilter as dedupfilter
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(dedupfilter, "PACK_MIN", 16)
+        mp.setattr(dedupfilter, "PACK_OPEN_MIN", 32)
+        mp.setattr(dedupfilter, "PACK_OPEN_RATIO", 2)
+        mp.setattr(dedupfilter, "PACK_OPEN_SEGMENT", 8)
+        clock = Clock()
+        f = DedupFilter(1_000_000, clock)
+        window = 20
+        log: list[tuple[float, int, str]] = []
+        off = 1
+        for step, (size, advance, probe) in enumerate(steps):
+            clock.t += advance
+            txns = [f"s{step}-{j}" for j in range(size)]
+            f.committed(KEY, 7, off, size, hashes(*txns), window)
+            log += [(clock.t, off + j, t) for j, t in enumerate(txns)]
+            off += size
+            horizon = clock.t - window - CLOCK_MARGIN_S
+            fresh = [f"fresh{step}-{j}" for j in range(probe)]
+            for at, stored_at, t in log[-100:]:
+                if at >= horizon:
+                    assert f.verified(KEY, hashes(*fresh, t)) < stored_at
+            assert f.verified(KEY, hashes(*fresh)) == off - 1
 
 
 def test_rows_before_first_sight_are_read_back_once_then_promised() -> None:
