@@ -439,7 +439,6 @@ class PushFusion:
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
                 return
-            self._recall()
             if rest:
                 self._answer(rest)
         except Exception as ex:
@@ -450,7 +449,6 @@ class PushFusion:
                                  lookups: list[tuple[Segment, int, int, int]]) -> None:
         try:
             await self._resolve_duplicates(lookups)
-            self._recall()
             self._answer(segments)
         except Exception as ex:
             self._failed(segments, ex)
@@ -555,7 +553,7 @@ class PushFusion:
                 leader_e, leader_j = refs[k]
                 e.resolve(j, DUPLICATE, base + k, self._leader_id(leader_e, leader_j))
         # after the verdicts' flush, before the partitions' release (``_flushed``)
-        self.loop.call_soon(self.dedup.committed_all, remember)
+        self.loop.call_soon(self._remember, remember)
         self.metrics.push_bundle(len(segments), frames)
         if self.stored is not None and stored:
             self.stored(stored)
@@ -597,6 +595,12 @@ class PushFusion:
         (``DedupFilter.tidy``): partitions no longer pushed give back what sealing saves."""
         if self.dedup.tidy():
             self.metrics.dedup_filter_entries.set(self.dedup.entries)
+
+    def _remember(self, remember: list[tuple[Key, int, int, int, bytes, int]]) -> None:
+        """A landed bundle's hashes into the dedup filter, then the read-back of any gap that
+        showed (offsets this shard did not write)."""
+        self.dedup.committed_all(remember)
+        self._recall()
 
     def _recall(self) -> None:
         """Read back the stored hashes of offsets this shard did not write, one batch at a
