@@ -34,7 +34,12 @@ type.
 tracemalloc costs memory of its own: read PSS from a run without ``--diag``. ``--depth 0``
 starts no tracemalloc (whose hooks hide pymalloc from ``sys._debugmallocstats``): each sample
 then prints the front workers' pymalloc arenas, the memory they hold and how much of it is
-free (blocks free in used pools, and empty pools), the fragmentation a peak leaves::
+free (blocks free in used pools, and empty pools), the fragmentation a peak leaves, and glibc's
+heap (``mallinfo2``: bytes in use and free in it, and in blocks mapped on their own).
+``--mid-diag`` adds a snapshot halfway through each push load: what a worker holds live at a
+load's peak, not what the load left. Each process's USS (Private_Clean + Private_Dirty) is
+shown beside its PSS: the PSS of pages shared with other Python processes on the machine moves
+with them. ``--port`` gives the broker a port of its own::
 
     PYTHONPATH=<tree> .venv/bin/python -m bench.parkmem --dsn 'host=... dbname=<yours>'
     PYTHONPATH=<tree> .venv/bin/python -m bench.parkmem --dsn '...' --diag /tmp/parkdiag
@@ -79,6 +84,23 @@ _SITECUSTOMIZE = '''
 import os, sys, threading, time
 
 
+def _glibc_heap():
+    """glibc's mallinfo2 as lines of the arenas file: its heap's bytes in use and free, and
+    its mapped blocks' (empty without glibc)."""
+    import ctypes
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_size_t) for n in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+            "uordblks", "fordblks", "keepcost")]
+    fn = getattr(ctypes.CDLL(None), "mallinfo2", None)
+    if fn is None:
+        return ""
+    fn.restype = MallInfo2
+    m = fn()
+    return (f"glibc heap = {m.arena}\\nglibc in use = {m.uordblks}\\nglibc free = {m.fordblks}\\n"
+            f"glibc mapped = {m.hblkhd}\\nglibc mapped blocks = {m.hblks}\\n")
+
+
 def _child():
     import gc, json, pickle, tracemalloc
     out = os.environ["PARKMEM_DIAG"]
@@ -113,6 +135,7 @@ def _child():
                     finally:
                         os.dup2(err, 2)
                         os.close(err)
+                    f.write(_glibc_heap())
                 if snap is not None:
                     with open(f"{out}/{me}-{tag}.tm", "wb") as f:
                         pickle.dump(snap, f, pickle.HIGHEST_PROTOCOL)
@@ -133,8 +156,8 @@ _PROTOCOL = "CorkedHttpToolsProtocol"
 
 
 def _fields(pid: int) -> dict[str, int]:
-    """Pss, Private_Dirty and Rss of ``pid`` in kB (zeros once it is gone)."""
-    out = {"Pss": 0, "Private_Dirty": 0, "Rss": 0}
+    """Pss, Private_Clean, Private_Dirty and Rss of ``pid`` in kB (zeros once it is gone)."""
+    out = {"Pss": 0, "Private_Clean": 0, "Private_Dirty": 0, "Rss": 0}
     try:
         with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
             for line in f:
@@ -238,7 +261,11 @@ class Diag:
         return (f"{stat.get('# arenas allocated current', 0)} arenas: live blocks "
                 f"{stat.get('# bytes in allocated blocks', 0) / mb:.1f} MB, free blocks "
                 f"{stat.get('# bytes in available blocks', 0) / mb:.1f} MB, {pools} empty pools "
-                f"{empty / mb:.1f} MB")
+                f"{empty / mb:.1f} MB; glibc heap {stat.get('glibc heap', 0) / mb:.1f} MB "
+                f"(in use {stat.get('glibc in use', 0) / mb:.1f}, free "
+                f"{stat.get('glibc free', 0) / mb:.1f}), mapped "
+                f"{stat.get('glibc mapped', 0) / mb:.1f} MB in "
+                f"{stat.get('glibc mapped blocks', 0)}")
 
     def connections(self, pid: int, before: str, after: str) -> int:
         """The HTTP connections ``pid`` gained from ``before`` to ``after`` (its protocols)."""
@@ -349,7 +376,8 @@ def show(label: str, mem: dict[str, dict[str, int]], base: dict[str, dict[str, i
         delta = "" if base is None or role not in base else \
             f" ({(m['Pss'] - base[role]['Pss']) / 1024:+.1f})"
         parts.append(f"{role} {m['Pss'] / 1024:.1f}{delta} [dirty "
-                     f"{m['Private_Dirty'] / 1024:.1f}]")
+                     f"{m['Private_Dirty'] / 1024:.1f} uss "
+                     f"{(m['Private_Dirty'] + m['Private_Clean']) / 1024:.1f}]")
     print(f"{label:<22} PSS {total / 1024:6.1f} MB: " + "; ".join(parts), flush=True)
 
 
@@ -361,7 +389,7 @@ async def run(args: argparse.Namespace) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="queen-parkmem-"))
     diag = Diag(Path(args.diag) / rid) if args.diag else None
     env = pb._clean_env()
-    port = pb.free_port()
+    port = args.port or pb.free_port()
     env.update({"QUEEN_PORT": str(port), "QUEEN_DATA_DIR": str(tmp),
                 "QUEEN_WORKERS": str(args.workers), "QUEEN_V2_FUSION_SHARDS": str(args.shards),
                 "QUEEN_LOG_LEVEL": "info", "QUEEN_SHUTDOWN_TIMEOUT_S": "20",
@@ -400,8 +428,16 @@ async def run(args: argparse.Namespace) -> int:
                 await diag.ask(tag, watched)
 
         for items in args.load:
+            mid = None
+            if diag is not None and args.mid_diag:  # a snapshot halfway through the load
+                async def halfway(tag: str = f"mid{items}") -> None:
+                    await asyncio.sleep(args.load_s / 2)
+                    await diag.ask(tag, watched)
+                mid = asyncio.create_task(halfway())
             run, peak = await load_peak(LoadSpec(
                 srv.url, items=items, duration=args.load_s, queue=f"load-{rid}"), root)
+            if mid is not None:
+                await mid
             show(f"peak pushing {items}", peak, rest)
             await asyncio.sleep(args.settle)
             show(f"pushed {items} ({run['msgs_per_s'] / 1000:.1f}k/s)", sample(root), rest)
@@ -480,10 +516,14 @@ async def run(args: argparse.Namespace) -> int:
         if diag is not None:
             for p in watched:
                 if args.load:
+                    if args.mid_diag:
+                        diag.report(p, "rest", f"mid{args.load[-1]}", 1, args.top)
                     diag.report(p, "rest", f"pushed{args.load[-1]}", 1, args.top)
                 if args.consume:
                     diag.report(p, f"pushed{args.load[-1]}" if args.load else "rest",
                                 f"consumed{args.consume[-1]}", 1, args.top)
+                if not args.rounds:
+                    continue
                 per = diag.connections(p, "rest", "parked") or args.parked // len(workers)
                 diag.report(p, "rest", "parked", per, args.top)
                 if args.burst_s > 0:
@@ -524,6 +564,10 @@ def main(argv: list[str] | None = None) -> int:
                     metavar="N,N..", help="before the pops: push loads of N items a request "
                     "(bench/loadgen.py, 64 connections), one after the other, each sampled")
     ap.add_argument("--load-s", type=float, default=10.0, help="each push load's seconds")
+    ap.add_argument("--mid-diag", action="store_true",
+                    help="with --diag: also a snapshot halfway through each push load (what a "
+                    "worker holds live at a load's peak)")
+    ap.add_argument("--port", type=int, default=0, help="the broker's port (0: a free one)")
     ap.add_argument("--consume", type=_ints, default=[], metavar="C,C..",
                     help="after the push loads: drain a pre-filled queue with C consumers (pop "
                     "batch 100 + ack), one after the other, each sampled")

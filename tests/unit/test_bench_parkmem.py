@@ -33,6 +33,7 @@ def test_sample_names_the_root_and_reads_its_memory():
     mem = sample(os.getpid())
     me = mem["supervisor"]
     assert me["Pss"] > 0 and me["Rss"] >= me["Private_Dirty"] > 0
+    assert me["Rss"] >= me["Private_Clean"] >= 0  # USS is Private_Clean + Private_Dirty
 
 
 def test_a_forked_child_dumps_its_snapshot_and_counts_when_asked(tmp_path: Path):
@@ -51,6 +52,8 @@ def test_a_forked_child_dumps_its_snapshot_and_counts_when_asked(tmp_path: Path)
         with open(tmp_path / f"{child}-t.tm", "rb") as f:
             assert isinstance(pickle.load(f), tracemalloc.Snapshot)
         assert not list(tmp_path.glob(f"{root.pid}-*"))  # the root is not traced
+        # glibc's heap beside pymalloc's arenas (mallinfo2): bytes in use and free
+        assert "glibc heap" in diag.arenas(child, "t")
     finally:
         if child:
             os.kill(child, 9)
@@ -76,3 +79,5 @@ def test_arenas_reads_a_childs_debugmallocstats(tmp_path: Path):
     line = diag.arenas(7, "t")
     arenas = int(line.split()[0])
     assert arenas > 0 and "live blocks" in line and "empty pools" in line
+    # without glibc's lines (another C library) its figures read 0
+    assert "glibc heap 0.0 MB" in line
