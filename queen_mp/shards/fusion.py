@@ -472,9 +472,10 @@ class PushFusion:
 
         PERF(fusion): after the bundle's verdicts have gone: ``reply`` schedules their flush
         to the front workers' rings before this runs, and ``_committed`` the dedup filter's
-        update, so the next bundle (segments built, probed and compressed, milliseconds at
-        a time under 100-item pushes) is made after the front workers were rung, not while
-        they wait (perf sched: one CPU idle for 2 ms while the shard built it)."""
+        update with its read-backs (``_remember``), so the next bundle (segments built,
+        probed and compressed, milliseconds at a time under 100-item pushes) is made after
+        the front workers were rung, not while they wait (perf sched: one CPU idle for 2 ms
+        while the shard built it)."""
         self.loop.call_soon(self._release, keys)
 
     def _release(self, keys: list[Key]) -> None:
