@@ -327,19 +327,21 @@ class HotRoutes:
         # NOTE(memory): the body read goes straight into the answer (no local here), which
         # drops a push's once parsed: a local would keep it until every verdict is in. A body
         # the lean path read whole (up to uvworker.LEAN_MAX_BODY) stays with its caller.
+        limit = self._body_limit(call)
         if call.path == PUSH:
-            return self.push.answer(
-                read_whole(call.content_length, body, call.encoding,
-                           self.push.worker.config.max_body_mb << 20),
-                tenant, sub, grant)
+            return self.push.answer(read_whole(call.content_length, body, call.encoding, limit),
+                                    tenant, sub, grant)
         return self.acks[call.path].answer(
-            read_whole(call.content_length, body, call.encoding, MAX_ACK_BODY), tenant)
+            read_whole(call.content_length, body, call.encoding, limit), tenant)
 
     async def _answer_read(self, call: HotCall, chunks: AsyncIterable[bytes], tenant: bytes,
                            sub: str | None, grant: Grant | None) -> Answer:
         """``_answer`` of a body that comes in chunks (``serve``): joined first, as they
         came (``_answer`` decodes it)."""
-        limit = (self.push.worker.config.max_body_mb << 20 if call.path == PUSH
-                 else MAX_ACK_BODY)
-        return await self._answer(call, await read_chunks(call.content_length, chunks, limit),
-                                  tenant, sub, grant)
+        return await self._answer(
+            call, await read_chunks(call.content_length, chunks, self._body_limit(call)),
+            tenant, sub, grant)
+
+    def _body_limit(self, call: HotCall) -> int:
+        """The most body bytes ``call`` may send: a push's configured bound, an ack's own."""
+        return self.push.worker.config.max_body_mb << 20 if call.path == PUSH else MAX_ACK_BODY
