@@ -87,16 +87,10 @@ import os, sys, threading, time
 def _glibc_heap():
     """glibc's mallinfo2 as lines of the arenas file: its heap's bytes in use and free, and
     its mapped blocks' (empty without glibc)."""
-    import ctypes
-    class MallInfo2(ctypes.Structure):
-        _fields_ = [(n, ctypes.c_size_t) for n in (
-            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
-            "uordblks", "fordblks", "keepcost")]
-    fn = getattr(ctypes.CDLL(None), "mallinfo2", None)
-    if fn is None:
+    from queen_mp.heap import glibc_heap
+    m = glibc_heap()
+    if m is None:
         return ""
-    fn.restype = MallInfo2
-    m = fn()
     return (f"glibc heap = {m.arena}\\nglibc in use = {m.uordblks}\\nglibc free = {m.fordblks}\\n"
             f"glibc mapped = {m.hblkhd}\\nglibc mapped blocks = {m.hblks}\\n")
 

@@ -11,8 +11,9 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 
-__all__ = ["BUSY_TRIM_EVERY_S", "HeapTrim", "before_fork", "bounded_caches", "fix_mmap_threshold",
-           "freeze_startup_objects", "request_caches", "seal_free_blocks"]
+__all__ = ["BUSY_TRIM_EVERY_S", "HeapTrim", "MallInfo2", "before_fork", "bounded_caches",
+           "fix_mmap_threshold", "freeze_startup_objects", "glibc_heap", "request_caches",
+           "seal_free_blocks"]
 
 _M_MMAP_THRESHOLD = -3  # glibc's malloc.h
 # PERF(queen): a 1,000-item push allocates some 5,000 tracked objects (frames, items, results)
@@ -40,6 +41,25 @@ def fix_mmap_threshold(kb: int) -> bool:
         return False
     mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
     return mallopt is not None and bool(mallopt(_M_MMAP_THRESHOLD, kb * 1024))
+
+
+class MallInfo2(ctypes.Structure):
+    """glibc's ``struct mallinfo2`` (malloc.h): its heap's bytes in use and free, and those of
+    the blocks it mapped on their own."""
+
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+
+def glibc_heap() -> MallInfo2 | None:
+    """glibc's figures of this process's C heap now (None under another C library): what the
+    memory benchmarks and tests read beside pymalloc's arenas."""
+    fn = getattr(ctypes.CDLL(None), "mallinfo2", None)
+    if fn is None:
+        return None
+    fn.restype = MallInfo2
+    return fn()  # type: ignore[no-any-return]
 
 
 def freeze_startup_objects() -> None:

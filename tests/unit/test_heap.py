@@ -17,19 +17,14 @@ from queen_mp.heap import HeapTrim, bounded_caches, fix_mmap_threshold
 # Frees a 4 MiB block (glibc's adaptive threshold then rises to 4 MiB), allocates 512 KiB and
 # prints how many blocks malloc has mapped on their own (mallinfo2().hblks).
 _PROBE = textwrap.dedent("""
-    import ctypes, sys
-    from queen_mp.heap import fix_mmap_threshold
-    class MallInfo2(ctypes.Structure):
-        _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks",
-                    "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
-    libc = ctypes.CDLL(None)
-    libc.mallinfo2.restype = MallInfo2
+    import sys
+    from queen_mp.heap import fix_mmap_threshold, glibc_heap
     print(fix_mmap_threshold(int(sys.argv[1])))
     big = bytearray(4 << 20)
     del big
-    before = libc.mallinfo2().hblks
+    before = glibc_heap().hblks
     block = bytearray(512 << 10)
-    print(libc.mallinfo2().hblks - before)
+    print(glibc_heap().hblks - before)
 """)
 
 
@@ -40,8 +35,7 @@ def _probe(kb: int) -> tuple[str, int]:
 
 
 def _glibc() -> bool:
-    import ctypes
-    return hasattr(ctypes.CDLL(None), "mallinfo2")
+    return heap.glibc_heap() is not None
 
 
 @pytest.mark.skipif(not _glibc(), reason="glibc's malloc only (mallopt, mallinfo2)")
