@@ -42,7 +42,12 @@ from queen_mp.wire.frames import (
     pack_frame,
     zstd_compress,
 )
-from queen_mp.wire.records import KIND_QUEUED_RUN, blob_from_pieces, pack_queued_run
+from queen_mp.wire.records import (
+    _VIEW_MIN,
+    KIND_QUEUED_RUN,
+    blob_from_pieces,
+    pack_queued_run,
+)
 
 u16 = st.integers(0, 2**16 - 1)
 u32 = st.integers(0, 2**32 - 1)
@@ -290,6 +295,29 @@ def test_a_batch_cuts_small_records_as_bytes_and_keeps_large_ones_as_views() -> 
     # a batch that is not bytes gives views only
     assert all(isinstance(r, memoryview)
                for r in RecordBatch.unpack(bytearray(packed)).records)
+
+
+def test_a_large_piece_of_bytes_is_a_view_of_them_and_a_small_one_a_copy() -> None:
+    # what a shard reads from its ring is bytes, immutable: a large piece is read in place
+    # (its frames are not copied again before zstd reads them), a small one cut as bytes; a
+    # piece of a mutable buffer is always copied
+    small = _group()
+    one = PushGroup(**{**_fields(small), "count": 1, "hashes": bytes(16),
+                       "pieces": (Piece(PIECE_RAW, 1, b"f" * _VIEW_MIN),)})
+    two = PushGroup(**{**_fields(small), "pieces": (
+        Piece(PIECE_RAW, 1, b"a" * _VIEW_MIN), Piece(PIECE_ZSTD, 1, b"z" * (_VIEW_MIN - 1)))})
+    packed = RecordBatch((small.pack(), one.pack(), two.pack())).pack()
+    bounds = RecordBatch.bounds(packed)
+    got = [PushGroup.unpack(packed, bounds[k], bounds[k + 1]) for k in range(3)]
+    assert got == [small, one, two]
+    assert [type(p.data) for g in got for p in g.pieces] == [
+        bytes, bytes, memoryview, memoryview, bytes]
+    assert all(p.data.readonly for g in got for p in g.pieces if isinstance(p.data, memoryview))
+    assert [g.pack() for g in got] == [small.pack(), one.pack(), two.pack()]
+    assert blob_from_pieces(got[1].pieces) == blob_from_pieces(one.pieces)
+    assert all(type(p.data) is bytes
+               for k in range(3)
+               for p in PushGroup.unpack(bytearray(packed), bounds[k], bounds[k + 1]).pieces)
 
 
 def test_every_truncation_and_extension_of_a_batch_is_a_decode_error() -> None:
