@@ -472,8 +472,9 @@ class PushFusion:
 
         PERF(fusion): after the bundle's verdicts have gone: ``reply`` schedules their flush
         to the front workers' rings before this runs, and ``_committed`` the dedup filter's
-        update with its read-backs (``_remember``), so the next bundle (segments built,
-        probed and compressed, milliseconds at a time under 100-item pushes) is made after
+        update with its read-backs (``_remember``), so the next bundle (segments built and
+        probed, milliseconds at a time under 100-item pushes; their frames compressed when
+        their groups were read, ``PushGroup.unpack``'s ``pack_raw``) is made after
         the front workers were rung, not while they wait (perf sched: one CPU idle for 2 ms
         while the shard built it)."""
         self.loop.call_soon(self._release, keys)

@@ -38,11 +38,17 @@ from queen_mp.wire.frames import (
     SMALL_RUN_BYTES,
     SMALL_RUN_LEVEL,
     decode_chunk,
+    decompress_bounded,
     iter_chunks,
     pack_frame,
     zstd_compress,
 )
-from queen_mp.wire.records import KIND_QUEUED_RUN, blob_from_pieces, pack_queued_run
+from queen_mp.wire.records import (
+    KIND_QUEUED_RUN,
+    PACK_RAW_MIN,
+    blob_from_pieces,
+    pack_queued_run,
+)
 
 u16 = st.integers(0, 2**16 - 1)
 u32 = st.integers(0, 2**32 - 1)
@@ -290,6 +296,36 @@ def test_a_batch_cuts_small_records_as_bytes_and_keeps_large_ones_as_views() -> 
     # a batch that is not bytes gives views only
     assert all(isinstance(r, memoryview)
                for r in RecordBatch.unpack(bytearray(packed)).records)
+
+
+def test_pack_raw_compresses_large_raw_pieces_of_several_frames_to_the_same_chunk() -> None:
+    # what a shard reads from its ring: a raw piece of more than one frame and PACK_RAW_MIN
+    # bytes or more comes out a zstd piece, stored as the same chunk as it was stored when
+    # compressed at the bundle's flush; smaller pieces, one frame, and client zstd pieces are
+    # copied as they are; the piece's bytes are never a view of the buffer read
+    frames = b"".join(pack_frame(bytes(range(16)), f"t-{i}".encode(), b'{"n": %d}' % i)
+                      for i in range(200))
+    small = _group()
+    big = PushGroup(**{**_fields(small), "count": 200, "hashes": bytes(16 * 200),
+                       "pieces": (Piece(PIECE_RAW, 200, frames),)})
+    one = PushGroup(**{**_fields(small), "count": 1, "hashes": bytes(16),
+                       "pieces": (Piece(PIECE_RAW, 1, b"f" * PACK_RAW_MIN),)})
+    mixed = PushGroup(**{**_fields(small), "count": 201, "hashes": bytes(16 * 201),
+                         "pieces": (Piece(PIECE_RAW, 200, frames), Piece(PIECE_ZSTD, 1, b"z"))})
+    assert len(frames) >= PACK_RAW_MIN
+    records = (small.pack(), big.pack(), one.pack(), mixed.pack())
+    packed = RecordBatch(records).pack()
+    bounds = RecordBatch.bounds(packed)
+    for buf in (packed, memoryview(packed), bytearray(packed)):
+        got = [PushGroup.unpack(buf, bounds[k], bounds[k + 1], True) for k in range(4)]
+        assert got[0] == small and got[2] == one
+        assert [p.kind for p in got[1].pieces] == [PIECE_ZSTD]
+        assert [p.kind for p in got[3].pieces] == [PIECE_ZSTD, PIECE_ZSTD]
+        assert all(type(p.data) is bytes for g in got for p in g.pieces)
+        assert blob_from_pieces(got[1].pieces) == blob_from_pieces(big.pieces)
+        assert decompress_bounded(got[3].pieces[0].data, 1 << 20) == frames
+        assert PushGroup.unpack(bytes(records[1]), pack_raw=True) == got[1]
+    assert PushGroup.unpack(packed, bounds[1], bounds[2]) == big  # without pack_raw
 
 
 def test_every_truncation_and_extension_of_a_batch_is_a_decode_error() -> None:

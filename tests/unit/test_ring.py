@@ -124,6 +124,53 @@ def test_round_trip_one_process(ring_name: str) -> None:
         assert ring.used == 0
 
 
+def test_read_each_hands_whole_records_over_in_place_and_the_rest_copied(
+        ring_name: str) -> None:
+    with Ring.create(ring_name, 256, epoch=5) as ring:
+        seen: list[tuple[type, bytes, bool]] = []
+
+        def use(record: bytes | memoryview) -> None:
+            seen.append((type(record), bytes(record),
+                         isinstance(record, memoryview) and record.readonly))
+
+        ring.try_write(b"a" * 100)  # offsets 0-127 of 256
+        ring.try_write(b"b" * 50)  # 128-207
+        assert ring.read_each(1, use) == 1
+        assert ring.try_write(b"c" * 60)  # 208-287: wraps, copied out as read_with_epoch does
+        assert ring.read_each(10, use) == 2
+        pending = ring.begin_write(b"d" * 600)  # chunked: reassembled, copied
+        records = []
+        while not pending.pump():
+            ring.read_each(10, records.append)
+        ring.read_each(10, records.append)
+        assert records == [b"d" * 600]
+        assert seen == [(memoryview, b"a" * 100, True), (memoryview, b"b" * 50, True),
+                        (bytes, b"c" * 60, False)]
+        assert ring.read_each(10, use) == 0 and ring.used == 0
+
+
+def test_read_each_gives_a_record_back_and_releases_it_whatever_use_does(
+        ring_name: str) -> None:
+    with Ring.create(ring_name, 256) as ring:
+        kept: list[memoryview] = []
+
+        def fail(record: bytes | memoryview) -> None:
+            kept.append(record)  # type: ignore[arg-type]
+            raise ValueError("bad record")
+
+        ring.try_write(b"xyz")
+        ring.try_write(b"next")
+        with pytest.raises(ValueError, match="bad record"):
+            ring.read_each(10, fail)
+        assert ring.read_many(10) == [b"next"]  # the first one was given back, not re-read
+        with pytest.raises(ValueError):
+            bytes(kept[0])  # released: the writer may overwrite it
+        ring.try_write(b"abc")  # at offset 64, after two records of 32
+        ring._mm[192 + 64:196 + 64] = (10_000).to_bytes(4, "little")  # a length past the ring
+        with pytest.raises(RingCorrupt):
+            ring.read_each(1, kept.append)
+
+
 def test_writer_and_reader_in_separate_attachments(ring_name: str) -> None:
     with Ring.create(ring_name, 256) as owner, Ring.attach(ring_name, epoch=3) as writer:
         writer.write(b"hello", timeout=1)
