@@ -267,3 +267,74 @@ def test_a_scope_made_late_is_the_one_uvicorn_makes_at_message_begin() -> None:
     ours = proto._new_scope()
     assert ours == theirs and ours["headers"] is proto.headers
     assert ours["state"] is not proto.app_state
+
+
+async def _late_reader(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """``_app``, asking for the body only after a while, as a push waiting for the window."""
+    if scope["type"] == "http":
+        await asyncio.sleep(0.3)
+    await _app(scope, receive, send)
+
+
+def test_a_big_body_waits_unread_until_the_app_asks_for_it(monkeypatch) -> None:
+    """Past the lean path's size (Content-Length or chunked), a body is not read beyond what
+    came with its headers until the app's first ``receive``; then all of it is, and the
+    small requests behind it on the connection, pipelined or not, and a 100-continue one,
+    are answered as before."""
+    reads: list[int] = []  # bytes of each read while no request has asked for its body
+    asked: list[bool] = []
+    real_received = CorkedHttpToolsProtocol.data_received
+
+    def data_received(self: CorkedHttpToolsProtocol, data: bytes) -> None:
+        if not asked:
+            reads.append(len(data))
+        real_received(self, data)
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        async def first_receive() -> Any:
+            asked.append(True)
+            return await receive()
+        await _late_reader(scope, first_receive if not asked else receive, send)
+
+    monkeypatch.setattr(CorkedHttpToolsProtocol, "data_received", data_received)
+    big = b"x" * 300_000
+    chunked = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in (big[:100_000], big[100_000:]))
+
+    async def scenario() -> list[bytes]:
+        config = uvicorn.Config(app, host="127.0.0.1", port=0, http=CorkedHttpToolsProtocol,
+                                lifespan="off", log_level="warning")
+        server = uvicorn.Server(config)
+        listener = _listener()
+        limit_receive_buffers([listener], 32)
+        task = asyncio.get_running_loop().create_task(server.serve(sockets=[listener]))
+        while not server.started:
+            await asyncio.sleep(0.01)
+        port = listener.getsockname()[1]
+
+        def client() -> list[bytes]:
+            with socket.create_connection(("127.0.0.1", port)) as sock:
+                out = []
+                sock.sendall(b"POST /x HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n%s"
+                             b"POST /x HTTP/1.1\r\nHost: t\r\nContent-Length: 1\r\n\r\nz"
+                             % (len(big), big))
+                out += [_read_answer(sock), _read_answer(sock)]
+                sock.sendall(b"POST /x HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n"
+                             b"\r\n" + chunked + b"0\r\n\r\n")
+                out.append(_read_answer(sock))
+                sock.sendall(b"POST /x HTTP/1.1\r\nHost: t\r\nContent-Length: 100000\r\n"
+                             b"Expect: 100-continue\r\n\r\n")
+                assert sock.recv(100) == b"HTTP/1.1 100 Continue\r\n\r\n"
+                sock.sendall(big[:100_000])
+                out.append(_read_answer(sock))
+                return out
+
+        try:
+            return await asyncio.to_thread(client)
+        finally:
+            server.should_exit = True
+            await task
+
+    answers = asyncio.run(scenario())
+    assert [a.split(b"\r\n\r\n", 1)[1] for a in answers] == [
+        b"echo:" + big, b"echo:z", b"echo:" + big, b"echo:" + big[:100_000]]
+    assert len(reads) == 1, reads  # the read with the headers, none more until asked
