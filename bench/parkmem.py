@@ -39,7 +39,9 @@ heap (``mallinfo2``: bytes in use and free in it, and in blocks mapped on their 
 ``--mid-diag`` adds a snapshot halfway through each push load: what a worker holds live at a
 load's peak, not what the load left. Each process's USS (Private_Clean + Private_Dirty) is
 shown beside its PSS: the PSS of pages shared with other Python processes on the machine moves
-with them. ``--port`` gives the broker a port of its own::
+with them; its anonymous pages' PSS (``Pss_Anon``: the heap, the arenas, what the children share
+of the supervisor's by fork) does not, and the tree's sum of it is shown with the total.
+``--port`` gives the broker a port of its own::
 
     PYTHONPATH=<tree> .venv/bin/python -m bench.parkmem --dsn 'host=... dbname=<yours>'
     PYTHONPATH=<tree> .venv/bin/python -m bench.parkmem --dsn '...' --diag /tmp/parkdiag
@@ -150,8 +152,9 @@ _PROTOCOL = "CorkedHttpToolsProtocol"
 
 
 def _fields(pid: int) -> dict[str, int]:
-    """Pss, Private_Clean, Private_Dirty and Rss of ``pid`` in kB (zeros once it is gone)."""
-    out = {"Pss": 0, "Private_Clean": 0, "Private_Dirty": 0, "Rss": 0}
+    """Pss, Pss_Anon, Private_Clean, Private_Dirty and Rss of ``pid`` in kB (zeros once it is
+    gone)."""
+    out = {"Pss": 0, "Pss_Anon": 0, "Private_Clean": 0, "Private_Dirty": 0, "Rss": 0}
     try:
         with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
             for line in f:
@@ -369,10 +372,12 @@ def show(label: str, mem: dict[str, dict[str, int]], base: dict[str, dict[str, i
     for role, m in sorted(mem.items()):
         delta = "" if base is None or role not in base else \
             f" ({(m['Pss'] - base[role]['Pss']) / 1024:+.1f})"
-        parts.append(f"{role} {m['Pss'] / 1024:.1f}{delta} [dirty "
+        parts.append(f"{role} {m['Pss'] / 1024:.1f}{delta} [anon {m['Pss_Anon'] / 1024:.1f} dirty "
                      f"{m['Private_Dirty'] / 1024:.1f} uss "
                      f"{(m['Private_Dirty'] + m['Private_Clean']) / 1024:.1f}]")
-    print(f"{label:<22} PSS {total / 1024:6.1f} MB: " + "; ".join(parts), flush=True)
+    anon = sum(m["Pss_Anon"] for m in mem.values())
+    print(f"{label:<22} PSS {total / 1024:6.1f} MB (anon {anon / 1024:5.1f}): "
+          + "; ".join(parts), flush=True)
 
 
 async def run(args: argparse.Namespace) -> int:

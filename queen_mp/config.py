@@ -119,6 +119,13 @@ SETTINGS: tuple[Setting, ...] = (
        "per 4 cores (on 2 cores one shard pushed 1.2-1.7x more than two: bigger bundles, one "
        "process less competing with the front workers).",
        minimum=1, maximum=64),
+    _s("QUEEN_OPTIMIZE", bool, True,
+       "Run the broker at Python's optimization level 2: `serve` re-executes itself with -OO "
+       "(same pid, arguments and environment) unless already so, and the image the "
+       "supervisor preloads for its children has no docstrings (nor asserts): its small "
+       "objects 25.0 -> 23.8 MB, its glibc heap in use 13.0 -> 10.3 MB. -OO reads "
+       "`.opt-2.pyc` files, which pip does not write (docs/operations.md section 0). "
+       "0 = the interpreter's level as started."),
     _s("QUEEN_MALLOC_MMAP_THRESHOLD_KB", int, 128,
        "glibc malloc: blocks of this size or more (request bodies, rendered answers) are "
        "mapped on their own and unmapped when freed; 0 = glibc's adaptive threshold, which "

@@ -34,9 +34,10 @@ burst that queued together does not give up together) leaves the queue and answe
 ``429 overloaded``, ``Retry-After: n``, n in 1..5: one second, plus one per budget's worth of
 bytes still queued when it gives up (capped at 5). ``QUEEN_ADMIT_HOLD_MS=0`` answers
 429 at once when the request does not fit. Nothing happened on a 429: the body was never read.
-While a request waits, its bytes stay in the socket (uvicorn stops reading a connection past its
-64 KiB buffer), but for what came with its headers: one read of the connection's receive buffer
-(``QUEEN_RECV_BUFFER_KB``, queen_mp/processes/uvworker.py ``limit_receive_buffers``).
+While a request waits, its bytes stay in the socket (the front worker stops reading a connection
+at the end of a big body's headers until the app asks for the body: queen_mp/processes/uvworker.py
+``CorkedHttpToolsProtocol.on_headers_complete``), but for what came with its headers: one read of
+the connection's receive buffer (``QUEEN_RECV_BUFFER_KB``, ``limit_receive_buffers``).
 
 Disk. Push and transaction answer ``507 storage_full`` when the filesystem of the spool, or of
 the embedded PostgreSQL data directory when there is one, is more than ``QUEEN_DISK_HIGH_PCT``

@@ -96,7 +96,7 @@ def limit_receive_buffers(listeners: list[Any], kb: int) -> None:
 #: how long a graceful stop keeps an idle keep-alive connection open for a request in flight
 IDLE_GRACE_S = 0.25
 #: the largest body the lean path reads whole before answering; a larger one takes uvicorn's
-#: path, where admission refuses it before its body is read (uvicorn pauses reading there too)
+#: path, where admission refuses it before its body is read (reading pauses at its headers)
 LEAN_MAX_BODY = HIGH_WATER_LIMIT
 #: what uvicorn answers when the application fails before answering (its header lines)
 _FAILED = (500, b"content-type: text/plain; charset=utf-8\r\ncontent-length: 21\r\n",
@@ -215,6 +215,17 @@ class _Pipeline(list):  # type: ignore[type-arg]
 
     def appendleft(self, item: Any) -> None:
         self.insert(0, item)
+
+
+def _big_body(headers: list[tuple[bytes, bytes]]) -> bool:
+    """Whether a request's body is more than the lean path reads whole: chunked, or a
+    ``Content-Length`` over ``LEAN_MAX_BODY``."""
+    for name, value in headers:
+        if name == b"content-length":
+            return value.isdigit() and int(value) > LEAN_MAX_BODY
+        if name == b"transfer-encoding":
+            return True
+    return False
 
 
 class LeanCycle:
@@ -384,6 +395,13 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         super().on_headers_complete()
         if self._stopping and self.cycle is not None:
             self.cycle.keep_alive = False
+        if not self.flow.read_paused and _big_body(self.headers) and (
+                not self.parser.should_upgrade()):
+            # PERF(memory): a body past the lean path's waits unread in its socket until
+            # the app asks for it (uvicorn's ``receive`` resumes reading; its answer does
+            # too): uvicorn went on reading it up to its 64 KiB high-water mark, so a push
+            # waiting for the work window held up to two reads of it in the worker
+            self.flow.pause_reading()
 
     def _lean_cycle(self) -> LeanCycle | None:
         """The request whose headers just ended as a ``LeanCycle``, if the lean path takes it

@@ -66,3 +66,40 @@ def test_serve_refuses_an_invalid_setting_before_starting_anything():
                           capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 2
     assert "QUEEN_PORT" in proc.stderr
+
+
+class _Replaced(Exception):
+    """Raised by the stand-in of ``os.execv``: the process would be replaced here."""
+
+
+@pytest.mark.parametrize(("optimize", "replaced"), [("1", True), ("0", False)])
+def test_serve_reexecutes_itself_at_optimization_level_2(monkeypatch, optimize, replaced):
+    from click.testing import CliRunner
+
+    import queen_mp.processes.supervisor as supervisor
+    from queen_mp.processes import cli
+
+    execs: list[list[str]] = []
+
+    def execv(path: str, argv: list[str]) -> None:
+        execs.append([path, *argv])
+        raise _Replaced
+
+    class Supervisor:
+        def __init__(self, config: Config) -> None:
+            pass
+
+        def run(self) -> int:
+            return 0
+
+    monkeypatch.setattr(cli.os, "execv", execv)
+    monkeypatch.setattr(cli, "configure_logging", lambda level: None)
+    monkeypatch.setattr(supervisor, "Supervisor", Supervisor)
+    monkeypatch.setenv("QUEEN_OPTIMIZE", optimize)
+    result = CliRunner().invoke(cli.main, ["serve"])
+    if replaced:
+        assert isinstance(result.exception, _Replaced)
+        assert execs == [[sys.executable, sys.executable, "-OO", *sys.orig_argv[1:]]]
+    else:
+        assert result.exit_code == 0, result.output
+        assert execs == []

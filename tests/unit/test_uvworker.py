@@ -115,6 +115,27 @@ def _read_answer(sock: socket.socket) -> bytes:
     return head + b"\r\n\r\n" + rest
 
 
+def _served(app: Any, client: Any, receive_kb: int = 0) -> Any:
+    """``client(port)``, run in a thread against ``app`` served by the front's protocol on a
+    listener of its own (``receive_kb``: its receive buffer, as ``limit_receive_buffers``)."""
+    async def scenario() -> Any:
+        config = uvicorn.Config(app, host="127.0.0.1", port=0, http=CorkedHttpToolsProtocol,
+                                lifespan="off", log_level="warning")
+        server = uvicorn.Server(config)
+        listener = _listener()
+        limit_receive_buffers([listener], receive_kb)
+        task = asyncio.get_running_loop().create_task(server.serve(sockets=[listener]))
+        while not server.started:
+            await asyncio.sleep(0.01)
+        try:
+            return await asyncio.to_thread(client, listener.getsockname()[1])
+        finally:
+            server.should_exit = True
+            await task
+
+    return asyncio.run(scenario())
+
+
 def test_a_served_answer_is_one_flush_and_keep_alive_and_streams_still_work(monkeypatch) -> None:
     flushes: list[int] = []
     real_flush = CorkedTransport.flush
@@ -125,35 +146,18 @@ def test_a_served_answer_is_one_flush_and_keep_alive_and_streams_still_work(monk
 
     monkeypatch.setattr(CorkedTransport, "flush", counting_flush)
 
-    async def scenario() -> list[bytes]:
-        config = uvicorn.Config(_app, host="127.0.0.1", port=0, http=CorkedHttpToolsProtocol,
-                                lifespan="off", log_level="warning")
-        server = uvicorn.Server(config)
-        listener = socket.socket()
-        listener.bind(("127.0.0.1", 0))
-        task = asyncio.get_running_loop().create_task(server.serve(sockets=[listener]))
-        while not server.started:
-            await asyncio.sleep(0.01)
-        port = listener.getsockname()[1]
-
-        def client() -> list[bytes]:
-            with socket.create_connection(("127.0.0.1", port)) as sock:
-                out = []
-                for body in (b"a", b"bc"):
-                    sock.sendall(b"POST /x HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n%s"
-                                 % (len(body), body))
-                    out.append(_read_answer(sock))
-                sock.sendall(b"GET /stream HTTP/1.1\r\nHost: t\r\n\r\n")
+    def client(port: int) -> list[bytes]:
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            out = []
+            for body in (b"a", b"bc"):
+                sock.sendall(b"POST /x HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n%s"
+                             % (len(body), body))
                 out.append(_read_answer(sock))
-                return out
+            sock.sendall(b"GET /stream HTTP/1.1\r\nHost: t\r\n\r\n")
+            out.append(_read_answer(sock))
+            return out
 
-        try:
-            return await asyncio.to_thread(client)
-        finally:
-            server.should_exit = True
-            await task
-
-    answers = asyncio.run(scenario())
+    answers = _served(_app, client)
     assert answers[0].startswith(b"HTTP/1.1 201") and answers[0].endswith(b"\r\n\r\necho:a")
     assert answers[1].startswith(b"HTTP/1.1 201") and answers[1].endswith(b"\r\n\r\necho:bc")
     assert answers[2].startswith(b"HTTP/1.1 200")
@@ -267,3 +271,57 @@ def test_a_scope_made_late_is_the_one_uvicorn_makes_at_message_begin() -> None:
     ours = proto._new_scope()
     assert ours == theirs and ours["headers"] is proto.headers
     assert ours["state"] is not proto.app_state
+
+
+async def _late_reader(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """``_app``, asking for the body only after a while, as a push waiting for the window."""
+    if scope["type"] == "http":
+        await asyncio.sleep(0.3)
+    await _app(scope, receive, send)
+
+
+def test_a_big_body_waits_unread_until_the_app_asks_for_it(monkeypatch) -> None:
+    """Past the lean path's size (Content-Length or chunked), a body is not read beyond what
+    came with its headers until the app's first ``receive``; then all of it is, and the
+    small requests behind it on the connection, pipelined or not, and a 100-continue one,
+    are answered as before."""
+    reads: list[int] = []  # bytes of each read while no request has asked for its body
+    asked: list[bool] = []
+    real_received = CorkedHttpToolsProtocol.data_received
+
+    def data_received(self: CorkedHttpToolsProtocol, data: bytes) -> None:
+        if not asked:
+            reads.append(len(data))
+        real_received(self, data)
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        async def first_receive() -> Any:
+            asked.append(True)
+            return await receive()
+        await _late_reader(scope, first_receive if not asked else receive, send)
+
+    monkeypatch.setattr(CorkedHttpToolsProtocol, "data_received", data_received)
+    big = b"x" * 300_000
+    chunked = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in (big[:100_000], big[100_000:]))
+
+    def client(port: int) -> list[bytes]:
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            out = []
+            sock.sendall(b"POST /x HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n%s"
+                         b"POST /x HTTP/1.1\r\nHost: t\r\nContent-Length: 1\r\n\r\nz"
+                         % (len(big), big))
+            out += [_read_answer(sock), _read_answer(sock)]
+            sock.sendall(b"POST /x HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n"
+                         b"\r\n" + chunked + b"0\r\n\r\n")
+            out.append(_read_answer(sock))
+            sock.sendall(b"POST /x HTTP/1.1\r\nHost: t\r\nContent-Length: 100000\r\n"
+                         b"Expect: 100-continue\r\n\r\n")
+            assert sock.recv(100) == b"HTTP/1.1 100 Continue\r\n\r\n"
+            sock.sendall(big[:100_000])
+            out.append(_read_answer(sock))
+            return out
+
+    answers = _served(app, client, receive_kb=32)
+    assert [a.split(b"\r\n\r\n", 1)[1] for a in answers] == [
+        b"echo:" + big, b"echo:z", b"echo:" + big, b"echo:" + big[:100_000]]
+    assert len(reads) == 1, reads  # the read with the headers, none more until asked
