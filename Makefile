@@ -31,9 +31,15 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
+# `queen-mp serve` runs at -OO (QUEEN_OPTIMIZE): its .opt-2.pyc files, which pip does not write
+# (and PYTHONDONTWRITEBYTECODE keeps the broker from writing), else every start compiles its
+# modules from source, about 2 s of CPU and a larger preloaded image (docs/operations.md)
+OPT2PYC := $(BIN)/python -OO -m compileall -q -j 0 $(VENV)/lib queen_mp
+
 $(STAMP): $(BIN)/python setup.cfg pyproject.toml
 	bash ops/ensure-packages.sh postgres
 	$(BIN)/pip install --quiet -e '.[test]'
+	$(OPT2PYC)
 	touch $(STAMP)
 
 pg-deps:
@@ -96,10 +102,12 @@ chaos: $(STAMP) pg-deps
 
 bench: $(STAMP) pg-deps
 	$(BIN)/pip install --quiet -e '.[test,bench]'
+	$(OPT2PYC)
 	$(BIN)/python -m bench.suite --docs docs/benchmarks.md
 
 bench-quick: $(STAMP) pg-deps
 	$(BIN)/pip install --quiet -e '.[test,bench]'
+	$(OPT2PYC)
 	$(BIN)/python -m bench.suite --quick
 
 lint: $(STAMP)
