@@ -26,6 +26,13 @@ machinery around the broker's work at 1 item (bench/hotpath.py's front1 is that 
 
     PYTHONPATH=<tree> python bench/liveroles.py --callgrind /tmp/lr --push 5000
 
+With ``--items K`` each push carries K items of one partition instead, the body
+bench/loadgen.py writes for the suite's push cell (its template: the 200-byte payload, a
+``transactionId`` of ``<--tag>w0c0-<seq>``), and the figures are per message (the
+suite's push batch 100 is ``--items 100``)::
+
+    PYTHONPATH=<tree> python bench/liveroles.py --callgrind /tmp/lr --push 2000 --items 100
+
 Run it with ``PYTHONPATH=<tree>`` from outside the tree to measure that tree's code.
 """
 
@@ -44,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import consume as cons
+from bench import loadgen as lg
 from bench import push as pb
 
 SERVER = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
@@ -84,17 +92,16 @@ def _control(flag: str, pids: list[int]) -> None:
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def start(tmp: Path, dsn: str, callgrind: str | None) -> pb.Server:
-    if callgrind is None:
-        return pb.start_queen(tmp, dsn, 1, 1)
-    port = pb.free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("QUEEN_", "BENCH_"))}
+def start(tmp: Path, dsn: str, callgrind: str | None, port: int = 0) -> pb.Server:
+    port = port or pb.free_port()
+    env = pb._clean_env()
     env.update({"QUEEN_PORT": str(port), "QUEEN_DATA_DIR": str(tmp), "QUEEN_WORKERS": "1",
                 "QUEEN_V2_FUSION_SHARDS": "1", "QUEEN_LOG_LEVEL": "info",
                 "QUEEN_SHUTDOWN_TIMEOUT_S": "20", "QUEEN_PG_DSN": dsn})
-    argv = ["valgrind", "--tool=callgrind", "--trace-children=yes",
-            f"--callgrind-out-file={callgrind}/cg.%p", sys.executable, "-m",
-            "queen_mp.processes.cli", "serve"]
+    argv = [sys.executable, "-m", "queen_mp.processes.cli", "serve"]
+    if callgrind is not None:
+        argv[:0] = ["valgrind", "--tool=callgrind", "--trace-children=yes",
+                    f"--callgrind-out-file={callgrind}/cg.%p"]
     log = tmp / "broker.log"
     return pb.Server("queen-mp", f"http://127.0.0.1:{port}", pb._spawn(argv, env, log), log, dsn)
 
@@ -145,10 +152,21 @@ async def drain(url: str, queue: str, n: int, batch: int, consumers: int) -> flo
             print(f"consumer errors: {dict(st.errors)}")
 
 
-def push_bodies(queue: str, n: int, partitions: int, tag: str) -> list[bytes]:
-    """``n`` 1-item JSON push bodies, request ``i`` to partition ``i % partitions``."""
-    return [cons.push_body([(queue, f"p-{i % partitions:04d}", f"{queue}-{tag}{i}",
-                             cons.payload(tag, i))]) for i in range(n)]
+def push_bodies(queue: str, n: int, partitions: int, tag: str, items: int = 1) -> list[bytes]:
+    """``n`` JSON push bodies. One item: request ``i`` to partition ``i % partitions``. More:
+    bench/loadgen.py's bodies of ``items`` items of one partition each (a random one, seeded by
+    ``tag``), spread over ``connections`` producers as its workers name them."""
+    if items == 1:
+        return [cons.push_body([(queue, f"p-{i % partitions:04d}", f"{queue}-{tag}{i}",
+                                 cons.payload(tag, i))]) for i in range(n)]
+    worker = lg._Worker("127.0.0.1", 0, "/api/v1/push", items, partitions, queue, "request",
+                        30.0, f"{tag}w0", seed=len(tag) + n)
+    producer = f"{tag}w0c0".encode()
+    bodies, seq = [], 0
+    for _ in range(n):
+        body, seq, _ids = worker.body(producer, seq)
+        bodies.append(body)
+    return bodies
 
 
 async def push_load(url: str, bodies: list[bytes], connections: int) -> float:
@@ -179,12 +197,12 @@ async def push_load(url: str, bodies: list[bytes], connections: int) -> float:
 
 async def run(args: argparse.Namespace) -> None:
     rid = secrets.token_hex(3)
-    name = f"queen_bench_{rid}_q"
+    name = f"{args.db_prefix}{rid}_q"
     dsn = pb.create_database(args.server_dsn, name)
     tmp = Path(tempfile.mkdtemp(prefix="queen-liveroles-"))
     if args.callgrind:
         os.makedirs(args.callgrind, exist_ok=True)
-    srv = start(tmp, dsn, args.callgrind)
+    srv = start(tmp, dsn, args.callgrind, args.port)
     mon = pb.Monitor(args.server_dsn)
     try:
         for _ in range(3000):
@@ -199,7 +217,8 @@ async def run(args: argparse.Namespace) -> None:
             # NOTE(bench): each partition made before the window (a first push creates it)
             await push_load(srv.url, push_bodies(queue, args.partitions, args.partitions, "w"),
                             args.consumers)
-            bodies = push_bodies(queue, args.push, args.partitions, "m")
+            bodies = push_bodies(queue, args.push, args.partitions,
+                                 "m" if args.items == 1 else args.tag, args.items)
         else:
             await prefill(srv.url, queue, args.messages)
         await asyncio.sleep(2)
@@ -228,9 +247,9 @@ async def run(args: argparse.Namespace) -> None:
             _control("-d", broker)
         window = time.monotonic() - t
         if args.push:
-            n, unit = args.push, "push"
-            print(f"{n} 1-item pushes, {args.consumers} connections, {args.partitions} "
-                  f"partitions: {seconds:.2f} s, {n / seconds:,.0f} pushes/s")
+            n, unit = args.push * args.items, "push" if args.items == 1 else "msg"
+            print(f"{args.push} {args.items}-item pushes, {args.consumers} connections, "
+                  f"{args.partitions} partitions: {seconds:.2f} s, {n / seconds:,.0f} msgs/s")
         else:
             n, unit = args.messages, "msg"
             print(f"{n} messages, batch {args.batch}, {args.consumers} consumers: "
@@ -255,18 +274,26 @@ async def run(args: argparse.Namespace) -> None:
         pb.kill_tree(srv.proc.pid)
         await asyncio.sleep(1)
         mon.close()
-        pb.drop_database(args.server_dsn, name)
+        pb.drop_database(args.server_dsn, name, args.db_prefix)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--server-dsn", default=SERVER)
+    ap.add_argument("--db-prefix", default="queen_bench_",
+                    help="the name of the database made (and dropped) for the run starts so")
+    ap.add_argument("--port", type=int, default=0, help="the broker's port (0: a free one)")
     ap.add_argument("--messages", type=int, default=60_000)
     ap.add_argument("--batch", type=int, default=100)
     ap.add_argument("--consumers", type=int, default=4,
                     help="concurrent connections (consumers, or producers with --push)")
     ap.add_argument("--push", type=int, default=0, metavar="N",
                     help="N 1-item JSON pushes instead of the consume loop")
+    ap.add_argument("--items", type=int, default=1,
+                    help="items per push of --push (one partition each); figures per message")
+    ap.add_argument("--tag", default="5a17c0",
+                    help="the run tag in the transactionIds of --items (loadgen's is random; a "
+                    "fixed one takes the same parse branches every run)")
     ap.add_argument("--partitions", type=int, default=100,
                     help="partitions the pushes of --push spread over")
     ap.add_argument("--callgrind", metavar="DIR", default=None,

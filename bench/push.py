@@ -307,8 +307,9 @@ def create_database(server_dsn: str, name: str) -> str:
     return make_conninfo(server_dsn, dbname=name)
 
 
-def drop_database(server_dsn: str, name: str) -> None:
-    assert name.startswith("queen_bench_"), name
+def drop_database(server_dsn: str, name: str, prefix: str = "queen_bench_") -> None:
+    """Drops ``name``, which must start with ``prefix`` (no other database is ever dropped)."""
+    assert name.startswith(prefix), name
     with psycopg.connect(server_dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
             sql.Identifier(name)))

@@ -413,9 +413,12 @@ def _deeper_than_orjson(body: bytes, own: int) -> bool:
     return sys.getrecursionlimit() > _MAX_DEPTH and _brackets(body) - own > _MAX_DEPTH
 
 
-def _txn_text(raw_items: list[_TypedItem]) -> bytes:
-    """The items' transactionIds, NUL-joined, in UTF-8 (``_no_long_number_bulk``'s known)."""
-    return _NUL.join(filter(None, map(_TXN_OF, raw_items))).encode()
+def _txn_text(raw_items: list[_TypedItem], made: list[bytes]) -> bytes:
+    """The items' transactionIds, NUL-joined, in UTF-8 (``_no_long_number_bulk``'s known),
+    also left in ``made``: ``_regular_items`` splits that text rather than join them again."""
+    text = _NUL.join(filter(None, map(_TXN_OF, raw_items))).encode()
+    made.append(text)
+    return text
 
 
 def decode_push_items(body: bytes, producer_sub: str | None,
@@ -447,7 +450,8 @@ def decode_push_items(body: bytes, producer_sub: str | None,
     except (msgspec.DecodeError, RecursionError):
         return None
     # after the decode: its transactionIds tell the number scan where shapes are text
-    if not _orjson_reads_alike(body, functools.partial(_txn_text, raw_items)):
+    txn_text: list[bytes] = []
+    if not _orjson_reads_alike(body, functools.partial(_txn_text, raw_items, txn_text)):
         return None
     n = len(raw_items)
     if n > MAX_ITEMS:
@@ -457,7 +461,8 @@ def decode_push_items(body: bytes, producer_sub: str | None,
     ids = message_ids(n)
     try:
         if n >= _COLUMNS_FROM and producer_sub is None and not deep:
-            regular = _regular_items(raw_items, n, ids, not escaped)
+            regular = _regular_items(raw_items, n, ids, not escaped,
+                                     txn_text[0] if txn_text else None)
             if regular is not None:
                 return regular
         # checked names, one str each (a partition may hold "/", a queue may not)
@@ -504,13 +509,14 @@ _NUL, _NUL_RAW = "\0", b"\0"
 _plain_head = FRAME_HEAD.pack  # as pack_plain_frame packs it
 
 
-def _regular_items(raw_items: list[_TypedItem], n: int, ids: list[bytes], plain: bool
-                   ) -> Sequence[PushItem] | None:
+def _regular_items(raw_items: list[_TypedItem], n: int, ids: list[bytes], plain: bool,
+                   txn_text: bytes | None = None) -> Sequence[PushItem] | None:
     """``decode_push_items``' items of a regular body (what a producer batching sends: every
     item with its own transactionId and a payload, no traceId, no data), by columns: a
     ``PushBatch`` when they share one queue and one partition and no transactionId repeats;
     None when the body is not regular (read item by item then), or RequestError, ValueError
-    (the exact path's). ``plain``: the body held no backslash.
+    (the exact path's). ``plain``: the body held no backslash. ``txn_text``: the
+    transactionIds NUL-joined in UTF-8 when the number scan made it (``_txn_text``).
 
     PERF(http): each field of every item as one column (made in C), a name checked once per
     distinct value, frames packed and joined and PushItems made by ``map``: no Python step
@@ -528,7 +534,8 @@ def _regular_items(raw_items: list[_TypedItem], n: int, ids: list[bytes], plain:
     if traces.count(None) != n or datas.count(_UNSET) != n or not all(payloads) \
             or not all(txns) or _NULL in payloads:
         return None
-    txn_raw = _NUL.join(txns).encode().split(_NUL_RAW)
+    # every transactionId is a non-empty str here, so ``_txn_text``'s filter dropped none
+    txn_raw = (_NUL.join(txns).encode() if txn_text is None else txn_text).split(_NUL_RAW)
     tlens = list(map(len, txn_raw))
     if max(tlens) > MAX_TXN_BYTES:
         return None
