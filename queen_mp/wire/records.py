@@ -220,6 +220,17 @@ def _one_piece_tail(queue_len: int, partition_len: int, count: int
     return got
 
 
+def _piece(raw: bytes | memoryview, view: bool, kind: int, count: int, lo: int, hi: int,
+           pack_raw: bool) -> Piece:
+    """The piece of ``count`` frames at ``raw[lo:hi]`` (``PushGroup.unpack``): sliced from
+    bytes, copied out of a view, or with ``pack_raw`` a raw piece of more than one frame and
+    ``PACK_RAW_MIN`` bytes or more compressed where it lies, a zstd piece."""
+    if pack_raw and kind == PIECE_RAW and count > 1 and hi - lo >= PACK_RAW_MIN:
+        return _TUPLE_NEW(Piece, (PIECE_ZSTD, count,
+                                  zstd_compress((raw if view else memoryview(raw))[lo:hi])))
+    return _TUPLE_NEW(Piece, (kind, count, bytes(raw[lo:hi]) if view else raw[lo:hi]))
+
+
 class PushGroup(NamedTuple):
     """A front worker's frames for one (tenant, queue, partition), to its owning shard.
 
@@ -310,15 +321,10 @@ class PushGroup(NamedTuple):
                     except UnicodeDecodeError:
                         raise RecordDecodeError("queue or partition is not UTF-8",
                                                 buf) from None
-                    if (pack_raw and piece_kind == PIECE_RAW and count > 1
-                            and length >= PACK_RAW_MIN):
-                        piece_kind = PIECE_ZSTD
-                        data = zstd_compress((raw if view else memoryview(raw))[data_at:end])
-                    else:
-                        data = bytes(raw[data_at:end]) if view else raw[data_at:end]
                     return _TUPLE_NEW(cls, (generation, slot, request_id, group_index, tenant,
                                             queue, partition, hashes, count,
-                                            (_TUPLE_NEW(Piece, (piece_kind, count, data)),),
+                                            (_piece(raw, view, piece_kind, count, data_at, end,
+                                                    pack_raw),),
                                             deadline_ms))
             # not well formed: the general path below says how
         hashes_at = at + queue_len + partition_len
@@ -340,13 +346,7 @@ class PushGroup(NamedTuple):
             at += _PIECE_HEAD.size
             if at + length > end:
                 raise RecordDecodeError("PushGroup piece runs past the end", buf)
-            if pack_raw and piece_kind == PIECE_RAW and piece_count_ > 1 and (
-                    length >= PACK_RAW_MIN):
-                piece_kind = PIECE_ZSTD
-                data = zstd_compress((raw if view else memoryview(raw))[at : at + length])
-            else:
-                data = bytes(raw[at : at + length]) if view else raw[at : at + length]
-            pieces.append(_TUPLE_NEW(Piece, (piece_kind, piece_count_, data)))
+            pieces.append(_piece(raw, view, piece_kind, piece_count_, at, at + length, pack_raw))
             total += piece_count_
             at += length
         if at != end:
