@@ -53,12 +53,16 @@ def test_a_databases_processes_are_those_whose_title_names_it() -> None:
     starts alike)."""
     from bench.push import database_pids
 
-    sleep = "import time; time.sleep(30)"
-    ours = subprocess.Popen([sys.executable, "-c", sleep, "postgres", "queen_db_a", "idle"])
-    other = subprocess.Popen([sys.executable, "-c", sleep, "postgres", "queen_db_ab", "idle"])
+    # each says so once it runs: before its exec a child's command line is still pytest's
+    sleep = "import time; print('up', flush=True); time.sleep(30)"
+    ours, other = (subprocess.Popen([sys.executable, "-c", sleep, "postgres", name, "idle"],
+                                    stdout=subprocess.PIPE)
+                   for name in ("queen_db_a", "queen_db_ab"))
     try:
+        for p in (ours, other):
+            assert p.stdout is not None and p.stdout.readline() == b"up\n"
         assert database_pids([ours.pid, other.pid, 2 ** 22 + 1], "queen_db_a") == [ours.pid]
     finally:
         for p in (ours, other):
             p.kill()
-            p.wait()
+            p.communicate()
