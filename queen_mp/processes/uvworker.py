@@ -298,11 +298,15 @@ class IdleSweep:
         while heap and heap[0][0] <= now:
             due.append(heapq.heappop(heap)[2])
         for conn in due:  # after the pops: a check may queue its connection again
-            if conn._idle_queued:
-                conn._idle_queued = False
-                conn._idle_check()
-            else:
+            if not conn._idle_queued:
                 self._dead -= 1
+                continue
+            conn._idle_queued = False
+            try:
+                conn._idle_check()
+            except Exception as ex:  # as a timer's own callback: reported, the others go on
+                self._loop.call_exception_handler(
+                    {"message": "keep-alive check failed", "exception": ex})
         if heap and self._timer is None:
             self._timer_at = heap[0][0]
             self._timer = self._loop.call_at(self._timer_at, self._fire)
