@@ -27,16 +27,26 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import heapq
+import math
 import socket
 import sys
+import weakref
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 import httptools
 from gunicorn.arbiter import Arbiter
+from uvicorn.logging import TRACE_LOG_LEVEL
 from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT, FlowControl
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
-from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
+from uvicorn.protocols.utils import (
+    get_client_addr,
+    get_local_addr,
+    get_path_with_query_string,
+    get_remote_addr,
+    is_ssl,
+)
 from uvicorn.server import Server, ServerState
 from uvicorn_worker import UvicornWorker
 
@@ -48,9 +58,9 @@ if TYPE_CHECKING:
     # worker class (tests/unit/test_import_weight.py)
     from queen_mp.http.hot import HotCall, HotRoutes
 
-__all__ = ["BalancedUvicornWorker", "CorkedHttpToolsProtocol", "CorkedTransport", "LazyFlowControl",
-           "LeanCycle", "QuietExitServer", "StoppingServerState", "limit_receive_buffers",
-           "own_listeners", "waiting_connections"]
+__all__ = ["BalancedUvicornWorker", "CorkedHttpToolsProtocol", "CorkedTransport", "IdleSweep",
+           "LazyFlowControl", "LeanCycle", "QuietExitServer", "StoppingServerState",
+           "limit_receive_buffers", "own_listeners", "waiting_connections"]
 
 
 def own_listeners(inherited: list[Any], backlog: int) -> list[socket.socket]:
@@ -138,15 +148,20 @@ class CorkedTransport:
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
         self._transport = transport
         self._loop = loop
-        self._held: list[bytes | bytearray | memoryview] = []
+        # NOTE(memory): a list only while writes are held (an idle or parked connection
+        # holds none)
+        self._held: list[bytes | bytearray | memoryview] | tuple[()] = ()
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
-        if not self._held:
+        held = self._held
+        if held:
+            held.append(data)  # type: ignore[union-attr]
+        else:
             self._loop.call_soon(self.flush)
-        self._held.append(data)
+            self._held = [data]
 
     def flush(self) -> None:
-        held, self._held = self._held, []
+        held, self._held = self._held, ()
         if held and not self._transport.is_closing():
             self._transport.writelines(held)
 
@@ -157,10 +172,11 @@ class CorkedTransport:
     def write_answer(self, head: bytes, body: bytes | None) -> None:
         """A whole answer: at once when nothing is held (one ``writelines``, one syscall),
         else after what is."""
-        if self._held:
-            self._held.append(head)
+        held = self._held
+        if held:
+            held.append(head)  # type: ignore[union-attr]
             if body:
-                self._held.append(body)
+                held.append(body)  # type: ignore[union-attr]
         elif not self._transport.is_closing():
             self._transport.writelines((head, body) if body else (head,))
 
@@ -178,7 +194,11 @@ class LazyFlowControl(FlowControl):
 
     PERF(memory): uvicorn's makes an ``asyncio.Event`` per connection, and an Event's empty
     deque of waiters is 624 bytes: 0.85 KB of each open connection (a parked long poll holds
-    one), for an Event that only a client reading slower than the answers come ever needs."""
+    one), for an Event that only a client reading slower than the answers come ever needs.
+    Its attributes in slots (uvicorn's class has none, so the instance dict is only never
+    made): 0.1 KB less a connection."""
+
+    __slots__ = ("_is_writable_event", "_transport", "read_paused", "write_paused")
 
     def __init__(self, transport: asyncio.Transport) -> None:  # not super()'s: its Event
         self._transport = transport
@@ -227,6 +247,75 @@ def _big_body(headers: list[tuple[bytes, bytes]]) -> bool:
         if name == b"transfer-encoding":
             return True
     return False
+
+
+class IdleSweep:
+    """The keep-alive timers of one server's connections: a heap of (loop time, seq,
+    connection) under one loop timer armed for its first, each connection at most once in it.
+
+    PERF(memory): a uvloop timer is about 0.5 KB (its handle, its libuv timer, their
+    callback); a connection answered and asked again (a long poll answered 204 and parked
+    again, the suite's wake section) held one for ``timeout_keep_alive`` seconds, a heap entry
+    is 0.1 KB. An entry whose connection closed stays until its time or a compaction (at most
+    ``_SLACK`` such, or as many as there are live ones)."""
+
+    __slots__ = ("__weakref__", "_dead", "_heap", "_loop", "_seq", "_timer", "_timer_at")
+
+    _SLACK = 16
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._heap: list[tuple[float, int, CorkedHttpToolsProtocol]] = []
+        self._seq = 0
+        self._dead = 0  # entries of connections closed since they were queued
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = math.inf
+
+    def add(self, when: float, conn: CorkedHttpToolsProtocol) -> None:
+        """``conn``'s ``_idle_check`` at ``when`` (loop time)."""
+        self._seq += 1
+        heapq.heappush(self._heap, (when, self._seq, conn))
+        if when < self._timer_at:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer_at = when
+            self._timer = self._loop.call_at(when, self._fire)
+
+    def closed(self) -> None:
+        """A queued connection closed: its entry is dead (dropped by a compaction when they
+        are many)."""
+        self._dead += 1
+        if self._dead > self._SLACK and 2 * self._dead > len(self._heap):
+            self._heap = [e for e in self._heap if e[2]._idle_queued]
+            heapq.heapify(self._heap)
+            self._dead = 0
+
+    def _fire(self) -> None:
+        self._timer, self._timer_at = None, math.inf
+        heap = self._heap
+        now = self._loop.time()
+        due = []
+        while heap and heap[0][0] <= now:
+            due.append(heapq.heappop(heap)[2])
+        for conn in due:  # after the pops: a check may queue its connection again
+            if not conn._idle_queued:
+                self._dead -= 1
+                continue
+            conn._idle_queued = False
+            try:
+                conn._idle_check()
+            except Exception as ex:  # as a timer's own callback: reported, the others go on
+                self._loop.call_exception_handler(
+                    {"message": "keep-alive check failed", "exception": ex})
+        if heap and self._timer is None:
+            self._timer_at = heap[0][0]
+            self._timer = self._loop.call_at(self._timer_at, self._fire)
+
+
+#: each server's ``IdleSweep`` (by its state, which its connections share)
+_SWEEPS: weakref.WeakKeyDictionary[ServerState, IdleSweep] = weakref.WeakKeyDictionary()
+#: a connection's address not asked yet (``CorkedHttpToolsProtocol.server``, ``.client``)
+_UNKNOWN: Any = object()
 
 
 class LeanCycle:
@@ -281,15 +370,21 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
     # PERF(memory): this class's own attributes, and uvicorn's ``url``, in slots: with them
     # in the instance dict an answered connection had 30 to 32 keys, and past 29 CPython 3.11
     # gives up the class's shared keys for a dict of the instance's own, 1.6 KB against 0.3
-    __slots__ = ("_hot", "_idle_since", "_idle_timer", "_stopping", "url")
+    __slots__ = ("_client", "_hot", "_idle_queued", "_idle_since", "_server", "_stopping", "_sweep",
+                 "url")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._stopping = False
         #: loop time the connection last went idle (None while a request is in flight)
         self._idle_since: float | None = None
-        self._idle_timer: asyncio.TimerHandle | None = None
+        #: whether its keep-alive check is in its server's ``IdleSweep``
+        self._idle_queued = False
         self.url = b""
         super().__init__(*args, **kwargs)
+        sweep = _SWEEPS.get(self.server_state)
+        if sweep is None:
+            sweep = _SWEEPS[self.server_state] = IdleSweep(self.loop)
+        self._sweep = sweep
         self.pipeline = _Pipeline()  # type: ignore[assignment]
         hot = getattr(self.app, "hot", None)  # queen_mp.http.app.App's, when it is served bare
         self._hot: HotRoutes | None = (
@@ -297,7 +392,15 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
             and not self.config.reset_contextvars else None)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+        # uvicorn's, its addresses found when first asked (``server``, ``client``)
+        self.connections.add(self)
+        self._server = self._client = _UNKNOWN
+        self.scheme = "https" if is_ssl(transport) else "http"
+        if self.logger.level <= TRACE_LOG_LEVEL:
+            self.transport = transport
+            client = self.client
+            prefix = f"{client[0]}:{client[1]} - " if client else ""
+            self.logger.log(TRACE_LOG_LEVEL, "%sHTTP connection made", prefix)
         self.flow = LazyFlowControl(transport)
         self.transport = CorkedTransport(transport, self.loop)  # type: ignore[assignment]
         if getattr(self.server_state, "stopping", False):
@@ -306,21 +409,47 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
             # after the accept), after uvicorn asked the connections it had to shut down
             self.shutdown()
 
+    # PERF(memory): a connection's addresses are asked only for a scope (uvicorn's path, the
+    # access log): uvloop keeps what ``get_extra_info("socket")`` made and the addresses it
+    # read, some 0.5 KB a connection (tracemalloc), which most lean-path connections never use
+    @property
+    def server(self) -> tuple[str, int | None] | None:  # type: ignore[override]
+        found = self._server
+        if found is _UNKNOWN:
+            found = self._server = get_local_addr(self.transport)
+        return found  # type: ignore[no-any-return]
+
+    @server.setter
+    def server(self, value: tuple[str, int | None] | None) -> None:
+        self._server = value
+
+    @property
+    def client(self) -> tuple[str, int] | None:  # type: ignore[override]
+        found = self._client
+        if found is _UNKNOWN:
+            found = self._client = get_remote_addr(self.transport)
+        return found  # type: ignore[no-any-return]
+
+    @client.setter
+    def client(self, value: tuple[str, int] | None) -> None:
+        self._client = value
+
     def connection_lost(self, exc: Exception | None) -> None:
         cycle = self.cycle
         if type(cycle) is LeanCycle:
             cycle.disconnected = True  # its answer, if any comes, is dropped
             self.cycle = None  # type: ignore[assignment]
-        if self._idle_timer is not None:
-            self._idle_timer.cancel()
-            self._idle_timer = None
+        if self._idle_queued:
+            self._idle_queued = False
+            self._sweep.closed()
         super().connection_lost(exc)
 
     # PERF(http): uvicorn arms a keep-alive timer after every answer and cancels it at the
     # next request's first bytes: a TimerHandle and a libuv timer start and stop per request.
-    # Here one timer per connection stays armed; when it fires it closes the connection if
-    # it has been idle ``timeout_keep_alive`` seconds, else re-arms for the rest of that time
-    # (or, while a request is in flight, lets the next answer arm it again).
+    # Here one check per connection stays queued (in its server's ``IdleSweep``, PERF(memory):
+    # not a timer each); when it comes it closes the connection if it has been idle
+    # ``timeout_keep_alive`` seconds, else queues itself for the rest of that time (or, while
+    # a request is in flight, lets the next answer queue it again).
     def _unset_keepalive_if_required(self) -> None:
         self._idle_since = None
 
@@ -337,12 +466,11 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
             self._start_asgi_task(cycle, app)
             return
         self._idle_since = now = self.loop.time()
-        if self._idle_timer is None:
-            self._idle_timer = self.loop.call_at(now + self.timeout_keep_alive,
-                                                 self._idle_check)
+        if not self._idle_queued:
+            self._idle_queued = True
+            self._sweep.add(now + self.timeout_keep_alive, self)
 
     def _idle_check(self) -> None:
-        self._idle_timer = None
         since = self._idle_since
         if since is None or self.transport.is_closing():
             return
@@ -350,7 +478,8 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         if due <= self.loop.time():
             self.timeout_keep_alive_handler()
         else:
-            self._idle_timer = self.loop.call_at(due, self._idle_check)
+            self._idle_queued = True
+            self._sweep.add(due, self)
 
     def shutdown(self) -> None:
         self._stopping = True
@@ -393,8 +522,10 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         lean = self._lean_cycle()
         if lean is not None:
             self.cycle = lean  # type: ignore[assignment]
-            # NOTE(memory): the next request's ``on_message_begin`` makes it anew
+            # NOTE(memory): the next request's ``on_message_begin`` makes them anew (the
+            # target's parts are the call's: a parked pop held its URL twice)
             self.headers = None  # type: ignore[assignment]
+            self.url = b""
             return
         if self.scope is None:
             self.scope = self._new_scope()  # type: ignore[assignment]
@@ -466,7 +597,8 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         try:
             hot = self._hot
             assert hot is not None
-            whole, cycle.chunks = b"".join(cycle.chunks), []
+            # NOTE(memory): no list left while the answer waits (a parked pop's)
+            whole, cycle.chunks = b"".join(cycle.chunks), ()  # type: ignore[assignment]
             try:
                 # PERF(memory): not through a coroutine of its own (a parked pop holds its chain)
                 status, lines, body = hot.head_lines(await hot.respond(cycle.call, whole))

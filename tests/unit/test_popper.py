@@ -378,3 +378,56 @@ def test_pops_past_the_pools_size_wait_at_the_popper_not_in_the_pool(monkeypatch
         assert p._pooled.running == 0 and not p._pooled.waiters
 
     asyncio.run(body())
+
+
+def test_a_waiting_pop_that_claims_nothing_answers_at_its_deadline_with_no_timer_of_its_own(
+        ) -> None:
+    """It parks until its last claim may start, then sleeps out the margin on the parking
+    lot's deadline timer (``sleep_until``), its grace disarmed: None at the deadline, not
+    before, and the lot's heap empties."""
+
+    async def body() -> None:
+        p = RecordingPopper()
+        p.lot = ParkingLot(FakeBoard(), 3600)  # its watcher's one sleep, not a tick each
+        p.release.set()  # claims end at once, with nothing
+        loop = asyncio.get_running_loop()
+        timers: list[str] = []
+        real_call_at = loop.call_at
+
+        def counting_call_at(when: float, callback: Any, *args: Any,
+                             **kw: Any) -> asyncio.TimerHandle:
+            timers.append(callback.__qualname__)
+            return real_call_at(when, callback, *args, **kw)
+
+        loop.call_at = counting_call_at  # type: ignore[method-assign]
+        t0 = time.monotonic()
+        pops = [asyncio.create_task(p.pop(request(f"q{i}", wait=True, timeout_ms=200)))
+                for i in range(5)]
+        assert await asyncio.gather(*pops) == [None] * 5
+        took = time.monotonic() - t0
+        assert 0.19 <= took < 0.5, took
+        assert p.lot.parked == 0 and not p.lot._deadlines and p.lot._sleeping == 0
+        # asyncio.sleep's timers: the watcher's one; the graces armed while claiming only
+        assert timers.count("_set_result_unless_cancelled") == 1, timers
+        assert timers.count("_Grace._fire") == 10, timers
+        await p.lot.close()
+
+    asyncio.run(body())
+
+
+def test_enter_and_leave_count_parked_pops_as_park_does() -> None:
+    async def go() -> None:
+        lot = ParkingLot(FakeBoard(), 0.001)
+        key = ParkKey(1, "g", (TENANT, None))
+        deadline = time.monotonic() + 5
+        assert lot.enter(key, 1, deadline) is None and lot.parked == 0  # a moved token
+        assert lot.enter(key, 0, time.monotonic() - 1) is None and lot.parked == 0
+        waiter = lot.enter(key, 0, deadline)
+        assert waiter is not None and lot.parked == 1
+        lot.pass_baton(key)
+        await waiter
+        lot.leave(key, waiter)
+        assert lot.parked == 0 and not lot._queues and not lot._by_bucket
+        await lot.close()
+
+    asyncio.run(go())

@@ -16,6 +16,7 @@ import uvicorn
 from queen_mp.processes.uvworker import (
     CorkedHttpToolsProtocol,
     CorkedTransport,
+    IdleSweep,
     LazyFlowControl,
     limit_receive_buffers,
     request_target,
@@ -325,3 +326,59 @@ def test_a_big_body_waits_unread_until_the_app_asks_for_it(monkeypatch) -> None:
     assert [a.split(b"\r\n\r\n", 1)[1] for a in answers] == [
         b"echo:" + big, b"echo:z", b"echo:" + big, b"echo:" + big[:100_000]]
     assert len(reads) == 1, reads  # the read with the headers, none more until asked
+
+
+class _Idle:
+    """A connection as ``IdleSweep`` sees it: queued, checked (``_idle_check``), closed."""
+
+    def __init__(self, sweep: IdleSweep, log: list[tuple[str, float]], name: str) -> None:
+        self.sweep, self.log, self.name = sweep, log, name
+        self._idle_queued = False
+        self.requeue_at: float | None = None
+
+    def queue(self, when: float) -> None:
+        self._idle_queued = True
+        self.sweep.add(when, self)  # type: ignore[arg-type]
+
+    def _idle_check(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.log.append((self.name, loop.time()))
+        if self.requeue_at is not None:
+            at, self.requeue_at = self.requeue_at, None
+            self.queue(at)
+
+    def close(self) -> None:
+        if self._idle_queued:
+            self._idle_queued = False
+            self.sweep.closed()
+
+
+def test_the_idle_sweep_checks_each_connection_at_its_time_on_one_timer() -> None:
+    """Each queued connection is checked once, in time order, not before its time; one
+    queued again is checked again later; a closed one is not checked; closed ones' entries
+    go when they are many."""
+
+    async def go() -> None:
+        loop = asyncio.get_running_loop()
+        sweep = IdleSweep(loop)
+        log: list[tuple[str, float]] = []
+        now = loop.time()
+        a, b, c = (_Idle(sweep, log, n) for n in "abc")
+        b.queue(now + 0.06)
+        a.queue(now + 0.02)
+        c.queue(now + 0.04)
+        a.requeue_at = now + 0.08
+        c.close()
+        await asyncio.sleep(0.15)
+        assert [n for n, _ in log] == ["a", "b", "a"]
+        for (name, at), due in zip(log, (0.02, 0.06, 0.08), strict=True):
+            assert at >= now + due - 0.001, (name, at - now)
+        assert not sweep._heap and sweep._dead == 0 and sweep._timer is None
+        many = [_Idle(sweep, log, str(i)) for i in range(3 * IdleSweep._SLACK)]
+        for conn in many:
+            conn.queue(loop.time() + 60)
+        for conn in many:
+            conn.close()
+        assert len(sweep._heap) <= IdleSweep._SLACK + 1
+
+    asyncio.run(go())
