@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import heapq
-import math
 import time
 from collections.abc import Callable, Hashable
+from operator import methodcaller
 from typing import NamedTuple
 
+from queen_mp.front.deadlines import DeadlineHeap
 from queen_mp.ipc.wakeboard import WakeBoard
 
 __all__ = ["ParkKey", "ParkingLot"]
@@ -41,8 +41,22 @@ class ParkKey(NamedTuple):
     scope: Hashable  # partition name, or (namespace, task)
 
 
-#: what ``_expire_due`` counts as due already (asyncio's own loop takes its clock's resolution)
-_DUE_SLACK_S = 0.001
+class _Deadlines(DeadlineHeap[asyncio.Future[None]]):
+    """The parked pops' deadlines: each resolves its waiter, unless a wake came first (a
+    woken waiter at the head leaves at the timer's next firing)."""
+
+    __slots__ = ()
+    slack_s = 0.001  # asyncio's own loop takes its clock's resolution
+    stale = methodcaller("done")
+
+    def _due(self, items: list[asyncio.Future[None]]) -> None:
+        for waiter in items:
+            if not waiter.done():
+                waiter.set_result(None)
+
+
+def _waiting(waiter: asyncio.Future[None]) -> bool:
+    return not waiter.done()
 
 
 class ParkingLot:
@@ -59,13 +73,9 @@ class ParkingLot:
         self._by_bucket: dict[int | None, ParkKey | set[ParkKey]] = {}
         self._parked = 0
         self._sleeping = 0  # in ``sleep_until``: their deadlines are in the heap too
-        # PERF(memory): the parked pops' deadlines, a heap of (loop time, seq, waiter) under
-        # one timer armed for its first, not a timer each (a uvloop timer is 0.5 KB); a waiter
-        # woken first stays in the heap until its time or a compaction (``park``)
-        self._deadlines: list[tuple[float, int, asyncio.Future[None]]] = []
-        self._seq = 0
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = math.inf
+        # PERF(memory): the parked pops' deadlines under one timer, not a timer each; a
+        # waiter woken first stays in the heap until its time or a compaction (``leave``)
+        self._deadlines = _Deadlines()
         self._watcher: asyncio.Task[None] | None = None
         self._snapshot = board.snapshot()
 
@@ -124,7 +134,7 @@ class ParkingLot:
             # PERF(memory): the deadline resolves the waiter itself, not
             # ``wait_for(shield(...))``, which added a coroutine, two futures, a callback
             # partial and their contexts to every parked pop
-            self._add_deadline(loop, loop.time() + left, waiter)
+            self._deadlines.add(loop.time() + left, waiter)
         except BaseException:
             self._unpark()
             raise
@@ -134,7 +144,7 @@ class ParkingLot:
         """A waiter ``enter`` gave is done with (woken, timed out or cancelled)."""
         try:
             if len(self._deadlines) > 2 * (self._parked + self._sleeping) + 64:
-                self._compact()
+                self._deadlines.compact(_waiting)
             line = self._queues.get(key)
             if line is not None:
                 with contextlib.suppress(ValueError):
@@ -167,43 +177,12 @@ class ParkingLot:
         if left <= 0:
             return
         waiter: asyncio.Future[None] = loop.create_future()
-        self._add_deadline(loop, loop.time() + left, waiter)
+        self._deadlines.add(loop.time() + left, waiter)
         self._sleeping += 1
         try:
             await waiter
         finally:
             self._sleeping -= 1
-
-    def _add_deadline(self, loop: asyncio.AbstractEventLoop, when: float,
-                      waiter: asyncio.Future[None]) -> None:
-        self._seq += 1
-        heapq.heappush(self._deadlines, (when, self._seq, waiter))
-        if when < self._timer_at:
-            if self._timer is not None:
-                self._timer.cancel()
-            self._timer_at = when
-            self._timer = loop.call_at(when, self._expire_due)
-
-    def _expire_due(self) -> None:
-        """The deadlines that came: their pops return as if woken, unless a wake came first."""
-        self._timer, self._timer_at = None, math.inf
-        loop = asyncio.get_running_loop()
-        heap = self._deadlines
-        due = loop.time() + _DUE_SLACK_S
-        while heap and (heap[0][0] <= due or heap[0][2].done()):
-            waiter = heapq.heappop(heap)[2]
-            if not waiter.done():
-                waiter.set_result(None)
-        if heap:
-            self._timer_at = heap[0][0]
-            self._timer = loop.call_at(self._timer_at, self._expire_due)
-
-    def _compact(self) -> None:
-        """Drops the deadlines of waiters already woken: the heap stays within twice the
-        parked pops (a pop woken at once would otherwise leave its entry for its whole
-        timeout)."""
-        self._deadlines = [d for d in self._deadlines if not d[2].done()]
-        heapq.heapify(self._deadlines)
 
     def pass_baton(self, key: ParkKey) -> None:
         """Wake the next waiter of ``key``: the previous one found messages, maybe more wait."""
@@ -252,9 +231,6 @@ class ParkingLot:
             for waiter in line:
                 if not waiter.done():
                     waiter.set_result(None)
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer, self._timer_at = None, math.inf
         self._deadlines.clear()
         if self._watcher is not None:
             self._watcher.cancel()

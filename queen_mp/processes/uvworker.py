@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import heapq
-import math
 import socket
 import sys
 import weakref
@@ -51,6 +49,7 @@ from uvicorn.server import Server, ServerState
 from uvicorn_worker import UvicornWorker
 
 from queen_mp.config import Config
+from queen_mp.front.deadlines import DeadlineHeap
 
 if TYPE_CHECKING:
     # NOTE(http): the hot routes come with the app (queen_mp/http/app.py); importing them
@@ -249,55 +248,32 @@ def _big_body(headers: list[tuple[bytes, bytes]]) -> bool:
     return False
 
 
-class IdleSweep:
-    """The keep-alive timers of one server's connections: a heap of (loop time, seq,
-    connection) under one loop timer armed for its first, each connection at most once in it.
+class IdleSweep(DeadlineHeap["CorkedHttpToolsProtocol"]):
+    """The keep-alive checks of one server's connections, each connection at most once in it.
 
-    PERF(memory): a uvloop timer is about 0.5 KB (its handle, its libuv timer, their
-    callback); a connection answered and asked again (a long poll answered 204 and parked
-    again, the suite's wake section) held one for ``timeout_keep_alive`` seconds, a heap entry
-    is 0.1 KB. An entry whose connection closed stays until its time or a compaction (at most
-    ``_SLACK`` such, or as many as there are live ones)."""
+    PERF(memory): a connection answered and asked again (a long poll answered 204 and parked
+    again, the suite's wake section) held a uvloop timer for ``timeout_keep_alive`` seconds.
+    An entry whose connection closed stays until its time or a compaction (at most ``_SLACK``
+    such, or as many as there are live ones)."""
 
-    __slots__ = ("__weakref__", "_dead", "_heap", "_loop", "_seq", "_timer", "_timer_at")
+    __slots__ = ("_dead",)
 
     _SLACK = 16
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._heap: list[tuple[float, int, CorkedHttpToolsProtocol]] = []
-        self._seq = 0
+    def __init__(self) -> None:
+        super().__init__()
         self._dead = 0  # entries of connections closed since they were queued
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = math.inf
-
-    def add(self, when: float, conn: CorkedHttpToolsProtocol) -> None:
-        """``conn``'s ``_idle_check`` at ``when`` (loop time)."""
-        self._seq += 1
-        heapq.heappush(self._heap, (when, self._seq, conn))
-        if when < self._timer_at:
-            if self._timer is not None:
-                self._timer.cancel()
-            self._timer_at = when
-            self._timer = self._loop.call_at(when, self._fire)
 
     def closed(self) -> None:
         """A queued connection closed: its entry is dead (dropped by a compaction when they
         are many)."""
         self._dead += 1
         if self._dead > self._SLACK and 2 * self._dead > len(self._heap):
-            self._heap = [e for e in self._heap if e[2]._idle_queued]
-            heapq.heapify(self._heap)
+            self.compact(_queued)
             self._dead = 0
 
-    def _fire(self) -> None:
-        self._timer, self._timer_at = None, math.inf
-        heap = self._heap
-        now = self._loop.time()
-        due = []
-        while heap and heap[0][0] <= now:
-            due.append(heapq.heappop(heap)[2])
-        for conn in due:  # after the pops: a check may queue its connection again
+    def _due(self, items: list[CorkedHttpToolsProtocol]) -> None:
+        for conn in items:
             if not conn._idle_queued:
                 self._dead -= 1
                 continue
@@ -305,11 +281,12 @@ class IdleSweep:
             try:
                 conn._idle_check()
             except Exception as ex:  # as a timer's own callback: reported, the others go on
-                self._loop.call_exception_handler(
+                asyncio.get_running_loop().call_exception_handler(
                     {"message": "keep-alive check failed", "exception": ex})
-        if heap and self._timer is None:
-            self._timer_at = heap[0][0]
-            self._timer = self._loop.call_at(self._timer_at, self._fire)
+
+
+def _queued(conn: CorkedHttpToolsProtocol) -> bool:
+    return conn._idle_queued
 
 
 #: each server's ``IdleSweep`` (by its state, which its connections share)
@@ -383,7 +360,7 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         sweep = _SWEEPS.get(self.server_state)
         if sweep is None:
-            sweep = _SWEEPS[self.server_state] = IdleSweep(self.loop)
+            sweep = _SWEEPS[self.server_state] = IdleSweep()
         self._sweep = sweep
         self.pipeline = _Pipeline()  # type: ignore[assignment]
         hot = getattr(self.app, "hot", None)  # queen_mp.http.app.App's, when it is served bare

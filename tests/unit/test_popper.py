@@ -277,7 +277,7 @@ def test_parked_pops_return_at_their_own_deadlines_under_one_timer() -> None:
         for name, after in (("b", 0.10), ("c", 0.20), ("a", 0.30)):
             assert after - 0.002 <= ends[name] < after + 0.25, ends  # never early
         assert ends["b"] < ends["c"] < ends["a"], ends
-        assert "e" not in ends and lot.parked == 0 and lot._timer is None
+        assert "e" not in ends and lot.parked == 0 and lot._deadlines._timer is None
         assert not lot._deadlines
 
         # pops woken at once leave no deadline behind for their whole timeout
@@ -290,7 +290,7 @@ def test_parked_pops_return_at_their_own_deadlines_under_one_timer() -> None:
             await asyncio.gather(*many)
         assert len(lot._deadlines) <= 66, len(lot._deadlines)  # 600 without compaction
         await lot.close()
-        assert not lot._deadlines and lot._timer is None
+        assert not lot._deadlines and lot._deadlines._timer is None
 
     asyncio.run(go())
 

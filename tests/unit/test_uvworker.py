@@ -360,7 +360,7 @@ def test_the_idle_sweep_checks_each_connection_at_its_time_on_one_timer() -> Non
 
     async def go() -> None:
         loop = asyncio.get_running_loop()
-        sweep = IdleSweep(loop)
+        sweep = IdleSweep()
         log: list[tuple[str, float]] = []
         now = loop.time()
         a, b, c = (_Idle(sweep, log, n) for n in "abc")
