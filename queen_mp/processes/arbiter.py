@@ -92,7 +92,8 @@ class FrontArbiter(Arbiter):  # type: ignore[misc]
 
         What the arbiter made since the preload is frozen first, as before a shard's fork
         (``ForkedChild.start``): the worker's collections leave those pages shared; and the
-        free blocks of its pymalloc pools are filled (``seal_free_blocks``).
+        free blocks of its pymalloc pools are filled (``seal_free_blocks``) and the small free
+        chunks of its C heap taken (``seal_free_chunks``).
         """
         before_fork()
         arbiter = os.getpid()

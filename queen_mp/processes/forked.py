@@ -63,7 +63,8 @@ class ForkedChild:
         before the fork: the child's first collection would otherwise walk those objects and
         write to their headers, a private copy of each page they sit on (about 1 MB for 4,700
         objects, measured on a fork's ``Private_Dirty``). The free blocks of its pymalloc pools
-        are filled (``seal_free_blocks``), so that the child allocates in pools of its own.
+        are filled (``seal_free_blocks``) and its C heap's small free chunks taken
+        (``seal_free_chunks``), so that the child allocates in pools and pages of its own.
         """
         before_fork()
         pid = os.fork()

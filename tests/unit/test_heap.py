@@ -84,6 +84,34 @@ def test_sealing_fills_the_free_blocks_of_the_used_pools() -> None:
     assert filled >= before
 
 
+_CHUNK_PROBE = textwrap.dedent("""
+    import ctypes
+    from queen_mp import heap
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    blocks = [libc.malloc(1000) for _ in range(2_000)]  # 1,008-byte chunks
+    for b in blocks[::2]:
+        libc.free(b)  # every other one free again, between live ones
+    def small() -> int:
+        return sum(n for size, n in heap._glibc_free_chunks() if size < 4096)
+    before = small()
+    filled = heap.seal_free_chunks()
+    print(before, small(), filled)
+""")
+
+
+@pytest.mark.skipif(not heap._glibc_free_chunks(), reason="glibc's malloc_info only")
+def test_sealing_takes_the_small_free_chunks_of_the_c_heap() -> None:
+    out = subprocess.run([sys.executable, "-c", _CHUNK_PROBE], capture_output=True, text=True,
+                         check=True).stdout.split()
+    before, after, filled = (int(x) for x in out)
+    assert before >= 900  # the freed ones but glibc's per-thread cache's 7
+    assert after < 20
+    assert filled >= before
+
+
 def _ticks(monkeypatch: pytest.MonkeyPatch, cpu_per_tick: list[float]) -> list[bool]:
     """What ``HeapTrim.tick`` does over ticks that each saw that much CPU (a fake clock)."""
     clock = [0.0]
