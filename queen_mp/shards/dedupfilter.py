@@ -106,7 +106,7 @@ class _Run:
     1,000 partitions of the suite's push cells hold runs of some 2,000 fingerprints each
     (bench.dedupfilter --pss at 8M entries), where 4 bytes an entry were 32 MB of the shard;
     fewer than 32 bits would make stray matches, and so SQL probes, twice as likely a bit
-    dropped. Smaller runs stay a plain array (``view``): the table would outweigh the byte
+    dropped. Smaller runs stay a plain array (``plain``): the table would outweigh the byte
     saved, and a 1-item push probes them inline with ``bisect``.
 
     A run of the open epoch is packed when a merge for a segment of ``PACK_OPEN_SEGMENT``
@@ -154,7 +154,14 @@ class _Run:
         else:
             self.packed = None
             self.plain = fps
-            self.view = memoryview(fps)  # the same memory, indexed as Python ints
+            # PERF(memory): made by the first probe of a few hashes (``lowest_match``), which
+            # alone reads it: the runs of multi-item pushes never need one. bench.dedupfilter
+            # --pss --rate 150000: anonymous pages at 8M entries +37.33 -> +36.31 MB, after
+            # the 1,000-item case +32.66 -> +31.54 (twice each, alternated); instructions
+            # (callgrind, PYTHONHASHSEED=0) --cases 1:200000 2,923.4M -> 2,916.3M, 10:200000
+            # 687.0M -> 676.8M, --partitions 250 --cases 100:2000000 1,545.6M -> 1,511.2M,
+            # 1000:2000000 497.2M -> 493.9M (no memoryview made a run)
+            self.view = None
 
     def fps(self) -> np.ndarray:
         """The fingerprints, ascending (a packed run's decoded: a transient copy)."""
@@ -185,7 +192,7 @@ class _Run:
                 # smaller segments than this open run was packed for: plain again, so that a
                 # probe decodes at most PACK_OPEN_RATIO entries a hash, and a decode's fixed
                 # cost is shared by PACK_OPEN_SEGMENT hashes or more
-                self.plain, self.view, self.packed = fps, memoryview(fps), None
+                self.plain, self.packed = fps, None
         return _count_nonzero(fps.take(fps.searchsorted(incoming), mode="clip") == incoming) > 0
 
     def holds_few(self, ints: Iterable[int]) -> bool:
@@ -267,9 +274,11 @@ class _Partition:
         for run in runs:
             view = run.view
             if view is None:
-                if run.holds_few(ints):
-                    return run.lo
-                continue
+                if run.plain is None:
+                    if run.holds_few(ints):
+                        return run.lo
+                    continue
+                view = run.view = memoryview(run.plain)  # the same memory, as Python ints
             n = len(view)
             for v in ints:
                 at = bisect_left(view, v)
