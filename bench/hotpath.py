@@ -39,7 +39,11 @@ database, the CPU work a request costs the broker between its sockets:
 - ``qpb1k``: the front worker's share of a 1,000-item binary push (QPB1 frames mode, 10
   partitions, one zstd frame each, as bench/loadgen.py ``--format qpb1`` sends): the body
   parsed and checked, and the 201 answer rendered from its results (the client's zstd frames
-  go to the shard as they came, so the shard's share is not the JSON push's).
+  go to the shard as they came, so the shard's share is not the JSON push's);
+- ``frontqpb1k``: the front worker's whole answer to that push as the suite's push section
+  sends it (``bench.loadgen --format qpb1 --items 1000``, one partition a request: one group,
+  one zstd frame of 1,000 frames): ``PushResource.answer`` with ``front100``'s stand-in shard
+  link (the body parsed and checked, ``Ingest.push``, the 201 rendered from the run).
 
 It runs ``--rounds`` of each chosen workload inside one ``operator.call``, a C function
 nothing else here calls, so callgrind counts the rounds alone (not imports, whose count varies
@@ -58,6 +62,7 @@ import asyncio
 import importlib
 import operator
 import os
+import random
 import shutil
 import struct
 import sys
@@ -71,6 +76,7 @@ from typing import Any
 
 import orjson
 
+from bench.loadgen import _Qpb1Encoder
 from queen_mp.db.ephemeral_procs import PopOutcome, ack_outcome, ack_params
 from queen_mp.db.pop_procs import Claim
 from queen_mp.front.acks import COMMITTED
@@ -202,8 +208,8 @@ class _AnsweringLink:
 class FrontPush:
     """A JSON push of ``items`` items on one partition, answered by the front worker."""
 
-    def __init__(self, items: int, uuid_txns: bool = False) -> None:
-        self.body = push_body(items, 1, uuid_txns)
+    def __init__(self, items: int, uuid_txns: bool = False, body: bytes | None = None) -> None:
+        self.body = push_body(items, 1, uuid_txns) if body is None else body
         link = _AnsweringLink(items)
         ingest = Ingest(link, 1, SimpleNamespace(route=lambda: DIRECT),  # type: ignore[arg-type]
                         5000, SimpleNamespace(known_encrypted=lambda t, q: False),  # type: ignore[arg-type]
@@ -219,6 +225,14 @@ class FrontPush:
         answer = _finish(self.resource.answer(self.body, TENANT, None, None))
         assert answer.data is not None
         return answer.data
+
+
+def qpb1_body(items: int) -> bytes:
+    """The QPB1 frames body ``bench.loadgen --format qpb1`` sends for ``items`` items of one
+    partition (its ``--spread request``), from a fixed seed and sequence number."""
+    encoder = _Qpb1Encoder("bench", 1000, random.Random(26))
+    body, _ = encoder.body(b"a1b2c3w0c7", 120_000, [42] * items, False)
+    return body
 
 
 class _TurnLink(_AnsweringLink):
@@ -471,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
             "front100u": FrontPush(100, uuid_txns=True),
             "pop100": PopPath(100), "pop100s10": PopSegmentsPath(100, 10),
             "ack100": AckPath(100), "ephack100": EphAckPath(100), "ephpop100": EphPopPath(100),
-            "qpb1k": Qpb1Path(1000, 10)}
+            "qpb1k": Qpb1Path(1000, 10), "frontqpb1k": FrontPush(1000, body=qpb1_body(1000))}
         for name in a.workloads.split(","):
             work = LeanPush(tmp) if name == "lean1" else known[name]
             work()  # warm: lazily built tables and caches are not the per-request cost
