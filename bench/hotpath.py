@@ -73,6 +73,7 @@ from datetime import UTC, datetime, timedelta
 from functools import partial
 from types import SimpleNamespace
 from typing import Any
+from unittest import mock
 
 import orjson
 
@@ -229,9 +230,11 @@ class FrontPush:
 
 def qpb1_body(items: int) -> bytes:
     """The QPB1 frames body ``bench.loadgen --format qpb1`` sends for ``items`` items of one
-    partition (its ``--spread request``), from a fixed seed and sequence number."""
+    partition (its ``--spread request``), from a fixed seed, sequence number and clock (its
+    message ids the same every run)."""
     encoder = _Qpb1Encoder("bench", 1000, random.Random(26))
-    body, _ = encoder.body(b"a1b2c3w0c7", 120_000, [42] * items, False)
+    with mock.patch("time.time_ns", return_value=1_764_000_000_000_000_000):
+        body, _ = encoder.body(b"a1b2c3w0c7", 120_000, [42] * items, False)
     return body
 
 
