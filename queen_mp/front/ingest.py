@@ -34,7 +34,7 @@ from queen_mp.models.items import ClientChunk, PushBatch, PushItem
 from queen_mp.spool import SpoolItem, SpoolWriteError
 from queen_mp.wire.frames import iter_frames, pack_frame
 from queen_mp.wire.hashing import txn_hash_bytes
-from queen_mp.wire.records import PIECE_RAW, Piece, PushVerdict, pack_push_group
+from queen_mp.wire.records import PIECE_RAW, PIECE_ZSTD, Piece, PushVerdict, pack_push_group
 
 __all__ = [
     "EncryptionUnavailable",
@@ -409,6 +409,8 @@ def pieces_of(items: Sequence[PushItem], idx: list[int],
             chunks: Sequence[ClientChunk]) -> tuple[Piece, ...]:
     """Raw frames, except whole client chunks whose every frame is in this group."""
     if type(items) is PushBatch and len(idx) == len(items):
+        if items.chunk is not None:  # PERF(queen): the client's zstd frame, as it came
+            return (_piece(Piece, (PIECE_ZSTD, len(idx), bytes(items.chunk))),)
         return (_piece(Piece, (PIECE_RAW, len(idx), items.frames)),)
     if not chunks and idx:  # PERF(queen): a JSON push's group: one C join of its frames
         group = items if len(idx) == len(items) else map(items.__getitem__, idx)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
+from itertools import repeat
 from operator import attrgetter
 from typing import Any
 
@@ -29,6 +30,8 @@ from queen_mp.models.items import (
     PushBatch,
     PushItem,
     decode_push_items,
+    frame_items,
+    frame_sizes,
     json_item,
     loads_json,
     parse_json_item,
@@ -86,13 +89,27 @@ def exact_json_push(body: bytes, producer_sub: str | None,
 
 
 def parse_binary(body: bytes, max_decompressed: int, producer_sub: str | None = None
-                 ) -> tuple[list[PushItem], list[ClientChunk], bool]:
+                 ) -> tuple[Sequence[PushItem], list[ClientChunk], bool]:
     """QPB1 plain or frames; with ``producer_sub`` every frame is stamped, so client chunks
-    are rebuilt rather than kept byte for byte (docs/api.md 3.2)."""
-    parsed = parse_binary_push(body, max_items=MAX_ITEMS, max_decompressed=max_decompressed)
+    are rebuilt rather than kept byte for byte (docs/api.md 3.2).
+
+    PERF(http): without it, a group of plain frames is read by columns (no Frame per
+    frame), and a body of one such group whose transactionIds do not repeat (what a client
+    batching one partition sends) is a ``PushBatch`` carrying the client's zstd frame: no
+    PushItem per frame either."""
+    parsed = parse_binary_push(body, max_items=MAX_ITEMS, max_decompressed=max_decompressed,
+                               columns=producer_sub is None)
+    groups = parsed.groups
+    if len(groups) == 1 and isinstance(groups[0], FramesGroup) \
+            and groups[0].columns is not None:
+        cols = groups[0].columns
+        if len(set(cols.transaction_ids)) == len(cols.transaction_ids):
+            texts, plain = _texts_of(cols.transaction_ids)
+            return PushBatch(groups[0].queue, groups[0].partition, texts, cols.message_ids,
+                             cols.raw, None, plain, groups[0].chunk), [], parsed.counts_only
     items: list[PushItem] = []
     chunks: list[ClientChunk] = []
-    for group in parsed.groups:
+    for group in groups:
         partition = group.partition or DEFAULT_PARTITION
         if isinstance(group, FramesGroup) and producer_sub is not None:
             items.extend(stamped_item(group.queue, partition, f, producer_sub)
@@ -100,7 +117,12 @@ def parse_binary(body: bytes, max_decompressed: int, producer_sub: str | None = 
             continue
         if isinstance(group, FramesGroup):
             chunks.append(ClientChunk(group.chunk, len(items), group.count))
-            queue, at = group.queue, len(chunks) - 1
+            queue, at, cols = group.queue, len(chunks) - 1, group.columns
+            if cols is not None:
+                items += frame_items(queue, partition, _texts_of(cols.transaction_ids)[0],
+                                     cols.message_ids, cols.raw,
+                                     frame_sizes(cols.raw, group.count), at)
+                continue
             items.extend([PushItem(queue, partition, f.transaction_id, f.message_id, f.raw,
                                    f.trace_id, at) for f in group.frames])
             continue
@@ -109,6 +131,20 @@ def parse_binary(body: bytes, max_decompressed: int, producer_sub: str | None = 
                                 None, mid, producer_sub)
                       for p, mid in zip(group.items, ids, strict=True)])
     return items, chunks, parsed.counts_only
+
+
+def _texts_of(txns: list[bytes]) -> tuple[list[str], list[bytes] | None]:
+    """TransactionIds (checked UTF-8) as str, and ``txns`` again when each one's JSON string
+    is its text in quotes (``PushBatch.plain_ids``), else None.
+
+    PERF(http): one join, decode and split for all when they are plain (the common case)."""
+    joined = _TEXTS_APART_RAW.join(txns)
+    text = joined.decode()
+    # PERF(http): what orjson escapes (a control character, a quote, a backslash) counted by
+    # one byte deletion, the separators' quotes aside: str.isprintable was 4x dearer
+    if len(joined.translate(None, _ESCAPED)) == len(joined) - 2 * (len(txns) - 1):
+        return text.split(_TEXTS_APART), txns
+    return list(map(str, txns, repeat("utf-8"))), None
 
 
 def render_item(i: int, item: PushItem, r: ItemResult) -> dict[str, Any]:
@@ -281,6 +317,7 @@ def _plain_texts(texts: list[str]) -> list[bytes] | None:
 
 _TEXTS_APART = '","'  # no text it joins holds a quote, so each one found separates two
 _TEXTS_APART_RAW = _TEXTS_APART.encode()
+_ESCAPED = bytes(range(32)) + b'"\\'  # the bytes orjson writes escaped in a JSON string
 
 
 def _json_array(rows: list[bytes]) -> bytes:

@@ -46,6 +46,8 @@ __all__ = [
     "decode_ack_batch",
     "decode_push_items",
     "dumps_json",
+    "frame_items",
+    "frame_sizes",
     "json_item",
     "loads_json",
     "parse_ack_item",
@@ -96,20 +98,26 @@ class PushBatch(Sequence[PushItem]):
     transaction_ids: list[str]
     message_ids: list[bytes]
     frames: bytes       # every item's frame, in body order
-    sizes: list[int]    # each frame's length field (its bytes after the field's own four)
+    #: each frame's length field (its bytes after the field's own four); None: read from
+    #: ``frames`` when needed (``items``)
+    sizes: list[int] | None
     #: each transactionId's UTF-8 when it is also its JSON string's inside (no quote,
     #: backslash or control character: the body held no backslash), else None.
     #: PERF(http): the answer quotes them as they are (``render_items``).
     plain_ids: list[bytes] | None = None
+    #: the client's zstd frame of ``frames`` (a QPB1 frames group), which the shard gets and
+    #: stores as it came; None: the shard compresses ``frames``
+    chunk: bytes | memoryview | None = None
 
     @functools.cached_property
     def items(self) -> list[PushItem]:
-        """The batch as PushItems, each frame cut from ``frames``."""
-        ends = list(accumulate(map(_FIELD_PLUS, self.sizes)))
-        frames = map(self.frames.__getitem__, map(slice, [0, *ends[:-1]], ends))
-        n = len(ends)
-        return list(map(PushItem, repeat(self.queue, n), repeat(self.partition, n),
-                        self.transaction_ids, self.message_ids, frames))
+        """The batch as PushItems, each frame cut from ``frames`` (of no client chunk: the
+        rare paths that need them re-frame or spool them)."""
+        sizes = self.sizes
+        if sizes is None:
+            sizes = frame_sizes(self.frames, len(self.message_ids))
+        return frame_items(self.queue, self.partition, self.transaction_ids, self.message_ids,
+                           self.frames, sizes)
 
     def __len__(self) -> int:
         return len(self.message_ids)
@@ -122,6 +130,34 @@ class PushBatch(Sequence[PushItem]):
 
 
 _FIELD_PLUS = (4).__add__  # a frame's bytes from its length field (FRAME_HEAD's "<I")
+
+
+def frame_sizes(frames: bytes, count: int) -> list[int]:
+    """The length fields of the ``count`` frames back to back in ``frames``."""
+    sizes: list[int] = []
+    at = 0
+    for _ in range(count):
+        size = _frame_len(frames, at)[0]
+        sizes.append(size)
+        at += 4 + size
+    return sizes
+
+
+_frame_len = FRAME_HEAD.unpack_from  # its first field, the length field
+
+
+def frame_items(queue: str, partition: str, transaction_ids: list[str],
+                message_ids: list[bytes], frames: bytes, sizes: list[int], chunk: int = -1
+                ) -> list[PushItem]:
+    """PushItems of one queue and partition whose frames, of lengths fields ``sizes``, lie
+    back to back in ``frames``; ``chunk``: the client chunk that holds them all, if any.
+
+    PERF(http): made by ``map`` (C loops), no Python step per item."""
+    ends = list(accumulate(map(_FIELD_PLUS, sizes)))
+    cut = map(frames.__getitem__, map(slice, [0, *ends[:-1]], ends))
+    n = len(ends)
+    return list(map(PushItem, repeat(queue, n), repeat(partition, n), transaction_ids,
+                    message_ids, cut, repeat(None, n), repeat(chunk, n)))
 
 
 @dataclass(frozen=True, slots=True)

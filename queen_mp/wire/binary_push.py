@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import re
 import struct
+from collections import deque
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 import orjson
 import zstandard
@@ -36,6 +37,7 @@ from queen_mp.wire.frames import (
     Frame,
     check_transaction_id,
     decompress_bounded,
+    plain_columns,
     read_frames,
 )
 
@@ -50,6 +52,7 @@ __all__ = [
     "QPB1_FLAG_ZSTD",
     "QPB1_MAGIC",
     "BinaryPush",
+    "FrameColumns",
     "FramesGroup",
     "PlainGroup",
     "PlainItem",
@@ -58,6 +61,7 @@ __all__ = [
     "check_payload",
     "check_queue_name",
     "decoded_size",
+    "frame_columns",
     "groups_growth",
     "parse_binary_push",
     "read_frame_groups",
@@ -115,9 +119,18 @@ class PlainGroup:
         return len(self.items)
 
 
+class FrameColumns(NamedTuple):
+    """A §3.5 group's frames, every one plain (no flags) and checked, as columns."""
+
+    raw: bytes                  # the decompressed frames, back to back
+    message_ids: list[bytes]
+    transaction_ids: list[bytes]  # UTF-8 (checked)
+
+
 @dataclass(frozen=True, slots=True)
 class FramesGroup:
-    """A §3.5 group: the client's zstd frame exactly as sent, and its checked frames."""
+    """A §3.5 group: the client's zstd frame exactly as sent, and its checked frames (or,
+    read by columns, ``columns`` and no frames)."""
 
     queue: str
     partition: str
@@ -125,6 +138,7 @@ class FramesGroup:
     chunk: memoryview
     frames: tuple[Frame, ...]
     first_index: int
+    columns: FrameColumns | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -356,12 +370,15 @@ def read_frame_groups(
     max_decompressed: int = DEFAULT_MAX_DECOMPRESSED,
     max_total_decompressed: int | None = None,
     first_index: int = 0,
+    columns: bool = False,
 ) -> tuple[tuple[FramesGroup, ...], int]:
     """``u32 group_count`` and §3.5 groups from ``at`` to the end of ``body`` (QPB1 flag 8 and
     the tail of QTB1). Returns the groups and their item count.
 
     ``max_total_decompressed`` (default ``max_decompressed``) bounds the sum over all zstd
-    frames, so many groups cannot add up to more memory than one allowed frame.
+    frames, so many groups cannot add up to more memory than one allowed frame. ``columns``:
+    a group of plain frames (the common one) is read as ``FrameColumns`` (``frame_columns``),
+    with no Frame per frame; any other is read frame by frame.
     """
     view = body if isinstance(body, memoryview) else memoryview(body)
     end = len(view)
@@ -413,6 +430,10 @@ def read_frame_groups(
         except WireError as ex:
             raise _within(ex, f"group {g}'s zstd frame", z_at) from None
         budget -= len(raw)
+        cols = frame_columns(raw, n) if columns else None
+        if cols is not None:
+            groups.append(FramesGroup(queue, partition, n, chunk, (), first, cols))
+            continue
         try:
             frames = read_frames(raw, n, first_index=first)
             _check_frames(frames, first, raw)
@@ -422,6 +443,37 @@ def read_frame_groups(
     if at != end:
         raise _trailing(end - at, at, view)
     return tuple(groups), total
+
+
+_VERSION_7 = bytes(range(0x70, 0x80))  # a UUIDv7's byte 6: version 7 in its high nibble
+_VARIANT_10 = bytes(range(0x80, 0xC0))  # its byte 8: variant 0b10 in its two high bits
+_consume = deque(maxlen=0).extend
+
+
+def frame_columns(raw: bytes, count: int) -> FrameColumns | None:
+    """``raw``'s frames as columns, when it is exactly ``count`` (at least 2) plain frames
+    (no flags) that pass ``_check_frames``; None otherwise, and then ``read_frames`` and
+    ``_check_frames`` read them (and word the error of a bad one).
+
+    PERF(wire): a QPB1 frames push's frames cut by ``plain_columns`` (one struct unpack of
+    them all), their ids' version and variant checked by two byte translations, their
+    payloads by orjson through ``map``: no Frame per frame nor a Python step per frame but
+    the walk from one to the next (a 1,000-item push's read_frames and _check_frames were
+    three quarters of the front worker's instructions for it)."""
+    if count < 2:
+        return None
+    got = plain_columns(raw, take=count + 1)  # a frame too many shows as one more
+    if got is None or len(got[0]) != count:
+        return None
+    ids, txns, payloads = got
+    joined = b"".join(ids)
+    if joined[6::16].translate(None, _VERSION_7) or joined[8::16].translate(None, _VARIANT_10):
+        return None
+    try:
+        _consume(map(_loads, filter(None, payloads)))
+    except _JSONDecodeError:
+        return None
+    return FrameColumns(raw, ids, txns)
 
 
 def _check_frames(frames: list[Frame], first: int, raw: bytes) -> None:
@@ -509,8 +561,10 @@ def parse_binary_push(
     max_items: int = DEFAULT_MAX_ITEMS,
     max_decompressed: int = DEFAULT_MAX_DECOMPRESSED,
     max_total_decompressed: int | None = None,
+    columns: bool = False,
 ) -> BinaryPush:
-    """A whole QPB1 body, every rule of §3.4/§3.5 checked, or the first WireError."""
+    """A whole QPB1 body, every rule of §3.4/§3.5 checked, or the first WireError;
+    ``columns``: frames groups read as ``read_frame_groups`` reads them so."""
     view = body if isinstance(body, memoryview) else memoryview(body)
     if view.format != "B" or view.ndim != 1:
         view = view.cast("B")
@@ -538,6 +592,7 @@ def parse_binary_push(
             max_items=max_items,
             max_decompressed=max_decompressed,
             max_total_decompressed=max_total_decompressed,
+            columns=columns,
         )
         return BinaryPush(counts_only, True, frame_groups, count)
     with_txn = bool(flags & QPB1_FLAG_TXN)

@@ -7,7 +7,7 @@ import pytest
 from bench import hotpath
 
 WORKLOADS = ("push1", "push100", "front1", "front100", "front100u", "pop100", "pop100s10",
-             "ack100", "ephack100", "ephpop100", "qpb1k")
+             "ack100", "ephack100", "ephpop100", "qpb1k", "frontqpb1k")
 
 
 @pytest.mark.parametrize("workload", WORKLOADS)

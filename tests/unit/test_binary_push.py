@@ -103,19 +103,24 @@ def _cases() -> list[dict]:
     return tomllib.loads(CASES.read_text("utf-8"))["case"]
 
 
+@pytest.mark.parametrize("columns", [False, True])
 @pytest.mark.parametrize("case", _cases(), ids=lambda case: case["name"])
-def test_wire_case(case: dict) -> None:
+def test_wire_case(case: dict, columns: bool) -> None:
+    """Every case, its frames read one by one or by columns (the same outcome)."""
     body = build(case["body"])
     limits = {
         k: case[k] for k in ("max_items", "max_decompressed", "max_total_decompressed") if k in case
     }
     if case["code"] == "ok":
-        push = parse_binary_push(body, **limits)
+        push = parse_binary_push(body, **limits, columns=columns)
         assert push.item_count == case["items"]
         assert sum(group.count for group in push.groups) == case["items"]
         return
     with pytest.raises(WireError) as info:
+        parse_binary_push(body, **limits, columns=columns)
+    with pytest.raises(WireError) as one_by_one:
         parse_binary_push(body, **limits)
+    assert info.value.to_dict() == one_by_one.value.to_dict()
     err = info.value
     assert err.code == case["code"], repr(err)
     for key in ("index", "field"):
@@ -325,8 +330,13 @@ def _corrupt(body: bytes, edits: list[tuple]) -> bytes:
 def test_corrupted_bodies_raise_only_wire_errors(which: int, edits: list[tuple]) -> None:
     body = _corrupt(_valid_bodies()[which], edits)
     try:
+        by_columns: object = parse_binary_push(body, columns=True).item_count
+    except WireError as ex:
+        by_columns = ex.to_dict()
+    try:
         push = parse_binary_push(body)
     except WireError as ex:
+        assert by_columns == ex.to_dict()
         assert ex.code in {
             "bad_frame",
             "invalid_payload",
@@ -338,7 +348,7 @@ def test_corrupted_bodies_raise_only_wire_errors(which: int, edits: list[tuple])
         }
         assert isinstance(ex.to_dict(), dict)
     else:
-        assert push.item_count == sum(group.count for group in push.groups)
+        assert push.item_count == sum(group.count for group in push.groups) == by_columns
 
 
 def test_decoded_size_reads_the_zstd_headers() -> None:
