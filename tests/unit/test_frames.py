@@ -407,13 +407,40 @@ def test_plain_columns_leave_bad_or_unusual_frames_to_frame_rows() -> None:
     _raw_frame(0, MID, _txn(b"txn"), b"{}", body_len=40),  # its frame runs past the end
     _raw_frame(8, MID, _txn(b"txn"), b"{}"),  # an unknown flag
 ])
-def test_plain_columns_refuse_what_frame_rows_refuses(bad: bytes) -> None:
+@pytest.mark.parametrize("one_size", [False, True])
+def test_plain_columns_refuse_what_frame_rows_refuses(bad: bytes, one_size: bool) -> None:
     good = pack_frame(MID, b"txn", b"[1]")
-    for blob in (bad, good + bad, good + bad + good):
-        assert plain_columns(blob, take=3) is None
+    for blob in (bad, good + bad, good + bad + good, good * 3 + bad, bad * 3):
+        assert plain_columns(blob, take=len(blob), one_size=one_size) is None
         with pytest.raises(WireError):
             list(frame_rows(blob))
-    assert plain_columns(good + bad, take=1) == ([MID], [b"txn"], [b"[1]"])  # not read
+    assert plain_columns(good + bad, take=1, one_size=one_size) == ([MID], [b"txn"], [b"[1]"])
+
+
+# frames of a few shapes, two of them one size with another transactionId length, one with
+# a trace id (flags): runs of one size and their breaks
+_SHAPES = [pack_frame(MID, b"txn-1", b'{"a":1}'), pack_frame(MID, b"txn-10", b'{"a":1'),
+           pack_frame(MID, b"txn-2", b'{"a":2}'), pack_frame(MID, b"t", b"[]", trace_id=TRACE),
+           _raw_frame(0, MID, _txn(b"tx\xc3"), b'{"a":1}')]  # bad UTF-8, the first's size
+
+
+@settings(max_examples=300, deadline=None)
+@given(picks=st.lists(st.sampled_from([0, 0, 0, 2, 2, 1, 3, 4]), min_size=1, max_size=12),
+       cut=st.integers(-30, 30), skip=st.integers(0, 3), take=st.integers(0, 14))
+def test_plain_columns_of_one_size_are_the_walks(picks: list[int], cut: int, skip: int,
+                                                 take: int) -> None:
+    """Frames of one size read at once (``one_size``) give what the walk gives, whatever
+    breaks the run: another shape, a frame with flags, bad UTF-8, a cut or extra bytes."""
+    blob = b"".join(_SHAPES[i] for i in picks)
+    blob = blob[:cut] if cut < 0 else blob + _SHAPES[0][:cut]
+
+    def read(one_size: bool) -> object:
+        try:
+            return plain_columns(blob, skip=skip, take=take, one_size=one_size)
+        except WireError as ex:  # a frame skipped is truncated
+            return ex.to_dict()
+
+    assert read(True) == read(False)
 
 
 def test_plain_columns_read_alike_past_their_kept_layouts(monkeypatch: pytest.MonkeyPatch
