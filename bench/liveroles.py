@@ -33,6 +33,9 @@ suite's push batch 100 is ``--items 100``)::
 
     PYTHONPATH=<tree> python bench/liveroles.py --callgrind /tmp/lr --push 2000 --items 100
 
+``--format qpb1`` sends those items as bench/loadgen.py's QPB1 frames body (the suite's
+``queen-mp-qpb1`` arm; ``--items 1000`` its batch 1000).
+
 Run it with ``PYTHONPATH=<tree>`` from outside the tree to measure that tree's code.
 """
 
@@ -152,15 +155,17 @@ async def drain(url: str, queue: str, n: int, batch: int, consumers: int) -> flo
             print(f"consumer errors: {dict(st.errors)}")
 
 
-def push_bodies(queue: str, n: int, partitions: int, tag: str, items: int = 1) -> list[bytes]:
-    """``n`` JSON push bodies. One item: request ``i`` to partition ``i % partitions``. More:
-    bench/loadgen.py's bodies of ``items`` items of one partition each (a random one, seeded by
-    ``tag``), spread over ``connections`` producers as its workers name them."""
-    if items == 1:
+def push_bodies(queue: str, n: int, partitions: int, tag: str, items: int = 1,
+                fmt: str = "json") -> list[bytes]:
+    """``n`` JSON push bodies. One item: request ``i`` to partition ``i % partitions``. More
+    (or ``fmt`` "qpb1"): bench/loadgen.py's bodies of ``items`` items of one partition each (a
+    random one, seeded by ``tag``), spread over ``connections`` producers as its workers name
+    them, in its ``--format fmt``."""
+    if items == 1 and fmt == "json":
         return [cons.push_body([(queue, f"p-{i % partitions:04d}", f"{queue}-{tag}{i}",
                                  cons.payload(tag, i))]) for i in range(n)]
     worker = lg._Worker("127.0.0.1", 0, "/api/v1/push", items, partitions, queue, "request",
-                        30.0, f"{tag}w0", seed=len(tag) + n)
+                        30.0, f"{tag}w0", seed=len(tag) + n, fmt=fmt)
     producer = f"{tag}w0c0".encode()
     bodies, seq = [], 0
     for _ in range(n):
@@ -218,7 +223,7 @@ async def run(args: argparse.Namespace) -> None:
             await push_load(srv.url, push_bodies(queue, args.partitions, args.partitions, "w"),
                             args.consumers)
             bodies = push_bodies(queue, args.push, args.partitions,
-                                 "m" if args.items == 1 else args.tag, args.items)
+                                 "m" if args.items == 1 else args.tag, args.items, args.format)
         else:
             await prefill(srv.url, queue, args.messages)
         await asyncio.sleep(2)
@@ -291,6 +296,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="N 1-item JSON pushes instead of the consume loop")
     ap.add_argument("--items", type=int, default=1,
                     help="items per push of --push (one partition each); figures per message")
+    ap.add_argument("--format", choices=lg.FORMATS, default="json",
+                    help="the body of --push: JSON, or bench/loadgen.py's QPB1 frames (the "
+                    "suite's queen-mp-qpb1 arm)")
     ap.add_argument("--tag", default="5a17c0",
                     help="the run tag in the transactionIds of --items (loadgen's is random; a "
                     "fixed one takes the same parse branches every run)")
