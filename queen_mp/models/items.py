@@ -84,7 +84,9 @@ class PushItem(msgspec.Struct, gc=False):
 @dataclass(frozen=True, eq=False)
 class PushBatch(Sequence[PushItem]):
     """The items of a regular push body of one queue and one partition (distinct
-    transactionIds, no traceId, no producerSub), as columns and their frames joined.
+    transactionIds, no traceId, no producerSub), as columns and their frames joined: a JSON
+    body's (``decode_push_items``), or a QPB1 frames body's of one group, with the client's
+    zstd frame (``http.push.parse_binary``).
 
     PERF(http): what a producer batching one partition sends goes to the shard and into the
     answer with no PushItem, frame or name per item (``Ingest`` packs ``frames`` whole,
