@@ -704,3 +704,31 @@ def test_a_commit_keeps_its_probe_sorted_fingerprints_only_for_the_same_blob() -
     assert f.verified(KEY, hashes(*(f"d{i}" for i in range(9, 11)))) == 2 * HOT_MAX
     assert f.verified(KEY, hashes(*(f"e{i}" for i in range(HOT_MAX)))) == 3 * HOT_MAX
     assert f.verified(KEY, hashes(*(f"d{i}" for i in range(HOT_MAX)))) == 2 * HOT_MAX
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(HOT_MAX, 3 * PACK_OPEN_SEGMENT), min_size=1, max_size=24))
+def test_a_cascade_of_merges_makes_the_runs_pairwise_merges_make(sizes: list[int]) -> None:
+    # _add_run merges every run a new one takes in at once; the runs (first offsets, sizes,
+    # fingerprints, packing) must be those of merging the newest two while the older holds
+    # less than twice the newer, one pair at a time
+    f = DedupFilter(10_000_000)
+    rnd = random.Random(len(sizes))
+    want: list[tuple[int, np.ndarray, bool]] = []  # (lo, fingerprints, packed)
+    base = 1
+    for n in sizes:
+        blob = rnd.randbytes(16 * n)
+        f.committed(KEY, 7, base, n, blob, 3600)
+        new = np.sort(np.frombuffer(blob, np.dtype("=u4"))[::4])
+        most = PACK_OPEN_RATIO * n if n >= PACK_OPEN_SEGMENT else 0
+        want.append((base, new, False))
+        while len(want) > 1 and len(want[-2][1]) < 2 * len(want[-1][1]):
+            (_, newer, _), (lo, older, _) = want.pop(), want.pop()
+            merged = np.sort(np.concatenate((older, newer)))
+            want.append((lo, merged, PACK_OPEN_MIN <= len(merged) <= most))
+        base += n
+    [part] = f._parts.values()
+    got = [(r.lo, r.fps(), r.packed is not None) for r in part.runs]
+    assert [(lo, packed) for lo, _, packed in got] == [(lo, p) for lo, _, p in want]
+    for (_, fps, _), (_, expected, _) in zip(got, want, strict=True):
+        assert np.array_equal(fps, expected)
