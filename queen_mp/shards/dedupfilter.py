@@ -114,7 +114,7 @@ class _Run:
     A run of the open epoch is packed when a merge for a segment of ``PACK_OPEN_SEGMENT``
     hashes or more makes it of ``PACK_OPEN_MIN`` or more and at most ``PACK_OPEN_RATIO`` times
     that segment (``pack``), and made plain again by an array probe of fewer hashes than
-    either asks (``holds_any``; a probe of up to ``_FEW`` reads it packed): an array probe
+    either asks (``decoded_for``; a probe of up to ``_FEW`` reads it packed): an array probe
     decodes a packed run, some 1.5 instructions an entry and a few numpy calls, so no probe
     decodes more than ``PACK_OPEN_RATIO`` entries a hash it looks for. PERF(memory): the
     suite's peak is in its 1,000-item push cells, the filter at its 8M bound in one open
@@ -241,7 +241,7 @@ class _Partition:
 
         PERF(filter): a handful of fingerprints is probed here, inline, run by run: ``bisect``
         over each run's view (0.37 us against 1.6 for numpy's scalar ``searchsorted`` and its
-        scalar compare at 3,000 entries, which cost 7.1 against 2.0 us for ``holds_any``'s four
+        scalar compare at 3,000 entries, which cost 7.1 against 2.0 us for the array probe's four
         numpy calls); a method call per run and the prefixes' helper cost more than the
         probe itself on a 1-hash segment.
 
