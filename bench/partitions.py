@@ -66,6 +66,7 @@ from bench.push import (
 )
 
 PUSH_CHUNK = 1_000  # items per push request while filling
+STATS_FLUSH_S = 1.5  # a backend flushes its statistics at most once a second
 
 
 @dataclass(frozen=True)
@@ -105,11 +106,18 @@ class Figures:
     leased: PopFigures
     live_leases: int
     drain_autovacuum: tuple[str, ...] = ()  # what autovacuum ran on the server meanwhile
+    drain_snapshots: tuple[str, ...] = ()  # transactions that held a snapshot meanwhile
+    drain_ready_reads: float = 0.0  # ready-index entries a drain's pop read
 
     @property
     def autovacuum_seen(self) -> str:
         """``drain_autovacuum`` as the reports print it."""
         return "; ".join(self.drain_autovacuum) if self.drain_autovacuum else "none seen"
+
+    @property
+    def snapshots_seen(self) -> str:
+        """``drain_snapshots`` as the reports print it."""
+        return "; ".join(self.drain_snapshots) if self.drain_snapshots else "none seen"
 
     def verdicts(self) -> list[tuple[str, str, str, bool]]:
         """(target, value, threshold, met) rows."""
@@ -157,6 +165,15 @@ class Broker:
         cluster = process_tree(self.postmaster)
         return (cpu_ticks(process_tree(self.server.proc.pid)),
                 cpu_ticks(database_pids(cluster, db_name(self.dsn)) + shared_pids(cluster)))
+
+    def ready_reads(self) -> int:
+        """Entries the ready index has given its scans so far (its ``idx_tup_read``), dead ones
+        included: PostgreSQL's statistics reach the view once a backend flushes them (at most
+        once a second), so the caller waits a little before and after what it counts."""
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            row = conn.execute("SELECT idx_tup_read FROM pg_stat_user_indexes"
+                               " WHERE indexrelname = 'log_consumers_ready_idx'").fetchone()
+        return int(row[0]) if row else 0
 
     def fill(self, queue: str, partitions: int, per: int) -> None:
         items = [(f"p{i}", k) for k in range(per) for i in range(partitions)]
@@ -207,18 +224,31 @@ class Broker:
         drop_database(self.server_dsn, db_name(self.dsn))
 
 
-class Autovacuums:
-    """What the server's autovacuum workers run while a measurement does: they take the cores
+class ServerWatch:
+    """What else the server runs while a measurement does: autovacuum workers take the cores
     the drain's sequential pops need (and, on the bench's own database, count in PostgreSQL's
-    share), so the report names them (database: statement) beside the drain."""
+    share), and a transaction that holds a snapshot (on the bench's database, or anywhere by
+    a replication slot or a prepared transaction) keeps every entry a pop left dead in the
+    ready index until it ends, so each later pop walks them all (``Broker.ready_reads``). The
+    report names both (database: statement) beside the drain."""
+
+    #: autovacuum workers, and transactions open over a second that hold a snapshot
+    _ACTIVITY = ("SELECT backend_type, datname, state, query FROM pg_stat_activity"
+                 " WHERE pid <> pg_backend_pid() AND (backend_type = 'autovacuum worker'"
+                 " OR (backend_xmin IS NOT NULL AND xact_start < now() - interval '1 second'))")
+    #: what holds the horizon of every database
+    _GLOBAL = ("SELECT 'replication slot', slot_name FROM pg_replication_slots"
+               " WHERE xmin IS NOT NULL OR catalog_xmin IS NOT NULL"
+               " UNION ALL SELECT 'prepared transaction', gid FROM pg_prepared_xacts")
 
     def __init__(self, server_dsn: str, every_s: float = 0.5) -> None:
         self.server_dsn, self.every_s = server_dsn, every_s
-        self.seen: dict[str, None] = {}
+        self.vacuums: dict[str, None] = {}
+        self.holders: dict[str, None] = {}
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> Autovacuums:
+    def __enter__(self) -> ServerWatch:
         self.thread.start()
         return self
 
@@ -228,11 +258,13 @@ class Autovacuums:
 
     def _run(self) -> None:
         with psycopg.connect(self.server_dsn, autocommit=True) as conn:
+            for kind, name in conn.execute(self._GLOBAL):
+                self.holders.setdefault(f"{kind} {name}", None)
             while not self.stop.is_set():
-                for db, query in conn.execute(
-                        "SELECT datname, query FROM pg_stat_activity"
-                        " WHERE backend_type = 'autovacuum worker'"):
-                    self.seen.setdefault(f"{db}: {query}", None)
+                for kind, db, state, query in conn.execute(self._ACTIVITY):
+                    seen = self.vacuums if kind == "autovacuum worker" else self.holders
+                    seen.setdefault(f"{db}: {query}" if seen is self.vacuums
+                                    else f"{db}: {kind} {state}: {query[:80]}", None)
                 self.stop.wait(self.every_s)
 
 
@@ -315,10 +347,12 @@ def run(args: argparse.Namespace) -> Figures:
 
             print(f"drain: {args.drain:,} one-message partitions ...", file=sys.stderr)
             broker.fill("scale-drain", args.drain, 1)
+            time.sleep(STATS_FLUSH_S)
+            reads0 = broker.ready_reads()
             before, client0 = broker.cpu(), time.process_time()
             t0 = time.perf_counter()
             drained = pops = 0
-            with Autovacuums(args.server_dsn) as vacuums:
+            with ServerWatch(args.server_dsn) as watch:
                 while True:
                     _, got = broker.pop("scale-drain", autoAck="true")
                     pops += 1
@@ -329,6 +363,8 @@ def run(args: argparse.Namespace) -> Figures:
             drain_cpu = drain_roles(broker, before, broker.cpu(),
                                     time.process_time() - client0, pops)
             assert drained == args.drain, f"drained {drained} of {args.drain}"
+            time.sleep(STATS_FLUSH_S)
+            ready_reads = (broker.ready_reads() - reads0) / pops
 
             broker.fill("scale-drain", args.drain, 1)
             first_s, claimed = broker.pop("scale-drain", consumerGroup="newcomer",
@@ -340,7 +376,8 @@ def run(args: argparse.Namespace) -> Figures:
         finally:
             broker.close()
     return Figures(small, large, args.drain, drain_s, pops, drain_cpu, first_s * 1e3, claimed,
-                   unleased, leased, args.leases, tuple(vacuums.seen))
+                   unleased, leased, args.leases, tuple(watch.vacuums), tuple(watch.holders),
+                   ready_reads)
 
 
 def render(f: Figures) -> str:
@@ -360,9 +397,11 @@ def render(f: Figures) -> str:
                  f"({f.drain_s / f.drain_pops * 1e3:.1f} ms a pop; CPU a pop: front "
                  f"{f.drain_cpu.front_us:,.0f} us, shard {f.drain_cpu.shard_us:,.0f} us, "
                  f"PostgreSQL {f.drain_cpu.pg_us:,.0f} us, client {f.drain_cpu.client_us:,.0f} "
-                 f"us). A new group's first pop: "
+                 f"us; ready-index entries read a pop: {f.drain_ready_reads:,.1f}). "
+                 f"A new group's first pop: "
                  f"{f.first_group_pop_ms:.1f} ms, {f.first_group_claimed} message(s).")
-    lines.append(f"Autovacuum during the drain: {f.autovacuum_seen}.")
+    lines.append(f"Autovacuum during the drain: {f.autovacuum_seen}. "
+                 f"Snapshots held during the drain: {f.snapshots_seen}.")
     return "\n".join(lines) + "\n"
 
 

@@ -1384,8 +1384,11 @@ class Suite(cons.Bench):
                          "cpu_pg_us_per_msg": pop.pg_cpu_us_per_pop})
         for target, value, _, met in f.verdicts():
             print(f"  {target}: {value} ({'met' if met else 'missed'})", flush=True)
-        print(f"  autovacuum during the drain: {f.autovacuum_seen}", flush=True)
-        self.notes.append(f"partitions: autovacuum during the drain: {f.autovacuum_seen}")
+        drain = (f"autovacuum during the drain: {f.autovacuum_seen}; snapshots held"
+                 f" meanwhile: {f.snapshots_seen}; ready-index entries read a pop:"
+                 f" {f.drain_ready_reads:,.1f}")
+        print(f"  {drain}", flush=True)
+        self.notes.append(f"partitions: {drain}")
 
 
 # ------------------------------------------------------------------------------ summary
