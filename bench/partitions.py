@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import statistics
 import sys
@@ -108,11 +109,20 @@ class Figures:
     drain_autovacuum: tuple[str, ...] = ()  # what autovacuum ran on the server meanwhile
     drain_snapshots: tuple[str, ...] = ()  # transactions that held a snapshot meanwhile
     drain_ready_reads: float = 0.0  # ready-index entries a drain's pop read
+    drain_slowest: tuple[tuple[int, float], ...] = ()  # (pop number, ms) of its slowest pops
+    drain_others: tuple[tuple[str, int], ...] = ()  # other databases' statements (samples)
 
     @property
     def autovacuum_seen(self) -> str:
         """``drain_autovacuum`` as the reports print it."""
         return "; ".join(self.drain_autovacuum) if self.drain_autovacuum else "none seen"
+
+    @property
+    def others_seen(self) -> str:
+        """``drain_slowest`` and ``drain_others`` as the reports print them."""
+        slow = ", ".join(f"{ms:,.0f} ms (#{n:,})" for n, ms in self.drain_slowest)
+        others = "; ".join(f"{what} x{n}" for what, n in self.drain_others) or "none seen"
+        return f"slowest pops: {slow or '-'}; other databases' statements (samples): {others}"
 
     @property
     def snapshots_seen(self) -> str:
@@ -230,7 +240,8 @@ class ServerWatch:
     share), and a transaction that holds a snapshot (on the bench's database, or anywhere by
     a replication slot or a prepared transaction) keeps every entry a pop left dead in the
     ready index until it ends, so each later pop walks them all (``Broker.ready_reads``). The
-    report names both (database: statement) beside the drain."""
+    report names both (database: statement) beside the drain, and the sessions of other
+    databases it saw running statements (how many samples each: they share the cores)."""
 
     #: autovacuum workers, and transactions open over a second that hold a snapshot
     _ACTIVITY = ("SELECT backend_type, datname, state, query FROM pg_stat_activity"
@@ -241,10 +252,16 @@ class ServerWatch:
                " WHERE xmin IS NOT NULL OR catalog_xmin IS NOT NULL"
                " UNION ALL SELECT 'prepared transaction', gid FROM pg_prepared_xacts")
 
-    def __init__(self, server_dsn: str, every_s: float = 0.5) -> None:
-        self.server_dsn, self.every_s = server_dsn, every_s
+    #: other databases' sessions running a statement
+    _OTHERS = ("SELECT datname, application_name, left(query, 60) FROM pg_stat_activity"
+               " WHERE pid <> pg_backend_pid() AND backend_type = 'client backend'"
+               " AND state = 'active' AND datname <> %s")
+
+    def __init__(self, server_dsn: str, own_db: str, every_s: float = 0.5) -> None:
+        self.server_dsn, self.own_db, self.every_s = server_dsn, own_db, every_s
         self.vacuums: dict[str, None] = {}
         self.holders: dict[str, None] = {}
+        self.others: collections.Counter[str] = collections.Counter()
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
@@ -265,6 +282,8 @@ class ServerWatch:
                     seen = self.vacuums if kind == "autovacuum worker" else self.holders
                     seen.setdefault(f"{db}: {query}" if seen is self.vacuums
                                     else f"{db}: {kind} {state}: {query[:80]}", None)
+                for db, app, query in conn.execute(self._OTHERS, (self.own_db,)):
+                    self.others[f"{db}: {app}: {query}"] += 1
                 self.stop.wait(self.every_s)
 
 
@@ -352,9 +371,11 @@ def run(args: argparse.Namespace) -> Figures:
             before, client0 = broker.cpu(), time.process_time()
             t0 = time.perf_counter()
             drained = pops = 0
-            with ServerWatch(args.server_dsn) as watch:
+            times: list[float] = []
+            with ServerWatch(args.server_dsn, db_name(broker.dsn)) as watch:
                 while True:
-                    _, got = broker.pop("scale-drain", autoAck="true")
+                    elapsed, got = broker.pop("scale-drain", autoAck="true")
+                    times.append(elapsed)
                     pops += 1
                     if got == 0:
                         break
@@ -377,7 +398,9 @@ def run(args: argparse.Namespace) -> Figures:
             broker.close()
     return Figures(small, large, args.drain, drain_s, pops, drain_cpu, first_s * 1e3, claimed,
                    unleased, leased, args.leases, tuple(watch.vacuums), tuple(watch.holders),
-                   ready_reads)
+                   ready_reads, tuple(sorted(((n + 1, t * 1e3) for n, t in enumerate(times)),
+                                             key=lambda x: -x[1])[:3]),
+                   tuple(watch.others.most_common(5)))
 
 
 def render(f: Figures) -> str:
@@ -401,7 +424,8 @@ def render(f: Figures) -> str:
                  f"A new group's first pop: "
                  f"{f.first_group_pop_ms:.1f} ms, {f.first_group_claimed} message(s).")
     lines.append(f"Autovacuum during the drain: {f.autovacuum_seen}. "
-                 f"Snapshots held during the drain: {f.snapshots_seen}.")
+                 f"Snapshots held during the drain: {f.snapshots_seen}. "
+                 f"Drain {f.others_seen}.")
     return "\n".join(lines) + "\n"
 
 

@@ -1386,7 +1386,7 @@ class Suite(cons.Bench):
             print(f"  {target}: {value} ({'met' if met else 'missed'})", flush=True)
         drain = (f"autovacuum during the drain: {f.autovacuum_seen}; snapshots held"
                  f" meanwhile: {f.snapshots_seen}; ready-index entries read a pop:"
-                 f" {f.drain_ready_reads:,.1f}")
+                 f" {f.drain_ready_reads:,.1f}; {f.others_seen}")
         print(f"  {drain}", flush=True)
         self.notes.append(f"partitions: {drain}")
 

@@ -70,6 +70,7 @@ def test_the_partitions_section_drains_and_measures_pops_beside_live_leases(pg_s
     assert f.drain_cpu.client_us > 0 and min(vars(f.drain_cpu).values()) >= 0, f.drain_cpu
     assert f.first_group_claimed == 1
     assert f.drain_ready_reads > 0, f  # the drain's pops read the ready index's 10 entries
+    assert len(f.drain_slowest) == 3 and f.drain_slowest[0][1] >= f.drain_slowest[2][1], f
     assert (f.unleased.partitions, f.leased.partitions, f.live_leases) == (25, 30, 5)
     for pop in (f.small, f.large, f.unleased, f.leased):
         assert pop.pops == 5 and 0 < pop.p50_ms <= pop.p99_ms, pop
