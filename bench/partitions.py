@@ -91,6 +91,7 @@ class DrainCpu:
     shard_us: float
     pg_us: float
     client_us: float
+    pg_shared_us: float = 0.0  # of pg_us: the server's own processes (WAL writer, checkpointer)
 
 
 @dataclass(frozen=True)
@@ -318,9 +319,12 @@ def drain_roles(broker: Broker, before: tuple[dict[int, int], dict[int, int]],
     shards = shard_pids(after[0])
     front = {p: t for p, t in after[0].items() if p not in shards}
     shard = {p: t for p, t in after[0].items() if p in shards}
+    server = set(shared_pids(list(after[1])))
     return DrainCpu(delta_cpu_s(before[0], front) / pops * 1e6,
                     delta_cpu_s(before[0], shard) / pops * 1e6,
-                    delta_cpu_s(before[1], after[1]) / pops * 1e6, client_s / pops * 1e6)
+                    delta_cpu_s(before[1], after[1]) / pops * 1e6, client_s / pops * 1e6,
+                    delta_cpu_s(before[1], {p: t for p, t in after[1].items() if p in server})
+                    / pops * 1e6)
 
 
 def pop_figures(broker: Broker, queue: str, partitions: int, pops: int) -> PopFigures:
@@ -419,7 +423,8 @@ def render(f: Figures) -> str:
     lines.append(f"Drain: {f.drain_pops:,} pops in {f.drain_s:.1f} s "
                  f"({f.drain_s / f.drain_pops * 1e3:.1f} ms a pop; CPU a pop: front "
                  f"{f.drain_cpu.front_us:,.0f} us, shard {f.drain_cpu.shard_us:,.0f} us, "
-                 f"PostgreSQL {f.drain_cpu.pg_us:,.0f} us, client {f.drain_cpu.client_us:,.0f} "
+                 f"PostgreSQL {f.drain_cpu.pg_us:,.0f} us (its own processes "
+                 f"{f.drain_cpu.pg_shared_us:,.0f}), client {f.drain_cpu.client_us:,.0f} "
                  f"us; ready-index entries read a pop: {f.drain_ready_reads:,.1f}). "
                  f"A new group's first pop: "
                  f"{f.first_group_pop_ms:.1f} ms, {f.first_group_claimed} message(s).")

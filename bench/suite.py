@@ -1386,7 +1386,8 @@ class Suite(cons.Bench):
             print(f"  {target}: {value} ({'met' if met else 'missed'})", flush=True)
         drain = (f"autovacuum during the drain: {f.autovacuum_seen}; snapshots held"
                  f" meanwhile: {f.snapshots_seen}; ready-index entries read a pop:"
-                 f" {f.drain_ready_reads:,.1f}; {f.others_seen}")
+                 f" {f.drain_ready_reads:,.1f}; PostgreSQL's own processes (WAL writer,"
+                 f" checkpointer, ...) {f.drain_cpu.pg_shared_us:,.0f} us a pop; {f.others_seen}")
         print(f"  {drain}", flush=True)
         self.notes.append(f"partitions: {drain}")
 
