@@ -119,7 +119,7 @@ class Figures:
         return "; ".join(self.drain_autovacuum) if self.drain_autovacuum else "none seen"
 
     @property
-    def others_seen(self) -> str:
+    def slow_pops_seen(self) -> str:
         """``drain_slowest`` and ``drain_others`` as the reports print them."""
         slow = ", ".join(f"{ms:,.0f} ms (#{n:,})" for n, ms in self.drain_slowest)
         others = "; ".join(f"{what} x{n}" for what, n in self.drain_others) or "none seen"
@@ -430,7 +430,7 @@ def render(f: Figures) -> str:
                  f"{f.first_group_pop_ms:.1f} ms, {f.first_group_claimed} message(s).")
     lines.append(f"Autovacuum during the drain: {f.autovacuum_seen}. "
                  f"Snapshots held during the drain: {f.snapshots_seen}. "
-                 f"Drain {f.others_seen}.")
+                 f"Drain {f.slow_pops_seen}.")
     return "\n".join(lines) + "\n"
 
 

@@ -1387,7 +1387,8 @@ class Suite(cons.Bench):
         drain = (f"autovacuum during the drain: {f.autovacuum_seen}; snapshots held"
                  f" meanwhile: {f.snapshots_seen}; ready-index entries read a pop:"
                  f" {f.drain_ready_reads:,.1f}; PostgreSQL's own processes (WAL writer,"
-                 f" checkpointer, ...) {f.drain_cpu.pg_shared_us:,.0f} us a pop; {f.others_seen}")
+                 f" checkpointer, ...) {f.drain_cpu.pg_shared_us:,.0f} us a pop;"
+                 f" {f.slow_pops_seen}")
         print(f"  {drain}", flush=True)
         self.notes.append(f"partitions: {drain}")
 
