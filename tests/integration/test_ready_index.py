@@ -500,6 +500,36 @@ def test_a_housekeeping_repair_probes_each_missing_cursor_by_both_keys(broker, d
     assert "SubPlan" in missing, missing
 
 
+def test_a_group_start_probes_each_partition_by_both_keys(broker, db_dsn):
+    """A group's first pop creates its cursor rows (group_start_v1) after testing each
+    partition of the queue for one by (partition, group): a subplan per partition, never an
+    anti-join. Planned with statistics ANALYZE took while the table held few cursors, the
+    anti-join read every cursor of the group in the database for each partition: the first
+    pop of a queue mode drain of 5,000 partitions, beside another queue's 50,000 cursors of
+    that group, took 7.5 s (bench/partitions.py in make bench, issue 26; 68 ms as probes).
+    Its plan, through auto_explain's nested statements, in a rolled back pop."""
+    q = uq("gstart")
+    fill(broker.client, q, 20)
+    plans: list[str] = []
+    with psycopg.connect(db_dsn) as conn:
+        conn.add_notice_handler(lambda d: plans.append(d.message_primary or ""))
+        conn.execute("LOAD 'auto_explain'")
+        for setting in ("auto_explain.log_min_duration = 0",
+                        "auto_explain.log_nested_statements = on",
+                        "auto_explain.log_level = notice"):
+            conn.execute(f"SET {setting}")
+        claimed = conn.execute(
+            "SELECT count(*) FROM queen.log_pop_v3(%s, %s, NULL, NULL, NULL, %s, 1, 1, true,"
+            " 'all', NULL, NULL, 5000) WHERE partition_id IS NOT NULL",
+            (TENANT, q, QUEUE_MODE)).fetchone()[0]
+        conn.rollback()
+    assert claimed == 1
+    (start,) = [p for p in plans if "INSERT INTO queen.log_consumers AS c" in p
+                and "Query Text" in p]
+    assert "Anti Join" not in start, start
+    assert "SubPlan" in start, start
+
+
 def test_a_group_start_and_lease_less_acks_of_that_group_never_collide(broker, db_dsn):
     """A group's start inserts its cursor rows without ON CONFLICT; the only other writer that
     can create the same rows at the same time, a lease-less ack's first touch, takes the queue
