@@ -475,6 +475,19 @@ def test_a_housekeeping_repair_reads_one_slice_whatever_the_table_holds(broker, 
                       " FROM queen.log_partitions), 100)").fetchone() == (0, 0)
 
 
+def nested_plans(conn: psycopg.Connection) -> list[str]:
+    """The plans auto_explain reports for every statement ``conn`` runs from now on, nested
+    ones (inside functions) included: a list the notices fill."""
+    plans: list[str] = []
+    conn.add_notice_handler(lambda d: plans.append(d.message_primary or ""))
+    conn.execute("LOAD 'auto_explain'")
+    for setting in ("auto_explain.log_min_duration = 0",
+                    "auto_explain.log_nested_statements = on",
+                    "auto_explain.log_level = notice"):
+        conn.execute(f"SET {setting}")
+    return plans
+
+
 def test_a_housekeeping_repair_probes_each_missing_cursor_by_both_keys(broker, db_dsn):
     """The slice's test for missing cursors of a started group is a probe by (partition,
     group) per partition of the slice, never an anti-join: on tables no ANALYZE had seen since
@@ -485,14 +498,8 @@ def test_a_housekeeping_repair_probes_each_missing_cursor_by_both_keys(broker, d
     q = uq("probe")
     fill(broker.client, q, 20)
     pop_ok(broker.client, q, batch=1, autoAck=True)  # a started group
-    plans: list[str] = []
     with psycopg.connect(db_dsn, autocommit=True) as conn:
-        conn.add_notice_handler(lambda d: plans.append(d.message_primary or ""))
-        for setting in ("auto_explain.log_min_duration = 0",
-                        "auto_explain.log_nested_statements = on",
-                        "auto_explain.log_level = notice"):
-            conn.execute(f"SET {setting}")
-        conn.execute("LOAD 'auto_explain'")
+        plans = nested_plans(conn)
         assert conn.execute("SELECT * FROM queen.log_ready_repair_v3(0, 5000)"
                             ).fetchone()[0] == 0
     (missing,) = [p for p in plans if "g.started" in p and "Query Text" in p]
@@ -510,14 +517,8 @@ def test_a_group_start_probes_each_partition_by_both_keys(broker, db_dsn):
     Its plan, through auto_explain's nested statements, in a rolled back pop."""
     q = uq("gstart")
     fill(broker.client, q, 20)
-    plans: list[str] = []
     with psycopg.connect(db_dsn) as conn:
-        conn.add_notice_handler(lambda d: plans.append(d.message_primary or ""))
-        conn.execute("LOAD 'auto_explain'")
-        for setting in ("auto_explain.log_min_duration = 0",
-                        "auto_explain.log_nested_statements = on",
-                        "auto_explain.log_level = notice"):
-            conn.execute(f"SET {setting}")
+        plans = nested_plans(conn)
         claimed = conn.execute(
             "SELECT count(*) FROM queen.log_pop_v3(%s, %s, NULL, NULL, NULL, %s, 1, 1, true,"
             " 'all', NULL, NULL, 5000) WHERE partition_id IS NOT NULL",
