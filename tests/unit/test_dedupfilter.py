@@ -12,6 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from queen_mp.shards.dedupfilter import (
+    _FEW,
+    _FEW_PACKED,
+    _FEW_PACKED_PER,
     ADMIT_SHARE,
     AGE_S,
     CLOCK_MARGIN_S,
@@ -247,6 +250,37 @@ def test_a_run_keeps_its_fingerprints_exactly_packed_or_not(n: int) -> None:
     for v in sorted(held)[:: max(1, len(held) // 200)] + [v for v in EDGES if v in held]:
         assert f.verified(KEY, with_fps([v])) == 0, hex(v)  # few: fingerprint by fingerprint
         assert f.verified(KEY, fresh + with_fps([v])) == 0, hex(v)  # many: as arrays
+
+
+@pytest.mark.parametrize("n", [PACK_MIN, 20_000, (1 << 16) - 1])
+def test_array_probes_of_every_size_read_a_closed_packed_run_alike(n: int) -> None:
+    """A sealed packed run met by array probes from _FEW + 1 hashes to past the size that
+    looks each one up packed (``holds_few``) instead of decoding the run: each held
+    fingerprint, edges and the misaligned neighbour's included, withholds the promise, none
+    of the absent ones does, and the run stays packed."""
+    rnd = random.Random(n)
+    fps = [v for v in EDGES if v >> 24 != 0x12] + [0x12AABBCC, 0x12DDEEFF]
+    while len(fps) < n:
+        if (v := rnd.getrandbits(32)) >> 24 != 0x12:
+            fps.append(v)
+    clock = Clock()
+    f = DedupFilter(1 << 20, clock)
+    f.committed(KEY, 7, 1, n, with_fps(fps), 3600)
+    clock.t += 3600 / EPOCHS
+    f.committed(KEY, 7, n + 1, HOT_MAX, with_fps([0x3C3C3C3C] * HOT_MAX), 3600)
+    sealed = f._parts[KEY].runs[0]
+    assert sealed.closed and sealed.packed is not None and sealed.n == n
+    held = set(fps)
+    absent = [v for e in (*EDGES, MISALIGNED) for v in (e - 1, e, e + 1)
+              if 0 <= v < 1 << 32 and v not in held and v != 0x3C3C3C3C]
+    promised = n + HOT_MAX
+    for m in (_FEW + 1, _FEW_PACKED, _FEW_PACKED + n // _FEW_PACKED_PER,
+              _FEW_PACKED + n // _FEW_PACKED_PER + 1, len(absent)):
+        others = (absent * (m // len(absent) + 1))[:m - 1]
+        assert f.verified(KEY, with_fps([*others, absent[-1]])) == promised, m
+        for v in [0x12AABBCC, 0x12DDEEFF, *EDGES[:3], *rnd.sample(fps, 5)]:
+            assert f.verified(KEY, with_fps([*others, v])) == 0, (m, hex(v))
+    assert sealed.packed is not None  # read packed or decoded for the probe: still packed
 
 
 def test_packed_runs_merge_seal_and_expire_like_plain_ones() -> None:
