@@ -114,7 +114,9 @@ class _Run:
     (bench.dedupfilter --pss at 8M entries), where 4 bytes an entry were 32 MB of the shard;
     fewer than 32 bits would make stray matches, and so SQL probes, twice as likely a bit
     dropped. Smaller runs stay a plain array (``plain``): the table would outweigh the byte
-    saved, and a 1-item push probes them inline with ``bisect``.
+    saved, and a 1-item push probes them inline with ``bisect``. A probe reads a closed
+    packed run hash by hash (``holds_few``) when it looks for fewer than ``_FEW_PACKED`` + n /
+    ``_FEW_PACKED_PER`` hashes, and decodes it (a transient copy) otherwise.
 
     A run of the open epoch is packed when a merge for a segment of ``PACK_OPEN_SEGMENT``
     hashes or more makes it of ``PACK_OPEN_MIN`` or more and at most ``PACK_OPEN_RATIO`` times
