@@ -249,14 +249,16 @@ class HeapTrim:
     parked 35.6 -> 34.0 (means of 4 workers, 2 runs each). A request pays a cache's miss
     again (a template 25k instructions) only once per quiet spell.
 
-    PERF(memory): then a full collection, for CPython's free lists rather than garbage (it
-    found none in a front worker and 33 objects in the shard): a collection of the oldest
-    generation empties the tuple, list, dict, float and context free lists, whose blocks a
-    burst leaves spread over its arenas. bench/parkmem.py ``--parked 10 --rounds 0 --load
-    1,10,100,1000 --load-s 20``, base and head alternated, two runs each: the workers after the
-    1,000-item load 30.8/31.2, 30.8/30.8 -> 29.6/29.4, 29.5/29.4 MB, the tree's peak pushing
-    1,000 155.4, 154.0 -> 153.5, 152.2 MB. Startup objects are frozen (``gc.freeze``), so the
-    collection walks only what was made since.
+    PERF(memory): with ``collect`` (the front workers), then a full collection, for CPython's
+    free lists rather than garbage (it found none in a front worker): a collection of the
+    oldest generation empties the tuple, list, dict, float and context free lists, whose
+    blocks a burst leaves spread over its arenas. bench/parkmem.py ``--parked 10 --rounds 0
+    --load 1,10,100,1000 --load-s 20``, base and head alternated, two runs each: the workers
+    after the 1,000-item load 30.8/31.2, 30.8/30.8 -> 29.6/29.4, 29.5/29.4 MB, the tree's peak
+    pushing 1,000 155.4, 154.0 -> 153.5, 152.2 MB. Startup objects are frozen (``gc.freeze``),
+    so a collection took 0.5-2.6 ms in a worker; in the shard it took up to 10.6 ms, on the
+    push path's loop, and left its memory as it was (56.5, 56.5 -> 56.4, 56.1 MB after the
+    loads), so the shard does not collect.
 
     PERF(memory): with ``busy_every_s`` it also trims under load, at most that often (no
     caches cleared: they are in use), for a process whose load itself leaves free pages behind
@@ -267,17 +269,19 @@ class HeapTrim:
     8,400 more page faults over the 88 s of the cells (some 0.03% of a core).
     """
 
-    __slots__ = ("_busy_every", "_clear", "_cpu", "_last", "_quiet", "_trim", "_worked")
+    __slots__ = ("_busy_every", "_clear", "_collect", "_cpu", "_last", "_quiet", "_trim",
+                 "_worked")
 
     def __init__(self, quiet_cpu_s: float = 0.02,
                  trim: Callable[[int], int] | None = None,
                  clear: Sequence[Callable[[], None]] = (),
-                 busy_every_s: float = 0.0) -> None:
+                 busy_every_s: float = 0.0, collect: bool = False) -> None:
         self._trim = trim if trim is not None else getattr(ctypes.CDLL(None), "malloc_trim",
                                                              None)
         self._clear = tuple(clear)
         self._quiet = quiet_cpu_s
         self._busy_every = busy_every_s
+        self._collect = collect
         self._cpu = time.process_time()
         self._last = time.monotonic()
         self._worked = False
@@ -297,7 +301,8 @@ class HeapTrim:
             self._worked = False
             for clear in self._clear:
                 clear()
-            gc.collect()
+            if self._collect:
+                gc.collect()
         self._trim(0)
         self._last = time.monotonic()
         self._cpu = time.process_time()  # the trim's own CPU is not work

@@ -184,7 +184,7 @@ class FrontWorker:
     async def _gauge_loop(self) -> None:
         """Every second: the gauges, and the heap's free pages back after a burst (the
         request caches cleared first: ``HeapTrim``)."""
-        trim = HeapTrim(clear=request_caches)
+        trim = HeapTrim(clear=request_caches, collect=True)
         while True:
             try:
                 self.refresh_gauges()

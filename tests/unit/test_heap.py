@@ -138,7 +138,8 @@ def test_a_process_that_never_worked_is_never_trimmed(monkeypatch) -> None:
     assert _ticks(monkeypatch, [0.001, 0.0, 0.01]) == [False, False, False]
 
 
-def test_the_quiet_trim_collects_the_oldest_generation_after_the_caches(monkeypatch) -> None:
+def test_a_collecting_quiet_trim_collects_the_oldest_generation_after_the_caches(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     cpu = [0.0]
     monkeypatch.setattr(heap.time, "process_time", lambda: cpu[0])
     calls: list[str] = []
@@ -147,16 +148,20 @@ def test_the_quiet_trim_collects_the_oldest_generation_after_the_caches(monkeypa
         if phase == "start":
             calls.append(f"collect {info['generation']}")
 
-    trim = HeapTrim(0.02, lambda pad: calls.append("trim") or 1,
-                    clear=[lambda: calls.append("clear")], busy_every_s=2.0)
+    trims = [HeapTrim(0.02, lambda pad: calls.append("trim") or 1,
+                      clear=[lambda: calls.append("clear")], collect=collect)
+             for collect in (True, False)]
     gc.callbacks.append(collected)
     try:
-        for busy_cpu in (0.5, 0.0):
-            cpu[0] += busy_cpu
-            trim.tick()
+        for trim in trims:
+            for busy_cpu in (0.5, 0.0):
+                cpu[0] += busy_cpu
+                trim.tick()
     finally:
         gc.callbacks.remove(collected)
-    assert [c for c in calls if c != "collect 0"] == ["clear", "collect 2", "trim"]
+    # with collect (the front workers) a full collection; without (the shard) none
+    assert [c for c in calls if c != "collect 0"] == [
+        "clear", "collect 2", "trim", "clear", "trim"]
 
 
 def test_under_load_it_trims_at_most_every_busy_every_s_without_clearing(monkeypatch) -> None:
