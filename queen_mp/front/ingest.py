@@ -34,7 +34,14 @@ from queen_mp.models.items import ClientChunk, PushBatch, PushItem
 from queen_mp.spool import SpoolItem, SpoolWriteError
 from queen_mp.wire.frames import iter_frames, pack_frame
 from queen_mp.wire.hashing import txn_hash_bytes
-from queen_mp.wire.records import PIECE_RAW, PIECE_ZSTD, Piece, PushVerdict, pack_push_group
+from queen_mp.wire.records import (
+    PIECE_RAW,
+    PIECE_ZSTD,
+    AckVerdict,
+    Piece,
+    PushVerdict,
+    pack_push_group,
+)
 
 __all__ = [
     "EncryptionUnavailable",
@@ -262,7 +269,7 @@ class Ingest:
             _txn_digest(item.transaction_id), 1, (_piece(Piece, (PIECE_RAW, 1, item.frame)),),
             int((time.time() + self.timeout_s) * 1000))
         try:
-            outcome: PushVerdict | BaseException = await link.submit(
+            outcome: PushVerdict | AckVerdict | BaseException = await link.submit(
                 self.shard_of(tenant, queue, partition), request_id, 0, record,
                 link.loop.time() + self.timeout_s)
         except TimeoutError:

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterable
 import falcon.asgi
 import zstandard
 
-from queen_mp.http.errors import BodyTooLarge, InvalidRequest, UnsupportedEncoding
+from queen_mp.http.errors import ApiError, BodyTooLarge, InvalidRequest, UnsupportedEncoding
 
 __all__ = ["read_body", "read_chunks", "read_stream", "read_whole"]
 
@@ -66,7 +66,7 @@ def read_whole(declared: int | None, body: bytes, encoding: str | None, limit: i
     return _decoded(declared, body, size, encoding, limit)
 
 
-def _declared_over(declared: int, limit: int) -> BodyTooLarge:
+def _declared_over(declared: int, limit: int) -> ApiError:
     return BodyTooLarge(f"body of {declared} bytes is over the {limit} byte limit", limit=limit)
 
 

@@ -117,11 +117,11 @@ def parse_binary(body: bytes, max_decompressed: int, producer_sub: str | None = 
             continue
         if isinstance(group, FramesGroup):
             chunks.append(ClientChunk(group.chunk, len(items), group.count))
-            queue, at, cols = group.queue, len(chunks) - 1, group.columns
-            if cols is not None:
-                items += frame_items(queue, partition, _texts_of(cols.transaction_ids)[0],
-                                     cols.message_ids, cols.raw,
-                                     frame_sizes(cols.raw, group.count), at)
+            queue, at, columns = group.queue, len(chunks) - 1, group.columns
+            if columns is not None:
+                items += frame_items(queue, partition, _texts_of(columns.transaction_ids)[0],
+                                     columns.message_ids, columns.raw,
+                                     frame_sizes(columns.raw, group.count), at)
                 continue
             items.extend([PushItem(queue, partition, f.transaction_id, f.message_id, f.raw,
                                    f.trace_id, at) for f in group.frames])

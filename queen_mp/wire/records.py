@@ -220,7 +220,7 @@ def _one_piece_tail(queue_len: int, partition_len: int, count: int
     return got
 
 
-def _piece(raw: bytes | memoryview, view: bool, kind: int, count: int, lo: int, hi: int,
+def _piece(raw: bytes | bytearray | memoryview, view: bool, kind: int, count: int, lo: int, hi: int,
            pack_raw: bool) -> Piece:
     """The piece of ``count`` frames at ``raw[lo:hi]`` (``PushGroup.unpack``): sliced from
     bytes, copied out of a view, or with ``pack_raw`` a raw piece of more than one frame and
@@ -740,7 +740,7 @@ class AckVerdict:
         return cls(*fields)
 
 
-def pack_batch(records: Sequence[bytes | memoryview]) -> bytes:
+def pack_batch(records: Sequence[bytes | bytearray | memoryview]) -> bytes:
     """``RecordBatch(tuple(records)).pack()`` without building the record: PERF(shard): the
     frozen dataclass's ``__init__`` (a Python frame and ``object.__setattr__``) at every
     flush of a slot's verdicts."""
@@ -762,7 +762,7 @@ class RecordBatch:
     takes as it takes bytes.
     """
 
-    records: tuple[bytes | memoryview, ...]
+    records: tuple[bytes | bytearray | memoryview, ...]
 
     @staticmethod
     def packed_size(sizes: Iterable[int]) -> int:
