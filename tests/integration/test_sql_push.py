@@ -575,6 +575,31 @@ def test_probe_over_out_of_line_sidecar_rows(db):
     assert counts(db, pid) == (2, 2, 800)
 
 
+def test_a_few_frames_found_only_as_bytes_across_stored_hashes_are_queued(db):
+    """A segment of up to 4 frames searches the stored blobs for its hashes' bytes before it
+    probes: bytes found across two stored hashes, or in a straddling row below the verified
+    offset, are no duplicate; a true one is still reported at its offset."""
+    q = uq()
+    push(db, [Seg(q, "p", ["a", "b", "c"])])  # 1..3, one sidecar row
+    pid = pid_of(db, q, "p")
+    across = h("a")[8:] + h("b")[:8]  # occurs in the row's blob at byte 8, no hash of it
+    res = _raw(db, [q], ["p"], [1], [across], [0], [b"x"]).fetchone()[0]
+    assert (res[0]["s"], res[0]["base"]) == ("queued", 4)
+    across = h("b")[8:] + h("c")[:8]
+    res = _raw(db, [q], ["p"], [2], [h("new") + across], [0], [b"x"]).fetchone()[0]
+    assert (res[0]["s"], res[0]["base"]) == ("queued", 5)
+    # "a" lies in the row straddling the verified offset, but below it: not probed
+    res = push(db, [Seg(q, "p", ["a"], verified=2)])
+    assert (res[0]["s"], res[0]["base"]) == ("queued", 7)
+    res = push(db, [Seg(q, "p", ["x", "c", "y"])])
+    assert res[0]["dups"] == [{"i": 1, "off": 3}]
+    # five frames take the probe alone: the same answers
+    five = [f"n{k}" for k in range(4)]
+    res = push(db, [Seg(q, "p", [*five, "b"])])
+    assert res[0]["dups"] == [{"i": 4, "off": 2}]
+    assert counts(db, pid)[2] == 7
+
+
 def test_probe_of_a_giant_segment(db):
     """More than 8192 frames takes the join form of the probe; same answers."""
     q = uq()

@@ -83,6 +83,8 @@
 --   * Cost: the allocator row lock is held during the probe. With p_verified near last_offset
 --     the probe reads a handful of rows; with p_verified = 0 it reads every sidecar row of the
 --     window (one PK range scan, each blob detoasted once, O(stored + incoming)).
+--     A segment of up to 4 frames first searches those blobs for its hashes' bytes (in C)
+--     and runs the probe only where they occur.
 --
 -- created_at: every segment of a bundle is stamped with the bundle timestamp (clock_timestamp()
 --   taken once after all partition locks are held), raised to GREATEST(ts, last_created_at of
@@ -174,7 +176,26 @@ BEGIN
             -- work_mem >= 256kB), and a custom plan knows p_msg_count exactly; an unhashed
             -- SubPlan would be a product. A giant segment therefore takes the plain join form
             -- (hash or merge join of (offset, hash) rows, no blob carried, never a product).
-            IF p_msg_count <= 8192 THEN
+            -- A segment of a few frames first looks for its hashes' bytes anywhere in the
+            -- range's blobs, position() once per stored row and hash, which is C: where no row
+            -- holds them no stored frame can match, and the probe is not run. A find (a
+            -- duplicate; or bytes across two stored hashes, or below v_lo in a row straddling
+            -- it) runs the probe, which decides. PERF(push): the probe builds a row per stored
+            -- hash. A 1-item push over 10,000 stored hashes (p_verified 0, PostgreSQL 15, one
+            -- call's wall time): 12.0-15.6 -> 8.2 ms in 1-item segments, 3.8-4.6 -> 1.3 ms in
+            -- 100-item ones; 8-item pushes gained nothing (15.3 ms; 3.6-4.8 -> 4.2 ms).
+            IF p_msg_count <= 4 AND NOT EXISTS (
+                SELECT 1
+                FROM queen.log_txns t
+                CROSS JOIN generate_series(0, p_msg_count - 1) AS k
+                WHERE t.partition_id = p_pid
+                  AND t.base_offset >= v_first_row
+                  AND t.base_offset <= v_last
+                  AND t.created_at >= v_ts - make_interval(secs => p_window)
+                  AND position(substr(p_hashes, k * 16 + 1, 16) IN t.hashes) > 0)
+            THEN
+                v_dups := NULL;
+            ELSIF p_msg_count <= 8192 THEN
                 SELECT jsonb_agg(jsonb_build_object('i', m.i, 'off', m.off) ORDER BY m.i)
                 INTO v_dups
                 FROM (
