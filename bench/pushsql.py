@@ -17,6 +17,11 @@ offset this driver wrote to its partition, as the shard's dedup filter does in s
 dedup probe); the queue keeps its default dedup window. Each partition is named by the id its
 last verdict gave, as the shard's fusion caches them (``--names``: by name alone).
 
+``--history NxM`` first stores N hashes in every partition, in segments of M, and then every
+measured segment passes ``p_verified`` = 0, as a push to a partition the shard's dedup filter
+no longer holds (past ``QUEEN_DEDUP_FILTER_ENTRIES``): the procedure probes the partition's
+whole window (docs/scaling.md), so give it a few ``--partitions``.
+
 ``PYTHONPATH=TREE python bench/pushsql.py --dsn DSN`` measures TREE's function and call (it
 migrates a fresh database with TREE's migrations): run it with a base tree and a head tree in
 turn to compare them.
@@ -88,6 +93,7 @@ class Driver:
         self.last = [0] * partitions  # offsets this driver wrote: the dedup filter's promise
         self.pids = [0] * partitions  # ids the verdicts gave (0: by name), as fusion caches
         self.names = names
+        self.forgotten = False  # p_verified 0: every segment probes its whole window
         self.next = 0  # the next partition to take
         self.seq = 0
 
@@ -123,7 +129,8 @@ class Driver:
 
     def call(self, idx: list[int], bundle: bundles.PushBundle) -> None:
         """One bundle, each segment promising what this driver wrote before it."""
-        params = bundles.bundle_params(bundle._replace(verified=[self.last[i] for i in idx]))
+        verified = [0] * len(idx) if self.forgotten else [self.last[i] for i in idx]
+        params = bundles.bundle_params(bundle._replace(verified=verified))
         pgconn = self.conn.pgconn
         bundles._PUSH.send(self.conn, params)  # as the shard sends it (result format too)
         results = []
@@ -197,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="the server runs under callgrind; its backends' --callgrind-out-file "
                          "with {pid} for the backend's pid, e.g. '/tmp/cg/cg.{pid}'")
     ap.add_argument("--keep", action="store_true", help="keep the database")
+    ap.add_argument("--history", type=parse_shape, default=None, metavar="NxM",
+                    help="store N hashes a partition in M-item segments first, then measure "
+                         "with p_verified 0 (a partition the dedup filter dropped)")
     ap.add_argument("--names", action="store_true",
                     help="name every partition (no cached ids), as before log_push_multi_v3")
     args = ap.parse_args(argv)
@@ -210,6 +220,12 @@ def main(argv: list[str] | None = None) -> int:
         # provision every partition first (not measured)
         for _ in range(args.partitions // 20):
             driver.call(*driver.bundle(Shape(20, 1)))
+        if args.history is not None:
+            fill = Shape(min(20, args.partitions), args.history.messages)
+            stored, per = args.history.segments, args.history.messages
+            for _ in range(stored // per * args.partitions // fill.segments):
+                driver.call(*driver.bundle(fill))
+            driver.forgotten = True
         print(f"queen_mp from {bundles.__file__}")
         print("| shape | calls | msgs | cpu us/msg | cpu us/seg | instr/call | instr/seg "
               "| instr/msg |")

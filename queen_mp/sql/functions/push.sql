@@ -181,9 +181,10 @@ BEGIN
             -- holds them no stored frame can match, and the probe is not run. A find (a
             -- duplicate; or bytes across two stored hashes, or below v_lo in a row straddling
             -- it) runs the probe, which decides. PERF(push): the probe builds a row per stored
-            -- hash. A 1-item push over 10,000 stored hashes (p_verified 0, PostgreSQL 15, one
-            -- call's wall time): 12.0-15.6 -> 8.2 ms in 1-item segments, 3.8-4.6 -> 1.3 ms in
-            -- 100-item ones; 8-item pushes gained nothing (15.3 ms; 3.6-4.8 -> 4.2 ms).
+            -- hash. Backend CPU a call over 10,000 stored hashes (bench/pushsql.py --history,
+            -- PostgreSQL 15): a 1-item push 16.8-18.2 -> 6.3-8.5 ms in 1-item segments, 5.3-5.5
+            -- -> 1.4 ms in 100-item ones; a 4-item push 17.9-19.8 -> 10.3-14.7 and 4.6-4.8 ->
+            -- 1.5-2.1 ms; 8-item pushes gained nothing (wall time).
             IF p_msg_count <= 4 AND NOT EXISTS (
                 SELECT 1
                 FROM queen.log_txns t
