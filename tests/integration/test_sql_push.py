@@ -593,9 +593,9 @@ def test_a_few_frames_found_only_as_bytes_across_stored_hashes_are_queued(db):
     assert (res[0]["s"], res[0]["base"]) == ("queued", 7)
     res = push(db, [Seg(q, "p", ["x", "c", "y"])])
     assert res[0]["dups"] == [{"i": 1, "off": 3}]
-    # five frames take the probe alone: the same answers
-    five = [f"n{k}" for k in range(4)]
-    res = push(db, [Seg(q, "p", [*five, "b"])])
+    # five frames (four new ones and "b") take the probe alone: the same answers
+    fresh = [f"n{k}" for k in range(4)]
+    res = push(db, [Seg(q, "p", [*fresh, "b"])])
     assert res[0]["dups"] == [{"i": 4, "off": 2}]
     assert counts(db, pid)[2] == 7
 
