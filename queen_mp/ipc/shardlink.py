@@ -24,12 +24,12 @@ import asyncio
 import itertools
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from queen_mp.ipc.doorbell import AsyncDoorbellWaiter, Doorbell
 from queen_mp.ipc.heartbeat import HeartbeatBoard
-from queen_mp.ipc.ring import Ring
+from queen_mp.ipc.ring import SCRATCH_MAX, Ring
 from queen_mp.runtime import Runtime
 from queen_mp.wire.errors import RecordDecodeError
 from queen_mp.wire.records import (
@@ -38,11 +38,13 @@ from queen_mp.wire.records import (
     AckVerdict,
     PushVerdict,
     RecordBatch,
+    batch_parts,
     peek_kind,
 )
 
 Verdict = PushVerdict | AckVerdict
 Key = tuple[int, int]  # (request id, group index)
+Parts = Sequence[bytes | bytearray | memoryview]  # a ring record's bytes, joined by the ring
 
 __all__ = ["ShardGone", "ShardLink", "Verdict", "verdicts_of"]
 
@@ -76,7 +78,7 @@ class _Outbox:
     urgent: bool = False  # a queued record wants the shard now (``post`` records do not)
     # a record larger than the ring, or a full ring: the rest waits behind the pump
     pump: asyncio.Task[None] | None = None
-    backlog: deque[bytes] = field(default_factory=deque)
+    backlog: deque[Parts] = field(default_factory=deque)
 
 
 class ShardLink:
@@ -229,19 +231,28 @@ class ShardLink:
     def _send(self, shard: int, box: _Outbox, records: list[bytes], urgent: bool) -> None:
         ring = self._requests[shard]
         limit = ring.max_record
+        # PERF(ipc): a batch is no larger than what the shard puts together in its scratch
+        # when it wraps the ring (``Ring.read_each``), not in a block of its own
+        batch_max = min(limit, SCRATCH_MAX)
         n = len(records)
         # PERF(ipc): the common turn, whose records fit one ring record, sized in C without
         # ``_batches``' loop (4.5k instructions for a turn of one record, 16.8k of two)
         if n == 1 and len(records[0]) <= limit:
-            payloads = records
-        elif sum(map(len, records)) + 4 * n + _BATCH_HEAD_BYTES <= limit:
-            payloads = [RecordBatch(tuple(records)).pack()]
+            if box.pump is None and ring.try_write(records[0]):
+                if urgent:
+                    self._bells[shard].ring()
+                return
+            payloads: list[Parts] = [records]
+        elif sum(map(len, records)) + 4 * n + _BATCH_HEAD_BYTES <= batch_max:
+            payloads = [batch_parts(records)]
         else:
-            payloads = _batches(records, limit)
-        for payload in payloads:
-            if box.pump is None and len(payload) <= limit and ring.try_write(payload):
+            payloads = _batches(records, batch_max)
+        for parts in payloads:
+            # PERF(ipc): a batch goes into the ring in its parts, never joined first (see
+            # ``Ring.try_write_parts``)
+            if box.pump is None and _size(parts) <= limit and ring.try_write_parts(parts):
                 continue
-            box.backlog.append(payload)
+            box.backlog.append(parts)
             urgent = True  # a full ring: the shard must drain it
             if box.pump is None:
                 box.pump = self.loop.create_task(self._pump(shard, box))
@@ -249,19 +260,32 @@ class ShardLink:
             self._bells[shard].ring()
 
     async def _pump(self, shard: int, box: _Outbox) -> None:
-        """Full ring or a record larger than it: publish fragment by fragment as the shard
-        drains, without blocking the event loop; later records wait behind, in order."""
+        """Full ring or a record larger than it: publish as the shard drains, without
+        blocking the event loop; later records wait behind, in order.
+
+        A record that fits the ring waits for room for all of it and goes in whole: one in
+        fragments is put together by the shard in a block of its own
+        (``Ring.read_with_epoch``), which over glibc's mmap threshold (a batch of 100-item
+        pushes) is mapped, faulted in and unmapped: about 12% of a shard's CPU under the
+        suite's 100-item pushes, whose 64 connections fill a front worker's ring (perf).
+        A larger one goes fragment by fragment."""
         ring, bell = self._requests[shard], self._bells[shard]
         try:
             while box.backlog:
-                pending = ring.begin_write(box.backlog[0])
-                try:
-                    while not pending.pump():
+                parts = box.backlog[0]
+                if _size(parts) <= ring.max_record:
+                    while not ring.try_write_parts(parts):
                         bell.ring()
                         await asyncio.sleep(_WRITE_POLL_S)
-                finally:
-                    if not pending.done:
-                        pending.abandon()
+                else:
+                    pending = ring.begin_write(b"".join(parts))
+                    try:
+                        while not pending.pump():
+                            bell.ring()
+                            await asyncio.sleep(_WRITE_POLL_S)
+                    finally:
+                        if not pending.done:
+                            pending.abandon()
                 box.backlog.popleft()
                 bell.ring()
         finally:
@@ -359,19 +383,24 @@ async def verdicts_of(calls: list[asyncio.Future[Verdict]]
     return list(await asyncio.gather(*calls, return_exceptions=True))
 
 
-def _batches(records: list[bytes], max_record: int) -> list[bytes]:
-    """Ring records for ``records`` in order: runs that fit one ring record travel as a
-    ``RecordBatch`` (a run of one as itself); one larger than the ring travels alone."""
-    out: list[bytes] = []
+def _batches(records: list[bytes], max_record: int) -> list[Parts]:
+    """Ring records for ``records`` in order, each as its parts: runs that fit ``max_record``
+    travel as a ``RecordBatch`` (a run of one as itself); a larger record travels alone."""
+    out: list[Parts] = []
     run: list[bytes] = []
     size = RecordBatch.packed_size(())
     for record in records:
         grown = size + 4 + len(record)
         if run and grown > max_record:
-            out.append(run[0] if len(run) == 1 else RecordBatch(tuple(run)).pack())
+            out.append(run if len(run) == 1 else batch_parts(run))
             run, grown = [], RecordBatch.packed_size(()) + 4 + len(record)
         run.append(record)
         size = grown
     if run:
-        out.append(run[0] if len(run) == 1 else RecordBatch(tuple(run)).pack())
+        out.append(run if len(run) == 1 else batch_parts(run))
     return out
+
+
+def _size(parts: Parts) -> int:
+    """The bytes of the ring record of ``parts``."""
+    return sum(map(len, parts))

@@ -75,6 +75,7 @@ __all__ = [
     "PushVerdict",
     "Record",
     "RecordBatch",
+    "batch_parts",
     "blob_from_pieces",
     "hash_set",
     "pack_batch",
@@ -744,12 +745,19 @@ def pack_batch(records: Sequence[bytes | bytearray | memoryview]) -> bytes:
     """``RecordBatch(tuple(records)).pack()`` without building the record: PERF(shard): the
     frozen dataclass's ``__init__`` (a Python frame and ``object.__setattr__``) at every
     flush of a slot's verdicts."""
+    return b"".join(batch_parts(records))
+
+
+def batch_parts(records: Sequence[bytes | bytearray | memoryview]
+                ) -> list[bytes | bytearray | memoryview]:
+    """``pack_batch(records)`` as the pieces it joins: its head, then the records as they
+    are (``Ring.try_write_parts`` copies them into the ring without the join)."""
     n = len(records)
     try:
         lengths = struct.pack(f"<{n}I", *map(len, records))
     except struct.error as ex:
         raise ValueError(f"RecordBatch record too large: {ex}") from None
-    return b"".join((_BATCH_HEAD.pack(KIND_RECORD_BATCH, n), lengths, *records))
+    return [_BATCH_HEAD.pack(KIND_RECORD_BATCH, n) + lengths, *records]
 
 
 @dataclass(frozen=True, slots=True)

@@ -125,18 +125,21 @@ def test_round_trip_one_process(ring_name: str) -> None:
 
 
 def test_read_each_hands_whole_records_over_in_place_and_the_rest_copied(
-        ring_name: str) -> None:
+        ring_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     with Ring.create(ring_name, 256, epoch=5) as ring:
         seen: list[tuple[type, bytes, bool]] = []
+        kept: list[memoryview] = []
 
         def use(record: bytes | memoryview) -> None:
             seen.append((type(record), bytes(record),
                          isinstance(record, memoryview) and record.readonly))
+            if isinstance(record, memoryview):
+                kept.append(record)
 
         ring.try_write(b"a" * 100)  # offsets 0-127 of 256
         ring.try_write(b"b" * 50)  # 128-207
         assert ring.read_each(1, use) == 1
-        assert ring.try_write(b"c" * 60)  # 208-287: wraps, copied out as read_with_epoch does
+        assert ring.try_write(b"c" * 60)  # 208-287: wraps, put together in the scratch
         assert ring.read_each(10, use) == 2
         pending = ring.begin_write(b"d" * 600)  # chunked: reassembled, copied
         records = []
@@ -145,8 +148,19 @@ def test_read_each_hands_whole_records_over_in_place_and_the_rest_copied(
         ring.read_each(10, records.append)
         assert records == [b"d" * 600]
         assert seen == [(memoryview, b"a" * 100, True), (memoryview, b"b" * 50, True),
-                        (bytes, b"c" * 60, False)]
+                        (memoryview, b"c" * 60, True)]
+        for view in kept:  # released once used: the writer (or the next wrap) reuses it
+            with pytest.raises(ValueError):
+                bytes(view)
         assert ring.read_each(10, use) == 0 and ring.used == 0
+        # a wrapped record larger than the scratch may grow is copied out
+        monkeypatch.setattr("queen_mp.ipc.ring.SCRATCH_MAX", 32)
+        while int.from_bytes(ring._mm[64:72], "little") % 256 != 160:
+            assert ring.try_write(b"")  # 16 bytes a record
+            assert ring.read_each(1, records.append) == 1
+        assert ring.try_write(b"f" * 100)  # 160-287: wraps
+        assert ring.read_each(10, use) == 1
+        assert seen[-1] == (bytes, b"f" * 100, False)
 
 
 def test_read_each_gives_a_record_back_and_releases_it_whatever_use_does(
@@ -227,6 +241,38 @@ def test_oversized_record_needs_write(ring_name: str) -> None:
             ring.try_write(b"y")
         pending.abandon()
         assert ring.try_write(b"y")
+
+
+def test_parts_are_one_record_wherever_the_data_area_ends(ring_name: str) -> None:
+    """try_write_parts publishes the parts joined, as try_write would: a part may straddle
+    the data area's end, end exactly on it, or be empty."""
+    rng = random.Random(7)
+    with Ring.create(ring_name, 256) as ring:
+        for i in range(3000):
+            parts = [bytes([rng.randrange(256)]) * rng.randrange(0, 31)
+                     for _ in range(rng.randrange(1, 6))]
+            if i % 5 == 0:
+                parts.append(memoryview(bytes(range(i % 40))))
+            assert ring.try_write_parts(parts)
+            if i % 4 == 0:
+                assert ring.try_write(b"between")
+                assert ring.read() == b"".join(parts)
+                assert ring.read() == b"between"
+            else:
+                assert ring.read() == b"".join(parts)
+        assert ring.used == 0
+
+
+def test_parts_on_a_full_ring_publish_nothing(ring_name: str) -> None:
+    with Ring.create(ring_name, 256) as ring:
+        assert ring.try_write(b"a" * 200)
+        assert not ring.try_write_parts([b"b" * 20, b"c" * 20])
+        with pytest.raises(ValueError):
+            ring.try_write_parts([b"x" * ring.max_record, b"y"])
+        assert ring.read() == b"a" * 200
+        assert ring.read() is None
+        assert ring.try_write_parts([b"b" * 20, b"c" * 20])
+        assert ring.read() == b"b" * 20 + b"c" * 20
 
 
 @pytest.mark.parametrize("capacity", [64, 256, 1024])

@@ -221,3 +221,49 @@ def test_a_turn_larger_than_one_ring_record_goes_as_several(runtime: Runtime) ->
             await link.stop()
 
     asyncio.run(go())
+
+
+def test_a_record_behind_a_full_ring_goes_in_whole_and_a_larger_one_in_fragments(
+        runtime: Runtime) -> None:
+    """What waits for room (the ring full) goes in whole once the shard made room for all of
+    it: the shard then reads it in place, never puts it together from fragments (a block
+    of its own, mapped and unmapped when large). A record larger than the ring still goes,
+    fragment by fragment, as the shard drains."""
+    async def go() -> None:
+        link = ShardLink(runtime, SLOT, GENERATION)
+        await link.start()
+        requests = Ring.attach(runtime.request_ring(SLOT, 0))
+        try:
+            deadline = asyncio.get_running_loop().time() + 5
+            rid = link.next_request_id()
+            first = [bytes([0xE0 + i]) * 20_000 for i in range(3)]  # one batch of 60 KB
+            futures = [link.submit(0, rid, i, r, deadline) for i, r in enumerate(first)]
+            await asyncio.sleep(0)
+            behind = bytes([0xE5]) * 20_000  # the 64 KiB ring has no room for it now
+            huge = bytes([0xE6]) * 100_000  # larger than the ring
+            futures += [link.submit(0, rid, 3, behind, deadline),
+                        link.submit(0, rid, 4, huge, deadline)]
+            await asyncio.sleep(0)
+            got: list[tuple[bytes, bool]] = []
+
+            def use(raw: bytes | memoryview) -> None:
+                whole = isinstance(raw, memoryview)  # in place (or the reader's scratch)
+                if peek_kind(raw) == KIND_RECORD_BATCH:
+                    got.extend((bytes(r), whole) for r in RecordBatch.unpack(raw).records)
+                else:
+                    got.append((bytes(raw), whole))
+
+            for _ in range(400):
+                requests.read_each(1, use)  # a slow shard: one record at a time
+                if len(got) == 5:
+                    break
+                await asyncio.sleep(0.002)
+            assert [r for r, _ in got] == [*first, behind, huge]
+            assert [whole for _, whole in got] == [True, True, True, True, False]
+            for f in futures:
+                f.cancel()
+        finally:
+            requests.close()
+            await link.stop()
+
+    asyncio.run(go())
