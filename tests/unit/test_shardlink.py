@@ -6,8 +6,9 @@ sent, ``ShardGone`` while the shard boots)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
@@ -43,6 +44,19 @@ def runtime(tmp_path) -> Iterator[Runtime]:
 
 def _verdict(request_id: int, index: int, status: int = 0) -> bytes:
     return AckVerdict(GENERATION, SLOT, request_id, index, status, 1, 2).pack()
+
+
+@contextlib.asynccontextmanager
+async def _linked(runtime: Runtime) -> AsyncIterator[tuple[ShardLink, Ring]]:
+    """A started link and the request ring of its slot to shard 0, the test as the shard."""
+    link = ShardLink(runtime, SLOT, GENERATION)
+    await link.start()
+    requests = Ring.attach(runtime.request_ring(SLOT, 0))
+    try:
+        yield link, requests
+    finally:
+        requests.close()
+        await link.stop()
 
 
 def test_a_turn_of_records_is_one_ring_record_and_one_ring(runtime: Runtime) -> None:
@@ -194,10 +208,7 @@ def test_a_turn_larger_than_one_ring_record_goes_as_several(runtime: Runtime) ->
     """Records of one turn that do not fit one ring record leave as batches that do, in
     order; what the ring has no room for yet follows as the shard drains it."""
     async def go() -> None:
-        link = ShardLink(runtime, SLOT, GENERATION)
-        await link.start()
-        requests = Ring.attach(runtime.request_ring(SLOT, 0))
-        try:
+        async with _linked(runtime) as (link, requests):
             deadline = asyncio.get_running_loop().time() + 5
             rid = link.next_request_id()
             sent = [bytes([0xF0 + i]) * 20_000 for i in range(4)]  # no record kind
@@ -216,9 +227,6 @@ def test_a_turn_larger_than_one_ring_record_goes_as_several(runtime: Runtime) ->
             assert got == sent
             for f in futures:
                 f.cancel()
-        finally:
-            requests.close()
-            await link.stop()
 
     asyncio.run(go())
 
@@ -230,10 +238,7 @@ def test_a_record_behind_a_full_ring_goes_in_whole_and_a_larger_one_in_fragments
     of its own, mapped and unmapped when large). A record larger than the ring still goes,
     fragment by fragment, as the shard drains."""
     async def go() -> None:
-        link = ShardLink(runtime, SLOT, GENERATION)
-        await link.start()
-        requests = Ring.attach(runtime.request_ring(SLOT, 0))
-        try:
+        async with _linked(runtime) as (link, requests):
             deadline = asyncio.get_running_loop().time() + 5
             rid = link.next_request_id()
             first = [bytes([0xE0 + i]) * 20_000 for i in range(3)]  # one batch of 60 KB
@@ -262,8 +267,5 @@ def test_a_record_behind_a_full_ring_goes_in_whole_and_a_larger_one_in_fragments
             assert [whole for _, whole in got] == [True, True, True, True, False]
             for f in futures:
                 f.cancel()
-        finally:
-            requests.close()
-            await link.stop()
 
     asyncio.run(go())
