@@ -433,9 +433,13 @@ class Ring:
                 with memoryview(mm) as whole, memoryview(scratch) as into:
                     into[:first] = whole[_DATA_OFF + start:_DATA_OFF + cap]
                     into[first:length] = whole[_DATA_OFF:_DATA_OFF + length - first]
-                    self._commit_read(r + framed)
+                    # committed once used, as in place: a reader killed meanwhile leaves
+                    # the record to the next one
                     with into[:length].toreadonly() as view:
-                        use(view)
+                        try:
+                            use(view)
+                        finally:
+                            self._commit_read(r + framed)
             else:
                 got = self.read_with_epoch()  # checks what the test above did not take
                 if got is None:

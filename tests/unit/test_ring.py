@@ -89,6 +89,16 @@ def _child_reader_dies_before_commit(name: str, conn) -> None:
     ring.read()
 
 
+def _child_dies_using_a_wrapped_record(name: str, conn) -> None:
+    ring = Ring.attach(name)
+
+    def die(record: bytes | memoryview) -> None:
+        conn.send(bytes(record))
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    ring.read_each(1, die)
+
+
 def _sleep_while_alive(proc: multiprocessing.process.BaseProcess) -> Callable[[float], None]:
     """A write() wait that fails fast when the reader process is gone."""
 
@@ -508,6 +518,29 @@ def test_reader_killed_mid_read_leaves_record_for_next_reader(ring_name: str) ->
         assert proc.exitcode == -signal.SIGKILL
         assert ring.used == used
         assert ring.read_many(5) == [b"alpha", b"beta"]
+
+
+def test_reader_killed_using_a_wrapped_record_leaves_it_for_next_reader(
+        ring_name: str) -> None:
+    """A record put together in the reader's scratch is given back to the writer only once
+    used, as one read in place: a reader killed while it uses it leaves it to the next."""
+    with Ring.create(ring_name, 1024) as ring:
+        while int.from_bytes(ring._mm[64:72], "little") % 1024 != 1024 - 64:
+            assert ring.try_write(b"")
+            assert ring.read() == b""
+        record = bytes(range(200))  # its header ends 48 bytes before the end: it wraps
+        assert ring.try_write(record)
+        used = ring.used
+        parent_conn, child_conn = MP.Pipe()
+        proc = MP.Process(target=_child_dies_using_a_wrapped_record,
+                          args=(ring_name, child_conn))
+        proc.start()
+        assert parent_conn.poll(5)
+        assert parent_conn.recv() == record
+        proc.join(5)
+        assert proc.exitcode == -signal.SIGKILL
+        assert ring.used == used
+        assert ring.read_many(5) == [record]
 
 
 def test_round_trips_wrap_the_ring_many_times(ring_name: str) -> None:
