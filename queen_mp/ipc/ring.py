@@ -248,7 +248,11 @@ class Ring:
         request; joined, a turn of six or more was a block over glibc's mmap threshold
         (``QUEEN_MALLOC_MMAP_THRESHOLD_KB``), mapped, faulted in page by page as the join
         wrote it, copied once more into the ring and unmapped: about 5% of the worker's CPU
-        under the suite's 100-item pushes (perf)."""
+        under the suite's 100-item pushes (perf).
+
+        PERF(ipc): its checks and wrap copy repeat ``try_write``'s and ``_put``'s rather than
+        ``_put`` writing parts for both: that loop over one part and a shared room check cost
+        a push 3.4k instructions (bench.hotpath push1, 200 rounds: 48.69M -> 49.37M)."""
         if self._pending is not None:
             raise RuntimeError("a chunked write is in progress on this ring")
         n = sum(map(len, parts))

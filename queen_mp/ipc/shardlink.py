@@ -238,6 +238,7 @@ class ShardLink:
         # PERF(ipc): the common turn, whose records fit one ring record, sized in C without
         # ``_batches``' loop (4.5k instructions for a turn of one record, 16.8k of two)
         if n == 1 and len(records[0]) <= limit:
+            # PERF(ipc): a lone record by ``try_write``, not ``try_write_parts`` (see there)
             if box.pump is None and ring.try_write(records[0]):
                 if urgent:
                     self._bells[shard].ring()
