@@ -98,6 +98,7 @@ COLUMNS: dict[str, tuple[str, Fmt]] = {
     "max_ms": ("max ms", _ms), "commits_per_s": ("commits/s", _rate),
     "msgs_per_commit": ("msgs/commit", _f1), "segs_per_commit": ("segs/commit", _f1),
     "read_backs_per_seg": ("read-backs/seg", _f2),
+    "sql_probes_per_seg": ("SQL probes/seg", _f2),
     "wal_bytes_per_s": ("WAL/s", _bytes), "wal_bytes_per_msg": ("WAL/msg", _bytes),
     "cpu_broker_s": ("CPU broker s", _f2), "cpu_pg_db_s": ("CPU PG db s", _f2),
     "cpu_pg_all_s": ("CPU PG all s", _f2), "cpu_client_s": ("CPU client s", _f2),

@@ -327,6 +327,10 @@ class Meter:
             # a segment once the filter is past QUEEN_DEDUP_FILTER_ENTRIES (its drops thrash)
             out["read_backs_per_seg"] = (d.get("queen_dedup_read_backs_total", 0.0) / segments
                                          if segments else None)
+            # segments whose dedup probe read stored hashes in SQL: most of them past the
+            # filter's bound, each reading its partition's window (PostgreSQL's CPU grows)
+            out["sql_probes_per_seg"] = (d.get("queen_dedup_sql_probes_total", 0.0) / segments
+                                         if segments else None)
             out["dedup_filter_entries"] = self.filter_entries
         if self.root is not None:
             out["rss_peak_mb"], out["pss_peak_mb"] = self.peaks
@@ -1397,6 +1401,7 @@ class Suite(cons.Bench):
 FIGURES = ("msgs_per_s", "pushed_per_s", "backlog_end", "requests_per_s", "p50_ms", "p99_ms",
            "p999_ms", "commits_per_s", "msgs_per_commit", "wal_bytes_per_s",
            "wal_bytes_per_msg", "segs_per_commit", "read_backs_per_seg",
+           "sql_probes_per_seg",
            "cpu_broker_s", "cpu_pg_db_s", "cpu_pg_all_s", "cpu_client_s", "cpu_other_s",
            "cpu_us_per_msg", "cpu_broker_us_per_msg", "cpu_shard_us_per_msg",
            "cpu_pg_us_per_msg", "cpu_client_us_per_msg",

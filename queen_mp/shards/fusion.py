@@ -433,7 +433,7 @@ class PushFusion:
                     return
                 raise result
             self._adapt(time.monotonic() - started)
-            rest, dup_lookups = self._committed(segments, result, bundle.pids)
+            rest, dup_lookups = self._committed(segments, result, bundle.pids, bundle.verified)
             if dup_lookups:
                 task = self.loop.create_task(self._finish_duplicates(keys, rest, dup_lookups))
                 self._tasks.add(task)
@@ -488,11 +488,14 @@ class PushFusion:
         self.kick()
 
     def _committed(self, segments: list[Segment], results: list[SegmentVerdict],
-                   sent: Sequence[int]
+                   sent: Sequence[int], verified: Sequence[int]
                    ) -> tuple[list[Segment], list[tuple[Segment, int, int, int]]]:
         """Record the bundle's verdicts and the partition ids it did not send (``sent``: the
         ids it named them by, or none), and answer the entries stored in one run each; the
         segments left for ``_answer``, and the duplicates whose originals must be looked up.
+        A stored segment whose ``p_verified`` (``verified``) stopped below its base had its
+        probe read stored hashes in SQL: counted, so that an operator sees the filter give
+        way (past its bound every push of a forgotten partition reads its whole window).
 
         PERF(fusion): an entry of a fast-path segment (every frame stored, in order) is
         answered here, in the loop that reads its verdict, not by a second pass over the
@@ -514,7 +517,8 @@ class PushFusion:
                 pids.clear()
             for seg, pid in zip(segments, answered, strict=True):
                 pids[seg.key] = pid
-        for seg, res in zip(segments, results, strict=True):
+        probed = 0
+        for seg, res, vouched in zip(segments, results, verified, strict=True):
             # PERF(fusion): the NamedTuples' fields unpacked, not read by name: a field read
             # by name (a ``_tuplegetter``, which Python 3.11 does not specialize) is a type
             # lookup and a descriptor call, some 400 instructions; the 16 such reads of a
@@ -525,6 +529,8 @@ class PushFusion:
                 stored.add(key[:2])
                 base: int = base_or_none  # type: ignore[assignment]  # set when queued
                 remember.append((key, pid, base, count, hashes, window))
+                if vouched < base - 1 and window > 0:
+                    probed += 1
                 if refs is None:
                     for e in entries:
                         generation, gslot, request_id, group_index = e.group[:4]
@@ -556,7 +562,7 @@ class PushFusion:
                 e.resolve(j, DUPLICATE, base + k, self._leader_id(leader_e, leader_j))
         # after the verdicts' flush, before the partitions' release (``_flushed``)
         self.loop.call_soon(self._remember, remember)
-        self.metrics.push_bundle(len(segments), frames)
+        self.metrics.push_bundle(len(segments), frames, probed)
         if self.stored is not None and stored:
             self.stored(stored)
         return rest, dup_lookups

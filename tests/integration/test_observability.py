@@ -55,6 +55,7 @@ def test_a_fresh_broker_exports_every_queried_metric_from_the_first_scrape(
     assert got["queen_ack_registry_lookups_total"][(("result", "hit"),)] == 0
     assert got["queen_ack_registry_lookups_total"][(("result", "miss"),)] == 0
     assert got["queen_dedup_read_backs_total"][(("result", "failed"),)] == 0
+    assert got["queen_dedup_sql_probes_total"][()] == 0
     assert got["queen_fusion_bundle_errors_total"][(("reason", "StatementTimeout"),)] == 0
     assert got["queen_dlq_depth"][(("queue", OTHER_QUEUES_LABEL),)] == 0
     assert got["queen_consumer_lag_seconds"][

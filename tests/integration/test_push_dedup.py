@@ -272,11 +272,19 @@ def test_overlapping_concurrent_pushes_store_each_transaction_id_once(broker, db
           f"{sum(r['status'] == 'duplicate' for _, r in pairs)} duplicates")
 
 
-def _read_backs(broker) -> float:
+def _counter(broker, name: str, label: str = "") -> float:
     for line in broker.client.get("/metrics/prometheus").text.splitlines():
-        if line.startswith("queen_dedup_read_backs_total") and 'result="ok"' in line:
+        if line.startswith(name) and label in line:
             return float(line.rpartition(" ")[2])
     return 0.0
+
+
+def _read_backs(broker) -> float:
+    return _counter(broker, "queen_dedup_read_backs_total", 'result="ok"')
+
+
+def _sql_probes(broker) -> float:
+    return _counter(broker, "queen_dedup_sql_probes_total ")
 
 
 def test_rows_of_another_writer_are_read_back_and_still_found(broker, db):
@@ -285,19 +293,25 @@ def test_rows_of_another_writer_are_read_back_and_still_found(broker, db):
     # cover every one of them, or a repeat of theirs would be stored again.
     q = uq("dd")
     push(broker.client, [{"queue": q, "transactionId": f"t{i}", "payload": i} for i in range(40)])
+    # what the shard wrote itself it vouches for: no probe reads stored hashes in SQL
+    probes = _sql_probes(broker)
+    assert push(broker.client, [{"queue": q, "transactionId": "t40"}])[0]["offset"] == 41
+    assert _sql_probes(broker) == probes
     r = broker.client.post("/api/v1/transaction", json={"operations": [  # another writer
         {"type": "push", "items": [{"queue": q, "transactionId": t, "payload": t}
                                    for t in ("x1", "x2")]}]})
     assert r.status_code == 200 and r.json()["success"] is True
-    assert partition_state(db, q, "Default")[1] == 42
+    assert partition_state(db, q, "Default")[1] == 43
     before = _read_backs(broker)
-    assert push(broker.client, [{"queue": q, "transactionId": "t40"}])[0]["offset"] == 43
+    # the other writer's rows it does not know yet: this push's probe reads them in SQL
+    assert push(broker.client, [{"queue": q, "transactionId": "t41"}])[0]["offset"] == 44
+    assert _sql_probes(broker) == probes + 1
     deadline = time.monotonic() + 10
     while _read_backs(broker) <= before:
         assert time.monotonic() < deadline, "no read-back after the gap"
         time.sleep(0.05)
     again = push(broker.client, [{"queue": q, "transactionId": t, "payload": t}
-                                 for t in ("t5", "x2", "t40", "new")])
+                                 for t in ("t5", "x2", "t41", "new")])
     assert [(r["status"], r["offset"]) for r in again] == [
-        ("duplicate", 6), ("duplicate", 42), ("duplicate", 43), ("queued", 44)]
-    assert partition_state(db, q, "Default")[1] == 44
+        ("duplicate", 6), ("duplicate", 43), ("duplicate", 44), ("queued", 45)]
+    assert partition_state(db, q, "Default")[1] == 45

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 from typing import Any
+from unittest.mock import Mock
 
 from queen_mp.db.bundles import PushBundle, SegmentVerdict
 from queen_mp.shards.fusion import PushFusion
@@ -51,6 +52,9 @@ class Writer:
     async def segments_at(self, lookups: list[tuple[int, int]]) -> list[None]:
         return [None for _ in lookups]  # retention removed the originals
 
+    async def txn_hashes(self, asks: list[tuple[int, int, int, int]]) -> list[list[Any]]:
+        return [[] for _ in asks]  # a gap's read-back: nothing stored in it is in the window
+
 
 IDS: dict[tuple[int, str], bytes] = {}  # (request id, transaction id) -> message id
 
@@ -75,7 +79,7 @@ def run(groups: list[PushGroup], stored: set[bytes] = frozenset()  # type: ignor
 
     async def main() -> Writer:
         writer = Writer(set(stored))
-        metrics = SimpleNamespace(push_bundle=lambda segments, frames: None,
+        metrics = SimpleNamespace(push_bundle=lambda segments, frames, probed: None,
                                   dedup_read_backs=None)
         fusion = PushFusion(writer, reply, metrics,  # type: ignore[arg-type]
                             bundle_max=8, max_inflight=1, hold_ms=1, dedup_entries=1 << 10)
@@ -128,3 +132,32 @@ def test_a_segment_holding_a_stored_duplicate_goes_again_without_it() -> None:
     assert all(len(v) == 1 for v in replies.values())
     assert offsets(replies[1][0]) == [(ITEM_DUPLICATE, 1), (ITEM_QUEUED, 1)]
     assert offsets(replies[2][0]) == [(ITEM_QUEUED, 1)]
+
+
+def test_segments_whose_probe_reads_stored_hashes_in_sql_are_counted() -> None:
+    # The shard vouches (``p_verified``) for what it wrote itself; offsets written by another
+    # writer before it first saw the partition are not vouched for, so that segment's probe
+    # reads them in SQL: the one counted. A new partition and one the shard wrote are not.
+    probes: list[int] = []
+
+    async def main() -> Writer:
+        writer = Writer(set())
+        writer.last["a"] = 5  # offsets 1..5 written by someone else
+        metrics = Mock()  # the gap's read-back counts too
+        metrics.push_bundle = lambda segments, frames, probed: probes.append(probed)
+        fusion = PushFusion(writer, lambda slot, record: None, metrics,  # type: ignore[arg-type]
+                            bundle_max=8, max_inflight=1, hold_ms=1, dedup_entries=1 << 10)
+        for g in (group(1, "a", ["t1"]), group(2, "b", ["t2", "t3"])):
+            fusion.add(g.slot, g)
+        for _ in range(20):
+            await asyncio.sleep(0)
+        g = group(3, "b", ["t4"])
+        fusion.add(g.slot, g)
+        for _ in range(20):
+            await asyncio.sleep(0)
+        return writer
+
+    writer = asyncio.run(main())
+    assert [list(b.partitions) for b in writer.bundles] == [["a", "b"], ["b"]]
+    assert [list(b.verified) for b in writer.bundles] == [[0, 0], [2]]
+    assert probes == [1, 0]

@@ -59,7 +59,7 @@ def run(groups: list[PushGroup]) -> tuple[Writer, dict[int, PushVerdict], Counte
         fusion = PushFusion(writer, lambda slot, rec: replies.update(  # type: ignore[arg-type]
             {(v := PushVerdict.unpack(rec)).request_id: v}),
             SimpleNamespace(fusion_errors=errors,  # type: ignore[arg-type]
-                            push_bundle=lambda segments, frames: None),
+                            push_bundle=lambda segments, frames, probed: None),
             bundle_max=8, max_inflight=1, hold_ms=1, dedup_entries=16)
         for g in groups:
             fusion.add(0, g)

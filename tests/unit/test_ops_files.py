@@ -154,6 +154,7 @@ def test_dashboard_queries_only_exported_metrics_and_labels():
                  "queen_ack_registry_lookups_total", "queen_spool_pending",
                  "queen_maintenance_mode", "queen_parked_pops", "queen_shard_restarts_total",
                  "queen_dlq_depth", "queen_dedup_filter_entries", "queen_dedup_read_backs_total",
+                 "queen_dedup_sql_probes_total",
                  "queen_queue_depth", "queen_queue_oldest_unconsumed_age_seconds",
                  "queen_consumer_lag_messages", "queen_consumer_lag_seconds",
                  "queen_pg_pool_connections", "queen_pg_pool_waiting",
