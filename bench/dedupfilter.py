@@ -36,6 +36,11 @@ would. It prints per push what SQL would pay: the pushes that probe, the offsets
 (above the promise) and the read-backs with their offsets::
 
     .venv/bin/python -m bench.dedupfilter --past-budget --entries 300000 --cases 100:3000000
+
+``--spill-bytes N`` gives the filter a spill file of N bytes (``QUEEN_DEDUP_SPILL_BYTES``; in
+the system's temporary directory) for ``--past-budget``: runs past the bound go there instead
+of their partitions being forgotten; the line then says how many entries went and what the
+filter's calls cost a push in wall time, reads of the file included.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ import tracemalloc
 
 from queen_mp.heap import BUSY_TRIM_EVERY_S, fix_mmap_threshold
 from queen_mp.shards.dedupfilter import AGE_S, CLOCK_MARGIN_S, EPOCHS, DedupFilter
+from queen_mp.shards.dedupspill import SpillFile
 
 WINDOW_S = 3600  # QUEEN_DEDUP_WINDOW's default
 PSS_CASES = "1:200000,10:1000000,100:8000000,1000:4000000"  # the push cells' order
@@ -180,12 +186,12 @@ def run_pss(partitions: int, cases: list[tuple[int, int]], rate: float, entries:
 
 
 def run_past_budget(partitions: int, cases: list[tuple[int, int]], rate: float, entries: int,
-                    order: str, seed: int = 1) -> None:
+                    order: str, seed: int = 1, spill_bytes: int = 0) -> None:
     """What SQL pays a push past the bound, one filter fed every case in turn (see the
     module's docstring): a line a case."""
     rnd = random.Random(seed)
     now = [1000.0]
-    filt = DedupFilter(entries, lambda: now[0])
+    filt = DedupFilter(entries, lambda: now[0], spill=SpillFile(None, spill_bytes))
     keys = [(b"\0" * 16, "bench", f"p-{i}") for i in range(partitions)]
     rows: list[list[tuple[int, float, bytes]]] = [[] for _ in range(partitions)]
     last = [0] * partitions
@@ -193,17 +199,20 @@ def run_past_budget(partitions: int, cases: list[tuple[int, int]], rate: float, 
     for size, total in cases:
         pushes = total // size
         probed = probed_offsets = recalls = recalled_offsets = 0
+        spent = 0.0
         step = size / rate
         for _ in range(pushes):
             now[0] += step
             p = n % partitions if order == "cycle" else rnd.randrange(partitions)
             n += 1
             key, hashes = keys[p], rnd.randbytes(16 * size)
+            t0 = time.perf_counter()
             verified = filt.verified(key, hashes)
+            filt.committed(key, 7 + p, last[p] + 1, size, hashes, WINDOW_S)
+            spent += time.perf_counter() - t0
             if verified < last[p]:
                 probed += 1
                 probed_offsets += last[p] - verified
-            filt.committed(key, 7 + p, last[p] + 1, size, hashes, WINDOW_S)
             rows[p].append((last[p] + 1, now[0], hashes))
             last[p] += size
             for ask in filt.wanted(1 << 18):
@@ -216,7 +225,8 @@ def run_past_budget(partitions: int, cases: list[tuple[int, int]], rate: float, 
         print(f"segment {size:5d}, {order}: {pushes:7d} pushes, {probed / pushes:6.1%} probed, "
               f"{probed_offsets / pushes:9.1f} offsets probed a push, {recalls / pushes:6.3f} "
               f"read-backs a push ({recalled_offsets / pushes:9.1f} offsets), "
-              f"{filt.entries:8d} entries", flush=True)
+              f"{filt.entries:8d} entries ({filt.spilled} spilled), filter "
+              f"{spent / pushes * 1e6:.1f} us a push", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -245,11 +255,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="what SQL pays a push past the bound: probes and read-backs")
     ap.add_argument("--order", choices=("cycle", "random"), default="cycle",
                     help="--past-budget: partitions in turn or at random")
+    ap.add_argument("--spill-bytes", type=int, default=0,
+                    help="--past-budget: the filter's spill file bound "
+                         "(QUEEN_DEDUP_SPILL_BYTES; 0: none)")
     a = ap.parse_args(argv)
     if a.past_budget:
         cases = [tuple(int(x) for x in c.split(":"))
                  for c in (a.cases or "100:3000000").split(",")]
-        run_past_budget(a.partitions, cases, a.rate or 30000.0, a.entries, a.order)
+        run_past_budget(a.partitions, cases, a.rate or 30000.0, a.entries, a.order,
+                        spill_bytes=a.spill_bytes)
         return 0
     if a.pss:
         cases = [tuple(int(x) for x in c.split(":")) for c in (a.cases or PSS_CASES).split(",")]

@@ -179,7 +179,9 @@ SETTINGS: tuple[Setting, ...] = (
        "1,000, 33-55 in segments of 1-10 over 1,000 partitions, about 220 in 1-item segments "
        "over 10,000 partitions (the hot set and each partition's overhead); 0 turns the "
        "filter off (every push probes the "
-       "whole window). Past it, the least recently pushed partitions are forgotten, and above "
+       "whole window). Past it, the runs of 512 hashes or more of the least recently pushed "
+       "partitions go to the spill file (QUEEN_DEDUP_SPILL_BYTES); once that is full, those "
+       "partitions are forgotten, and above "
        "7/8 of it a partition is taken in (its window read back) only once pushed more often "
        "than the least recently pushed one (counts that halve every minute): one not "
        "remembered has every push probe its whole window in SQL (about 0.3 us of "
@@ -191,6 +193,14 @@ SETTINGS: tuple[Setting, ...] = (
        "back 0.3 partitions a 1,000-item push at 8M, and under pushes going round over more "
        "partitions than fit, one every push; 16M kept the broker's RSS above 300 MB (309-313 "
        "against 282-283 MB at 8M).", minimum=0, maximum=400_000_000),
+    _s("QUEEN_DEDUP_SPILL_BYTES", int, 2 << 30,
+       "Bytes of local disk a shard's dedup filter may use past QUEEN_DEDUP_FILTER_ENTRIES "
+       "(4 bytes a hash, in slots of power-of-two sizes): an unlinked file in "
+       "$QUEEN_DATA_DIR/dedup, given back once empty. A partition whose runs lie there stays "
+       "known, its pushes read them back from the page cache (one pread a run) instead of "
+       "probing their window in SQL; queen_dedup_filter_spilled_entries counts them. "
+       "0 = no spill file: past the bound partitions are forgotten.",
+       minimum=0, maximum=1 << 40),
     _s("QUEEN_V2_FUSION_HOLD_MS", int, 15,
        "Liveness backstop tick of a shard while pushes are pending (it sleeps while none "
        "is), not a batching window.", minimum=1, maximum=10000),
@@ -351,6 +361,10 @@ class Config(_ConfigBase):  # type: ignore[misc, valid-type]
     @property
     def spool_path(self) -> Path:
         return Path(self.spool_dir).resolve() if self.spool_dir else self.data_path / "spool"
+
+    @property
+    def dedup_spill_path(self) -> Path:
+        return self.data_path / "dedup"
 
     @property
     def embedded_pg_path(self) -> Path:

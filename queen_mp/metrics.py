@@ -304,6 +304,10 @@ class Metrics:
         self.dedup_filter_entries = Gauge(
             "queen_dedup_filter_entries", "Transaction hashes the shards' dedup filters hold.",
             multiprocess_mode="livesum", **kw)
+        self.dedup_filter_spilled_entries = Gauge(
+            "queen_dedup_filter_spilled_entries", "Of queen_dedup_filter_entries, those in "
+            "the shards' spill files on local disk (QUEEN_DEDUP_SPILL_BYTES).",
+            multiprocess_mode="livesum", **kw)
         self.messages_pushed = Counter(
             "queen_messages_pushed", "Push items by verdict.", ["status"], **kw)
         self.messages_popped = Counter(

@@ -25,7 +25,12 @@ promise then stops below the lowest matching run, so SQL probes that run and the
 instead of the whole window. At a few thousand entries a partition, a 1,000-hash segment meets
 a stray match about once in a thousand.
 
-Past ``max_entries`` whole partitions are dropped, least recently pushed first. While the
+Past ``max_entries`` in memory, the runs of ``SPILL_MIN`` fingerprints or more of the least
+recently pushed partitions go to a local file (``SpillFile``): such a partition stays known,
+and a probe or a merge reads its runs back (one ``pread`` a run, from the page cache) where
+SQL would probe the partition's whole window. Runs merged with a spilled one are spilled
+again, so what went out stays out. Once the file is full (or off), whole partitions are
+dropped, least recently pushed first. While the
 filter is nearly full (``ADMIT_SHARE`` of the bound), a partition first seen or dropped is
 taken in (its gap read back) only once it was pushed more often than the least recently
 pushed one held (both counts halve every ``AGE_S`` seconds): otherwise its
@@ -47,6 +52,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from queen_mp.shards.dedupspill import MIN_SLOT, SpillFile
 from queen_mp.wire.hashing import hash_prefixes
 
 __all__ = ["DedupFilter", "Recall"]
@@ -78,6 +84,7 @@ _TOPS = np.arange(256, dtype=_U32) << 24
 _TAB_BYTES = 2 * 257
 _BUCKET = struct.Struct("<HH").unpack_from
 PACK_MIN = 512  # runs of this many fingerprints or more are packed (see _Run)
+SPILL_MIN = MIN_SLOT >> 2  # runs of this many fingerprints or more may go to the spill file
 # A run of the open epoch is packed too when a merge for a segment of PACK_OPEN_SEGMENT hashes
 # or more makes it of PACK_OPEN_MIN to PACK_OPEN_RATIO times the segment's fingerprints, and
 # made plain again when a probe of fewer hashes than either meets it (see _Run).
@@ -136,13 +143,14 @@ class _Run:
     1,000-item segment (1000:8000000).
     """
 
-    __slots__ = ("closed", "epoch", "lo", "n", "packed", "plain", "view")
+    __slots__ = ("at", "closed", "epoch", "lo", "n", "packed", "plain", "store", "view")
 
     def __init__(self, epoch: int, lo: int, fps: np.ndarray, closed: bool = False,
                  pack: bool = False) -> None:
         self.epoch = epoch
         self.lo = lo
         self.closed = closed
+        self.store: SpillFile | None = None  # where the run lies when spilled (``spill``)
         n = self.n = len(fps)
         if (closed or pack) and PACK_MIN <= n < 1 << 16:
             # PERF(filter): written in place, two C calls: each top byte's start by a binary
@@ -173,10 +181,12 @@ class _Run:
             self.view = None
 
     def fps(self) -> np.ndarray:
-        """The fingerprints, ascending (a packed run's decoded: a transient copy)."""
+        """The fingerprints, ascending (a packed or spilled run's: a transient copy)."""
         if self.plain is not None:
             return self.plain
         packed = self.packed
+        if packed is None:
+            return np.frombuffer(self.spilled(), _U32)
         starts = np.frombuffer(packed, _LE16, 257)
         full = np.ndarray((self.n,), _LE32, packed, _TAB_BYTES, (3,)) & 0xFFFFFF
         # PERF(filter): C calls only (``np.diff`` and ``np.repeat`` are Python functions):
@@ -184,6 +194,27 @@ class _Run:
         # segment
         full |= _TOPS.repeat(starts[1:] - starts[:-1])
         return full
+
+    def spilled(self) -> bytes:
+        """A spilled run's fingerprints read back, as their native 4-byte ints."""
+        store = self.store
+        assert store is not None
+        return store.get(self.at, self.n)
+
+    def spill(self, store: SpillFile) -> bool:
+        """Move the fingerprints to ``store``; whether they went (else they stay here)."""
+        at = store.put(np.ascontiguousarray(self.fps()))
+        if at < 0:
+            return False
+        self.at, self.store = at, store
+        self.plain = self.packed = self.view = None
+        return True
+
+    def release(self) -> None:
+        """Free a spilled run's slot: the run left the filter or was merged into another."""
+        if self.store is not None:
+            self.store.free(self.at, self.n)
+            self.store = None
 
     def decoded_for(self, m: int) -> np.ndarray:
         """A packed run's fingerprints for an array probe of ``m`` hashes (``lowest_match``),
@@ -278,13 +309,16 @@ class _Partition:
                 for run in runs:  # oldest first: the first match is the lowest
                     fps = run.plain
                     if fps is None:
-                        if run.closed and m < _FEW_PACKED + run.n // _FEW_PACKED_PER:
+                        if run.packed is None:  # spilled: read back, not kept
+                            fps = np.frombuffer(run.spilled(), _U32)
+                        elif run.closed and m < _FEW_PACKED + run.n // _FEW_PACKED_PER:
                             if ints is None:
                                 ints = incoming.tolist()
                             if run.holds_few(ints):
                                 return run.lo
                             continue
-                        fps = run.decoded_for(m)
+                        else:
+                            fps = run.decoded_for(m)
                     # PERF(filter): four C calls (the array's own ``searchsorted`` and
                     # ``take``, ``==``, ``count_nonzero``), no Python frame of numpy's:
                     # ``np.searchsorted`` and ``.any()`` go through Python wrappers, and the
@@ -306,11 +340,14 @@ class _Partition:
         for run in runs:
             view = run.view
             if view is None:
-                if run.plain is None:
+                if run.plain is not None:
+                    view = run.view = memoryview(run.plain)  # the same memory, as Python ints
+                elif run.packed is None:  # spilled: read back, not kept
+                    view = memoryview(run.spilled()).cast("I")
+                else:
                     if run.holds_few(ints):
                         return run.lo
                     continue
-                view = run.view = memoryview(run.plain)  # the same memory, as Python ints
             n = len(view)
             for v in ints:
                 at = bisect_left(view, v)
@@ -395,12 +432,17 @@ class _Partition:
             return
         # the largest open run packed (see PACK_OPEN_MIN): none for small segments
         most = PACK_OPEN_RATIO * n if n >= PACK_OPEN_SEGMENT else 0
-        taken = [r.fps() for r in runs[k:]]
+        gone = runs[k:]
+        taken = [r.fps() for r in gone]
         taken.append(fps)
         merged = np.concatenate(taken)
         merged.sort(kind="stable")  # sorted runs: a merge
-        # positional: keywords cost the call a dict
-        runs[k:] = [_Run(epoch, runs[k].lo, merged, False, PACK_OPEN_MIN <= size <= most)]
+        store = _spilled_among(gone)
+        if store is None:
+            # positional: keywords cost the call a dict
+            runs[k:] = [_Run(epoch, gone[0].lo, merged, False, PACK_OPEN_MIN <= size <= most)]
+        else:
+            runs[k:] = [_spilled_again(_Run(epoch, gone[0].lo, merged), gone, store)]
 
     def _seal(self) -> None:
         """One run for the newest epoch, now closed (packed if big enough): a probe then
@@ -411,13 +453,38 @@ class _Partition:
         while k > 0 and runs[k - 1].epoch == epoch:
             k -= 1
         if k < len(runs) - 1:
-            merged = np.concatenate([r.fps() for r in runs[k:]])
+            gone = runs[k:]
+            merged = np.concatenate([r.fps() for r in gone])
             merged.sort()
-            runs[k:] = [_Run(epoch, runs[k].lo, merged, closed=True)]
-        elif runs[k].packed is None and runs[k].n >= PACK_MIN:
+            store = _spilled_among(gone)
+            if store is None:
+                runs[k:] = [_Run(epoch, gone[0].lo, merged, closed=True)]
+            else:
+                run = _spilled_again(_Run(epoch, gone[0].lo, merged), gone, store)
+                run.closed = True
+                runs[k:] = [run]
+        elif runs[k].plain is not None and runs[k].n >= PACK_MIN:
             runs[k] = _Run(epoch, runs[k].lo, runs[k].fps(), closed=True)
         else:
-            runs[k].closed = True  # packed while open, or too small: stays as it is
+            runs[k].closed = True  # packed while open, spilled or too small: stays as it is
+
+    def spill(self, store: SpillFile) -> bool:
+        """Move the runs of ``SPILL_MIN`` fingerprints or more out to ``store`` (the newest
+        ones, smaller, and the hot set stay); False if the file refused one."""
+        for run in self.runs:
+            if run.store is None and run.n >= SPILL_MIN and not run.spill(store):
+                return False
+        return True
+
+    def spillable(self) -> bool:
+        """Whether the newest run could go to the spill file (what a commit or a seal made)."""
+        runs = self.runs
+        return bool(runs) and runs[-1].n >= SPILL_MIN and runs[-1].store is None
+
+    def release(self) -> None:
+        """Free the slots of the spilled runs: the partition left the filter."""
+        for run in self.runs:
+            run.release()
 
     def close(self, now: float, before: float) -> int:
         """What the next push would do to an ended epoch, done for a partition not pushed
@@ -437,9 +504,28 @@ class _Partition:
         span = self.span
         runs = self.runs
         while runs and (runs[0].epoch + 1) * span < before:
-            gone += runs.pop(0).n
+            run = runs.pop(0)
+            run.release()
+            gone += run.n
         # The set never needs it: add() turned it into a run when its epoch ended.
         return gone
+
+
+def _spilled_among(runs: list[_Run]) -> SpillFile | None:
+    """The spill file of the first spilled one of these runs; None if all are in memory."""
+    for run in runs:
+        if run.store is not None:
+            return run.store
+    return None
+
+
+def _spilled_again(run: _Run, gone: list[_Run], store: SpillFile) -> _Run:
+    """The merge of ``gone``, some of them spilled, spilled in their place: what went out of
+    memory stays out (it stays in memory only if the file is full)."""
+    for g in gone:
+        g.release()
+    run.spill(store)
+    return run
 
 
 class Recall(NamedTuple):
@@ -455,10 +541,20 @@ class Recall(NamedTuple):
 
 
 class DedupFilter:
-    def __init__(self, max_entries: int, clock: Callable[[], float] = time.monotonic) -> None:
+    """``entries`` counts the fingerprints held, in memory and spilled; ``max_entries`` bounds
+    those in memory (``entries - spilled``)."""
+
+    def __init__(self, max_entries: int, clock: Callable[[], float] = time.monotonic,
+                 spill: SpillFile | None = None) -> None:
         self.max_entries = max_entries
         self.clock = clock
         self.entries = 0
+        self._store = spill if spill is not None else SpillFile(None, 0)
+        # partitions with a run in memory that could be spilled, least recently pushed first
+        self._spillable: OrderedDict[Key, _Partition] = OrderedDict()
+        # With a spill file, partitions are taken in freely until the bound forgets some
+        # (the file full, or nothing left to spill): the admission rule then holds for AGE_S.
+        self._forgetting_until = 0.0
         self._admit_below = max(1, int(max_entries * ADMIT_SHARE))
         self._parts: OrderedDict[Key, _Partition] = OrderedDict()  # least recently pushed first
         self._refused: dict[Key, int] = {}  # push counts of partitions not held
@@ -466,6 +562,11 @@ class DedupFilter:
         self._wanted: OrderedDict[tuple[Key, int], _Partition] = OrderedDict()
         self._closing: list[Key] = []  # partitions ``tidy`` has yet to visit this round
         self._close_due = clock() + AGE_S
+
+    @property
+    def spilled(self) -> int:
+        """Of ``entries``, those in the spill file."""
+        return self._store.entries
 
     def verified(self, key: Key, hashes: bytes) -> int:
         """``p_verified`` for a segment of these hashes: the highest offset up to which the
@@ -514,6 +615,7 @@ class DedupFilter:
             return  # the filter is off: every push probes the whole window
         now = self.clock()
         parts = self._parts
+        store = self._store
         for key, pid, base, count, hashes, window_s in stored:
             if window_s <= 0:
                 self._drop(key)  # no probe at all: nothing to remember
@@ -523,7 +625,9 @@ class DedupFilter:
                 # First sight, a recreated partition, or a longer window than the one entries
                 # were forgotten by: everything below `base` is a gap.
                 self._drop(key)
-                if self.entries >= self._admit_below and not self._admit(key):
+                if (self.entries - store.entries >= self._admit_below
+                        and (not store.max_bytes or now < self._forgetting_until)
+                        and not self._admit(key)):
                     continue  # not remembered: its pushes probe in SQL
                 part = parts[key] = _Partition(pid, window_s, self._refused.pop(key, 0) + 1)
             else:
@@ -544,6 +648,9 @@ class DedupFilter:
                 added = 1
             else:
                 added = part.add(base, hashes, now)
+                if part.spillable():
+                    self._spillable[key] = part
+                    self._spillable.move_to_end(key)
             part.hi = base + count - 1
             # PERF(filter): the calls only when there is something to do (most segments: none)
             runs = part.runs
@@ -551,7 +658,7 @@ class DedupFilter:
                 added -= part.expire(now - window_s - CLOCK_MARGIN_S)
             part.held += added
             self.entries += added
-            if self.entries > self.max_entries:
+            if self.entries - store.entries > self.max_entries:
                 self._bound()
         if now >= self._age_due:
             self._age(now)
@@ -583,6 +690,8 @@ class DedupFilter:
                 left = part.close(now, before - part.window)
                 part.held -= left
                 gone += left
+                if part.spillable():  # its epoch sealed: one run now, maybe big
+                    self._spillable[key] = part
         del closing[-visits:]
         self.entries -= gone
         return gone
@@ -615,6 +724,7 @@ class DedupFilter:
         added = part.fill_gap(recall.lo, rows, self.clock())
         part.held += added
         self.entries += added
+        self._spillable[recall.key] = part  # the runs read back may be big
         self._bound()
 
     def unrecalled(self, recall: Recall) -> None:
@@ -641,13 +751,28 @@ class DedupFilter:
         self._age_due = now + AGE_S
 
     def _bound(self) -> None:
-        while self.entries > self.max_entries and self._parts:
-            self._drop(next(iter(self._parts)))
+        """Big runs out to the spill file, least recently pushed partition first, and when
+        there are none or the file refuses, the least recently pushed partitions forgotten,
+        until the memory holds ``max_entries``."""
+        parts = self._parts
+        store = self._store
+        spillable = self._spillable
+        while self.entries - store.entries > self.max_entries and parts:
+            if spillable:
+                key, part = spillable.popitem(last=False)
+                if part.spill(store):
+                    continue
+                spillable[key] = part  # the file is full: first again once it has room
+                spillable.move_to_end(key, last=False)
+            self._drop(next(iter(parts)))
+            self._forgetting_until = self.clock() + AGE_S
 
     def _drop(self, key: Key) -> None:
         part = self._parts.pop(key, None)
         if part is not None:
             self._refused[key] = part.pushes
             self.entries -= part.held
+            part.release()
+            self._spillable.pop(key, None)
             for lo in part.gaps:
                 self._wanted.pop((key, lo), None)

@@ -32,6 +32,7 @@ from queen_mp.db.bundles import STALE_IDS, BundleWriter, PushBundle, SegmentVerd
 from queen_mp.db.errors import DatabaseError
 from queen_mp.metrics import Metrics
 from queen_mp.shards.dedupfilter import DedupFilter, Recall
+from queen_mp.shards.dedupspill import SpillFile
 from queen_mp.wire import frames as wf
 from queen_mp.wire.frames import raw_one_head
 from queen_mp.wire.hashing import hash_prefixes
@@ -245,10 +246,11 @@ class PushFusion:
 
     def __init__(self, writer: BundleWriter, reply: Reply, metrics: Metrics, *,
                  bundle_max: int, max_inflight: int, hold_ms: int,
-                 stored: Stored | None = None, dedup_entries: int) -> None:
+                 stored: Stored | None = None, dedup_entries: int,
+                 dedup_spill: SpillFile | None = None) -> None:
         self.writer = writer
         self.loop = asyncio.get_running_loop()  # once: each call is a getpid on Python 3.11
-        self.dedup = DedupFilter(dedup_entries)
+        self.dedup = DedupFilter(dedup_entries, spill=dedup_spill)
         self.reply = reply
         self.stored = stored
         self.metrics = metrics
@@ -602,7 +604,11 @@ class PushFusion:
         """A heartbeat's share of closing the dedup filter's ended epochs
         (``DedupFilter.tidy``): partitions no longer pushed give back what sealing saves."""
         if self.dedup.tidy():
-            self.metrics.dedup_filter_entries.set(self.dedup.entries)
+            self._filter_gauges()
+
+    def _filter_gauges(self) -> None:
+        self.metrics.dedup_filter_entries.set(self.dedup.entries)
+        self.metrics.dedup_filter_spilled_entries.set(self.dedup.spilled)
 
     def _remember(self, remember: list[tuple[Key, int, int, int, bytes, int]]) -> None:
         """A landed bundle's hashes into the dedup filter, then the read-back of any gap that
@@ -637,7 +643,7 @@ class PushFusion:
         for a, rows in zip(asks, stored, strict=True):
             self.dedup.recalled(a, rows)
         self.metrics.dedup_read_backs.labels("ok").inc(len(asks))
-        self.metrics.dedup_filter_entries.set(self.dedup.entries)
+        self._filter_gauges()
         self._recalling = False
         self._recall()
 
@@ -657,7 +663,7 @@ class PushFusion:
         now = time.monotonic()
         if now - self._summary_at < _SUMMARY_EVERY_S:
             return
-        self.metrics.dedup_filter_entries.set(self.dedup.entries)
+        self._filter_gauges()
         if self._commits:
             log.info("bundle summary commits=%d segments=%d segments_per_commit=%.2f cap=%d",
                      self._commits, self._segments, self._segments / self._commits, self.cap)

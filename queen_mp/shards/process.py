@@ -36,6 +36,7 @@ from queen_mp.logs import configure_logging
 from queen_mp.metrics import Metrics
 from queen_mp.runtime import Runtime
 from queen_mp.shards.ackfusion import AckFusion, AckRow
+from queen_mp.shards.dedupspill import SpillFile
 from queen_mp.shards.fusion import PushFusion
 from queen_mp.shards.housekeeping import Housekeeping
 from queen_mp.shards.queuegauges import QueueGauges
@@ -99,7 +100,9 @@ class Shard:
                                  max_inflight=config.v2_fusion_max_inflight,
                                  hold_ms=config.v2_fusion_hold_ms,
                                  stored=self.wake_pops,
-                                 dedup_entries=config.dedup_filter_entries)
+                                 dedup_entries=config.dedup_filter_entries,
+                                 dedup_spill=SpillFile(config.dedup_spill_path,
+                                                       config.dedup_spill_bytes))
         self.wake_board = WakeBoard.attach(runtime.wake_board)
         self.waker = Waker(self.wake_board, runtime.prefix, config.pg_dsn,
                            notify=config.wake_notify)

@@ -315,3 +315,52 @@ def test_rows_of_another_writer_are_read_back_and_still_found(broker, db):
     assert [(r["status"], r["offset"]) for r in again] == [
         ("duplicate", 6), ("duplicate", 43), ("duplicate", 44), ("queued", 45)]
     assert partition_state(db, q, "Default")[1] == 45
+
+
+def _spill_round(b, q: str) -> list[list[dict]]:
+    """Four partitions, three pushes of 600 each: 7,200 hashes against a bound of 2,000."""
+    out: list[list[dict]] = [[] for _ in range(4)]
+    for r in range(3):
+        for p in range(4):
+            out[p] += push(b.client, [{"queue": q, "partition": f"p{p}",
+                                       "transactionId": f"{p}-{r}-{j}", "payload": j}
+                                      for j in range(600)])
+    return out
+
+
+def test_past_the_filter_bound_big_runs_spill_to_disk_and_pushes_stay_vouched_for(
+        make_broker, db_dsn):
+    # Past QUEEN_DEDUP_FILTER_ENTRIES the shard moves big runs to its spill file: the
+    # partitions stay known, so neither fresh pushes nor repeats read stored hashes in SQL,
+    # and a repeat of a hash that lies on disk is still found. Without the file the same
+    # load forgets partitions, and their pushes probe in SQL.
+    b = make_broker(db_dsn, QUEEN_V2_FUSION_SHARDS="1", QUEEN_DEDUP_FILTER_ENTRIES="2000")
+    q = uq("sp")
+    first = _spill_round(b, q)
+    deadline = time.monotonic() + 30  # the gauges follow every 10 s
+    while _counter(b, "queen_dedup_filter_entries ") != 7_200:
+        assert time.monotonic() < deadline, "the filter's gauge never showed 7,200 entries"
+        time.sleep(0.2)
+    assert _counter(b, "queen_dedup_filter_spilled_entries ") >= 5_200
+    spill_dir = b.data_dir / "dedup"
+    assert spill_dir.is_dir() and list(spill_dir.iterdir()) == []  # the file is unlinked
+    probes = _sql_probes(b)
+    for p in range(4):
+        again = push(b.client, [{"queue": q, "partition": f"p{p}", "transactionId": t}
+                                for t in (f"{p}-0-5", f"{p}-2-599", f"fresh-{p}")])
+        assert [(r["status"], r["offset"]) for r in again] == [
+            ("duplicate", 6), ("duplicate", 1_800), ("queued", 1_801)]
+        assert again[0]["messageId"] == first[p][5]["messageId"]
+        fresh = push(b.client, [{"queue": q, "partition": f"p{p}", "transactionId": f"n{p}-{j}"}
+                                for j in range(100)])
+        assert {r["status"] for r in fresh} == {"queued"}
+    assert _sql_probes(b) == probes  # every push vouched for: none read the window in SQL
+
+    off = make_broker(db_dsn, QUEEN_V2_FUSION_SHARDS="1", QUEEN_DEDUP_FILTER_ENTRIES="2000",
+                      QUEEN_DEDUP_SPILL_BYTES="0")
+    q = uq("sp")
+    _spill_round(off, q)
+    probes = _sql_probes(off)
+    for p in range(4):
+        push(off.client, [{"queue": q, "partition": f"p{p}", "transactionId": f"fresh-{p}"}])
+    assert _sql_probes(off) > probes  # the partitions forgotten probe in SQL

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 import struct
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,6 +30,7 @@ from queen_mp.shards.dedupfilter import (
     DedupFilter,
     _Run,
 )
+from queen_mp.shards.dedupspill import SpillFile
 
 KEY = (b"\0" * 16, "q", "p")
 
@@ -766,3 +769,100 @@ def test_a_cascade_of_merges_makes_the_runs_pairwise_merges_make(sizes: list[int
     assert [(lo, packed) for lo, _, packed in got] == [(lo, p) for lo, _, p in want]
     for (_, fps, _), (_, expected, _) in zip(got, want, strict=True):
         assert np.array_equal(fps, expected)
+
+
+def _spilled_runs(f: DedupFilter) -> int:
+    return sum(r.n for p in f._parts.values() for r in p.runs if r.store is not None)
+
+
+def test_past_the_bound_runs_spill_and_their_partitions_stay_known(tmp_path: Path) -> None:
+    clock = Clock()
+    store = SpillFile(tmp_path, 1 << 24)
+    f = DedupFilter(2_000, clock, spill=store)
+    keys = [(b"\0" * 16, "q", f"p{i}") for i in range(4)]
+    stored: list[list[tuple[int, bytes]]] = [[] for _ in keys]
+    for r in range(3):
+        for i, key in enumerate(keys):
+            clock.t += 0.1
+            blob = hashes(*(f"{i}-{r}-{j}" for j in range(600)))
+            f.committed(key, i, 1 + 600 * r, 600, blob, 3600)
+            stored[i].append((1 + 600 * r, blob))
+    assert f.entries == 7_200 and f.entries - f.spilled <= 2_000
+    assert f.spilled == store.entries == _spilled_runs(f) > 0
+    for i, key in enumerate(keys):  # nothing forgotten: a full promise, every hash found
+        assert f.verified(key, hashes("fresh")) == 1_800
+        assert f.verified(key, hashes(*(f"fresh{j}" for j in range(100)))) == 1_800
+        for base, blob in stored[i]:
+            for k in (0, 599):
+                assert f.verified(key, blob[16 * k:16 * k + 16]) < base + k
+            assert f.verified(key, hashes("x", *(f"y{j}" for j in range(40))) + blob) < base
+    # a merge that takes in spilled runs is spilled again
+    before = f.entries - f.spilled
+    f.committed(keys[0], 0, 1_801, 600, hashes(*(f"0-3-{j}" for j in range(600))), 3600)
+    assert f.entries - f.spilled <= max(before, 2_000)
+    assert f.spilled == store.entries == _spilled_runs(f)
+    assert f.verified(keys[0], hashes("0-3-7")) < 1_801 + 7
+    # every run leaves the window: the file is given back
+    clock.t += 3600 + CLOCK_MARGIN_S + 3600 / EPOCHS + 1
+    for i, key in enumerate(keys):
+        f.committed(key, i, 5_000, 1, hashes(f"late{i}"), 3600)
+    assert f.entries == 4 and f.spilled == 0 and store.size == 0
+
+
+def test_a_full_spill_file_drops_partitions_and_frees_their_slots(tmp_path: Path) -> None:
+    clock = Clock()
+    store = SpillFile(tmp_path, 4 * 4096)  # two runs of 600 or so
+    f = DedupFilter(1_500, clock, spill=store)
+    keys = [(b"\0" * 16, "q", f"p{i}") for i in range(6)]
+    for r in range(2):
+        for i, key in enumerate(keys):
+            clock.t += 0.1
+            f.committed(key, i, 1 + 600 * r, 600,
+                        hashes(*(f"{i}-{r}-{j}" for j in range(600))), 3600)
+            assert f.entries - f.spilled <= 1_500
+            assert f.spilled == store.entries == _spilled_runs(f)
+            assert store.size <= 4 * 4096
+    assert len(f._parts) < len(keys)  # some were forgotten: their pushes probe in SQL
+    assert f.verified(keys[0], hashes("fresh")) == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 4), st.integers(1, 30), st.floats(0, 4), st.booleans()),
+                min_size=1, max_size=60),
+       st.sampled_from([0, 3 * 2048, 1 << 20]))
+def test_never_a_promise_over_a_live_hash_past_the_bound_with_a_spill_file(
+        steps: list[tuple[int, int, float, bool]], spill_bytes: int) -> None:
+    # the model past the bound above, with runs of 4 or more spilled to a file of no room,
+    # of a few slots or of plenty: still no live hash promised away, memory within the bound
+    import queen_mp.shards.dedupfilter as dedupfilter
+
+    with pytest.MonkeyPatch.context() as mp, tempfile.TemporaryDirectory() as tmp:
+        mp.setattr(dedupfilter, "SPILL_MIN", 4)
+        clock = Clock()
+        store = SpillFile(Path(tmp), spill_bytes)
+        f = DedupFilter(50, clock, spill=store)
+        window = 20
+        keys = [(b"\0" * 16, "q", f"p{i}") for i in range(5)]
+        log: dict[int, list[tuple[int, float, bytes]]] = {i: [] for i in range(5)}
+        last = [0] * 5
+        for step, (p, size, advance, read_back) in enumerate(steps):
+            clock.t += advance
+            if read_back:
+                tidy_round(f)
+            blob = hashes(*(f"s{step}-{j}" for j in range(size)))
+            f.committed(keys[p], p, last[p] + 1, size, blob, window)
+            log[p].append((last[p] + 1, clock.t, blob))
+            last[p] += size
+            if read_back:
+                _answer(f, log, clock.t)
+            assert f.entries - f.spilled <= 50
+            assert f.spilled == store.entries == _spilled_runs(f)
+            assert f.entries == sum(part.held for part in f._parts.values())
+            horizon = clock.t - window - CLOCK_MARGIN_S
+            for q in range(5):
+                for base, at, stored in log[q]:
+                    if at >= horizon:
+                        for k in range(0, len(stored), 16):
+                            assert f.verified(keys[q], stored[k:k + 16]) < base + k // 16
+                        assert f.verified(keys[q], hashes("new", "other") + stored) < base
+        store.close()
