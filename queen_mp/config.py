@@ -173,26 +173,22 @@ SETTINGS: tuple[Setting, ...] = (
     _s("QUEEN_V2_BUNDLE_MAX", int, 64,
        "Most partitions committed together by one shard transaction.", minimum=1,
        maximum=10000),
-    _s("QUEEN_DEDUP_FILTER_ENTRIES", int, 8_000_000,
-       "Transaction hashes a shard remembers of its partitions, so the dedup probe skips "
+    _s("QUEEN_DEDUP_FILTER_ENTRIES", int, 4_000_000,
+       "Transaction hashes a shard's dedup filter keeps in memory, so the dedup probe skips "
        "what it knows. It counts hashes, not bytes: 4-5 bytes a hash in segments of "
        "1,000, 33-55 in segments of 1-10 over 1,000 partitions, about 220 in 1-item segments "
        "over 10,000 partitions (the hot set and each partition's overhead); 0 turns the "
-       "filter off (every push probes the "
-       "whole window). Past it, the runs of 512 hashes or more of the least recently pushed "
-       "partitions go to the spill file (QUEEN_DEDUP_SPILL_BYTES); once that is full, those "
-       "partitions are forgotten, and above "
-       "7/8 of it a partition is taken in (its window read back) only once pushed more often "
-       "than the least recently pushed one (counts that halve every minute): one not "
-       "remembered has every push probe its whole window in SQL (about 0.3 us of "
-       "PostgreSQL CPU a stored hash; queen_dedup_sql_probes_total counts them), so a lower "
-       "cap costs probes in proportion to what it forgets. The suite's push cells "
-       "(13.2M hashes over 1,000 partitions, bench.dedupfilter --past-budget) probed 1% of "
-       "100-item and 30% of 1,000-item pushes at 8M (about 40 MB of the shard's PSS), 15% and "
-       "57% at 5M, 37% and 75% at 3M. Taking every partition in (until issue 26) also read "
-       "back 0.3 partitions a 1,000-item push at 8M, and under pushes going round over more "
-       "partitions than fit, one every push; 16M kept the broker's RSS above 300 MB (309-313 "
-       "against 282-283 MB at 8M).", minimum=0, maximum=400_000_000),
+       "filter off (every push probes the whole window). Past it, the runs of 512 hashes or "
+       "more of the least recently pushed partitions go to the spill file "
+       "(QUEEN_DEDUP_SPILL_BYTES), read back by the pushes that need them. Once that is full "
+       "(or off), or nothing is left to spill, the least recently pushed partitions are "
+       "forgotten, and a partition is then taken in (its window read back) only once pushed "
+       "more often than the least recently pushed one (counts that halve every minute): one "
+       "not remembered has every push probe its whole window in SQL (about 0.3 us of "
+       "PostgreSQL CPU a stored hash; queen_dedup_sql_probes_total counts them). Five "
+       "100-item rounds of the suite (10.4M hashes over 1,000 partitions): 4M against 8M "
+       "kept the broker's peak PSS at 132.3 against 147.5 MB for 0.05-0.07 us more of the "
+       "shard's CPU a message, neither probing in SQL.", minimum=0, maximum=400_000_000),
     _s("QUEEN_DEDUP_SPILL_BYTES", int, 2 << 30,
        "Bytes of local disk a shard's dedup filter may use past QUEEN_DEDUP_FILTER_ENTRIES "
        "(4 bytes a hash, in slots of power-of-two sizes): an unlinked file in "
