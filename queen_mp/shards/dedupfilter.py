@@ -758,7 +758,7 @@ class DedupFilter:
         store = self._store
         spillable = self._spillable
         while self.entries - store.entries > self.max_entries and parts:
-            if spillable:
+            if spillable and store.max_bytes:
                 key, part = spillable.popitem(last=False)
                 if part.spill(store):
                     continue

@@ -692,34 +692,48 @@ def test_push_counts_age_so_idle_partitions_give_way() -> None:
     assert f.entries <= 100
 
 
-@settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 4), st.integers(1, 30), st.floats(0, 4), st.booleans()),
-                min_size=1, max_size=60))
-def test_never_a_promise_over_a_live_hash_past_the_bound(
-        steps: list[tuple[int, int, float, bool]]) -> None:
-    # five partitions through a bound smaller than what they hold: drops, refusals and
-    # partitions taken in again (read back from the model) never promise a live hash away
-    clock = Clock()
-    f = DedupFilter(50, clock)
+def _past_the_bound(f: DedupFilter, clock: Clock, steps: list[tuple[int, int, float, bool]],
+                    tidy: bool = False) -> None:
+    """Five partitions through a bound of 50 smaller than what they hold, read-backs answered
+    from the model: never a live hash promised away, never more than the bound in memory."""
     window = 20
     keys = [(b"\0" * 16, "q", f"p{i}") for i in range(5)]
     log: dict[int, list[tuple[int, float, bytes]]] = {i: [] for i in range(5)}
     last = [0] * 5
     for step, (p, size, advance, read_back) in enumerate(steps):
         clock.t += advance
+        if tidy and read_back:
+            tidy_round(f)
         blob = hashes(*(f"s{step}-{j}" for j in range(size)))
         f.committed(keys[p], p, last[p] + 1, size, blob, window)
         log[p].append((last[p] + 1, clock.t, blob))
         last[p] += size
         if read_back:
             _answer(f, log, clock.t)
-        assert f.entries <= 50
+        assert f.entries - f.spilled <= 50
+        assert f.spilled == _spilled_runs(f)
+        assert f.entries == sum(part.held for part in f._parts.values())
         horizon = clock.t - window - CLOCK_MARGIN_S
         for q in range(5):
             for base, at, stored in log[q]:
                 if at >= horizon:
                     for k in range(0, len(stored), 16):
                         assert f.verified(keys[q], stored[k:k + 16]) < base + k // 16
+                    assert f.verified(keys[q], hashes("new", "other") + stored) < base
+
+
+def _spilled_runs(f: DedupFilter) -> int:
+    return sum(r.n for p in f._parts.values() for r in p.runs if r.store is not None)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 4), st.integers(1, 30), st.floats(0, 4), st.booleans()),
+                min_size=1, max_size=60))
+def test_never_a_promise_over_a_live_hash_past_the_bound(
+        steps: list[tuple[int, int, float, bool]]) -> None:
+    # drops, refusals and partitions taken in again never promise a live hash away
+    clock = Clock()
+    _past_the_bound(DedupFilter(50, clock), clock, steps)
 
 
 def test_a_commit_keeps_its_probe_sorted_fingerprints_only_for_the_same_blob() -> None:
@@ -769,10 +783,6 @@ def test_a_cascade_of_merges_makes_the_runs_pairwise_merges_make(sizes: list[int
     assert [(lo, packed) for lo, _, packed in got] == [(lo, p) for lo, _, p in want]
     for (_, fps, _), (_, expected, _) in zip(got, want, strict=True):
         assert np.array_equal(fps, expected)
-
-
-def _spilled_runs(f: DedupFilter) -> int:
-    return sum(r.n for p in f._parts.values() for r in p.runs if r.store is not None)
 
 
 def test_past_the_bound_runs_spill_and_their_partitions_stay_known(tmp_path: Path) -> None:
@@ -832,37 +842,13 @@ def test_a_full_spill_file_drops_partitions_and_frees_their_slots(tmp_path: Path
        st.sampled_from([0, 3 * 2048, 1 << 20]))
 def test_never_a_promise_over_a_live_hash_past_the_bound_with_a_spill_file(
         steps: list[tuple[int, int, float, bool]], spill_bytes: int) -> None:
-    # the model past the bound above, with runs of 4 or more spilled to a file of no room,
-    # of a few slots or of plenty: still no live hash promised away, memory within the bound
+    # the model above with runs of 4 or more spilled to a file of no room, of a few slots or
+    # of plenty, and tidy rounds sealing epochs
     import queen_mp.shards.dedupfilter as dedupfilter
 
     with pytest.MonkeyPatch.context() as mp, tempfile.TemporaryDirectory() as tmp:
         mp.setattr(dedupfilter, "SPILL_MIN", 4)
         clock = Clock()
         store = SpillFile(Path(tmp), spill_bytes)
-        f = DedupFilter(50, clock, spill=store)
-        window = 20
-        keys = [(b"\0" * 16, "q", f"p{i}") for i in range(5)]
-        log: dict[int, list[tuple[int, float, bytes]]] = {i: [] for i in range(5)}
-        last = [0] * 5
-        for step, (p, size, advance, read_back) in enumerate(steps):
-            clock.t += advance
-            if read_back:
-                tidy_round(f)
-            blob = hashes(*(f"s{step}-{j}" for j in range(size)))
-            f.committed(keys[p], p, last[p] + 1, size, blob, window)
-            log[p].append((last[p] + 1, clock.t, blob))
-            last[p] += size
-            if read_back:
-                _answer(f, log, clock.t)
-            assert f.entries - f.spilled <= 50
-            assert f.spilled == store.entries == _spilled_runs(f)
-            assert f.entries == sum(part.held for part in f._parts.values())
-            horizon = clock.t - window - CLOCK_MARGIN_S
-            for q in range(5):
-                for base, at, stored in log[q]:
-                    if at >= horizon:
-                        for k in range(0, len(stored), 16):
-                            assert f.verified(keys[q], stored[k:k + 16]) < base + k // 16
-                        assert f.verified(keys[q], hashes("new", "other") + stored) < base
+        _past_the_bound(DedupFilter(50, clock, spill=store), clock, steps, tidy=True)
         store.close()
