@@ -68,3 +68,26 @@ def test_a_bound_of_zero_never_makes_a_file(tmp_path: Path) -> None:
     f = SpillFile(tmp_path / "x", 0)
     assert f.put(fps(4000, 13)) == -1
     assert not (tmp_path / "x").exists() and f.entries == 0
+
+
+def test_a_failed_write_is_refused_and_leaves_the_file_as_it_was(
+        tmp_path: Path, monkeypatch) -> None:
+    import errno
+
+    import queen_mp.shards.dedupspill as dedupspill
+
+    f = SpillFile(tmp_path, 1 << 20)
+    kept = f.put(fps(600, 14))
+
+    def full(fd: int, data: object, at: int) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(dedupspill.os, "pwrite", full)
+    assert f.put(fps(600, 15)) == -1  # the run stays in memory: the filter goes on
+    monkeypatch.setattr(dedupspill.os, "pwrite", lambda fd, data, at: 100)  # a short write
+    assert f.put(fps(600, 16)) == -1
+    monkeypatch.undo()
+    assert (f.entries, f.size, f.used) == (600, 4096, 4096)
+    assert np.array_equal(np.frombuffer(f.get(kept, 600), np.uint32), fps(600, 14))
+    assert f.put(fps(600, 17)) == 4096
+    f.close()
