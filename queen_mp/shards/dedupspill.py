@@ -5,8 +5,10 @@ Past its in-memory bound the filter used to forget whole partitions, and every p
 then probed its partition's whole window in SQL: about 0.3 us of PostgreSQL CPU a stored hash,
 some 1.9 ms a probed 100-item segment at the suite's depth (docs/scaling.md). A run read back
 from the page cache costs a copy of 4 bytes an entry instead, and the filter stays complete, so
-the promise still covers the window. The file is unlinked once created: a crash leaves nothing
-behind, and a restarted shard starts empty, as its filter does.
+the promise still covers the window. A read that misses the page cache (a partition idle long
+enough for the kernel to drop its pages) waits for the disk inside the shard's loop: one read
+of a run, against the SQL probe of its whole window it replaces. The file is unlinked once
+created: a crash leaves nothing behind, and a restarted shard starts empty, as its filter does.
 
 Space: slots of power-of-two sizes (at least ``MIN_SLOT`` bytes), freed ones kept by size and
 reused (the runs merge like a binary counter, so their sizes come near powers of two), the file
