@@ -141,7 +141,8 @@ SETTINGS: tuple[Setting, ...] = (
        minimum=1, maximum=3600),
     # --- storage
     _s("QUEEN_DATA_DIR", str, "./var",
-       "State directory: embedded PostgreSQL cluster (pg/), spool, metrics scratch."),
+       "State directory: embedded PostgreSQL cluster (pg/), spool, metrics scratch, the dedup "
+       "filters' spill files (dedup/)."),
     _s("QUEEN_PG_DSN", str, "",
        "libpq DSN of the PostgreSQL to use (multi-host allowed); empty = start an embedded "
        "cluster in $QUEEN_DATA_DIR/pg.", secret=True),
