@@ -29,9 +29,10 @@ Past ``max_entries`` in memory, the runs of ``SPILL_MIN`` fingerprints or more o
 recently pushed partitions go to a local file (``SpillFile``): such a partition stays known,
 and a probe or a merge reads its runs back (one ``pread`` a run, from the page cache) where
 SQL would probe the partition's whole window. Runs merged with a spilled one are spilled
-again, so what went out stays out. Once the file is full (or off), whole partitions are
-dropped, least recently pushed first. While the
-filter is nearly full (``ADMIT_SHARE`` of the bound), a partition first seen or dropped is
+again, so what went out stays out. Once the file is full (or off), or no partition has a run
+left to spill, whole partitions are dropped, least recently pushed first. While the
+filter is nearly full (``ADMIT_SHARE`` of the bound) and, with a spill file, for ``AGE_S``
+seconds after the bound last dropped a partition, a partition first seen or dropped is
 taken in (its gap read back) only once it was pushed more often than the least recently
 pushed one held (both counts halve every ``AGE_S`` seconds): otherwise its
 pushes probe their window in SQL. Until issue 26 every partition pushed was taken in, so under
@@ -310,7 +311,7 @@ class _Partition:
                     fps = run.plain
                     if fps is None:
                         if run.packed is None:  # spilled: read back, not kept
-                            fps = np.frombuffer(run.spilled(), _U32)
+                            fps = run.fps()
                         elif run.closed and m < _FEW_PACKED + run.n // _FEW_PACKED_PER:
                             if ints is None:
                                 ints = incoming.tolist()
